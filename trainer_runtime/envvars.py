@@ -1,0 +1,58 @@
+"""Names of every environment variable the runtime reads: the runtime half of the pod contract.
+
+The operator injects these into each rank's container (DESIGN.md section 3); its own copy of the
+names lives in ``rtj_operator.envvars`` and a test checks that both halves agree. Keeping the
+names here, and nowhere else in the runtime, is what makes that check meaningful.
+"""
+
+from __future__ import annotations
+
+# torch.distributed conventions (set by torchrun or by the operator).
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# Identity of the job and of this attempt.
+JOB_NAME = "RTJ_JOB_NAME"
+NAMESPACE = "RTJ_NAMESPACE"
+RUN_NAME = "RTJ_RUN_NAME"
+ATTEMPT = "RTJ_ATTEMPT"
+POD_NAME = "RTJ_POD_NAME"
+
+# Where checkpoints live and where to resume from.
+CHECKPOINT_DIR = "RTJ_CHECKPOINT_DIR"
+RESUME_FROM = "RTJ_RESUME_FROM"
+# Comma-separated checkpoint names the operator quarantined: never resume from these.
+QUARANTINED = "RTJ_QUARANTINED"
+
+# Preemption handling.
+NOTICE_FILE = "RTJ_NOTICE_FILE"
+GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
+
+# Where the runtime reports its last committed checkpoint (the container's termination
+# message path, so the operator reads it from the pod status).
+REPORT_FILE = "RTJ_REPORT_FILE"
+
+# Composer-compatible spelling of the S3 endpoint; boto3's own AWS_ENDPOINT_URL(_S3) also work.
+S3_ENDPOINT_URL = "S3_ENDPOINT_URL"
+
+ALL_RTJ = (
+    JOB_NAME,
+    NAMESPACE,
+    RUN_NAME,
+    ATTEMPT,
+    POD_NAME,
+    CHECKPOINT_DIR,
+    RESUME_FROM,
+    QUARANTINED,
+    NOTICE_FILE,
+    GRACE_PERIOD_SECONDS,
+    REPORT_FILE,
+)
+"""Every RTJ_* variable the operator may inject; the contract test compares this tuple."""
+
+# Annotations shared with the operator (the runtime reads the notice through the downward API
+# file; it writes nothing to the API server itself).
+NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
