@@ -1,0 +1,62 @@
+"""Coordination between ranks for commits and resume decisions.
+
+Checkpoint collectives run on a dedicated gloo group so they never interleave with the
+training's own collectives (NCCL or gloo) and may run from the background save thread.
+Without torch.distributed the coordinator degenerates to a single rank and every call is local.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from . import envvars
+from .errors import ConfigError
+
+
+class Coordinator:
+    def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
+        env_world = int(os.environ.get(envvars.WORLD_SIZE, "1") or 1)
+        if dist.is_available() and dist.is_initialized():
+            self.rank = dist.get_rank()
+            self.world_size = dist.get_world_size()
+            self._group: Any = dist.new_group(backend="gloo", timeout=timeout)
+        elif env_world > 1:
+            raise ConfigError(
+                f"{envvars.WORLD_SIZE}={env_world} but torch.distributed is not initialized: "
+                "call torch.distributed.init_process_group() before building the "
+                "CheckpointManager"
+            )
+        else:
+            self.rank, self.world_size, self._group = 0, 1, None
+        self.local_rank = int(os.environ.get(envvars.LOCAL_RANK, "0") or 0)
+
+    @property
+    def distributed(self) -> bool:
+        return self._group is not None
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if self._group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self._group is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self._group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self._group is not None:
+            self.all_gather(None)
+
+    def close(self) -> None:
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+            self._group = None

@@ -1,0 +1,701 @@
+"""CheckpointManager: the runtime's public face inside a training loop.
+
+It owns the save schedule, the commit protocol (every rank's file durable, then the manifest,
+then the pointer and links), retention, async saves and autoresume. Everything it needs to know
+inside a managed pod comes from the environment (``envvars``); explicit arguments win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from . import envvars, naming, resume
+from . import state as state_mod
+from .atomic import makedirs_durable, write_bytes_atomic
+from .dist import Coordinator
+from .errors import (
+    ConfigError,
+    NoCheckpointError,
+    OverwriteError,
+    SaveFailedError,
+    WorldSizeMismatchError,
+)
+from .layout import RunFolder
+from .manifest import MANIFEST_NAME, Manifest
+from .remote import RemoteBackend
+from .reporting import report_commit
+from .resume import Decision
+from .serialization import load_file, save_rank_file
+from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
+
+log = logging.getLogger("trainer_runtime")
+
+AsyncPolicy = Literal["wait", "skip"]
+
+
+@dataclass
+class ResumeResult:
+    """What ``resume()`` did: where the state came from and the restored position."""
+
+    source: Literal["fresh", "checkpoint", "remote", "load_path"]
+    path: str | None
+    timestamp: Timestamp
+    fallbacks: list[str] = field(default_factory=list)
+    """One line per newer checkpoint that was passed over, with the reason."""
+
+
+@dataclass
+class SavedCheckpoint:
+    name: str
+    path: Path
+    timestamp: Timestamp
+    duration_s: float
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+class CheckpointManager:
+    """Save, commit, retain and resume a training run's checkpoints.
+
+    Minimal use::
+
+        ckpt = CheckpointManager(model=model, optimizer=opt, interval="100ba")
+        ckpt.resume()
+        for epoch in range(ckpt.timestamp.epoch, epochs):
+            for x, y in loader:
+                train_step(x, y)
+                ckpt.batch_end(num_samples=len(x))
+            ckpt.epoch_end()
+        ckpt.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module | None = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        stateful: Mapping[str, Any] | None = None,
+        folder: str | os.PathLike[str] | None = None,
+        filename: str = naming.DEFAULT_FILENAME,
+        latest_filename: str | None = naming.DEFAULT_LATEST,
+        run_name: str | None = None,
+        interval: int | str | IntervalFn = "1ep",
+        num_checkpoints_to_keep: int = -1,
+        weights_only: bool = False,
+        overwrite: bool = False,
+        autoresume: bool = True,
+        resume_from: str | None = None,
+        load_path: str | None = None,
+        load_weights_only: bool = False,
+        load_strict: bool = True,
+        load_ignore_keys: Sequence[str] = (),
+        async_save: bool = False,
+        async_policy: AsyncPolicy = "wait",
+        trusted_pickle: bool = False,
+        quarantined: Iterable[str] | None = None,
+        remote: RemoteBackend | None = None,
+        coordination_timeout: timedelta = timedelta(minutes=10),
+    ) -> None:
+        if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
+            raise ConfigError(
+                f"num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected -1 (keep all) "
+                "or a positive count"
+            )
+        if async_policy not in ("wait", "skip"):
+            raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
+        self.interval = SaveInterval.parse(interval)
+        self.templates = naming.NameTemplates(
+            folder=naming.DEFAULT_FOLDER if folder is None else str(folder),
+            filename=filename,
+            latest_filename=latest_filename,
+        )
+        if folder is None and _env(envvars.CHECKPOINT_DIR):
+            root = _env(envvars.CHECKPOINT_DIR)
+            self.templates = naming.NameTemplates(
+                folder=f"{root.rstrip('/')}/{{run_name}}",
+                filename=filename,
+                latest_filename=latest_filename,
+            )
+        self.components = state_mod.Components(
+            model=model,
+            optimizers=state_mod.named(optimizer, "optimizer"),
+            schedulers=state_mod.named(scheduler, "scheduler"),
+            scaler=scaler,
+            stateful=dict(stateful or {}),
+        )
+        self.coord = Coordinator(coordination_timeout)
+        self.rank, self.world_size = self.coord.rank, self.coord.world_size
+
+        run_name = run_name or _env(envvars.RUN_NAME)
+        if run_name is None:
+            if autoresume:
+                raise ConfigError(
+                    "autoresume needs a stable run_name: pass run_name=... or set "
+                    f"{envvars.RUN_NAME} (or autoresume=False for a throwaway run)"
+                )
+            run_name = self.coord.broadcast(
+                f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
+            )
+        if "/" in run_name or not run_name.strip():
+            raise ConfigError(f"run_name={run_name!r} must be a non-empty name without '/'")
+        self.run_name = run_name
+        self.run_dir = Path(self.templates.render_folder(run_name))
+        self.folder = RunFolder(self.run_dir)
+
+        self.num_checkpoints_to_keep = num_checkpoints_to_keep
+        self.weights_only = weights_only
+        self.overwrite = overwrite
+        self.autoresume = autoresume
+        self.resume_from = resume_from or _env(envvars.RESUME_FROM)
+        self.load_path = load_path
+        self.load_weights_only = load_weights_only
+        self.load_strict = load_strict
+        self.load_ignore_keys = tuple(load_ignore_keys)
+        self.async_save = async_save
+        self.async_policy: AsyncPolicy = async_policy
+        self.trusted_pickle = trusted_pickle
+        env_quarantine = (_env(envvars.QUARANTINED) or "").split(",")
+        self.quarantined = {
+            q.strip().rstrip("/").rsplit("/", 1)[-1]
+            for q in [*(quarantined or ()), *env_quarantine]
+            if q.strip()
+        }
+        self.remote = remote
+
+        self.timestamp = Timestamp()
+        self.metrics: dict[str, Any] = {}
+        self.extras: dict[str, Any] = {}
+        self.saved: list[SavedCheckpoint] = []
+        self.skipped_saves = 0
+        self._last_saved_key: tuple | None = None
+        self._checked_newer = False
+        self._clock_start = time.monotonic()
+        self._wall_base = 0.0
+
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[SavedCheckpoint] | None = None
+        self._pending_name: str | None = None
+        self._snapshot_done: threading.Event | None = None
+        self._hook: Any = None
+        self._failure: BaseException | None = None
+        self._closed = False
+
+        self._prepare_folder()
+
+    # ------------------------------------------------------------------ setup
+    def _prepare_folder(self) -> None:
+        """Fail now, not at the first save, if the folder is unusable or someone else's."""
+        try:
+            makedirs_durable(self.run_dir)
+            probe = self.run_dir / f".write-probe-{self.rank}-{os.getpid()}"
+            write_bytes_atomic(probe, b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"checkpoint folder {str(self.run_dir)!r} is not writable: {exc.strerror or exc}"
+            ) from exc
+        foreign = sorted({m.run_name for m in self.folder.committed()} - {self.run_name})
+        if foreign and not self.overwrite:
+            raise OverwriteError(
+                f"checkpoint folder {str(self.run_dir)!r} holds checkpoints of other run(s) "
+                f"{', '.join(foreign)}; use another folder or run_name, or pass overwrite=True"
+            )
+
+    # ------------------------------------------------------------------ progress
+    def _values(self) -> dict[str, Any]:
+        ts = self.timestamp
+        return {
+            "run_name": self.run_name,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "local_rank": self.coord.local_rank,
+            "epoch": ts.epoch,
+            "batch": ts.batch,
+            "sample": ts.sample,
+            "batch_in_epoch": ts.batch_in_epoch,
+            "sample_in_epoch": ts.sample_in_epoch,
+        }
+
+    def _wall_time(self) -> float:
+        return self._wall_base + (time.monotonic() - self._clock_start)
+
+    def batch_end(self, num_samples: int | None = None) -> SavedCheckpoint | None:
+        """Count one finished batch (``num_samples`` samples on this rank... see docs) and
+        save if the interval says so. ``num_samples`` is the *global* batch size."""
+        self._raise_background_failure()
+        self._release_hook_if_done()
+        if num_samples is None and self.interval.needs_samples:
+            raise ConfigError(
+                "interval counts samples, so batch_end() needs num_samples= (the global batch size)"
+            )
+        before = Timestamp(**self.timestamp.to_dict())
+        ts = self.timestamp
+        ts.batch += 1
+        ts.batch_in_epoch += 1
+        ts.sample += num_samples or 0
+        ts.sample_in_epoch += num_samples or 0
+        ts.wall_time = self._wall_time()
+        if self.interval.should_save(ts, before, Event.BATCH_END):
+            return self.save()
+        return None
+
+    def epoch_end(self) -> SavedCheckpoint | None:
+        self._raise_background_failure()
+        before = Timestamp(**self.timestamp.to_dict())
+        ts = self.timestamp
+        ts.epoch += 1
+        ts.batch_in_epoch = 0
+        ts.sample_in_epoch = 0
+        ts.wall_time = self._wall_time()
+        if self.interval.should_save(ts, before, Event.EPOCH_END):
+            return self.save()
+        return None
+
+    # ------------------------------------------------------------------ saving
+    def save(self, *, blocking: bool | None = None) -> SavedCheckpoint | None:
+        """Save now. Async managers return None at once and commit in the background."""
+        self._raise_background_failure()
+        if self._closed:
+            raise SaveFailedError("save() called after close()")
+        self.timestamp.wall_time = self._wall_time()
+        key = tuple(self.timestamp.to_dict()[k] for k in ("epoch", "batch", "sample"))
+        if key == self._last_saved_key:
+            return None  # nothing new since the last save
+        use_async = self.async_save if blocking is None else not blocking
+        if self._pending is not None and not self._pending.done():
+            if use_async and self.async_policy == "skip":
+                self.skipped_saves += 1
+                log.info(
+                    "save at batch %d skipped: previous save %s still persisting",
+                    self.timestamp.batch,
+                    self._pending_name,
+                )
+                return None
+            self.wait()
+        self._check_newer_checkpoints()
+        started = time.monotonic()
+        checkpoint, file = self.templates.render_checkpoint(self._values())
+        latest = self.templates.render_latest(self._values())
+        data = state_mod.capture(
+            self.components,
+            timestamp=self.timestamp.to_dict(),
+            run_name=self.run_name,
+            metrics=self.metrics,
+            extras=self.extras,
+            weights_only=self.weights_only,
+        )
+        ts = Timestamp(**self.timestamp.to_dict())
+        self._last_saved_key = key
+        if not use_async:
+            snapshot = data  # written before training continues: no copy needed
+            return self._persist(
+                data=snapshot,
+                ts=ts,
+                checkpoint=checkpoint,
+                file=file,
+                latest=latest,
+                started=started,
+            )
+        deferred = self._deferred_storages()
+        skeleton = state_mod.copy_tree(data, skip=lambda t: _storage(t) in deferred)
+        done = threading.Event()
+        self._snapshot_done = done
+        self._hook = register_optimizer_step_pre_hook(lambda *_: _wait_quietly(done))
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-save")
+
+        def background() -> SavedCheckpoint:
+            try:
+                snapshot = state_mod.copy_tree(skeleton, skip=lambda t: _storage(t) not in deferred)
+            finally:
+                done.set()
+            return self._persist(
+                data=snapshot,
+                ts=ts,
+                checkpoint=checkpoint,
+                file=file,
+                latest=latest,
+                started=started,
+            )
+
+        self._pending_name = checkpoint
+        self._pending = self._executor.submit(background)
+        self._pending.add_done_callback(self._note_failure)
+        return None
+
+    def _deferred_storages(self) -> set[int]:
+        """Storages that only optimizer.step() mutates: copied off the training thread."""
+        ptrs = set()
+        if self.components.model is not None:
+            ptrs |= {_storage(p) for p in state_mod.unwrap(self.components.model).parameters()}
+        for opt in self.components.optimizers.values():
+            for st in opt.state.values():
+                ptrs |= {_storage(t) for t in state_mod.iter_tensors(st)}
+        return ptrs
+
+    def _note_failure(self, fut: Future[SavedCheckpoint]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            log.error("background save failed (raised at the next call): %s", exc)
+            self._failure = exc
+
+    def _raise_background_failure(self) -> None:
+        if self._failure is not None:
+            exc, self._failure = self._failure, None
+            raise SaveFailedError(f"a background save failed: {exc}") from exc
+
+    def _release_hook_if_done(self) -> None:
+        if (
+            self._hook is not None
+            and self._snapshot_done is not None
+            and self._snapshot_done.is_set()
+        ):
+            self._hook.remove()
+            self._hook = None
+
+    def wait_for_snapshot(self) -> None:
+        """Block until an async save has copied the state (before editing weights by hand)."""
+        if self._snapshot_done is not None:
+            self._snapshot_done.wait()
+        self._release_hook_if_done()
+
+    def wait(self) -> None:
+        """Block until any background save has committed; raise if it failed."""
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                self._pending.result()
+            self._pending = None
+        self._release_hook_if_done()
+        self._raise_background_failure()
+
+    def _check_newer_checkpoints(self) -> None:
+        if self._checked_newer:
+            return
+        newer = [
+            m
+            for m in self.folder.committed()
+            if m.timestamp.sort_key()[:3] > self.timestamp.sort_key()[:3]
+        ]
+        if newer and not self.overwrite:
+            top = newer[0]
+            raise OverwriteError(
+                f"{str(self.run_dir)!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
+                f"newer than the current position (batch {self.timestamp.batch}); resume from "
+                "it (autoresume=True) or pass overwrite=True to discard newer checkpoints"
+            )
+        self.coord.barrier()
+        if newer and self.rank == 0:
+            for m in newer:
+                log.warning("overwrite=True: uncommitting newer checkpoint %s", m.name)
+                self.folder.uncommit(m.name)
+        self.coord.barrier()
+        self._checked_newer = True
+
+    def _persist(
+        self,
+        *,
+        data: dict[str, Any],
+        ts: Timestamp,
+        checkpoint: str,
+        file: str,
+        latest: str | None,
+        started: float,
+    ) -> SavedCheckpoint:
+        folder = self.folder.path(checkpoint)
+        outcome: Any
+        try:
+            makedirs_durable(folder)
+            outcome = save_rank_file(data, folder / file, rank=self.rank, rel_path=file)
+        except Exception as exc:  # reported to every rank below, then raised
+            outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        duration = time.monotonic() - started
+        gathered = self.coord.all_gather((outcome, duration))
+        errors = [o for o, _ in gathered if isinstance(o, str)]
+        if errors:
+            self.folder.remove_files(checkpoint, [file])
+            self.folder.remove_temp_files(checkpoint)
+            self.folder.remove_if_empty(checkpoint)
+            raise SaveFailedError(
+                f"checkpoint {checkpoint} not committed ({'; '.join(errors)}); earlier "
+                "checkpoints are intact"
+            )
+        manifest = Manifest(
+            name=checkpoint,
+            run_name=self.run_name,
+            world_size=self.world_size,
+            timestamp=ts,
+            files=[o for o, _ in gathered],
+            weights_only=self.weights_only,
+            created_at=self.coord.broadcast(datetime.now(UTC).isoformat(timespec="milliseconds")),
+            save_duration_s=round(max(d for _, d in gathered), 6),
+        )
+        if self.rank == 0:
+            self._commit(manifest)
+        self.coord.barrier()
+        if self.rank != 0 and not (folder / MANIFEST_NAME).exists():
+            self._commit(manifest)  # node-local disk: each node keeps its own manifest copy
+        if latest is not None:
+            self.folder.link_latest(latest, f"{checkpoint}/{file}")
+        saved = SavedCheckpoint(checkpoint, folder, ts, manifest.save_duration_s)
+        self.saved.append(saved)
+        log.info("committed checkpoint %s in %.2fs", checkpoint, manifest.save_duration_s)
+        if self.remote is not None:
+            self.remote.submit(self.run_dir, manifest, self.rank)
+        if self.rank == 0:
+            report_commit(manifest, self._uri(checkpoint))
+        self._apply_retention()
+        return saved
+
+    def _commit(self, manifest: Manifest) -> None:
+        self.folder.write_manifest(manifest)
+        self.folder.write_pointer(manifest)
+
+    def _uri(self, checkpoint: str) -> str:
+        if self.remote is not None:
+            return self.remote.uri_for(checkpoint)
+        return str(self.run_dir / checkpoint)
+
+    def _apply_retention(self) -> None:
+        if self.num_checkpoints_to_keep == -1:
+            return
+        protected = set() if self.remote is None else self.remote.pending()
+        if (
+            self._pending_name is not None
+            and self._pending is not None
+            and not self._pending.done()
+        ):
+            protected.add(self._pending_name)
+        views = self.coord.all_gather((protected, [m.name for m in self.folder.committed()]))
+        keep_out = set().union(*(p for p, _ in views))
+        listing = views[0][1]  # rank 0's view, newest first, decides for everyone
+        doomed = [
+            n
+            for n in listing[self.num_checkpoints_to_keep :]
+            if n not in keep_out and n != listing[0]
+        ]
+        if not doomed:
+            return
+        for name in doomed:
+            self.folder.uncommit(name)
+        self.coord.barrier()
+        for name in doomed:
+            self.folder.remove_tree(name)
+        log.info("retention removed %s", ", ".join(doomed))
+
+    # ------------------------------------------------------------------ loading
+    def resume(self) -> ResumeResult:
+        """Restore the newest state this run may continue from.
+
+        Order: the newest checkpoint in the run folder that verifies on every rank (older ones
+        when newer are torn, incomplete or quarantined), then the object store, then
+        ``load_path``, else a fresh start.
+        """
+        fallbacks: list[str] = []
+        if self.autoresume:
+            if self.resume_from:
+                log.info(
+                    "resume hint %s (the newest valid checkpoint of %s is used)",
+                    self.resume_from,
+                    self.run_dir,
+                )
+            decision = self._agree()
+            fallbacks = decision.fallbacks
+            if decision.chosen is not None:
+                path = self.folder.path(decision.chosen)
+                self._load_checkpoint_dir(
+                    path,
+                    weights_only=False,
+                    strict=self.load_strict,
+                    ignore_keys=self.load_ignore_keys,
+                )
+                return self._resumed("checkpoint", str(path), fallbacks)
+            if self.remote is not None:
+                fetched = self.remote.fetch_newest(
+                    self.run_dir, self.rank, self.world_size, exclude=self.quarantined
+                )
+                if fetched is not None:
+                    self._load_checkpoint_dir(
+                        fetched,
+                        weights_only=False,
+                        strict=self.load_strict,
+                        ignore_keys=self.load_ignore_keys,
+                    )
+                    return self._resumed("remote", str(fetched), fallbacks)
+        if self.load_path:
+            self.load(
+                self.load_path,
+                weights_only=self.load_weights_only,
+                strict=self.load_strict,
+                ignore_keys=self.load_ignore_keys,
+            )
+            if self.load_weights_only:
+                self.timestamp = Timestamp()
+            return self._resumed("load_path", self.load_path, fallbacks)
+        log.info("starting run %s from scratch (no checkpoint to resume)", self.run_name)
+        return ResumeResult("fresh", None, self.timestamp, fallbacks)
+
+    def _agree(self) -> Decision:
+        views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
+
+        def verify_everywhere(name: str) -> str | None:
+            manifest = Manifest.read(self.folder.path(name))
+            mine = self.folder.verify(manifest, [self.rank])
+            reasons = self.coord.all_gather(mine)
+            bad = [(r, why) for r, why in enumerate(reasons) if why]
+            return None if not bad else "; ".join(why for _, why in bad)
+
+        decision = resume.decide(resume.merge(views), self.world_size, verify_everywhere)
+        if self.rank == 0:
+            for line in decision.fallbacks:
+                log.warning("not resuming from %s", line)
+        if decision.world_size_conflict is not None:
+            name, saved_ws = decision.world_size_conflict
+            raise WorldSizeMismatchError(
+                f"newest checkpoint {name} in {str(self.run_dir)!r} was saved by {saved_ws} "
+                f"rank(s) but {self.world_size} are resuming it; restart with WORLD_SIZE="
+                f"{saved_ws}, or start a new run"
+            )
+        return decision
+
+    def _resumed(self, source: Any, path: str, fallbacks: list[str]) -> ResumeResult:
+        self._wall_base = self.timestamp.wall_time
+        self._clock_start = time.monotonic()
+        self._last_saved_key = tuple(
+            self.timestamp.to_dict()[k] for k in ("epoch", "batch", "sample")
+        )
+        log.info(
+            "resumed run %s from %s at epoch %d batch %d",
+            self.run_name,
+            path,
+            self.timestamp.epoch,
+            self.timestamp.batch,
+        )
+        return ResumeResult(source, path, Timestamp(**self.timestamp.to_dict()), fallbacks)
+
+    def load(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        weights_only: bool = False,
+        strict: bool = True,
+        ignore_keys: Sequence[str] = (),
+    ) -> None:
+        """Load a checkpoint folder (verified against its manifest), a run folder (its newest
+        valid checkpoint) or a single checkpoint file (unverified)."""
+        p = Path(path)
+        if p.is_file():
+            self._restore(
+                load_file(p, trusted=self.trusted_pickle),
+                weights_only=weights_only,
+                strict=strict,
+                ignore_keys=ignore_keys,
+            )
+            return
+        if (p / MANIFEST_NAME).exists():
+            self._load_checkpoint_dir(
+                p, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys
+            )
+            return
+        if p.is_dir():
+            folder = RunFolder(p)
+            for m in folder.committed():
+                reason = folder.verify(m, [self._source_rank(m, weights_only)])
+                if reason is None:
+                    self._load_checkpoint_dir(
+                        p / m.name,
+                        weights_only=weights_only,
+                        strict=strict,
+                        ignore_keys=ignore_keys,
+                    )
+                    return
+                log.warning("load path: skipping %s: %s", m.name, reason)
+        raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
+
+    def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
+        if manifest.world_size == self.world_size:
+            return self.rank
+        if weights_only:
+            return 0  # model weights are replicated across data-parallel ranks
+        raise WorldSizeMismatchError(
+            f"checkpoint {manifest.name} was saved by {manifest.world_size} rank(s) but "
+            f"{self.world_size} are loading it; load it with weights_only=True, or resume "
+            f"with WORLD_SIZE={manifest.world_size}"
+        )
+
+    def _load_checkpoint_dir(
+        self, folder: Path, *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> None:
+        manifest = Manifest.read(folder)
+        rank = self._source_rank(manifest, weights_only)
+        reason = RunFolder(folder.parent).verify(manifest, [rank])
+        if reason is not None:
+            raise NoCheckpointError(f"checkpoint {folder} does not verify: {reason}")
+        for entry in manifest.files_for_rank(rank):
+            data = load_file(folder / entry.path, trusted=self.trusted_pickle)
+            self._restore(
+                data,
+                weights_only=weights_only or manifest.weights_only,
+                strict=strict,
+                ignore_keys=ignore_keys,
+            )
+
+    def _restore(
+        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> None:
+        saved = state_mod.restore(
+            self.components, data, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys
+        )
+        if weights_only:
+            return
+        if "timestamp" in saved:
+            self.timestamp = Timestamp.from_dict(saved["timestamp"])
+        self.metrics = dict(saved.get("metrics", {}))
+        self.extras = dict(saved.get("extras", {}))
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Wait for a pending save, flush uploads, and release resources. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            if self.remote is not None:
+                self.remote.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _wait_quietly(event: threading.Event) -> None:
+    """Optimizer pre-step hooks must return None."""
+    event.wait()
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()

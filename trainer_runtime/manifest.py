@@ -1,0 +1,137 @@
+"""The manifest: the one file whose presence commits a checkpoint.
+
+It is written last, after every rank's file is durable, and lists each file with its size and
+xxh3-128 digest. xxh3 rather than sha256 because verifying a multi-GiB checkpoint at resume must
+cost little next to reading it; the digest guards against torn and bit-rotted files, not against
+an attacker (the object store's own integrity checks and access control cover that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .errors import ManifestError
+from .timestamp import Timestamp
+
+FORMAT = "rtj-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+POINTER_NAME = "latest.json"
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    """Relative to the checkpoint folder."""
+    rank: int
+    size: int
+    xxh3_128: str
+
+
+@dataclass
+class Manifest:
+    name: str
+    run_name: str
+    world_size: int
+    timestamp: Timestamp
+    files: list[FileEntry]
+    weights_only: bool = False
+    created_at: str = ""
+    save_duration_s: float = 0.0
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def files_for_rank(self, rank: int) -> list[FileEntry]:
+        return [f for f in self.files if f.rank == rank]
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["timestamp"] = self.timestamp.to_dict()
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "manifest") -> Manifest:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{source} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError(f"{source} is not a {FORMAT} manifest")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(
+                f"{source} has format_version {version!r}; this runtime reads {FORMAT_VERSION}"
+            )
+        try:
+            files = [FileEntry(**f) for f in data["files"]]
+            manifest = cls(
+                name=str(data["name"]),
+                run_name=str(data["run_name"]),
+                world_size=int(data["world_size"]),
+                timestamp=Timestamp.from_dict(data["timestamp"]),
+                files=files,
+                weights_only=bool(data.get("weights_only", False)),
+                created_at=str(data.get("created_at", "")),
+                save_duration_s=float(data.get("save_duration_s", 0.0)),
+                extra=dict(data.get("extra", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{source} is missing or has a malformed field: {exc}") from exc
+        ranks = {f.rank for f in files}
+        if ranks != set(range(manifest.world_size)):
+            raise ManifestError(
+                f"{source} lists files for ranks {sorted(ranks)} but world_size is "
+                f"{manifest.world_size}"
+            )
+        return manifest
+
+    @classmethod
+    def read(cls, checkpoint_dir: Path) -> Manifest:
+        path = checkpoint_dir / MANIFEST_NAME
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise ManifestError(f"{path} does not exist (checkpoint not committed)") from exc
+        except OSError as exc:
+            raise ManifestError(f"{path} cannot be read: {exc}") from exc
+        return cls.from_json(text, source=str(path))
+
+
+def new_hasher() -> Any:
+    return xxhash.xxh3_128()
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    """(size, xxh3-128 hex digest) of a file, read once in large chunks."""
+    h = new_hasher()
+    size = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()
+
+
+def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
+    """None when the file matches its entry, else a reason fit for a log line."""
+    path = checkpoint_dir / entry.path
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return f"{entry.path} (rank {entry.rank}) is missing"
+    if size != entry.size:
+        return f"{entry.path} (rank {entry.rank}) has {size} bytes, manifest says {entry.size}"
+    _, digest = hash_file(path)
+    if digest != entry.xxh3_128:
+        return f"{entry.path} (rank {entry.rank}) fails its checksum"
+    return None

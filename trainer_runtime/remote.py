@@ -1,0 +1,31 @@
+"""The seam between the checkpoint core and an object store (``trainer_runtime.objectstore``).
+
+The manager only needs these few calls, so local-only runs never import boto3 and tests of the
+core do not depend on a store being up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from .manifest import Manifest
+
+
+class RemoteBackend(Protocol):
+    def submit(self, run_dir: Path, manifest: Manifest, rank: int) -> None:
+        """Queue a locally committed checkpoint for upload (never blocks)."""
+
+    def pending(self) -> set[str]:
+        """Checkpoint names whose upload has not completed (local retention keeps them)."""
+
+    def fetch_newest(
+        self, run_dir: Path, rank: int, world_size: int, *, exclude: set[str]
+    ) -> Path | None:
+        """Download the newest remote checkpoint that verifies; its local folder, or None."""
+
+    def uri_for(self, checkpoint: str) -> str:
+        """The remote URI of a checkpoint (reported to the operator)."""
+
+    def close(self) -> None:
+        """Flush pending uploads within a bounded time and log the outcome."""

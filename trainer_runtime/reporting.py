@@ -1,0 +1,41 @@
+"""Telling the operator about each committed checkpoint.
+
+The runtime writes one JSON line to ``RTJ_REPORT_FILE`` (the container's termination message
+file), which the kubelet copies into the pod status when the container ends. The operator uses it
+to fill ``status.lastCommittedCheckpoint`` and to point the next attempt at it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from . import envvars
+from .manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+def commit_record(manifest: Manifest, uri: str) -> dict[str, object]:
+    ts = manifest.timestamp
+    return {
+        "checkpoint": manifest.name,
+        "uri": uri,
+        "step": ts.batch,
+        "epoch": ts.epoch,
+        "sample": ts.sample,
+        "time": manifest.created_at,
+    }
+
+
+def report_commit(manifest: Manifest, uri: str) -> None:
+    """Best effort: a failure to report never fails the save."""
+    target = os.environ.get(envvars.REPORT_FILE, "").strip()
+    if not target:
+        return
+    try:
+        Path(target).write_text(json.dumps(commit_record(manifest, uri)) + "\n")
+    except OSError as exc:
+        log.warning("could not write the commit report to %s: %s", target, exc)

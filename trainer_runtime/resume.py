@@ -1,0 +1,100 @@
+"""Choosing the checkpoint to resume from, agreed by every rank.
+
+Each rank lists its own view of the run folder (on node-local disks the views differ), the views
+are merged newest first, and candidates are verified one at a time until one verifies on every
+rank. Only the candidate being considered is checksummed, so a resume reads one checkpoint,
+not all of them. Every candidate passed over yields a log line that says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .layout import RunFolder
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One rank's cheap (no checksum) opinion of a checkpoint folder."""
+
+    key: tuple
+    world_size: int | None
+    reason: str | None
+
+
+@dataclass
+class Merged:
+    name: str
+    key: tuple
+    world_size: int | None
+    reason: str | None
+
+
+@dataclass
+class Decision:
+    chosen: str | None
+    fallbacks: list[str] = field(default_factory=list)
+    world_size_conflict: tuple[str, int] | None = None
+
+
+def list_view(folder: RunFolder, quarantined: set[str]) -> dict[str, Listed]:
+    view: dict[str, Listed] = {}
+    for cand in folder.candidates():
+        if cand.manifest is None:
+            view[cand.name] = Listed(cand.sort_key, None, cand.reason or "no manifest")
+        elif cand.name in quarantined:
+            view[cand.name] = Listed(
+                cand.sort_key,
+                cand.manifest.world_size,
+                "quarantined by the operator (repeated failures after it)",
+            )
+        else:
+            view[cand.name] = Listed(cand.sort_key, cand.manifest.world_size, None)
+    return view
+
+
+def merge(views: list[dict[str, Listed]]) -> list[Merged]:
+    """Union of the ranks' views, newest first; a folder unusable on any rank says why."""
+    names = set().union(*views)
+    merged: list[Merged] = []
+    for name in names:
+        entries = [(rank, v.get(name)) for rank, v in enumerate(views)]
+        known = [e for _, e in entries if e is not None and e.world_size is not None]
+        key = max((e.key for _, e in entries if e is not None), default=((-1,), ""))
+        ws = known[0].world_size if known else None
+        reason = None
+        for rank, e in entries:
+            if e is None:
+                reason = f"not present on rank {rank}"
+            elif e.reason is not None:
+                reason = e.reason if len(views) == 1 else f"rank {rank}: {e.reason}"
+            if reason:
+                break
+        merged.append(Merged(name, key, ws, reason))
+    merged.sort(key=lambda m: m.key, reverse=True)
+    return merged
+
+
+def decide(
+    merged: list[Merged],
+    world_size: int,
+    verify_everywhere: Callable[[str], str | None],
+    *,
+    elastic: bool = False,
+) -> Decision:
+    """Walk candidates newest first; ``verify_everywhere`` checksums one on every rank."""
+    decision = Decision(chosen=None)
+    for cand in merged:
+        if cand.reason is not None:
+            decision.fallbacks.append(f"{cand.name}: {cand.reason}")
+            continue
+        if cand.world_size != world_size and not elastic:
+            decision.world_size_conflict = (cand.name, int(cand.world_size or 0))
+            return decision
+        reason = verify_everywhere(cand.name)
+        if reason is None:
+            decision.chosen = cand.name
+            return decision
+        decision.fallbacks.append(f"{cand.name}: {reason}")
+    return decision

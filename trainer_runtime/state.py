@@ -1,0 +1,223 @@
+"""What goes into a rank's checkpoint file, and how it comes back out.
+
+The file holds one dict: ``{"format_version", "state": {...}, "rng": {...}}``. ``state`` has the
+model, optimizers, schedulers, grad scaler, the timestamp, every registered stateful object
+(samplers, datasets, metrics objects), plain metrics, the run name and user extras. Keys can be
+dropped on load with slash paths such as ``state/optimizers`` or ``state/model/head.*``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from . import rng
+from .errors import IncompatibleCheckpointError
+
+FILE_FORMAT_VERSION = 1
+_MAX_LISTED = 12
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+def named(objs: Any, what: str) -> dict[str, Any]:
+    """Normalise one object, a sequence or a mapping of them into a name -> object dict."""
+    if objs is None:
+        return {}
+    if isinstance(objs, Mapping):
+        return {str(k): v for k, v in objs.items()}
+    if isinstance(objs, list | tuple):
+        return {str(i): v for i, v in enumerate(objs)}
+    if not isinstance(objs, Stateful):
+        raise TypeError(f"{what} must have state_dict() and load_state_dict(); got {type(objs)}")
+    return {"0": objs}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Save the inner module of DDP/FSDP-like wrappers so keys carry no ``module.`` prefix."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+@dataclass
+class Components:
+    """Live training objects the manager saves and restores."""
+
+    model: nn.Module | None = None
+    optimizers: dict[str, Any] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    scaler: Any = None
+    stateful: dict[str, Any] = field(default_factory=dict)
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {} if self.model is None else unwrap(self.model).state_dict()
+
+    def parameter_names(self) -> set[str]:
+        if self.model is None:
+            return set()
+        return {n for n, _ in unwrap(self.model).named_parameters()}
+
+
+def capture(
+    comps: Components,
+    *,
+    timestamp: dict[str, Any],
+    run_name: str,
+    metrics: dict[str, Any],
+    extras: dict[str, Any],
+    weights_only: bool,
+) -> dict[str, Any]:
+    """The checkpoint dict with *live* tensor references; copy before training moves on."""
+    state: dict[str, Any] = {
+        "model": comps.model_state(),
+        "timestamp": dict(timestamp),
+        "run_name": run_name,
+    }
+    if not weights_only:
+        state["optimizers"] = {k: o.state_dict() for k, o in comps.optimizers.items()}
+        state["schedulers"] = {k: s.state_dict() for k, s in comps.schedulers.items()}
+        state["scaler"] = None if comps.scaler is None else comps.scaler.state_dict()
+        state["stateful"] = {k: s.state_dict() for k, s in comps.stateful.items()}
+        state["metrics"] = dict(metrics)
+        state["extras"] = dict(extras)
+    out: dict[str, Any] = {"format_version": FILE_FORMAT_VERSION, "state": state}
+    if not weights_only:
+        out["rng"] = rng.capture()
+    return out
+
+
+def copy_tree(obj: Any, *, skip: Callable[[torch.Tensor], bool] | None = None) -> Any:
+    """Deep copy of containers with every tensor cloned to host memory.
+
+    Tensors for which ``skip`` is true are kept as references (the caller copies them later).
+    """
+    if isinstance(obj, torch.Tensor):
+        if skip is not None and skip(obj):
+            return obj
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        out = {k: copy_tree(v, skip=skip) for k, v in obj.items()}
+        if isinstance(obj, OrderedDict):
+            out = OrderedDict(out)
+            meta = getattr(obj, "_metadata", None)
+            if meta is not None:
+                out._metadata = meta  # type: ignore[attr-defined]  # module versions
+        return out
+    if isinstance(obj, list):
+        return [copy_tree(v, skip=skip) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(copy_tree(v, skip=skip) for v in obj)
+    return obj
+
+
+def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from iter_tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from iter_tensors(v)
+
+
+def drop_keys(tree: dict[str, Any], patterns: Iterable[str]) -> list[str]:
+    """Delete every path matching a pattern (fnmatch over ``a/b/c`` paths); returns them."""
+    patterns = [p.strip("/") for p in patterns]
+    dropped: list[str] = []
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key in list(node):
+            path = f"{prefix}{key}"
+            if any(fnmatch.fnmatchcase(path, p) for p in patterns):
+                del node[key]
+                dropped.append(path)
+            elif isinstance(node[key], dict):
+                walk(node[key], path + "/")
+
+    walk(tree, "")
+    return dropped
+
+
+def _shape(t: Any) -> tuple[int, ...] | None:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+
+
+def check_model_fits(
+    model_state: Mapping[str, Any],
+    saved: Mapping[str, Any],
+    *,
+    strict: bool,
+    ignored: Iterable[str] = (),
+) -> None:
+    """Raise one error that names every missing, unexpected and mis-shaped key."""
+    ignored = set(ignored)
+    missing = sorted(k for k in model_state if k not in saved and f"state/model/{k}" not in ignored)
+    unexpected = sorted(k for k in saved if k not in model_state)
+    shapes = sorted(
+        f"{k}: checkpoint {_shape(saved[k])} vs model {_shape(v)}"
+        for k, v in model_state.items()
+        if k in saved and _shape(saved[k]) != _shape(v)
+    )
+    problems: list[str] = []
+    if shapes:
+        problems.append("shape mismatch: " + _listing(shapes))
+    if strict and missing:
+        problems.append("missing from checkpoint: " + _listing(missing))
+    if strict and unexpected:
+        problems.append("not in model: " + _listing(unexpected))
+    if problems:
+        hint = "" if not strict else " (pass load_strict=False to load the keys that do match)"
+        raise IncompatibleCheckpointError(
+            "checkpoint does not fit the model; " + "; ".join(problems) + hint
+        )
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    more = len(items) - _MAX_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def restore(
+    comps: Components,
+    data: dict[str, Any],
+    *,
+    weights_only: bool,
+    strict: bool,
+    ignore_keys: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
+    dropped = set(drop_keys(data, ignore_keys)) if ignore_keys else set()
+    state = data.get("state", {})
+    if comps.model is not None and "model" in state:
+        target = unwrap(comps.model)
+        saved = state["model"]
+        check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
+        target.load_state_dict(saved, strict=strict and not dropped)
+    if weights_only:
+        return state
+    for name, opt in comps.optimizers.items():
+        if name in state.get("optimizers", {}):
+            opt.load_state_dict(state["optimizers"][name])
+    for name, sched in comps.schedulers.items():
+        if name in state.get("schedulers", {}):
+            sched.load_state_dict(state["schedulers"][name])
+    if comps.scaler is not None and state.get("scaler") is not None:
+        comps.scaler.load_state_dict(state["scaler"])
+    for name, obj in comps.stateful.items():
+        if name in state.get("stateful", {}):
+            obj.load_state_dict(state["stateful"][name])
+    if "rng" in data:
+        rng.restore(data["rng"])
+    return state
