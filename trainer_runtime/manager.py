@@ -7,7 +7,6 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -196,7 +195,6 @@ class CheckpointManager:
         self._pending_name: str | None = None
         self._snapshot_done: threading.Event | None = None
         self._hook: Any = None
-        self._failure: BaseException | None = None
         self._closed = False
 
         self._prepare_folder()
@@ -353,14 +351,18 @@ class CheckpointManager:
         return ptrs
 
     def _note_failure(self, fut: Future[SavedCheckpoint]) -> None:
+        """Log at once; the error itself is raised by the next call into the manager."""
         exc = fut.exception()
         if exc is not None:
             log.error("background save failed (raised at the next call): %s", exc)
-            self._failure = exc
 
     def _raise_background_failure(self) -> None:
-        if self._failure is not None:
-            exc, self._failure = self._failure, None
+        fut = self._pending
+        if fut is None or not fut.done():
+            return
+        self._pending = None
+        exc = fut.exception()
+        if exc is not None:
             raise SaveFailedError(f"a background save failed: {exc}") from exc
 
     def _release_hook_if_done(self) -> None:
@@ -381,9 +383,7 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until any background save has committed; raise if it failed."""
         if self._pending is not None:
-            with contextlib.suppress(Exception):
-                self._pending.result()
-            self._pending = None
+            self._pending.exception()  # waits without raising
         self._release_hook_if_done()
         self._raise_background_failure()
 

@@ -85,7 +85,11 @@ def decide(
 ) -> Decision:
     """Walk candidates newest first; ``verify_everywhere`` checksums one on every rank."""
     decision = Decision(chosen=None)
+    # Folders without a usable manifest have no known position: report them all up front.
+    decision.fallbacks = [f"{c.name}: {c.reason}" for c in merged if c.world_size is None]
     for cand in merged:
+        if cand.world_size is None:
+            continue
         if cand.reason is not None:
             decision.fallbacks.append(f"{cand.name}: {cand.reason}")
             continue

@@ -1,0 +1,371 @@
+"""Single-process behaviour of the checkpoint core on a real filesystem."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from trainer_runtime import (
+    CheckpointManager,
+    ConfigError,
+    IncompatibleCheckpointError,
+    Manifest,
+    NoCheckpointError,
+    OverwriteError,
+    SaveFailedError,
+)
+from trainer_runtime.manifest import hash_file
+
+from .trainkit import Counter, make, params, step
+
+
+def manager(tmp_path, comps, **kw):
+    model, opt, sched, scaler = comps[:4]
+    kw.setdefault("run_name", "run")
+    kw.setdefault("interval", "3ba")
+    return CheckpointManager(
+        model=model, optimizer=opt, scheduler=sched, scaler=scaler, folder=tmp_path / "ck", **kw
+    )
+
+
+def draws():
+    return (random.random(), float(np.random.rand()), torch.rand(3).tolist())
+
+
+def test_resume_is_exact_for_every_piece_of_state(tmp_path):
+    comps = make()
+    counter = Counter()
+    ck = manager(tmp_path, comps, stateful={"counter": counter})
+    assert ck.resume().source == "fresh"
+    for _ in range(6):
+        step(*comps[:3], counter)
+        if ck.timestamp.batch == 2:
+            ck.metrics["loss"] = 0.25
+            ck.extras["note"] = "hello"
+        ck.batch_end(num_samples=16)
+    ck.close()
+    assert [s.name for s in ck.saved] == ["ep0-ba3", "ep0-ba6"]
+
+    # Reference: an uninterrupted run of 9 steps.
+    ref = make()
+    for _ in range(9):
+        step(*ref[:3])
+    ref_draws = draws()
+
+    # Crash after batch 6 is committed: a new process would rebuild everything, then resume.
+    comps2 = make(seed=123)  # different seed everywhere: only the checkpoint can fix it
+    counter2 = Counter()
+    ck2 = manager(tmp_path, comps2, stateful={"counter": counter2})
+    res = ck2.resume()
+    assert res.source == "checkpoint" and res.path.endswith("ep0-ba6")
+    assert (ck2.timestamp.batch, ck2.timestamp.sample, counter2.value) == (6, 96, 6)
+    assert ck2.metrics == {"loss": 0.25} and ck2.extras == {"note": "hello"}
+    assert comps2[2].state_dict()["last_epoch"] == 6
+    assert comps2[3].get_scale() == 1024.0
+    for _ in range(3):
+        step(*comps2[:3])
+    assert all(torch.equal(a, b) for a, b in zip(params(comps2[0]), params(ref[0]), strict=True))
+    assert draws() == ref_draws
+    ck2.close()
+
+
+def test_manifest_lists_files_with_size_and_checksum(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    ck.batch_end(8)
+    ck.close()
+    folder = tmp_path / "ck" / "ep0-ba1"
+    m = Manifest.read(folder)
+    assert (m.run_name, m.world_size, m.timestamp.batch, m.timestamp.sample) == ("run", 1, 1, 8)
+    assert m.save_duration_s > 0 and m.created_at
+    [entry] = m.files
+    assert (entry.size, entry.xxh3_128) == hash_file(folder / "rank0.pt")
+    pointer = json.loads((tmp_path / "ck" / "latest.json").read_text())
+    assert pointer["checkpoint"] == "ep0-ba1"
+    assert (tmp_path / "ck" / "latest-rank0").resolve() == (folder / "rank0.pt").resolve()
+
+
+def test_weights_only_save_and_load(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", weights_only=True)
+    step(*comps[:3])
+    ck.batch_end(16)
+    ck.close()
+    m = Manifest.read(tmp_path / "ck" / "ep0-ba1")
+    assert m.weights_only
+    data = torch.load(tmp_path / "ck" / "ep0-ba1" / "rank0.pt", weights_only=True)
+    assert set(data["state"]) == {"model", "timestamp", "run_name"} and "rng" not in data
+
+    fresh = make(seed=5)
+    ck2 = CheckpointManager(
+        model=fresh[0],
+        optimizer=fresh[1],
+        folder=tmp_path / "other",
+        run_name="ft",
+        autoresume=True,
+        load_path=str(tmp_path / "ck"),
+        load_weights_only=True,
+    )
+    res = ck2.resume()
+    assert res.source == "load_path" and ck2.timestamp.batch == 0
+    assert all(torch.equal(a, b) for a, b in zip(params(fresh[0]), params(comps[0]), strict=True))
+    assert fresh[1].state_dict()["state"] == {}  # optimizer untouched
+    ck2.close()
+
+
+def test_load_path_is_ignored_once_the_run_has_checkpoints(tmp_path):
+    base = make(seed=1)
+    src = manager(tmp_path / "src", base, interval="1ba")
+    src.batch_end(1)
+    src.close()
+    comps = make(seed=2)
+    kw = dict(load_path=str(tmp_path / "src" / "ck"), load_weights_only=True, interval="1ba")
+    ck = manager(tmp_path, comps, **kw)
+    assert ck.resume().source == "load_path"
+    step(*comps[:3])
+    ck.batch_end(4)
+    ck.close()
+    ck2 = manager(tmp_path, make(seed=3), **kw)
+    res = ck2.resume()
+    assert res.source == "checkpoint" and ck2.timestamp.batch == 1
+    ck2.close()
+
+
+def test_incompatible_model_names_keys_and_shapes(tmp_path):
+    comps = make(hidden=8)
+    ck = manager(tmp_path, comps, interval="1ba")
+    ck.batch_end(1)
+    ck.close()
+    other = make(hidden=6)
+    bad = CheckpointManager(model=other[0], folder=tmp_path / "ck", run_name="run")
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        bad.resume()
+    msg = str(err.value)
+    assert "0.weight: checkpoint (8, 4) vs model (6, 4)" in msg
+    assert "1.running_mean" in msg
+
+
+def test_non_strict_and_ignored_keys(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    ck.batch_end(1)
+    ck.close()
+    path = tmp_path / "ck" / "ep0-ba1"
+
+    model = torch.nn.Sequential(*list(make(seed=9)[0])[:3])  # no last layer
+    loader = CheckpointManager(model=model, folder=tmp_path / "x", run_name="x")
+    with pytest.raises(IncompatibleCheckpointError, match=r"not in model: 3\.bias, 3\.weight"):
+        loader.load(path)
+    loader.load(path, strict=False)
+    assert torch.equal(model[0].weight, comps[0][0].weight)
+
+    target = make(seed=9)
+    before = target[0][3].weight.detach().clone()
+    loader2 = CheckpointManager(
+        model=target[0], optimizer=target[1], folder=tmp_path / "y", run_name="y"
+    )
+    loader2.load(path, ignore_keys=["state/model/3.*", "state/optimizers", "rng"])
+    assert torch.equal(target[0][3].weight, before)
+    assert torch.equal(target[0][0].weight, comps[0][0].weight)
+    assert target[1].state_dict()["state"] == {}
+
+
+def write_two(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    ck.batch_end(1)
+    ck.batch_end(1)
+    ck.close()
+    return tmp_path / "ck"
+
+
+def truncate(p):
+    p.write_bytes(p.read_bytes()[:-100])
+
+
+def flip(p):
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    p.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: truncate(d / "rank0.pt"), "has "),
+        (lambda d: flip(d / "rank0.pt"), "fails its checksum"),
+        (lambda d: (d / "rank0.pt").unlink(), "is missing"),
+        (lambda d: (d / "manifest.json").unlink(), "does not exist (checkpoint not committed)"),
+        (
+            lambda d: (d / "manifest.json").write_text('{"format": "rtj-checkpoint", "form'),
+            "not valid JSON",
+        ),
+    ],
+    ids=["truncated", "flipped-byte", "deleted-rank-file", "deleted-manifest", "torn-manifest"],
+)
+def test_damaged_newest_falls_back_with_reason(tmp_path, caplog, damage, reason):
+    root = write_two(tmp_path)
+    damage(root / "ep0-ba2")
+    ck = manager(tmp_path, make(seed=4))
+    with caplog.at_level(logging.WARNING, logger="trainer_runtime"):
+        res = ck.resume()
+    assert res.path.endswith("ep0-ba1") and ck.timestamp.batch == 1
+    assert any("ep0-ba2" in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+    assert res.fallbacks and reason in res.fallbacks[0]
+
+
+def test_quarantined_checkpoint_is_skipped(tmp_path, monkeypatch):
+    write_two(tmp_path)
+    monkeypatch.setenv("RTJ_QUARANTINED", "s3://b/p/run/ep0-ba2")
+    ck = manager(tmp_path, make())
+    assert ck.resume().path.endswith("ep0-ba1")
+
+
+def test_retention_keeps_newest_n(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=2)
+    for _ in range(5):
+        ck.batch_end(1)
+    ck.close()
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir())
+    assert names == ["ep0-ba4", "ep0-ba5"]
+
+
+def test_retention_spares_checkpoints_still_uploading(tmp_path):
+    class Uploading:
+        """Stands in for the object-store seam: it reports ep0-ba1 as still uploading."""
+
+        def submit(self, run_dir, manifest, rank):
+            pass
+
+        def pending(self):
+            return {"ep0-ba1"}
+
+        def uri_for(self, name):
+            return f"s3://b/{name}"
+
+        def close(self):
+            pass
+
+    ck = manager(tmp_path, make(), interval="1ba", num_checkpoints_to_keep=1, remote=Uploading())
+    for _ in range(3):
+        ck.batch_end(1)
+    ck.close()
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir())
+    assert names == ["ep0-ba1", "ep0-ba3"]
+
+
+@pytest.mark.parametrize("keep", [0, -2])
+def test_bad_retention_value(tmp_path, keep):
+    with pytest.raises(ConfigError, match="num_checkpoints_to_keep"):
+        manager(tmp_path, make(), num_checkpoints_to_keep=keep)
+
+
+def test_overwrite_protection_other_run(tmp_path):
+    write_two(tmp_path)
+    with pytest.raises(OverwriteError, match="other run"):
+        manager(tmp_path, make(), run_name="someone-else")
+    manager(tmp_path, make(), run_name="someone-else", overwrite=True).close()
+
+
+def test_overwrite_protection_newer_checkpoints(tmp_path):
+    root = write_two(tmp_path)
+    ck = manager(tmp_path, make(), autoresume=False, interval="1ba")
+    with pytest.raises(
+        OverwriteError, match=r"ep0-ba2 \(batch 2\) newer than the current position"
+    ):
+        ck.batch_end(1)
+    assert Manifest.read(root / "ep0-ba2").timestamp.batch == 2  # nothing touched
+    ck2 = manager(tmp_path, make(), autoresume=False, interval="1ba", overwrite=True)
+    ck2.batch_end(1)
+    ck2.close()
+    committed = sorted(p.parent.name for p in root.glob("*/manifest.json"))
+    assert committed == ["ep0-ba1"]
+
+
+def test_unwritable_folder_is_a_construction_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="is not writable"):
+        CheckpointManager(model=make()[0], folder=blocker / "ck", run_name="r")
+
+
+def test_autoresume_requires_run_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("RTJ_RUN_NAME", raising=False)
+    with pytest.raises(ConfigError, match="stable run_name"):
+        CheckpointManager(model=make()[0], folder=tmp_path)
+    ck = CheckpointManager(model=make()[0], folder=tmp_path / "{run_name}", autoresume=False)
+    assert ck.run_name.startswith("run-") and ck.run_dir.name == ck.run_name
+
+
+def test_samples_interval_needs_num_samples(tmp_path):
+    ck = manager(tmp_path, make(), interval="64sp")
+    with pytest.raises(ConfigError, match="num_samples"):
+        ck.batch_end()
+
+
+def test_load_path_without_checkpoint(tmp_path):
+    (tmp_path / "empty").mkdir()
+    ck = manager(tmp_path, make(), load_path=str(tmp_path / "empty"))
+    with pytest.raises(NoCheckpointError, match="holds no checkpoint that verifies"):
+        ck.resume()
+
+
+class SlowToPickle:
+    """Makes the background persist take a while, so a save is still in flight."""
+
+    release = threading.Event()
+
+    def __reduce__(self):
+        SlowToPickle.release.wait(10)
+        return (int, (0,))
+
+
+def test_async_snapshot_is_taken_before_the_next_optimizer_step(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, interval="1ba", async_save=True)
+    step(model, opt, sched)
+    at_save = params(model)
+    ck.batch_end(1)
+    step(model, opt, sched)  # runs while the save persists; must not leak into it
+    ck.close()
+    data = torch.load(tmp_path / "ck" / "ep0-ba1" / "rank0.pt", weights_only=True)
+    assert all(
+        torch.equal(a, b) for a, b in zip(data["state"]["model"].values(), at_save, strict=True)
+    )
+    assert not all(torch.equal(a, b) for a, b in zip(params(model), at_save, strict=True))
+
+
+def test_async_skip_policy_and_close_waits(tmp_path):
+    SlowToPickle.release.clear()
+    ck = manager(
+        tmp_path, make(), interval="1ba", async_save=True, async_policy="skip", trusted_pickle=True
+    )
+    ck.extras["slow"] = SlowToPickle()
+    ck.batch_end(1)  # starts a save that blocks in pickling
+    ck.extras.clear()
+    ck.batch_end(1)  # skipped: one in flight
+    assert ck.skipped_saves == 1
+    SlowToPickle.release.set()
+    ck.close()  # waits for ep0-ba1 to commit
+    assert [s.name for s in ck.saved] == ["ep0-ba1"]
+    assert (tmp_path / "ck" / "ep0-ba1" / "manifest.json").exists()
+
+
+def test_async_failure_is_raised_at_the_next_call(tmp_path):
+    ck = manager(tmp_path, make(), interval="1ba", async_save=True)
+    (tmp_path / "ck" / "ep0-ba1").write_text("a file where the checkpoint folder goes")
+    ck.batch_end(1)
+    ck.wait_for_snapshot()
+    with pytest.raises(SaveFailedError, match="background save failed"):
+        ck.wait()
+    ck.batch_end(1)  # the manager keeps working after the failure was reported
+    ck.close()
+    assert Manifest.read(tmp_path / "ck" / "ep0-ba2").timestamp.batch == 2
