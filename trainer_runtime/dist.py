@@ -11,6 +11,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from . import envvars
@@ -51,6 +52,14 @@ class Coordinator:
         box = [obj]
         dist.broadcast_object_list(box, src=src, group=self._group)
         return box[0]
+
+    def max_ints(self, values: list[int]) -> list[int]:
+        """Element-wise max over ranks: how every rank agrees on a flag at the same step."""
+        if self._group is None:
+            return values
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return t.tolist()
 
     def barrier(self) -> None:
         if self._group is not None:

@@ -35,13 +35,17 @@ from .errors import (
 )
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
+from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import Decision
+from .sampler import ResumableSampler
 from .serialization import load_file, save_rank_file
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 
 log = logging.getLogger("trainer_runtime")
+RUNTIME_KEY = "_trainer_runtime"
+"""Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
 
 AsyncPolicy = Literal["wait", "skip"]
 
@@ -112,6 +116,15 @@ class CheckpointManager:
         trusted_pickle: bool = False,
         quarantined: Iterable[str] | None = None,
         remote: RemoteBackend | None = None,
+        sampler: ResumableSampler | None = None,
+        ignore_data_position: bool = False,
+        data_skip_steps: int = 0,
+        elastic: bool = False,
+        global_batch_size: int | None = None,
+        handle_sigterm: bool = True,
+        notice_file: str | None = None,
+        grace_period_s: float | None = None,
+        preemption_exit_code: int = DEFAULT_EXIT_CODE,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
         if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
@@ -119,6 +132,14 @@ class CheckpointManager:
                 f"num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected -1 (keep all) "
                 "or a positive count"
             )
+        if data_skip_steps < 0:
+            raise ConfigError(f"data_skip_steps={data_skip_steps!r}: expected >= 0")
+        if data_skip_steps and (sampler is None or sampler.batch_size is None):
+            raise ConfigError(
+                "data_skip_steps needs sampler=ResumableSampler(..., batch_size=per-rank size)"
+            )
+        if global_batch_size is not None and global_batch_size < 1:
+            raise ConfigError(f"global_batch_size={global_batch_size!r}: expected >= 1")
         if async_policy not in ("wait", "skip"):
             raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
         self.interval = SaveInterval.parse(interval)
@@ -139,8 +160,13 @@ class CheckpointManager:
             optimizers=state_mod.named(optimizer, "optimizer"),
             schedulers=state_mod.named(scheduler, "scheduler"),
             scaler=scaler,
-            stateful=dict(stateful or {}),
+            stateful={**(stateful or {}), **({"sampler": sampler} if sampler else {})},
         )
+        self.sampler = sampler
+        self.ignore_data_position = ignore_data_position
+        self.data_skip_steps = data_skip_steps
+        self.elastic = elastic
+        self.global_batch_size = global_batch_size
         self.coord = Coordinator(coordination_timeout)
         self.rank, self.world_size = self.coord.rank, self.coord.world_size
 
@@ -179,6 +205,15 @@ class CheckpointManager:
             if q.strip()
         }
         self.remote = remote
+        grace = grace_period_s
+        if grace is None:
+            grace = float(_env(envvars.GRACE_PERIOD_SECONDS) or 30)
+        self.grace_period_s = grace
+        self.preemption_exit_code = preemption_exit_code
+        self.preemption = PreemptionWatcher(
+            notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
+        )
+        self._notices_handled = 0
 
         self.timestamp = Timestamp()
         self.metrics: dict[str, Any] = {}
@@ -186,6 +221,7 @@ class CheckpointManager:
         self.saved: list[SavedCheckpoint] = []
         self.skipped_saves = 0
         self._last_saved_key: tuple | None = None
+        self._last_global_batch: int | None = global_batch_size
         self._checked_newer = False
         self._clock_start = time.monotonic()
         self._wall_base = 0.0
@@ -252,9 +288,14 @@ class CheckpointManager:
         ts.sample += num_samples or 0
         ts.sample_in_epoch += num_samples or 0
         ts.wall_time = self._wall_time()
+        if num_samples is not None:
+            self._last_global_batch = num_samples
+        if self.sampler is not None:
+            self.sampler.advance(num_samples)
+        saved = self._handle_preemption()
         if self.interval.should_save(ts, before, Event.BATCH_END):
-            return self.save()
-        return None
+            return self.save() or saved
+        return saved
 
     def epoch_end(self) -> SavedCheckpoint | None:
         self._raise_background_failure()
@@ -264,9 +305,51 @@ class CheckpointManager:
         ts.batch_in_epoch = 0
         ts.sample_in_epoch = 0
         ts.wall_time = self._wall_time()
+        if self.sampler is not None:
+            self.sampler.set_epoch(ts.epoch)
+        saved = self._handle_preemption()
         if self.interval.should_save(ts, before, Event.EPOCH_END):
-            return self.save()
+            return self.save() or saved
+        return saved
+
+    # ------------------------------------------------------------------ preemption
+    def _handle_preemption(self) -> SavedCheckpoint | None:
+        """At a step boundary: agree with every rank on SIGTERM / notices, then act."""
+        local = [1 if self.preemption.terminating else 0, self.preemption.poll_notice()]
+        terminating, notices = self.coord.max_ints(local)
+        if terminating:
+            self._emergency_exit()
+        if notices > self._notices_handled:
+            self._notices_handled = notices
+            log.warning("preemption notice: saving now and training on")
+            return self.save(blocking=True)
         return None
+
+    def _emergency_exit(self) -> None:
+        started = self.preemption.sigterm_at or time.monotonic()
+        log.warning("SIGTERM: saving at batch %d before exiting", self.timestamp.batch)
+        saved = None
+        try:
+            self.wait()
+            saved = self.save(blocking=True)
+        finally:
+            self.close()
+        elapsed = time.monotonic() - started
+        budget = self.grace_period_s
+        where = saved.name if saved else "the checkpoint already saved at this step"
+        log.warning(
+            "emergency save %s done %.2fs after SIGTERM (grace period %.0fs)",
+            where,
+            elapsed,
+            budget,
+        )
+        if elapsed > 0.8 * budget:
+            log.warning(
+                "the emergency save took %.0f%% of the grace period: raise "
+                "terminationGracePeriodSeconds or save more often",
+                100 * elapsed / budget,
+            )
+        raise SystemExit(self.preemption_exit_code)
 
     # ------------------------------------------------------------------ saving
     def save(self, *, blocking: bool | None = None) -> SavedCheckpoint | None:
@@ -298,7 +381,7 @@ class CheckpointManager:
             timestamp=self.timestamp.to_dict(),
             run_name=self.run_name,
             metrics=self.metrics,
-            extras=self.extras,
+            extras={**self.extras, RUNTIME_KEY: {"global_batch_size": self._last_global_batch}},
             weights_only=self.weights_only,
         )
         ts = Timestamp(**self.timestamp.to_dict())
@@ -558,12 +641,14 @@ class CheckpointManager:
 
         def verify_everywhere(name: str) -> str | None:
             manifest = Manifest.read(self.folder.path(name))
-            mine = self.folder.verify(manifest, [self.rank])
+            mine = self.folder.verify(manifest, [self._source_rank(manifest, False)])
             reasons = self.coord.all_gather(mine)
             bad = [(r, why) for r, why in enumerate(reasons) if why]
             return None if not bad else "; ".join(why for _, why in bad)
 
-        decision = resume.decide(resume.merge(views), self.world_size, verify_everywhere)
+        decision = resume.decide(
+            resume.merge(views), self.world_size, verify_everywhere, elastic=self.elastic
+        )
         if self.rank == 0:
             for line in decision.fallbacks:
                 log.warning("not resuming from %s", line)
@@ -631,14 +716,19 @@ class CheckpointManager:
         raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
 
     def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
+        """Which saved rank's file this rank loads."""
         if manifest.world_size == self.world_size:
             return self.rank
         if weights_only:
             return 0  # model weights are replicated across data-parallel ranks
+        if self.elastic:
+            # Data-parallel state is replicated; the data position is global (sampler.py).
+            return self.rank % manifest.world_size
         raise WorldSizeMismatchError(
             f"checkpoint {manifest.name} was saved by {manifest.world_size} rank(s) but "
-            f"{self.world_size} are loading it; load it with weights_only=True, or resume "
-            f"with WORLD_SIZE={manifest.world_size}"
+            f"{self.world_size} are loading it; pass elastic=True (data-parallel training with "
+            f"ResumableSampler), load it with weights_only=True, or resume with "
+            f"WORLD_SIZE={manifest.world_size}"
         )
 
     def _load_checkpoint_dir(
@@ -661,8 +751,11 @@ class CheckpointManager:
     def _restore(
         self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
     ) -> None:
+        keys = list(ignore_keys)
+        if self.ignore_data_position and self.sampler is not None:
+            keys.append("state/stateful/sampler")
         saved = state_mod.restore(
-            self.components, data, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys
+            self.components, data, weights_only=weights_only, strict=strict, ignore_keys=keys
         )
         if weights_only:
             return
@@ -670,6 +763,36 @@ class CheckpointManager:
             self.timestamp = Timestamp.from_dict(saved["timestamp"])
         self.metrics = dict(saved.get("metrics", {}))
         self.extras = dict(saved.get("extras", {}))
+        runtime = self.extras.pop(RUNTIME_KEY, None) or {}
+        self._apply_data_overrides(runtime.get("global_batch_size"))
+
+    def _apply_data_overrides(self, saved_global_batch: int | None) -> None:
+        """Changed dataset or batch size: MindSpore-style overrides of the data position."""
+        ts = self.timestamp
+        if self.ignore_data_position:
+            ts.batch_in_epoch = ts.sample_in_epoch = 0
+            if self.sampler is not None:
+                self.sampler.epoch, self.sampler.offset = ts.epoch, 0
+            log.info(
+                "ignore_data_position: data restarts at the start of epoch %d, "
+                "weights and step kept",
+                ts.epoch,
+            )
+        if self.data_skip_steps and self.sampler is not None:
+            self.sampler.advance(
+                self.data_skip_steps * self.sampler.batch_size * self.sampler.num_replicas
+            )
+            log.info("data_skip_steps: skipped %d steps of data", self.data_skip_steps)
+        new = self.global_batch_size
+        if new and saved_global_batch and new != saved_global_batch:
+            ts.batch = ts.sample // new
+            ts.batch_in_epoch = ts.sample_in_epoch // new
+            log.info(
+                "global batch size %d -> %d: step counter rescaled to %d",
+                saved_global_batch,
+                new,
+                ts.batch,
+            )
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -677,6 +800,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        self.preemption.close()
         try:
             self.wait()
         finally:

@@ -22,6 +22,7 @@ class _HashingWriter(io.RawIOBase):
         self._f = f
         self.hasher = new_hasher()
         self.size = 0
+        self.error: OSError | None = None
 
     def writable(self) -> bool:
         return True
@@ -30,9 +31,13 @@ class _HashingWriter(io.RawIOBase):
         view = memoryview(b).cast("B")
         self.hasher.update(view)
         remaining = view
-        while remaining:
-            n = self._f.write(remaining)
-            remaining = remaining[n:]
+        try:
+            while remaining:
+                n = self._f.write(remaining)
+                remaining = remaining[n:]
+        except OSError as exc:  # torch's writer hides it behind a generic error
+            self.error = exc
+            raise
         self.size += len(view)
         return len(view)
 
@@ -41,7 +46,12 @@ def save_rank_file(obj: Any, final: Path, *, rank: int, rel_path: str) -> FileEn
     """Durably write ``obj`` to ``final``; return the manifest entry describing it."""
     with atomic.atomic_writer(final) as f:
         writer = _HashingWriter(f)
-        torch.save(obj, writer)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None  # e.g. ENOSPC, with its real message
+            raise
     return FileEntry(path=rel_path, rank=rank, size=writer.size, xxh3_128=writer.hasher.hexdigest())
 
 

@@ -1,0 +1,43 @@
+"""Assertions about a run folder after a crash, shared by the multi-process tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trainer_runtime.layout import RunFolder
+
+
+def committed_and_valid(run_dir: Path) -> list[str]:
+    """Names of committed checkpoints, newest first; fails if any committed one is broken."""
+    folder = RunFolder(run_dir)
+    names = []
+    for m in folder.committed():
+        reason = folder.verify(m, list(range(m.world_size)))
+        assert reason is None, f"committed checkpoint {m.name} does not verify: {reason}"
+        names.append(m.name)
+    pointer = folder.read_pointer()
+    if names:
+        assert pointer is not None, "checkpoints committed but latest.json is missing"
+    if pointer is not None:
+        assert pointer["checkpoint"] in names, f"latest.json names uncommitted {pointer}"
+    return names
+
+
+def read_events(path_prefix: Path, rank: int) -> list[dict]:
+    p = Path(f"{path_prefix}.rank{rank}")
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate, timeout: float, what: str, gang=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if gang is not None and all(p.poll() is not None for p in gang.procs):
+            raise AssertionError(f"processes exited while waiting for {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,158 @@
+"""A sampler that knows how far into the epoch training got, and resumes exactly there.
+
+A drop-in for ``DistributedSampler`` (and for a plain random or sequential sampler with one
+rank): the epoch order is a deterministic shuffle of (seed, epoch), rank ``r`` of ``W`` takes
+positions ``r, r+W, r+2W, ...`` of it. The position saved is a *global* count of samples the
+training loop consumed in this epoch, not what DataLoader workers prefetched: the checkpoint
+manager advances it at each ``batch_end()``. Because every global position below the count has
+been consumed by some rank, the rest of the epoch can be re-dealt to any new world size
+without repeating or skipping a sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from . import envvars
+from .errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class DataPositionError(CheckpointError):
+    """The saved data position does not fit the dataset being resumed."""
+
+
+class ResumableSampler(Sampler[int]):
+    def __init__(
+        self,
+        dataset: Sized | int,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        """``batch_size`` is the per-rank batch size; only needed for ``advance()`` without
+        an argument and for ``data_skip_steps``."""
+        self.num_samples_total = dataset if isinstance(dataset, int) else len(dataset)
+        if self.num_samples_total <= 0:
+            raise ConfigError(f"dataset has {self.num_samples_total} samples; expected at least 1")
+        world = num_replicas if num_replicas is not None else _dist_world()
+        self.rank = rank if rank is not None else _dist_rank()
+        if world < 1 or not 0 <= self.rank < world:
+            raise ConfigError(
+                f"rank={self.rank} num_replicas={world}: expected 0 <= rank < replicas"
+            )
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size!r}: expected a positive per-rank batch size")
+        self.num_replicas = world
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.epoch = 0
+        self.offset = 0
+        """Samples of this epoch consumed by all ranks together."""
+
+    # ----------------------------------------------------------------- order
+    def epoch_order(self, epoch: int | None = None) -> list[int]:
+        """The whole epoch's global order, before dealing to ranks."""
+        n = self.num_samples_total
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + (self.epoch if epoch is None else epoch))
+        return torch.randperm(n, generator=g).tolist()
+
+    def _remaining_global(self) -> list[int]:
+        rest = self.epoch_order()[self.offset :]
+        world = self.num_replicas
+        if self.drop_last:
+            return rest[: len(rest) - len(rest) % world]
+        if rest and len(rest) % world:
+            pad = world - len(rest) % world
+            rest = rest + (rest * math.ceil(pad / len(rest)))[:pad]
+        return rest
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._remaining_global()[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        return len(self._remaining_global()) // self.num_replicas
+
+    # ----------------------------------------------------------------- progress
+    def set_epoch(self, epoch: int) -> None:
+        """Like DistributedSampler.set_epoch; a new epoch starts at its first sample."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.offset = 0
+
+    def advance(self, num_samples: int | None = None) -> None:
+        """Record that the loop consumed ``num_samples`` samples (all ranks together)."""
+        if num_samples is None:
+            if self.batch_size is None:
+                raise ConfigError(
+                    "advance() without a count needs ResumableSampler(batch_size=...)"
+                )
+            num_samples = self.batch_size * self.num_replicas
+        self.offset = min(self.offset + num_samples, self.num_samples_total)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_samples_total": self.num_samples_total,
+            "num_replicas": self.num_replicas,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_samples_total"] != self.num_samples_total:
+            raise DataPositionError(
+                f"the checkpoint's data position is for a dataset of {state['num_samples_total']} "
+                f"samples, this one has {self.num_samples_total}; pass "
+                "ignore_data_position=True to restart the data (weights and step are kept)"
+            )
+        if (state["seed"], state["shuffle"]) != (self.seed, self.shuffle):
+            log.warning(
+                "sampler seed/shuffle changed since the checkpoint (%s/%s -> %s/%s): the rest "
+                "of the epoch follows the new order",
+                state["seed"],
+                state["shuffle"],
+                self.seed,
+                self.shuffle,
+            )
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])
+        if state.get("num_replicas", self.num_replicas) != self.num_replicas:
+            log.info(
+                "data position re-dealt from %d to %d ranks at global sample %d of epoch %d",
+                state["num_replicas"],
+                self.num_replicas,
+                self.offset,
+                self.epoch,
+            )
+
+
+def _dist_world() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get(envvars.WORLD_SIZE, "1") or 1)
+
+
+def _dist_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get(envvars.RANK, "0") or 0)
