@@ -105,7 +105,8 @@ def main() -> None:
     ckpt.resume()
     trace = open(f"{args.trace}.rank{rank}", "a") if args.trace else None  # noqa: SIM115
     if trace:
-        trace.write(json.dumps({"resumed": ckpt.timestamp.batch, "world": world}) + "\n")
+        marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world}
+        trace.write(json.dumps(marker) + "\n")
         trace.flush()
     for _ in range(ckpt.timestamp.epoch, args.epochs):
         for ids, x, y in loader:
@@ -115,9 +116,9 @@ def main() -> None:
             opt.step()
             sched.step()
             if trace:
-                trace.write(
-                    json.dumps({"batch": ckpt.timestamp.batch + 1, "ids": ids.tolist()}) + "\n"
-                )
+                done = ckpt.timestamp.sample + args.batch_size * world
+                record = {"batch": ckpt.timestamp.batch + 1, "sample": done, "ids": ids.tolist()}
+                trace.write(json.dumps(record) + "\n")
                 trace.flush()
             ckpt.batch_end(num_samples=args.batch_size * world)
             if args.step_sleep:

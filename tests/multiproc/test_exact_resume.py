@@ -49,14 +49,15 @@ def job_args(tmp: Path, *extra: str) -> list[str]:
 
 
 def consumed(tmp: Path, rank: int) -> list[tuple[int, list[int]]]:
-    """(step, ids) actually consumed, dropping steps that a later resume rolled back."""
+    """(global sample count after the step, ids) actually consumed, without the steps that a
+    later resume rolled back (those after the checkpoint it resumed from)."""
     steps: list[tuple[int, list[int]]] = []
     for line in Path(f"{tmp / 'trace'}.rank{rank}").read_text().splitlines():
         rec = json.loads(line)
-        if "resumed" in rec:
-            steps = [s for s in steps if s[0] <= rec["resumed"]]
+        if "resumed_at_sample" in rec:
+            steps = [s for s in steps if s[0] <= rec["resumed_at_sample"]]
         else:
-            steps.append((rec["batch"], rec["ids"]))
+            steps.append((rec["sample"], rec["ids"]))
     return steps
 
 

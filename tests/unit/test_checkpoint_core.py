@@ -369,3 +369,15 @@ def test_async_failure_is_raised_at_the_next_call(tmp_path):
     ck.batch_end(1)  # the manager keeps working after the failure was reported
     ck.close()
     assert Manifest.read(tmp_path / "ck" / "ep0-ba2").timestamp.batch == 2
+
+
+def test_cli_lists_and_verifies(tmp_path, capsys):
+    from trainer_runtime.cli import main
+
+    root = write_two(tmp_path)
+    assert main(["verify", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("* ep0-ba2") and "ok" in out
+    flip(root / "ep0-ba1" / "rank0.pt")
+    assert main(["verify", str(root)]) == 1
+    assert "BROKEN: rank0.pt (rank 0) fails its checksum" in capsys.readouterr().out

@@ -1,0 +1,94 @@
+"""SIGTERM and notice handling in-process, and the data-position overrides on resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from trainer_runtime import CheckpointManager, ConfigError, Manifest
+from trainer_runtime.sampler import ResumableSampler
+
+from .trainkit import make
+
+
+def test_sigterm_saves_at_the_next_step_then_exits_143(tmp_path, caplog):
+    model = make()[0]
+    ck = CheckpointManager(model=model, folder=tmp_path, run_name="r", interval="100ba")
+    ck.batch_end(4)
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
+    assert (tmp_path / "ep0-ba2").exists() is False
+    with pytest.raises(SystemExit) as exc:
+        ck.batch_end(4)
+    assert exc.value.code == 143
+    assert Manifest.read(tmp_path / "ep0-ba2").timestamp.batch == 2
+    assert "emergency save ep0-ba2 done" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) is not ck.preemption._on_sigterm  # restored
+
+
+def test_notice_file_triggers_one_save_and_training_goes_on(tmp_path):
+    notice = tmp_path / "notice"
+    notice.write_text("")
+    ck = CheckpointManager(model=make()[0], folder=tmp_path / "ck", run_name="r",
+                           interval="100ba", notice_file=str(notice))
+    assert ck.batch_end(1) is None
+    notice.write_text('{"reason": "cloud.google.com/impending-node-termination"}')
+    time.sleep(1.1)  # the file is looked at once a second, not every step
+    saved = ck.batch_end(1)
+    assert saved is not None and saved.name == "ep0-ba2"
+    time.sleep(1.1)
+    assert ck.batch_end(1) is None  # same notice: no second save
+    ck.close()
+
+
+def sampled_run(tmp_path, **kw):
+    sampler = ResumableSampler(40, num_replicas=1, rank=0, seed=2, batch_size=4)
+    ck = CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", interval="1ba",
+                           sampler=sampler, **kw)
+    return ck, sampler
+
+
+def test_sampler_position_saved_and_restored_without_user_code(tmp_path):
+    ck, sampler = sampled_run(tmp_path)
+    for _ in range(3):
+        ck.batch_end(4)
+    ck.close()
+    ck2, sampler2 = sampled_run(tmp_path)
+    ck2.resume()
+    assert sampler2.offset == 12 and list(sampler2) == list(sampler)
+
+
+def test_ignore_data_position_keeps_weights_and_step(tmp_path):
+    ck, _ = sampled_run(tmp_path)
+    for _ in range(3):
+        ck.batch_end(4)
+    ck.close()
+    ck2, sampler2 = sampled_run(tmp_path, ignore_data_position=True)
+    ck2.resume()
+    assert (ck2.timestamp.batch, ck2.timestamp.batch_in_epoch, sampler2.offset) == (3, 0, 0)
+
+
+def test_data_skip_steps(tmp_path):
+    ck, _ = sampled_run(tmp_path)
+    ck.batch_end(4)
+    ck.close()
+    ck2, sampler2 = sampled_run(tmp_path, data_skip_steps=2)
+    ck2.resume()
+    assert (ck2.timestamp.batch, sampler2.offset) == (1, 4 + 2 * 4)
+
+
+def test_global_batch_size_change_rescales_the_step(tmp_path):
+    ck, _ = sampled_run(tmp_path)
+    for _ in range(4):
+        ck.batch_end(4)
+    ck.close()
+    ck2, sampler2 = sampled_run(tmp_path, global_batch_size=8)
+    ck2.resume()
+    assert (ck2.timestamp.sample, ck2.timestamp.batch, sampler2.offset) == (16, 2, 16)
+
+
+def test_data_skip_steps_needs_a_sampler_with_batch_size(tmp_path):
+    with pytest.raises(ConfigError, match="data_skip_steps needs sampler"):
+        CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", data_skip_steps=3)
