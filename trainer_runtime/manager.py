@@ -167,7 +167,11 @@ class CheckpointManager:
         self.data_skip_steps = data_skip_steps
         self.elastic = elastic
         self.global_batch_size = global_batch_size
+        # Two channels: the training thread's (resume, per-step preemption agreement) and the
+        # commit channel, used by whichever thread persists a save. Sharing one gloo group
+        # between threads would interleave collectives differently on different ranks.
         self.coord = Coordinator(coordination_timeout)
+        self.commit_coord = Coordinator(coordination_timeout)
         self.rank, self.world_size = self.coord.rank, self.coord.world_size
 
         run_name = run_name or _env(envvars.RUN_NAME)
@@ -511,7 +515,7 @@ class CheckpointManager:
         except Exception as exc:  # reported to every rank below, then raised
             outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         duration = time.monotonic() - started
-        gathered = self.coord.all_gather((outcome, duration))
+        gathered = self.commit_coord.all_gather((outcome, duration))
         errors = [o for o, _ in gathered if isinstance(o, str)]
         if errors:
             self.folder.remove_files(checkpoint, [file])
@@ -528,12 +532,14 @@ class CheckpointManager:
             timestamp=ts,
             files=[o for o, _ in gathered],
             weights_only=self.weights_only,
-            created_at=self.coord.broadcast(datetime.now(UTC).isoformat(timespec="milliseconds")),
+            created_at=self.commit_coord.broadcast(
+                datetime.now(UTC).isoformat(timespec="milliseconds")
+            ),
             save_duration_s=round(max(d for _, d in gathered), 6),
         )
         if self.rank == 0:
             self._commit(manifest)
-        self.coord.barrier()
+        self.commit_coord.barrier()
         if self.rank != 0 and not (folder / MANIFEST_NAME).exists():
             self._commit(manifest)  # node-local disk: each node keeps its own manifest copy
         if latest is not None:
@@ -567,7 +573,7 @@ class CheckpointManager:
             and not self._pending.done()
         ):
             protected.add(self._pending_name)
-        views = self.coord.all_gather((protected, [m.name for m in self.folder.committed()]))
+        views = self.commit_coord.all_gather((protected, [m.name for m in self.folder.committed()]))
         keep_out = set().union(*(p for p, _ in views))
         listing = views[0][1]  # rank 0's view, newest first, decides for everyone
         doomed = [
@@ -579,7 +585,7 @@ class CheckpointManager:
             return
         for name in doomed:
             self.folder.uncommit(name)
-        self.coord.barrier()
+        self.commit_coord.barrier()
         for name in doomed:
             self.folder.remove_tree(name)
         log.info("retention removed %s", ", ".join(doomed))
