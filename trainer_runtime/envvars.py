@@ -35,6 +35,15 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 # message path, so the operator reads it from the pod status).
 REPORT_FILE = "RTJ_REPORT_FILE"
 
+# Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
+# runner points it elsewhere). With KUBERNETES_SERVICE_HOST/PORT, used to annotate our own pod.
+SERVICEACCOUNT_DIR = "RTJ_SERVICEACCOUNT_DIR"
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+KUBERNETES_SERVICE_PORT = "KUBERNETES_SERVICE_PORT"
+
+# Local staging folder for checkpoints whose folder is an object-store URI.
+LOCAL_CHECKPOINT_DIR = "RTJ_LOCAL_CHECKPOINT_DIR"
+
 # Composer-compatible spelling of the S3 endpoint; boto3's own AWS_ENDPOINT_URL(_S3) also work.
 S3_ENDPOINT_URL = "S3_ENDPOINT_URL"
 
@@ -56,3 +65,5 @@ ALL_RTJ = (
 # Annotations shared with the operator (the runtime reads the notice through the downward API
 # file; it writes nothing to the API server itself).
 NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
+# Written by rank 0 onto its own pod: the last committed checkpoint and the current step.
+PROGRESS_ANNOTATION = "resumable.dev/progress"

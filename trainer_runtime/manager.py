@@ -36,6 +36,7 @@ from .errors import (
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
+from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import Decision
@@ -218,6 +219,7 @@ class CheckpointManager:
             notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
         )
         self._notices_handled = 0
+        self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
         self.metrics: dict[str, Any] = {}
@@ -296,6 +298,8 @@ class CheckpointManager:
             self._last_global_batch = num_samples
         if self.sampler is not None:
             self.sampler.advance(num_samples)
+        if self.progress is not None:
+            self.progress.step(ts.batch)
         saved = self._handle_preemption()
         if self.interval.should_save(ts, before, Event.BATCH_END):
             return self.save() or saved
@@ -550,7 +554,9 @@ class CheckpointManager:
         if self.remote is not None:
             self.remote.submit(self.run_dir, manifest, self.rank)
         if self.rank == 0:
-            report_commit(manifest, self._uri(checkpoint))
+            record = report_commit(manifest, self._uri(checkpoint))
+            if self.progress is not None:
+                self.progress.committed(record)
         self._apply_retention()
         return saved
 
@@ -807,6 +813,8 @@ class CheckpointManager:
             return
         self._closed = True
         self.preemption.close()
+        if self.progress is not None:
+            self.progress.close()
         try:
             self.wait()
         finally:

@@ -30,12 +30,13 @@ def commit_record(manifest: Manifest, uri: str) -> dict[str, object]:
     }
 
 
-def report_commit(manifest: Manifest, uri: str) -> None:
-    """Best effort: a failure to report never fails the save."""
+def report_commit(manifest: Manifest, uri: str) -> dict[str, object]:
+    """Best effort: a failure to report never fails the save. Returns the record."""
+    record = commit_record(manifest, uri)
     target = os.environ.get(envvars.REPORT_FILE, "").strip()
-    if not target:
-        return
-    try:
-        Path(target).write_text(json.dumps(commit_record(manifest, uri)) + "\n")
-    except OSError as exc:
-        log.warning("could not write the commit report to %s: %s", target, exc)
+    if target:
+        try:
+            Path(target).write_text(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.warning("could not write the commit report to %s: %s", target, exc)
+    return record
