@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -117,6 +118,9 @@ class CheckpointManager:
         trusted_pickle: bool = False,
         quarantined: Iterable[str] | None = None,
         remote: RemoteBackend | None = None,
+        local_folder: str | os.PathLike[str] | None = None,
+        num_local_checkpoints_to_keep: int | None = None,
+        num_remote_checkpoints_to_keep: int = -1,
         sampler: ResumableSampler | None = None,
         ignore_data_position: bool = False,
         data_skip_steps: int = 0,
@@ -188,7 +192,20 @@ class CheckpointManager:
         if "/" in run_name or not run_name.strip():
             raise ConfigError(f"run_name={run_name!r} must be a non-empty name without '/'")
         self.run_name = run_name
-        self.run_dir = Path(self.templates.render_folder(run_name))
+        rendered = self.templates.render_folder(run_name)
+        if _is_remote(rendered):
+            if remote is not None:
+                raise ConfigError("pass either an s3:// folder or remote=..., not both")
+            self.run_dir = _staging_dir(rendered, local_folder)
+            remote = _open_s3(
+                rendered,
+                rank=self.rank,
+                world_size=self.world_size,
+                keep_local=num_local_checkpoints_to_keep,
+                keep_remote=num_remote_checkpoints_to_keep,
+            )
+        else:
+            self.run_dir = Path(rendered)
         self.folder = RunFolder(self.run_dir)
 
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
@@ -646,6 +663,9 @@ class CheckpointManager:
                 self.timestamp = Timestamp()
             return self._resumed("load_path", self.load_path, fallbacks)
         log.info("starting run %s from scratch (no checkpoint to resume)", self.run_name)
+        resubmit = getattr(self.remote, "resubmit_unsynced", None)
+        if resubmit is not None:
+            resubmit(self.run_dir)
         return ResumeResult("fresh", None, self.timestamp, fallbacks)
 
     def _agree(self) -> Decision:
@@ -674,6 +694,11 @@ class CheckpointManager:
         return decision
 
     def _resumed(self, source: Any, path: str, fallbacks: list[str]) -> ResumeResult:
+        resubmit = getattr(self.remote, "resubmit_unsynced", None)
+        if resubmit is not None:
+            queued = resubmit(self.run_dir)
+            if queued:
+                log.info("re-uploading local checkpoints the store lacks: %s", ", ".join(queued))
         self._wall_base = self.timestamp.wall_time
         self._clock_start = time.monotonic()
         self._last_saved_key = tuple(
@@ -698,6 +723,8 @@ class CheckpointManager:
     ) -> None:
         """Load a checkpoint folder (verified against its manifest), a run folder (its newest
         valid checkpoint) or a single checkpoint file (unverified)."""
+        if _is_remote(str(path)):
+            path = self._fetch_remote_load_path(str(path), weights_only)
         p = Path(path)
         if p.is_file():
             self._restore(
@@ -726,6 +753,15 @@ class CheckpointManager:
                     return
                 log.warning("load path: skipping %s: %s", m.name, reason)
         raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
+
+    def _fetch_remote_load_path(self, uri: str, weights_only: bool) -> Path:
+        from .objectstore.resolver import fetch_load_path  # noqa: PLC0415 - boto3 on use
+        from .objectstore.store import open_store  # noqa: PLC0415
+
+        store, _ = open_store(uri, arg="load_path", write=False)
+        local = self.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
+        ranks = None if weights_only or self.elastic else [self.rank]
+        return fetch_load_path(store, uri, local, ranks=ranks)
 
     def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
         """Which saved rank's file this rank loads."""
@@ -828,6 +864,37 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> Path:
+    """Where checkpoints of an s3:// run are committed locally before upload."""
+    if local_folder is not None:
+        return Path(local_folder)
+    base = _env(envvars.LOCAL_CHECKPOINT_DIR) or os.path.join(
+        tempfile.gettempdir(), "rtj-checkpoints"
+    )
+    scheme, _, rest = run_uri.partition("://")
+    return Path(base) / scheme / rest.strip("/")
+
+
+def _open_s3(run_uri: str, **kw: Any) -> RemoteBackend:
+    """Build the object-store backend; bad URI, bucket or credentials fail here, at once."""
+    from .objectstore.backend import S3Backend  # noqa: PLC0415 - boto3 only for s3://
+
+    root, _, leaf = run_uri.rstrip("/").rpartition("/")
+    if not leaf or root.endswith(":/"):
+        raise ConfigError(
+            f"folder={run_uri!r}: expected s3://bucket/prefix/{{run_name}} (a run folder inside "
+            "a bucket)"
+        )
+    try:
+        return S3Backend(root, leaf, arg="folder", **kw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _wait_quietly(event: threading.Event) -> None:

@@ -18,7 +18,7 @@ from .launch import Gang
 
 pytestmark = pytest.mark.multiproc
 WORKER = Path(__file__).with_name("save_worker.py")
-KILLS = 6
+KILLS = 5
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
