@@ -130,8 +130,8 @@ missing() {
   done
 }
 
-# module_time <module@version>: release time from the proxy metadata, for build dates.
-module_info() { "${GO}" mod download -json "$1"; }
+# module_info <module@version>: proxy metadata as JSON (Time, GoMod, GoVersion).
+module_info() { "${GO}" list -m -json "$1"; }
 
 json_field() { sed -n "s/^[[:space:]]*\"$1\": \"\\(.*\\)\",\\{0,1\\}\$/\\1/p" | head -n1; }
 
