@@ -2,13 +2,17 @@
 UV ?= uv
 RUN := $(UV) run --frozen --all-extras
 
-.PHONY: setup test test-fast lint format crds demo bench clean
+.PHONY: setup tools test test-fast lint format crds demo bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
 	@command -v $(UV) >/dev/null || { echo "uv is required: python3 -m pip install uv" >&2; exit 1; }
 	$(UV) sync --frozen --all-extras
 
-test: setup  ## the whole suite: unit, multi-process, object store, local cluster
+tools:  ## build once, then reuse from ~/.cache/rtj: control plane, kwok, helm, MinIO
+	hack/cluster/build.sh
+	hack/s3/build-minio.sh
+
+test: setup tools  ## the whole suite: unit, multi-process, object store, local cluster
 	$(RUN) python -m pytest
 
 test-fast: setup  ## pure unit and single-process tests only

@@ -30,26 +30,30 @@ from trainer_runtime.manifest import Manifest
 MiB = 1 << 20
 
 
+WIDTH = 2048
+
+
 def build_state(total_bytes: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Mixed tensor sizes (big matrices, small vectors); Adam triples the parameter bytes."""
-    param_bytes = total_bytes // 3
+    """Blocks of Linear + LayerNorm (matrices, vectors, biases); Adam triples the bytes."""
+    width = WIDTH if total_bytes >= 512 * MiB else 512
+    per_block = (width * width + 3 * width) * 4
+    blocks = max(1, total_bytes // 3 // per_block)
     layers: list[nn.Module] = []
-    size, widths = 0, [4096, 1024, 2048, 512, 3072, 256]
-    i = 0
-    while size < param_bytes:
-        w = widths[i % len(widths)]
-        layer = nn.Linear(w, w) if (w * w + w) * 4 <= param_bytes - size else nn.Linear(256, 256)
-        layers.append(layer)
-        layers.append(nn.LayerNorm(layer.out_features))
-        size += sum(p.numel() * 4 for p in layers[-2].parameters())
-        size += sum(p.numel() * 4 for p in layers[-1].parameters())
-        i += 1
+    for _ in range(blocks):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
     model = nn.Sequential(*layers)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step()  # materialise exp_avg / exp_avg_sq
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+    train_step(model, opt)  # materialise exp_avg / exp_avg_sq
     return model, opt
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: int = 16) -> None:
+    """A real step of the benchmark model: forward, backward, optimizer update."""
+    width = model[0].in_features
+    x = torch.randn(batch, width)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
 
 
 def drop_caches() -> bool:
@@ -82,15 +86,10 @@ def raw_read(path: Path) -> float:
     return time.perf_counter() - t
 
 
-def compute_step(a: torch.Tensor) -> None:
-    for _ in range(4):
-        a = torch.tanh(a @ a) * 0.5
-
-
-def steps_per_second(seconds: float, a: torch.Tensor, until=None) -> float:
+def steps_per_second(model, opt, seconds: float, until=None) -> float:
     n, t0 = 0, time.perf_counter()
     while True:
-        compute_step(a)
+        train_step(model, opt)
         n += 1
         elapsed = time.perf_counter() - t0
         if (until is None and elapsed >= seconds) or (until is not None and until()):
@@ -149,37 +148,36 @@ def main() -> None:
     figures["raw_write_MBps"] = file_bytes / MiB / figures["raw_write_fdatasync_s"]
     figures["ratio_sync_vs_raw_write"] = figures["sync_save_MBps"] / figures["raw_write_MBps"]
 
-    # Async: stall = save() call + extra wait at the next optimizer step.
-    a = torch.randn(384, 384)
-    idle_sps = steps_per_second(3.0, a)
-    step_times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        opt.step()
-        step_times.append(time.perf_counter() - t)
-    idle_opt_step = statistics.median(step_times)
+    # Async: stall = the save() call + whatever the next training step takes beyond an idle one
+    # (its optimizer.step() waits if the background copy of the weights is not finished).
+    idle_sps = steps_per_second(model, opt, 5.0)
+    idle_step = 1.0 / idle_sps
     ck = fresh_manager("async", async_save=True)
-    stalls, persists, busy_sps = [], [], []
+    stalls, calls, persists, busy_sps = [], [], [], []
     for i in range(args.repeat):
         ck.timestamp.batch = i + 1
         t0 = time.perf_counter()
         ck.save()
         call = time.perf_counter() - t0
         pending = ck._pending
-        compute_step(a)  # forward/backward stand-in: no weights change
         t1 = time.perf_counter()
-        opt.step()  # waits for the snapshot if it is not finished yet
-        hook_wait = max(0.0, time.perf_counter() - t1 - idle_opt_step)
-        stalls.append(call + hook_wait)
-        busy_sps.append(steps_per_second(0, a, until=lambda p=pending: p is None or p.done()))
+        train_step(model, opt)
+        first_step = time.perf_counter() - t1
+        calls.append(call)
+        stalls.append(call + max(0.0, first_step - idle_step))
+        if pending is not None and not pending.done():
+            busy_sps.append(steps_per_second(model, opt, 0, until=pending.done))
         ck.wait()
         persists.append(time.perf_counter() - t0)
+        time.sleep(1.0)
     ck.close()
+    figures["train_step_idle_s"] = idle_step
+    figures["async_save_call_s"] = statistics.median(calls)
     figures["async_stall_s"] = statistics.median(stalls)
     figures["async_persist_s"] = statistics.median(persists)
     figures["ratio_async_stall_vs_sync"] = figures["async_stall_s"] / figures["sync_save_s"]
     figures["idle_steps_per_s"] = idle_sps
-    figures["persisting_steps_per_s"] = statistics.median(busy_sps)
+    figures["persisting_steps_per_s"] = statistics.median(busy_sps) if busy_sps else 0.0
     figures["ratio_throughput_persisting_vs_idle"] = figures["persisting_steps_per_s"] / idle_sps
 
     # Load (verify + read + restore) vs a raw read of the same file.

@@ -3,6 +3,9 @@
 The public surface is re-exported here; everything else is an implementation detail.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -13,9 +16,33 @@ from .errors import (
     SaveFailedError,
     WorldSizeMismatchError,
 )
-from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
-from .manifest import Manifest
-from .timestamp import Event, SaveInterval, Timestamp
+
+if TYPE_CHECKING:
+    from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
+    from .manifest import Manifest
+    from .sampler import ResumableSampler
+    from .timestamp import Event, SaveInterval, Timestamp
+
+# Names that need torch (or xxhash) load on first use, so tools that only need the object
+# store or the manifest format (and ``trainer_runtime.objectstore``) import fast.
+_LAZY = {
+    "CheckpointManager": "manager",
+    "ResumeResult": "manager",
+    "SavedCheckpoint": "manager",
+    "Manifest": "manifest",
+    "ResumableSampler": "sampler",
+    "Event": "timestamp",
+    "SaveInterval": "timestamp",
+    "Timestamp": "timestamp",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer_runtime' has no attribute {name!r}")
+    return getattr(import_module(f".{module}", __name__), name)
+
 
 __all__ = [
     "CheckpointError",
@@ -27,6 +54,7 @@ __all__ = [
     "ManifestError",
     "NoCheckpointError",
     "OverwriteError",
+    "ResumableSampler",
     "ResumeResult",
     "SaveFailedError",
     "SaveInterval",

@@ -638,6 +638,7 @@ class CheckpointManager:
                     weights_only=False,
                     strict=self.load_strict,
                     ignore_keys=self.load_ignore_keys,
+                    verified=True,
                 )
                 return self._resumed("checkpoint", str(path), fallbacks)
             if self.remote is not None:
@@ -780,11 +781,18 @@ class CheckpointManager:
         )
 
     def _load_checkpoint_dir(
-        self, folder: Path, *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+        self,
+        folder: Path,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+        verified: bool = False,
     ) -> None:
+        """``verified``: the caller has just checksummed this rank's files (resume does)."""
         manifest = Manifest.read(folder)
         rank = self._source_rank(manifest, weights_only)
-        reason = RunFolder(folder.parent).verify(manifest, [rank])
+        reason = None if verified else RunFolder(folder.parent).verify(manifest, [rank])
         if reason is not None:
             raise NoCheckpointError(f"checkpoint {folder} does not verify: {reason}")
         for entry in manifest.files_for_rank(rank):

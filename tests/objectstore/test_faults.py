@@ -1,0 +1,145 @@
+"""Fault injection with real processes: the S3 server or the training process dies mid-upload.
+
+After each fault the remote pointer must name a complete, verifying checkpoint, and a resume
+from an empty local disk must work.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.objectstore.conftest import SMALL_PARTS
+from tests.objectstore.helpers import RUN, make_checkpoint
+from tests.support.s3server import S3Server
+from trainer_runtime.manifest import Manifest, verify_entry
+from trainer_runtime.objectstore import (
+    Backoff,
+    CheckpointUploader,
+    S3Store,
+    S3Uri,
+    remote_pointer,
+    resume_from_remote,
+    verify_remote,
+)
+
+WORKER = Path(__file__).with_name("upload_worker.py")
+
+
+class PointerWatcher(threading.Thread):
+    """Polls latest.json; records every checkpoint it names and whether that one verified."""
+
+    def __init__(self, run: S3Uri) -> None:
+        super().__init__(daemon=True)
+        self.run_uri = run
+        self.store = S3Store(max_attempts=1, connect_timeout=0.5, read_timeout=2)
+        self.seen: list[tuple[str, str | None]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                name = remote_pointer(self.store, self.run_uri)
+                if name is None:
+                    continue
+                body = self.store.get_bytes(self.run_uri.join(name, "manifest.json"))
+                reason = (
+                    "manifest missing"
+                    if body is None
+                    else verify_remote(self.store, self.run_uri, Manifest.from_json(body))
+                )
+                self.seen.append((name, reason))
+            except Exception:  # noqa: S112 - the server is down on purpose; keep polling
+                continue
+
+
+def assert_resumes(store: S3Store, run: S3Uri, tmp_path: Path, expect: str) -> None:
+    """A fresh, empty local disk resumes from ``expect``, every file verified."""
+    empty = tmp_path / f"fresh-{expect}"
+    found = resume_from_remote(store, run, empty)
+    assert found is not None
+    ckpt, folder = found
+    assert ckpt.name == expect and folder == empty / expect
+    assert all(verify_entry(folder, e) is None for e in Manifest.read(folder).files)
+
+
+def test_server_killed_mid_upload_and_restarted(own_s3_server: S3Server, tmp_path: Path) -> None:
+    run = S3Uri(own_s3_server.bucket, f"kill-server/{RUN}")
+    store = S3Store(transfer=SMALL_PARTS, max_attempts=2, connect_timeout=1, read_timeout=5)
+    up = CheckpointUploader(store, run, backoff=Backoff(0.2, 1.0))
+    up.submit(make_checkpoint(tmp_path / RUN, "ep0-ba10", 10)[0])
+    assert up.flush(30)
+    watcher = PointerWatcher(run)
+    watcher.start()
+
+    parts = 0
+
+    def kill_on_third_part(**_: object) -> None:
+        nonlocal parts
+        parts += 1
+        if parts == 3:
+            own_s3_server.kill()  # SIGKILL while parts of B are in flight
+
+    store.client.meta.events.register("before-send.s3.UploadPart", kill_on_third_part)
+    up.submit(make_checkpoint(tmp_path / RUN, "ep0-ba20", 20, size=24 << 20)[0])
+    deadline = time.monotonic() + 30
+    while up.stats.failures < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert up.stats.failures >= 1 and up.is_pending("ep0-ba20")
+    time.sleep(0.5)
+    own_s3_server.restart()
+    assert up.flush(60), up.stats
+    time.sleep(0.3)
+    watcher.stop.set()
+    watcher.join()
+    up.close()
+
+    assert remote_pointer(store, run) == "ep0-ba20"
+    names = [name for name, _ in watcher.seen]
+    assert "ep0-ba10" in names and names[-1] == "ep0-ba20"
+    assert all(reason is None for _, reason in watcher.seen), watcher.seen
+    assert_resumes(store, run, tmp_path, "ep0-ba20")
+
+
+def test_training_process_killed_mid_upload(
+    s3_env: S3Server, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    run = s3_root.join(RUN)
+    local = tmp_path / "node-disk" / RUN
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), str(local), str(run)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("PART 2"):
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert "A-UPLOADED" in lines and "PART 2" in lines, lines
+
+    store = S3Store(transfer=SMALL_PARTS)
+    assert remote_pointer(store, run) == "ep0-ba10"
+    assert store.head(run.join("ep0-ba20", "manifest.json")) is None
+    assert_resumes(store, run, tmp_path, "ep0-ba10")
+
+    # The next attempt on the same disk resubmits B (in this process: a second interpreter
+    # would only add the cost of importing torch): the parts already sent are not trusted,
+    # the upload completes, and the pointer moves on.
+    up = CheckpointUploader(store, run, backoff=Backoff(0.1, 0.5))
+    assert up.resubmit_unsynced(local) == ["ep0-ba20"]  # A is committed remotely already
+    assert up.close(timeout=60)
+    assert remote_pointer(store, run) == "ep0-ba20"
+    assert_resumes(store, run, tmp_path, "ep0-ba20")

@@ -1,0 +1,179 @@
+"""Remote resume: newest verifying checkpoint first, falling back (with a reason) when damaged."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.objectstore.helpers import RUN, make_checkpoint
+from tests.support.s3server import S3Server
+from trainer_runtime.manifest import Manifest, verify_entry
+from trainer_runtime.objectstore import (
+    Backoff,
+    CheckpointUploader,
+    NoValidCheckpointError,
+    S3Backend,
+    S3Store,
+    S3Uri,
+    download_checkpoint,
+    fetch_load_path,
+    find_remote_checkpoint,
+    resume_from_remote,
+)
+
+
+@pytest.fixture
+def two_remote(store: S3Store, s3_root: S3Uri, tmp_path: Path) -> S3Uri:
+    """A run with two committed 2-rank checkpoints remotely: ep0-ba10 (older), ep0-ba20."""
+    run_dir = tmp_path / "writer" / RUN
+    ups = [
+        CheckpointUploader(
+            store, s3_root.join(RUN), rank=r, world_size=2, backoff=Backoff(0.1, 0.5)
+        )
+        for r in range(2)
+    ]
+    for batch in (10, 20):
+        folder, manifest = make_checkpoint(
+            run_dir,
+            f"ep0-ba{batch}",
+            batch,
+            world_size=2,
+            size=(7 << 20) if batch == 20 else (64 << 10),
+        )
+        for up in ups:
+            up.submit(folder, manifest)
+    for up in ups:
+        assert up.close(30)
+    return s3_root.join(RUN)
+
+
+def _resume(store: S3Store, run: S3Uri, dest: Path, **kwargs: object) -> str:
+    found = resume_from_remote(store, run, dest, **kwargs)  # type: ignore[arg-type]
+    assert found is not None
+    ckpt, folder = found
+    manifest = Manifest.read(folder)
+    assert manifest.name == ckpt.name
+    assert all(verify_entry(folder, e) is None for e in manifest.files)
+    return ckpt.name
+
+
+def test_resume_from_empty_disk(store: S3Store, two_remote: S3Uri, tmp_path: Path) -> None:
+    dest = tmp_path / "fresh" / RUN
+    assert _resume(store, two_remote, dest) == "ep0-ba20"
+    assert sorted(p.name for p in (dest / "ep0-ba20").iterdir()) == [
+        "manifest.json",
+        "rank0.pt",
+        "rank1.pt",
+    ]  # no temporary files left behind
+
+
+def test_corrupt_bytes_fall_back(
+    store: S3Store,
+    s3_env: S3Server,
+    two_remote: S3Uri,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    victim = two_remote.join("ep0-ba20", "rank1.pt")
+    info = store.head(victim)
+    assert info is not None
+    # Same size and checksum metadata (HEAD cannot tell): only the downloaded bytes can.
+    s3_env.client().put_object(
+        Bucket=victim.bucket,
+        Key=victim.key,
+        Body=os.urandom(info.size),
+        Metadata=dict(info.metadata),
+    )
+    with caplog.at_level(logging.WARNING):
+        assert _resume(store, two_remote, tmp_path / "fresh") == "ep0-ba10"
+    assert "cannot resume from" in caplog.text and "checksum" in caplog.text
+    assert not (tmp_path / "fresh" / "ep0-ba20" / "manifest.json").exists()
+
+
+def test_deleted_object_falls_back(
+    store: S3Store, two_remote: S3Uri, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.delete(two_remote.join("ep0-ba20", "rank1.pt"))
+    with caplog.at_level(logging.WARNING):
+        found = find_remote_checkpoint(store, two_remote)
+    assert found is not None and found.name == "ep0-ba10"
+    assert "rank1.pt (rank 1) is missing remotely" in caplog.text
+    # Restricted to rank 0's files, the newest still serves rank 0.
+    found = find_remote_checkpoint(store, two_remote, ranks=[0])
+    assert found is not None and found.name == "ep0-ba20"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "deleted", "missing-rank"])
+def test_broken_manifest_falls_back(
+    store: S3Store, two_remote: S3Uri, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    key = two_remote.join("ep0-ba20", "manifest.json")
+    if damage == "garbage":
+        store.put_bytes(key, b'{"format": "rtj-checkpoint", "format_ver')
+    elif damage == "deleted":
+        store.delete(key)
+    else:
+        manifest = Manifest.from_json(store.get_bytes(key) or b"")
+        manifest.files = manifest.files[:1]
+        store.put_bytes(key, manifest.to_json().encode())
+    with caplog.at_level(logging.WARNING):
+        assert _resume(store, two_remote, tmp_path / "fresh") == "ep0-ba10"
+    assert "latest.json names ep0-ba20, but" in caplog.text  # the pointer was not trusted
+
+
+def test_committed_but_pointer_not_yet_moved(store: S3Store, two_remote: S3Uri) -> None:
+    """Leader died between the manifest and the pointer: the manifest is the commit."""
+    store.put_json(two_remote.join("latest.json"), {"checkpoint": "ep0-ba10"})
+    found = find_remote_checkpoint(store, two_remote)
+    assert found is not None and found.name == "ep0-ba20"
+
+
+def test_quarantined_excluded_and_nothing_valid(
+    store: S3Store, two_remote: S3Uri, tmp_path: Path
+) -> None:
+    assert _resume(store, two_remote, tmp_path / "a", exclude={"ep0-ba20"}) == "ep0-ba10"
+    store.delete(two_remote.join("ep0-ba10", "rank0.pt"))
+    store.delete(two_remote.join("ep0-ba20", "rank0.pt"))
+    with pytest.raises(NoValidCheckpointError, match=r"ep0-ba20: .*ep0-ba10: "):
+        resume_from_remote(store, two_remote, tmp_path / "b")
+    assert resume_from_remote(store, two_remote.parent().join("other-run"), tmp_path / "c") is None
+
+
+def test_download_per_rank_into_shared_folder(
+    store: S3Store, two_remote: S3Uri, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "shared" / RUN
+    ckpt = two_remote.join("ep0-ba20")
+    folder = download_checkpoint(store, ckpt, run_dir, ranks=[1])
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "rank1.pt"]
+    assert download_checkpoint(store, ckpt, run_dir, ranks=[0]) == folder
+    manifest = Manifest.read(folder)
+    assert all(verify_entry(folder, e) is None for e in manifest.files)
+
+
+def test_fetch_load_path_forms(store: S3Store, two_remote: S3Uri, tmp_path: Path) -> None:
+    folder = fetch_load_path(store, str(two_remote.join("ep0-ba10")), tmp_path / "a")
+    assert folder == tmp_path / "a" / "ep0-ba10" and (folder / "manifest.json").exists()
+    single = fetch_load_path(store, str(two_remote.join("ep0-ba10", "rank1.pt")), tmp_path / "b")
+    assert single == tmp_path / "b" / "rank1.pt" and single.stat().st_size == (64 << 10) + 1
+    newest = fetch_load_path(store, str(two_remote), tmp_path / "c")
+    assert newest.name == "ep0-ba20"
+
+
+def test_backend_seam(s3_env: S3Server, s3_root: S3Uri, tmp_path: Path) -> None:
+    """The RemoteBackend the manager uses: submit, pending, fetch_newest, uri_for, close."""
+    writer = S3Backend(str(s3_root), RUN, rank=0, world_size=1, backoff=Backoff(0.1, 0.5))
+    run_dir = tmp_path / "node-a" / RUN
+    _, manifest = make_checkpoint(run_dir, "ep0-ba10", 10)
+    writer.submit(run_dir, manifest, 0)
+    writer.close()
+    assert writer.pending() == set()
+    assert writer.uri_for("ep0-ba10") == f"{s3_root}/{RUN}/ep0-ba10"
+    reader = S3Backend(str(s3_root), RUN, rank=0, world_size=1)
+    fetched = reader.fetch_newest(tmp_path / "node-b" / RUN, 0, 1, exclude=set())
+    assert fetched == tmp_path / "node-b" / RUN / "ep0-ba10"
+    assert reader.fetch_newest(tmp_path / "node-c", 0, 1, exclude={"ep0-ba10"}) is None
+    reader.close()

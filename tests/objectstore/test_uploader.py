@@ -1,0 +1,178 @@
+"""CheckpointUploader: commit order (data, manifest, pointer), ranks, retention, outages."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.objectstore.conftest import SMALL_PARTS
+from tests.objectstore.helpers import RUN, make_checkpoint
+from tests.objectstore.recording import Recorder, RecordingStore
+from tests.support.s3server import S3Server
+from trainer_runtime.objectstore import (
+    Backoff,
+    CheckpointUploader,
+    S3Store,
+    S3Uri,
+    find_remote_checkpoint,
+    remote_pointer,
+)
+
+FAST = Backoff(initial=0.1, maximum=0.5)
+
+
+def _uploader(store: S3Store, root: S3Uri, **kwargs: object) -> CheckpointUploader:
+    return CheckpointUploader(store, root.join(RUN), backoff=FAST, **kwargs)  # type: ignore[arg-type]
+
+
+def test_single_rank_commit_order(s3_env: S3Server, s3_root: S3Uri, tmp_path: Path) -> None:
+    rec = Recorder()
+    store = RecordingStore(rec, "r0", transfer=SMALL_PARTS)
+    up = _uploader(store, s3_root)
+    run_dir = tmp_path / RUN
+    for i, name in enumerate(["ep0-ba10", "ep0-ba20"]):
+        folder, _ = make_checkpoint(run_dir, name, batch=10 * (i + 1), size=(7 << 20))
+        up.submit(folder)
+    assert up.flush(60)
+    for name in ["ep0-ba10", "ep0-ba20"]:
+        (data,) = rec.seq("uploaded", f"{name}/rank0.pt")
+        (manifest,) = rec.seq("put", f"{name}/manifest.json")
+        assert data < manifest
+    pointers = rec.seq("put", "latest.json")
+    manifests = rec.seq("put", "manifest.json")
+    assert len(pointers) == 2 and manifests[0] < pointers[0] < manifests[1] < pointers[1]
+    assert remote_pointer(store, s3_root.join(RUN)) == "ep0-ba20"
+    assert up.stats.uploaded == 2 and up.stats.failures == 0
+    up.close()
+
+
+def test_two_ranks_manifest_waits_for_the_slow_rank(
+    s3_env: S3Server, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    folder, manifest = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10, world_size=2, size=7 << 20)
+    stores = [
+        RecordingStore(rec, "r0", transfer=SMALL_PARTS),
+        RecordingStore(rec, "r1", transfer=SMALL_PARTS, upload_delay=1.5),
+    ]
+    ups = [_uploader(stores[r], s3_root, rank=r, world_size=2) for r in range(2)]
+    threads = [threading.Thread(target=ups[r].submit, args=(folder, manifest)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(u.flush(60) for u in ups)
+    assert rec.keys("r0") == [str(s3_root.join(RUN, "ep0-ba10", "rank0.pt"))]
+    assert rec.keys("r1") == [str(s3_root.join(RUN, "ep0-ba10", "rank1.pt"))]
+    (r1_done,) = rec.seq("uploaded", "rank1.pt")
+    (r0_done,) = rec.seq("uploaded", "rank0.pt")
+    (manifest_put,) = rec.seq("put", "manifest.json")
+    (pointer_put,) = rec.seq("put", "latest.json")
+    assert r0_done < r1_done < manifest_put < pointer_put  # rank 0 waited for rank 1
+    assert [e[3] for e in rec.events if e[1] == "put"] == ["r0", "r0"]  # only the leader commits
+    found = find_remote_checkpoint(stores[0], s3_root.join(RUN))
+    assert found is not None and found.name == "ep0-ba10"
+    for u in ups:
+        u.close()
+
+
+def test_pointer_never_moves_back(store: S3Store, s3_root: S3Uri, tmp_path: Path) -> None:
+    up = _uploader(store, s3_root)
+    new, _ = make_checkpoint(tmp_path / RUN, "ep1-ba20", 20)
+    old, _ = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10)
+    up.submit(new)
+    up.submit(old)  # e.g. a retried older upload finishing late
+    assert up.flush(30)
+    assert remote_pointer(store, s3_root.join(RUN)) == "ep1-ba20"
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "manifest.json")) is not None
+    up.close()
+
+
+def test_keep_local_zero_and_one(store: S3Store, s3_root: S3Uri, tmp_path: Path) -> None:
+    run_dir = tmp_path / RUN
+    up = _uploader(store, s3_root, keep_local=0)
+    folder, _ = make_checkpoint(run_dir, "ep0-ba10", 10)
+    up.submit(folder)
+    assert up.flush(30)
+    assert not folder.exists()
+    up.close()
+
+    up = _uploader(store, s3_root, keep_local=1)
+    folders = [make_checkpoint(run_dir, f"ep0-ba{b}", b)[0] for b in (20, 30, 40)]
+    for f in folders:
+        up.submit(f)
+    assert up.flush(30)
+    assert [f.exists() for f in folders] == [False, False, True]
+    up.close()
+
+
+def test_keep_remote_prunes_old_committed_only(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    run = s3_root.join(RUN)
+    store.put_bytes(run.join("ep0-ba1", "rank0.pt"), b"in flight: no manifest yet")
+    up = _uploader(store, s3_root, keep_remote=2)
+    for b in (10, 20, 30):
+        up.submit(make_checkpoint(tmp_path / RUN, f"ep0-ba{b}", b)[0])
+    assert up.flush(30)
+    assert sorted(store.list_folders(run)) == ["ep0-ba1", "ep0-ba20", "ep0-ba30"]
+    up.close()
+
+
+def test_store_down_keeps_pending_warns_and_recovers(
+    own_s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = S3Store(transfer=SMALL_PARTS, max_attempts=2, connect_timeout=1)
+    root = S3Uri(own_s3_server.bucket, "down")
+    up = _uploader(store, root)
+    folder, _ = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10)
+    own_s3_server.kill()
+    t0 = time.monotonic()
+    up.submit(folder)
+    assert time.monotonic() - t0 < 0.5  # submit never blocks on the store
+    deadline = time.monotonic() + 30
+    while up.stats.failures < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert up.stats.failures >= 2 and up.is_pending("ep0-ba10")
+    assert "kept locally, retrying" in caplog.text
+    with caplog.at_level(logging.WARNING):
+        assert up.flush(timeout=0.3) is False
+    assert "still not uploaded" in caplog.text and "ep0-ba10" in caplog.text
+    own_s3_server.restart()
+    assert up.flush(timeout=60)
+    assert not up.is_pending("ep0-ba10") and up.stats.consecutive_failures == 0
+    assert remote_pointer(store, root.join(RUN)) == "ep0-ba10"
+    up.close()
+
+
+def test_leader_never_commits_without_every_rank(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    folder, manifest = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10, world_size=2)
+    up = _uploader(store, s3_root, rank=0, world_size=2, peer_timeout_s=0.5)
+    up.submit(folder, manifest)
+    assert up.flush(timeout=1.5) is False  # rank 1 never uploads
+    assert up.stats.failures >= 1 and up.is_pending("ep0-ba10")
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "rank0.pt")) is not None
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "manifest.json")) is None
+    assert remote_pointer(store, s3_root.join(RUN)) is None
+    up.close(timeout=0)
+
+
+def test_corrupt_local_file_is_abandoned_not_uploaded(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    folder, _ = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10)
+    with open(folder / "rank0.pt", "r+b") as f:
+        f.write(b"\x00" * 8)
+    up = _uploader(store, s3_root)
+    up.submit(folder)
+    assert up.flush(30)
+    assert up.stats.abandoned == 1 and up.stats.uploaded == 0
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "rank0.pt")) is None
+    assert remote_pointer(store, s3_root.join(RUN)) is None
+    up.close()

@@ -1,0 +1,120 @@
+"""``S3Backend``: the object store behind the core's ``RemoteBackend`` seam (``remote.py``).
+
+It only adapts: the uploader does the write path, the resolver the read path. Building one
+checks the location (URI, bucket, credentials, endpoint, write permission) at once, so a bad
+configuration fails before training starts, not at the first upload an hour later.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..manifest import Manifest
+from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
+from .resolver import download_checkpoint, find_remote_checkpoint
+from .retry import Backoff, retry_call
+from .store import S3Store, TransferSettings, open_store
+from .uploader import CheckpointUploader
+from .uri import S3Uri, parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+
+class S3Backend:
+    """Uploads this rank's checkpoints in the background and fetches the newest remote one."""
+
+    def __init__(
+        self,
+        location: S3Uri | str,
+        run_name: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        keep_local: int | None = None,
+        keep_remote: int = -1,
+        flush_timeout_s: float = 120.0,
+        resume_attempts: int = 6,
+        peer_timeout_s: float = 1800.0,
+        transfer: TransferSettings | None = None,
+        backoff: Backoff | None = None,
+        store: S3Store | None = None,
+        arg: str = "folder",
+        **store_kwargs: Any,
+    ) -> None:
+        """``location`` is the checkpoint root ``s3://bucket/prefix``; the run lives under
+        ``<location>/<run_name>/``. Raises ValueError (malformed URI) or
+        ObjectStoreConfigError (missing bucket, denied credentials, unreachable endpoint).
+        ``arg`` names the user's argument in those messages.
+        """
+        if store is None:
+            store, root = open_store(location, arg=arg, transfer=transfer, **store_kwargs)
+        else:
+            root = location if isinstance(location, S3Uri) else parse_s3_uri(location, arg=arg)
+            store.check_access(root, write=True)
+        self.store = store
+        self.run_uri = root.join(run_name)
+        self.flush_timeout_s = flush_timeout_s
+        self.resume_attempts = resume_attempts
+        self.uploader = CheckpointUploader(
+            store,
+            self.run_uri,
+            rank=rank,
+            world_size=world_size,
+            keep_local=keep_local,
+            keep_remote=keep_remote,
+            peer_timeout_s=peer_timeout_s,
+            backoff=backoff,
+        )
+
+    def submit(self, run_dir: Path, manifest: Manifest, rank: int) -> None:
+        """Queue ``run_dir/<manifest.name>`` for upload; returns at once."""
+        self.uploader.submit(Path(run_dir) / manifest.name, manifest, rank=rank)
+
+    def resubmit_unsynced(self, run_dir: Path) -> list[str]:
+        """At start-up: queue local checkpoints newer than the remote pointer (see uploader)."""
+        return self.uploader.resubmit_unsynced(run_dir)
+
+    def pending(self) -> set[str]:
+        return set(self.uploader.pending())
+
+    def is_pending(self, name: str) -> bool:
+        return self.uploader.is_pending(name)
+
+    def fetch_newest(
+        self, run_dir: Path, rank: int, world_size: int, *, exclude: set[str]
+    ) -> Path | None:
+        """Download the newest remote checkpoint that verifies for every rank; None if none.
+
+        With the same world size each rank fetches only its own files (per-node disks and
+        shared volumes both work; files that already verify are kept). With a different world
+        size every file is fetched, for the loader to reshard. A store outage is retried
+        (``resume_attempts``, about a minute) and then raised: starting from scratch while
+        the store holds the run's progress would silently throw it away.
+        """
+        while True:
+            found = retry_call(
+                lambda skip=exclude: find_remote_checkpoint(self.store, self.run_uri, exclude=skip),
+                attempts=self.resume_attempts,
+                backoff=Backoff(initial=2.0, maximum=30.0),
+                retryable=is_transient,
+                what=f"listing remote checkpoints of {self.run_uri}",
+            )
+            if found is None:
+                return None
+            ranks = [rank] if found.manifest.world_size == world_size else None
+            try:
+                return download_checkpoint(self.store, found, run_dir, ranks=ranks)
+            except (ChecksumMismatchError, ObjectNotFoundError) as exc:  # broken: use older
+                log.warning(
+                    "object store: cannot fetch %s (%s); trying an older checkpoint", found.uri, exc
+                )
+                exclude = {*exclude, found.name}
+
+    def uri_for(self, checkpoint: str) -> str:
+        return str(self.run_uri.join(checkpoint))
+
+    def close(self) -> None:
+        """Flush pending uploads for at most ``flush_timeout_s``; the outcome is logged."""
+        self.uploader.close(self.flush_timeout_s)

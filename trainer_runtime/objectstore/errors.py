@@ -1,0 +1,41 @@
+"""Exceptions of the object-store layer, split by what the caller should do about them.
+
+``ObjectStoreConfigError`` is raised at construction (bad URI, missing bucket, denied or missing
+credentials, unreachable endpoint): the user must fix the configuration, so training must not
+start. ``LocalDataError`` means the local copy cannot be uploaded as it is (missing or corrupt
+file): retrying cannot help. Everything else that is an ``ObjectStoreError`` is worth retrying.
+"""
+
+from __future__ import annotations
+
+
+class ObjectStoreError(RuntimeError):
+    """Base class; a plain instance is a transient failure worth retrying."""
+
+
+class ObjectStoreConfigError(ObjectStoreError, ValueError):
+    """The configuration is wrong (bucket, credentials, endpoint): fail before training starts."""
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """The object (or bucket) asked for does not exist."""
+
+
+class ChecksumMismatchError(ObjectStoreError):
+    """Bytes do not match the size or xxh3-128 digest the manifest promises."""
+
+
+class LocalDataError(ObjectStoreError):
+    """A local file to upload is missing or does not match its manifest entry: not retryable."""
+
+
+class NoValidCheckpointError(ObjectStoreError):
+    """No remote checkpoint of the run verified (each candidate's reason is in the message)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: a store error that is not about configuration, missing or bad data."""
+    return isinstance(exc, ObjectStoreError) and not isinstance(
+        exc,
+        ObjectStoreConfigError | ObjectNotFoundError | ChecksumMismatchError | LocalDataError,
+    )

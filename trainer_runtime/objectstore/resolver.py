@@ -1,0 +1,254 @@
+"""The remote side of autoresume: find the newest remote checkpoint that verifies, fetch it.
+
+Order of trust: ``latest.json`` names the checkpoint the leader last committed, but it is only a
+hint. Every checkpoint folder under the run is considered (the pointer's own target included,
+even if a listing were stale), newest first by the training progress its manifest records; the
+first whose every file is present with the manifest's size and xxh3 metadata is chosen, and its
+download is verified byte by byte. When the newest is torn (no manifest), missing a rank, or
+fails a checksum, the next older one is tried, with a log line saying why.
+
+Downloads follow the local commit protocol: each file appears under its name only once its bytes
+are verified and durable, and the manifest is written last, so a crash mid-download leaves a
+folder without a manifest, which is no checkpoint (the same rule as a local save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import atomic
+from ..errors import ManifestError
+from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
+from .errors import (
+    ChecksumMismatchError,
+    NoValidCheckpointError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+)
+from .store import S3Store
+from .uploader import progress_key, remote_manifests, verify_remote
+from .uri import S3Uri, parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RemoteCheckpoint:
+    """A committed checkpoint in the bucket: its folder and its (parsed) manifest."""
+
+    uri: S3Uri
+    manifest: Manifest
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+def _uri(value: S3Uri | str, arg: str) -> S3Uri:
+    return value if isinstance(value, S3Uri) else parse_s3_uri(value, arg=arg)
+
+
+def remote_pointer(store: S3Store, run_uri: S3Uri | str) -> str | None:
+    """The checkpoint name ``latest.json`` gives, or None (absent or unreadable)."""
+    run = _uri(run_uri, "run_uri")
+    try:
+        body = store.get_json(run.join(POINTER_NAME))
+    except ValueError as exc:
+        log.warning(
+            "object store: %s does not parse (%s); ignoring it", run.join(POINTER_NAME), exc
+        )
+        return None
+    name = body.get("checkpoint") if isinstance(body, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def list_remote_checkpoints(
+    store: S3Store, run_uri: S3Uri | str, *, exclude: Collection[str] = ()
+) -> list[RemoteCheckpoint]:
+    """Committed checkpoints of the run (manifest parses), newest first; no file is checked.
+
+    Ties in progress go to the one ``latest.json`` names. Folders without a valid manifest
+    and names in ``exclude`` (quarantined) are skipped with a log line.
+    """
+    run = _uri(run_uri, "run_uri")
+    pointer = remote_pointer(store, run)
+    names = store.list_folders(run)
+    if pointer and pointer not in names:
+        names.append(pointer)  # trust the pointer even if the listing lags behind it
+    found = remote_manifests(store, run, names)
+    result: list[RemoteCheckpoint] = []
+    for name, manifest in found.items():
+        if name in exclude:
+            log.info("object store: skipping quarantined remote checkpoint %s", run.join(name))
+        elif isinstance(manifest, str):
+            if name == pointer:
+                log.warning(
+                    "object store: latest.json names %s, but %s; falling back", name, manifest
+                )
+            else:
+                log.info("object store: %s is not a checkpoint: %s", run.join(name), manifest)
+        else:
+            result.append(RemoteCheckpoint(run.join(name), manifest))
+    result.sort(key=lambda c: (progress_key(c.manifest), c.name == pointer), reverse=True)
+    return result
+
+
+def find_remote_checkpoint(
+    store: S3Store,
+    run_uri: S3Uri | str,
+    *,
+    exclude: Collection[str] = (),
+    ranks: Collection[int] | None = None,
+) -> RemoteCheckpoint | None:
+    """The newest committed checkpoint whose files (of ``ranks``; all by default) verify by HEAD.
+
+    Only metadata is checked here (size and the xxh3 recorded at upload); the bytes are checked
+    when downloaded. Returns None when the run has no remote checkpoint at all.
+    """
+    for ckpt in list_remote_checkpoints(store, run_uri, exclude=exclude):
+        reason = verify_remote(
+            store, _uri(run_uri, "run_uri"), ckpt.manifest, None if ranks is None else list(ranks)
+        )
+        if reason is None:
+            return ckpt
+        log.warning(
+            "object store: remote checkpoint %s does not verify (%s); trying an older one",
+            ckpt.uri,
+            reason,
+        )
+    return None
+
+
+def download_checkpoint(
+    store: S3Store,
+    checkpoint: RemoteCheckpoint | S3Uri | str,
+    local_run_dir: str | os.PathLike[str],
+    *,
+    ranks: Collection[int] | None = None,
+    attempts: int = 4,
+) -> Path:
+    """Download a committed checkpoint into ``local_run_dir/<name>``, verified; returns it.
+
+    The local commit protocol is kept: each file lands atomically (temporary name, fsync,
+    rename) after its xxh3 is checked, and the manifest is written last, so an interrupted
+    download leaves a folder without a manifest, which is no checkpoint. Files already there
+    that verify are not fetched again (a resume interrupted mid-download continues cheaply), so
+    several ranks can fill one shared folder, each with its own ``ranks``. A local manifest
+    that differs from the remote one is removed first. Transient failures are retried
+    (``attempts`` per file); then ChecksumMismatchError (bytes do not match) or
+    ObjectNotFoundError (object gone) mean "broken, use an older one", while any other
+    ObjectStoreError means the store is not usable right now.
+    """
+    if not isinstance(checkpoint, RemoteCheckpoint):
+        uri = _uri(checkpoint, "checkpoint")
+        data = store.get_bytes(uri.join(MANIFEST_NAME))
+        if data is None:
+            raise ObjectStoreError(f"{uri} has no {MANIFEST_NAME}: not a committed checkpoint")
+        try:
+            checkpoint = RemoteCheckpoint(uri, Manifest.from_json(data, source=str(uri)))
+        except ManifestError as exc:
+            raise ObjectStoreError(str(exc)) from exc
+    manifest = checkpoint.manifest
+    entries = [e for e in manifest.files if ranks is None or e.rank in ranks]
+    folder = Path(local_run_dir) / manifest.name
+    atomic.makedirs_durable(folder)
+    manifest_path = folder / MANIFEST_NAME
+    body = manifest.to_json().encode()
+    with contextlib.suppress(FileNotFoundError):
+        if manifest_path.read_bytes() != body:
+            log.warning(
+                "object store: local %s differs from the remote one; replacing it", manifest_path
+            )
+            manifest_path.unlink()  # uncommit the stale local copy before touching its files
+            atomic.fsync_dir(folder)
+    fetched = 0
+    for entry in entries:
+        dest = folder / entry.path
+        if dest.exists() and verify_entry(folder, entry) is None:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        store.download_file(
+            checkpoint.uri.join(entry.path), dest, size=entry.size, xxh3=entry.xxh3_128
+        )
+        fetched += entry.size
+    if not manifest_path.exists():
+        atomic.write_bytes_atomic(manifest_path, body)
+    log.info(
+        "object store: fetched %s (%d file(s), %d bytes downloaded) into %s",
+        checkpoint.uri,
+        len(entries),
+        fetched,
+        folder,
+    )
+    return folder
+
+
+def resume_from_remote(
+    store: S3Store,
+    run_uri: S3Uri | str,
+    local_run_dir: str | os.PathLike[str],
+    *,
+    exclude: Collection[str] = (),
+    ranks: Collection[int] | None = None,
+) -> tuple[RemoteCheckpoint, Path] | None:
+    """Find and download the newest remote checkpoint that verifies, falling back to older ones.
+
+    Returns None when the run has no remote checkpoint; raises NoValidCheckpointError when it
+    has some but none could be downloaded intact (each one's reason is in the message).
+    """
+    run = _uri(run_uri, "run_uri")
+    candidates = list_remote_checkpoints(store, run, exclude=exclude)
+    reasons: list[str] = []
+    rank_list = None if ranks is None else list(ranks)
+    for ckpt in candidates:
+        reason = verify_remote(store, run, ckpt.manifest, rank_list)
+        if reason is None:
+            try:
+                return ckpt, download_checkpoint(store, ckpt, local_run_dir, ranks=ranks)
+            except (ChecksumMismatchError, ObjectNotFoundError) as exc:
+                reason = str(exc)  # this checkpoint is broken; a store outage propagates
+        reasons.append(f"{ckpt.name}: {reason}")
+        log.warning(
+            "object store: cannot resume from %s (%s); trying an older checkpoint", ckpt.uri, reason
+        )
+    if not candidates:
+        return None
+    raise NoValidCheckpointError(
+        f"no remote checkpoint under {run} verifies: " + "; ".join(reasons)
+    )
+
+
+def fetch_load_path(
+    store: S3Store,
+    location: S3Uri | str,
+    local_dir: str | os.PathLike[str],
+    *,
+    ranks: Collection[int] | None = None,
+    exclude: Collection[str] = (),
+) -> Path:
+    """Fetch a user's ``load_path`` into ``local_dir``; returns the local path to load.
+
+    ``location`` may be a checkpoint folder (has ``manifest.json``: downloaded and verified),
+    a run folder (its newest verifying checkpoint, with fallback), or a single object (e.g.
+    ``.../rank0.pt``, verified against its xxh3 metadata when it has one).
+    """
+    uri = _uri(location, "load_path")
+    local = Path(local_dir)
+    if uri.key and store.head(uri.join(MANIFEST_NAME)) is not None:
+        return download_checkpoint(store, uri, local, ranks=ranks)
+    if uri.key and store.head(uri) is not None:
+        atomic.makedirs_durable(local)
+        dest = local / uri.name
+        store.download_file(uri, dest)
+        return dest
+    found = resume_from_remote(store, uri, local, exclude=exclude, ranks=ranks)
+    if found is None:
+        raise ObjectStoreError(
+            f"load_path {uri} is neither a checkpoint, a run folder with checkpoints, nor an object"
+        )
+    return found[1]

@@ -1,0 +1,552 @@
+"""Background upload of committed checkpoints, in the order that keeps the remote copy valid.
+
+The rule that Composer broke (its latest pointer could be uploaded before the data it names) is
+enforced here by construction: for one checkpoint, every rank first uploads its own data files;
+the leader rank (0) then waits until *every* rank's objects are present with the manifest's size
+and xxh3 digest (HEAD requests, bounded, with backoff), and only then uploads ``manifest.json``,
+and only after that ``latest.json``, which never moves back to an older checkpoint. A reader of
+the bucket can therefore trust any manifest it finds, and the pointer always names a checkpoint
+whose manifest is already there.
+
+Training is never blocked: ``submit`` only queues. One worker thread per process uploads the
+queue in order (each file with parallel parts); a failure is logged as a warning, counted, and
+retried with backoff for as long as the process lives, and the checkpoint stays *pending*, so
+local retention must keep it (``is_pending``). ``flush`` at exit waits a bounded time and logs
+what is still pending.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .. import atomic
+from ..errors import ManifestError
+from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
+from ..timestamp import Timestamp
+from .errors import LocalDataError, ObjectStoreError
+from .retry import Backoff
+from .store import S3Store
+from .uri import S3Uri, parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UploadStats:
+    """Counters a training loop or an exporter can read; updated by the worker thread."""
+
+    submitted: int = 0
+    uploaded: int = 0
+    """Checkpoints whose upload (this rank's share; on the leader, the commit) completed."""
+    failures: int = 0
+    """Failed attempts, each logged as a warning; the checkpoint is retried."""
+    consecutive_failures: int = 0
+    abandoned: int = 0
+    """Checkpoints dropped because a local file was missing or corrupt (never retried)."""
+    bytes_uploaded: int = 0
+    last_uploaded: str | None = None
+    last_error: str | None = None
+
+
+@dataclass
+class _Job:
+    local_dir: Path
+    manifest: Manifest
+    rank: int
+    attempts: int = 0
+    resumed: bool = False
+    """Submitted again after a restart: some files may be remote already."""
+    submitted_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+def progress_key(manifest: Manifest) -> tuple:
+    """Order of checkpoints: training progress, then creation time."""
+    return (manifest.timestamp.sort_key(), manifest.created_at)
+
+
+def pointer_body(manifest: Manifest) -> dict:
+    """The ``latest.json`` contents for a checkpoint (same shape as the local pointer)."""
+    return {
+        "checkpoint": manifest.name,
+        "manifest": f"{manifest.name}/{MANIFEST_NAME}",
+        "timestamp": manifest.timestamp.to_dict(),
+        "updated_at": datetime.now(UTC).isoformat(),
+    }
+
+
+class CheckpointUploader:
+    """Uploads this rank's share of each submitted checkpoint; the leader also commits it."""
+
+    def __init__(
+        self,
+        store: S3Store,
+        remote_run: S3Uri | str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        keep_local: int | None = None,
+        keep_remote: int = -1,
+        peer_timeout_s: float = 1800.0,
+        backoff: Backoff | None = None,
+        on_uploaded: Callable[[str], None] | None = None,
+        leader_rank: int = 0,
+    ) -> None:
+        """``remote_run`` is the run folder ``s3://bucket/prefix/<run_name>``.
+
+        ``keep_local``: None leaves local folders alone (the core's retention decides, asking
+        ``is_pending``); N >= 0 keeps the newest N checkpoints this uploader has uploaded and
+        deletes older ones (0 deletes each as soon as it is safely uploaded). ``keep_remote``:
+        -1 keeps every remote checkpoint; N >= 1 prunes (on the leader) all but the newest N
+        that verify, never the one ``latest.json`` names. ``peer_timeout_s`` bounds how long
+        the leader waits for other ranks' files before counting the attempt as failed.
+        """
+        if keep_local is not None and keep_local < 0:
+            raise ValueError(f"keep_local={keep_local!r}: expected None or a number >= 0")
+        if keep_remote == 0 or keep_remote < -1:
+            raise ValueError(f"keep_remote={keep_remote!r}: expected -1 (keep all) or >= 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        self.store = store
+        self.run_uri = (
+            remote_run
+            if isinstance(remote_run, S3Uri)
+            else parse_s3_uri(remote_run, arg="remote_run")
+        )
+        self.rank = rank
+        self.world_size = world_size
+        self.keep_local = keep_local
+        self.keep_remote = keep_remote
+        self.peer_timeout_s = peer_timeout_s
+        self.backoff = backoff or Backoff(initial=1.0, maximum=60.0)
+        self.on_uploaded = on_uploaded
+        self.leader_rank = leader_rank
+        self.stats = UploadStats()
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._pending: dict[str, int] = {}  # name -> number of queued/in-flight jobs
+        # Checkpoints this uploader has uploaded and still keeps locally (for keep_local).
+        self._uploaded_local: list[tuple[tuple, Path, Manifest]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rtj-uploader-r{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(
+        self,
+        local_ckpt_dir: str | os.PathLike[str],
+        manifest: Manifest | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        resumed: bool = False,
+    ) -> None:
+        """Queue a locally committed checkpoint; returns at once.
+
+        ``manifest`` defaults to the folder's ``manifest.json``. ``rank``/``world_size``
+        default to the constructor's and must agree with the manifest. ``resumed`` says a
+        previous process may have uploaded some of its files already.
+        """
+        folder = Path(local_ckpt_dir)
+        if manifest is None:
+            manifest = Manifest.read(folder)
+        rank = self.rank if rank is None else rank
+        if world_size is not None and world_size != manifest.world_size:
+            raise ValueError(
+                f"world_size={world_size} but {manifest.name}'s manifest says {manifest.world_size}"
+            )
+        if not manifest.files_for_rank(rank):
+            raise ManifestError(f"{manifest.name}'s manifest lists no file for rank {rank}")
+        if self._stop.is_set():
+            raise RuntimeError("uploader is closed")
+        with self._cond:
+            self._queue.append(_Job(folder, manifest, rank, resumed=resumed))
+            self._pending[manifest.name] = self._pending.get(manifest.name, 0) + 1
+            self.stats.submitted += 1
+            self._cond.notify_all()
+
+    def resubmit_unsynced(self, local_run_dir: str | os.PathLike[str]) -> list[str]:
+        """Queue the local checkpoints a previous attempt may not have finished uploading.
+
+        Those newer than what the remote ``latest.json`` names (all, if it names none), oldest
+        first; files already uploaded are skipped by each job's HEAD check. Call it once at
+        start-up, after building the uploader. Returns the names queued.
+        """
+        current = None
+        with contextlib.suppress(ValueError):
+            current = self.store.get_json(self.run_uri.join(POINTER_NAME))
+        floor = None
+        if isinstance(current, dict) and isinstance(current.get("timestamp"), dict):
+            with contextlib.suppress(TypeError, ValueError):
+                floor = Timestamp.from_dict(current["timestamp"]).sort_key()
+        manifests = []
+        root = Path(local_run_dir)
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            if not folder.is_dir() or folder.name.startswith("."):
+                continue
+            try:
+                manifest = Manifest.read(folder)
+            except ManifestError:
+                continue
+            if manifest.files_for_rank(self.rank) and (
+                floor is None or manifest.timestamp.sort_key() > floor
+            ):
+                manifests.append((progress_key(manifest), folder, manifest))
+        for _, folder, manifest in sorted(manifests, key=lambda m: m[0]):
+            log.info("object store: resubmitting %s (not yet committed remotely)", folder)
+            self.submit(folder, manifest, resumed=True)
+        return [m.name for _, _, m in sorted(manifests, key=lambda m: m[0])]
+
+    def is_pending(self, name: str) -> bool:
+        """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
+        with self._cond:
+            return name in self._pending
+
+    def pending(self) -> list[str]:
+        with self._cond:
+            return list(self._pending)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is pending (at most ``timeout`` s); log and return the outcome."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        with self._cond:
+            while self._pending and not self._stop.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left if left is None else min(left, 1.0))
+            still = list(self._pending)
+        took = time.monotonic() - start
+        if still:
+            log.warning(
+                "object store: %d checkpoint(s) still not uploaded to %s after %.1fs: %s "
+                "(kept locally; %d failed attempt(s), last error: %s)",
+                len(still),
+                self.run_uri,
+                took,
+                ", ".join(still),
+                self.stats.failures,
+                self.stats.last_error,
+            )
+            return False
+        log.info(
+            "object store: all submitted checkpoints are uploaded to %s (%d, waited %.1fs)",
+            self.run_uri,
+            self.stats.uploaded,
+            took,
+        )
+        return True
+
+    def close(self, timeout: float | None = 60.0) -> bool:
+        """Flush (bounded), then stop the worker, cancelling any transfer still running."""
+        ok = self.flush(timeout)
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=10.0)
+        return ok
+
+    # ------------------------------------------------------------------ worker
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait()
+                if self._stop.is_set():
+                    return
+                job = self._queue[0]
+            self._process(job)
+            with self._cond:
+                self._queue.popleft()
+                count = self._pending.get(job.name, 1) - 1
+                if count:
+                    self._pending[job.name] = count
+                else:
+                    self._pending.pop(job.name, None)
+                self._cond.notify_all()
+
+    def _process(self, job: _Job) -> None:
+        """Upload one job, retrying until it succeeds, its data is bad, or we are stopped."""
+        while not self._stop.is_set():
+            job.attempts += 1
+            try:
+                sent = self._upload(job)
+            except LocalDataError as exc:
+                self.stats.abandoned += 1
+                self.stats.last_error = str(exc)
+                log.error("object store: giving up on %s: %s", job.name, exc)
+                return
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                self.stats.failures += 1
+                self.stats.consecutive_failures += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                wait = self.backoff.delay(job.attempts - 1)
+                log.warning(
+                    "object store: upload of %s (rank %d) to %s failed (attempt %d, %d failure(s) "
+                    "in a row); kept locally, retrying in %.0fs: %s",
+                    job.name,
+                    job.rank,
+                    self.run_uri,
+                    job.attempts,
+                    self.stats.consecutive_failures,
+                    wait,
+                    exc,
+                )
+                self._stop.wait(wait)
+                continue
+            self.stats.uploaded += 1
+            self.stats.consecutive_failures = 0
+            self.stats.bytes_uploaded += sent
+            self.stats.last_uploaded = job.name
+            log.info(
+                "object store: %s (rank %d) uploaded to %s in %.1fs",
+                job.name,
+                job.rank,
+                self.run_uri,
+                time.monotonic() - job.submitted_at,
+            )
+            self._after_upload(job)
+            return
+
+    def _upload(self, job: _Job) -> int:
+        """One attempt; returns the bytes sent. Skips objects already present and verified."""
+        ckpt = self.run_uri.join(job.name)
+        sent = 0
+        # A first attempt skips the HEAD per file (the object is new; a stray one is simply
+        # overwritten); a retry or a resubmission asks first and sends only what is missing.
+        check_first = job.attempts > 1 or job.resumed
+        for entry in job.manifest.files_for_rank(job.rank):
+            remote = ckpt.join(entry.path)
+            if check_first and _matches(self.store.head(remote), entry):
+                continue
+            self.store.upload_file(
+                job.local_dir / entry.path,
+                remote,
+                size=entry.size,
+                xxh3=entry.xxh3_128,
+                stop=self._stop,
+            )
+            sent += entry.size
+        if job.rank == self.leader_rank:
+            self._wait_for_peers(job, ckpt)
+            self._commit(job, ckpt)
+        return sent
+
+    def _wait_for_peers(self, job: _Job, ckpt: S3Uri) -> None:
+        """Poll until every file of every rank is remote and matches; bounded by the timeout."""
+        missing = [e for e in job.manifest.files if e.rank != job.rank]
+        deadline = time.monotonic() + self.peer_timeout_s
+        poll = Backoff(initial=0.2, maximum=5.0)
+        attempt = 0
+        while missing:
+            missing = [e for e in missing if not _matches(self.store.head(ckpt.join(e.path)), e)]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                ranks = sorted({e.rank for e in missing})
+                raise ObjectStoreError(
+                    f"ranks {ranks} have not uploaded their files of {job.name} within "
+                    f"{self.peer_timeout_s:.0f}s; not committing it remotely"
+                )
+            if self._stop.wait(min(poll.delay(attempt), max(0.0, deadline - time.monotonic()))):
+                raise ObjectStoreError("uploader stopped while waiting for other ranks")
+            attempt += 1
+
+    def _commit(self, job: _Job, ckpt: S3Uri) -> None:
+        """Manifest, then pointer (only forward): the two steps that make it visible."""
+        local_manifest = job.local_dir / MANIFEST_NAME
+        try:
+            body = local_manifest.read_bytes()
+            Manifest.from_json(body, source=str(local_manifest))
+        except (OSError, ManifestError):
+            body = job.manifest.to_json().encode()
+        self.store.put_bytes(ckpt.join(MANIFEST_NAME), body, content_type="application/json")
+        pointer_uri = self.run_uri.join(POINTER_NAME)
+        current = None
+        with contextlib.suppress(ValueError):
+            current = self.store.get_json(pointer_uri)
+        if (
+            isinstance(current, dict)
+            and isinstance(current.get("timestamp"), dict)
+            and current.get("checkpoint") != job.name
+        ):
+            try:
+                theirs = Timestamp.from_dict(current["timestamp"]).sort_key()
+            except (TypeError, ValueError):
+                theirs = None
+            if theirs is not None and theirs > job.manifest.timestamp.sort_key():
+                log.info(
+                    "object store: %s is committed remotely; latest.json stays on the newer %s",
+                    job.name,
+                    current.get("checkpoint"),
+                )
+                return
+        self.store.put_json(pointer_uri, pointer_body(job.manifest))
+        if self.keep_remote > 0:
+            try:
+                prune_remote(self.store, self.run_uri, keep=self.keep_remote)
+            except ObjectStoreError as exc:  # retention is best effort; the upload succeeded
+                log.warning(
+                    "object store: pruning old checkpoints under %s failed: %s", self.run_uri, exc
+                )
+
+    def _after_upload(self, job: _Job) -> None:
+        if self.on_uploaded is not None:
+            try:
+                self.on_uploaded(job.name)
+            except Exception:
+                log.exception("object store: on_uploaded callback failed for %s", job.name)
+        if self.keep_local is None:
+            return
+        kept = [e for e in self._uploaded_local if e[1] != job.local_dir]
+        kept.append((progress_key(job.manifest), job.local_dir, job.manifest))
+        kept.sort(key=lambda e: e[0], reverse=True)
+        self._uploaded_local = kept[: self.keep_local]
+        for entry in kept[self.keep_local :]:
+            if self.is_pending_other(entry[2].name, job):
+                self._uploaded_local.append(entry)  # re-submitted meanwhile: not yet
+                continue
+            self._delete_local(entry[1], entry[2], job.rank)
+
+    def is_pending_other(self, name: str, current: _Job) -> bool:
+        """Pending for a job other than the one just finished (a re-submission)."""
+        with self._cond:
+            return self._pending.get(name, 0) > (1 if name == current.name else 0)
+
+    def _delete_local(self, folder: Path, manifest: Manifest, rank: int) -> None:
+        """Leader: the whole folder (all ranks' files are remote); others: their own files."""
+        try:
+            if rank == self.leader_rank:
+                with contextlib.suppress(FileNotFoundError):
+                    (folder / MANIFEST_NAME).unlink()  # uncommit first: a half-deleted
+                    atomic.fsync_dir(folder)  # folder is then no checkpoint
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                for entry in manifest.files_for_rank(rank):
+                    with contextlib.suppress(FileNotFoundError):
+                        (folder / entry.path).unlink()
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            log.info(
+                "object store: deleted local copy %s (uploaded; keep_local=%d)",
+                folder,
+                self.keep_local,
+            )
+        except OSError as exc:
+            log.warning("object store: could not delete local copy %s: %s", folder, exc)
+
+
+def _matches(info: object, entry: FileEntry) -> bool:
+    """True when a HEAD result is the manifest entry's object (size and xxh3 metadata)."""
+    return (
+        info is not None
+        and getattr(info, "size", None) == entry.size
+        and getattr(info, "xxh3", None) == entry.xxh3_128
+    )
+
+
+def remote_manifests(
+    store: S3Store, run_uri: S3Uri, names: list[str] | None = None
+) -> dict[str, Manifest | str]:
+    """Each checkpoint folder's manifest, or the reason it has none that parses."""
+    if names is None:
+        names = store.list_folders(run_uri)
+
+    def load(name: str) -> Manifest | str:
+        uri = run_uri.join(name, MANIFEST_NAME)
+        try:
+            data = store.get_bytes(uri)
+        except ObjectStoreError as exc:
+            return f"cannot read {uri}: {exc}"
+        if data is None:
+            return f"{uri} does not exist (not committed)"
+        try:
+            manifest = Manifest.from_json(data, source=str(uri))
+        except ManifestError as exc:
+            return str(exc)
+        if manifest.name != name:
+            return f"{uri} names checkpoint {manifest.name!r}, not {name!r}"
+        return manifest
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="rtj-s3-list") as pool:
+        return dict(zip(names, pool.map(load, names), strict=True))
+
+
+def verify_remote(
+    store: S3Store, run_uri: S3Uri, manifest: Manifest, ranks: list[int] | None = None
+) -> str | None:
+    """None when every file (of ``ranks``) is remote with the manifest's size and digest."""
+    ckpt = run_uri.join(manifest.name)
+    for entry in manifest.files:
+        if ranks is not None and entry.rank not in ranks:
+            continue
+        info = store.head(ckpt.join(entry.path))
+        if info is None:
+            return f"{entry.path} (rank {entry.rank}) is missing remotely"
+        if info.size != entry.size:
+            return (
+                f"{entry.path} (rank {entry.rank}) has {info.size} bytes remotely, "
+                f"manifest says {entry.size}"
+            )
+        if info.xxh3 != entry.xxh3_128:
+            return (
+                f"{entry.path} (rank {entry.rank}) carries checksum {info.xxh3}, "
+                f"manifest says {entry.xxh3_128}"
+            )
+    return None
+
+
+def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
+    """Delete committed remote checkpoints older than the newest ``keep`` that verify.
+
+    Never touches folders without a manifest (another rank may be uploading them), nor the
+    checkpoint ``latest.json`` names, nor anything newer than the last one kept. Deletes the
+    manifest first, so a half-pruned checkpoint is simply not a checkpoint.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep}: expected >= 1")
+    found = remote_manifests(store, run_uri)
+    committed = sorted(
+        (m for m in found.values() if isinstance(m, Manifest)), key=progress_key, reverse=True
+    )
+    pointer = None
+    with contextlib.suppress(ValueError, ObjectStoreError):
+        pointer = (store.get_json(run_uri.join(POINTER_NAME)) or {}).get("checkpoint")
+    kept = 0
+    deleted: list[str] = []
+    for manifest in committed:
+        if kept < keep:
+            if verify_remote(store, run_uri, manifest) is None:
+                kept += 1
+            continue
+        if manifest.name == pointer:
+            continue
+        store.delete_prefix(run_uri.join(manifest.name), first=(MANIFEST_NAME,))
+        deleted.append(manifest.name)
+        log.info(
+            "object store: pruned remote checkpoint %s (keep_remote=%d)",
+            run_uri.join(manifest.name),
+            keep,
+        )
+    return deleted
