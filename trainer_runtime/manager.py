@@ -36,6 +36,7 @@ from .errors import (
 )
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
+from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .progress import ProgressReporter
 from .remote import RemoteBackend
@@ -642,15 +643,14 @@ class CheckpointManager:
                 )
                 return self._resumed("checkpoint", str(path), fallbacks)
             if self.remote is not None:
-                fetched = self.remote.fetch_newest(
-                    self.run_dir, self.rank, self.world_size, exclude=self.quarantined
-                )
+                fetched = self._fetch_remote_agreed()
                 if fetched is not None:
                     self._load_checkpoint_dir(
                         fetched,
                         weights_only=False,
                         strict=self.load_strict,
                         ignore_keys=self.load_ignore_keys,
+                        verified=True,
                     )
                     return self._resumed("remote", str(fetched), fallbacks)
         if self.load_path:
@@ -668,6 +668,41 @@ class CheckpointManager:
         if resubmit is not None:
             resubmit(self.run_dir)
         return ResumeResult("fresh", None, self.timestamp, fallbacks)
+
+    def _fetch_remote_agreed(self) -> Path | None:
+        """Rank 0 picks the newest valid remote checkpoint; every rank fetches that one."""
+        assert self.remote is not None
+        exclude = set(self.quarantined)
+        while True:
+            found = self.coord.broadcast(
+                self.remote.find_newest(exclude=exclude) if self.rank == 0 else None
+            )
+            if found is None:
+                return None
+            name, saved_world = found
+            if saved_world != self.world_size and not self.elastic:
+                raise WorldSizeMismatchError(
+                    f"newest remote checkpoint {name} was saved by {saved_world} rank(s) but "
+                    f"{self.world_size} are resuming it; pass elastic=True or restart with "
+                    f"WORLD_SIZE={saved_world}"
+                )
+            path, problem = None, None
+            try:
+                path = self.remote.fetch(name, self.run_dir, self.rank, self.world_size)
+            except (ObjectNotFoundError, ChecksumMismatchError) as exc:
+                problem = ("broken", str(exc))
+            except Exception as exc:  # the store failed: no silent fresh start
+                problem = ("fatal", f"{type(exc).__name__}: {exc}")
+            problems = [p for p in self.coord.all_gather(problem) if p is not None]
+            fatal = [why for kind, why in problems if kind == "fatal"]
+            if fatal:
+                raise NoCheckpointError(f"cannot fetch remote checkpoint {name}: {fatal[0]}")
+            if not problems:
+                return path
+            log.warning(
+                "remote checkpoint %s is broken (%s); trying an older one", name, problems[0][1]
+            )
+            exclude.add(name)
 
     def _agree(self) -> Decision:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))

@@ -19,10 +19,11 @@ class RemoteBackend(Protocol):
     def pending(self) -> set[str]:
         """Checkpoint names whose upload has not completed (local retention keeps them)."""
 
-    def fetch_newest(
-        self, run_dir: Path, rank: int, world_size: int, *, exclude: set[str]
-    ) -> Path | None:
-        """Download the newest remote checkpoint that verifies; its local folder, or None."""
+    def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
+        """(name, world size) of the newest remote checkpoint that verifies, or None."""
+
+    def fetch(self, name: str, run_dir: Path, rank: int, world_size: int) -> Path:
+        """Download and verify one checkpoint into ``run_dir``; its local folder."""
 
     def uri_for(self, checkpoint: str) -> str:
         """The remote URI of a checkpoint (reported to the operator)."""

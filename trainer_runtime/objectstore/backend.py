@@ -112,6 +112,34 @@ class S3Backend:
                 )
                 exclude = {*exclude, found.name}
 
+    def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
+        """(name, world size) of the newest remote checkpoint whose objects verify by HEAD.
+
+        Rank 0 calls this and broadcasts the answer, so every rank fetches the same checkpoint.
+        A store outage is retried (``resume_attempts``) and then raised.
+        """
+        found = retry_call(
+            lambda: find_remote_checkpoint(self.store, self.run_uri, exclude=exclude),
+            attempts=self.resume_attempts,
+            backoff=Backoff(initial=2.0, maximum=30.0),
+            retryable=is_transient,
+            what=f"listing remote checkpoints of {self.run_uri}",
+        )
+        return None if found is None else (found.name, found.manifest.world_size)
+
+    def fetch(self, name: str, run_dir: Path, rank: int, world_size: int) -> Path:
+        """Download one checkpoint (this rank's files when the world size matches) and verify.
+
+        Raises ChecksumMismatchError / ObjectNotFoundError when the checkpoint is broken (the
+        caller falls back to an older one); other errors mean the store itself failed.
+        """
+        found = find_remote_checkpoint(self.store, self.run_uri, exclude=set())
+        ckpt = self.run_uri.join(name)
+        if found is not None and found.name == name:
+            ranks = [rank] if found.manifest.world_size == world_size else None
+            return download_checkpoint(self.store, found, run_dir, ranks=ranks)
+        return download_checkpoint(self.store, ckpt, run_dir, ranks=None)
+
     def uri_for(self, checkpoint: str) -> str:
         return str(self.run_uri.join(checkpoint))
 

@@ -1,0 +1,101 @@
+"""The CheckpointManager with an s3:// folder, against the real S3 server the suite starts."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from trainer_runtime import CheckpointManager, ConfigError, Manifest
+from trainer_runtime.objectstore import S3Store, remote_pointer
+
+from ..unit.trainkit import make, params, step
+
+pytestmark = pytest.mark.objectstore
+
+
+def manager(s3_root, local, comps, **kw):
+    model, opt, sched, _ = comps
+    return CheckpointManager(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        folder=f"{s3_root}/{{run_name}}",
+        local_folder=local,
+        run_name="s3run",
+        interval="1ba",
+        **kw,
+    )
+
+
+def test_saves_upload_and_a_fresh_disk_resumes_from_the_store(tmp_path, s3_root):
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps, num_local_checkpoints_to_keep=0)
+    for _ in range(3):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()  # flushes the uploads
+    store = S3Store()
+    run_uri = s3_root.join("s3run")
+    assert remote_pointer(store, run_uri) == "ep0-ba3"
+    assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2", "ep0-ba3"]
+    assert not any((tmp_path / "node-a").glob("ep0-*/rank0.pt")), "keep_local=0 keeps none"
+
+    # The node is gone: a new one with an empty disk resumes from the store.
+    fresh = make(seed=9)
+    ck2 = manager(s3_root, tmp_path / "node-b", fresh)
+    res = ck2.resume()
+    assert res.source == "remote" and ck2.timestamp.batch == 3
+    assert all(torch.equal(a, b) for a, b in zip(params(fresh[0]), params(comps[0]), strict=True))
+    assert Manifest.read(tmp_path / "node-b" / "ep0-ba3").timestamp.batch == 3
+    ck2.close()
+
+
+def test_local_copy_wins_when_it_is_newest(tmp_path, s3_root):
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node", comps)
+    ck.batch_end(4)
+    ck.batch_end(4)
+    ck.close()
+    shutil.rmtree(tmp_path / "node" / "ep0-ba1")
+    ck2 = manager(s3_root, tmp_path / "node", make(seed=3))
+    res = ck2.resume()
+    assert res.source == "checkpoint" and res.path.endswith("ep0-ba2")
+    ck2.close()
+
+
+def test_load_path_from_the_store(tmp_path, s3_root):
+    comps = make()
+    ck = manager(s3_root, tmp_path / "src", comps)
+    ck.batch_end(4)
+    ck.close()
+    target = make(seed=5)
+    ft = CheckpointManager(
+        model=target[0],
+        folder=tmp_path / "ft",
+        run_name="ft",
+        load_path=f"{s3_root}/s3run/ep0-ba1",
+        load_weights_only=True,
+    )
+    assert ft.resume().source == "load_path"
+    assert torch.equal(target[0][0].weight, comps[0][0].weight)
+    ft.close()
+
+
+def test_bad_bucket_fails_at_construction(tmp_path, s3_env):
+    with pytest.raises(Exception, match="no-such-bucket-rtj") as err:
+        CheckpointManager(
+            model=make()[0],
+            folder="s3://no-such-bucket-rtj/p/{run_name}",
+            local_folder=tmp_path,
+            run_name="r",
+        )
+    assert "bucket" in str(err.value).lower()
+
+
+def test_malformed_uri_is_a_config_error(tmp_path, s3_env):
+    with pytest.raises(ConfigError, match="folder"):
+        CheckpointManager(
+            model=make()[0], folder="s3:///nobucket/{run_name}", local_folder=tmp_path, run_name="r"
+        )
