@@ -1,0 +1,191 @@
+"""The pod runner's translation rules, without a cluster: env, paths, ports, files, statuses."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from tools.podrunner.ports import PortRegistry, hashed_port
+from tools.podrunner.processes import Exit
+from tools.podrunner.status import ContainerState, phase, pod_status_patch, termination_message
+from tools.podrunner.translate import (
+    ConfigError,
+    Interpreter,
+    PathMapper,
+    PodAddresses,
+    command_line,
+    container_env,
+    expand,
+    field_value,
+    rewrite_rendezvous,
+)
+from tools.podrunner.volumes import write_atomic_dir
+
+POD = {
+    "metadata": {
+        "name": "job-a0-r1",
+        "namespace": "team",
+        "uid": "u-1",
+        "labels": {"app": "train", "rank": "1"},
+        "annotations": {"note": 'say "hi"'},
+    },
+    "spec": {"nodeName": "n1", "serviceAccountName": "sa", "containers": [{"name": "main"}]},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)-$(B)", "1-two"),
+        ("$$(A)", "$(A)"),
+        ("$(MISSING)", "$(MISSING)"),
+        ("$(A", "$(A"),
+        ("cost $5", "cost $5"),
+        ("end$", "end$"),
+    ],
+)
+def test_expand_like_kubelet(text: str, expected: str) -> None:
+    assert expand(text, {"A": "1", "B": "two"}.get) == expected
+
+
+def test_field_refs() -> None:
+    addrs = PodAddresses()
+    assert field_value(POD, "metadata.name", addrs) == "job-a0-r1"
+    assert field_value(POD, "metadata.labels['app']", addrs) == "train"
+    assert field_value(POD, "metadata.annotations['absent']", addrs) == ""
+    assert field_value(POD, "metadata.labels", addrs) == 'app="train"\nrank="1"'
+    assert field_value(POD, "metadata.annotations", addrs) == 'note="say \\"hi\\""'
+    assert field_value(POD, "status.podIP", addrs) == "127.0.0.1"
+    with pytest.raises(ConfigError):
+        field_value(POD, "spec.nope", addrs)
+
+
+def test_env_order_sources_and_expansion() -> None:
+    objects = {
+        ("configmaps", "cm"): {"kind": "ConfigMap", "data": {"LR": "0.1", "bad key": "x"}},
+        ("secrets", "s"): {"kind": "Secret", "data": {"pw": base64.b64encode(b"hunter2").decode()}},
+    }
+    container = {
+        "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "WHO", "value": "$(POD)@$(CFG_LR)/$(LATER)"},
+            {"name": "LATER", "value": "x"},
+            {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
+            {
+                "name": "OPT",
+                "valueFrom": {"configMapKeyRef": {"name": "no", "key": "k", "optional": True}},
+            },
+        ],
+    }
+    env = container_env(
+        POD, container, addrs=PodAddresses(), fetch=lambda k, ns, n: objects.get((k, n))
+    )
+    assert env["WHO"] == "job-a0-r1@0.1/$(LATER)"  # only earlier variables expand
+    assert env["PW"] == "hunter2"
+    assert "OPT" not in env and "CFG_bad key" not in env
+    with pytest.raises(ConfigError, match="not found"):
+        container_env(
+            POD,
+            {"envFrom": [{"secretRef": {"name": "gone"}}]},
+            addrs=PodAddresses(),
+            fetch=lambda *_: None,
+        )
+
+
+def test_command_needs_command_and_python_is_swapped() -> None:
+    with pytest.raises(ConfigError, match="ignores images"):
+        command_line({"args": ["x"]}, {})
+    argv = command_line({"command": ["/usr/bin/python3", "-c"], "args": ["$(X)"]}, {"X": "1"})
+    interp = Interpreter("/venv/bin/python")
+    assert interp.argv(argv) == ["/venv/bin/python", "-c", "1"]
+    assert interp.argv(["torchrun", "a.py"])[:3] == [
+        "/venv/bin/python",
+        "-m",
+        "torch.distributed.run",
+    ]
+    assert interp.argv(["sh", "-c", "x"]) == ["sh", "-c", "x"]
+
+
+def test_path_mapper_respects_boundaries() -> None:
+    m = PathMapper([("/ckpt", "/L/ck"), ("/ckpt/inner", "/L/in"), ("/dev/termination-log", "/L/t")])
+    assert m.to_local("/ckpt") == "/L/ck"
+    assert m.to_local("/ckpt/run/ep1") == "/L/ck/run/ep1"
+    assert m.to_local("/ckpt/inner/x") == "/L/in/x"
+    assert m.to_local("--dir=/ckpt/a,/ckpt") == "--dir=/L/ck/a,/L/ck"
+    assert m.to_local("cat /dev/termination-log") == "cat /L/t"
+    for untouched in ("/ckpts", "s3://b/ckpt", "/x/ckpt", "/ckpt.bak"):
+        assert m.to_local(untouched) == untouched
+    assert m.to_container('{"uri": "/L/ck/run/ep1"}') == '{"uri": "/ckpt/run/ep1"}'
+
+
+def no_dns(name: str) -> bool:
+    """A resolver that must not be asked."""
+    raise AssertionError(f"DNS asked about {name}")
+
+
+def test_rendezvous_rewrite_and_ports(tmp_path: Path) -> None:
+    a, b = PortRegistry(tmp_path), PortRegistry(tmp_path)  # two agent processes, one folder
+    env = {"MASTER_ADDR": "job-a0-r0.job", "MASTER_PORT": "29500"}
+    note = rewrite_rendezvous(env, "team", resolves=lambda _: False, port_for=a.port_for)
+    assert env["MASTER_ADDR"] == "127.0.0.1" and note.notes
+    port = int(env["MASTER_PORT"])
+    assert 20000 <= port < 45000
+    assert b.port_for("team/job-a0-r0.job:29500") == port
+    assert b.port_for("team/job-a1-r0.job:29500") != port
+    for literal in ("10.0.0.5", "localhost"):
+        kept = {"MASTER_ADDR": literal, "MASTER_PORT": "1"}
+        rewrite_rendezvous(kept, "team", resolves=lambda _: False, port_for=a.port_for)
+        assert kept == {"MASTER_ADDR": literal, "MASTER_PORT": "1"}
+    own = {"MASTER_ADDR": "job-a0-r0.job"}
+    rewrite_rendezvous(own, "team", resolves=no_dns, port_for=a.port_for, subdomain="job")
+    assert own["MASTER_PORT"] == str(port)  # no DNS asked; the default port 29500 is the key
+    svc = {"MASTER_ADDR": "m.team.svc.cluster.local"}
+    rewrite_rendezvous(svc, "team", resolves=lambda _: True, port_for=a.port_for)
+    assert svc["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_port_registry_skips_a_bound_port(tmp_path: Path) -> None:
+    key = "ns/busy:1"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", hashed_port(key)))
+        sock.listen()
+        assert PortRegistry(tmp_path).port_for(key) != hashed_port(key)
+
+
+def test_atomic_dir_swaps_whole_volume(tmp_path: Path) -> None:
+    target = tmp_path / "vol"
+    assert write_atomic_dir(target, {"notice": b"", "sub/x": b"1"})
+    first = os.readlink(target / "..data")
+    assert not write_atomic_dir(target, {"notice": b"", "sub/x": b"1"})  # unchanged: no swap
+    assert write_atomic_dir(target, {"notice": b"go"})
+    assert (target / "notice").read_text() == "go"
+    assert os.readlink(target / "..data") != first and not (target / first).exists()
+    assert not (target / "sub").exists()
+
+
+def test_exit_codes_and_phases(tmp_path: Path) -> None:
+    assert Exit.from_returncode(-15) == Exit(143, 15)
+    assert Exit.from_returncode(3) == Exit(3, None)
+    ok, bad = ContainerState("a"), ContainerState("b")
+    ok.running(10)
+    assert phase([ok]) == "Running"
+    ok.terminated(0, None, "")
+    bad.terminated(137, 9, "")
+    assert (ok.reason, bad.reason) == ("Completed", "Error")
+    assert phase([ok]) == "Succeeded" and phase([ok, bad]) == "Failed"
+    patch = pod_status_patch(POD, [ok, bad], host_ip="127.0.0.1", pod_ip="127.0.0.1")
+    assert patch["metadata"]["uid"] == "u-1"
+    assert patch["status"]["containerStatuses"][1]["state"]["terminated"]["signal"] == 9
+    log, msg = tmp_path / "log", tmp_path / "msg"
+    log.write_text("".join(f"line {i}\n" for i in range(200)))
+    msg.write_bytes(b"x" * 5000)
+    assert len(termination_message(msg, policy="File", exit_code=1, log_path=log)) == 4096
+    msg.write_bytes(b"")
+    tail = termination_message(msg, policy="FallbackToLogsOnError", exit_code=1, log_path=log)
+    assert tail.endswith("line 199\n") and "line 119\n" not in tail
+    assert termination_message(msg, policy="FallbackToLogsOnError", exit_code=0, log_path=log) == ""
