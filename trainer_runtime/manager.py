@@ -7,6 +7,7 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -251,6 +252,8 @@ class CheckpointManager:
         self._wall_base = 0.0
 
         self._executor: ThreadPoolExecutor | None = None
+        # Host buffers reused by every async snapshot (one save in flight at most).
+        self._staging: dict[str, torch.Tensor] = {}
         self._pending: Future[SavedCheckpoint] | None = None
         self._pending_name: str | None = None
         self._snapshot_done: threading.Event | None = None
@@ -431,8 +434,11 @@ class CheckpointManager:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-save")
 
         def background() -> SavedCheckpoint:
+            _yield_cpu_to_training()
             try:
-                snapshot = state_mod.copy_tree(skeleton, skip=lambda t: _storage(t) not in deferred)
+                snapshot = state_mod.copy_tree(
+                    skeleton, skip=lambda t: _storage(t) not in deferred, staging=self._staging
+                )
             finally:
                 done.set()
             return self._persist(
@@ -938,6 +944,12 @@ def _open_s3(run_uri: str, **kw: Any) -> RemoteBackend:
         return S3Backend(root, leaf, arg="folder", **kw)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower the save thread's CPU priority (Linux: per-thread nice) so training runs first."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 def _wait_quietly(event: threading.Event) -> None:

@@ -96,27 +96,45 @@ def capture(
     return out
 
 
-def copy_tree(obj: Any, *, skip: Callable[[torch.Tensor], bool] | None = None) -> Any:
+def copy_tree(
+    obj: Any,
+    *,
+    skip: Callable[[torch.Tensor], bool] | None = None,
+    staging: dict[str, torch.Tensor] | None = None,
+    path: str = "",
+) -> Any:
     """Deep copy of containers with every tensor cloned to host memory.
 
     Tensors for which ``skip`` is true are kept as references (the caller copies them later).
+    With ``staging``, copies go into buffers kept from the previous snapshot (keyed by path)
+    when shape and dtype match: no allocation, no page faults, just a memcpy.
     """
     if isinstance(obj, torch.Tensor):
         if skip is not None and skip(obj):
             return obj
-        return obj.detach().to("cpu", copy=True)
+        if staging is None:
+            return obj.detach().to("cpu", copy=True)
+        buf = staging.get(path)
+        if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+            buf = torch.empty(obj.shape, dtype=obj.dtype, device="cpu")
+            staging[path] = buf
+        buf.copy_(obj.detach())
+        return buf
     if isinstance(obj, dict):
-        out = {k: copy_tree(v, skip=skip) for k, v in obj.items()}
+        out = {
+            k: copy_tree(v, skip=skip, staging=staging, path=f"{path}/{k}") for k, v in obj.items()
+        }
         if isinstance(obj, OrderedDict):
             out = OrderedDict(out)
             meta = getattr(obj, "_metadata", None)
             if meta is not None:
                 out._metadata = meta  # type: ignore[attr-defined]  # module versions
         return out
-    if isinstance(obj, list):
-        return [copy_tree(v, skip=skip) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(copy_tree(v, skip=skip) for v in obj)
+    if isinstance(obj, list | tuple):
+        items = [
+            copy_tree(v, skip=skip, staging=staging, path=f"{path}/{i}") for i, v in enumerate(obj)
+        ]
+        return items if isinstance(obj, list) else tuple(items)
     return obj
 
 

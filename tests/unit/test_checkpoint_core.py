@@ -381,3 +381,20 @@ def test_cli_lists_and_verifies(tmp_path, capsys):
     flip(root / "ep0-ba1" / "rank0.pt")
     assert main(["verify", str(root)]) == 1
     assert "BROKEN: rank0.pt (rank 0) fails its checksum" in capsys.readouterr().out
+
+
+def test_async_saves_reuse_staging_buffers_without_mixing_contents(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, interval="1ba", async_save=True)
+    expected = []
+    for _ in range(3):
+        step(model, opt, sched)
+        expected.append(params(model))
+        ck.batch_end(1)
+    ck.close()
+    assert ck._staging, "async snapshots went through the staging buffers"
+    for i, want in enumerate(expected, start=1):
+        data = torch.load(tmp_path / "ck" / f"ep0-ba{i}" / "rank0.pt", weights_only=True)
+        got = list(data["state"]["model"].values())
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"save {i}"
