@@ -31,8 +31,13 @@ def test_sigterm_saves_at_the_next_step_then_exits_143(tmp_path, caplog):
 def test_notice_file_triggers_one_save_and_training_goes_on(tmp_path):
     notice = tmp_path / "notice"
     notice.write_text("")
-    ck = CheckpointManager(model=make()[0], folder=tmp_path / "ck", run_name="r",
-                           interval="100ba", notice_file=str(notice))
+    ck = CheckpointManager(
+        model=make()[0],
+        folder=tmp_path / "ck",
+        run_name="r",
+        interval="100ba",
+        notice_file=str(notice),
+    )
     assert ck.batch_end(1) is None
     notice.write_text('{"reason": "cloud.google.com/impending-node-termination"}')
     time.sleep(1.1)  # the file is looked at once a second, not every step
@@ -45,8 +50,9 @@ def test_notice_file_triggers_one_save_and_training_goes_on(tmp_path):
 
 def sampled_run(tmp_path, **kw):
     sampler = ResumableSampler(40, num_replicas=1, rank=0, seed=2, batch_size=4)
-    ck = CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", interval="1ba",
-                           sampler=sampler, **kw)
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path, run_name="r", interval="1ba", sampler=sampler, **kw
+    )
     return ck, sampler
 
 

@@ -28,10 +28,12 @@ def test_same_order_as_distributed_sampler(n, drop_last, shuffle):
     ds = Ids(n)
     for epoch in (0, 3):
         for rank in range(3):
-            ref = DistributedSampler(ds, num_replicas=3, rank=rank, shuffle=shuffle, seed=5,
-                                     drop_last=drop_last)
-            ours = ResumableSampler(ds, num_replicas=3, rank=rank, shuffle=shuffle, seed=5,
-                                    drop_last=drop_last)
+            ref = DistributedSampler(
+                ds, num_replicas=3, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+            )
+            ours = ResumableSampler(
+                ds, num_replicas=3, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+            )
             ref.set_epoch(epoch)
             ours.set_epoch(epoch)
             assert list(ours) == list(ref) and len(ours) == len(ref)
