@@ -404,6 +404,9 @@ class CheckpointManager:
         self._check_newer_checkpoints()
         started = time.monotonic()
         checkpoint, file = self.templates.render_checkpoint(self._values())
+        if checkpoint in self.quarantined:
+            # Same position as a quarantined checkpoint: a new name, or resume would skip it.
+            checkpoint = f"{checkpoint}-a{_env(envvars.ATTEMPT) or os.getpid()}"
         latest = self.templates.render_latest(self._values())
         data = state_mod.capture(
             self.components,
@@ -434,13 +437,13 @@ class CheckpointManager:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-save")
 
         def background() -> SavedCheckpoint:
-            _yield_cpu_to_training()
-            try:
+            try:  # at full priority: the next optimizer step may be waiting for this copy
                 snapshot = state_mod.copy_tree(
                     skeleton, skip=lambda t: _storage(t) not in deferred, staging=self._staging
                 )
             finally:
                 done.set()
+            _yield_cpu_to_training()
             return self._persist(
                 data=snapshot,
                 ts=ts,
@@ -947,7 +950,8 @@ def _open_s3(run_uri: str, **kw: Any) -> RemoteBackend:
 
 
 def _yield_cpu_to_training() -> None:
-    """Lower the save thread's CPU priority (Linux: per-thread nice) so training runs first."""
+    """Lower this thread's CPU priority (Linux: per-thread nice) for the rest of its life:
+    after the snapshot, writing and hashing should not slow training down."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 

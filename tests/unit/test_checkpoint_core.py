@@ -398,3 +398,19 @@ def test_async_saves_reuse_staging_buffers_without_mixing_contents(tmp_path):
         data = torch.load(tmp_path / "ck" / f"ep0-ba{i}" / "rank0.pt", weights_only=True)
         got = list(data["state"]["model"].values())
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"save {i}"
+
+
+def test_a_quarantined_name_is_never_reused(tmp_path, monkeypatch):
+    root = write_two(tmp_path)
+    monkeypatch.setenv("RTJ_QUARANTINED", "ep0-ba2")
+    monkeypatch.setenv("RTJ_ATTEMPT", "3")
+    ck = manager(tmp_path, make(), interval="1ba")
+    assert ck.resume().path.endswith("ep0-ba1")
+    saved = ck.batch_end(1)
+    ck.close()
+    assert saved.name == "ep0-ba2-a3"
+    assert (
+        Manifest.read(root / "ep0-ba2").created_at != Manifest.read(root / "ep0-ba2-a3").created_at
+    )
+    ck2 = manager(tmp_path, make(), interval="1ba")
+    assert ck2.resume().path.endswith("ep0-ba2-a3")

@@ -1,0 +1,427 @@
+"""Preemption-to-resubmission latency of the operator, against the built-in Job controller.
+
+    python benchmarks/operator_latency.py --json OUT [--quick] [--preemptions N] [--baseline N]
+
+On the local control plane (``hack/cluster/cluster.sh``; or the cluster named by KUBECONFIG):
+
+* operator: a 4-rank ResumableTrainingJob on fake (kwok) nodes; N times, the node of one rank is
+  deleted (a spot reclaim). Measured: from just before the node DELETE is sent to the moment a
+  watch on the namespace has seen every pod of the next attempt created (ADDED events).
+* baseline: what users have today. M single-pod batch/v1 Jobs, each pod on its own node; the
+  nodes are deleted the same way and the Job controller's replacement pod is timed the same
+  way. The Job controller acts only after PodGC has failed the orphaned pod, which is the point.
+
+The JSON holds every sample, p50/p95/max per side, their ratios, and whether the targets
+(p50 <= 0.5 s, p95 <= 1 s) are met. Both sides are timed by the same watch code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
+
+import urllib3  # noqa: E402
+import yaml  # noqa: E402
+from kubernetes import client as k8s_client  # noqa: E402
+from kubernetes import config as k8s_config  # noqa: E402
+from rtj_operator import names  # noqa: E402
+from rtj_operator.kube import ApiError, KubeApi  # noqa: E402
+from rtj_operator.timeutil import iso, utcnow  # noqa: E402
+
+CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
+MERGE = "application/merge-patch+json"
+REPLICAS = 4
+TARGET_P50 = 0.5
+TARGET_P95 = 1.0
+
+
+def log(message: str) -> None:
+    """Progress on stderr."""
+    sys.stderr.write(f"[bench] {message}\n")
+    sys.stderr.flush()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100])."""
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    """Statistics of one side."""
+    return {
+        "samples_s": [round(s, 4) for s in samples],
+        "count": len(samples),
+        "p50_s": round(percentile(samples, 50), 4),
+        "p95_s": round(percentile(samples, 95), 4),
+        "max_s": round(max(samples), 4) if samples else None,
+        "mean_s": round(sum(samples) / len(samples), 4) if samples else None,
+    }
+
+
+def wait(what: str, check: Any, timeout: float, interval: float = 0.02) -> Any:
+    """Poll until truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class PodWatch(threading.Thread):
+    """Records when each pod of a namespace is first seen (a watch's ADDED event)."""
+
+    def __init__(self, api: KubeApi, namespace: str):
+        super().__init__(daemon=True)
+        self.api, self.namespace = api, namespace
+        self.first_seen: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.stopped = False
+
+    def run(self) -> None:
+        """Follow the watch, re-establishing it when the server ends it."""
+        while not self.stopped:
+            listed = self.api.request_sync("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+            now = time.monotonic()
+            for pod in listed.get("items", []):
+                self.first_seen.setdefault(pod["metadata"]["name"], now)
+            version = listed["metadata"]["resourceVersion"]
+            url = (f"{self.api.host}/api/v1/namespaces/{self.namespace}/pods?watch=1"
+                   f"&resourceVersion={version}&timeoutSeconds=600")
+            response = self.api.http.request(
+                "GET", url, headers=self.api._headers(None), preload_content=False,
+                timeout=urllib3.Timeout(connect=5.0, read=None), retries=False)
+            self.ready.set()
+            buffer = b""
+            for chunk in response.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ADDED":
+                        name = event["object"]["metadata"]["name"]
+                        self.first_seen.setdefault(name, time.monotonic())
+                if self.stopped:
+                    break
+            response.release_conn()
+
+    def seen_all(self, pods: list[str]) -> float | None:
+        """When the last of ``pods`` was first seen, once all were."""
+        times = [self.first_seen.get(p) for p in pods]
+        return max(times) if all(t is not None for t in times) else None  # type: ignore[type-var]
+
+
+class Bench:
+    """Cluster access for the benchmark."""
+
+    def __init__(self, kubeconfig: str):
+        cfg = k8s_client.Configuration()
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self.api = KubeApi(cfg, workers=8)
+        self.kubeconfig = kubeconfig
+        self.tag = uuid.uuid4().hex[:6]
+
+    def req(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One request."""
+        return self.api.request_sync(method, path, **kwargs)
+
+    def apply_crds(self) -> None:
+        """Install the project's CRDs (create or replace)."""
+        base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        for path in sorted((ROOT / "crds").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if not doc or doc["kind"] != "CustomResourceDefinition":
+                    continue
+                try:
+                    current = self.req("GET", f"{base}/{doc['metadata']['name']}")
+                    doc["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    self.req("PUT", f"{base}/{doc['metadata']['name']}", body=doc)
+                except ApiError as err:
+                    if not err.not_found:
+                        raise
+                    self.req("POST", base, body=doc)
+        time.sleep(2)
+
+    def namespace(self, name: str) -> None:
+        """Create a namespace."""
+        self.req("POST", "/api/v1/namespaces",
+                 body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def node(self, name: str, pool: str, *, kwok: bool) -> None:
+        """A fake node; kwok plays its kubelet when ``kwok``, else nobody does."""
+        annotations = {"node.alpha.kubernetes.io/ttl": "0"}
+        if kwok:
+            annotations["kwok.x-k8s.io/node"] = "fake"
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+        self.req("POST", "/api/v1/nodes", body={
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": annotations,
+                         "labels": {"rtj-bench/pool": pool, "kubernetes.io/hostname": name}},
+            "spec": {}, "status": {"capacity": capacity, "allocatable": capacity}})
+        if not kwok:
+            now = iso(utcnow())
+            self.req("PATCH", f"/api/v1/nodes/{name}/status", content_type=MERGE, body={
+                "status": {"conditions": [{"type": "Ready", "status": "True",
+                                           "reason": "KubeletReady", "message": "benchmark",
+                                           "lastHeartbeatTime": now,
+                                           "lastTransitionTime": now}]}})
+
+    def node_ready(self, name: str) -> bool:
+        """Ready and untainted."""
+        try:
+            node = self.req("GET", f"/api/v1/nodes/{name}")
+        except ApiError:
+            return False
+        conds = node.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not (
+            node.get("spec", {}).get("taints"))
+
+    def delete_node(self, name: str) -> None:
+        """Delete a node."""
+        try:
+            self.req("DELETE", f"/api/v1/nodes/{name}")
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    def pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        """A pod or None."""
+        try:
+            return self.req("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+
+def start_operator(kubeconfig: str, namespaces: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """The operator as it runs in production (a separate process)."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    handle = log_path.open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "rtj_operator", "--namespace", namespaces, "--standalone",
+         "--quiet", "--metrics-port", "0"],
+        env=env, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[float]:
+    """N node deletions under a 4-rank job; seconds until the next gang was fully created."""
+    ns = f"rtj-bench-op-{bench.tag}"
+    pool = f"op-{bench.tag}"
+    bench.namespace(ns)
+    operator = start_operator(bench.kubeconfig, "rtj-bench-op-*", log_path)
+    watch = PodWatch(bench.api, ns)
+    watch.start()
+    watch.ready.wait(10)
+    nodes = [f"{pool}-{i}" for i in range(REPLICAS)]
+    for node in nodes:
+        bench.node(node, pool, kwok=True)
+    for node in nodes:
+        wait(f"{node} ready", lambda n=node: bench.node_ready(n), 60)
+    job = "bench"
+    bench.req("POST", KubeApi.job_path(ns), body={
+        "apiVersion": names.API_VERSION, "kind": names.KIND,
+        "metadata": {"name": job, "namespace": ns},
+        "spec": {"replicas": REPLICAS, "checkpoint": {"dir": "s3://bench"},
+                 "template": {"spec": {"nodeSelector": {"rtj-bench/pool": pool},
+                                       "terminationGracePeriodSeconds": 1,
+                                       "containers": [{"name": "trainer", "image": "x"}]}}}})
+    samples: list[float] = []
+    serial = REPLICAS
+    try:
+        for attempt in range(preemptions + 1):
+            gang = [names.pod_name(job, attempt, r) for r in range(REPLICAS)]
+            wait(f"attempt {attempt} running", lambda g=gang: all(
+                (p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in g),
+                 90)
+            if attempt == preemptions:
+                break
+            time.sleep(0.3)
+            victim = bench.pod(ns, gang[attempt % REPLICAS])["spec"]["nodeName"]  # type: ignore[index]
+            following = [names.pod_name(job, attempt + 1, r) for r in range(REPLICAS)]
+            started = time.monotonic()
+            bench.delete_node(victim)
+            done = wait(f"attempt {attempt + 1} created", lambda f=following: watch.seen_all(f),
+                        30, interval=0.002)
+            samples.append(done - started)
+            log(f"preemption {attempt + 1}/{preemptions}: {samples[-1] * 1000:.0f} ms")
+            spare = f"{pool}-{serial}"
+            serial += 1
+            bench.node(spare, pool, kwok=True)
+            wait(f"{spare} ready", lambda s=spare: bench.node_ready(s), 60)
+    finally:
+        watch.stopped = True
+        operator.terminate()
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        for index in range(serial):
+            bench.delete_node(f"{pool}-{index}")
+        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+    return samples
+
+
+def measure_job_controller(bench: Bench, count: int) -> list[float]:
+    """M single-pod Jobs whose node is deleted; seconds until the replacement pod exists."""
+    ns = f"rtj-bench-jobs-{bench.tag}"
+    pool = f"jc-{bench.tag}"
+    bench.namespace(ns)
+    watch = PodWatch(bench.api, ns)
+    watch.start()
+    watch.ready.wait(10)
+    nodes = [f"{pool}-{i}" for i in range(count)]
+    try:
+        for node in nodes:
+            bench.node(node, pool, kwok=False)
+        first: dict[str, str] = {}
+        for index, node in enumerate(nodes):
+            bench.req("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body={
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": f"baseline-{index}"},
+                "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 100,
+                         "template": {"spec": {
+                             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                             "nodeSelector": {"kubernetes.io/hostname": node},
+                             "containers": [{"name": "trainer", "image": "x"}]}}}})
+        for index, node in enumerate(nodes):
+            selector = f"job-name=baseline-{index}"
+
+            def bound(sel: str = selector, n: str = node) -> str | None:
+                items = bench.req("GET", f"/api/v1/namespaces/{ns}/pods",
+                                  query={"labelSelector": sel})["items"]
+                hits = [p for p in items if p["spec"].get("nodeName") == n]
+                return hits[0]["metadata"]["name"] if hits else None
+
+            first[node] = wait(f"baseline pod on {node}", bound, 60)
+            now = iso(utcnow())
+            # The kubelet's report that the container runs (no kubelet runs these nodes).
+            bench.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{first[node]}/status",
+                      content_type=MERGE, body={"status": {
+                          "phase": "Running", "startTime": now,
+                          "conditions": [{"type": "Ready", "status": "True",
+                                          "lastTransitionTime": now}],
+                          "containerStatuses": [{"name": "trainer", "image": "x", "imageID": "",
+                                                 "ready": True, "restartCount": 0,
+                                                 "started": True,
+                                                 "state": {"running": {"startedAt": now}}}]}})
+        started: dict[str, float] = {}
+        for node in nodes:
+            started[node] = time.monotonic()
+            bench.delete_node(node)
+        samples: list[float] = []
+        for index, node in enumerate(nodes):
+            prefix = f"baseline-{index}-"
+
+            def replaced(p: str = prefix, old: str = first[node]) -> float | None:
+                times = [t for n, t in watch.first_seen.items() if n.startswith(p) and n != old]
+                return min(times) if times else None
+
+            done = wait(f"replacement of {first[node]}", replaced, 300, interval=0.05)
+            samples.append(done - started[node])
+            log(f"job controller {index + 1}/{count}: {samples[-1]:.1f} s")
+        return samples
+    finally:
+        watch.stopped = True
+        for node in nodes:
+            bench.delete_node(node)
+        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+def cluster_kubeconfig(keep: bool) -> tuple[str, bool]:
+    """KUBECONFIG to use, and whether this run brought the cluster up (to take it down)."""
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"], False
+    env = {**os.environ, "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench")}
+    existed = subprocess.run([str(CLUSTER_SH), "status"], env=env, capture_output=True,
+                             check=False).returncode == 0
+    log("bringing up the local control plane (hack/cluster/cluster.sh up)")
+    subprocess.run([str(CLUSTER_SH), "up", "--nodes", "0"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    path = subprocess.run([str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return path, not existed and not keep
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both measurements and write the JSON report."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer samples (10 preemptions, 3 Job-controller samples)")
+    parser.add_argument("--preemptions", type=int, default=None, help="default 30 (quick: 10)")
+    parser.add_argument("--baseline", type=int, default=None, help="default 10 (quick: 3)")
+    parser.add_argument("--keep-cluster", action="store_true",
+                        help="leave a cluster this run started")
+    args = parser.parse_args(argv)
+    preemptions = args.preemptions or (10 if args.quick else 30)
+    baseline = args.baseline or (3 if args.quick else 10)
+
+    kubeconfig, take_down = cluster_kubeconfig(args.keep_cluster)
+    bench = Bench(kubeconfig)
+    version = bench.req("GET", "/version").get("gitVersion")
+    bench.apply_crds()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    log_path = args.json.with_suffix(".operator.log")
+    try:
+        log(f"operator: {preemptions} preemptions of a {REPLICAS}-rank job")
+        operator = measure_operator(bench, preemptions, log_path)
+        log(f"job controller: {baseline} pods lost the same way (runs in parallel)")
+        job_controller = measure_job_controller(bench, baseline)
+    finally:
+        if take_down:
+            env = {**os.environ, "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME",
+                                                                     "rtj-bench")}
+            subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    op, jc = summary(operator), summary(job_controller)
+    report = {
+        "benchmark": "operator_latency",
+        "time": iso(utcnow()),
+        "quick": args.quick,
+        "what": "seconds from a node DELETE to the whole replacement gang (operator) or the "
+                "replacement pod (Job controller) being created, as seen by a pod watch",
+        "cluster": {"server": version, "replicas": REPLICAS},
+        "host": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                 "python": platform.python_version()},
+        "operator": op,
+        "job_controller": jc,
+        "ratio_p50": round(jc["p50_s"] / op["p50_s"], 1) if op["p50_s"] else None,
+        "ratio_p95": round(jc["p95_s"] / op["p95_s"], 1) if op["p95_s"] else None,
+        "targets": {"p50_s": TARGET_P50, "p95_s": TARGET_P95,
+                    "met": op["p50_s"] <= TARGET_P50 and op["p95_s"] <= TARGET_P95},
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    log(f"operator p50 {op['p50_s'] * 1000:.0f} ms, p95 {op['p95_s'] * 1000:.0f} ms; "
+        f"job controller p50 {jc['p50_s']:.1f} s, p95 {jc['p95_s']:.1f} s; "
+        f"ratio p50 {report['ratio_p50']}x; targets met: {report['targets']['met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

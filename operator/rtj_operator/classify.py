@@ -1,0 +1,247 @@
+"""Classify how each rank's pod is doing, and what that means for the gang (DESIGN.md section 5).
+
+The one question that matters for a spot job: did this pod end because the infrastructure took it
+(a *preemption*: restart at once, never touch the failure budget) or because the training code
+failed (a *failure*: count it and back off)? The Kubernetes signals are scattered, so the order
+of the checks below is the policy:
+
+1. a pod that succeeded stays a success whatever happens to its node afterwards;
+2. the pod's node is deleted (spot reclaim) -> preemption, even though the pod still says Running,
+   because no kubelet will ever report on it again (PodGC only cleans up ~40 s later);
+3. a ``DisruptionTarget`` condition (scheduler preemption, taint eviction, the Eviction API,
+   PodGC, kubelet shutdown) -> preemption, whatever the exit code;
+4. kubelet reasons (``Evicted``, node shutdown, admission rejections) -> preemption;
+5. a pod being deleted that the operator did not delete -> preemption (it is going away);
+6. a non-zero exit -> failure, *unless* the pod's node was announced for termination or is not
+   ready: a rank killed by a dying node is not the code's fault;
+7. a NotReady node -> preemption once ``nodeNotReadySeconds`` have passed, otherwise wait.
+
+At the gang level a preemption of any rank wins over failures of the others, because the
+surviving ranks of a broken gang typically crash (NCCL timeouts) right after one goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from .nodes import NodeView
+from .notice import termination_taint
+from .spec_types import TaintSelector
+from .status_types import Cause
+
+DISRUPTION_CAUSES = {
+    "PreemptionByScheduler": Cause.SCHEDULER_PREEMPTION,
+    "PreemptionByKubeScheduler": Cause.SCHEDULER_PREEMPTION,
+    "DeletionByTaintManager": Cause.TAINT_EVICTION,
+    "EvictionByEvictionAPI": Cause.EVICTED,
+    "DeletionByPodGC": Cause.POD_GC,
+    "TerminationByKubelet": Cause.NODE_SHUTDOWN,
+}
+"""DisruptionTarget reasons the control plane uses, and the cause they mean."""
+
+KUBELET_REASONS = {
+    "Evicted": Cause.EVICTED,
+    "Preempting": Cause.EVICTED,
+    "Shutdown": Cause.NODE_SHUTDOWN,
+    "NodeShutdown": Cause.NODE_SHUTDOWN,
+    "Terminated": Cause.NODE_SHUTDOWN,
+    "NodeLost": Cause.NODE_NOT_READY,
+}
+"""``status.reason`` values the kubelet/node controller set on pods it ended."""
+
+
+class Outcome(StrEnum):
+    """Where one rank stands."""
+
+    ACTIVE = "Active"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    PREEMPTED = "Preempted"
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """The classification of one rank's pod."""
+
+    rank: int
+    outcome: Outcome
+    pod: str | None = None
+    node: str | None = None
+    cause: Cause | None = None
+    exit_code: int | None = None
+    message: str = ""
+    running: bool = False
+    """The pod is in phase Running (used for the gang's Running phase)."""
+    notice: dict[str, Any] | None = None
+    """The termination taint on this rank's node, when there is one."""
+    node_trouble: Cause | None = None
+    """The node is announced for termination or not ready (while the pod still runs)."""
+    recheck_after: float | None = None
+    """Seconds until this classification may change by time alone (NotReady grace)."""
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The job's settings that classification depends on."""
+
+    termination_taints: Sequence[TaintSelector]
+    node_not_ready_seconds: float
+    container_name: str | None = None
+
+
+def training_container_name(pod: dict[str, Any], configured: str | None) -> str | None:
+    """The container whose exit decides the rank: the configured one, else the first."""
+    if configured:
+        return configured
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return containers[0].get("name") if containers else None
+
+
+def terminated_state(pod: dict[str, Any], container: str | None) -> dict[str, Any] | None:
+    """The ``state.terminated`` of the training container, if it terminated."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return (status.get("state") or {}).get("terminated")
+    return None
+
+
+def disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's ``DisruptionTarget`` condition when it is True."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def _node_trouble(node: NodeView | None, signals: Signals) -> tuple[Cause | None, dict | None]:
+    if node is None or not node.exists:
+        return None, None
+    taint = termination_taint(node.taints, signals.termination_taints)
+    if taint is not None:
+        return Cause.TERMINATION_NOTICE, taint
+    if node.ready is not True:
+        return Cause.NODE_NOT_READY, None
+    return None, None
+
+
+def classify_rank(
+    rank: int,
+    pod: dict[str, Any] | None,
+    node: NodeView | None,
+    *,
+    signals: Signals,
+    now: datetime,
+    expected_pod: str | None = None,
+) -> RankOutcome:
+    """Classify one rank; ``pod`` None means the rank's pod no longer exists."""
+    if pod is None:
+        return RankOutcome(
+            rank, Outcome.PREEMPTED, pod=expected_pod, cause=Cause.POD_REMOVED,
+            message=f"pod {expected_pod} disappeared (deleted or garbage-collected)",
+        )
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    name = meta.get("name")
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    phase = status.get("phase")
+    container = training_container_name(pod, signals.container_name)
+    terminated = terminated_state(pod, container)
+    exit_code = terminated.get("exitCode") if terminated else None
+    base = {"pod": name, "node": node_name, "exit_code": exit_code}
+
+    def preempted(cause: Cause, message: str) -> RankOutcome:
+        return RankOutcome(rank, Outcome.PREEMPTED, cause=cause, message=message, **base)
+
+    # 1. Success is final.
+    if phase == "Succeeded" or (exit_code == 0 and phase != "Failed"):
+        return RankOutcome(rank, Outcome.SUCCEEDED, message="exited 0", **base)
+    # 2. The node is gone: nothing will ever report on this pod again.
+    if node is not None and node_name and node.gone:
+        what = "is being deleted" if node.exists else "was deleted"
+        return preempted(Cause.NODE_DELETED, f"node {node_name} {what}")
+    # 3. The control plane said it disrupted the pod.
+    disruption = disruption_condition(pod)
+    if disruption is not None:
+        reason = disruption.get("reason") or ""
+        cause = DISRUPTION_CAUSES.get(reason, Cause.DISRUPTION)
+        detail = disruption.get("message") or reason
+        return preempted(cause, f"DisruptionTarget {reason}: {detail}".strip())
+    # 4. The kubelet ended or rejected it.
+    reason = status.get("reason") or ""
+    said = f"{reason}: {status.get('message') or ''}".strip()
+    if reason in KUBELET_REASONS:
+        return preempted(KUBELET_REASONS[reason], said)
+    if phase == "Failed" and terminated is None and reason:
+        return preempted(Cause.KUBELET_REJECTED, said)
+    # 5. Someone else is deleting it.
+    if meta.get("deletionTimestamp"):
+        return preempted(Cause.POD_DELETED, f"pod {name} is being deleted")
+
+    trouble, taint = _node_trouble(node, signals)
+    # 6. A non-zero exit: a failure, unless the node was dying under it.
+    if (exit_code is not None and exit_code != 0) or phase == "Failed":
+        how = terminated.get("reason") if terminated else None
+        what = f"exit code {exit_code}" + (f" ({how})" if how else "")
+        if trouble is not None:
+            return preempted(trouble, f"{what} while node {node_name} was "
+                             f"{'announced for termination' if taint else 'not ready'}")
+        return RankOutcome(rank, Outcome.FAILED, cause=Cause.FAILURE, message=what, **base)
+    # 7. NotReady nodes get a grace period.
+    recheck = None
+    if node is not None and node_name and node.exists and node.ready is not True:
+        since = node.not_ready_since or now
+        waited = (now - since).total_seconds()
+        if waited >= signals.node_not_ready_seconds:
+            state = "Unknown" if node.ready is None else "NotReady"
+            return preempted(Cause.NODE_NOT_READY,
+                             f"node {node_name} {state} for {waited:.0f}s")
+        recheck = max(signals.node_not_ready_seconds - waited, 0.1)
+    return RankOutcome(
+        rank, Outcome.ACTIVE, running=phase == "Running", notice=taint,
+        node_trouble=trouble, recheck_after=recheck, **base,
+    )
+
+
+@dataclass(frozen=True)
+class GangVerdict:
+    """What the gang as a whole is doing."""
+
+    outcome: Outcome
+    trigger: RankOutcome | None = None
+    """The rank whose signal decided the verdict (first preempted, else first failed)."""
+    all_running: bool = False
+    recheck_after: float | None = None
+
+
+def gang_verdict(outcomes: Iterable[RankOutcome]) -> GangVerdict:
+    """Combine the ranks: any preemption > any failure (or node trouble) > all succeeded."""
+    ranks = sorted(outcomes, key=lambda o: o.rank)
+    preempted = [o for o in ranks if o.outcome is Outcome.PREEMPTED]
+    failed = [o for o in ranks if o.outcome is Outcome.FAILED]
+    rechecks = [o.recheck_after for o in ranks if o.recheck_after is not None]
+    recheck = min(rechecks) if rechecks else None
+    if preempted:
+        return GangVerdict(Outcome.PREEMPTED, preempted[0])
+    if failed:
+        troubled = [o for o in ranks if o.node_trouble is not None]
+        if troubled:
+            first, culprit = failed[0], troubled[0]
+            state = "announced for termination" if culprit.notice else "not ready"
+            return GangVerdict(Outcome.PREEMPTED, RankOutcome(
+                first.rank, Outcome.PREEMPTED, pod=first.pod, node=first.node,
+                cause=culprit.node_trouble, exit_code=first.exit_code,
+                message=f"rank {first.rank} {first.message} while rank {culprit.rank}'s node "
+                f"{culprit.node} was {state}",
+            ))
+        return GangVerdict(Outcome.FAILED, failed[0])
+    if ranks and all(o.outcome is Outcome.SUCCEEDED for o in ranks):
+        return GangVerdict(Outcome.SUCCEEDED)
+    active = [o for o in ranks if o.outcome is Outcome.ACTIVE]
+    all_running = bool(ranks) and all(
+        o.running or o.outcome is Outcome.SUCCEEDED for o in ranks
+    ) and bool(active)
+    return GangVerdict(Outcome.ACTIVE, all_running=all_running, recheck_after=recheck)

@@ -1,0 +1,70 @@
+"""Status phase and conditions, kept consistent with each other in one place.
+
+Every phase change goes through ``set_phase`` so ``kubectl get`` (phase column) and ``kubectl
+describe``/``kubectl wait --for=condition=...`` (conditions) can never disagree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from .status_types import Condition, JobStatus, Phase
+
+RUNNING = "Running"
+RESTARTING = "Restarting"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+PREEMPTION_NOTICE = "PreemptionNotice"
+
+_PHASE_CONDITION = {
+    Phase.RUNNING: RUNNING,
+    Phase.RESTARTING: RESTARTING,
+    Phase.SUSPENDED: SUSPENDED,
+    Phase.SUCCEEDED: SUCCEEDED,
+    Phase.FAILED: FAILED,
+}
+
+
+def set_condition(
+    status: JobStatus, type_: str, value: bool, *, reason: str, message: str,
+    now: datetime, generation: int | None,
+) -> None:
+    """Upsert one condition; lastTransitionTime moves only when its status flips."""
+    text = "True" if value else "False"
+    for index, cond in enumerate(status.conditions):
+        if cond.type == type_:
+            changed = cond.status != text
+            status.conditions[index] = Condition(
+                type=type_, status=text, reason=reason, message=message,
+                last_transition_time=now if changed else cond.last_transition_time,
+                observed_generation=generation,
+            )
+            return
+    status.conditions.append(Condition(
+        type=type_, status=text, reason=reason, message=message,
+        last_transition_time=now, observed_generation=generation,
+    ))
+
+
+def set_phase(
+    status: JobStatus, phase: Phase, *, reason: str, message: str,
+    now: datetime, generation: int | None,
+) -> None:
+    """Move to ``phase``: its condition becomes True, the other phase conditions False."""
+    status.phase = phase
+    owner = _PHASE_CONDITION.get(phase)
+    for cond_type in (RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED):
+        current = condition(status, cond_type)
+        if cond_type == owner:
+            set_condition(status, cond_type, True, reason=reason, message=message, now=now,
+                          generation=generation)
+        elif (current is None and cond_type == RUNNING) or (current and current.status == "True"):
+            # A condition that stops being true says why (the new phase's reason).
+            set_condition(status, cond_type, False, reason=reason, message=message, now=now,
+                          generation=generation)
+
+
+def condition(status: JobStatus, type_: str) -> Condition | None:
+    """The condition of that type, if set."""
+    return next((c for c in status.conditions if c.type == type_), None)

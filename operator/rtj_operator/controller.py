@@ -1,0 +1,218 @@
+"""The controller: turns watch events into kicks, and a kick into read -> decide -> apply.
+
+Reads that decide anything come from the API server (the job and its pods, consistent reads),
+never from a cache that could be behind after a restart: a pod missing from a cold cache must not
+look like a lost rank. The only caches are for *routing* (which jobs run on a node) and for node
+state, where a miss falls back to a GET and staleness only delays a decision by one event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import metrics, names
+from .api_types import Job, parse_job
+from .executor import Applied, Executor
+from .kube import ApiError, KubeApi
+from .nodes import NodeView, node_view
+from .plan_types import Plan
+from .reconcile import owned_by, pod_attempt, reconcile
+from .status_types import Cause
+from .timeutil import utcnow
+from .workqueue import Key, WorkQueue
+
+log = logging.getLogger(__name__)
+
+DEPARTED_TTL = 300.0
+"""How long the last state of a deleted pod is remembered for classification."""
+
+
+def _key(body: dict[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
+    """The parts of a node that can change a decision (heartbeats are not among them)."""
+    taints = tuple(sorted((t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+                          for t in view.taints))
+    return view.exists, view.deleting, view.ready, taints
+
+
+class Controller:
+    """One per operator process."""
+
+    def __init__(self, api: KubeApi, resync_seconds: float = 300.0, concurrency: int = 8):
+        self.api = api
+        self.executor = Executor(api)
+        self.queue = WorkQueue(self.sync, concurrency=concurrency)
+        self.resync_seconds = resync_seconds
+        self.nodes: dict[str, NodeView] = {}
+        self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
+        self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
+        self.written_versions: dict[Key, str] = {}
+        self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
+
+    async def start(self) -> None:
+        """Start the workers."""
+        self.queue.start()
+
+    async def stop(self) -> None:
+        """Stop the workers and release the client."""
+        await self.queue.stop()
+        self.api.close()
+
+    # -- event routing (called from kopf handlers) -----------------------------------------
+
+    def on_job_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """Any change of a job kicks it, except the echo of the operator's own status write."""
+        key = _key(body)
+        if event_type == "DELETED":
+            self.queue.forget(key)
+            self.written_versions.pop(key, None)
+            metrics.PHASES.forget(key)
+            return
+        metrics.PHASES.set(key, (body.get("status") or {}).get("phase"))
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if version is not None and self.written_versions.get(key) == version:
+            return
+        self.queue.kick(key)
+
+    def on_pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A rank pod changed: remember its node for routing and kick its job."""
+        meta = body.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(names.LABEL_JOB)
+        if not job:
+            return
+        key: Key = (meta.get("namespace", ""), job)
+        pod_id = (key[0], meta.get("name", ""))
+        previous = self.pod_routes.pop(pod_id, None)
+        if previous is not None and previous[1]:
+            self._unroute(previous[1], key)
+        if event_type == "DELETED":
+            self.departed[key][pod_id[1]] = (time.monotonic(), body)
+        else:
+            node = (body.get("spec") or {}).get("nodeName")
+            self.pod_routes[pod_id] = (key, node)
+            if node:
+                self.jobs_on_node[node].add(key)
+        self.queue.kick(key)
+
+    def _unroute(self, node: str, key: Key) -> None:
+        if not any(k == key and n == node for k, n in self.pod_routes.values()):
+            self.jobs_on_node[node].discard(key)
+            if not self.jobs_on_node[node]:
+                self.jobs_on_node.pop(node, None)
+
+    def on_node_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """Kick the jobs on a node when something that matters about it changed."""
+        name = (body.get("metadata") or {}).get("name", "")
+        view = node_view(name, None if event_type == "DELETED" else body)
+        before = self.nodes.get(name)
+        if event_type == "DELETED":
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = view
+        if before is not None and _node_fingerprint(before) == _node_fingerprint(view):
+            return
+        for key in list(self.jobs_on_node.get(name, ())):
+            self.queue.kick(key)
+
+    def resync_all(self) -> None:
+        """Kick every known job (the periodic safety net for anything missed)."""
+        for key in list(self.queue.entries):
+            self.queue.kick(key)
+
+    # -- one reconcile ---------------------------------------------------------------------
+
+    async def _node_views(self, job: Job, pods: list[dict[str, Any]]) -> dict[str, NodeView]:
+        wanted = {
+            (p.get("spec") or {}).get("nodeName") for p in pods
+            if owned_by(p, job.ref.uid) and pod_attempt(p) == job.status.attempt
+        } - {None, ""}
+        views: dict[str, NodeView] = {}
+        missing = []
+        for name in wanted:
+            cached = self.nodes.get(name)
+            if cached is not None:
+                views[name] = cached
+            else:
+                missing.append(name)
+        fetched = await asyncio.gather(*(self.api.get_node(n) for n in missing))
+        for name, body in zip(missing, fetched, strict=True):
+            views[name] = node_view(name, body)
+        return views
+
+    async def sync(self, key: Key, first_kick: float) -> float | None:
+        """Reconcile one job; returns when to look again (None: on the next event)."""
+        started = time.monotonic()
+        namespace, name = key
+        body = await self.api.get_job(namespace, name)
+        if body is None:
+            self.queue.forget(key)
+            metrics.PHASES.forget(key)
+            return None
+        try:
+            job = parse_job(body)
+        except ValidationError as err:
+            # The CRD schema rejects such objects; this only happens with a stale CRD.
+            log.error("job %s/%s does not parse, leaving it alone: %s", namespace, name, err)
+            metrics.RECONCILE_ERRORS.labels("invalid-spec").inc()
+            return None
+        pods = await self.api.list_pods(namespace, names.job_selector(name))
+        nodes = await self._node_views(job, pods)
+        now = utcnow()
+        departed = self._departed(key, {p["metadata"]["name"] for p in pods})
+        plan = reconcile(job, pods, nodes, now, departed)
+        try:
+            applied = await self.executor.apply(job, plan, now)
+        except ApiError as err:
+            if err.conflict:
+                metrics.RECONCILE_ERRORS.labels("conflict").inc()
+                return 0.0  # someone wrote first: re-read and decide again
+            raise
+        self.written_versions[key] = applied.resource_version
+        metrics.PHASES.set(key, applied.status.phase.value if applied.status.phase else None)
+        self._observe(plan, applied, first_kick)
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        if plan.status is not None or plan.creations:
+            log.info("%s/%s: phase=%s attempt=%d created=%d deleted=%d notices=%d",
+                     namespace, name, applied.status.phase, applied.status.attempt,
+                     applied.created, len(plan.deletions), len(plan.notices))
+        requeue = plan.requeue_after
+        if self.resync_seconds > 0:
+            requeue = self.resync_seconds if requeue is None else min(requeue,
+                                                                     self.resync_seconds)
+        return requeue
+
+    def _departed(self, key: Key, listed: set[str]) -> dict[str, dict[str, Any]]:
+        """Last states of this job's recently deleted pods (kept for a few minutes)."""
+        horizon = time.monotonic() - DEPARTED_TTL
+        kept = {name: (seen, body) for name, (seen, body) in self.departed.get(key, {}).items()
+                if seen >= horizon and name not in listed}
+        if kept:
+            self.departed[key] = kept
+        else:
+            self.departed.pop(key, None)
+        return {name: body for name, (_, body) in kept.items()}
+
+    @staticmethod
+    def _observe(plan: Plan, applied: Applied, first_kick: float) -> None:
+        """Metrics of one applied plan."""
+        if plan.interruption is not None:
+            kind = ("preemption" if plan.interruption.preemption
+                    else "suspend" if plan.interruption.cause is Cause.SUSPENDED else "failure")
+            metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()
+        if plan.status is not None and plan.status.quarantined > 0 and any(
+                e.reason == "CheckpointQuarantined" for e in plan.events):
+            metrics.QUARANTINES.inc()
+        if plan.resubmission and plan.creations and applied.gang_complete_at is not None:
+            metrics.RESUBMISSIONS.labels(plan.resubmission).inc()
+            if plan.resubmission == "preemption":
+                metrics.RESUBMISSION_LATENCY.observe(applied.gang_complete_at - first_kick)

@@ -1,0 +1,59 @@
+"""Names of every environment variable the operator injects: the operator half of the pod contract.
+
+The runtime reads the same names from ``trainer_runtime.envvars`` (DESIGN.md section 3). This copy
+exists so the operator never imports the runtime package; a contract test compares both modules,
+so a name changes in both halves at once or the suite fails.
+"""
+
+from __future__ import annotations
+
+# torch.distributed conventions.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# Identity of the job and of this attempt.
+JOB_NAME = "RTJ_JOB_NAME"
+NAMESPACE = "RTJ_NAMESPACE"
+RUN_NAME = "RTJ_RUN_NAME"
+ATTEMPT = "RTJ_ATTEMPT"
+POD_NAME = "RTJ_POD_NAME"
+
+# Where checkpoints live and where to resume from.
+CHECKPOINT_DIR = "RTJ_CHECKPOINT_DIR"
+RESUME_FROM = "RTJ_RESUME_FROM"
+# Comma-separated checkpoint names the operator quarantined: the runtime never resumes from these.
+QUARANTINED = "RTJ_QUARANTINED"
+
+# Preemption handling.
+NOTICE_FILE = "RTJ_NOTICE_FILE"
+GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
+
+# Where the runtime writes its one-line progress report (the container's terminationMessagePath).
+REPORT_FILE = "RTJ_REPORT_FILE"
+
+TORCH = (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+"""The torch.distributed variables, in the order the operator writes them."""
+
+ALL_RTJ = (
+    JOB_NAME,
+    NAMESPACE,
+    RUN_NAME,
+    ATTEMPT,
+    POD_NAME,
+    CHECKPOINT_DIR,
+    RESUME_FROM,
+    QUARANTINED,
+    NOTICE_FILE,
+    GRACE_PERIOD_SECONDS,
+    REPORT_FILE,
+)
+"""Every RTJ_* variable the operator injects, in the runtime's order (a contract test compares)."""
+
+# Pod annotations shared with the runtime.
+NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
+"""Written by the operator when the pod's node is about to go; read by the runtime as a file."""
+PROGRESS_ANNOTATION = "resumable.dev/progress"
+"""Written by the runtime after every committed checkpoint; read by the operator."""

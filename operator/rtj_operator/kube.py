@@ -1,0 +1,261 @@
+"""A small async Kubernetes API client returning plain dictionaries.
+
+Why not the generated ``kubernetes`` client methods: they deserialise every response into model
+objects (slow on the resubmission path, and a different shape from the dictionaries kopf and the
+pure modules use), their signatures change between releases, and JSON merge patches on custom
+resources need care. The ``kubernetes`` package is still used for what it is good at: loading
+kubeconfig / in-cluster credentials, including token refresh. Requests run on a thread pool over
+one pooled urllib3 connection manager, so the gang's pods are created in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from . import names
+
+REQUEST_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, body: Mapping[str, Any] | None, method: str, path: str):
+        self.status = status
+        self.body = dict(body or {})
+        self.reason = self.body.get("reason", "")
+        self.message = self.body.get("message", "") or f"HTTP {status}"
+        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
+
+    @property
+    def not_found(self) -> bool:
+        """404."""
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        """409: already exists, or a stale resourceVersion."""
+        return self.status == 409
+
+    @property
+    def invalid(self) -> bool:
+        """422: the object failed validation (the message names the field)."""
+        return self.status == 422
+
+
+def load_configuration() -> k8s_client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    cfg = k8s_client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        k8s_config.load_kube_config(client_configuration=cfg)
+    return cfg
+
+
+class KubeApi:
+    """Async JSON access to the API server paths the operator uses."""
+
+    def __init__(self, cfg: k8s_client.Configuration | None = None, workers: int = 16):
+        self.cfg = cfg or load_configuration()
+        self.host = self.cfg.host.rstrip("/")
+        pool_args: dict[str, Any] = {"num_pools": 2, "maxsize": workers, "block": False}
+        if self.host.startswith("https"):
+            pool_args["cert_reqs"] = ssl.CERT_REQUIRED if self.cfg.verify_ssl else ssl.CERT_NONE
+            if self.cfg.ssl_ca_cert:
+                pool_args["ca_certs"] = self.cfg.ssl_ca_cert
+            if self.cfg.cert_file:
+                pool_args["cert_file"] = self.cfg.cert_file
+            if self.cfg.key_file:
+                pool_args["key_file"] = self.cfg.key_file
+            if getattr(self.cfg, "tls_server_name", None):
+                pool_args["server_hostname"] = self.cfg.tls_server_name
+        if not self.cfg.verify_ssl:
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self.http = urllib3.PoolManager(**pool_args)
+        self.threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+
+    def close(self) -> None:
+        """Release connections and threads."""
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        self.http.clear()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": names.COMPONENT}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        elif self.cfg.username and self.cfg.password:
+            headers.update(urllib3.make_headers(
+                basic_auth=f"{self.cfg.username}:{self.cfg.password}"))
+        return headers
+
+    def request_sync(
+        self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+        body: Any = None, content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One request; raises ApiError on a non-2xx answer."""
+        url = self.host + path + (f"?{urlencode(query)}" if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        response = self.http.request(
+            method, url, body=data, headers=self._headers(content_type if data else None),
+            timeout=REQUEST_TIMEOUT, retries=False,
+        )
+        payload: dict[str, Any] = {}
+        if response.data:
+            try:
+                payload = json.loads(response.data)
+            except ValueError:
+                payload = {"message": response.data.decode(errors="replace")[:500]}
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, payload, method, path)
+        return payload
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Async form of ``request_sync`` (runs on the client's thread pool)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.threads, lambda: self.request_sync(method, path, **kwargs))
+
+    # -- paths -----------------------------------------------------------------------------
+
+    @staticmethod
+    def job_path(namespace: str, name: str = "") -> str:
+        """Path of a ResumableTrainingJob (or the collection)."""
+        base = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{quote(namespace)}/{names.PLURAL}"
+        return f"{base}/{quote(name)}" if name else base
+
+    @staticmethod
+    def core_path(namespace: str, plural: str, name: str = "") -> str:
+        """Path of a namespaced core/v1 object (or collection)."""
+        base = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
+        return f"{base}/{quote(name)}" if name else base
+
+    @staticmethod
+    def rbac_path(namespace: str, plural: str, name: str = "") -> str:
+        """Path of a namespaced rbac.authorization.k8s.io/v1 object (or collection)."""
+        base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace)}/{plural}"
+        return f"{base}/{quote(name)}" if name else base
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job, or None when it is gone."""
+        try:
+            return await self.request("GET", self.job_path(namespace, name))
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    async def patch_job_status(
+        self, namespace: str, name: str, patch: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource, conditional on ``resource_version``.
+
+        Putting the resourceVersion in the patch turns it into a compare-and-swap: a write based
+        on a stale read fails with 409 instead of silently overwriting a newer decision.
+        """
+        body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
+        return await self.request("PATCH", self.job_path(namespace, name) + "/status",
+                                  body=body, content_type="application/merge-patch+json")
+
+    # -- pods ------------------------------------------------------------------------------
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching a label selector (a consistent read)."""
+        found = await self.request("GET", self.core_path(namespace, "pods"),
+                                   query={"labelSelector": selector})
+        return list(found.get("items") or [])
+
+    async def create(self, path: str, body: dict[str, Any], *, exist_ok: bool = True) -> bool:
+        """POST an object; False when it already existed (409) and ``exist_ok``."""
+        try:
+            await self.request("POST", path, body=body)
+        except ApiError as err:
+            if err.conflict and exist_ok:
+                return False
+            raise
+        return True
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        """Delete with the pod's own grace period; preconditioned on uid so a pod of the same
+        name created meanwhile is never hit. Gone already is fine."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1",
+                                "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self.request("DELETE", self.core_path(namespace, "pods", name), body=body)
+        except ApiError as err:
+            if err.not_found or err.conflict:
+                return
+            raise
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge-patch pod annotations (the preemption notice). Gone already is fine."""
+        try:
+            await self.request("PATCH", self.core_path(namespace, "pods", name),
+                               body={"metadata": {"annotations": annotations}},
+                               content_type="application/merge-patch+json")
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        """The node, or None when it was deleted."""
+        try:
+            return await self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    # -- trainer identity and service -------------------------------------------------------
+
+    async def apply_role(self, namespace: str, role: dict[str, Any]) -> None:
+        """Create the Role, or replace its rules (the resourceNames move with each attempt)."""
+        path = self.rbac_path(namespace, "roles")
+        if await self.create(path, role):
+            return
+        await self.request("PATCH", self.rbac_path(namespace, "roles", role["metadata"]["name"]),
+                           body={"rules": role["rules"]},
+                           content_type="application/merge-patch+json")
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def post_event(self, involved: dict[str, Any], type_: str, reason: str,
+                         message: str, now_iso: str) -> None:
+        """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.",
+                         "namespace": involved["namespace"]},
+            "involvedObject": involved,
+            "type": type_,
+            "reason": reason,
+            "message": message[:1000],
+            "source": {"component": names.COMPONENT},
+            "firstTimestamp": now_iso,
+            "lastTimestamp": now_iso,
+            "count": 1,
+        }
+        await self.request("POST", self.core_path(involved["namespace"], "events"), body=event)

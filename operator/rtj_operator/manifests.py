@@ -1,0 +1,199 @@
+"""Build every object the operator creates for a job: rank pods, headless Service, trainer RBAC.
+
+Pure functions from a parsed job to API dictionaries, so the exact pod a rank gets (names,
+labels, the DESIGN.md environment, the notice volume) is unit-tested without a cluster. The user's
+template is copied verbatim and only the fields the contract needs are overridden.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import envvars, names, rbac
+from .api_types import Job
+from .resume import run_root
+
+
+def owner_reference(job: Job) -> dict[str, Any]:
+    """Controller reference to the job, so deleting the job garbage-collects what it owns."""
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "name": job.ref.name,
+        "uid": job.ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: Job, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.ref.namespace,
+        "labels": {names.LABEL_JOB: job.ref.name, **(labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def training_container_index(job: Job) -> int:
+    """Index of the training container in the template (containerName, else the first)."""
+    containers = (job.raw_template.get("spec") or {}).get("containers") or []
+    for index, container in enumerate(containers):
+        if container.get("name") == job.spec.container_name:
+            return index
+    return 0
+
+
+def grace_period_seconds(job: Job) -> int:
+    """The ranks' termination grace period (the time they have to save on SIGTERM)."""
+    value = (job.raw_template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return names.DEFAULT_GRACE_PERIOD_SECONDS if value is None else int(value)
+
+
+def uses_trainer_identity(job: Job) -> bool:
+    """Whether the pods run as the operator-made ServiceAccount (the template names none)."""
+    spec = job.raw_template.get("spec") or {}
+    return not (spec.get("serviceAccountName") or spec.get("serviceAccount"))
+
+
+def rank_environment(
+    job: Job, attempt: int, rank: int, *, resume_from: str, quarantined: list[str],
+    report_file: str,
+) -> list[dict[str, str]]:
+    """The environment of DESIGN.md section 3 for one rank, in contract order."""
+    values = {
+        envvars.RANK: str(rank),
+        envvars.WORLD_SIZE: str(job.spec.replicas),
+        envvars.LOCAL_RANK: "0",
+        envvars.MASTER_ADDR: names.master_addr(job.ref.name, attempt),
+        envvars.MASTER_PORT: str(job.spec.master_port),
+        envvars.JOB_NAME: job.ref.name,
+        envvars.NAMESPACE: job.ref.namespace,
+        envvars.RUN_NAME: job.run_name,
+        envvars.ATTEMPT: str(attempt),
+        envvars.POD_NAME: names.pod_name(job.ref.name, attempt, rank),
+        envvars.CHECKPOINT_DIR: job.spec.checkpoint.dir,
+        envvars.RESUME_FROM: resume_from,
+        envvars.QUARANTINED: ",".join(quarantined),
+        envvars.NOTICE_FILE: names.NOTICE_FILE,
+        envvars.GRACE_PERIOD_SECONDS: str(grace_period_seconds(job)),
+        envvars.REPORT_FILE: report_file,
+    }
+    return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def build_pod(
+    job: Job, attempt: int, rank: int, *, resume_from: str, quarantined: list[str]
+) -> dict[str, Any]:
+    """The pod of one rank in one attempt."""
+    name = names.pod_name(job.ref.name, attempt, rank)
+    template = copy.deepcopy(job.raw_template)
+    tmeta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+
+    spec["restartPolicy"] = "Never"
+    spec["hostname"] = name
+    spec["subdomain"] = names.service_name(job.ref.name)
+    if uses_trainer_identity(job):
+        spec["serviceAccountName"] = names.trainer_identity_name(job.ref.name)
+
+    ours = {names.NOTICE_VOLUME, names.CHECKPOINT_VOLUME}
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in ours]
+    volumes.append({
+        "name": names.NOTICE_VOLUME,
+        "downwardAPI": {"items": [{
+            "path": names.NOTICE_FILE_NAME,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{envvars.NOTICE_ANNOTATION}']"},
+        }]},
+    })
+    if job.spec.checkpoint.volume_source:
+        volumes.append({"name": names.CHECKPOINT_VOLUME, **job.spec.checkpoint.volume_source})
+    spec["volumes"] = volumes
+
+    containers = spec.get("containers") or []
+    container = containers[training_container_index(job)]
+    report_file = container.get("terminationMessagePath") or names.DEFAULT_TERMINATION_MESSAGE_PATH
+    container["terminationMessagePath"] = report_file
+    container.setdefault("terminationMessagePolicy", "File")
+    env = rank_environment(job, attempt, rank, resume_from=resume_from, quarantined=quarantined,
+                           report_file=report_file)
+    injected = {item["name"] for item in env}
+    # Ours first: user variables may refer to them with $(RANK) and similar.
+    user_env = [e for e in container.get("env") or [] if e.get("name") not in injected]
+    container["env"] = env + user_env
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
+    mounts.append({"name": names.NOTICE_VOLUME, "mountPath": names.NOTICE_MOUNT_DIR,
+                   "readOnly": True})
+    if job.spec.checkpoint.volume_source:
+        mounts.append({"name": names.CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.dir})
+    container["volumeMounts"] = mounts
+
+    labels = {
+        **(tmeta.get("labels") or {}),
+        names.LABEL_JOB: job.ref.name,
+        names.LABEL_ATTEMPT: str(attempt),
+        names.LABEL_RANK: str(rank),
+    }
+    metadata = _metadata(job, name, labels)
+    if tmeta.get("annotations"):
+        metadata["annotations"] = dict(tmeta["annotations"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def build_service(job: Job) -> dict[str, Any]:
+    """Headless Service: ``<pod>.<service>`` resolves to each rank, rank 0 being MASTER_ADDR.
+
+    publishNotReadyAddresses, because ranks look up rank 0 before it is Ready (and training pods
+    seldom have a readiness probe); hostnames are per attempt, so old pods never shadow new ones.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.service_name(job.ref.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {names.LABEL_JOB: job.ref.name},
+            "ports": [{"name": "rendezvous", "port": job.spec.master_port,
+                       "targetPort": job.spec.master_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_service_account(job: Job) -> dict[str, Any]:
+    """The ranks' identity (used only when the template names no ServiceAccount)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(job, names.trainer_identity_name(job.ref.name)),
+    }
+
+
+def build_role(job: Job, attempt: int) -> dict[str, Any]:
+    """May get and patch only the pods of the given attempt (their progress annotation)."""
+    pods = [names.pod_name(job.ref.name, attempt, r) for r in range(job.spec.replicas)]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(job, names.trainer_identity_name(job.ref.name)),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(rbac.TRAINER_VERBS),
+                   "resourceNames": pods}],
+    }
+
+
+def build_role_binding(job: Job) -> dict[str, Any]:
+    """Binds the trainer Role to the trainer ServiceAccount."""
+    name = names.trainer_identity_name(job.ref.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(job, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.ref.namespace}],
+    }
+
+
+def checkpoint_root(job: Job) -> str:
+    """The run's checkpoint folder (shown in events)."""
+    return run_root(job.spec.checkpoint.dir, job.run_name)

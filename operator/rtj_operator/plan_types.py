@@ -1,0 +1,73 @@
+"""The plan a reconcile produces: plain data that the executor applies to the API server.
+
+Keeping the decision (``reconcile``) and its application (``executor``) apart is what lets the
+whole state machine run in unit tests, and it fixes the order of side effects in one place:
+status first (the record of truth), then pod deletions and notices, then pod creation, then the
+"gang created" mark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .status_types import Interruption, JobStatus
+
+
+@dataclass(frozen=True)
+class PodDeletion:
+    """Delete one pod with its own grace period (so the rank can save)."""
+
+    name: str
+    uid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoticeWrite:
+    """Write the preemption notice annotation into one pod."""
+
+    pod: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A Kubernetes Event about the job."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """Everything one reconcile wants done, in the order the executor does it."""
+
+    status: JobStatus | None = None
+    """New status to write first (None: unchanged)."""
+    deletions: list[PodDeletion] = field(default_factory=list)
+    notices: list[NoticeWrite] = field(default_factory=list)
+    creations: list[dict[str, Any]] = field(default_factory=list)
+    """Pods of the current attempt to create (409 is success: they exist)."""
+    role: dict[str, Any] | None = None
+    """The trainer Role for the attempt being created (with its ServiceAccount and binding)."""
+    after_creation: JobStatus | None = None
+    """Status to write once every creation succeeded (marks the gang created)."""
+    events: list[EventSpec] = field(default_factory=list)
+    requeue_after: float | None = None
+    interruption: Interruption | None = None
+    """The interruption recorded by this plan (for metrics)."""
+    resubmission: str | None = None
+    """Why this plan starts a new attempt's pods: preemption, failure or resume (metrics)."""
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        """Queue an Event."""
+        self.events.append(EventSpec(type_, reason, message))
+
+    def requeue(self, seconds: float | None) -> None:
+        """Ask to be reconciled again after at most ``seconds``."""
+        if seconds is None:
+            return
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after,
+                                                                            seconds)

@@ -1,0 +1,116 @@
+"""Learn the last committed checkpoint from what the runtime reports.
+
+The runtime reports each commit twice (contract with ``trainer_runtime``): a one-line JSON in the
+training container's termination-message file, which the kubelet copies into the pod status when
+the container ends, and, best effort, the same JSON plus ``current_step`` in the pod annotation
+``resumable.dev/progress``. The annotation is what survives a node loss (no kubelet is left to
+publish a termination message); the termination message is what survives a runtime without API
+credentials. The operator reads both and keeps the newest by step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .classify import training_container_name
+from .envvars import PROGRESS_ANNOTATION
+from .status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord
+
+
+@dataclass(frozen=True)
+class Report:
+    """One progress report from one rank."""
+
+    checkpoint: str
+    step: int
+    uri: str | None = None
+    epoch: int | None = None
+    sample: int | None = None
+    time: str | None = None
+    current_step: int | None = None
+
+    def record(self, attempt: int | None) -> CheckpointRecord:
+        """The status form of the checkpoint this report announces."""
+        return CheckpointRecord(
+            name=self.checkpoint, uri=self.uri, step=self.step, epoch=self.epoch,
+            sample=self.sample, time=self.time, attempt=attempt,
+        )
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def parse_report(text: str | None) -> Report | None:
+    """The last line of ``text`` that is a valid report; None when there is none.
+
+    Lenient on purpose: a termination message may hold log lines (FallbackToLogsOnError) or a
+    truncated write, and one bad report must never break reconciliation.
+    """
+    if not text:
+        return None
+    for line in reversed(text.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        name, step = data.get("checkpoint"), _int(data.get("step"))
+        if not isinstance(name, str) or not name or step is None:
+            continue
+        uri = data.get("uri")
+        return Report(
+            checkpoint=name, step=step, uri=uri if isinstance(uri, str) and uri else None,
+            epoch=_int(data.get("epoch")), sample=_int(data.get("sample")),
+            time=data.get("time") if isinstance(data.get("time"), str) else None,
+            current_step=_int(data.get("current_step")),
+        )
+    return None
+
+
+def pod_reports(pod: dict[str, Any], container_name: str | None) -> list[Report]:
+    """Reports found on one pod: its progress annotation and its termination message."""
+    reports = []
+    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+    if (report := parse_report(annotation)) is not None:
+        reports.append(report)
+    container = training_container_name(pod, container_name)
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != container:
+            continue
+        for state_key in ("state", "lastState"):
+            terminated = (status.get(state_key) or {}).get("terminated") or {}
+            if (report := parse_report(terminated.get("message"))) is not None:
+                reports.append(report)
+    return reports
+
+
+def merge_checkpoints(
+    known: Iterable[CheckpointRecord], new: Iterable[CheckpointRecord]
+) -> list[CheckpointRecord]:
+    """Known checkpoints plus new ones, one per name, newest (highest step) first, bounded."""
+    by_name: dict[str, CheckpointRecord] = {}
+    for record in [*known, *new]:
+        current = by_name.get(record.name)
+        newer = current is None or record.step > current.step
+        better = current is not None and record.step == current.step and current.attempt is None
+        if newer or better:
+            by_name[record.name] = record
+    ordered = sorted(by_name.values(), key=lambda r: r.step, reverse=True)
+    return ordered[:MAX_KNOWN_CHECKPOINTS]
+
+
+def highest_current_step(reports: Iterable[Report]) -> int | None:
+    """The furthest step any rank said it reached (for the steps lost at an interruption)."""
+    steps = [r.current_step if r.current_step is not None else r.step for r in reports]
+    return max(steps) if steps else None

@@ -1,0 +1,432 @@
+"""The job state machine: from what is observed now to the plan of what to do. No side effects.
+
+Level-triggered: every call looks at the whole job (its status, every pod it owns, the nodes of
+the current attempt) and decides from scratch, so a missed or repeated event, or an operator that
+restarts halfway through a resubmission, converges to the same result. The status it returns is
+the record of truth and is written before anything else; in particular the next attempt's number
+is persisted before its pods are created, and ``gangCreated`` only after all of them exist, so a
+restarted operator finishes creating *that* attempt (409s for the pods that exist) rather than
+starting another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import conditions as cond
+from . import names
+from .api_types import Job
+from .backoff import failure_delay
+from .classify import GangVerdict, Outcome, RankOutcome, Signals, classify_rank, gang_verdict
+from .envvars import NOTICE_ANNOTATION
+from .manifests import build_pod, build_role, checkpoint_root
+from .nodes import NodeView
+from .notice import notice_payload
+from .plan_types import NoticeWrite, Plan, PodDeletion
+from .progress import Report, highest_current_step, merge_checkpoints, pod_reports
+from .resume import after_failure, resume_point
+from .status_types import (
+    MAX_INTERRUPTIONS,
+    TERMINAL_PHASES,
+    Cause,
+    Interruption,
+    JobStatus,
+    Phase,
+)
+
+KEEP_FINISHED_ATTEMPTS = 2
+"""Ended pods of the last attempts are kept for ``kubectl logs``; older ones are deleted."""
+
+
+def owned_by(pod: dict[str, Any], uid: str) -> bool:
+    """Whether the job (this incarnation of the name) controls the pod."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+def pod_attempt(pod: dict[str, Any]) -> int | None:
+    """The attempt label of a pod."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def pod_rank(pod: dict[str, Any]) -> int | None:
+    """The rank label of a pod."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_RANK)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _deletion(pod: dict[str, Any], reason: str) -> PodDeletion:
+    meta = pod.get("metadata") or {}
+    return PodDeletion(name=meta.get("name", ""), uid=meta.get("uid"), reason=reason)
+
+
+@dataclass
+class _Context:
+    job: Job
+    status: JobStatus
+    plan: Plan
+    now: datetime
+    owned: list[dict[str, Any]]
+    nodes: Mapping[str, NodeView]
+    departed: Mapping[str, dict[str, Any]]
+
+    @property
+    def generation(self) -> int:
+        return self.job.ref.generation
+
+    def phase(self, phase: Phase, reason: str, message: str) -> None:
+        cond.set_phase(self.status, phase, reason=reason, message=message, now=self.now,
+                       generation=self.generation)
+
+    def current_pods(self) -> dict[int, dict[str, Any]]:
+        found: dict[int, dict[str, Any]] = {}
+        for pod in self.owned:
+            rank = pod_rank(pod)
+            if pod_attempt(pod) == self.status.attempt and rank is not None:
+                found[rank] = pod
+        return found
+
+
+def reconcile(
+    job: Job,
+    pods: Sequence[dict[str, Any]],
+    nodes: Mapping[str, NodeView],
+    now: datetime,
+    departed: Mapping[str, dict[str, Any]] | None = None,
+) -> Plan:
+    """Decide what to do for one job.
+
+    ``nodes`` holds a view of every node the pods run on. ``departed`` maps the names of pods
+    that were deleted to their last state seen in the watch: a pod evicted and removed within
+    milliseconds still tells *why* it went (its DisruptionTarget condition).
+    """
+    plan = Plan()
+    if job.ref.deleting:
+        return plan  # ownerReferences let the garbage collector clean up
+    ctx = _Context(
+        job=job, status=job.status.model_copy(deep=True), plan=plan, now=now,
+        owned=[p for p in pods if owned_by(p, job.ref.uid)], nodes=nodes,
+        departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
+    )
+    st = ctx.status
+    if st.phase is None:
+        st.run_name = job.run_name
+        st.start_time = now
+        st.attempt = 0
+        st.resume_from = ""
+        ctx.phase(Phase.PENDING, "Created", "creating the first gang")
+    st.observed_generation = job.ref.generation
+    _absorb_progress(ctx)
+
+    if st.phase in TERMINAL_PHASES:
+        _cleanup(ctx, keep_current=st.phase is Phase.SUCCEEDED)
+    elif job.spec.suspend:
+        _suspend(ctx)
+    else:
+        if st.phase is Phase.SUSPENDED:
+            _unsuspend(ctx)
+        if st.gang_created:
+            _watch_gang(ctx)
+        if not st.gang_created and st.phase not in TERMINAL_PHASES:
+            _create_gang(ctx)
+        _cleanup(ctx, keep_current=True)
+
+    if st.model_dump(mode="json") != job.status.model_dump(mode="json"):
+        plan.status = st
+    return plan
+
+
+def _absorb_progress(ctx: _Context) -> None:
+    """Learn committed checkpoints from every pod of the job (old attempts' emergency saves too)."""
+    st, spec = ctx.status, ctx.job.spec
+    current_reports: list[Report] = []
+    records = []
+    for pod in ctx.owned:
+        reports = pod_reports(pod, spec.container_name)
+        attempt = pod_attempt(pod)
+        records += [r.record(attempt) for r in reports]
+        if attempt == st.attempt:
+            current_reports += reports
+    if not records:
+        return
+    st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
+    newest = max(records, key=lambda r: r.step)
+    if st.last_committed_checkpoint is None or newest.step > st.last_committed_checkpoint.step:
+        st.last_committed_checkpoint = newest
+    if st.gang_created and current_reports:
+        step = highest_current_step(current_reports)
+        if step is not None and (st.current_step is None or step > st.current_step):
+            st.current_step = step
+        resumed = next((k for k in st.known_checkpoints if k.name == st.resume_checkpoint), None)
+        fresh = [r for r in current_reports if r.checkpoint != st.resume_checkpoint
+                 and (resumed is None or r.step > resumed.step)]
+        if fresh:
+            st.attempt_checkpoint = max(fresh, key=lambda r: r.step).checkpoint
+            st.resume_failures = None  # progress past the resume point clears the suspicion
+
+
+def _live(pods: Mapping[int, dict[str, Any]] | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    values = pods.values() if isinstance(pods, Mapping) else pods
+    return [p for p in values if not _deleting(p) and not _finished(p)]
+
+
+def _cleanup(ctx: _Context, keep_current: bool) -> None:
+    """Delete pods of older attempts (live ones always, ended ones past the kept attempts)."""
+    st = ctx.status
+    planned = {d.name for d in ctx.plan.deletions}
+    for pod in ctx.owned:
+        attempt = pod_attempt(pod)
+        if _deleting(pod) or attempt is None or pod["metadata"].get("name") in planned:
+            continue
+        if attempt == st.attempt:
+            if not keep_current and not _finished(pod):
+                ctx.plan.deletions.append(_deletion(pod, "job ended"))
+            continue
+        old_enough = attempt < st.attempt - KEEP_FINISHED_ATTEMPTS
+        if not _finished(pod) or old_enough:
+            ctx.plan.deletions.append(_deletion(pod, f"attempt {attempt} is over"))
+
+
+def _suspend(ctx: _Context) -> None:
+    st, plan = ctx.status, ctx.plan
+    if st.phase is not Phase.SUSPENDED:
+        if st.gang_created:
+            _record(ctx, Interruption(
+                time=ctx.now, attempt=st.attempt, cause=Cause.SUSPENDED, preemption=False,
+                message="spec.suspend set", last_committed_step=_last_step(st),
+            ))
+        ctx.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true; the gang is deleted")
+        plan.event("Normal", "Suspended", f"attempt {st.attempt}: deleting the gang")
+    for pod in _live(ctx.owned):
+        plan.deletions.append(_deletion(pod, "job suspended"))
+
+
+def _unsuspend(ctx: _Context) -> None:
+    st = ctx.status
+    ctx.plan.event("Normal", "Resumed", "spec.suspend cleared")
+    if st.gang_created:
+        _next_attempt(ctx, 0.0, "Resumed", "resuming after suspend")
+    else:
+        ctx.phase(Phase.PENDING if st.attempt == 0 else Phase.RESTARTING, "Resumed",
+                  "spec.suspend cleared")
+
+
+def _signals(job: Job) -> Signals:
+    ps = job.spec.preemption_signals
+    return Signals(termination_taints=ps.termination_taints,
+                   node_not_ready_seconds=ps.node_not_ready_seconds,
+                   container_name=job.spec.container_name)
+
+
+def _watch_gang(ctx: _Context) -> None:
+    """Classify the current attempt's ranks and act on the gang's verdict."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    current = ctx.current_pods()
+    signals = _signals(job)
+    outcomes: list[RankOutcome] = []
+    for rank in range(job.spec.replicas):
+        expected = names.pod_name(job.ref.name, st.attempt, rank)
+        pod = current.get(rank) or _as_deleted(ctx.departed.get(expected))
+        node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+        outcomes.append(classify_rank(
+            rank, pod, ctx.nodes.get(node_name) if node_name else None, signals=signals,
+            now=ctx.now, expected_pod=expected,
+        ))
+    _deliver_notices(ctx, outcomes, current)
+    verdict = gang_verdict(outcomes)
+    if verdict.outcome is Outcome.PREEMPTED:
+        _interrupted(ctx, verdict, current, preemption=True)
+    elif verdict.outcome is Outcome.FAILED:
+        _interrupted(ctx, verdict, current, preemption=False)
+    elif verdict.outcome is Outcome.SUCCEEDED:
+        st.completion_time = ctx.now
+        ctx.phase(Phase.SUCCEEDED, "AllRanksSucceeded",
+                  f"all {job.spec.replicas} ranks of attempt {st.attempt} exited 0")
+        plan.event("Normal", "Succeeded", f"all {job.spec.replicas} ranks exited 0")
+    else:
+        if verdict.all_running and st.phase is not Phase.RUNNING:
+            ctx.phase(Phase.RUNNING, "AllRanksRunning",
+                      f"all {job.spec.replicas} ranks of attempt {st.attempt} are running")
+        plan.requeue(verdict.recheck_after)
+
+
+def _as_deleted(pod: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A departed pod's last state, marked as deleted if the watch caught it before that."""
+    if pod is None:
+        return None
+    meta = dict(pod.get("metadata") or {})
+    meta.setdefault("deletionTimestamp", "departed")
+    return {**pod, "metadata": meta}
+
+
+def _deliver_notices(
+    ctx: _Context, outcomes: list[RankOutcome], current: Mapping[int, dict[str, Any]]
+) -> None:
+    """Write the notice into every running rank whose node has a termination taint."""
+    noticed = []
+    for outcome in outcomes:
+        pod = current.get(outcome.rank)
+        if pod is None or outcome.outcome is not Outcome.ACTIVE or outcome.notice is None:
+            continue
+        noticed.append(outcome)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(NOTICE_ANNOTATION):
+            continue
+        payload = notice_payload(outcome.notice, outcome.node or "", ctx.now)
+        ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=payload))
+        ctx.plan.event("Warning", "PreemptionNotice",
+                       f"attempt {ctx.status.attempt}: node {outcome.node} of rank "
+                       f"{outcome.rank} has taint {outcome.notice.get('key')}; "
+                       "told the rank to checkpoint now")
+    had = cond.condition(ctx.status, cond.PREEMPTION_NOTICE)
+    if noticed:
+        first = noticed[0]
+        cond.set_condition(ctx.status, cond.PREEMPTION_NOTICE, True, reason="TerminationTaint",
+                           message=f"node {first.node} of rank {first.rank} is about to go "
+                           f"({(first.notice or {}).get('key')})", now=ctx.now,
+                           generation=ctx.generation)
+    elif had is not None and had.status == "True":
+        cond.set_condition(ctx.status, cond.PREEMPTION_NOTICE, False, reason="NoNotice",
+                           message="no rank's node is announced for termination", now=ctx.now,
+                           generation=ctx.generation)
+
+
+def _last_step(st: JobStatus) -> int | None:
+    return st.last_committed_checkpoint.step if st.last_committed_checkpoint else None
+
+
+def _record(ctx: _Context, interruption: Interruption) -> None:
+    st = ctx.status
+    st.interruptions = [*st.interruptions, interruption][-MAX_INTERRUPTIONS:]
+    ctx.plan.interruption = interruption
+
+
+def _interrupted(
+    ctx: _Context, verdict: GangVerdict, current: Mapping[int, dict[str, Any]], preemption: bool
+) -> None:
+    """An attempt ended early: record it, stop the rest of its gang, start the next one."""
+    st, plan, policy = ctx.status, ctx.plan, ctx.job.spec.resume_policy
+    trigger = verdict.trigger
+    assert trigger is not None
+    last = _last_step(st)
+    lost = None
+    if st.current_step is not None and last is not None:
+        lost = max(st.current_step - last, 0)
+    _record(ctx, Interruption(
+        time=ctx.now, attempt=st.attempt, cause=trigger.cause or Cause.DISRUPTION,
+        preemption=preemption, rank=trigger.rank, pod=trigger.pod, node=trigger.node,
+        exit_code=trigger.exit_code, message=trigger.message, last_committed_step=last,
+        steps_lost=lost,
+    ))
+    for pod in _live(current):
+        plan.deletions.append(_deletion(pod, f"attempt {st.attempt} was interrupted"))
+    where = f"rank {trigger.rank} (pod {trigger.pod}" + (f" on node {trigger.node})"
+                                                         if trigger.node else ")")
+    if preemption:
+        st.preemptions += 1
+        plan.event("Warning", "Preempted",
+                   f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}")
+        if policy.max_preemptions is not None and st.preemptions > policy.max_preemptions:
+            _fail(ctx, "PreemptionLimitExceeded",
+                  f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}")
+            return
+        _next_attempt(ctx, 0.0, "Preempted", f"{trigger.cause} of {where}")
+        return
+
+    st.failures += 1
+    plan.event("Warning", "RankFailed", f"attempt {st.attempt}: {where}: {trigger.message}")
+    decision = after_failure(
+        policy, resumed_from=st.resume_checkpoint, committed_this_attempt=st.attempt_checkpoint,
+        attempt_started=st.attempt_start_time, failed_at=ctx.now, previous=st.resume_failures,
+    )
+    st.resume_failures = decision.resume_failures
+    if decision.quarantine and decision.quarantine not in st.quarantined_checkpoints:
+        st.quarantined_checkpoints = [*st.quarantined_checkpoints, decision.quarantine]
+        st.quarantined = len(st.quarantined_checkpoints)
+        plan.event("Warning", "CheckpointQuarantined",
+                   f"checkpoint {decision.quarantine}: {policy.quarantine_threshold} attempts "
+                   "in a row failed soon after resuming from it; resuming from the one before")
+    if st.failures > policy.backoff_limit:
+        _fail(ctx, "BackoffLimitExceeded",
+              f"{st.failures} failures exceed backoffLimit={policy.backoff_limit}; "
+              f"last: {where}: {trigger.message}")
+        return
+    delay = failure_delay(st.failures, policy.backoff_base_seconds, policy.backoff_max_seconds)
+    _next_attempt(ctx, delay, "Failed", f"{where}: {trigger.message}")
+
+
+def _fail(ctx: _Context, reason: str, message: str) -> None:
+    st = ctx.status
+    st.completion_time = ctx.now
+    st.restart_after = None
+    ctx.phase(Phase.FAILED, reason, message)
+    ctx.plan.event("Warning", "JobFailed", f"{reason}: {message}")
+    for pod in _live(ctx.current_pods()):
+        ctx.plan.deletions.append(_deletion(pod, "job failed"))
+
+
+def _next_attempt(ctx: _Context, delay: float, reason: str, message: str) -> None:
+    """Advance to the next attempt (persisted before its pods exist)."""
+    st, job = ctx.status, ctx.job
+    st.attempt += 1
+    st.gang_created = False
+    st.attempt_start_time = None
+    st.attempt_checkpoint = None
+    st.current_step = None
+    point = resume_point(st.attempt, job.spec.checkpoint.dir, job.run_name,
+                         st.known_checkpoints, st.quarantined_checkpoints)
+    st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
+    if delay > 0:
+        st.restart_after = ctx.now + timedelta(seconds=delay)
+        ctx.plan.event("Normal", "BackingOff",
+                       f"attempt {st.attempt} starts in {delay:.0f}s (failure {st.failures})")
+    else:
+        st.restart_after = None
+    ctx.phase(Phase.RESTARTING, reason, f"attempt {st.attempt} after {message}")
+
+
+def _create_gang(ctx: _Context) -> None:
+    """Create the current attempt's missing pods (after its backoff, if any)."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    if st.restart_after is not None and ctx.now < st.restart_after:
+        plan.requeue((st.restart_after - ctx.now).total_seconds())
+        return
+    st.restart_after = None
+    if st.resume_from is None:
+        st.resume_from = ""
+    existing = ctx.current_pods()
+    plan.creations = [
+        build_pod(job, st.attempt, rank, resume_from=st.resume_from,
+                  quarantined=list(st.quarantined_checkpoints))
+        for rank in range(job.spec.replicas) if rank not in existing
+    ]
+    plan.role = build_role(job, st.attempt)
+    created = st.model_copy(deep=True)
+    created.gang_created = True
+    created.attempt_start_time = ctx.now
+    plan.after_creation = created
+    if st.attempt > 0 and st.interruptions:
+        last = st.interruptions[-1]
+        plan.resubmission = ("preemption" if last.preemption
+                             else "failure" if last.cause is Cause.FAILURE else "resume")
+    if not plan.creations:
+        return  # all exist (an operator restart mid-creation): only the mark is missing
+    source = st.resume_from or "scratch"
+    if st.resume_from and st.resume_checkpoint is None:
+        source = f"the newest valid checkpoint under {checkpoint_root(job)}"
+    plan.event("Normal", "Resubmitted" if st.attempt else "Started",
+               f"attempt {st.attempt}: creating {job.spec.replicas} pods, resuming from {source}"
+               + (f" (quarantined: {','.join(st.quarantined_checkpoints)})"
+                  if st.quarantined_checkpoints else ""))

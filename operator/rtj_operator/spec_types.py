@@ -1,0 +1,277 @@
+"""The ResumableTrainingJob spec: the pydantic models the CRD schema is generated from.
+
+These models are the single source of truth: ``crdgen`` turns them into the CRD's OpenAPI schema
+(attribute docstrings become field descriptions, defaults become API-server defaults, and the
+``x-kubernetes-validations`` extras become CEL rules), and the operator parses every object with
+them. Validation that the API server can do lives here so invalid manifests are rejected at
+``kubectl apply`` time with the field's name, instead of surfacing later as an operator error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from . import names
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One CEL validation rule in the CRD's ``x-kubernetes-validations`` shape."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class ApiModel(BaseModel):
+    """Base for API types: camelCase on the wire, attribute docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+
+class TaintSelector(ApiModel):
+    """A node taint that announces the node is about to go away."""
+
+    key: str = Field(min_length=1, max_length=316)
+    """Taint key to match."""
+    value: str | None = Field(default=None, max_length=63)
+    """Taint value to match; any value when omitted."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; any effect when omitted."""
+
+
+DEFAULT_TERMINATION_TAINTS: tuple[TaintSelector, ...] = (
+    # GKE (k8s-node-termination-handler) before a Spot/preemptible VM is reclaimed.
+    TaintSelector(key="cloud.google.com/impending-node-termination"),
+    # AWS node termination handler: spot interruption, rebalance, ASG and maintenance events.
+    TaintSelector(key="aws-node-termination-handler/spot-itn"),
+    TaintSelector(key="aws-node-termination-handler/rebalance-recommendation"),
+    TaintSelector(key="aws-node-termination-handler/asg-lifecycle-termination"),
+    TaintSelector(key="aws-node-termination-handler/scheduled-maintenance"),
+    # Karpenter disrupting (consolidating or interrupting) a node.
+    TaintSelector(key="karpenter.sh/disrupted"),
+    # AKS node auto-drain on a Preempt/Terminate scheduled event (both spellings seen in the wild).
+    TaintSelector(key="remediator.kubernetes.azure.com/unschedulable"),
+    TaintSelector(key="remediator.aks.microsoft.com/unschedulable"),
+    # cluster-autoscaler about to remove the node in a scale-down.
+    TaintSelector(key="ToBeDeletedByClusterAutoscaler"),
+    # The cloud node-lifecycle controller saw the instance shut down.
+    TaintSelector(key="node.cloudprovider.kubernetes.io/shutdown"),
+    # An administrator declared the node out of service (non-graceful node shutdown).
+    TaintSelector(key="node.kubernetes.io/out-of-service"),
+)
+
+
+class PreemptionSignals(ApiModel):
+    """Which node signals mean "this node is going away" (DESIGN.md section 5)."""
+
+    termination_taints: list[TaintSelector] = Field(
+        default_factory=lambda: list(DEFAULT_TERMINATION_TAINTS), max_length=64
+    )
+    """Taints that announce a node's termination. When one lands on a node that runs a rank, the
+    operator writes the preemption notice into that rank's pod so the runtime checkpoints at
+    once; the gang is restarted only when the pod actually goes. Setting this list replaces the
+    defaults (GKE, AWS node termination handler, Karpenter, AKS, cluster-autoscaler scale-down,
+    cloud shutdown and ``node.kubernetes.io/out-of-service``)."""
+    node_not_ready_seconds: int = Field(default=60, ge=0, le=86400)
+    """How long a rank's node may stay NotReady (or Unknown) before the rank counts as lost to a
+    preemption and the gang is resubmitted. Default 60."""
+
+
+class ResumePolicy(ApiModel):
+    """How interruptions are counted and when the next attempt starts."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.backoffMaxSeconds >= self.backoffBaseSeconds",
+                    "backoffMaxSeconds must be at least backoffBaseSeconds",
+                    ".backoffMaxSeconds",
+                )
+            ]
+        }
+    )
+
+    max_preemptions: int | None = Field(default=None, ge=0)
+    """How many preemptions the job survives; past it the job is Failed with reason
+    PreemptionLimitExceeded. Unlimited when omitted (the default): preemptions are the normal
+    life of a spot job and never touch the failure budget."""
+    backoff_limit: int = Field(default=6, ge=0, le=1000)
+    """How many real failures (non-zero exits without a disruption signal, OOMKilled included)
+    are retried; the next one fails the job with reason BackoffLimitExceeded. Default 6."""
+    backoff_base_seconds: int = Field(default=10, ge=0, le=86400)
+    """Delay before the attempt that follows the first failure; it doubles with each further
+    failure. Preemptions restart immediately. Default 10."""
+    backoff_max_seconds: int = Field(default=600, ge=0, le=86400)
+    """Cap on the failure backoff delay. Default 600."""
+    quarantine_threshold: int = Field(default=2, ge=0, le=100)
+    """Consecutive failures right after resuming from the same checkpoint (no newer checkpoint
+    committed in between) that quarantine it: the next attempt resumes from the checkpoint
+    before it and the runtime is told to skip it. 0 disables quarantine. Default 2."""
+    quarantine_window_seconds: int = Field(default=900, ge=0, le=604800)
+    """A failure counts towards quarantine only when it happens within this many seconds of the
+    attempt's start, so a late crash never blames a good checkpoint. Default 900."""
+
+
+class CheckpointLocation(ApiModel):
+    """Where the runtime writes checkpoints (DESIGN.md section 4)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.volumeSource) || self.dir.startsWith('/')",
+                    "a checkpoint volumeSource is mounted at dir, so dir must be an absolute path",
+                    ".dir",
+                )
+            ]
+        }
+    )
+
+    dir: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^(/.*|[a-z][a-z0-9+.-]*://.+)$",
+    )
+    """Checkpoint root: an object-store URI (``s3://bucket/prefix``) or an absolute path on a
+    shared volume. Each run writes under ``<dir>/<runName>/``. Passed to every rank as
+    RTJ_CHECKPOINT_DIR. Immutable."""
+    volume_source: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """Optional Kubernetes volume source (for example ``persistentVolumeClaim: {claimName:
+    ckpt}``) that the operator mounts at ``dir`` in the training container. Omit it when ``dir``
+    is an object-store URI or when the pod template mounts the volume itself."""
+
+
+class TemplateMetadata(ApiModel):
+    """Labels and annotations copied onto every rank's pod."""
+
+    labels: dict[str, str] | None = None
+    """Extra pod labels. The operator's own ``resumable.dev/*`` labels win on conflict."""
+    annotations: dict[str, str] | None = None
+    """Extra pod annotations."""
+
+
+class ContainerTemplate(ApiModel):
+    """A container of the pod template. Only the fields the operator relies on are modelled; the
+    rest is passed to the API server, which validates it when the pods are created."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=63)
+    """Container name."""
+    image: str | None = None
+    """Container image."""
+
+
+class PodSpecTemplate(ApiModel):
+    """The pod spec every rank runs. Any core/v1 PodSpec field is accepted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    containers: list[ContainerTemplate] = Field(min_length=1, max_length=64)
+    """The pod's containers; the training container is ``containerName`` (default: the first)."""
+    restart_policy: Literal["Never"] | None = None
+    """Always Never: a rank that ends is handled by the operator, which restarts the whole gang
+    (distributed training cannot continue with one rank restarted alone)."""
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0)
+    """Time the training process gets between SIGTERM and SIGKILL to save (default 30); also
+    passed to the runtime as RTJ_GRACE_PERIOD_SECONDS."""
+    service_account_name: str | None = None
+    """When omitted the operator runs the ranks as ``<job>-trainer``, a ServiceAccount it creates
+    that may patch only the current attempt's pods (the runtime's progress annotation). When set,
+    the user grants that account ``get`` and ``patch`` on pods (see docs/operator.md)."""
+
+
+class PodTemplate(ApiModel):
+    """Template of every rank's pod."""
+
+    metadata: TemplateMetadata | None = None
+    """Labels and annotations for the pods."""
+    spec: PodSpecTemplate
+    """Pod spec for every rank."""
+
+
+class JobSpec(ApiModel):
+    """Desired state of a ResumableTrainingJob."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.containerName) || "
+                    "self.template.spec.containers.exists(c, c.name == self.containerName)",
+                    "containerName must name one of template.spec.containers",
+                    ".containerName",
+                ),
+                cel(
+                    "has(self.runName) == has(oldSelf.runName) && "
+                    "(!has(self.runName) || self.runName == oldSelf.runName)",
+                    "runName is immutable",
+                    ".runName",
+                ),
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        ge=1,
+        le=4096,
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "replicas is immutable")]
+        },
+    )
+    """Number of ranks (the world size): one pod per rank. Immutable, because a checkpoint is
+    resumed by the same world size that wrote it."""
+    template: PodTemplate
+    """Pod template for every rank. Changes apply from the next attempt on."""
+    container_name: str | None = Field(default=None, max_length=63)
+    """The training container, into which the environment of DESIGN.md section 3 and the notice
+    file are injected. Default: the first container."""
+    run_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    )
+    """Name of the training run, stable across attempts: checkpoints go under
+    ``<checkpoint.dir>/<runName>/``. Default: the job's name. Immutable once set."""
+    checkpoint: CheckpointLocation = Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "checkpoint is immutable")]
+        }
+    )
+    """Where checkpoints live. Immutable."""
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    """Port rank 0 listens on for the torch.distributed rendezvous (MASTER_PORT). Default 29500."""
+    resume_policy: ResumePolicy = Field(default_factory=ResumePolicy)
+    """Failure budget, backoff and quarantine."""
+    preemption_signals: PreemptionSignals = Field(default_factory=PreemptionSignals)
+    """Node taints and readiness that mean preemption."""
+    suspend: bool = False
+    """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
+    is kept; setting it back to false starts the next attempt from the last checkpoint."""
+
+
+ROOT_VALIDATIONS = [
+    cel(
+        f"self.metadata.name.size() <= {names.MAX_JOB_NAME_LENGTH}",
+        f"metadata.name must be at most {names.MAX_JOB_NAME_LENGTH} characters: pod names "
+        "<name>-a<attempt>-r<rank> are DNS hostnames (63 characters at most)",
+    ),
+    cel(
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting "
+        "with a letter): it names the job's headless Service",
+    ),
+]
+"""Rules on the whole object (metadata.name is only reachable from the schema root)."""

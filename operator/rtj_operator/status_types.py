@@ -1,0 +1,202 @@
+"""The ResumableTrainingJob status: the operator's record of truth, generated into the CRD too.
+
+Status is where the operator keeps everything it must not forget across its own restarts: the
+attempt number (written *before* the next gang is created, so a restarted operator completes
+that attempt instead of starting another), whether the attempt's pods were all created, the
+counters, the checkpoints it learned of and the quarantine. Nothing lives only in memory.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic.alias_generators import to_camel
+
+from .timeutil import iso
+
+MAX_INTERRUPTIONS = 20
+"""Bound of the interruption history kept in status (the oldest entries are dropped)."""
+MAX_KNOWN_CHECKPOINTS = 10
+"""Bound of the committed checkpoints remembered for quarantine fallback."""
+
+
+Time = Annotated[datetime, PlainSerializer(iso, return_type=str, when_used="json")]
+"""A timestamp, serialised as RFC 3339 UTC with milliseconds."""
+
+
+class Phase(StrEnum):
+    """Lifecycle phase of a job."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class Cause(StrEnum):
+    """Why an attempt ended (the metrics' ``cause`` label and the history's ``cause``)."""
+
+    NODE_DELETED = "NodeDeleted"
+    NODE_NOT_READY = "NodeNotReady"
+    EVICTED = "Evicted"
+    TAINT_EVICTION = "TaintEviction"
+    SCHEDULER_PREEMPTION = "SchedulerPreemption"
+    NODE_SHUTDOWN = "NodeShutdown"
+    POD_GC = "PodGarbageCollected"
+    DISRUPTION = "Disruption"
+    POD_DELETED = "PodDeleted"
+    POD_REMOVED = "PodRemoved"
+    KUBELET_REJECTED = "KubeletRejected"
+    TERMINATION_NOTICE = "TerminationNotice"
+    FAILURE = "Failure"
+    SUSPENDED = "Suspended"
+
+
+PREEMPTION_CAUSES = frozenset(Cause) - {Cause.FAILURE, Cause.SUSPENDED}
+
+
+class ApiModel(BaseModel):
+    """Base for status types: camelCase on the wire, attribute docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+
+class CheckpointRecord(ApiModel):
+    """A committed checkpoint as reported by the runtime."""
+
+    name: str
+    """Checkpoint folder name (for example ``ep3-ba1200``)."""
+    uri: str | None = None
+    """Full URI or path of the checkpoint folder."""
+    step: int
+    """Global step counter at the checkpoint."""
+    epoch: int | None = None
+    """Epoch counter at the checkpoint."""
+    sample: int | None = None
+    """Sample counter at the checkpoint."""
+    time: str | None = None
+    """Commit time as reported by the runtime (RFC 3339)."""
+    attempt: int | None = None
+    """Attempt whose gang committed it."""
+
+
+class Interruption(ApiModel):
+    """One ended attempt."""
+
+    time: Time
+    """When the operator observed it."""
+    attempt: int
+    """The attempt that ended."""
+    cause: Cause
+    """Classified cause (DESIGN.md section 5)."""
+    preemption: bool
+    """Whether it counted as a preemption (otherwise a failure or a suspend)."""
+    rank: int | None = None
+    """The first rank that showed the signal."""
+    pod: str | None = None
+    """That rank's pod."""
+    node: str | None = None
+    """That rank's node."""
+    exit_code: int | None = None
+    """Exit code of the training container, when it terminated."""
+    message: str | None = None
+    """Human-readable detail."""
+    last_committed_step: int | None = None
+    """Step of the last committed checkpoint at the time."""
+    steps_lost: int | None = None
+    """Highest step the gang reported minus the last committed step."""
+
+
+class ResumeFailures(ApiModel):
+    """Consecutive failures right after resuming from one checkpoint (quarantine bookkeeping)."""
+
+    checkpoint: str
+    """The checkpoint the failing attempts resumed from."""
+    count: int
+    """How many consecutive attempts failed soon after resuming from it."""
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition."""
+
+    type: str
+    """Running, Restarting, Suspended, Succeeded, Failed or PreemptionNotice."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition status."""
+    reason: str | None = None
+    """CamelCase reason."""
+    message: str | None = None
+    """Human-readable detail."""
+    last_transition_time: Time | None = None
+    """When the status last changed."""
+    observed_generation: int | None = None
+    """The spec generation the condition was computed from."""
+
+
+class JobStatus(ApiModel):
+    """Observed state of a ResumableTrainingJob, written only by the operator."""
+
+    phase: Phase | None = None
+    """Pending, Running, Restarting, Suspended, Succeeded or Failed."""
+    attempt: int = 0
+    """Current attempt (RTJ_ATTEMPT of its pods). Written before that attempt's pods exist."""
+    gang_created: bool = False
+    """Whether every pod of the current attempt has been created. A pod missing after this is a
+    lost pod; before it, a pod still to create."""
+    run_name: str | None = None
+    """Effective run name (spec.runName or the job's name), fixed at the first reconcile."""
+    resume_from: str | None = None
+    """RTJ_RESUME_FROM given to the current attempt."""
+    resume_checkpoint: str | None = None
+    """Name of the checkpoint the current attempt resumes from, when the operator chose one."""
+    restart_after: Time | None = None
+    """While backing off after a failure: the earliest time the current attempt's pods start."""
+    attempt_start_time: Time | None = None
+    """When the current attempt's pods were created."""
+    preemptions: int = 0
+    """Preemptions so far (counted against resumePolicy.maxPreemptions)."""
+    failures: int = 0
+    """Real failures so far (counted against resumePolicy.backoffLimit)."""
+    quarantined: int = 0
+    """Number of quarantined checkpoints."""
+    quarantined_checkpoints: list[str] = Field(default_factory=list)
+    """Names of quarantined checkpoints, passed to the ranks as RTJ_QUARANTINED."""
+    resume_failures: ResumeFailures | None = None
+    """Consecutive failures right after resuming from the same checkpoint."""
+    last_committed_checkpoint: CheckpointRecord | None = None
+    """Newest committed checkpoint (by step) the runtime reported."""
+    known_checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    """Recently committed checkpoints, newest first (bounded); the quarantine fallback."""
+    attempt_checkpoint: str | None = None
+    """Newest checkpoint committed by the current attempt's gang."""
+    current_step: int | None = None
+    """Highest step the current attempt's ranks reported."""
+    interruptions: list[Interruption] = Field(default_factory=list)
+    """Most recent interruptions, oldest first (bounded to the last 20)."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    """Standard conditions with reasons and messages."""
+    start_time: Time | None = None
+    """When the operator first started the job."""
+    completion_time: Time | None = None
+    """When the job Succeeded or Failed."""
+    observed_generation: int | None = None
+    """The spec generation last reconciled."""

@@ -1,0 +1,227 @@
+"""Fixtures for tests that need a real API server.
+
+The cluster is the project's own local control plane (``hack/cluster/cluster.sh``: kube-apiserver,
+etcd, controller-manager, scheduler and kwok fake nodes), or any cluster named by ``KUBECONFIG``
+when it is set. Missing tooling skips the suite locally but fails it under ``CI=true``.
+
+The operator runs as a real subprocess (``python -m rtj_operator``), serving only namespaces named
+``rtj-e2e-*``; each test gets its own namespace and its own pool of fake nodes, so tests never
+share pods or nodes and a failure leaves the others unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI, require
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_DIR = ROOT / "operator"
+if str(OPERATOR_DIR) not in sys.path:
+    sys.path.insert(0, str(OPERATOR_DIR))
+
+from .kubeclient import Kube, unique, wait_for  # noqa: E402
+
+CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
+BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
+CLUSTER_NAME = os.environ.get("RTJ_E2E_CLUSTER_NAME", "rtj-e2e")
+E2E_NAMESPACES = "rtj-e2e-*"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder needs the API server."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def free_port() -> int:
+    """An unused local TCP port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    """KUBECONFIG of the cluster under test; brings the local control plane up when needed."""
+    given = os.environ.get("KUBECONFIG")
+    if given:
+        require(Path(given).exists(), f"KUBECONFIG={given} does not exist")
+        yield given
+        return
+    require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
+    require(shutil.which("go") is not None or Path("/usr/local/go/bin/go").exists()
+            or _binaries_cached(), "neither Go nor cached control-plane binaries")
+    if not IN_CI:
+        # Locally, never start a tens-of-minutes build from a test run.
+        require(_binaries_cached(),
+                "control-plane binaries not built: run hack/cluster/build.sh (or set KUBECONFIG)")
+    env = {**os.environ, "RTJ_CLUSTER_NAME": CLUSTER_NAME}
+    existed = subprocess.run([str(CLUSTER_SH), "status"], env=env, capture_output=True,
+                             check=False).returncode == 0
+    up = subprocess.run([str(CLUSTER_SH), "up", "--nodes", "1"], env=env, capture_output=True,
+                        text=True, check=False, timeout=540)
+    if up.returncode != 0:
+        pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
+    path = subprocess.run([str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    yield path
+    if not existed and os.environ.get("RTJ_E2E_KEEP_CLUSTER") != "1":
+        # Stopping the control plane can take minutes on a loaded machine: give it a little
+        # while, then let it finish in the background rather than eat a test's time budget.
+        down = subprocess.Popen([str(CLUSTER_SH), "down"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            down.wait(30)
+
+
+def _binaries_cached() -> bool:
+    return BUILD_SH.exists() and subprocess.run(
+        [str(BUILD_SH), "--check"], capture_output=True, check=False).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def kube(kubeconfig: str) -> Kube:
+    """API access for the tests, with the CRDs installed."""
+    client = Kube(kubeconfig)
+    wait_for("the API server", lambda: client.get("/readyz") is not None, 60)
+    for crd in sorted((ROOT / "crds").glob("*.yaml")):
+        client.apply_file(crd)
+    for name in ("resumabletrainingjobs.resumable.dev", "kopfpeerings.kopf.dev"):
+        wait_for(f"CRD {name} established", lambda n=name: _established(client, n), 30)
+    return client
+
+
+def _established(client: Kube, name: str) -> bool:
+    crd = client.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+@dataclass
+class OperatorProcess:
+    """A running ``python -m rtj_operator``."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    liveness: str
+    metrics: str
+
+    def tail(self, lines: int = 60) -> str:
+        """The end of its log (for failure messages)."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Terminate (SIGTERM, then SIGKILL)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_operator(kubeconfig: str, log: Path, *args: str,
+                   env: dict[str, str] | None = None, wait: bool = True) -> OperatorProcess:
+    """Start the operator as a subprocess; wait until its liveness endpoint answers."""
+    live_port, metrics_port = free_port(), free_port()
+    liveness = f"http://127.0.0.1:{live_port}/healthz"
+    full_env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIR),
+                                               os.environ.get("PYTHONPATH", "")]),
+                **(env or {})}
+    cmd = [sys.executable, "-m", "rtj_operator", "--liveness", liveness,
+           "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
+           "--resync-seconds", "30", *args]
+    handle = log.open("ab")
+    proc = subprocess.Popen(cmd, env=full_env, stdout=handle, stderr=subprocess.STDOUT)
+    op = OperatorProcess(proc, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics")
+    if wait:
+        wait_for("operator liveness", lambda: _answers(liveness) or not op.alive(), 60,
+                 interval=0.2, on_timeout=op.tail)
+        assert op.alive(), f"operator exited at start:\n{op.tail()}"
+    return op
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (local URL)
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Kube, kubeconfig: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    """The operator under test, serving the ``rtj-e2e-*`` namespaces."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = start_operator(kubeconfig, log, "--namespace", E2E_NAMESPACES, "--standalone")
+    yield op
+    op.stop()
+    print(f"\noperator log: {log}")
+
+
+@dataclass
+class Pool:
+    """A private set of fake nodes for one test."""
+
+    kube: Kube
+    name: str
+    nodes: list[str] = field(default_factory=list)
+
+    def add(self, count: int = 1, *, cpu: str = "32", kwok: bool = True) -> list[str]:
+        """Create nodes and wait until they are Ready."""
+        added = []
+        for _ in range(count):
+            node = unique(self.name)
+            self.kube.make_node(node, self.name, cpu=cpu, kwok=kwok)
+            self.nodes.append(node)
+            added.append(node)
+        for node in added:
+            wait_for(f"node {node} Ready", lambda n=node: self.kube.node_ready(n), 60)
+        return added
+
+    def cleanup(self) -> None:
+        """Delete every node of the pool."""
+        for node in self.nodes:
+            self.kube.delete_node(node)
+
+
+@pytest.fixture
+def pool(kube: Kube) -> Iterator[Pool]:
+    """An empty pool; tests add the nodes they need."""
+    p = Pool(kube, unique("pool"))
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def ns(kube: Kube, operator: OperatorProcess) -> Iterator[str]:
+    """A fresh namespace served by the operator."""
+    name = unique("rtj-e2e")
+    kube.create_namespace(name)
+    time.sleep(0.2)
+    yield name
+    kube.delete_namespace(name)

@@ -1,0 +1,288 @@
+"""Synchronous Kubernetes helpers for the cluster tests (and the latency benchmark).
+
+They drive the endings a real cluster produces: deleting a node (spot reclaim), the Eviction
+API, taints, a NotReady node, scheduler preemption, and the kubelet's report of a container exit
+(a status-subresource patch, which is what a kubelet writes). Nothing here depends on kwok except
+``make_node``'s annotation, which asks kwok to play the node's kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from rtj_operator import names
+from rtj_operator.kube import ApiError, KubeApi
+from rtj_operator.timeutil import iso, utcnow
+
+T = TypeVar("T")
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+POOL_LABEL = "rtj-e2e/pool"
+MERGE = "application/merge-patch+json"
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0,
+              interval: float = 0.05, on_timeout: Callable[[], str] | None = None) -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    extra = on_timeout() if on_timeout else ""
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
+                         f"\n{extra}")
+
+
+class Kube:
+    """Thin synchronous wrapper over ``KubeApi.request_sync``."""
+
+    def __init__(self, kubeconfig: str):
+        cfg = k8s_client.Configuration()
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self.api = KubeApi(cfg, workers=8)
+
+    def req(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One request."""
+        return self.api.request_sync(method, path, **kwargs)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """GET, None on 404."""
+        try:
+            return self.req("GET", path)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    def apply_file(self, path: Path) -> None:
+        """Create or replace every object of a YAML file (CRDs and peering objects)."""
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                self.apply(doc)
+
+    def apply(self, doc: dict[str, Any]) -> None:
+        """Create, or replace keeping the resourceVersion."""
+        api_version, kind = doc["apiVersion"], doc["kind"]
+        plural = {"CustomResourceDefinition": "customresourcedefinitions",
+                  "ClusterKopfPeering": "clusterkopfpeerings",
+                  "KopfPeering": "kopfpeerings", "PriorityClass": "priorityclasses",
+                  "ServiceAccount": "serviceaccounts", "Namespace": "namespaces",
+                  "ClusterRole": "clusterroles",
+                  "ClusterRoleBinding": "clusterrolebindings"}[kind]
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        ns = doc["metadata"].get("namespace")
+        base = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+        current = self.get(f"{base}/{doc['metadata']['name']}")
+        if current is None:
+            self.req("POST", base, body=doc)
+        else:
+            doc = {**doc, "metadata": {**doc["metadata"],
+                                       "resourceVersion": current["metadata"]["resourceVersion"]}}
+            self.req("PUT", f"{base}/{doc['metadata']['name']}", body=doc)
+
+    # -- namespaces and nodes --------------------------------------------------------------
+
+    def create_namespace(self, name: str) -> None:
+        """Create a namespace."""
+        self.req("POST", "/api/v1/namespaces",
+                 body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace (not waiting)."""
+        try:
+            self.req("DELETE", f"/api/v1/namespaces/{name}")
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    def make_node(self, name: str, pool: str, *, cpu: str = "32", kwok: bool = True) -> None:
+        """A fake node in a pool; kwok runs its 'kubelet' when ``kwok`` (else nobody does)."""
+        annotations = {"node.alpha.kubernetes.io/ttl": "0"}
+        if kwok:
+            annotations[KWOK_ANNOTATION] = "fake"
+        capacity = {"cpu": cpu, "memory": "256Gi", "pods": "110"}
+        self.req("POST", "/api/v1/nodes", body={
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": annotations,
+                         "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name,
+                                    "type": "kwok"}},
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        })
+        if not kwok:
+            self.set_node_ready(name, True)
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        """The node."""
+        return self.get(f"/api/v1/nodes/{name}")
+
+    def node_ready(self, name: str) -> bool:
+        """Whether the node reports Ready=True and has no not-ready taint."""
+        node = self.node(name)
+        if not node:
+            return False
+        conds = (node.get("status") or {}).get("conditions") or []
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+        taints = {t["key"] for t in (node.get("spec") or {}).get("taints") or []}
+        return ready and not taints & {"node.kubernetes.io/not-ready",
+                                       "node.kubernetes.io/unreachable"}
+
+    def delete_node(self, name: str) -> None:
+        """Delete a node at once (what a cloud does to a reclaimed spot VM)."""
+        try:
+            self.req("DELETE", f"/api/v1/nodes/{name}")
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    def taint(self, node: str, key: str, effect: str, value: str = "") -> None:
+        """Add a taint."""
+        current = (self.node(node) or {}).get("spec", {}).get("taints") or []
+        taint = {"key": key, "effect": effect}
+        if value:
+            taint["value"] = value
+        self.req("PATCH", f"/api/v1/nodes/{node}", content_type=MERGE,
+                 body={"spec": {"taints": [*current, taint]}})
+
+    def set_node_ready(self, node: str, ready: bool) -> None:
+        """Report the node's readiness the way its kubelet would (status subresource)."""
+        now = iso(utcnow())
+        status = "True" if ready else "False"
+        self.req("PATCH", f"/api/v1/nodes/{node}/status", content_type=MERGE, body={
+            "status": {"conditions": [{
+                "type": "Ready", "status": status, "reason": "KubeletReady" if ready
+                else "KubeletNotReady", "message": "set by the e2e test",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+
+    def stop_kubelet(self, node: str) -> None:
+        """Detach kwok from the node (its heartbeats stop), then report NotReady."""
+        self.req("PATCH", f"/api/v1/nodes/{node}", content_type=MERGE,
+                 body={"metadata": {"annotations": {KWOK_ANNOTATION: None}}})
+        time.sleep(0.5)
+        self.set_node_ready(node, False)
+
+    # -- jobs and pods ---------------------------------------------------------------------
+
+    def job_path(self, ns: str, name: str = "") -> str:
+        """Path of a job."""
+        return KubeApi.job_path(ns, name)
+
+    def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResumableTrainingJob."""
+        return self.req("POST", self.job_path(body["metadata"]["namespace"]), body=body)
+
+    def job(self, ns: str, name: str) -> dict[str, Any] | None:
+        """A job."""
+        return self.get(self.job_path(ns, name))
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        """A job's status ({} when absent)."""
+        return (self.job(ns, name) or {}).get("status") or {}
+
+    def patch_job(self, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch a job's spec."""
+        return self.req("PATCH", self.job_path(ns, name), content_type=MERGE,
+                        body={"spec": spec})
+
+    def delete_job(self, ns: str, name: str) -> None:
+        """Delete a job (background cascade)."""
+        self.req("DELETE", self.job_path(ns, name))
+
+    def pods(self, ns: str, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        """A job's pods, optionally of one attempt, sorted by name."""
+        selector = names.job_selector(job)
+        if attempt is not None:
+            selector += f",{names.LABEL_ATTEMPT}={attempt}"
+        found = self.req("GET", f"/api/v1/namespaces/{ns}/pods",
+                         query={"labelSelector": selector})["items"]
+        return sorted(found, key=lambda p: p["metadata"]["name"])
+
+    def pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        """A pod."""
+        return self.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    def running(self, ns: str, job: str, attempt: int, replicas: int) -> list[dict[str, Any]]:
+        """The attempt's pods when all ``replicas`` run (else an empty list)."""
+        pods = [p for p in self.pods(ns, job, attempt)
+                if p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")]
+        return pods if len(pods) == replicas else []
+
+    def evict(self, ns: str, pod: str) -> None:
+        """The Eviction API (what kubectl drain uses)."""
+        self.req("POST", f"/api/v1/namespaces/{ns}/pods/{pod}/eviction", body={
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": ns}})
+
+    def end_container(self, ns: str, pod: str, exit_code: int, *, reason: str = "Error",
+                      message: str | None = None) -> None:
+        """Report the training container's exit as its kubelet would (status subresource)."""
+        current = self.pod(ns, pod)
+        assert current is not None, pod
+        now = iso(utcnow())
+        statuses = []
+        for container in current["spec"]["containers"]:
+            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": now,
+                          "finishedAt": now}
+            if message is not None:
+                terminated["message"] = message
+            statuses.append({"name": container["name"], "image": container.get("image", ""),
+                             "imageID": "", "ready": False, "restartCount": 0,
+                             "started": False, "state": {"terminated": terminated}})
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        self.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod}/status", content_type=MERGE,
+                 body={"status": {"phase": phase, "containerStatuses": statuses}})
+
+    def report_progress(self, ns: str, pod: str, checkpoint: str, step: int,
+                        current_step: int | None = None) -> str:
+        """Do what the runtime does after a commit: annotate its own pod."""
+        report = {"checkpoint": checkpoint, "uri": f"s3://ckpt/run/{checkpoint}", "step": step,
+                  "epoch": 0, "sample": step * 8, "time": iso(utcnow()),
+                  "current_step": current_step if current_step is not None else step}
+        text = json.dumps(report)
+        self.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod}", content_type=MERGE,
+                 body={"metadata": {"annotations": {"resumable.dev/progress": text}}})
+        return text
+
+    def events(self, ns: str, involved: str) -> list[dict[str, Any]]:
+        """Events about one object."""
+        items = self.req("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        return [e for e in items if e["involvedObject"].get("name") == involved]
+
+
+def env_of(pod: dict[str, Any], container: int = 0) -> dict[str, str]:
+    """A container's literal environment."""
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][container]["env"]}
+
+
+def unique(prefix: str) -> str:
+    """A short unique name."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def rtj(name: str, ns: str, pool: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    """A ResumableTrainingJob pinned to one node pool (so tests never share nodes)."""
+    template_spec: dict[str, Any] = {
+        "nodeSelector": {POOL_LABEL: pool},
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "trainer", "image": "registry.local/train:1"}],
+    }
+    template_spec.update(spec.pop("template_spec", {}))
+    body = {
+        "apiVersion": names.API_VERSION, "kind": names.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "checkpoint": {"dir": "s3://ckpt"},
+                 "template": {"spec": template_spec}},
+    }
+    body["spec"].update(spec)
+    return body

@@ -1,0 +1,125 @@
+"""Success, suspend/resume, the delete cascade, and the exact pod contract on a real server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from rtj_operator import envvars
+
+from .conftest import ROOT
+from .kubeclient import env_of, wait_for
+from .scenario import condition, node_of, start_running, wait_attempt
+
+
+def test_success_when_every_rank_exits_zero(kube, ns, pool, operator):
+    name = start_running(kube, ns, pool, operator)
+    kube.end_container(ns, f"{name}-a0-r0", 0, reason="Completed",
+                       message='{"checkpoint": "final", "step": 1000, "uri": "s3://ckpt/x"}')
+    time.sleep(1)
+    assert kube.status(ns, name)["phase"] == "Running"
+    kube.end_container(ns, f"{name}-a0-r1", 0, reason="Completed")
+    wait_for("Succeeded", lambda: kube.status(ns, name).get("phase") == "Succeeded", 10,
+             on_timeout=operator.tail)
+    status = kube.status(ns, name)
+    assert status["completionTime"] and status["lastCommittedCheckpoint"]["step"] == 1000
+    assert condition(kube, ns, name, "Succeeded")["status"] == "True"
+    assert len(kube.pods(ns, name, 0)) == 2  # kept for their logs
+
+
+def test_suspend_deletes_the_gang_keeps_state_and_resume_continues(kube, ns, pool, operator):
+    name = start_running(kube, ns, pool, operator)
+    kube.report_progress(ns, f"{name}-a0-r1", "ep1-ba10", 10)
+    wait_for("checkpoint", lambda: kube.status(ns, name).get("lastCommittedCheckpoint"), 10)
+    kube.patch_job(ns, name, {"suspend": True})
+    wait_for("Suspended", lambda: kube.status(ns, name).get("phase") == "Suspended", 10,
+             on_timeout=operator.tail)
+    wait_for("gang deleted", lambda: kube.pods(ns, name) == [], 20, on_timeout=operator.tail)
+    status = kube.status(ns, name)
+    assert status["lastCommittedCheckpoint"]["name"] == "ep1-ba10"
+    assert status["preemptions"] == 0 and status["failures"] == 0
+    kube.patch_job(ns, name, {"suspend": False})
+    pods = wait_attempt(kube, ns, name, 1, 2, op=operator)
+    assert env_of(pods[0])["RTJ_RESUME_FROM"] == "s3://ckpt/run/ep1-ba10"
+    wait_for("Running", lambda: kube.status(ns, name).get("phase") == "Running", 30)
+
+
+def test_deleting_the_job_removes_everything_it_owns(kube, ns, pool, operator):
+    name = start_running(kube, ns, pool, operator)
+    owned = [f"/api/v1/namespaces/{ns}/services/{name}",
+             f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-trainer",
+             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer",
+             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-trainer"]
+    for path in owned:
+        assert kube.get(path) is not None, path
+    kube.delete_job(ns, name)
+    wait_for("pods garbage-collected", lambda: kube.pods(ns, name) == [], 60)
+    for path in owned:
+        wait_for(f"{path} garbage-collected", lambda p=path: kube.get(p) is None, 60)
+
+
+def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):
+    name = start_running(kube, ns, pool, operator, replicas=2, runName="llama")
+    pods = kube.pods(ns, name, 0)
+    for rank, pod in enumerate(pods):
+        meta, spec = pod["metadata"], pod["spec"]
+        assert meta["labels"]["resumable.dev/job-name"] == name
+        assert meta["labels"]["resumable.dev/attempt"] == "0"
+        assert meta["labels"]["resumable.dev/rank"] == str(rank)
+        owner = meta["ownerReferences"][0]
+        assert owner["kind"] == "ResumableTrainingJob" and owner["controller"]
+        assert spec["hostname"] == meta["name"] and spec["subdomain"] == name
+        assert spec["serviceAccountName"] == f"{name}-trainer"
+        env = env_of(pod)
+        assert set(envvars.ALL_RTJ) <= env.keys() and set(envvars.TORCH) <= env.keys()
+        assert env["RTJ_RUN_NAME"] == "llama" and env["RTJ_RESUME_FROM"] == ""
+        assert env["WORLD_SIZE"] == "2" and env["RTJ_NAMESPACE"] == ns
+        container = spec["containers"][0]
+        assert container["terminationMessagePolicy"] == "File"
+        assert env["RTJ_REPORT_FILE"] == container["terminationMessagePath"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        field = volumes["rtj-preemption-notice"]["downwardAPI"]["items"][0]["fieldRef"]
+        assert field["fieldPath"] == "metadata.annotations['resumable.dev/preemption-notice']"
+    svc = kube.get(f"/api/v1/namespaces/{ns}/services/{name}")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    role = kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer")
+    assert role["rules"][0]["resourceNames"] == [f"{name}-a0-r0", f"{name}-a0-r1"]
+    kube.delete_node(node_of(kube, ns, name, 0, 0))
+    wait_attempt(kube, ns, name, 1, 2, op=operator)
+    wait_for("role follows the attempt", lambda: kube.get(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer"
+    )["rules"][0]["resourceNames"] == [f"{name}-a1-r0", f"{name}-a1-r1"], 10)
+
+
+def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, pool, operator):
+    name = start_running(kube, ns, pool, operator)
+    kube.delete_node(node_of(kube, ns, name, 0, 0))
+    wait_attempt(kube, ns, name, 1, 2, op=operator)
+    kubectl = kubectl_binary()
+    if kubectl:
+        out = subprocess.run([kubectl, "--kubeconfig", kubeconfig, "-n", ns, "get", "rtj"],
+                             capture_output=True, text=True, check=True).stdout
+        header, row = out.splitlines()[:2]
+        assert header.split() == ["NAME", "PHASE", "ATTEMPT", "PREEMPTIONS", "FAILURES", "STEP",
+                                  "AGE"]
+        assert row.split()[0] == name and row.split()[2] == "1" and row.split()[3] == "1"
+    with urllib.request.urlopen(operator.metrics, timeout=5) as response:  # noqa: S310
+        text = response.read().decode()
+    assert 'rtj_interruptions_total{cause="NodeDeleted",kind="preemption"}' in text
+    assert "rtj_preemption_to_resubmission_seconds_count" in text
+    assert 'rtj_resubmissions_total{reason="preemption"}' in text
+    assert "rtj_jobs{phase=" in text
+
+
+def kubectl_binary() -> str | None:
+    """kubectl from the local control plane's build, else from PATH."""
+    build = ROOT / "hack" / "cluster" / "build.sh"
+    if build.exists():
+        bindir = subprocess.run([str(build), "--print-bindir"], capture_output=True,
+                                text=True, check=False).stdout.strip()
+        if bindir and (Path(bindir) / "kubectl").exists():
+            return str(Path(bindir) / "kubectl")
+    return shutil.which("kubectl")

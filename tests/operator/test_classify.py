@@ -1,0 +1,194 @@
+"""DESIGN.md section 5, row by row: how one pod's ending is classified, and the gang's verdict."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from rtj_operator.classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
+from rtj_operator.nodes import node_view
+from rtj_operator.spec_types import DEFAULT_TERMINATION_TAINTS
+from rtj_operator.status_types import Cause
+
+from .fakes import T0, make_node, make_pod
+
+SIGNALS = Signals(termination_taints=DEFAULT_TERMINATION_TAINTS, node_not_ready_seconds=60)
+READY = node_view("node-0", make_node())
+
+
+def classify(pod, node=READY, now=T0):
+    return classify_rank(0, pod, node, signals=SIGNALS, now=now, expected_pod="train-a0-r0")
+
+
+def disruption(reason: str) -> dict:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "m"}
+
+
+def test_running_pod_on_a_ready_node_is_active():
+    out = classify(make_pod())
+    assert out.outcome is Outcome.ACTIVE and out.running and out.notice is None
+
+
+@pytest.mark.parametrize(("reason", "cause"), [
+    ("PreemptionByScheduler", Cause.SCHEDULER_PREEMPTION),
+    ("DeletionByTaintManager", Cause.TAINT_EVICTION),
+    ("EvictionByEvictionAPI", Cause.EVICTED),
+    ("DeletionByPodGC", Cause.POD_GC),
+    ("TerminationByKubelet", Cause.NODE_SHUTDOWN),
+    ("SomethingNew", Cause.DISRUPTION),
+])
+def test_disruption_target_is_a_preemption_whatever_the_exit_code(reason, cause):
+    pod = make_pod(phase="Failed", exit_code=137, conditions=[disruption(reason)])
+    out = classify(pod)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is cause
+    assert out.exit_code == 137
+
+
+def test_false_disruption_condition_is_ignored():
+    cond = {**disruption("EvictionByEvictionAPI"), "status": "False"}
+    assert classify(make_pod(conditions=[cond])).outcome is Outcome.ACTIVE
+
+
+def test_deleted_node_is_a_preemption_even_while_the_pod_says_running():
+    out = classify(make_pod(), node=node_view("node-0", None))
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.NODE_DELETED
+    assert "node-0 was deleted" in out.message
+
+
+def test_node_being_deleted_is_a_preemption():
+    out = classify(make_pod(), node=node_view("node-0", make_node(deleting=True)))
+    assert out.cause is Cause.NODE_DELETED
+
+
+def test_not_ready_node_waits_for_the_grace_period_then_preempts():
+    node = node_view("node-0", make_node(ready="False", since=T0))
+    early = classify(make_pod(), node=node, now=T0 + timedelta(seconds=20))
+    assert early.outcome is Outcome.ACTIVE
+    assert early.recheck_after == pytest.approx(40)
+    assert early.node_trouble is Cause.NODE_NOT_READY
+    late = classify(make_pod(), node=node, now=T0 + timedelta(seconds=61))
+    assert late.outcome is Outcome.PREEMPTED and late.cause is Cause.NODE_NOT_READY
+
+
+def test_unknown_readiness_counts_as_not_ready():
+    node = node_view("node-0", make_node(ready="Unknown", since=T0))
+    out = classify(make_pod(), node=node, now=T0 + timedelta(minutes=5))
+    assert out.cause is Cause.NODE_NOT_READY and "Unknown" in out.message
+
+
+@pytest.mark.parametrize(("status_reason", "cause"), [
+    ("Evicted", Cause.EVICTED),
+    ("Terminated", Cause.NODE_SHUTDOWN),
+    ("Shutdown", Cause.NODE_SHUTDOWN),
+])
+def test_kubelet_endings_are_preemptions(status_reason, cause):
+    pod = make_pod(phase="Failed", exit_code=143, status_reason=status_reason)
+    assert classify(pod).cause is cause
+
+
+def test_kubelet_admission_rejection_is_not_the_codes_fault():
+    pod = make_pod(phase="Failed", status_reason="OutOfnvidia.com/gpu")
+    pod["status"]["containerStatuses"] = []
+    out = classify(pod)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.KUBELET_REJECTED
+
+
+def test_pod_deleted_by_someone_else_is_a_preemption():
+    out = classify(make_pod(deleting=True))
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.POD_DELETED
+
+
+def test_vanished_pod_is_a_preemption():
+    out = classify(None, node=None)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.POD_REMOVED
+    assert out.pod == "train-a0-r0"
+
+
+@pytest.mark.parametrize(("exit_code", "reason"), [(1, "Error"), (137, "OOMKilled")])
+def test_nonzero_exit_without_disruption_is_a_failure(exit_code, reason):
+    out = classify(make_pod(phase="Failed", exit_code=exit_code, reason=reason))
+    assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE
+    assert out.exit_code == exit_code and reason in out.message
+
+
+def test_failure_while_the_node_is_announced_for_termination_is_a_preemption():
+    taint = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
+    node = node_view("node-0", make_node(taints=[taint]))
+    out = classify(make_pod(phase="Failed", exit_code=143), node=node)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.TERMINATION_NOTICE
+
+
+def test_success_is_final_even_if_the_node_is_gone_afterwards():
+    pod = make_pod(phase="Succeeded", exit_code=0, reason="Completed")
+    assert classify(pod, node=node_view("node-0", None)).outcome is Outcome.SUCCEEDED
+
+
+def test_training_container_exit_zero_is_success_while_sidecars_linger():
+    pod = make_pod(phase="Running", exit_code=0)
+    assert classify(pod).outcome is Outcome.SUCCEEDED
+
+
+def test_termination_taint_gives_a_notice_but_no_ending():
+    taint = {"key": "ToBeDeletedByClusterAutoscaler", "value": "123", "effect": "NoSchedule"}
+    out = classify(make_pod(), node=node_view("node-0", make_node(taints=[taint])))
+    assert out.outcome is Outcome.ACTIVE
+    assert out.notice == taint and out.node_trouble is Cause.TERMINATION_NOTICE
+
+
+def test_unrelated_taint_is_no_notice():
+    taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    out = classify(make_pod(), node=node_view("node-0", make_node(taints=[taint])))
+    assert out.notice is None and out.node_trouble is None
+
+
+def test_configured_training_container_decides():
+    pod = make_pod(phase="Running")
+    pod["spec"]["containers"] = [{"name": "sidecar"}, {"name": "trainer"}]
+    pod["status"]["containerStatuses"] = [
+        {"name": "sidecar", "state": {"running": {}}},
+        {"name": "trainer", "state": {"terminated": {"exitCode": 2}}},
+    ]
+    signals = Signals(DEFAULT_TERMINATION_TAINTS, 60, container_name="trainer")
+    out = classify_rank(0, pod, READY, signals=signals, now=T0)
+    assert out.outcome is Outcome.FAILED and out.exit_code == 2
+
+
+def _o(rank, outcome, **kw):
+    return RankOutcome(rank, outcome, pod=f"p{rank}", node=f"n{rank}", **kw)
+
+
+def test_gang_preemption_wins_over_failures_of_other_ranks():
+    verdict = gang_verdict([
+        _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1),
+        _o(1, Outcome.PREEMPTED, cause=Cause.NODE_DELETED),
+    ])
+    assert verdict.outcome is Outcome.PREEMPTED and verdict.trigger.rank == 1
+
+
+def test_gang_failure_with_a_troubled_node_elsewhere_is_a_preemption():
+    verdict = gang_verdict([
+        _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, message="exit code 1"),
+        _o(1, Outcome.ACTIVE, node_trouble=Cause.NODE_NOT_READY),
+    ])
+    assert verdict.outcome is Outcome.PREEMPTED
+    assert verdict.trigger.cause is Cause.NODE_NOT_READY and verdict.trigger.rank == 0
+
+
+def test_gang_plain_failure():
+    verdict = gang_verdict([_o(0, Outcome.FAILED, cause=Cause.FAILURE), _o(1, Outcome.ACTIVE)])
+    assert verdict.outcome is Outcome.FAILED and verdict.trigger.rank == 0
+
+
+def test_gang_success_needs_every_rank():
+    assert gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.ACTIVE, running=True)]
+                        ).outcome is Outcome.ACTIVE
+    assert gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.SUCCEEDED)]
+                        ).outcome is Outcome.SUCCEEDED
+
+
+def test_gang_all_running_and_earliest_recheck():
+    verdict = gang_verdict([_o(0, Outcome.ACTIVE, running=True, recheck_after=30.0),
+                            _o(1, Outcome.ACTIVE, running=True, recheck_after=5.0)])
+    assert verdict.all_running and verdict.recheck_after == 5.0
+    assert not gang_verdict([_o(0, Outcome.ACTIVE, running=True),
+                             _o(1, Outcome.ACTIVE)]).all_running

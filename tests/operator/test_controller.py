@@ -1,0 +1,212 @@
+"""The side-effect layer against an in-memory API: ordering, CAS, routing, queue semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from rtj_operator import metrics, testhooks
+from rtj_operator.controller import Controller
+from rtj_operator.executor import merge_patch
+from rtj_operator.kube import ApiError
+from rtj_operator.workqueue import WorkQueue
+
+from .fake_api import FakeApi
+from .fakes import job_body, make_node
+
+KEY = ("ns", "train")
+
+
+def controller_with_job(**spec) -> tuple[Controller, FakeApi]:
+    api = FakeApi()
+    api.put_job(job_body(replicas=2, **spec))
+    api.nodes["node-0"] = make_node("node-0")
+    return Controller(api, resync_seconds=0), api  # type: ignore[arg-type]
+
+
+def sync(ctrl: Controller) -> float | None:
+    async def run():
+        result = await ctrl.sync(KEY, time.monotonic())
+        await asyncio.gather(*ctrl.executor._event_tasks)
+        return result
+
+    return asyncio.run(run())
+
+
+def test_merge_patch_nulls_removed_keys_and_recurses():
+    old = {"a": 1, "b": {"x": 1, "y": 2}, "c": [1], "gone": True}
+    new = {"a": 1, "b": {"x": 1, "y": 3}, "c": [1, 2]}
+    assert merge_patch(old, new) == {"gone": None, "b": {"y": 3}, "c": [1, 2]}
+    assert merge_patch(new, new) == {}
+
+
+def test_first_sync_creates_identity_service_and_pods_then_marks_the_gang():
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    assert sorted(api.pods()) == ["train-a0-r0", "train-a0-r1"]
+    kinds = [c for c in api.calls if c.startswith("create")]
+    assert kinds[0] == "create ServiceAccount"  # before any pod: admission needs it
+    assert {"create Service", "create RoleBinding", "create Pod"} <= set(kinds)
+    status = api.job()["status"]
+    assert status["gangCreated"] and status["attempt"] == 0
+    assert [e[:2] for e in api.events] == [("Normal", "Started")]
+
+
+def test_preemption_end_to_end_through_the_controller():
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    assert api.job()["status"]["phase"] == "Running"
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    before = metrics.RESUBMISSION_LATENCY._sum.get()
+    sync(ctrl)
+    assert sorted(api.pods()) == ["train-a1-r0", "train-a1-r1"]
+    status = api.job()["status"]
+    assert status["attempt"] == 1 and status["preemptions"] == 1 and status["gangCreated"]
+    assert metrics.RESUBMISSION_LATENCY._sum.get() > before
+    # A second sync is a no-op: no duplicate gang.
+    sync(ctrl)
+    assert sorted(api.pods()) == ["train-a1-r0", "train-a1-r1"]
+
+
+def test_stale_read_is_refused_and_retried_immediately():
+    ctrl, api = controller_with_job()
+    real_get = api.get_job
+
+    async def stale_get(namespace, name):
+        body = await real_get(namespace, name)
+        body["metadata"]["resourceVersion"] = "stale"
+        return body
+
+    api.get_job = stale_get  # type: ignore[method-assign]
+    assert sync(ctrl) == 0.0
+    assert not api.pods()  # nothing acted on a decision that was not recorded
+
+
+def test_invalid_pod_template_fails_the_job_with_the_servers_message():
+    ctrl, api = controller_with_job()
+    api.fail_creates_with = ApiError(422, {"reason": "Invalid", "message":
+                                           "spec.containers[0].image: Required value"},
+                                     "POST", "pods")
+    sync(ctrl)
+    status = api.job()["status"]
+    assert status["phase"] == "Failed"
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["reason"] == "InvalidPodTemplate" and "image" in failed["message"]
+
+
+def test_routing_kicks_only_the_jobs_on_a_changed_node():
+    ctrl, _ = controller_with_job()
+    kicked: list = []
+    ctrl.queue.kick = lambda key, delay=0.0: kicked.append(key)  # type: ignore[method-assign]
+    pod = {"metadata": {"name": "train-a0-r0", "namespace": "ns",
+                        "labels": {"resumable.dev/job-name": "train"}},
+           "spec": {"nodeName": "node-0"}}
+    ctrl.on_pod_event("ADDED", pod)
+    kicked.clear()
+    ctrl.on_node_event(None, make_node("node-0"))
+    assert kicked == [KEY]  # first sight of the node
+    kicked.clear()
+    heartbeat = make_node("node-0")
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "later"
+    ctrl.on_node_event("MODIFIED", heartbeat)
+    assert kicked == []  # heartbeats change nothing
+    ctrl.on_node_event("MODIFIED", make_node("node-0", taints=[{"key": "k"}]))
+    assert kicked == [KEY]
+    ctrl.on_node_event("MODIFIED", make_node("node-9", taints=[{"key": "k"}]))
+    assert kicked == [KEY]  # no rank there
+    ctrl.on_pod_event("DELETED", pod)
+    kicked.clear()
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    assert kicked == []
+
+
+def test_echo_of_the_operators_own_status_write_is_not_a_kick():
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    kicked: list = []
+    ctrl.queue.kick = lambda key, delay=0.0: kicked.append(key)  # type: ignore[method-assign]
+    ctrl.on_job_event("MODIFIED", api.job())
+    assert kicked == []
+    ctrl.on_job_event("MODIFIED", {**api.job(), "metadata": {**api.job()["metadata"],
+                                                             "resourceVersion": "999"}})
+    assert kicked == [KEY]
+
+
+def test_workqueue_serialises_a_key_and_coalesces_kicks():
+    async def scenario():
+        running = 0
+        peak = 0
+        runs = []
+
+        async def worker(key, first_kick):
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            runs.append(key)
+            await asyncio.sleep(0.02)
+            running -= 1
+
+        queue = WorkQueue(worker, concurrency=4)
+        queue.start()
+        queue.kick(KEY)
+        await asyncio.sleep(0.005)
+        for _ in range(10):
+            queue.kick(KEY)  # while running: exactly one more run
+        await asyncio.sleep(0.1)
+        await queue.stop()
+        return peak, runs
+
+    peak, runs = asyncio.run(scenario())
+    assert peak == 1 and len(runs) == 2
+
+
+def test_workqueue_delays_requeues_and_retries_failures():
+    async def scenario():
+        times = []
+
+        async def worker(key, first_kick):
+            times.append(time.monotonic())
+            if len(times) == 1:
+                raise RuntimeError("boom")
+            if len(times) == 2:
+                return 0.05
+            return None
+
+        queue = WorkQueue(worker, concurrency=1)
+        queue.start()
+        queue.kick(KEY)
+        await asyncio.sleep(0.6)
+        await queue.stop()
+        return times
+
+    times = asyncio.run(scenario())
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.15  # retry backoff
+    assert times[2] - times[1] >= 0.04  # requested requeue
+
+
+def test_crash_hooks_arm_only_for_resubmissions(monkeypatch):
+    monkeypatch.setenv(testhooks.ENV, "after-status")
+    assert not testhooks.armed("after-status", 0)
+    assert testhooks.armed("after-status", 1)
+    assert not testhooks.armed("mid-creation", 1)
+    monkeypatch.delenv(testhooks.ENV)
+    assert not testhooks.armed("after-status", 3)
+
+
+@pytest.mark.parametrize("argv", [["-A"], ["-n", "a", "-n", "b*"]])
+def test_cli_scopes(argv):
+    from rtj_operator.__main__ import parse_args
+    args = parse_args([*argv, "--metrics-port", "9090", "--liveness", "http://0.0.0.0:8080/h"])
+    assert args.all_namespaces or args.namespace == ["a", "b*"]
+    assert args.metrics_port == 9090
+
+
+def test_cli_needs_a_scope():
+    from rtj_operator.__main__ import parse_args
+    with pytest.raises(SystemExit):
+        parse_args([])

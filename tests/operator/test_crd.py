@@ -1,0 +1,124 @@
+"""The CRD is generated from the models, structural, and carries the documented API surface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rtj_operator import crdgen, envvars, names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _walk(schema: dict[str, Any], path: str = ""):
+    yield path, schema
+    for name, sub in (schema.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def _schema() -> dict[str, Any]:
+    return crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_generated_files_are_up_to_date():
+    """Drift test: edit a model without running `python -m rtj_operator.crdgen` and this fails."""
+    assert crdgen.main(["--check", "--root", str(ROOT)]) == 0
+
+
+def test_crd_file_parses_as_the_generated_object():
+    docs = list(yaml.safe_load_all((ROOT / crdgen.CRD_FILE).read_text()))
+    assert docs == [crdgen.crd()]
+
+
+def test_schema_is_structural():
+    """Every node has a type (or preserves unknown fields) and no JSON-Schema-only keyword."""
+    forbidden = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "const", "title"}
+    for path, node in _walk(_schema()):
+        assert not forbidden & node.keys(), path
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert "additionalProperties" not in node, path
+
+
+def test_every_spec_and_status_field_is_documented():
+    for path, node in _walk(_schema()):
+        is_field = not path.endswith(("[]", "{}"))
+        if is_field and path.count(".") >= 2 and path.startswith((".spec", ".status")):
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_names_short_name_status_subresource_and_columns():
+    spec = crdgen.crd()["spec"]
+    assert spec["group"] == "resumable.dev"
+    assert spec["names"]["plural"] == "resumabletrainingjobs"
+    assert spec["names"]["shortNames"] == ["rtj"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Attempt"] == ".status.attempt"
+    assert columns["Preemptions"] == ".status.preemptions"
+    assert columns["Failures"] == ".status.failures"
+    assert columns["Step"] == ".status.lastCommittedCheckpoint.step"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_defaults_are_applied_by_the_api_server():
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert spec["masterPort"]["default"] == 29500
+    assert spec["suspend"]["default"] is False
+    assert spec["resumePolicy"]["default"]["backoffLimit"] == 6
+    policy = spec["resumePolicy"]["properties"]
+    assert policy["backoffLimit"]["default"] == 6
+    assert "default" not in policy["maxPreemptions"]  # unlimited
+    taints = spec["preemptionSignals"]["properties"]["terminationTaints"]["default"]
+    keys = {t["key"] for t in taints}
+    assert {"node.kubernetes.io/out-of-service", "ToBeDeletedByClusterAutoscaler",
+            "aws-node-termination-handler/spot-itn",
+            "cloud.google.com/impending-node-termination"} <= keys
+
+
+def test_cel_rules_name_their_fields():
+    root = _schema()
+    rules = [r["message"] for r in root["x-kubernetes-validations"]]
+    assert any("metadata.name" in m for m in rules)
+    spec = root["properties"]["spec"]
+    paths = {r.get("fieldPath") for r in spec["x-kubernetes-validations"]}
+    assert {".containerName", ".runName"} <= paths
+    policy = spec["properties"]["resumePolicy"]["x-kubernetes-validations"][0]
+    assert policy["fieldPath"] == ".backoffMaxSeconds"
+    # A field's own rule (immutability) adds to its type's rules instead of replacing them.
+    checkpoint = [r["rule"] for r in spec["properties"]["checkpoint"]["x-kubernetes-validations"]]
+    assert "self == oldSelf" in checkpoint and any("volumeSource" in r for r in checkpoint)
+
+
+def test_status_conditions_are_a_map_list():
+    conds = _schema()["properties"]["status"]["properties"]["conditions"]
+    assert conds["x-kubernetes-list-type"] == "map"
+    assert conds["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_env_contract_names():
+    assert all(name.startswith("RTJ_") for name in envvars.ALL_RTJ)
+    assert len(set(envvars.ALL_RTJ)) == len(envvars.ALL_RTJ)
+    assert envvars.NOTICE_ANNOTATION == "resumable.dev/preemption-notice"
+    assert envvars.PROGRESS_ANNOTATION == "resumable.dev/progress"
+    assert names.CRD_NAME == "resumabletrainingjobs.resumable.dev"
+
+
+def test_rbac_manifest_lists_what_the_operator_writes():
+    docs = list(yaml.safe_load_all((ROOT / crdgen.RBAC_FILE).read_text()))
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    jobs = {(g, r): set(rule["verbs"]) for rule in roles["rtj-operator-jobs"]["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"create", "delete", "patch", "list", "watch"} <= jobs[("", "pods")]
+    assert "patch" in jobs[("resumable.dev", "resumabletrainingjobs/status")]
+    assert "patch" not in jobs[("resumable.dev", "resumabletrainingjobs")]  # never writes spec
+    cluster = {r for rule in roles["rtj-operator-cluster"]["rules"] for r in rule["resources"]}
+    assert "nodes" in cluster

@@ -1,0 +1,128 @@
+"""Backoff, resume point, quarantine, progress parsing and notices: the small pure policies."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from rtj_operator.backoff import failure_delay
+from rtj_operator.notice import notice_payload, taint_matches, termination_taint
+from rtj_operator.progress import highest_current_step, merge_checkpoints, parse_report, pod_reports
+from rtj_operator.resume import after_failure, resume_point, run_root
+from rtj_operator.spec_types import ResumePolicy, TaintSelector
+from rtj_operator.status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord, ResumeFailures
+
+from .fakes import T0, make_pod, progress
+
+
+def test_backoff_doubles_and_caps():
+    assert [failure_delay(n, 10, 600) for n in range(0, 8)] == [0, 10, 20, 40, 80, 160, 320, 600]
+    assert failure_delay(10_000, 10, 600) == 600
+    assert failure_delay(3, 0, 600) == 0
+
+
+def rec(name: str, step: int) -> CheckpointRecord:
+    return CheckpointRecord(name=name, step=step)
+
+
+def test_resume_point_first_attempt_is_empty():
+    point = resume_point(0, "s3://b/c", "run", [rec("a", 1)], [])
+    assert point.uri == "" and point.checkpoint is None
+
+
+def test_resume_point_is_newest_known_checkpoint():
+    known = [rec("ep0-ba100", 100), rec("ep0-ba300", 300), rec("ep0-ba200", 200)]
+    point = resume_point(2, "s3://b/c/", "run", known, [])
+    assert point.uri == "s3://b/c/run/ep0-ba300" and point.checkpoint == "ep0-ba300"
+
+
+def test_resume_point_prefers_the_reported_uri():
+    known = [CheckpointRecord(name="x", step=1, uri="file:///elsewhere/x")]
+    assert resume_point(1, "/ckpt", "run", known, []).uri == "file:///elsewhere/x"
+
+
+def test_resume_point_skips_quarantined_and_falls_back_to_root():
+    known = [rec("a", 1), rec("b", 2)]
+    assert resume_point(1, "/ckpt", "run", known, ["b"]).checkpoint == "a"
+    root = resume_point(1, "/ckpt", "run", known, ["a", "b"])
+    assert root.uri == run_root("/ckpt", "run") == "/ckpt/run" and root.checkpoint is None
+    assert resume_point(1, "/ckpt", "run", [], []).uri == "/ckpt/run"
+
+
+POLICY = ResumePolicy(quarantine_threshold=2, quarantine_window_seconds=600)
+
+
+def failure(previous=None, *, resumed="ck", committed=None, after=30.0, policy=POLICY):
+    return after_failure(policy, resumed_from=resumed, committed_this_attempt=committed,
+                         attempt_started=T0, failed_at=T0 + timedelta(seconds=after),
+                         previous=previous)
+
+
+def test_quarantine_after_threshold_consecutive_early_failures():
+    first = failure()
+    assert first.quarantine is None
+    assert first.resume_failures == ResumeFailures(checkpoint="ck", count=1)
+    second = failure(first.resume_failures)
+    assert second.quarantine == "ck" and second.resume_failures is None
+
+
+def test_quarantine_counts_per_checkpoint():
+    other = failure(ResumeFailures(checkpoint="older", count=1))
+    assert other.quarantine is None and other.resume_failures.count == 1
+
+
+def test_no_quarantine_for_late_failures_progress_or_fresh_start():
+    prev = ResumeFailures(checkpoint="ck", count=1)
+    assert failure(prev, after=3600).quarantine is None
+    assert failure(prev, committed="newer").quarantine is None
+    assert failure(prev, resumed=None).quarantine is None
+    disabled = ResumePolicy(quarantine_threshold=0)
+    assert failure(prev, policy=disabled).quarantine is None
+
+
+def test_parse_report_takes_the_last_valid_line():
+    text = "some log line\n" + progress("ep0-ba10", 10) + "\nnot json {\n"
+    report = parse_report(text)
+    assert report.checkpoint == "ep0-ba10" and report.step == 10
+    assert report.uri == "s3://bucket/ckpt/train/ep0-ba10"
+
+
+def test_parse_report_rejects_garbage():
+    assert parse_report(None) is None
+    assert parse_report("") is None
+    assert parse_report("[1,2]") is None
+    assert parse_report(json.dumps({"checkpoint": "x"})) is None
+    assert parse_report(json.dumps({"checkpoint": "", "step": 1})) is None
+    assert parse_report(json.dumps({"checkpoint": "x", "step": True})) is None
+
+
+def test_pod_reports_reads_annotation_and_termination_message():
+    pod = make_pod(phase="Failed", exit_code=1, termination_message=progress("ep0-ba20", 20),
+                   annotations={"resumable.dev/progress": progress("ep0-ba10", 10, current=15)})
+    reports = pod_reports(pod, None)
+    assert {r.checkpoint for r in reports} == {"ep0-ba10", "ep0-ba20"}
+    assert highest_current_step(reports) == 20
+
+
+def test_merge_checkpoints_dedupes_orders_and_bounds():
+    many = [rec(f"c{i}", i) for i in range(MAX_KNOWN_CHECKPOINTS + 5)]
+    merged = merge_checkpoints([rec("c3", 3)], [*many, rec("c3", 3)])
+    assert len(merged) == MAX_KNOWN_CHECKPOINTS
+    assert [m.step for m in merged] == sorted((m.step for m in merged), reverse=True)
+    assert len({m.name for m in merged}) == len(merged)
+
+
+def test_taint_matching_by_key_value_effect():
+    taint = {"key": "k", "value": "v", "effect": "NoExecute"}
+    assert taint_matches(taint, TaintSelector(key="k"))
+    assert taint_matches(taint, TaintSelector(key="k", value="v", effect="NoExecute"))
+    assert not taint_matches(taint, TaintSelector(key="k", value="other"))
+    assert not taint_matches(taint, TaintSelector(key="k", effect="NoSchedule"))
+    assert termination_taint([{"key": "x"}, taint], [TaintSelector(key="k")]) == taint
+
+
+def test_notice_payload_follows_the_contract():
+    data = json.loads(notice_payload({"key": "k", "timeAdded": "2030-01-01T00:00:00Z"}, "n1", T0))
+    assert data == {"time": "2030-01-01T00:00:00Z", "reason": "k", "node": "n1"}
+    data = json.loads(notice_payload({"key": "k"}, "n1", T0))
+    assert data["time"] == "2030-01-01T12:00:00.000Z"

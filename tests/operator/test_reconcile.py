@@ -1,0 +1,342 @@
+"""The job state machine, driven end to end through the in-memory cluster."""
+
+from __future__ import annotations
+
+import json
+
+from rtj_operator import names
+from rtj_operator.envvars import NOTICE_ANNOTATION
+from rtj_operator.reconcile import reconcile
+from rtj_operator.status_types import Cause
+
+from .fakes import FakeCluster, make_node
+
+
+def running(replicas: int = 2, **spec) -> FakeCluster:
+    """A job whose first gang is created, scheduled and running."""
+    cluster = FakeCluster.start(replicas=replicas, **spec)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["phase"] == "Running"
+    return cluster
+
+
+def reasons(plan) -> list[str]:
+    return [e.reason for e in plan.events]
+
+
+def test_first_reconcile_creates_the_gang_and_records_attempt_zero():
+    cluster = FakeCluster.start(replicas=3)
+    plan = cluster.step()
+    assert [p["metadata"]["name"] for p in plan.creations] == [
+        "train-a0-r0", "train-a0-r1", "train-a0-r2"]
+    assert plan.role["rules"][0]["resourceNames"] == [p["metadata"]["name"]
+                                                       for p in plan.creations]
+    st = cluster.status
+    assert st["phase"] == "Pending" and st["attempt"] == 0 and st["gangCreated"]
+    assert st["runName"] == "train" and st["resumeFrom"] == ""
+    assert "Started" in reasons(plan)
+    assert cluster.env(0)["RTJ_RESUME_FROM"] == ""
+
+
+def test_running_when_every_rank_runs_and_steady_state_is_a_no_op():
+    cluster = running()
+    cond = {c["type"]: c for c in cluster.status["conditions"]}
+    assert cond["Running"]["status"] == "True"
+    plan = cluster.step(5)
+    assert plan.status is None and not plan.creations and not plan.deletions
+
+
+def test_node_deleted_resubmits_the_whole_gang_at_once_with_the_resume_path():
+    cluster = running(replicas=3)
+    cluster.report(0, "ep0-ba100", 100, current=130)
+    cluster.step()
+    del cluster.nodes["node-1"]  # spot reclaim
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["preemptions"] == 1 and st["failures"] == 0
+    assert st["phase"] == "Restarting" and st["gangCreated"]
+    assert {d.name for d in plan.deletions} == {"train-a0-r0", "train-a0-r1", "train-a0-r2"}
+    assert [p["metadata"]["name"] for p in plan.creations] == [
+        "train-a1-r0", "train-a1-r1", "train-a1-r2"]
+    assert plan.resubmission == "preemption" and plan.requeue_after is None
+    env = cluster.env(2)
+    assert env["RTJ_ATTEMPT"] == "1"
+    assert env["RTJ_RESUME_FROM"] == "s3://bucket/ckpt/train/ep0-ba100"
+    (event,) = [e for e in plan.events if e.reason == "Preempted"]
+    assert "node-1" in event.message and event.type == "Warning"
+    (interruption,) = st["interruptions"]
+    assert interruption["cause"] == Cause.NODE_DELETED and interruption["rank"] == 1
+    assert interruption["preemption"] and interruption["node"] == "node-1"
+    assert interruption["lastCommittedStep"] == 100 and interruption["stepsLost"] == 30
+    assert st["lastCommittedCheckpoint"]["name"] == "ep0-ba100"
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["phase"] == "Running"
+
+
+def test_status_is_written_before_the_pods_and_the_mark_after():
+    cluster = running()
+    del cluster.nodes["node-0"]
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
+    assert plan.status.attempt == 1 and not plan.status.gang_created
+    assert plan.after_creation.attempt == 1 and plan.after_creation.gang_created
+
+
+def test_operator_killed_mid_resubmission_completes_the_same_attempt():
+    cluster = running(replicas=4)
+    del cluster.nodes["node-2"]
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
+    cluster.apply(plan, crash_after_creations=2)  # killed after two of four creations
+    assert cluster.status["attempt"] == 1 and not cluster.status["gangCreated"]
+    again = cluster.step(3)  # the restarted operator
+    assert [p["metadata"]["name"] for p in again.creations] == ["train-a1-r2", "train-a1-r3"]
+    assert cluster.status["attempt"] == 1 and cluster.status["gangCreated"]
+    assert cluster.status["preemptions"] == 1
+    assert sorted(p["metadata"]["name"] for p in cluster.current_pods()) == [
+        f"train-a1-r{r}" for r in range(4)]
+    assert not any(p["metadata"]["labels"][names.LABEL_ATTEMPT] == "2"
+                   for p in cluster.pods.values())
+
+
+def test_killed_after_every_creation_but_before_the_mark_creates_nothing_new():
+    cluster = running()
+    del cluster.nodes["node-0"]
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
+    plan.after_creation = None
+    cluster.apply(plan)
+    again = cluster.step(1)
+    assert not again.creations and cluster.status["gangCreated"]
+    assert cluster.status["attempt"] == 1
+
+
+def test_eviction_and_disruption_target_are_preemptions():
+    cluster = running()
+    cluster.pod(0)["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                               "reason": "EvictionByEvictionAPI"}]
+    cluster.pod(0)["metadata"]["deletionTimestamp"] = "2030-01-01T12:00:00Z"
+    cluster.step()
+    assert cluster.status["interruptions"][-1]["cause"] == Cause.EVICTED
+    assert cluster.status["preemptions"] == 1 and cluster.status["attempt"] == 1
+
+
+def test_preemptions_never_touch_the_failure_budget():
+    cluster = running(resumePolicy={"backoffLimit": 0})
+    for attempt in range(1, 6):
+        cluster.nodes.pop("node-0")
+        cluster.step(1)
+        assert cluster.status["attempt"] == attempt
+        cluster.schedule_and_run()
+        cluster.step()
+    assert cluster.status["preemptions"] == 5 and cluster.status["failures"] == 0
+    assert cluster.status["phase"] == "Running"
+
+
+def test_max_preemptions_fails_the_job():
+    cluster = running(resumePolicy={"maxPreemptions": 1})
+    cluster.nodes.pop("node-0")
+    cluster.step(1)
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.nodes.pop("node-1")
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Failed" and st["preemptions"] == 2
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert failed["reason"] == "PreemptionLimitExceeded"
+    assert not plan.creations and "JobFailed" in reasons(plan)
+
+
+def test_failure_backs_off_exponentially_then_exhausts_the_budget():
+    cluster = running(resumePolicy={"backoffLimit": 2, "backoffBaseSeconds": 10,
+                                    "backoffMaxSeconds": 600})
+    cluster.terminate(1, 1)
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["failures"] == 1 and st["attempt"] == 1 and st["phase"] == "Restarting"
+    assert not st["gangCreated"] and not plan.creations and plan.requeue_after == 10
+    assert "train-a0-r0" in {d.name for d in plan.deletions}  # the surviving rank is stopped
+    assert "BackingOff" in reasons(plan) and "RankFailed" in reasons(plan)
+    assert not cluster.step(5).creations  # still backing off
+    assert len(cluster.step(5).creations) == 2
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.terminate(0, 137, "OOMKilled")
+    plan = cluster.step(1)
+    assert cluster.status["failures"] == 2 and plan.requeue_after == 20
+    cluster.step(20)
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.terminate(0, 3)
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Failed" and st["failures"] == 3
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert failed["reason"] == "BackoffLimitExceeded" and "exit code 3" in failed["message"]
+    assert st["completionTime"]
+    assert cluster.step(100).status is None  # terminal is terminal
+
+
+def test_quarantine_resumes_from_the_checkpoint_before():
+    cluster = running(resumePolicy={"backoffLimit": 10, "backoffBaseSeconds": 0,
+                                    "quarantineThreshold": 2})
+    cluster.report(0, "ep0-ba100", 100)
+    cluster.step()
+    cluster.report(0, "ep0-ba200", 200)
+    cluster.step()
+    cluster.nodes.pop("node-0")  # preempted: resume from ep0-ba200
+    cluster.step(1)
+    assert cluster.status["resumeCheckpoint"] == "ep0-ba200"
+    for expected in (1, 2):
+        cluster.schedule_and_run()
+        cluster.step()
+        cluster.terminate(0, 1)  # crashes soon after resuming, no new commit
+        plan = cluster.step(30)
+        assert cluster.status["failures"] == expected
+    st = cluster.status
+    assert st["quarantinedCheckpoints"] == ["ep0-ba200"] and st["quarantined"] == 1
+    assert st["resumeCheckpoint"] == "ep0-ba100"
+    assert "CheckpointQuarantined" in reasons(plan)
+    env = cluster.env(0)
+    assert env["RTJ_RESUME_FROM"].endswith("/ep0-ba100")
+    assert env["RTJ_QUARANTINED"] == "ep0-ba200"
+
+
+def test_progress_after_resume_clears_the_quarantine_suspicion():
+    cluster = running(resumePolicy={"backoffBaseSeconds": 0, "quarantineThreshold": 2})
+    cluster.report(0, "ep0-ba100", 100)
+    cluster.step()
+    cluster.nodes.pop("node-0")
+    cluster.step(1)
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.terminate(1, 1)
+    cluster.step(10)
+    assert cluster.status["resumeFailures"]["count"] == 1
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(1, "ep0-ba150", 150)
+    cluster.step()
+    assert "resumeFailures" not in cluster.status
+    assert cluster.status["attemptCheckpoint"] == "ep0-ba150"
+    cluster.terminate(1, 1)
+    cluster.step(10)
+    assert cluster.status["quarantined"] == 0
+
+
+def test_notice_is_written_once_and_restart_waits_for_the_pod_to_go():
+    cluster = running()
+    cluster.nodes["node-1"] = make_node("node-1", taints=[
+        {"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute",
+         "timeAdded": "2030-01-01T12:00:05Z"}])
+    plan = cluster.step(1)
+    (notice,) = plan.notices
+    assert notice.pod == "train-a0-r1"
+    assert json.loads(notice.payload) == {"time": "2030-01-01T12:00:05Z",
+                                          "reason": "node.kubernetes.io/out-of-service",
+                                          "node": "node-1"}
+    assert cluster.pod(1)["metadata"]["annotations"][NOTICE_ANNOTATION] == notice.payload
+    assert cluster.status["attempt"] == 0 and not plan.creations
+    cond = {c["type"]: c for c in cluster.status["conditions"]}["PreemptionNotice"]
+    assert cond["status"] == "True"
+    assert not cluster.step(1).notices  # idempotent
+    cluster.nodes.pop("node-1")
+    cluster.step(1)
+    assert cluster.status["attempt"] == 1 and cluster.status["preemptions"] == 1
+
+
+def test_not_ready_node_requeues_until_the_grace_expires():
+    cluster = running(preemptionSignals={"nodeNotReadySeconds": 30})
+    cluster.nodes["node-0"] = make_node("node-0", ready="False", since=cluster.now)
+    plan = cluster.step(10)
+    assert plan.requeue_after == 20 and cluster.status["attempt"] == 0
+    cluster.step(21)
+    assert cluster.status["attempt"] == 1
+    assert cluster.status["interruptions"][-1]["cause"] == Cause.NODE_NOT_READY
+
+
+def test_success_when_every_rank_exits_zero():
+    cluster = running()
+    cluster.terminate(0, 0, "Completed", message='{"checkpoint": "final", "step": 900}')
+    assert cluster.step().status is None or cluster.status["phase"] != "Succeeded"
+    cluster.terminate(1, 0, "Completed")
+    plan = cluster.step()
+    st = cluster.status
+    assert st["phase"] == "Succeeded" and st["completionTime"]
+    assert st["lastCommittedCheckpoint"]["step"] == 900
+    assert "Succeeded" in reasons(plan) and not plan.deletions
+
+
+def test_suspend_deletes_the_gang_keeps_state_and_resume_starts_the_next_attempt():
+    cluster = running()
+    cluster.report(0, "ep0-ba50", 50)
+    cluster.step()
+    cluster.body["spec"]["suspend"] = True
+    plan = cluster.step(1)
+    assert {d.name for d in plan.deletions} == {"train-a0-r0", "train-a0-r1"}
+    st = cluster.status
+    assert st["phase"] == "Suspended" and st["attempt"] == 0
+    assert st["interruptions"][-1]["cause"] == Cause.SUSPENDED
+    assert st["preemptions"] == 0 and st["failures"] == 0
+    assert cluster.step(60).status is None and not cluster.pods
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["phase"] == "Restarting" and len(plan.creations) == 2
+    assert plan.resubmission == "resume"
+    assert cluster.env(0)["RTJ_RESUME_FROM"].endswith("/ep0-ba50")
+
+
+def test_suspended_from_the_start_creates_nothing_until_resumed():
+    cluster = FakeCluster.start(suspend=True)
+    plan = cluster.step()
+    assert not plan.creations and cluster.status["phase"] == "Suspended"
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step()
+    assert cluster.status["attempt"] == 0 and len(plan.creations) == 2
+
+
+def test_pods_of_another_incarnation_are_never_touched():
+    """A same-named pod left by a deleted job of the same name is not ours: never deleted; the
+    job moves past it to a fresh attempt (new names) instead of adopting it."""
+    cluster = FakeCluster.start()
+    cluster.step()
+    cluster.pod(0)["metadata"]["ownerReferences"][0]["uid"] = "previous-incarnation"
+    plan = cluster.step()
+    assert "train-a0-r0" not in {d.name for d in plan.deletions}
+    assert cluster.status["attempt"] == 1
+    assert cluster.status["interruptions"][-1]["cause"] == Cause.POD_REMOVED
+
+
+def test_old_attempt_pods_are_cleaned_up_but_recent_failures_kept_for_logs():
+    cluster = running(resumePolicy={"backoffBaseSeconds": 0, "backoffLimit": 10})
+    for _ in range(4):
+        cluster.terminate(0, 1)
+        cluster.pod(1)["status"]["phase"] = "Failed"
+        cluster.step(1)
+        cluster.schedule_and_run()
+        cluster.step()
+    attempts = {p["metadata"]["labels"][names.LABEL_ATTEMPT] for p in cluster.pods.values()}
+    # Ended pods are not deleted by the fake until the plan says so; attempts < 4-2 are gone.
+    assert attempts <= {"2", "3", "4"}
+
+
+def test_deleting_job_plans_nothing():
+    cluster = running()
+    cluster.body["metadata"]["deletionTimestamp"] = "2030-01-01T12:00:00Z"
+    del cluster.nodes["node-0"]
+    plan = cluster.step()
+    assert plan.status is None and not plan.creations and not plan.deletions
+
+
+def test_a_pod_removed_before_it_was_seen_is_classified_from_its_last_state():
+    cluster = running()
+    last = cluster.pods.pop("train-a0-r0")  # evicted and deleted within milliseconds
+    last["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                     "reason": "EvictionByEvictionAPI"}]
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(),
+                     cluster.now, {"train-a0-r0": last})
+    assert plan.interruption.cause == Cause.EVICTED
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
+    assert plan.interruption.cause == Cause.POD_REMOVED
