@@ -36,6 +36,7 @@ import urllib3  # noqa: E402
 import yaml  # noqa: E402
 from kubernetes import client as k8s_client  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
+
 from rtj_operator import names  # noqa: E402
 from rtj_operator.kube import ApiError, KubeApi  # noqa: E402
 from rtj_operator.timeutil import iso, utcnow  # noqa: E402
@@ -105,11 +106,18 @@ class PodWatch(threading.Thread):
             for pod in listed.get("items", []):
                 self.first_seen.setdefault(pod["metadata"]["name"], now)
             version = listed["metadata"]["resourceVersion"]
-            url = (f"{self.api.host}/api/v1/namespaces/{self.namespace}/pods?watch=1"
-                   f"&resourceVersion={version}&timeoutSeconds=600")
+            url = (
+                f"{self.api.host}/api/v1/namespaces/{self.namespace}/pods?watch=1"
+                f"&resourceVersion={version}&timeoutSeconds=600"
+            )
             response = self.api.http.request(
-                "GET", url, headers=self.api._headers(None), preload_content=False,
-                timeout=urllib3.Timeout(connect=5.0, read=None), retries=False)
+                "GET",
+                url,
+                headers=self.api._headers(None),
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=5.0, read=None),
+                retries=False,
+            )
             self.ready.set()
             buffer = b""
             for chunk in response.stream(4096):
@@ -165,8 +173,11 @@ class Bench:
 
     def namespace(self, name: str) -> None:
         """Create a namespace."""
-        self.req("POST", "/api/v1/namespaces",
-                 body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.req(
+            "POST",
+            "/api/v1/namespaces",
+            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
 
     def node(self, name: str, pool: str, *, kwok: bool) -> None:
         """A fake node; kwok plays its kubelet when ``kwok``, else nobody does."""
@@ -174,18 +185,42 @@ class Bench:
         if kwok:
             annotations["kwok.x-k8s.io/node"] = "fake"
         capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-        self.req("POST", "/api/v1/nodes", body={
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": annotations,
-                         "labels": {"rtj-bench/pool": pool, "kubernetes.io/hostname": name}},
-            "spec": {}, "status": {"capacity": capacity, "allocatable": capacity}})
+        self.req(
+            "POST",
+            "/api/v1/nodes",
+            body={
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": annotations,
+                    "labels": {"rtj-bench/pool": pool, "kubernetes.io/hostname": name},
+                },
+                "spec": {},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            },
+        )
         if not kwok:
             now = iso(utcnow())
-            self.req("PATCH", f"/api/v1/nodes/{name}/status", content_type=MERGE, body={
-                "status": {"conditions": [{"type": "Ready", "status": "True",
-                                           "reason": "KubeletReady", "message": "benchmark",
-                                           "lastHeartbeatTime": now,
-                                           "lastTransitionTime": now}]}})
+            self.req(
+                "PATCH",
+                f"/api/v1/nodes/{name}/status",
+                content_type=MERGE,
+                body={
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "True",
+                                "reason": "KubeletReady",
+                                "message": "benchmark",
+                                "lastHeartbeatTime": now,
+                                "lastTransitionTime": now,
+                            }
+                        ]
+                    }
+                },
+            )
 
     def node_ready(self, name: str) -> bool:
         """Ready and untainted."""
@@ -195,7 +230,8 @@ class Bench:
             return False
         conds = node.get("status", {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not (
-            node.get("spec", {}).get("taints"))
+            node.get("spec", {}).get("taints")
+        )
 
     def delete_node(self, name: str) -> None:
         """Delete a node."""
@@ -217,14 +253,28 @@ class Bench:
 
 def start_operator(kubeconfig: str, namespaces: str, log_path: Path) -> subprocess.Popen[bytes]:
     """The operator as it runs in production (a separate process)."""
-    env = {**os.environ, "KUBECONFIG": kubeconfig,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "KUBECONFIG": kubeconfig,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")]),
+    }
     handle = log_path.open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "rtj_operator", "--namespace", namespaces, "--standalone",
-         "--quiet", "--metrics-port", "0"],
-        env=env, stdout=handle, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "rtj_operator",
+            "--namespace",
+            namespaces,
+            "--standalone",
+            "--quiet",
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[float]:
@@ -242,21 +292,38 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
     for node in nodes:
         wait(f"{node} ready", lambda n=node: bench.node_ready(n), 60)
     job = "bench"
-    bench.req("POST", KubeApi.job_path(ns), body={
-        "apiVersion": names.API_VERSION, "kind": names.KIND,
-        "metadata": {"name": job, "namespace": ns},
-        "spec": {"replicas": REPLICAS, "checkpoint": {"dir": "s3://bench"},
-                 "template": {"spec": {"nodeSelector": {"rtj-bench/pool": pool},
-                                       "terminationGracePeriodSeconds": 1,
-                                       "containers": [{"name": "trainer", "image": "x"}]}}}})
+    bench.req(
+        "POST",
+        KubeApi.job_path(ns),
+        body={
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": job, "namespace": ns},
+            "spec": {
+                "replicas": REPLICAS,
+                "checkpoint": {"dir": "s3://bench"},
+                "template": {
+                    "spec": {
+                        "nodeSelector": {"rtj-bench/pool": pool},
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "trainer", "image": "x"}],
+                    }
+                },
+            },
+        },
+    )
     samples: list[float] = []
     serial = REPLICAS
     try:
         for attempt in range(preemptions + 1):
             gang = [names.pod_name(job, attempt, r) for r in range(REPLICAS)]
-            wait(f"attempt {attempt} running", lambda g=gang: all(
-                (p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in g),
-                 90)
+            wait(
+                f"attempt {attempt} running",
+                lambda g=gang: all(
+                    (p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in g
+                ),
+                90,
+            )
             if attempt == preemptions:
                 break
             time.sleep(0.3)
@@ -264,8 +331,12 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
             following = [names.pod_name(job, attempt + 1, r) for r in range(REPLICAS)]
             started = time.monotonic()
             bench.delete_node(victim)
-            done = wait(f"attempt {attempt + 1} created", lambda f=following: watch.seen_all(f),
-                        30, interval=0.002)
+            done = wait(
+                f"attempt {attempt + 1} created",
+                lambda f=following: watch.seen_all(f),
+                30,
+                interval=0.002,
+            )
             samples.append(done - started)
             log(f"preemption {attempt + 1}/{preemptions}: {samples[-1] * 1000:.0f} ms")
             spare = f"{pool}-{serial}"
@@ -299,35 +370,66 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
             bench.node(node, pool, kwok=False)
         first: dict[str, str] = {}
         for index, node in enumerate(nodes):
-            bench.req("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body={
-                "apiVersion": "batch/v1", "kind": "Job",
-                "metadata": {"name": f"baseline-{index}"},
-                "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 100,
-                         "template": {"spec": {
-                             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                             "nodeSelector": {"kubernetes.io/hostname": node},
-                             "containers": [{"name": "trainer", "image": "x"}]}}}})
+            bench.req(
+                "POST",
+                f"/apis/batch/v1/namespaces/{ns}/jobs",
+                body={
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": f"baseline-{index}"},
+                    "spec": {
+                        "parallelism": 1,
+                        "completions": 1,
+                        "backoffLimit": 100,
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "terminationGracePeriodSeconds": 1,
+                                "nodeSelector": {"kubernetes.io/hostname": node},
+                                "containers": [{"name": "trainer", "image": "x"}],
+                            }
+                        },
+                    },
+                },
+            )
         for index, node in enumerate(nodes):
             selector = f"job-name=baseline-{index}"
 
             def bound(sel: str = selector, n: str = node) -> str | None:
-                items = bench.req("GET", f"/api/v1/namespaces/{ns}/pods",
-                                  query={"labelSelector": sel})["items"]
+                items = bench.req(
+                    "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": sel}
+                )["items"]
                 hits = [p for p in items if p["spec"].get("nodeName") == n]
                 return hits[0]["metadata"]["name"] if hits else None
 
             first[node] = wait(f"baseline pod on {node}", bound, 60)
             now = iso(utcnow())
             # The kubelet's report that the container runs (no kubelet runs these nodes).
-            bench.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{first[node]}/status",
-                      content_type=MERGE, body={"status": {
-                          "phase": "Running", "startTime": now,
-                          "conditions": [{"type": "Ready", "status": "True",
-                                          "lastTransitionTime": now}],
-                          "containerStatuses": [{"name": "trainer", "image": "x", "imageID": "",
-                                                 "ready": True, "restartCount": 0,
-                                                 "started": True,
-                                                 "state": {"running": {"startedAt": now}}}]}})
+            bench.req(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/{first[node]}/status",
+                content_type=MERGE,
+                body={
+                    "status": {
+                        "phase": "Running",
+                        "startTime": now,
+                        "conditions": [
+                            {"type": "Ready", "status": "True", "lastTransitionTime": now}
+                        ],
+                        "containerStatuses": [
+                            {
+                                "name": "trainer",
+                                "image": "x",
+                                "imageID": "",
+                                "ready": True,
+                                "restartCount": 0,
+                                "started": True,
+                                "state": {"running": {"startedAt": now}},
+                            }
+                        ],
+                    }
+                },
+            )
         started: dict[str, float] = {}
         for node in nodes:
             started[node] = time.monotonic()
@@ -356,27 +458,38 @@ def cluster_kubeconfig(keep: bool) -> tuple[str, bool]:
     if os.environ.get("KUBECONFIG"):
         return os.environ["KUBECONFIG"], False
     env = {**os.environ, "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench")}
-    existed = subprocess.run([str(CLUSTER_SH), "status"], env=env, capture_output=True,
-                             check=False).returncode == 0
+    existed = (
+        subprocess.run(
+            [str(CLUSTER_SH), "status"], env=env, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     log("bringing up the local control plane (hack/cluster/cluster.sh up)")
-    subprocess.run([str(CLUSTER_SH), "up", "--nodes", "0"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    path = subprocess.run([str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    subprocess.run(
+        [str(CLUSTER_SH), "up", "--nodes", "0"], env=env, check=True, stdout=subprocess.DEVNULL
+    )
+    path = subprocess.run(
+        [str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     return path, not existed and not keep
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run both measurements and write the JSON report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", type=Path, required=True, help="where to write the results")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer samples (10 preemptions, 3 Job-controller samples)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer samples (10 preemptions, 3 Job-controller samples)",
+    )
     parser.add_argument("--preemptions", type=int, default=None, help="default 30 (quick: 10)")
     parser.add_argument("--baseline", type=int, default=None, help="default 10 (quick: 3)")
-    parser.add_argument("--keep-cluster", action="store_true",
-                        help="leave a cluster this run started")
+    parser.add_argument(
+        "--keep-cluster", action="store_true", help="leave a cluster this run started"
+    )
     args = parser.parse_args(argv)
     preemptions = args.preemptions or (10 if args.quick else 30)
     baseline = args.baseline or (3 if args.quick else 10)
@@ -394,32 +507,47 @@ def main(argv: list[str] | None = None) -> int:
         job_controller = measure_job_controller(bench, baseline)
     finally:
         if take_down:
-            env = {**os.environ, "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME",
-                                                                     "rtj-bench")}
-            subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env = {
+                **os.environ,
+                "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench"),
+            }
+            subprocess.run(
+                [str(CLUSTER_SH), "down"],
+                env=env,
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
     op, jc = summary(operator), summary(job_controller)
     report = {
         "benchmark": "operator_latency",
         "time": iso(utcnow()),
         "quick": args.quick,
         "what": "seconds from a node DELETE to the whole replacement gang (operator) or the "
-                "replacement pod (Job controller) being created, as seen by a pod watch",
+        "replacement pod (Job controller) being created, as seen by a pod watch",
         "cluster": {"server": version, "replicas": REPLICAS},
-        "host": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
-                 "python": platform.python_version()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "python": platform.python_version(),
+        },
         "operator": op,
         "job_controller": jc,
         "ratio_p50": round(jc["p50_s"] / op["p50_s"], 1) if op["p50_s"] else None,
         "ratio_p95": round(jc["p95_s"] / op["p95_s"], 1) if op["p95_s"] else None,
-        "targets": {"p50_s": TARGET_P50, "p95_s": TARGET_P95,
-                    "met": op["p50_s"] <= TARGET_P50 and op["p95_s"] <= TARGET_P95},
+        "targets": {
+            "p50_s": TARGET_P50,
+            "p95_s": TARGET_P95,
+            "met": op["p50_s"] <= TARGET_P50 and op["p95_s"] <= TARGET_P95,
+        },
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    log(f"operator p50 {op['p50_s'] * 1000:.0f} ms, p95 {op['p95_s'] * 1000:.0f} ms; "
+    log(
+        f"operator p50 {op['p50_s'] * 1000:.0f} ms, p95 {op['p95_s'] * 1000:.0f} ms; "
         f"job controller p50 {jc['p50_s']:.1f} s, p95 {jc['p95_s']:.1f} s; "
-        f"ratio p50 {report['ratio_p50']}x; targets met: {report['targets']['met']}")
+        f"ratio p50 {report['ratio_p50']}x; targets met: {report['targets']['met']}"
+    )
     return 0
 
 

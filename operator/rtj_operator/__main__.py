@@ -22,28 +22,62 @@ from .kube import KubeApi
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(prog="rtj-operator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="rtj-operator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("-A", "--all-namespaces", action="store_true",
-                       help="serve ResumableTrainingJobs in every namespace")
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
-                       help="serve this namespace (repeatable; globs like 'ml-*' work)")
-    parser.add_argument("--liveness", metavar="URL", default=None,
-                        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus metrics on this port (0 or unset: off)")
-    parser.add_argument("--metrics-address", default="0.0.0.0",  # noqa: S104
-                        help="address for the metrics server")
-    parser.add_argument("--peering", default="rtj-operator",
-                        help="kopf peering object shared by the replicas (default rtj-operator)")
-    parser.add_argument("--priority", type=int, default=None,
-                        help="peering priority; the highest runs, the others stand by "
-                        "(default: random, so replicas never tie)")
-    parser.add_argument("--standalone", action="store_true",
-                        help="no peering (a single replica)")
-    parser.add_argument("--resync-seconds", type=float, default=300.0,
-                        help="re-check every job at least this often (0: only on events)")
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="serve ResumableTrainingJobs in every namespace",
+    )
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="serve this namespace (repeatable; globs like 'ml-*' work)",
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (0 or unset: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",  # noqa: S104
+        help="address for the metrics server",
+    )
+    parser.add_argument(
+        "--peering",
+        default="rtj-operator",
+        help="kopf peering object shared by the replicas (default rtj-operator)",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; the highest runs, the others stand by "
+        "(default: random, so replicas never tie)",
+    )
+    parser.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=300.0,
+        help="re-check every job at least this often (0: only on events)",
+    )
     parser.add_argument("--workers", type=int, default=8, help="concurrent job reconciles")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -55,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    controller = Controller(KubeApi(), resync_seconds=args.resync_seconds,
-                            concurrency=args.workers)
-    registry = build_registry(controller, metrics_port=args.metrics_port or None,
-                              metrics_address=args.metrics_address)
+    controller = Controller(KubeApi(), resync_seconds=args.resync_seconds, concurrency=args.workers)
+    registry = build_registry(
+        controller, metrics_port=args.metrics_port or None, metrics_address=args.metrics_address
+    )
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     kopf.run(
         registry=registry,

@@ -140,7 +140,10 @@ def classify_rank(
     """Classify one rank; ``pod`` None means the rank's pod no longer exists."""
     if pod is None:
         return RankOutcome(
-            rank, Outcome.PREEMPTED, pod=expected_pod, cause=Cause.POD_REMOVED,
+            rank,
+            Outcome.PREEMPTED,
+            pod=expected_pod,
+            cause=Cause.POD_REMOVED,
             message=f"pod {expected_pod} disappeared (deleted or garbage-collected)",
         )
     meta = pod.get("metadata") or {}
@@ -187,8 +190,11 @@ def classify_rank(
         how = terminated.get("reason") if terminated else None
         what = f"exit code {exit_code}" + (f" ({how})" if how else "")
         if trouble is not None:
-            return preempted(trouble, f"{what} while node {node_name} was "
-                             f"{'announced for termination' if taint else 'not ready'}")
+            return preempted(
+                trouble,
+                f"{what} while node {node_name} was "
+                f"{'announced for termination' if taint else 'not ready'}",
+            )
         return RankOutcome(rank, Outcome.FAILED, cause=Cause.FAILURE, message=what, **base)
     # 7. NotReady nodes get a grace period.
     recheck = None
@@ -197,12 +203,16 @@ def classify_rank(
         waited = (now - since).total_seconds()
         if waited >= signals.node_not_ready_seconds:
             state = "Unknown" if node.ready is None else "NotReady"
-            return preempted(Cause.NODE_NOT_READY,
-                             f"node {node_name} {state} for {waited:.0f}s")
+            return preempted(Cause.NODE_NOT_READY, f"node {node_name} {state} for {waited:.0f}s")
         recheck = max(signals.node_not_ready_seconds - waited, 0.1)
     return RankOutcome(
-        rank, Outcome.ACTIVE, running=phase == "Running", notice=taint,
-        node_trouble=trouble, recheck_after=recheck, **base,
+        rank,
+        Outcome.ACTIVE,
+        running=phase == "Running",
+        notice=taint,
+        node_trouble=trouble,
+        recheck_after=recheck,
+        **base,
     )
 
 
@@ -231,17 +241,26 @@ def gang_verdict(outcomes: Iterable[RankOutcome]) -> GangVerdict:
         if troubled:
             first, culprit = failed[0], troubled[0]
             state = "announced for termination" if culprit.notice else "not ready"
-            return GangVerdict(Outcome.PREEMPTED, RankOutcome(
-                first.rank, Outcome.PREEMPTED, pod=first.pod, node=first.node,
-                cause=culprit.node_trouble, exit_code=first.exit_code,
-                message=f"rank {first.rank} {first.message} while rank {culprit.rank}'s node "
-                f"{culprit.node} was {state}",
-            ))
+            return GangVerdict(
+                Outcome.PREEMPTED,
+                RankOutcome(
+                    first.rank,
+                    Outcome.PREEMPTED,
+                    pod=first.pod,
+                    node=first.node,
+                    cause=culprit.node_trouble,
+                    exit_code=first.exit_code,
+                    message=f"rank {first.rank} {first.message} while rank {culprit.rank}'s node "
+                    f"{culprit.node} was {state}",
+                ),
+            )
         return GangVerdict(Outcome.FAILED, failed[0])
     if ranks and all(o.outcome is Outcome.SUCCEEDED for o in ranks):
         return GangVerdict(Outcome.SUCCEEDED)
     active = [o for o in ranks if o.outcome is Outcome.ACTIVE]
-    all_running = bool(ranks) and all(
-        o.running or o.outcome is Outcome.SUCCEEDED for o in ranks
-    ) and bool(active)
+    all_running = (
+        bool(ranks)
+        and all(o.running or o.outcome is Outcome.SUCCEEDED for o in ranks)
+        and bool(active)
+    )
     return GangVerdict(Outcome.ACTIVE, all_running=all_running, recheck_after=recheck)

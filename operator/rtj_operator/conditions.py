@@ -27,8 +27,14 @@ _PHASE_CONDITION = {
 
 
 def set_condition(
-    status: JobStatus, type_: str, value: bool, *, reason: str, message: str,
-    now: datetime, generation: int | None,
+    status: JobStatus,
+    type_: str,
+    value: bool,
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
 ) -> None:
     """Upsert one condition; lastTransitionTime moves only when its status flips."""
     text = "True" if value else "False"
@@ -36,20 +42,34 @@ def set_condition(
         if cond.type == type_:
             changed = cond.status != text
             status.conditions[index] = Condition(
-                type=type_, status=text, reason=reason, message=message,
+                type=type_,
+                status=text,
+                reason=reason,
+                message=message,
                 last_transition_time=now if changed else cond.last_transition_time,
                 observed_generation=generation,
             )
             return
-    status.conditions.append(Condition(
-        type=type_, status=text, reason=reason, message=message,
-        last_transition_time=now, observed_generation=generation,
-    ))
+    status.conditions.append(
+        Condition(
+            type=type_,
+            status=text,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    )
 
 
 def set_phase(
-    status: JobStatus, phase: Phase, *, reason: str, message: str,
-    now: datetime, generation: int | None,
+    status: JobStatus,
+    phase: Phase,
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
 ) -> None:
     """Move to ``phase``: its condition becomes True, the other phase conditions False."""
     status.phase = phase
@@ -57,12 +77,26 @@ def set_phase(
     for cond_type in (RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED):
         current = condition(status, cond_type)
         if cond_type == owner:
-            set_condition(status, cond_type, True, reason=reason, message=message, now=now,
-                          generation=generation)
+            set_condition(
+                status,
+                cond_type,
+                True,
+                reason=reason,
+                message=message,
+                now=now,
+                generation=generation,
+            )
         elif (current is None and cond_type == RUNNING) or (current and current.status == "True"):
             # A condition that stops being true says why (the new phase's reason).
-            set_condition(status, cond_type, False, reason=reason, message=message, now=now,
-                          generation=generation)
+            set_condition(
+                status,
+                cond_type,
+                False,
+                reason=reason,
+                message=message,
+                now=now,
+                generation=generation,
+            )
 
 
 def condition(status: JobStatus, type_: str) -> Condition | None:

@@ -40,8 +40,9 @@ def _key(body: dict[str, Any]) -> Key:
 
 def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
     """The parts of a node that can change a decision (heartbeats are not among them)."""
-    taints = tuple(sorted((t.get("key", ""), t.get("value", ""), t.get("effect", ""))
-                          for t in view.taints))
+    taints = tuple(
+        sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in view.taints)
+    )
     return view.exists, view.deleting, view.ready, taints
 
 
@@ -133,7 +134,8 @@ class Controller:
 
     async def _node_views(self, job: Job, pods: list[dict[str, Any]]) -> dict[str, NodeView]:
         wanted = {
-            (p.get("spec") or {}).get("nodeName") for p in pods
+            (p.get("spec") or {}).get("nodeName")
+            for p in pods
             if owned_by(p, job.ref.uid) and pod_attempt(p) == job.status.attempt
         } - {None, ""}
         views: dict[str, NodeView] = {}
@@ -182,20 +184,29 @@ class Controller:
         self._observe(plan, applied, first_kick)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         if plan.status is not None or plan.creations:
-            log.info("%s/%s: phase=%s attempt=%d created=%d deleted=%d notices=%d",
-                     namespace, name, applied.status.phase, applied.status.attempt,
-                     applied.created, len(plan.deletions), len(plan.notices))
+            log.info(
+                "%s/%s: phase=%s attempt=%d created=%d deleted=%d notices=%d",
+                namespace,
+                name,
+                applied.status.phase,
+                applied.status.attempt,
+                applied.created,
+                len(plan.deletions),
+                len(plan.notices),
+            )
         requeue = plan.requeue_after
         if self.resync_seconds > 0:
-            requeue = self.resync_seconds if requeue is None else min(requeue,
-                                                                     self.resync_seconds)
+            requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
 
     def _departed(self, key: Key, listed: set[str]) -> dict[str, dict[str, Any]]:
         """Last states of this job's recently deleted pods (kept for a few minutes)."""
         horizon = time.monotonic() - DEPARTED_TTL
-        kept = {name: (seen, body) for name, (seen, body) in self.departed.get(key, {}).items()
-                if seen >= horizon and name not in listed}
+        kept = {
+            name: (seen, body)
+            for name, (seen, body) in self.departed.get(key, {}).items()
+            if seen >= horizon and name not in listed
+        }
         if kept:
             self.departed[key] = kept
         else:
@@ -206,11 +217,19 @@ class Controller:
     def _observe(plan: Plan, applied: Applied, first_kick: float) -> None:
         """Metrics of one applied plan."""
         if plan.interruption is not None:
-            kind = ("preemption" if plan.interruption.preemption
-                    else "suspend" if plan.interruption.cause is Cause.SUSPENDED else "failure")
+            kind = (
+                "preemption"
+                if plan.interruption.preemption
+                else "suspend"
+                if plan.interruption.cause is Cause.SUSPENDED
+                else "failure"
+            )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()
-        if plan.status is not None and plan.status.quarantined > 0 and any(
-                e.reason == "CheckpointQuarantined" for e in plan.events):
+        if (
+            plan.status is not None
+            and plan.status.quarantined > 0
+            and any(e.reason == "CheckpointQuarantined" for e in plan.events)
+        ):
             metrics.QUARANTINES.inc()
         if plan.resubmission and plan.creations and applied.gang_complete_at is not None:
             metrics.RESUBMISSIONS.labels(plan.resubmission).inc()

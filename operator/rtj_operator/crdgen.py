@@ -40,13 +40,21 @@ PRINTER_COLUMNS = [
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
     {"name": "Failures", "type": "integer", "jsonPath": ".status.failures"},
-    {"name": "Step", "type": "integer", "jsonPath": ".status.lastCommittedCheckpoint.step",
-     "description": "Step of the last committed checkpoint"},
+    {
+        "name": "Step",
+        "type": "integer",
+        "jsonPath": ".status.lastCommittedCheckpoint.step",
+        "description": "Step of the last committed checkpoint",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     {"name": "Quarantined", "type": "integer", "jsonPath": ".status.quarantined", "priority": 1},
-    {"name": "Checkpoint", "type": "string", "jsonPath": ".status.lastCommittedCheckpoint.name",
-     "priority": 1},
+    {
+        "name": "Checkpoint",
+        "type": "string",
+        "jsonPath": ".status.lastCommittedCheckpoint.name",
+        "priority": 1,
+    },
 ]
 
 
@@ -150,14 +158,18 @@ def dump_all(docs: list[dict[str, Any]]) -> str:
 def rendered() -> dict[Path, str]:
     """Every generated file and its expected content."""
     peering_docs = peering_crds()
-    default_peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                       "metadata": {"name": "rtj-operator"}}
-    rbac_header = "".join(f"# {line}\n" if line else "#\n" for line in
-                          rbac.rbac_comment().splitlines())
+    default_peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": "rtj-operator"},
+    }
+    rbac_header = "".join(
+        f"# {line}\n" if line else "#\n" for line in rbac.rbac_comment().splitlines()
+    )
     return {
         CRD_FILE: HEADER.format(source="spec_types.py and status_types.py") + dump_all([crd()]),
-        PEERING_FILE: HEADER.format(source="crdgen.py") + dump_all([*peering_docs,
-                                                                     default_peering]),
+        PEERING_FILE: HEADER.format(source="crdgen.py")
+        + dump_all([*peering_docs, default_peering]),
         RBAC_FILE: HEADER.format(source="rbac.py") + rbac_header + dump_all(rbac.rbac_documents()),
         REFERENCE_FILE: reference_markdown(crd()),
     }
@@ -165,8 +177,11 @@ def rendered() -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the generated files, or with --check report which ones are stale."""
-    parser = argparse.ArgumentParser(prog="python -m rtj_operator.crdgen", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m rtj_operator.crdgen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--check", action="store_true", help="fail when a file is out of date")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
     args = parser.parse_args(argv)
@@ -178,16 +193,22 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.check:
             stale += 1
-            diff = difflib.unified_diff(current.splitlines(), text.splitlines(),
-                                        f"{rel} (on disk)", f"{rel} (generated)", lineterm="")
+            diff = difflib.unified_diff(
+                current.splitlines(),
+                text.splitlines(),
+                f"{rel} (on disk)",
+                f"{rel} (generated)",
+                lineterm="",
+            )
             sys.stderr.write("\n".join(list(diff)[:60]) + "\n")
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             sys.stdout.write(f"wrote {rel}\n")
     if stale:
-        sys.stderr.write(f"{stale} generated file(s) are stale: "
-                         "run `python -m rtj_operator.crdgen`\n")
+        sys.stderr.write(
+            f"{stale} generated file(s) are stale: run `python -m rtj_operator.crdgen`\n"
+        )
         return 1
     return 0
 

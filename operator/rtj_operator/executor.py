@@ -94,8 +94,9 @@ class Executor:
                 testhooks.crash_point("after-status", status.attempt)
 
         side = [self.api.delete_pod(ns, d.name, d.uid) for d in plan.deletions]
-        side += [self.api.annotate_pod(ns, n.pod, {NOTICE_ANNOTATION: n.payload})
-                 for n in plan.notices]
+        side += [
+            self.api.annotate_pod(ns, n.pod, {NOTICE_ANNOTATION: n.payload}) for n in plan.notices
+        ]
         metrics.NOTICES.inc(len(plan.notices))
         applied = Applied(resource_version=rv, status=status)
 
@@ -112,8 +113,14 @@ class Executor:
                 final = plan.after_creation.model_copy(deep=True)
                 final.gang_created = False
                 final.completion_time = now
-                cond.set_phase(final, Phase.FAILED, reason="InvalidPodTemplate",
-                               message=invalid, now=now, generation=job.ref.generation)
+                cond.set_phase(
+                    final,
+                    Phase.FAILED,
+                    reason="InvalidPodTemplate",
+                    message=invalid,
+                    now=now,
+                    generation=job.ref.generation,
+                )
                 plan.event("Warning", "JobFailed", f"InvalidPodTemplate: {invalid}")
             applied.resource_version = await self.write_status(job, stored, final, rv)
             applied.status = final
@@ -129,8 +136,9 @@ class Executor:
             attempt = plan.after_creation.attempt if plan.after_creation else 0
             support = [self.api.create(self.api.core_path(ns, "services"), build_service(job))]
             if uses_trainer_identity(job):
-                account = self.api.create(self.api.core_path(ns, "serviceaccounts"),
-                                          build_service_account(job))
+                account = self.api.create(
+                    self.api.core_path(ns, "serviceaccounts"), build_service_account(job)
+                )
                 if attempt == 0:
                     # Admission refuses a pod whose ServiceAccount does not exist yet. Later
                     # attempts find it in place, so it is not on the resubmission's critical
@@ -139,16 +147,20 @@ class Executor:
                 else:
                     support.append(account)
                 if plan.role is not None:
-                    support += [self.api.apply_role(ns, plan.role),
-                                self.api.create(self.api.rbac_path(ns, "rolebindings"),
-                                                build_role_binding(job))]
+                    support += [
+                        self.api.apply_role(ns, plan.role),
+                        self.api.create(
+                            self.api.rbac_path(ns, "rolebindings"), build_role_binding(job)
+                        ),
+                    ]
             pods_path = self.api.core_path(ns, "pods")
             creations = list(plan.creations)
             if testhooks.armed("mid-creation", attempt):
                 await self.api.create(pods_path, creations.pop(0))
                 testhooks.crash_point("mid-creation", attempt)
             results = await asyncio.gather(
-                *(self.api.create(pods_path, pod) for pod in creations), *support,
+                *(self.api.create(pods_path, pod) for pod in creations),
+                *support,
                 return_exceptions=True,
             )
             errors = [r for r in results if isinstance(r, BaseException)]
@@ -170,17 +182,24 @@ class Executor:
         """Fire and forget: an Event must never delay or fail a resubmission."""
         if not plan.events:
             return
-        involved = {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": job.ref.name,
-                    "namespace": job.ref.namespace, "uid": job.ref.uid}
+        involved = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "name": job.ref.name,
+            "namespace": job.ref.namespace,
+            "uid": job.ref.uid,
+        }
 
         async def post() -> None:
             for event in plan.events:
                 try:
-                    await self.api.post_event(involved, event.type, event.reason,
-                                              event.message, iso(now))
+                    await self.api.post_event(
+                        involved, event.type, event.reason, event.message, iso(now)
+                    )
                 except Exception as err:
-                    log.warning("could not post event %s for %s: %s", event.reason,
-                                job.ref.name, err)
+                    log.warning(
+                        "could not post event %s for %s: %s", event.reason, job.ref.name, err
+                    )
 
         task = asyncio.ensure_future(post())
         self._event_tasks.add(task)

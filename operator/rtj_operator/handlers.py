@@ -20,7 +20,10 @@ from .controller import Controller
 
 
 def build_registry(
-    controller: Controller, *, metrics_port: int | None = None, metrics_address: str = "0.0.0.0"  # noqa: S104
+    controller: Controller,
+    *,
+    metrics_port: int | None = None,
+    metrics_address: str = "0.0.0.0",  # noqa: S104
 ) -> kopf.OperatorRegistry:
     """A kopf registry whose handlers feed ``controller``."""
     registry = kopf.OperatorRegistry()

@@ -101,20 +101,30 @@ class KubeApi:
         if token:
             headers["Authorization"] = token
         elif self.cfg.username and self.cfg.password:
-            headers.update(urllib3.make_headers(
-                basic_auth=f"{self.cfg.username}:{self.cfg.password}"))
+            headers.update(
+                urllib3.make_headers(basic_auth=f"{self.cfg.username}:{self.cfg.password}")
+            )
         return headers
 
     def request_sync(
-        self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-        body: Any = None, content_type: str = "application/json",
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One request; raises ApiError on a non-2xx answer."""
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body).encode()
         response = self.http.request(
-            method, url, body=data, headers=self._headers(content_type if data else None),
-            timeout=REQUEST_TIMEOUT, retries=False,
+            method,
+            url,
+            body=data,
+            headers=self._headers(content_type if data else None),
+            timeout=REQUEST_TIMEOUT,
+            retries=False,
         )
         payload: dict[str, Any] = {}
         if response.data:
@@ -130,7 +140,8 @@ class KubeApi:
         """Async form of ``request_sync`` (runs on the client's thread pool)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self.threads, lambda: self.request_sync(method, path, **kwargs))
+            self.threads, lambda: self.request_sync(method, path, **kwargs)
+        )
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -172,15 +183,20 @@ class KubeApi:
         on a stale read fails with 409 instead of silently overwriting a newer decision.
         """
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
-        return await self.request("PATCH", self.job_path(namespace, name) + "/status",
-                                  body=body, content_type="application/merge-patch+json")
+        return await self.request(
+            "PATCH",
+            self.job_path(namespace, name) + "/status",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
 
     # -- pods ------------------------------------------------------------------------------
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching a label selector (a consistent read)."""
-        found = await self.request("GET", self.core_path(namespace, "pods"),
-                                   query={"labelSelector": selector})
+        found = await self.request(
+            "GET", self.core_path(namespace, "pods"), query={"labelSelector": selector}
+        )
         return list(found.get("items") or [])
 
     async def create(self, path: str, body: dict[str, Any], *, exist_ok: bool = True) -> bool:
@@ -196,8 +212,11 @@ class KubeApi:
     async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
         """Delete with the pod's own grace period; preconditioned on uid so a pod of the same
         name created meanwhile is never hit. Gone already is fine."""
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1",
-                                "propagationPolicy": "Background"}
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
@@ -210,9 +229,12 @@ class KubeApi:
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Merge-patch pod annotations (the preemption notice). Gone already is fine."""
         try:
-            await self.request("PATCH", self.core_path(namespace, "pods", name),
-                               body={"metadata": {"annotations": annotations}},
-                               content_type="application/merge-patch+json")
+            await self.request(
+                "PATCH",
+                self.core_path(namespace, "pods", name),
+                body={"metadata": {"annotations": annotations}},
+                content_type="application/merge-patch+json",
+            )
         except ApiError as err:
             if not err.not_found:
                 raise
@@ -235,20 +257,26 @@ class KubeApi:
         path = self.rbac_path(namespace, "roles")
         if await self.create(path, role):
             return
-        await self.request("PATCH", self.rbac_path(namespace, "roles", role["metadata"]["name"]),
-                           body={"rules": role["rules"]},
-                           content_type="application/merge-patch+json")
+        await self.request(
+            "PATCH",
+            self.rbac_path(namespace, "roles", role["metadata"]["name"]),
+            body={"rules": role["rules"]},
+            content_type="application/merge-patch+json",
+        )
 
     # -- events ----------------------------------------------------------------------------
 
-    async def post_event(self, involved: dict[str, Any], type_: str, reason: str,
-                         message: str, now_iso: str) -> None:
+    async def post_event(
+        self, involved: dict[str, Any], type_: str, reason: str, message: str, now_iso: str
+    ) -> None:
         """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{involved['name']}.",
-                         "namespace": involved["namespace"]},
+            "metadata": {
+                "generateName": f"{involved['name']}.",
+                "namespace": involved["namespace"],
+            },
             "involvedObject": involved,
             "type": type_,
             "reason": reason,

@@ -58,7 +58,12 @@ def uses_trainer_identity(job: Job) -> bool:
 
 
 def rank_environment(
-    job: Job, attempt: int, rank: int, *, resume_from: str, quarantined: list[str],
+    job: Job,
+    attempt: int,
+    rank: int,
+    *,
+    resume_from: str,
+    quarantined: list[str],
     report_file: str,
 ) -> list[dict[str, str]]:
     """The environment of DESIGN.md section 3 for one rank, in contract order."""
@@ -100,13 +105,21 @@ def build_pod(
 
     ours = {names.NOTICE_VOLUME, names.CHECKPOINT_VOLUME}
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in ours]
-    volumes.append({
-        "name": names.NOTICE_VOLUME,
-        "downwardAPI": {"items": [{
-            "path": names.NOTICE_FILE_NAME,
-            "fieldRef": {"fieldPath": f"metadata.annotations['{envvars.NOTICE_ANNOTATION}']"},
-        }]},
-    })
+    volumes.append(
+        {
+            "name": names.NOTICE_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": names.NOTICE_FILE_NAME,
+                        "fieldRef": {
+                            "fieldPath": f"metadata.annotations['{envvars.NOTICE_ANNOTATION}']"
+                        },
+                    }
+                ]
+            },
+        }
+    )
     if job.spec.checkpoint.volume_source:
         volumes.append({"name": names.CHECKPOINT_VOLUME, **job.spec.checkpoint.volume_source})
     spec["volumes"] = volumes
@@ -116,15 +129,22 @@ def build_pod(
     report_file = container.get("terminationMessagePath") or names.DEFAULT_TERMINATION_MESSAGE_PATH
     container["terminationMessagePath"] = report_file
     container.setdefault("terminationMessagePolicy", "File")
-    env = rank_environment(job, attempt, rank, resume_from=resume_from, quarantined=quarantined,
-                           report_file=report_file)
+    env = rank_environment(
+        job,
+        attempt,
+        rank,
+        resume_from=resume_from,
+        quarantined=quarantined,
+        report_file=report_file,
+    )
     injected = {item["name"] for item in env}
     # Ours first: user variables may refer to them with $(RANK) and similar.
     user_env = [e for e in container.get("env") or [] if e.get("name") not in injected]
     container["env"] = env + user_env
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
-    mounts.append({"name": names.NOTICE_VOLUME, "mountPath": names.NOTICE_MOUNT_DIR,
-                   "readOnly": True})
+    mounts.append(
+        {"name": names.NOTICE_VOLUME, "mountPath": names.NOTICE_MOUNT_DIR, "readOnly": True}
+    )
     if job.spec.checkpoint.volume_source:
         mounts.append({"name": names.CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.dir})
     container["volumeMounts"] = mounts
@@ -155,8 +175,14 @@ def build_service(job: Job) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {names.LABEL_JOB: job.ref.name},
-            "ports": [{"name": "rendezvous", "port": job.spec.master_port,
-                       "targetPort": job.spec.master_port, "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": job.spec.master_port,
+                    "targetPort": job.spec.master_port,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 
@@ -177,8 +203,14 @@ def build_role(job: Job, attempt: int) -> dict[str, Any]:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(job, names.trainer_identity_name(job.ref.name)),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(rbac.TRAINER_VERBS),
-                   "resourceNames": pods}],
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["pods"],
+                "verbs": list(rbac.TRAINER_VERBS),
+                "resourceNames": pods,
+            }
+        ],
     }
 
 

@@ -17,11 +17,14 @@ from prometheus_client.registry import Collector
 from .status_types import Phase
 
 INTERRUPTIONS = Counter(
-    "rtj_interruptions_total", "Attempts that ended early, by classified cause.",
+    "rtj_interruptions_total",
+    "Attempts that ended early, by classified cause.",
     ["cause", "kind"],
 )
 RESUBMISSIONS = Counter(
-    "rtj_resubmissions_total", "Gangs created for a new attempt, by why.", ["reason"],
+    "rtj_resubmissions_total",
+    "Gangs created for a new attempt, by why.",
+    ["reason"],
 )
 RESUBMISSION_LATENCY = Histogram(
     "rtj_preemption_to_resubmission_seconds",
@@ -29,17 +32,22 @@ RESUBMISSION_LATENCY = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 NOTICES = Counter(
-    "rtj_preemption_notices_total", "Preemption notices written into rank pods.",
+    "rtj_preemption_notices_total",
+    "Preemption notices written into rank pods.",
 )
 QUARANTINES = Counter(
-    "rtj_checkpoints_quarantined_total", "Checkpoints quarantined after repeated failures.",
+    "rtj_checkpoints_quarantined_total",
+    "Checkpoints quarantined after repeated failures.",
 )
 RECONCILE_SECONDS = Histogram(
-    "rtj_reconcile_seconds", "Duration of one job reconcile (reads, decision, writes).",
+    "rtj_reconcile_seconds",
+    "Duration of one job reconcile (reads, decision, writes).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
 )
 RECONCILE_ERRORS = Counter(
-    "rtj_reconcile_errors_total", "Reconciles that failed and were retried, by kind.", ["kind"],
+    "rtj_reconcile_errors_total",
+    "Reconciles that failed and were retried, by kind.",
+    ["kind"],
 )
 
 
@@ -59,11 +67,11 @@ class PhaseBook(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Prometheus collection callback."""
-        family = GaugeMetricFamily("rtj_jobs", "ResumableTrainingJobs by phase.",
-                                   labels=["phase"])
+        family = GaugeMetricFamily("rtj_jobs", "ResumableTrainingJobs by phase.", labels=["phase"])
         for phase in Phase:
-            family.add_metric([phase.value],
-                              sum(1 for p in self.phases.values() if p == phase.value))
+            family.add_metric(
+                [phase.value], sum(1 for p in self.phases.values() if p == phase.value)
+            )
         yield family
 
 

@@ -69,5 +69,6 @@ class Plan:
         """Ask to be reconciled again after at most ``seconds``."""
         if seconds is None:
             return
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after,
-                                                                            seconds)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )

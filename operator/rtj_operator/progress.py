@@ -35,8 +35,13 @@ class Report:
     def record(self, attempt: int | None) -> CheckpointRecord:
         """The status form of the checkpoint this report announces."""
         return CheckpointRecord(
-            name=self.checkpoint, uri=self.uri, step=self.step, epoch=self.epoch,
-            sample=self.sample, time=self.time, attempt=attempt,
+            name=self.checkpoint,
+            uri=self.uri,
+            step=self.step,
+            epoch=self.epoch,
+            sample=self.sample,
+            time=self.time,
+            attempt=attempt,
         )
 
 
@@ -70,8 +75,11 @@ def parse_report(text: str | None) -> Report | None:
             continue
         uri = data.get("uri")
         return Report(
-            checkpoint=name, step=step, uri=uri if isinstance(uri, str) and uri else None,
-            epoch=_int(data.get("epoch")), sample=_int(data.get("sample")),
+            checkpoint=name,
+            step=step,
+            uri=uri if isinstance(uri, str) and uri else None,
+            epoch=_int(data.get("epoch")),
+            sample=_int(data.get("sample")),
             time=data.get("time") if isinstance(data.get("time"), str) else None,
             current_step=_int(data.get("current_step")),
         )

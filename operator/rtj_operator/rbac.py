@@ -18,31 +18,67 @@ OPERATOR_NAMESPACE = "rtj-system"
 
 # (apiGroups, resources, verbs, why)
 CLUSTER_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
-    ([""], ["nodes"], ["get", "list", "watch"],
-     "termination taints, deletion and readiness of the nodes that run ranks"),
-    ([""], ["namespaces"], ["get", "list", "watch"],
-     "kopf resolves --namespace globs against the existing namespaces"),
-    (["kopf.dev"], ["clusterkopfpeerings"], ["get", "list", "watch", "patch"],
-     "kopf peering between operator replicas in --all-namespaces mode"),
-    (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"],
-     "kopf discovers the ResumableTrainingJob and peering CRDs"),
+    (
+        [""],
+        ["nodes"],
+        ["get", "list", "watch"],
+        "termination taints, deletion and readiness of the nodes that run ranks",
+    ),
+    (
+        [""],
+        ["namespaces"],
+        ["get", "list", "watch"],
+        "kopf resolves --namespace globs against the existing namespaces",
+    ),
+    (
+        ["kopf.dev"],
+        ["clusterkopfpeerings"],
+        ["get", "list", "watch", "patch"],
+        "kopf peering between operator replicas in --all-namespaces mode",
+    ),
+    (
+        ["apiextensions.k8s.io"],
+        ["customresourcedefinitions"],
+        ["get", "list", "watch"],
+        "kopf discovers the ResumableTrainingJob and peering CRDs",
+    ),
 )
 
 JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
-    ([names.GROUP], [names.PLURAL], ["get", "list", "watch"],
-     "the jobs themselves (the operator never writes their spec)"),
-    ([names.GROUP], [f"{names.PLURAL}/status"], ["get", "patch", "update"],
-     "status is the operator's record of truth"),
-    ([""], ["pods"], ["get", "list", "watch", "create", "delete", "patch"],
-     "the gang: create ranks, delete an interrupted gang, write the preemption notice"),
+    (
+        [names.GROUP],
+        [names.PLURAL],
+        ["get", "list", "watch"],
+        "the jobs themselves (the operator never writes their spec)",
+    ),
+    (
+        [names.GROUP],
+        [f"{names.PLURAL}/status"],
+        ["get", "patch", "update"],
+        "status is the operator's record of truth",
+    ),
+    (
+        [""],
+        ["pods"],
+        ["get", "list", "watch", "create", "delete", "patch"],
+        "the gang: create ranks, delete an interrupted gang, write the preemption notice",
+    ),
     ([""], ["services"], ["get", "create"], "the headless Service for MASTER_ADDR"),
     ([""], ["serviceaccounts"], ["get", "create"], "the ranks' own identity"),
-    (["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["get", "create", "patch"],
-     "let the ranks patch their own pod's progress annotation (and nothing else)"),
+    (
+        ["rbac.authorization.k8s.io"],
+        ["roles", "rolebindings"],
+        ["get", "create", "patch"],
+        "let the ranks patch their own pod's progress annotation (and nothing else)",
+    ),
     ([""], ["events"], ["create", "patch"], "an Event for every interruption and resubmission"),
     (["events.k8s.io"], ["events"], ["create", "patch"], "kopf's own events"),
-    (["kopf.dev"], ["kopfpeerings"], ["get", "list", "watch", "patch"],
-     "kopf peering between operator replicas in --namespace mode"),
+    (
+        ["kopf.dev"],
+        ["kopfpeerings"],
+        ["get", "list", "watch", "patch"],
+        "kopf peering between operator replicas in --namespace mode",
+    ),
 )
 
 TRAINER_VERBS = ["get", "patch"]
@@ -78,8 +114,11 @@ def rbac_documents() -> list[dict[str, Any]]:
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "ClusterRoleBinding",
                 "metadata": {"name": role},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
                 "subjects": [subject],
             }
         )

@@ -87,8 +87,14 @@ class _Context:
         return self.job.ref.generation
 
     def phase(self, phase: Phase, reason: str, message: str) -> None:
-        cond.set_phase(self.status, phase, reason=reason, message=message, now=self.now,
-                       generation=self.generation)
+        cond.set_phase(
+            self.status,
+            phase,
+            reason=reason,
+            message=message,
+            now=self.now,
+            generation=self.generation,
+        )
 
     def current_pods(self) -> dict[int, dict[str, Any]]:
         found: dict[int, dict[str, Any]] = {}
@@ -116,8 +122,12 @@ def reconcile(
     if job.ref.deleting:
         return plan  # ownerReferences let the garbage collector clean up
     ctx = _Context(
-        job=job, status=job.status.model_copy(deep=True), plan=plan, now=now,
-        owned=[p for p in pods if owned_by(p, job.ref.uid)], nodes=nodes,
+        job=job,
+        status=job.status.model_copy(deep=True),
+        plan=plan,
+        now=now,
+        owned=[p for p in pods if owned_by(p, job.ref.uid)],
+        nodes=nodes,
         departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
     )
     st = ctx.status
@@ -170,8 +180,11 @@ def _absorb_progress(ctx: _Context) -> None:
         if step is not None and (st.current_step is None or step > st.current_step):
             st.current_step = step
         resumed = next((k for k in st.known_checkpoints if k.name == st.resume_checkpoint), None)
-        fresh = [r for r in current_reports if r.checkpoint != st.resume_checkpoint
-                 and (resumed is None or r.step > resumed.step)]
+        fresh = [
+            r
+            for r in current_reports
+            if r.checkpoint != st.resume_checkpoint and (resumed is None or r.step > resumed.step)
+        ]
         if fresh:
             st.attempt_checkpoint = max(fresh, key=lambda r: r.step).checkpoint
             st.resume_failures = None  # progress past the resume point clears the suspicion
@@ -203,10 +216,17 @@ def _suspend(ctx: _Context) -> None:
     st, plan = ctx.status, ctx.plan
     if st.phase is not Phase.SUSPENDED:
         if st.gang_created:
-            _record(ctx, Interruption(
-                time=ctx.now, attempt=st.attempt, cause=Cause.SUSPENDED, preemption=False,
-                message="spec.suspend set", last_committed_step=_last_step(st),
-            ))
+            _record(
+                ctx,
+                Interruption(
+                    time=ctx.now,
+                    attempt=st.attempt,
+                    cause=Cause.SUSPENDED,
+                    preemption=False,
+                    message="spec.suspend set",
+                    last_committed_step=_last_step(st),
+                ),
+            )
         ctx.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true; the gang is deleted")
         plan.event("Normal", "Suspended", f"attempt {st.attempt}: deleting the gang")
     for pod in _live(ctx.owned):
@@ -219,15 +239,20 @@ def _unsuspend(ctx: _Context) -> None:
     if st.gang_created:
         _next_attempt(ctx, 0.0, "Resumed", "resuming after suspend")
     else:
-        ctx.phase(Phase.PENDING if st.attempt == 0 else Phase.RESTARTING, "Resumed",
-                  "spec.suspend cleared")
+        ctx.phase(
+            Phase.PENDING if st.attempt == 0 else Phase.RESTARTING,
+            "Resumed",
+            "spec.suspend cleared",
+        )
 
 
 def _signals(job: Job) -> Signals:
     ps = job.spec.preemption_signals
-    return Signals(termination_taints=ps.termination_taints,
-                   node_not_ready_seconds=ps.node_not_ready_seconds,
-                   container_name=job.spec.container_name)
+    return Signals(
+        termination_taints=ps.termination_taints,
+        node_not_ready_seconds=ps.node_not_ready_seconds,
+        container_name=job.spec.container_name,
+    )
 
 
 def _watch_gang(ctx: _Context) -> None:
@@ -240,10 +265,16 @@ def _watch_gang(ctx: _Context) -> None:
         expected = names.pod_name(job.ref.name, st.attempt, rank)
         pod = current.get(rank) or _as_deleted(ctx.departed.get(expected))
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
-        outcomes.append(classify_rank(
-            rank, pod, ctx.nodes.get(node_name) if node_name else None, signals=signals,
-            now=ctx.now, expected_pod=expected,
-        ))
+        outcomes.append(
+            classify_rank(
+                rank,
+                pod,
+                ctx.nodes.get(node_name) if node_name else None,
+                signals=signals,
+                now=ctx.now,
+                expected_pod=expected,
+            )
+        )
     _deliver_notices(ctx, outcomes, current)
     verdict = gang_verdict(outcomes)
     if verdict.outcome is Outcome.PREEMPTED:
@@ -252,13 +283,19 @@ def _watch_gang(ctx: _Context) -> None:
         _interrupted(ctx, verdict, current, preemption=False)
     elif verdict.outcome is Outcome.SUCCEEDED:
         st.completion_time = ctx.now
-        ctx.phase(Phase.SUCCEEDED, "AllRanksSucceeded",
-                  f"all {job.spec.replicas} ranks of attempt {st.attempt} exited 0")
+        ctx.phase(
+            Phase.SUCCEEDED,
+            "AllRanksSucceeded",
+            f"all {job.spec.replicas} ranks of attempt {st.attempt} exited 0",
+        )
         plan.event("Normal", "Succeeded", f"all {job.spec.replicas} ranks exited 0")
     else:
         if verdict.all_running and st.phase is not Phase.RUNNING:
-            ctx.phase(Phase.RUNNING, "AllRanksRunning",
-                      f"all {job.spec.replicas} ranks of attempt {st.attempt} are running")
+            ctx.phase(
+                Phase.RUNNING,
+                "AllRanksRunning",
+                f"all {job.spec.replicas} ranks of attempt {st.attempt} are running",
+            )
         plan.requeue(verdict.recheck_after)
 
 
@@ -286,21 +323,36 @@ def _deliver_notices(
             continue
         payload = notice_payload(outcome.notice, outcome.node or "", ctx.now)
         ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=payload))
-        ctx.plan.event("Warning", "PreemptionNotice",
-                       f"attempt {ctx.status.attempt}: node {outcome.node} of rank "
-                       f"{outcome.rank} has taint {outcome.notice.get('key')}; "
-                       "told the rank to checkpoint now")
+        ctx.plan.event(
+            "Warning",
+            "PreemptionNotice",
+            f"attempt {ctx.status.attempt}: node {outcome.node} of rank "
+            f"{outcome.rank} has taint {outcome.notice.get('key')}; "
+            "told the rank to checkpoint now",
+        )
     had = cond.condition(ctx.status, cond.PREEMPTION_NOTICE)
     if noticed:
         first = noticed[0]
-        cond.set_condition(ctx.status, cond.PREEMPTION_NOTICE, True, reason="TerminationTaint",
-                           message=f"node {first.node} of rank {first.rank} is about to go "
-                           f"({(first.notice or {}).get('key')})", now=ctx.now,
-                           generation=ctx.generation)
+        cond.set_condition(
+            ctx.status,
+            cond.PREEMPTION_NOTICE,
+            True,
+            reason="TerminationTaint",
+            message=f"node {first.node} of rank {first.rank} is about to go "
+            f"({(first.notice or {}).get('key')})",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
     elif had is not None and had.status == "True":
-        cond.set_condition(ctx.status, cond.PREEMPTION_NOTICE, False, reason="NoNotice",
-                           message="no rank's node is announced for termination", now=ctx.now,
-                           generation=ctx.generation)
+        cond.set_condition(
+            ctx.status,
+            cond.PREEMPTION_NOTICE,
+            False,
+            reason="NoNotice",
+            message="no rank's node is announced for termination",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
 
 
 def _last_step(st: JobStatus) -> int | None:
@@ -324,23 +376,40 @@ def _interrupted(
     lost = None
     if st.current_step is not None and last is not None:
         lost = max(st.current_step - last, 0)
-    _record(ctx, Interruption(
-        time=ctx.now, attempt=st.attempt, cause=trigger.cause or Cause.DISRUPTION,
-        preemption=preemption, rank=trigger.rank, pod=trigger.pod, node=trigger.node,
-        exit_code=trigger.exit_code, message=trigger.message, last_committed_step=last,
-        steps_lost=lost,
-    ))
+    _record(
+        ctx,
+        Interruption(
+            time=ctx.now,
+            attempt=st.attempt,
+            cause=trigger.cause or Cause.DISRUPTION,
+            preemption=preemption,
+            rank=trigger.rank,
+            pod=trigger.pod,
+            node=trigger.node,
+            exit_code=trigger.exit_code,
+            message=trigger.message,
+            last_committed_step=last,
+            steps_lost=lost,
+        ),
+    )
     for pod in _live(current):
         plan.deletions.append(_deletion(pod, f"attempt {st.attempt} was interrupted"))
-    where = f"rank {trigger.rank} (pod {trigger.pod}" + (f" on node {trigger.node})"
-                                                         if trigger.node else ")")
+    where = f"rank {trigger.rank} (pod {trigger.pod}" + (
+        f" on node {trigger.node})" if trigger.node else ")"
+    )
     if preemption:
         st.preemptions += 1
-        plan.event("Warning", "Preempted",
-                   f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}")
+        plan.event(
+            "Warning",
+            "Preempted",
+            f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}",
+        )
         if policy.max_preemptions is not None and st.preemptions > policy.max_preemptions:
-            _fail(ctx, "PreemptionLimitExceeded",
-                  f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}")
+            _fail(
+                ctx,
+                "PreemptionLimitExceeded",
+                f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}",
+            )
             return
         _next_attempt(ctx, 0.0, "Preempted", f"{trigger.cause} of {where}")
         return
@@ -348,20 +417,30 @@ def _interrupted(
     st.failures += 1
     plan.event("Warning", "RankFailed", f"attempt {st.attempt}: {where}: {trigger.message}")
     decision = after_failure(
-        policy, resumed_from=st.resume_checkpoint, committed_this_attempt=st.attempt_checkpoint,
-        attempt_started=st.attempt_start_time, failed_at=ctx.now, previous=st.resume_failures,
+        policy,
+        resumed_from=st.resume_checkpoint,
+        committed_this_attempt=st.attempt_checkpoint,
+        attempt_started=st.attempt_start_time,
+        failed_at=ctx.now,
+        previous=st.resume_failures,
     )
     st.resume_failures = decision.resume_failures
     if decision.quarantine and decision.quarantine not in st.quarantined_checkpoints:
         st.quarantined_checkpoints = [*st.quarantined_checkpoints, decision.quarantine]
         st.quarantined = len(st.quarantined_checkpoints)
-        plan.event("Warning", "CheckpointQuarantined",
-                   f"checkpoint {decision.quarantine}: {policy.quarantine_threshold} attempts "
-                   "in a row failed soon after resuming from it; resuming from the one before")
+        plan.event(
+            "Warning",
+            "CheckpointQuarantined",
+            f"checkpoint {decision.quarantine}: {policy.quarantine_threshold} attempts "
+            "in a row failed soon after resuming from it; resuming from the one before",
+        )
     if st.failures > policy.backoff_limit:
-        _fail(ctx, "BackoffLimitExceeded",
-              f"{st.failures} failures exceed backoffLimit={policy.backoff_limit}; "
-              f"last: {where}: {trigger.message}")
+        _fail(
+            ctx,
+            "BackoffLimitExceeded",
+            f"{st.failures} failures exceed backoffLimit={policy.backoff_limit}; "
+            f"last: {where}: {trigger.message}",
+        )
         return
     delay = failure_delay(st.failures, policy.backoff_base_seconds, policy.backoff_max_seconds)
     _next_attempt(ctx, delay, "Failed", f"{where}: {trigger.message}")
@@ -385,13 +464,21 @@ def _next_attempt(ctx: _Context, delay: float, reason: str, message: str) -> Non
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None
-    point = resume_point(st.attempt, job.spec.checkpoint.dir, job.run_name,
-                         st.known_checkpoints, st.quarantined_checkpoints)
+    point = resume_point(
+        st.attempt,
+        job.spec.checkpoint.dir,
+        job.run_name,
+        st.known_checkpoints,
+        st.quarantined_checkpoints,
+    )
     st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
     if delay > 0:
         st.restart_after = ctx.now + timedelta(seconds=delay)
-        ctx.plan.event("Normal", "BackingOff",
-                       f"attempt {st.attempt} starts in {delay:.0f}s (failure {st.failures})")
+        ctx.plan.event(
+            "Normal",
+            "BackingOff",
+            f"attempt {st.attempt} starts in {delay:.0f}s (failure {st.failures})",
+        )
     else:
         st.restart_after = None
     ctx.phase(Phase.RESTARTING, reason, f"attempt {st.attempt} after {message}")
@@ -408,9 +495,15 @@ def _create_gang(ctx: _Context) -> None:
         st.resume_from = ""
     existing = ctx.current_pods()
     plan.creations = [
-        build_pod(job, st.attempt, rank, resume_from=st.resume_from,
-                  quarantined=list(st.quarantined_checkpoints))
-        for rank in range(job.spec.replicas) if rank not in existing
+        build_pod(
+            job,
+            st.attempt,
+            rank,
+            resume_from=st.resume_from,
+            quarantined=list(st.quarantined_checkpoints),
+        )
+        for rank in range(job.spec.replicas)
+        if rank not in existing
     ]
     plan.role = build_role(job, st.attempt)
     created = st.model_copy(deep=True)
@@ -419,14 +512,25 @@ def _create_gang(ctx: _Context) -> None:
     plan.after_creation = created
     if st.attempt > 0 and st.interruptions:
         last = st.interruptions[-1]
-        plan.resubmission = ("preemption" if last.preemption
-                             else "failure" if last.cause is Cause.FAILURE else "resume")
+        plan.resubmission = (
+            "preemption"
+            if last.preemption
+            else "failure"
+            if last.cause is Cause.FAILURE
+            else "resume"
+        )
     if not plan.creations:
         return  # all exist (an operator restart mid-creation): only the mark is missing
     source = st.resume_from or "scratch"
     if st.resume_from and st.resume_checkpoint is None:
         source = f"the newest valid checkpoint under {checkpoint_root(job)}"
-    plan.event("Normal", "Resubmitted" if st.attempt else "Started",
-               f"attempt {st.attempt}: creating {job.spec.replicas} pods, resuming from {source}"
-               + (f" (quarantined: {','.join(st.quarantined_checkpoints)})"
-                  if st.quarantined_checkpoints else ""))
+    plan.event(
+        "Normal",
+        "Resubmitted" if st.attempt else "Started",
+        f"attempt {st.attempt}: creating {job.spec.replicas} pods, resuming from {source}"
+        + (
+            f" (quarantined: {','.join(st.quarantined_checkpoints)})"
+            if st.quarantined_checkpoints
+            else ""
+        ),
+    )

@@ -30,9 +30,15 @@ def _type(node: dict[str, Any]) -> str:
 
 def _constraints(node: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("minimum", ">="), ("maximum", "<="), ("minLength", "len >="),
-                       ("maxLength", "len <="), ("minItems", "items >="),
-                       ("maxItems", "items <="), ("pattern", "matches")):
+    for key, label in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minLength", "len >="),
+        ("maxLength", "len <="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+        ("pattern", "matches"),
+    ):
         if key in node:
             parts.append(f"{label} `{node[key]}`")
     for rule in node.get("x-kubernetes-validations", []):
@@ -75,13 +81,14 @@ def reference_markdown(crd: dict[str, Any]) -> str:
         "",
         f"Plural `{names.PLURAL}`, short name `{names.SHORT_NAMES[0]}`, namespaced, with a "
         "status subresource. `kubectl get rtj` shows: "
-        + ", ".join(c["name"] for c in version["additionalPrinterColumns"]
-                    if not c.get("priority")) + " (`-o wide` adds "
+        + ", ".join(c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority"))
+        + " (`-o wide` adds "
         + ", ".join(c["name"] for c in version["additionalPrinterColumns"] if c.get("priority"))
         + ").",
         "",
-        "Rules on the whole object: " + "; ".join(
-            r["message"] for r in root.get("x-kubernetes-validations", [])) + ".",
+        "Rules on the whole object: "
+        + "; ".join(r["message"] for r in root.get("x-kubernetes-validations", []))
+        + ".",
         "",
     ]
     for section in ("spec", "status"):

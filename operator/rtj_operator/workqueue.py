@@ -52,8 +52,10 @@ class WorkQueue:
 
     def start(self) -> None:
         """Start the workers on the running loop."""
-        self.tasks = [asyncio.create_task(self._work(), name=f"rtj-worker-{i}")
-                      for i in range(self.concurrency)]
+        self.tasks = [
+            asyncio.create_task(self._work(), name=f"rtj-worker-{i}")
+            for i in range(self.concurrency)
+        ]
 
     async def stop(self) -> None:
         """Stop the workers and timers."""
@@ -90,8 +92,7 @@ class WorkQueue:
 
     def stats(self) -> dict[str, int]:
         """For the liveness probe."""
-        return {"jobs": len(self.entries), "ready": self.ready.qsize(),
-                "processed": self.processed}
+        return {"jobs": len(self.entries), "ready": self.ready.qsize(), "processed": self.processed}
 
     def _schedule(self, key: Key, entry: _Entry, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -127,8 +128,13 @@ class WorkQueue:
             except Exception:
                 entry.failures += 1
                 requeue = min(RETRY_BASE * 2 ** (entry.failures - 1), RETRY_MAX)
-                log.exception("reconcile of %s/%s failed (retry %d in %.1fs)",
-                              key[0], key[1], entry.failures, requeue)
+                log.exception(
+                    "reconcile of %s/%s failed (retry %d in %.1fs)",
+                    key[0],
+                    key[1],
+                    entry.failures,
+                    requeue,
+                )
             finally:
                 entry.running = False
                 self.processed += 1

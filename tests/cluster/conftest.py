@@ -65,34 +65,59 @@ def kubeconfig() -> Iterator[str]:
         yield given
         return
     require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
-    require(shutil.which("go") is not None or Path("/usr/local/go/bin/go").exists()
-            or _binaries_cached(), "neither Go nor cached control-plane binaries")
+    require(
+        shutil.which("go") is not None
+        or Path("/usr/local/go/bin/go").exists()
+        or _binaries_cached(),
+        "neither Go nor cached control-plane binaries",
+    )
     if not IN_CI:
         # Locally, never start a tens-of-minutes build from a test run.
-        require(_binaries_cached(),
-                "control-plane binaries not built: run hack/cluster/build.sh (or set KUBECONFIG)")
+        require(
+            _binaries_cached(),
+            "control-plane binaries not built: run hack/cluster/build.sh (or set KUBECONFIG)",
+        )
     env = {**os.environ, "RTJ_CLUSTER_NAME": CLUSTER_NAME}
-    existed = subprocess.run([str(CLUSTER_SH), "status"], env=env, capture_output=True,
-                             check=False).returncode == 0
-    up = subprocess.run([str(CLUSTER_SH), "up", "--nodes", "1"], env=env, capture_output=True,
-                        text=True, check=False, timeout=540)
+    existed = (
+        subprocess.run(
+            [str(CLUSTER_SH), "status"], env=env, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+    up = subprocess.run(
+        [str(CLUSTER_SH), "up", "--nodes", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=540,
+    )
     if up.returncode != 0:
         pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
-    path = subprocess.run([str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    path = subprocess.run(
+        [str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     yield path
     if not existed and os.environ.get("RTJ_E2E_KEEP_CLUSTER") != "1":
         # Stopping the control plane can take minutes on a loaded machine: give it a little
         # while, then let it finish in the background rather than eat a test's time budget.
-        down = subprocess.Popen([str(CLUSTER_SH), "down"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        down = subprocess.Popen(
+            [str(CLUSTER_SH), "down"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         with contextlib.suppress(subprocess.TimeoutExpired):
             down.wait(30)
 
 
 def _binaries_cached() -> bool:
-    return BUILD_SH.exists() and subprocess.run(
-        [str(BUILD_SH), "--check"], capture_output=True, check=False).returncode == 0
+    return (
+        BUILD_SH.exists()
+        and subprocess.run([str(BUILD_SH), "--check"], capture_output=True, check=False).returncode
+        == 0
+    )
 
 
 @pytest.fixture(scope="session")
@@ -142,24 +167,44 @@ class OperatorProcess:
                 self.proc.wait(5)
 
 
-def start_operator(kubeconfig: str, log: Path, *args: str,
-                   env: dict[str, str] | None = None, wait: bool = True) -> OperatorProcess:
+def start_operator(
+    kubeconfig: str, log: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True
+) -> OperatorProcess:
     """Start the operator as a subprocess; wait until its liveness endpoint answers."""
     live_port, metrics_port = free_port(), free_port()
     liveness = f"http://127.0.0.1:{live_port}/healthz"
-    full_env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIR),
-                                               os.environ.get("PYTHONPATH", "")]),
-                **(env or {})}
-    cmd = [sys.executable, "-m", "rtj_operator", "--liveness", liveness,
-           "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
-           "--resync-seconds", "30", *args]
+    full_env = {
+        **os.environ,
+        "KUBECONFIG": kubeconfig,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIR), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "rtj_operator",
+        "--liveness",
+        liveness,
+        "--metrics-port",
+        str(metrics_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--resync-seconds",
+        "30",
+        *args,
+    ]
     handle = log.open("ab")
     proc = subprocess.Popen(cmd, env=full_env, stdout=handle, stderr=subprocess.STDOUT)
     op = OperatorProcess(proc, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics")
     if wait:
-        wait_for("operator liveness", lambda: _answers(liveness) or not op.alive(), 60,
-                 interval=0.2, on_timeout=op.tail)
+        wait_for(
+            "operator liveness",
+            lambda: _answers(liveness) or not op.alive(),
+            60,
+            interval=0.2,
+            on_timeout=op.tail,
+        )
         assert op.alive(), f"operator exited at start:\n{op.tail()}"
     return op
 
@@ -173,8 +218,9 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def operator(kube: Kube, kubeconfig: str, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
+def operator(
+    kube: Kube, kubeconfig: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     """The operator under test, serving the ``rtj-e2e-*`` namespaces."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = start_operator(kubeconfig, log, "--namespace", E2E_NAMESPACES, "--standalone")

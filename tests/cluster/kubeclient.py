@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
 from rtj_operator import names
 from rtj_operator.kube import ApiError, KubeApi
 from rtj_operator.timeutil import iso, utcnow
@@ -28,8 +29,13 @@ POOL_LABEL = "rtj-e2e/pool"
 MERGE = "application/merge-patch+json"
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0,
-              interval: float = 0.05, on_timeout: Callable[[], str] | None = None) -> T:
+def wait_for(
+    what: str,
+    check: Callable[[], T | None],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    on_timeout: Callable[[], str] | None = None,
+) -> T:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -39,8 +45,9 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0,
             return last
         time.sleep(interval)
     extra = on_timeout() if on_timeout else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
-                         f"\n{extra}")
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{extra}"
+    )
 
 
 class Kube:
@@ -73,12 +80,16 @@ class Kube:
     def apply(self, doc: dict[str, Any]) -> None:
         """Create, or replace keeping the resourceVersion."""
         api_version, kind = doc["apiVersion"], doc["kind"]
-        plural = {"CustomResourceDefinition": "customresourcedefinitions",
-                  "ClusterKopfPeering": "clusterkopfpeerings",
-                  "KopfPeering": "kopfpeerings", "PriorityClass": "priorityclasses",
-                  "ServiceAccount": "serviceaccounts", "Namespace": "namespaces",
-                  "ClusterRole": "clusterroles",
-                  "ClusterRoleBinding": "clusterrolebindings"}[kind]
+        plural = {
+            "CustomResourceDefinition": "customresourcedefinitions",
+            "ClusterKopfPeering": "clusterkopfpeerings",
+            "KopfPeering": "kopfpeerings",
+            "PriorityClass": "priorityclasses",
+            "ServiceAccount": "serviceaccounts",
+            "Namespace": "namespaces",
+            "ClusterRole": "clusterroles",
+            "ClusterRoleBinding": "clusterrolebindings",
+        }[kind]
         prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         ns = doc["metadata"].get("namespace")
         base = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
@@ -86,16 +97,24 @@ class Kube:
         if current is None:
             self.req("POST", base, body=doc)
         else:
-            doc = {**doc, "metadata": {**doc["metadata"],
-                                       "resourceVersion": current["metadata"]["resourceVersion"]}}
+            doc = {
+                **doc,
+                "metadata": {
+                    **doc["metadata"],
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                },
+            }
             self.req("PUT", f"{base}/{doc['metadata']['name']}", body=doc)
 
     # -- namespaces and nodes --------------------------------------------------------------
 
     def create_namespace(self, name: str) -> None:
         """Create a namespace."""
-        self.req("POST", "/api/v1/namespaces",
-                 body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.req(
+            "POST",
+            "/api/v1/namespaces",
+            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
 
     def delete_namespace(self, name: str) -> None:
         """Delete a namespace (not waiting)."""
@@ -111,14 +130,21 @@ class Kube:
         if kwok:
             annotations[KWOK_ANNOTATION] = "fake"
         capacity = {"cpu": cpu, "memory": "256Gi", "pods": "110"}
-        self.req("POST", "/api/v1/nodes", body={
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": annotations,
-                         "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name,
-                                    "type": "kwok"}},
-            "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
-        })
+        self.req(
+            "POST",
+            "/api/v1/nodes",
+            body={
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": annotations,
+                    "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"},
+                },
+                "spec": {},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            },
+        )
         if not kwok:
             self.set_node_ready(name, True)
 
@@ -134,8 +160,10 @@ class Kube:
         conds = (node.get("status") or {}).get("conditions") or []
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
         taints = {t["key"] for t in (node.get("spec") or {}).get("taints") or []}
-        return ready and not taints & {"node.kubernetes.io/not-ready",
-                                       "node.kubernetes.io/unreachable"}
+        return ready and not taints & {
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        }
 
     def delete_node(self, name: str) -> None:
         """Delete a node at once (what a cloud does to a reclaimed spot VM)."""
@@ -151,23 +179,45 @@ class Kube:
         taint = {"key": key, "effect": effect}
         if value:
             taint["value"] = value
-        self.req("PATCH", f"/api/v1/nodes/{node}", content_type=MERGE,
-                 body={"spec": {"taints": [*current, taint]}})
+        self.req(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            content_type=MERGE,
+            body={"spec": {"taints": [*current, taint]}},
+        )
 
     def set_node_ready(self, node: str, ready: bool) -> None:
         """Report the node's readiness the way its kubelet would (status subresource)."""
         now = iso(utcnow())
         status = "True" if ready else "False"
-        self.req("PATCH", f"/api/v1/nodes/{node}/status", content_type=MERGE, body={
-            "status": {"conditions": [{
-                "type": "Ready", "status": status, "reason": "KubeletReady" if ready
-                else "KubeletNotReady", "message": "set by the e2e test",
-                "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        self.req(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            content_type=MERGE,
+            body={
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": status,
+                            "reason": "KubeletReady" if ready else "KubeletNotReady",
+                            "message": "set by the e2e test",
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    ]
+                }
+            },
+        )
 
     def stop_kubelet(self, node: str) -> None:
         """Detach kwok from the node (its heartbeats stop), then report NotReady."""
-        self.req("PATCH", f"/api/v1/nodes/{node}", content_type=MERGE,
-                 body={"metadata": {"annotations": {KWOK_ANNOTATION: None}}})
+        self.req(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            content_type=MERGE,
+            body={"metadata": {"annotations": {KWOK_ANNOTATION: None}}},
+        )
         time.sleep(0.5)
         self.set_node_ready(node, False)
 
@@ -191,8 +241,7 @@ class Kube:
 
     def patch_job(self, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch a job's spec."""
-        return self.req("PATCH", self.job_path(ns, name), content_type=MERGE,
-                        body={"spec": spec})
+        return self.req("PATCH", self.job_path(ns, name), content_type=MERGE, body={"spec": spec})
 
     def delete_job(self, ns: str, name: str) -> None:
         """Delete a job (background cascade)."""
@@ -203,8 +252,9 @@ class Kube:
         selector = names.job_selector(job)
         if attempt is not None:
             selector += f",{names.LABEL_ATTEMPT}={attempt}"
-        found = self.req("GET", f"/api/v1/namespaces/{ns}/pods",
-                         query={"labelSelector": selector})["items"]
+        found = self.req("GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": selector})[
+            "items"
+        ]
         return sorted(found, key=lambda p: p["metadata"]["name"])
 
     def pod(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -213,45 +263,87 @@ class Kube:
 
     def running(self, ns: str, job: str, attempt: int, replicas: int) -> list[dict[str, Any]]:
         """The attempt's pods when all ``replicas`` run (else an empty list)."""
-        pods = [p for p in self.pods(ns, job, attempt)
-                if p["status"].get("phase") == "Running"
-                and not p["metadata"].get("deletionTimestamp")]
+        pods = [
+            p
+            for p in self.pods(ns, job, attempt)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
         return pods if len(pods) == replicas else []
 
     def evict(self, ns: str, pod: str) -> None:
         """The Eviction API (what kubectl drain uses)."""
-        self.req("POST", f"/api/v1/namespaces/{ns}/pods/{pod}/eviction", body={
-            "apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": pod, "namespace": ns}})
+        self.req(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods/{pod}/eviction",
+            body={
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": ns},
+            },
+        )
 
-    def end_container(self, ns: str, pod: str, exit_code: int, *, reason: str = "Error",
-                      message: str | None = None) -> None:
+    def end_container(
+        self,
+        ns: str,
+        pod: str,
+        exit_code: int,
+        *,
+        reason: str = "Error",
+        message: str | None = None,
+    ) -> None:
         """Report the training container's exit as its kubelet would (status subresource)."""
         current = self.pod(ns, pod)
         assert current is not None, pod
         now = iso(utcnow())
         statuses = []
         for container in current["spec"]["containers"]:
-            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": now,
-                          "finishedAt": now}
+            terminated = {
+                "exitCode": exit_code,
+                "reason": reason,
+                "startedAt": now,
+                "finishedAt": now,
+            }
             if message is not None:
                 terminated["message"] = message
-            statuses.append({"name": container["name"], "image": container.get("image", ""),
-                             "imageID": "", "ready": False, "restartCount": 0,
-                             "started": False, "state": {"terminated": terminated}})
+            statuses.append(
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": terminated},
+                }
+            )
         phase = "Succeeded" if exit_code == 0 else "Failed"
-        self.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod}/status", content_type=MERGE,
-                 body={"status": {"phase": phase, "containerStatuses": statuses}})
+        self.req(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod}/status",
+            content_type=MERGE,
+            body={"status": {"phase": phase, "containerStatuses": statuses}},
+        )
 
-    def report_progress(self, ns: str, pod: str, checkpoint: str, step: int,
-                        current_step: int | None = None) -> str:
+    def report_progress(
+        self, ns: str, pod: str, checkpoint: str, step: int, current_step: int | None = None
+    ) -> str:
         """Do what the runtime does after a commit: annotate its own pod."""
-        report = {"checkpoint": checkpoint, "uri": f"s3://ckpt/run/{checkpoint}", "step": step,
-                  "epoch": 0, "sample": step * 8, "time": iso(utcnow()),
-                  "current_step": current_step if current_step is not None else step}
+        report = {
+            "checkpoint": checkpoint,
+            "uri": f"s3://ckpt/run/{checkpoint}",
+            "step": step,
+            "epoch": 0,
+            "sample": step * 8,
+            "time": iso(utcnow()),
+            "current_step": current_step if current_step is not None else step,
+        }
         text = json.dumps(report)
-        self.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod}", content_type=MERGE,
-                 body={"metadata": {"annotations": {"resumable.dev/progress": text}}})
+        self.req(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod}",
+            content_type=MERGE,
+            body={"metadata": {"annotations": {"resumable.dev/progress": text}}},
+        )
         return text
 
     def events(self, ns: str, involved: str) -> list[dict[str, Any]]:
@@ -279,10 +371,14 @@ def rtj(name: str, ns: str, pool: str, replicas: int = 2, **spec: Any) -> dict[s
     }
     template_spec.update(spec.pop("template_spec", {}))
     body = {
-        "apiVersion": names.API_VERSION, "kind": names.KIND,
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"replicas": replicas, "checkpoint": {"dir": "s3://ckpt"},
-                 "template": {"spec": template_spec}},
+        "spec": {
+            "replicas": replicas,
+            "checkpoint": {"dir": "s3://ckpt"},
+            "template": {"spec": template_spec},
+        },
     }
     body["spec"].update(spec)
     return body

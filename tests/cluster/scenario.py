@@ -8,26 +8,53 @@ from .conftest import OperatorProcess, Pool
 from .kubeclient import Kube, rtj, unique, wait_for
 
 
-def start_running(kube: Kube, ns: str, pool: Pool, op: OperatorProcess, replicas: int = 2,
-                  *, nodes: int | None = None, cpu: str = "32", **spec: Any) -> str:
+def start_running(
+    kube: Kube,
+    ns: str,
+    pool: Pool,
+    op: OperatorProcess,
+    replicas: int = 2,
+    *,
+    nodes: int | None = None,
+    cpu: str = "32",
+    **spec: Any,
+) -> str:
     """Create ``nodes`` (default one per rank) and a job; wait until attempt 0 runs."""
     pool.add(nodes if nodes is not None else replicas, cpu=cpu)
     name = unique("job")
     kube.create_job(rtj(name, ns, pool.name, replicas, **spec))
-    wait_for(f"{name} attempt 0 running", lambda: kube.running(ns, name, 0, replicas), 60,
-             on_timeout=op.tail)
-    wait_for(f"{name} phase Running", lambda: kube.status(ns, name).get("phase") == "Running",
-             30, on_timeout=op.tail)
+    wait_for(
+        f"{name} attempt 0 running",
+        lambda: kube.running(ns, name, 0, replicas),
+        60,
+        on_timeout=op.tail,
+    )
+    wait_for(
+        f"{name} phase Running",
+        lambda: kube.status(ns, name).get("phase") == "Running",
+        30,
+        on_timeout=op.tail,
+    )
     return name
 
 
-def wait_attempt(kube: Kube, ns: str, name: str, attempt: int, replicas: int,
-                 *, op: OperatorProcess, timeout: float = 30.0) -> list[dict[str, Any]]:
+def wait_attempt(
+    kube: Kube,
+    ns: str,
+    name: str,
+    attempt: int,
+    replicas: int,
+    *,
+    op: OperatorProcess,
+    timeout: float = 30.0,
+) -> list[dict[str, Any]]:
     """Wait until every pod of ``attempt`` exists; return them."""
     return wait_for(
-        f"{name} attempt {attempt} gang", lambda: (
-            pods if len(pods := kube.pods(ns, name, attempt)) == replicas else None),
-        timeout, on_timeout=lambda: f"status={kube.status(ns, name)}\n{op.tail()}")
+        f"{name} attempt {attempt} gang",
+        lambda: pods if len(pods := kube.pods(ns, name, attempt)) == replicas else None,
+        timeout,
+        on_timeout=lambda: f"status={kube.status(ns, name)}\n{op.tail()}",
+    )
 
 
 def node_of(kube: Kube, ns: str, name: str, attempt: int, rank: int) -> str:
@@ -44,9 +71,12 @@ def last_interruption(kube: Kube, ns: str, name: str) -> dict[str, Any]:
 
 def wait_events(kube: Kube, ns: str, name: str, reasons: set[str]) -> None:
     """Wait until Events with every reason exist (they are posted after the work is done)."""
-    wait_for(f"events {sorted(reasons)}", lambda: reasons <= {
-        e["reason"] for e in kube.events(ns, name)}, 10,
-        on_timeout=lambda: str(sorted({e["reason"] for e in kube.events(ns, name)})))
+    wait_for(
+        f"events {sorted(reasons)}",
+        lambda: reasons <= {e["reason"] for e in kube.events(ns, name)},
+        10,
+        on_timeout=lambda: str(sorted({e["reason"] for e in kube.events(ns, name)})),
+    )
 
 
 def condition(kube: Kube, ns: str, name: str, type_: str) -> dict[str, Any]:

@@ -16,12 +16,17 @@ from .scenario import (
 
 
 def test_failure_is_counted_and_backed_off(kube, ns, pool, operator):
-    name = start_running(kube, ns, pool, operator,
-                         resumePolicy={"backoffBaseSeconds": 3, "backoffLimit": 5})
+    name = start_running(
+        kube, ns, pool, operator, resumePolicy={"backoffBaseSeconds": 3, "backoffLimit": 5}
+    )
     failed_at = time.monotonic()
     kube.end_container(ns, f"{name}-a0-r1", 1)
-    wait_for("failure recorded", lambda: kube.status(ns, name).get("failures") == 1, 10,
-             on_timeout=operator.tail)
+    wait_for(
+        "failure recorded",
+        lambda: kube.status(ns, name).get("failures") == 1,
+        10,
+        on_timeout=operator.tail,
+    )
     status = kube.status(ns, name)
     assert status["attempt"] == 1 and status["preemptions"] == 0
     assert status["restartAfter"] and status["phase"] == "Restarting"
@@ -35,41 +40,66 @@ def test_failure_is_counted_and_backed_off(kube, ns, pool, operator):
 
 
 def test_failure_budget_exhausted(kube, ns, pool, operator):
-    name = start_running(kube, ns, pool, operator,
-                         resumePolicy={"backoffBaseSeconds": 1, "backoffLimit": 1})
+    name = start_running(
+        kube, ns, pool, operator, resumePolicy={"backoffBaseSeconds": 1, "backoffLimit": 1}
+    )
     kube.end_container(ns, f"{name}-a0-r0", 2)
-    wait_for("attempt 1 running", lambda: kube.running(ns, name, 1, 2), 30,
-             on_timeout=operator.tail)
+    wait_for(
+        "attempt 1 running", lambda: kube.running(ns, name, 1, 2), 30, on_timeout=operator.tail
+    )
     kube.end_container(ns, f"{name}-a1-r1", 137, reason="OOMKilled")
-    wait_for("Failed", lambda: kube.status(ns, name).get("phase") == "Failed", 20,
-             on_timeout=operator.tail)
+    wait_for(
+        "Failed",
+        lambda: kube.status(ns, name).get("phase") == "Failed",
+        20,
+        on_timeout=operator.tail,
+    )
     failed = condition(kube, ns, name, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert "OOMKilled" in failed["message"]
     status = kube.status(ns, name)
     assert status["failures"] == 2 and status["completionTime"]
-    wait_for("the surviving rank stopped", lambda: all(
-        p["metadata"].get("deletionTimestamp") or p["status"]["phase"] == "Failed"
-        for p in kube.pods(ns, name, 1)), 20)
+    wait_for(
+        "the surviving rank stopped",
+        lambda: all(
+            p["metadata"].get("deletionTimestamp") or p["status"]["phase"] == "Failed"
+            for p in kube.pods(ns, name, 1)
+        ),
+        20,
+    )
     time.sleep(1)
     assert kube.pods(ns, name, 2) == []
 
 
 def test_repeated_failure_after_resume_quarantines_the_checkpoint(kube, ns, pool, operator):
-    name = start_running(kube, ns, pool, operator, resumePolicy={
-        "backoffBaseSeconds": 0, "backoffLimit": 10, "quarantineThreshold": 2})
+    name = start_running(
+        kube,
+        ns,
+        pool,
+        operator,
+        resumePolicy={"backoffBaseSeconds": 0, "backoffLimit": 10, "quarantineThreshold": 2},
+    )
     kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100)
-    wait_for("first checkpoint", lambda: (kube.status(ns, name).get(
-        "lastCommittedCheckpoint") or {}).get("step") == 100, 10)
+    wait_for(
+        "first checkpoint",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
+        10,
+    )
     kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba200", 200)
-    wait_for("second checkpoint", lambda: (kube.status(ns, name).get(
-        "lastCommittedCheckpoint") or {}).get("step") == 200, 10)
+    wait_for(
+        "second checkpoint",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 200,
+        10,
+    )
     kube.delete_node(node_of(kube, ns, name, 0, 0))
     pool.add(1)
     for attempt in (1, 2):
-        pods = wait_for(f"attempt {attempt} running",
-                        lambda a=attempt: kube.running(ns, name, a, 2), 30,
-                        on_timeout=operator.tail)
+        pods = wait_for(
+            f"attempt {attempt} running",
+            lambda a=attempt: kube.running(ns, name, a, 2),
+            30,
+            on_timeout=operator.tail,
+        )
         assert env_of(pods[0])["RTJ_RESUME_FROM"] == "s3://ckpt/run/ep0-ba200"
         kube.end_container(ns, f"{name}-a{attempt}-r0", 1)  # crashes right after resuming
     pods = wait_attempt(kube, ns, name, 3, 2, op=operator)

@@ -17,13 +17,22 @@ from .scenario import condition, node_of, start_running, wait_attempt
 
 def test_success_when_every_rank_exits_zero(kube, ns, pool, operator):
     name = start_running(kube, ns, pool, operator)
-    kube.end_container(ns, f"{name}-a0-r0", 0, reason="Completed",
-                       message='{"checkpoint": "final", "step": 1000, "uri": "s3://ckpt/x"}')
+    kube.end_container(
+        ns,
+        f"{name}-a0-r0",
+        0,
+        reason="Completed",
+        message='{"checkpoint": "final", "step": 1000, "uri": "s3://ckpt/x"}',
+    )
     time.sleep(1)
     assert kube.status(ns, name)["phase"] == "Running"
     kube.end_container(ns, f"{name}-a0-r1", 0, reason="Completed")
-    wait_for("Succeeded", lambda: kube.status(ns, name).get("phase") == "Succeeded", 10,
-             on_timeout=operator.tail)
+    wait_for(
+        "Succeeded",
+        lambda: kube.status(ns, name).get("phase") == "Succeeded",
+        10,
+        on_timeout=operator.tail,
+    )
     status = kube.status(ns, name)
     assert status["completionTime"] and status["lastCommittedCheckpoint"]["step"] == 1000
     assert condition(kube, ns, name, "Succeeded")["status"] == "True"
@@ -35,8 +44,12 @@ def test_suspend_deletes_the_gang_keeps_state_and_resume_continues(kube, ns, poo
     kube.report_progress(ns, f"{name}-a0-r1", "ep1-ba10", 10)
     wait_for("checkpoint", lambda: kube.status(ns, name).get("lastCommittedCheckpoint"), 10)
     kube.patch_job(ns, name, {"suspend": True})
-    wait_for("Suspended", lambda: kube.status(ns, name).get("phase") == "Suspended", 10,
-             on_timeout=operator.tail)
+    wait_for(
+        "Suspended",
+        lambda: kube.status(ns, name).get("phase") == "Suspended",
+        10,
+        on_timeout=operator.tail,
+    )
     wait_for("gang deleted", lambda: kube.pods(ns, name) == [], 20, on_timeout=operator.tail)
     status = kube.status(ns, name)
     assert status["lastCommittedCheckpoint"]["name"] == "ep1-ba10"
@@ -49,10 +62,12 @@ def test_suspend_deletes_the_gang_keeps_state_and_resume_continues(kube, ns, poo
 
 def test_deleting_the_job_removes_everything_it_owns(kube, ns, pool, operator):
     name = start_running(kube, ns, pool, operator)
-    owned = [f"/api/v1/namespaces/{ns}/services/{name}",
-             f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-trainer",
-             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer",
-             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-trainer"]
+    owned = [
+        f"/api/v1/namespaces/{ns}/services/{name}",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-trainer",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-trainer",
+    ]
     for path in owned:
         assert kube.get(path) is not None, path
     kube.delete_job(ns, name)
@@ -89,9 +104,16 @@ def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):
     assert role["rules"][0]["resourceNames"] == [f"{name}-a0-r0", f"{name}-a0-r1"]
     kube.delete_node(node_of(kube, ns, name, 0, 0))
     wait_attempt(kube, ns, name, 1, 2, op=operator)
-    wait_for("role follows the attempt", lambda: kube.get(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer"
-    )["rules"][0]["resourceNames"] == [f"{name}-a1-r0", f"{name}-a1-r1"], 10)
+    wait_for(
+        "role follows the attempt",
+        lambda: (
+            kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer")[
+                "rules"
+            ][0]["resourceNames"]
+            == [f"{name}-a1-r0", f"{name}-a1-r1"]
+        ),
+        10,
+    )
 
 
 def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, pool, operator):
@@ -100,11 +122,22 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
     wait_attempt(kube, ns, name, 1, 2, op=operator)
     kubectl = kubectl_binary()
     if kubectl:
-        out = subprocess.run([kubectl, "--kubeconfig", kubeconfig, "-n", ns, "get", "rtj"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [kubectl, "--kubeconfig", kubeconfig, "-n", ns, "get", "rtj"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "PHASE", "ATTEMPT", "PREEMPTIONS", "FAILURES", "STEP",
-                                  "AGE"]
+        assert header.split() == [
+            "NAME",
+            "PHASE",
+            "ATTEMPT",
+            "PREEMPTIONS",
+            "FAILURES",
+            "STEP",
+            "AGE",
+        ]
         assert row.split()[0] == name and row.split()[2] == "1" and row.split()[3] == "1"
     with urllib.request.urlopen(operator.metrics, timeout=5) as response:  # noqa: S310
         text = response.read().decode()
@@ -118,8 +151,9 @@ def kubectl_binary() -> str | None:
     """kubectl from the local control plane's build, else from PATH."""
     build = ROOT / "hack" / "cluster" / "build.sh"
     if build.exists():
-        bindir = subprocess.run([str(build), "--print-bindir"], capture_output=True,
-                                text=True, check=False).stdout.strip()
+        bindir = subprocess.run(
+            [str(build), "--print-bindir"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         if bindir and (Path(bindir) / "kubectl").exists():
             return str(Path(bindir) / "kubectl")
     return shutil.which("kubectl")

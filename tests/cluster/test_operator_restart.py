@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+
 from rtj_operator import testhooks
 
 from .conftest import start_operator
@@ -34,21 +35,28 @@ def attempts(kube, ns, name) -> dict[int, int]:
 
 @pytest.mark.parametrize("point", ["after-status", "mid-creation"])
 def test_killed_mid_resubmission_then_restarted_completes_the_same_attempt(
-        *, kube, kubeconfig, own_ns, pool, tmp_path, point):
+    *, kube, kubeconfig, own_ns, pool, tmp_path, point
+):
     ns = own_ns
     replicas = 4
     pool.add(replicas)
     log = tmp_path / "operator.log"
-    crashy = start_operator(kubeconfig, log, "--namespace", ns, "--standalone",
-                            env={testhooks.ENV: point})
+    crashy = start_operator(
+        kubeconfig, log, "--namespace", ns, "--standalone", env={testhooks.ENV: point}
+    )
     try:
         name = unique("job")
         kube.create_job(rtj(name, ns, pool.name, replicas))
-        wait_for("attempt 0 running", lambda: kube.running(ns, name, 0, replicas), 60,
-                 on_timeout=crashy.tail)
+        wait_for(
+            "attempt 0 running",
+            lambda: kube.running(ns, name, 0, replicas),
+            60,
+            on_timeout=crashy.tail,
+        )
         kube.delete_node(node_of(kube, ns, name, 0, 2))
-        wait_for("operator crashed at the hook", lambda: not crashy.alive(), 30,
-                 on_timeout=crashy.tail)
+        wait_for(
+            "operator crashed at the hook", lambda: not crashy.alive(), 30, on_timeout=crashy.tail
+        )
         assert crashy.proc.returncode == testhooks.EXIT_CODE, crashy.tail()
         status = kube.status(ns, name)
         assert status["attempt"] == 1 and not status.get("gangCreated")
@@ -58,8 +66,15 @@ def test_killed_mid_resubmission_then_restarted_completes_the_same_attempt(
 
     restarted = start_operator(kubeconfig, log, "--namespace", ns, "--standalone")
     try:
-        wait_for("attempt 1 complete", lambda: attempts(kube, ns, name).get(1) == replicas
-                 and kube.status(ns, name).get("gangCreated"), 30, on_timeout=restarted.tail)
+        wait_for(
+            "attempt 1 complete",
+            lambda: (
+                attempts(kube, ns, name).get(1) == replicas
+                and kube.status(ns, name).get("gangCreated")
+            ),
+            30,
+            on_timeout=restarted.tail,
+        )
         time.sleep(2)  # give a buggy operator the chance to create a second gang
         status = kube.status(ns, name)
         assert status["attempt"] == 1 and status["preemptions"] == 1
@@ -69,8 +84,9 @@ def test_killed_mid_resubmission_then_restarted_completes_the_same_attempt(
         restarted.stop()
 
 
-def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(kube, kubeconfig, own_ns, pool,
-                                                               tmp_path):
+def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(
+    kube, kubeconfig, own_ns, pool, tmp_path
+):
     ns = own_ns
     replicas = 3
     pool.add(replicas + 4)
@@ -81,8 +97,9 @@ def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(kube, kubeconfig, 
     op = start_operator(kubeconfig, log, "--namespace", ns, "--standalone")
     expected_preemptions = 0
     try:
-        wait_for("attempt 0 running", lambda: kube.running(ns, name, 0, replicas), 60,
-                 on_timeout=op.tail)
+        wait_for(
+            "attempt 0 running", lambda: kube.running(ns, name, 0, replicas), 60, on_timeout=op.tail
+        )
         for _ in range(4):
             attempt = kube.status(ns, name)["attempt"]
             kube.delete_node(node_of(kube, ns, name, attempt, rng.randrange(replicas)))
@@ -91,13 +108,20 @@ def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(kube, kubeconfig, 
             op.proc.send_signal(signal.SIGKILL)
             op.proc.wait(10)
             op = start_operator(kubeconfig, log, "--namespace", ns, "--standalone")
-            wait_for(f"attempt {attempt + 1} running",
-                     lambda a=attempt + 1: kube.running(ns, name, a, replicas), 60,
-                     on_timeout=op.tail)
+            wait_for(
+                f"attempt {attempt + 1} running",
+                lambda a=attempt + 1: kube.running(ns, name, a, replicas),
+                60,
+                on_timeout=op.tail,
+            )
             for counted_attempt, pods in attempts(kube, ns, name).items():
                 assert pods <= replicas, (counted_attempt, pods)
-        wait_for("phase Running", lambda: kube.status(ns, name).get("phase") == "Running", 30,
-                 on_timeout=op.tail)
+        wait_for(
+            "phase Running",
+            lambda: kube.status(ns, name).get("phase") == "Running",
+            30,
+            on_timeout=op.tail,
+        )
         status = kube.status(ns, name)
         assert status["attempt"] == expected_preemptions
         assert status["preemptions"] == expected_preemptions

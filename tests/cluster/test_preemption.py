@@ -19,8 +19,12 @@ from .scenario import (
 def test_node_deleted_resubmits_the_whole_gang_from_the_last_checkpoint(kube, ns, pool, operator):
     name = start_running(kube, ns, pool, operator, replicas=3)
     report = kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100, current_step=130)
-    wait_for("checkpoint in status", lambda: (kube.status(ns, name).get(
-        "lastCommittedCheckpoint") or {}).get("step") == 100, 10, on_timeout=operator.tail)
+    wait_for(
+        "checkpoint in status",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
+        10,
+        on_timeout=operator.tail,
+    )
 
     victim = node_of(kube, ns, name, 0, 1)
     on_victim = [r for r in range(3) if node_of(kube, ns, name, 0, r) == victim]
@@ -39,12 +43,19 @@ def test_node_deleted_resubmits_the_whole_gang_from_the_last_checkpoint(kube, ns
     assert hit["rank"] == on_victim[0]
     assert hit["lastCommittedStep"] == 100 and hit["stepsLost"] == 30
     # The surviving ranks of attempt 0 were told to stop (they get their grace period).
-    wait_for("attempt 0 ranks gone or terminating", lambda: all(
-        p["metadata"].get("deletionTimestamp") or p["spec"]["nodeName"] == victim
-        for p in kube.pods(ns, name, 0)), 20, on_timeout=operator.tail)
+    wait_for(
+        "attempt 0 ranks gone or terminating",
+        lambda: all(
+            p["metadata"].get("deletionTimestamp") or p["spec"]["nodeName"] == victim
+            for p in kube.pods(ns, name, 0)
+        ),
+        20,
+        on_timeout=operator.tail,
+    )
     pool.add(1)
-    wait_for("attempt 1 running", lambda: kube.running(ns, name, 1, 3), 60,
-             on_timeout=operator.tail)
+    wait_for(
+        "attempt 1 running", lambda: kube.running(ns, name, 1, 3), 60, on_timeout=operator.tail
+    )
     wait_for("phase Running", lambda: kube.status(ns, name).get("phase") == "Running", 20)
     wait_events(kube, ns, name, {"Preempted", "Resubmitted"})
 
@@ -68,14 +79,23 @@ def test_noexecute_taint_eviction(kube, ns, pool, operator):
 
 
 def test_termination_taint_sends_a_notice_and_restarts_only_when_the_node_goes(
-        kube, ns, pool, operator):
+    kube, ns, pool, operator
+):
     name = start_running(kube, ns, pool, operator)
     node = node_of(kube, ns, name, 0, 0)
     kube.taint(node, "ToBeDeletedByClusterAutoscaler", "NoSchedule", str(int(time.time())))
     pod = f"{name}-a0-r0"
-    notice = wait_for("notice annotation", lambda: (kube.pod(ns, pod) or {}).get(
-        "metadata", {}).get("annotations", {}).get("resumable.dev/preemption-notice"), 10,
-        on_timeout=operator.tail)
+    notice = wait_for(
+        "notice annotation",
+        lambda: (
+            (kube.pod(ns, pod) or {})
+            .get("metadata", {})
+            .get("annotations", {})
+            .get("resumable.dev/preemption-notice")
+        ),
+        10,
+        on_timeout=operator.tail,
+    )
     data = json.loads(notice)
     assert data["reason"] == "ToBeDeletedByClusterAutoscaler" and data["node"] == node
     assert data["time"]
@@ -96,23 +116,53 @@ def test_out_of_service_taint_notices_then_the_eviction_restarts(kube, ns, pool,
     kube.taint(node, "node.kubernetes.io/out-of-service", "NoExecute", "nodeshutdown")
     wait_attempt(kube, ns, name, 1, 2, op=operator)
     hit = last_interruption(kube, ns, name)
-    assert hit["preemption"] and hit["cause"] in ("TaintEviction", "PodDeleted",
-                                                  "PodRemoved"), hit
+    assert hit["preemption"] and hit["cause"] in ("TaintEviction", "PodDeleted", "PodRemoved"), hit
 
 
 def test_scheduler_preemption_by_a_higher_priority_class(kube, ns, pool, operator):
-    name = start_running(kube, ns, pool, operator, replicas=2, cpu="4", template_spec={
-        "containers": [{"name": "trainer", "image": "registry.local/train:1",
-                        "resources": {"requests": {"cpu": "3"}}}]})
+    name = start_running(
+        kube,
+        ns,
+        pool,
+        operator,
+        replicas=2,
+        cpu="4",
+        template_spec={
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.local/train:1",
+                    "resources": {"requests": {"cpu": "3"}},
+                }
+            ]
+        },
+    )
     high = unique("rtj-e2e-high")
-    kube.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": high}, "value": 1000000})
+    kube.apply(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": high},
+            "value": 1000000,
+        }
+    )
     try:
-        kube.req("POST", f"/api/v1/namespaces/{ns}/pods", body={
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "urgent"},
-            "spec": {"priorityClassName": high, "nodeSelector": {"rtj-e2e/pool": pool.name},
-                     "containers": [{"name": "c", "image": "x",
-                                     "resources": {"requests": {"cpu": "3"}}}]}})
+        kube.req(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            body={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "urgent"},
+                "spec": {
+                    "priorityClassName": high,
+                    "nodeSelector": {"rtj-e2e/pool": pool.name},
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}}}
+                    ],
+                },
+            },
+        )
         wait_attempt(kube, ns, name, 1, 2, op=operator)
         hit = last_interruption(kube, ns, name)
         assert hit["cause"] == "SchedulerPreemption" and hit["preemption"], hit
@@ -121,8 +171,7 @@ def test_scheduler_preemption_by_a_higher_priority_class(kube, ns, pool, operato
 
 
 def test_node_not_ready_past_the_grace_period(kube, ns, pool, operator):
-    name = start_running(kube, ns, pool, operator,
-                         preemptionSignals={"nodeNotReadySeconds": 2})
+    name = start_running(kube, ns, pool, operator, preemptionSignals={"nodeNotReadySeconds": 2})
     node = node_of(kube, ns, name, 0, 0)
     started = time.monotonic()
     kube.stop_kubelet(node)

@@ -14,22 +14,32 @@ from .scenario import node_of, wait_attempt
 def test_operator_works_with_only_the_documented_permissions(kube, kubeconfig, pool, tmp_path):
     docs = list(yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()))
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
-    kube.apply({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": account["namespace"]}})
+    kube.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": account["namespace"]}}
+    )
     for doc in docs:
         kube.apply(doc)
     token = kube.req(
-        "POST", f"/api/v1/namespaces/{account['namespace']}/serviceaccounts/"
-        f"{account['name']}/token",
-        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-              "spec": {"expirationSeconds": 3600}})["status"]["token"]
+        "POST",
+        f"/api/v1/namespaces/{account['namespace']}/serviceaccounts/{account['name']}/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )["status"]["token"]
     admin = yaml.safe_load(Path(kubeconfig).read_text())
     limited = {
-        "apiVersion": "v1", "kind": "Config",
+        "apiVersion": "v1",
+        "kind": "Config",
         "clusters": admin["clusters"],
         "users": [{"name": "rtj-operator", "user": {"token": token}}],
-        "contexts": [{"name": "rtj-operator", "context": {
-            "cluster": admin["clusters"][0]["name"], "user": "rtj-operator"}}],
+        "contexts": [
+            {
+                "name": "rtj-operator",
+                "context": {"cluster": admin["clusters"][0]["name"], "user": "rtj-operator"},
+            }
+        ],
         "current-context": "rtj-operator",
     }
     path = tmp_path / "operator.kubeconfig"

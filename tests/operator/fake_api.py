@@ -62,8 +62,9 @@ class FakeApi:
         found = self.objects.get(KubeApi.job_path(namespace, name))
         return copy.deepcopy(found) if found else None
 
-    async def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any],
-                               resource_version: str) -> dict[str, Any]:
+    async def patch_job_status(
+        self, namespace: str, name: str, patch: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
         self.calls.append("patch_status")
         job = self.objects[KubeApi.job_path(namespace, name)]
         if job["metadata"]["resourceVersion"] != resource_version:
@@ -75,8 +76,11 @@ class FakeApi:
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.calls.append("list_pods")
         key, value = selector.split("=")
-        return [copy.deepcopy(p) for p in self.pods().values()
-                if p["metadata"]["labels"].get(key) == value]
+        return [
+            copy.deepcopy(p)
+            for p in self.pods().values()
+            if p["metadata"]["labels"].get(key) == value
+        ]
 
     async def create(self, path: str, body: dict[str, Any], *, exist_ok: bool = True) -> bool:
         self.calls.append(f"create {body['kind']}")
@@ -116,8 +120,9 @@ class FakeApi:
         self.calls.append("apply_role")
         self.objects[KubeApi.rbac_path(namespace, "roles", role["metadata"]["name"])] = role
 
-    async def post_event(self, involved: dict[str, Any], type_: str, reason: str,
-                         message: str, now_iso: str) -> None:
+    async def post_event(
+        self, involved: dict[str, Any], type_: str, reason: str, message: str, now_iso: str
+    ) -> None:
         self.events.append((type_, reason, message))
 
     def run_pods(self, node: str = "node-0") -> None:

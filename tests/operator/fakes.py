@@ -30,8 +30,13 @@ def job_body(name: str = "train", replicas: int = 2, **spec: Any) -> dict[str, A
     body: dict[str, Any] = {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,
-        "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": 1,
-                     "resourceVersion": "1"},
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": UID,
+            "generation": 1,
+            "resourceVersion": "1",
+        },
         "spec": {
             "replicas": replicas,
             "checkpoint": {"dir": "s3://bucket/ckpt"},
@@ -51,11 +56,20 @@ def make_job(status: dict[str, Any] | None = None, **kwargs: Any) -> Job:
 
 
 def make_pod(
-    job: str = "train", attempt: int = 0, rank: int = 0, *, phase: str = "Running",
-    node: str | None = "node-0", exit_code: int | None = None, reason: str | None = None,
-    conditions: list[dict[str, Any]] | None = None, deleting: bool = False,
-    annotations: dict[str, str] | None = None, status_reason: str | None = None,
-    termination_message: str | None = None, uid: str = UID,
+    job: str = "train",
+    attempt: int = 0,
+    rank: int = 0,
+    *,
+    phase: str = "Running",
+    node: str | None = "node-0",
+    exit_code: int | None = None,
+    reason: str | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    deleting: bool = False,
+    annotations: dict[str, str] | None = None,
+    status_reason: str | None = None,
+    termination_message: str | None = None,
+    uid: str = UID,
 ) -> dict[str, Any]:
     """A rank pod in the shape the API server returns."""
     state: dict[str, Any] = {"running": {}}
@@ -66,9 +80,14 @@ def make_pod(
     name = names.pod_name(job, attempt, rank)
     pod: dict[str, Any] = {
         "metadata": {
-            "name": name, "namespace": "ns", "uid": f"pod-{name}",
-            "labels": {names.LABEL_JOB: job, names.LABEL_ATTEMPT: str(attempt),
-                       names.LABEL_RANK: str(rank)},
+            "name": name,
+            "namespace": "ns",
+            "uid": f"pod-{name}",
+            "labels": {
+                names.LABEL_JOB: job,
+                names.LABEL_ATTEMPT: str(attempt),
+                names.LABEL_RANK: str(rank),
+            },
             "annotations": dict(annotations or {}),
             "ownerReferences": [{"uid": uid, "controller": True, "kind": names.KIND}],
         },
@@ -87,15 +106,22 @@ def make_pod(
 
 
 def make_node(
-    name: str = "node-0", *, ready: str = "True", since: datetime | None = None,
-    taints: list[dict[str, Any]] | None = None, deleting: bool = False,
+    name: str = "node-0",
+    *,
+    ready: str = "True",
+    since: datetime | None = None,
+    taints: list[dict[str, Any]] | None = None,
+    deleting: bool = False,
 ) -> dict[str, Any]:
     """A Node object."""
     node: dict[str, Any] = {
         "metadata": {"name": name},
         "spec": {"taints": list(taints or [])},
-        "status": {"conditions": [{"type": "Ready", "status": ready,
-                                   "lastTransitionTime": iso(since or T0)}]},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": iso(since or T0)}
+            ]
+        },
     }
     if deleting:
         node["metadata"]["deletionTimestamp"] = iso(T0)
@@ -104,8 +130,14 @@ def make_node(
 
 def progress(name: str, step: int, current: int | None = None) -> str:
     """The runtime's progress JSON."""
-    data: dict[str, Any] = {"checkpoint": name, "uri": f"s3://bucket/ckpt/train/{name}",
-                            "step": step, "epoch": 0, "sample": step * 8, "time": iso(T0)}
+    data: dict[str, Any] = {
+        "checkpoint": name,
+        "uri": f"s3://bucket/ckpt/train/{name}",
+        "step": step,
+        "epoch": 0,
+        "sample": step * 8,
+        "time": iso(T0),
+    }
     if current is not None:
         data["current_step"] = current
     return json.dumps(data)
@@ -156,8 +188,9 @@ class FakeCluster:
     def apply(self, plan: Plan, *, crash_after_creations: int | None = None) -> None:
         """Apply a plan; ``crash_after_creations`` stops midway like a killed operator."""
         if plan.status is not None:
-            self.body["status"] = plan.status.model_dump(mode="json", by_alias=True,
-                                                         exclude_none=True)
+            self.body["status"] = plan.status.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
         for deletion in plan.deletions:
             if deletion.name in self.pods:
                 # kwok-like: a deleted pod disappears at once.
@@ -169,8 +202,9 @@ class FakeCluster:
                 return
             self.create(pod)
         if plan.after_creation is not None:
-            self.body["status"] = plan.after_creation.model_dump(mode="json", by_alias=True,
-                                                                 exclude_none=True)
+            self.body["status"] = plan.after_creation.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
 
     def create(self, pod: dict[str, Any]) -> None:
         """Create a pod (409-like no-op if it exists); it lands Pending, unscheduled."""
@@ -192,35 +226,41 @@ class FakeCluster:
                 if node not in self.nodes:
                     self.nodes[node] = make_node(node)
                 pod["spec"]["nodeName"] = node
-                pod["status"] = {"phase": "Running", "containerStatuses": [
-                    {"name": "trainer", "state": {"running": {}}}]}
+                pod["status"] = {
+                    "phase": "Running",
+                    "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+                }
 
     def current_pods(self) -> list[dict[str, Any]]:
         """Pods of the attempt recorded in status."""
         attempt = str(self.status.get("attempt", 0))
-        return [p for p in self.pods.values()
-                if p["metadata"]["labels"][names.LABEL_ATTEMPT] == attempt]
+        return [
+            p for p in self.pods.values() if p["metadata"]["labels"][names.LABEL_ATTEMPT] == attempt
+        ]
 
     def pod(self, rank: int, attempt: int | None = None) -> dict[str, Any]:
         """One rank's pod of an attempt (default: the current one)."""
         attempt = self.status.get("attempt", 0) if attempt is None else attempt
         return self.pods[names.pod_name(self.body["metadata"]["name"], attempt, rank)]
 
-    def terminate(self, rank: int, exit_code: int, reason: str = "Error",
-                  message: str | None = None) -> None:
+    def terminate(
+        self, rank: int, exit_code: int, reason: str = "Error", message: str | None = None
+    ) -> None:
         """The training container of a rank exits (kubelet report)."""
         pod = self.pod(rank)
         terminated: dict[str, Any] = {"exitCode": exit_code, "reason": reason}
         if message is not None:
             terminated["message"] = message
         pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
-        pod["status"]["containerStatuses"] = [{"name": "trainer",
-                                               "state": {"terminated": terminated}}]
+        pod["status"]["containerStatuses"] = [
+            {"name": "trainer", "state": {"terminated": terminated}}
+        ]
 
     def report(self, rank: int, name: str, step: int, current: int | None = None) -> None:
         """The runtime on a rank annotates its pod after a commit."""
         self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = progress(
-            name, step, current)
+            name, step, current
+        )
 
     def env(self, rank: int, attempt: int | None = None) -> dict[str, str]:
         """The environment injected into a rank's training container."""

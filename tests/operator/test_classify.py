@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+
 from rtj_operator.classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from rtj_operator.nodes import node_view
 from rtj_operator.spec_types import DEFAULT_TERMINATION_TAINTS
@@ -29,14 +30,17 @@ def test_running_pod_on_a_ready_node_is_active():
     assert out.outcome is Outcome.ACTIVE and out.running and out.notice is None
 
 
-@pytest.mark.parametrize(("reason", "cause"), [
-    ("PreemptionByScheduler", Cause.SCHEDULER_PREEMPTION),
-    ("DeletionByTaintManager", Cause.TAINT_EVICTION),
-    ("EvictionByEvictionAPI", Cause.EVICTED),
-    ("DeletionByPodGC", Cause.POD_GC),
-    ("TerminationByKubelet", Cause.NODE_SHUTDOWN),
-    ("SomethingNew", Cause.DISRUPTION),
-])
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        ("PreemptionByScheduler", Cause.SCHEDULER_PREEMPTION),
+        ("DeletionByTaintManager", Cause.TAINT_EVICTION),
+        ("EvictionByEvictionAPI", Cause.EVICTED),
+        ("DeletionByPodGC", Cause.POD_GC),
+        ("TerminationByKubelet", Cause.NODE_SHUTDOWN),
+        ("SomethingNew", Cause.DISRUPTION),
+    ],
+)
 def test_disruption_target_is_a_preemption_whatever_the_exit_code(reason, cause):
     pod = make_pod(phase="Failed", exit_code=137, conditions=[disruption(reason)])
     out = classify(pod)
@@ -76,11 +80,14 @@ def test_unknown_readiness_counts_as_not_ready():
     assert out.cause is Cause.NODE_NOT_READY and "Unknown" in out.message
 
 
-@pytest.mark.parametrize(("status_reason", "cause"), [
-    ("Evicted", Cause.EVICTED),
-    ("Terminated", Cause.NODE_SHUTDOWN),
-    ("Shutdown", Cause.NODE_SHUTDOWN),
-])
+@pytest.mark.parametrize(
+    ("status_reason", "cause"),
+    [
+        ("Evicted", Cause.EVICTED),
+        ("Terminated", Cause.NODE_SHUTDOWN),
+        ("Shutdown", Cause.NODE_SHUTDOWN),
+    ],
+)
 def test_kubelet_endings_are_preemptions(status_reason, cause):
     pod = make_pod(phase="Failed", exit_code=143, status_reason=status_reason)
     assert classify(pod).cause is cause
@@ -158,18 +165,22 @@ def _o(rank, outcome, **kw):
 
 
 def test_gang_preemption_wins_over_failures_of_other_ranks():
-    verdict = gang_verdict([
-        _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1),
-        _o(1, Outcome.PREEMPTED, cause=Cause.NODE_DELETED),
-    ])
+    verdict = gang_verdict(
+        [
+            _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1),
+            _o(1, Outcome.PREEMPTED, cause=Cause.NODE_DELETED),
+        ]
+    )
     assert verdict.outcome is Outcome.PREEMPTED and verdict.trigger.rank == 1
 
 
 def test_gang_failure_with_a_troubled_node_elsewhere_is_a_preemption():
-    verdict = gang_verdict([
-        _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, message="exit code 1"),
-        _o(1, Outcome.ACTIVE, node_trouble=Cause.NODE_NOT_READY),
-    ])
+    verdict = gang_verdict(
+        [
+            _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, message="exit code 1"),
+            _o(1, Outcome.ACTIVE, node_trouble=Cause.NODE_NOT_READY),
+        ]
+    )
     assert verdict.outcome is Outcome.PREEMPTED
     assert verdict.trigger.cause is Cause.NODE_NOT_READY and verdict.trigger.rank == 0
 
@@ -180,15 +191,24 @@ def test_gang_plain_failure():
 
 
 def test_gang_success_needs_every_rank():
-    assert gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.ACTIVE, running=True)]
-                        ).outcome is Outcome.ACTIVE
-    assert gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.SUCCEEDED)]
-                        ).outcome is Outcome.SUCCEEDED
+    assert (
+        gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.ACTIVE, running=True)]).outcome
+        is Outcome.ACTIVE
+    )
+    assert (
+        gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.SUCCEEDED)]).outcome
+        is Outcome.SUCCEEDED
+    )
 
 
 def test_gang_all_running_and_earliest_recheck():
-    verdict = gang_verdict([_o(0, Outcome.ACTIVE, running=True, recheck_after=30.0),
-                            _o(1, Outcome.ACTIVE, running=True, recheck_after=5.0)])
+    verdict = gang_verdict(
+        [
+            _o(0, Outcome.ACTIVE, running=True, recheck_after=30.0),
+            _o(1, Outcome.ACTIVE, running=True, recheck_after=5.0),
+        ]
+    )
     assert verdict.all_running and verdict.recheck_after == 5.0
-    assert not gang_verdict([_o(0, Outcome.ACTIVE, running=True),
-                             _o(1, Outcome.ACTIVE)]).all_running
+    assert not gang_verdict(
+        [_o(0, Outcome.ACTIVE, running=True), _o(1, Outcome.ACTIVE)]
+    ).all_running

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+
 from rtj_operator import metrics, testhooks
 from rtj_operator.controller import Controller
 from rtj_operator.executor import merge_patch
@@ -88,9 +89,12 @@ def test_stale_read_is_refused_and_retried_immediately():
 
 def test_invalid_pod_template_fails_the_job_with_the_servers_message():
     ctrl, api = controller_with_job()
-    api.fail_creates_with = ApiError(422, {"reason": "Invalid", "message":
-                                           "spec.containers[0].image: Required value"},
-                                     "POST", "pods")
+    api.fail_creates_with = ApiError(
+        422,
+        {"reason": "Invalid", "message": "spec.containers[0].image: Required value"},
+        "POST",
+        "pods",
+    )
     sync(ctrl)
     status = api.job()["status"]
     assert status["phase"] == "Failed"
@@ -102,9 +106,14 @@ def test_routing_kicks_only_the_jobs_on_a_changed_node():
     ctrl, _ = controller_with_job()
     kicked: list = []
     ctrl.queue.kick = lambda key, delay=0.0: kicked.append(key)  # type: ignore[method-assign]
-    pod = {"metadata": {"name": "train-a0-r0", "namespace": "ns",
-                        "labels": {"resumable.dev/job-name": "train"}},
-           "spec": {"nodeName": "node-0"}}
+    pod = {
+        "metadata": {
+            "name": "train-a0-r0",
+            "namespace": "ns",
+            "labels": {"resumable.dev/job-name": "train"},
+        },
+        "spec": {"nodeName": "node-0"},
+    }
     ctrl.on_pod_event("ADDED", pod)
     kicked.clear()
     ctrl.on_node_event(None, make_node("node-0"))
@@ -131,8 +140,9 @@ def test_echo_of_the_operators_own_status_write_is_not_a_kick():
     ctrl.queue.kick = lambda key, delay=0.0: kicked.append(key)  # type: ignore[method-assign]
     ctrl.on_job_event("MODIFIED", api.job())
     assert kicked == []
-    ctrl.on_job_event("MODIFIED", {**api.job(), "metadata": {**api.job()["metadata"],
-                                                             "resourceVersion": "999"}})
+    ctrl.on_job_event(
+        "MODIFIED", {**api.job(), "metadata": {**api.job()["metadata"], "resourceVersion": "999"}}
+    )
     assert kicked == [KEY]
 
 
@@ -201,6 +211,7 @@ def test_crash_hooks_arm_only_for_resubmissions(monkeypatch):
 @pytest.mark.parametrize("argv", [["-A"], ["-n", "a", "-n", "b*"]])
 def test_cli_scopes(argv):
     from rtj_operator.__main__ import parse_args
+
     args = parse_args([*argv, "--metrics-port", "9090", "--liveness", "http://0.0.0.0:8080/h"])
     assert args.all_namespaces or args.namespace == ["a", "b*"]
     assert args.metrics_port == 9090
@@ -208,5 +219,6 @@ def test_cli_scopes(argv):
 
 def test_cli_needs_a_scope():
     from rtj_operator.__main__ import parse_args
+
     with pytest.raises(SystemExit):
         parse_args([])

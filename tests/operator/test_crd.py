@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from rtj_operator import crdgen, envvars, names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,9 +80,12 @@ def test_defaults_are_applied_by_the_api_server():
     assert "default" not in policy["maxPreemptions"]  # unlimited
     taints = spec["preemptionSignals"]["properties"]["terminationTaints"]["default"]
     keys = {t["key"] for t in taints}
-    assert {"node.kubernetes.io/out-of-service", "ToBeDeletedByClusterAutoscaler",
-            "aws-node-termination-handler/spot-itn",
-            "cloud.google.com/impending-node-termination"} <= keys
+    assert {
+        "node.kubernetes.io/out-of-service",
+        "ToBeDeletedByClusterAutoscaler",
+        "aws-node-termination-handler/spot-itn",
+        "cloud.google.com/impending-node-termination",
+    } <= keys
 
 
 def test_cel_rules_name_their_fields():
@@ -115,8 +119,12 @@ def test_env_contract_names():
 def test_rbac_manifest_lists_what_the_operator_writes():
     docs = list(yaml.safe_load_all((ROOT / crdgen.RBAC_FILE).read_text()))
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
-    jobs = {(g, r): set(rule["verbs"]) for rule in roles["rtj-operator-jobs"]["rules"]
-            for g in rule["apiGroups"] for r in rule["resources"]}
+    jobs = {
+        (g, r): set(rule["verbs"])
+        for rule in roles["rtj-operator-jobs"]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
     assert {"create", "delete", "patch", "list", "watch"} <= jobs[("", "pods")]
     assert "patch" in jobs[("resumable.dev", "resumabletrainingjobs/status")]
     assert "patch" not in jobs[("resumable.dev", "resumabletrainingjobs")]  # never writes spec

@@ -14,15 +14,17 @@ from rtj_operator.manifests import (
 from .fakes import UID, make_job
 
 TEMPLATE = {
-    "metadata": {"labels": {"team": "ml", names.LABEL_RANK: "spoofed"},
-                 "annotations": {"a": "b"}},
+    "metadata": {"labels": {"team": "ml", names.LABEL_RANK: "spoofed"}, "annotations": {"a": "b"}},
     "spec": {
         "terminationGracePeriodSeconds": 90,
         "restartPolicy": "Never",
         "containers": [
             {"name": "sidecar", "image": "s"},
-            {"name": "trainer", "image": "t", "env": [
-                {"name": "RANK", "value": "user-rank"}, {"name": "LR", "value": "$(RANK)"}]},
+            {
+                "name": "trainer",
+                "image": "t",
+                "env": [{"name": "RANK", "value": "user-rank"}, {"name": "LR", "value": "$(RANK)"}],
+            },
         ],
         "volumes": [{"name": "data", "emptyDir": {}}],
     },
@@ -31,8 +33,9 @@ TEMPLATE = {
 
 def pod(attempt=3, rank=1, **spec):
     job = make_job(replicas=4, template=TEMPLATE, containerName="trainer", **spec)
-    return build_pod(job, attempt, rank, resume_from="s3://bucket/ckpt/train/ep1",
-                     quarantined=["bad1", "bad2"])
+    return build_pod(
+        job, attempt, rank, resume_from="s3://bucket/ckpt/train/ep1", quarantined=["bad1", "bad2"]
+    )
 
 
 def env_of(p, container=1):
@@ -43,8 +46,12 @@ def test_pod_identity_labels_and_owner():
     p = pod()
     meta = p["metadata"]
     assert meta["name"] == "train-a3-r1"
-    assert meta["labels"] == {"team": "ml", names.LABEL_JOB: "train", names.LABEL_ATTEMPT: "3",
-                              names.LABEL_RANK: "1"}
+    assert meta["labels"] == {
+        "team": "ml",
+        names.LABEL_JOB: "train",
+        names.LABEL_ATTEMPT: "3",
+        names.LABEL_RANK: "1",
+    }
     assert meta["annotations"] == {"a": "b"}
     (owner,) = meta["ownerReferences"]
     assert owner["uid"] == UID and owner["controller"] and owner["kind"] == names.KIND
@@ -89,15 +96,20 @@ def test_notice_file_is_a_downward_api_volume_of_the_annotation():
     assert "data" in volumes
     item = volumes[names.NOTICE_VOLUME]["downwardAPI"]["items"][0]
     assert item["fieldRef"]["fieldPath"] == (
-        "metadata.annotations['resumable.dev/preemption-notice']")
+        "metadata.annotations['resumable.dev/preemption-notice']"
+    )
     assert f"{names.NOTICE_MOUNT_DIR}/{item['path']}" == names.NOTICE_FILE
     mounts = {m["name"]: m for m in p["spec"]["containers"][1]["volumeMounts"]}
     assert mounts[names.NOTICE_VOLUME]["mountPath"] == names.NOTICE_MOUNT_DIR
 
 
 def test_checkpoint_volume_is_mounted_at_dir():
-    p = pod(checkpoint={"dir": "/ckpt", "volumeSource": {
-        "persistentVolumeClaim": {"claimName": "shared"}}})
+    p = pod(
+        checkpoint={
+            "dir": "/ckpt",
+            "volumeSource": {"persistentVolumeClaim": {"claimName": "shared"}},
+        }
+    )
     volumes = {v["name"]: v for v in p["spec"]["volumes"]}
     assert volumes[names.CHECKPOINT_VOLUME]["persistentVolumeClaim"] == {"claimName": "shared"}
     mounts = {m["name"]: m for m in p["spec"]["containers"][1]["volumeMounts"]}
@@ -105,8 +117,17 @@ def test_checkpoint_volume_is_mounted_at_dir():
 
 
 def test_custom_termination_message_path_is_the_report_file():
-    template = {"spec": {"containers": [{"name": "t", "terminationMessagePath": "/tmp/report",
-                                         "terminationMessagePolicy": "FallbackToLogsOnError"}]}}
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "t",
+                    "terminationMessagePath": "/tmp/report",
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }
+            ]
+        }
+    }
     job = make_job(template=template)
     p = build_pod(job, 0, 0, resume_from="", quarantined=[])
     assert env_of(p, 0)["RTJ_REPORT_FILE"] == "/tmp/report"

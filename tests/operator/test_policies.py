@@ -53,9 +53,14 @@ POLICY = ResumePolicy(quarantine_threshold=2, quarantine_window_seconds=600)
 
 
 def failure(previous=None, *, resumed="ck", committed=None, after=30.0, policy=POLICY):
-    return after_failure(policy, resumed_from=resumed, committed_this_attempt=committed,
-                         attempt_started=T0, failed_at=T0 + timedelta(seconds=after),
-                         previous=previous)
+    return after_failure(
+        policy,
+        resumed_from=resumed,
+        committed_this_attempt=committed,
+        attempt_started=T0,
+        failed_at=T0 + timedelta(seconds=after),
+        previous=previous,
+    )
 
 
 def test_quarantine_after_threshold_consecutive_early_failures():
@@ -97,8 +102,12 @@ def test_parse_report_rejects_garbage():
 
 
 def test_pod_reports_reads_annotation_and_termination_message():
-    pod = make_pod(phase="Failed", exit_code=1, termination_message=progress("ep0-ba20", 20),
-                   annotations={"resumable.dev/progress": progress("ep0-ba10", 10, current=15)})
+    pod = make_pod(
+        phase="Failed",
+        exit_code=1,
+        termination_message=progress("ep0-ba20", 20),
+        annotations={"resumable.dev/progress": progress("ep0-ba10", 10, current=15)},
+    )
     reports = pod_reports(pod, None)
     assert {r.checkpoint for r in reports} == {"ep0-ba10", "ep0-ba20"}
     assert highest_current_step(reports) == 20

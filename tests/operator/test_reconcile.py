@@ -30,9 +30,11 @@ def test_first_reconcile_creates_the_gang_and_records_attempt_zero():
     cluster = FakeCluster.start(replicas=3)
     plan = cluster.step()
     assert [p["metadata"]["name"] for p in plan.creations] == [
-        "train-a0-r0", "train-a0-r1", "train-a0-r2"]
-    assert plan.role["rules"][0]["resourceNames"] == [p["metadata"]["name"]
-                                                       for p in plan.creations]
+        "train-a0-r0",
+        "train-a0-r1",
+        "train-a0-r2",
+    ]
+    assert plan.role["rules"][0]["resourceNames"] == [p["metadata"]["name"] for p in plan.creations]
     st = cluster.status
     assert st["phase"] == "Pending" and st["attempt"] == 0 and st["gangCreated"]
     assert st["runName"] == "train" and st["resumeFrom"] == ""
@@ -59,7 +61,10 @@ def test_node_deleted_resubmits_the_whole_gang_at_once_with_the_resume_path():
     assert st["phase"] == "Restarting" and st["gangCreated"]
     assert {d.name for d in plan.deletions} == {"train-a0-r0", "train-a0-r1", "train-a0-r2"}
     assert [p["metadata"]["name"] for p in plan.creations] == [
-        "train-a1-r0", "train-a1-r1", "train-a1-r2"]
+        "train-a1-r0",
+        "train-a1-r1",
+        "train-a1-r2",
+    ]
     assert plan.resubmission == "preemption" and plan.requeue_after is None
     env = cluster.env(2)
     assert env["RTJ_ATTEMPT"] == "1"
@@ -95,9 +100,11 @@ def test_operator_killed_mid_resubmission_completes_the_same_attempt():
     assert cluster.status["attempt"] == 1 and cluster.status["gangCreated"]
     assert cluster.status["preemptions"] == 1
     assert sorted(p["metadata"]["name"] for p in cluster.current_pods()) == [
-        f"train-a1-r{r}" for r in range(4)]
-    assert not any(p["metadata"]["labels"][names.LABEL_ATTEMPT] == "2"
-                   for p in cluster.pods.values())
+        f"train-a1-r{r}" for r in range(4)
+    ]
+    assert not any(
+        p["metadata"]["labels"][names.LABEL_ATTEMPT] == "2" for p in cluster.pods.values()
+    )
 
 
 def test_killed_after_every_creation_but_before_the_mark_creates_nothing_new():
@@ -113,8 +120,9 @@ def test_killed_after_every_creation_but_before_the_mark_creates_nothing_new():
 
 def test_eviction_and_disruption_target_are_preemptions():
     cluster = running()
-    cluster.pod(0)["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
-                                               "reason": "EvictionByEvictionAPI"}]
+    cluster.pod(0)["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
     cluster.pod(0)["metadata"]["deletionTimestamp"] = "2030-01-01T12:00:00Z"
     cluster.step()
     assert cluster.status["interruptions"][-1]["cause"] == Cause.EVICTED
@@ -149,8 +157,9 @@ def test_max_preemptions_fails_the_job():
 
 
 def test_failure_backs_off_exponentially_then_exhausts_the_budget():
-    cluster = running(resumePolicy={"backoffLimit": 2, "backoffBaseSeconds": 10,
-                                    "backoffMaxSeconds": 600})
+    cluster = running(
+        resumePolicy={"backoffLimit": 2, "backoffBaseSeconds": 10, "backoffMaxSeconds": 600}
+    )
     cluster.terminate(1, 1)
     plan = cluster.step(1)
     st = cluster.status
@@ -179,8 +188,9 @@ def test_failure_backs_off_exponentially_then_exhausts_the_budget():
 
 
 def test_quarantine_resumes_from_the_checkpoint_before():
-    cluster = running(resumePolicy={"backoffLimit": 10, "backoffBaseSeconds": 0,
-                                    "quarantineThreshold": 2})
+    cluster = running(
+        resumePolicy={"backoffLimit": 10, "backoffBaseSeconds": 0, "quarantineThreshold": 2}
+    )
     cluster.report(0, "ep0-ba100", 100)
     cluster.step()
     cluster.report(0, "ep0-ba200", 200)
@@ -227,15 +237,24 @@ def test_progress_after_resume_clears_the_quarantine_suspicion():
 
 def test_notice_is_written_once_and_restart_waits_for_the_pod_to_go():
     cluster = running()
-    cluster.nodes["node-1"] = make_node("node-1", taints=[
-        {"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute",
-         "timeAdded": "2030-01-01T12:00:05Z"}])
+    cluster.nodes["node-1"] = make_node(
+        "node-1",
+        taints=[
+            {
+                "key": "node.kubernetes.io/out-of-service",
+                "effect": "NoExecute",
+                "timeAdded": "2030-01-01T12:00:05Z",
+            }
+        ],
+    )
     plan = cluster.step(1)
     (notice,) = plan.notices
     assert notice.pod == "train-a0-r1"
-    assert json.loads(notice.payload) == {"time": "2030-01-01T12:00:05Z",
-                                          "reason": "node.kubernetes.io/out-of-service",
-                                          "node": "node-1"}
+    assert json.loads(notice.payload) == {
+        "time": "2030-01-01T12:00:05Z",
+        "reason": "node.kubernetes.io/out-of-service",
+        "node": "node-1",
+    }
     assert cluster.pod(1)["metadata"]["annotations"][NOTICE_ANNOTATION] == notice.payload
     assert cluster.status["attempt"] == 0 and not plan.creations
     cond = {c["type"]: c for c in cluster.status["conditions"]}["PreemptionNotice"]
@@ -333,10 +352,16 @@ def test_deleting_job_plans_nothing():
 def test_a_pod_removed_before_it_was_seen_is_classified_from_its_last_state():
     cluster = running()
     last = cluster.pods.pop("train-a0-r0")  # evicted and deleted within milliseconds
-    last["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
-                                     "reason": "EvictionByEvictionAPI"}]
-    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(),
-                     cluster.now, {"train-a0-r0": last})
+    last["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    plan = reconcile(
+        cluster.job,
+        list(cluster.pods.values()),
+        cluster.node_views(),
+        cluster.now,
+        {"train-a0-r0": last},
+    )
     assert plan.interruption.cause == Cause.EVICTED
     plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
     assert plan.interruption.cause == Cause.POD_REMOVED

@@ -23,6 +23,7 @@ from .kube import ApiError, Kube
 from .nodes import NodeConfig, parse_taint
 from .ports import PortRegistry
 from .processes import Watchdog
+from .serviceaccount import check_server_certificate
 from .translate import Interpreter, PodAddresses
 from .worker import Context, make_resolver
 
@@ -204,6 +205,11 @@ def serve(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     base_env = {k: os.environ[k] for k in (*PASSED_ENV, *args.pass_env) if k in os.environ}
     host, port = kube.server_address
+    problem = check_server_certificate(host, port, kube.ca_pem)
+    if problem:
+        logging.getLogger("podrunner").warning(
+            "pods cannot verify the API server with their ca.crt: %s", problem
+        )
     base_env.update(
         {
             "KUBERNETES_SERVICE_HOST": host,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -61,6 +62,11 @@ class Kube:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         self.host = cfg.host.rstrip("/")
         self.timeout_s = timeout_s
+        # The CA that verifies this server (kept as bytes: for certificate-authority-data the
+        # client library writes a temporary file). Pods get it as their ca.crt.
+        self.ca_pem: bytes | None = (
+            Path(cfg.ssl_ca_cert).read_bytes() if cfg.ssl_ca_cert and cfg.verify_ssl else None
+        )
         self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "podrunner/0"}
         token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
         if token:

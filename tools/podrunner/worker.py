@@ -22,6 +22,9 @@ from pathlib import Path
 from .kube import STRATEGIC, ApiError, Kube, Obj
 from .ports import PortRegistry
 from .processes import ContainerProcess, Watchdog, stop_all
+from .serviceaccount import ENV_DIR as SA_ENV_DIR
+from .serviceaccount import MOUNT_PATH as SA_MOUNT_PATH
+from .serviceaccount import ServiceAccountFolder, automounts, is_token_volume
 from .status import ContainerState, condition, pod_status_patch, termination_message
 from .translate import (
     ConfigError,
@@ -147,6 +150,7 @@ class PodWorker:
         self.procs: dict[str, ContainerProcess] = {}
         self.plans: dict[str, Plan] = {}
         self.volumes: PodVolumes | None = None
+        self.account: ServiceAccountFolder | None = None
 
     # Called by the agent's threads.
 
@@ -292,6 +296,13 @@ class PodWorker:
         namespace = pod["metadata"]["namespace"]
         spec = pod["spec"]
         hostname = spec.get("hostname") or pod["metadata"]["name"]
+        if self.account is None and automounts(pod, self._fetch):
+            account = ServiceAccountFolder(
+                pod_dir / "serviceaccount", self._token_status, ctx.kube.ca_pem
+            )
+            account.write(pod)
+            self.account = account
+        token_volumes = {v["name"] for v in spec.get("volumes") or [] if is_token_volume(v)}
         for container in spec["containers"]:
             name = container["name"]
             cdir = pod_dir / "containers" / name
@@ -308,13 +319,21 @@ class PodWorker:
                 local = paths.get(mount["name"])
                 if local is None:
                     raise ConfigError(f"volumeMount {mount['name']!r} names no volume")
+                if self.account is not None and mount["name"] in token_volumes and (
+                    mount["mountPath"].rstrip("/") == SA_MOUNT_PATH and not mount.get("subPath")
+                ):
+                    continue  # the service-account folder stands in for it (CA of the kubeconfig)
                 if mount.get("subPath"):
                     local = local / mount["subPath"]
                     if not local.exists():
                         local.mkdir(parents=True, exist_ok=True)
                 mapping.append((mount["mountPath"], str(local)))
-            mapper = PathMapper(mapping)
             base = {**ctx.base_env, "HOSTNAME": hostname}
+            if self.account is not None:
+                if not any(src.rstrip("/") == SA_MOUNT_PATH for src, _ in mapping):
+                    mapping.append((SA_MOUNT_PATH, str(self.account.path)))
+                base[SA_ENV_DIR] = SA_MOUNT_PATH  # rewritten to the local folder below
+            mapper = PathMapper(mapping)
             env = container_env(pod, container, addrs=ctx.addrs, fetch=self._fetch, base=base)
             rewrite = rewrite_rendezvous(
                 env,
@@ -356,14 +375,21 @@ class PodWorker:
         return self.ctx.kube.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
 
     def _token(self, pod: Obj, source: Obj) -> bytes:
-        """A bound service-account token from the TokenRequest API (empty when refused)."""
+        """A projected volume's token (empty when refused)."""
+        status = self._token_status(
+            pod, int(source.get("expirationSeconds", 3600)), source.get("audience")
+        )
+        return str((status or {}).get("token", "")).encode()
+
+    def _token_status(self, pod: Obj, seconds: int, audience: str | None = None) -> Obj | None:
+        """A TokenRequest for the pod's ServiceAccount, bound to the pod: its status, or None."""
         meta, spec = pod["metadata"], pod["spec"]
         account = spec.get("serviceAccountName") or "default"
         body: Obj = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
             "spec": {
-                "expirationSeconds": int(source.get("expirationSeconds", 3600)),
+                "expirationSeconds": seconds,
                 "boundObjectRef": {
                     "apiVersion": "v1",
                     "kind": "Pod",
@@ -372,18 +398,18 @@ class PodWorker:
                 },
             },
         }
-        if source.get("audience"):
-            body["spec"]["audiences"] = [source["audience"]]
+        if audience:
+            body["spec"]["audiences"] = [audience]
         try:
             answer = self.ctx.kube.request(
                 "POST",
                 f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token",
                 body=body,
             )
-        except ApiError as err:
+        except (ApiError, OSError) as err:
             log.warning("%s: no service-account token (%s)", self.label, err)
-            return b""
-        return str((answer.get("status") or {}).get("token", "")).encode()
+            return None
+        return answer.get("status") or {}
 
     def _start(self, name: str) -> None:
         plan = self.plans[name]
@@ -446,6 +472,8 @@ class PodWorker:
                 changed = self.volumes.refresh(pod)
                 if changed:
                     log.info("%s: refreshed volume(s) %s", self.label, ", ".join(changed))
+            if self.account is not None and self.account.refresh_due():
+                self.account.refresh(pod)
             for name, proc in list(self.procs.items()):
                 state = self._state(name)
                 if state.state != "running" or proc.poll() is None:
