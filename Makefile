@@ -2,7 +2,7 @@
 UV ?= uv
 RUN := $(UV) run --frozen --all-extras
 
-.PHONY: setup tools test test-fast lint format crds demo bench clean
+.PHONY: setup tools test test-fast lint format crds demo demo-local bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
 	@command -v $(UV) >/dev/null || { echo "uv is required: python3 -m pip install uv" >&2; exit 1; }
@@ -26,8 +26,14 @@ format: setup
 	$(RUN) ruff format .
 	$(RUN) ruff check --fix .
 
-demo: setup  ## a training run that is killed and resumes by itself
+demo: setup tools  ## local cluster + S3 + pod runner + operator: a node is lost, the job resumes
+	$(RUN) python examples/demo_cluster.py
+
+demo-local: setup  ## no cluster: a 2-rank run is SIGTERMed and SIGKILLed and still ends bitwise equal
 	$(RUN) python examples/demo_local.py
+
+crds: setup  ## regenerate the CRDs, RBAC and reference page from the pydantic models
+	$(RUN) python -m rtj_operator.crdgen
 
 bench: setup
 	$(RUN) python benchmarks/checkpoint.py --json out/bench-checkpoint.json
