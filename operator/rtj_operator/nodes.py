@@ -8,7 +8,7 @@ Node dictionaries and a missing node (deleted: a spot reclaim) is an explicit st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .timeutil import parse_time
@@ -47,6 +47,10 @@ def node_view(name: str, body: dict[str, Any] | None) -> NodeView:
             ready = True if status == "True" else False if status == "False" else None
             if ready is not True:
                 since = parse_time(cond.get("lastTransitionTime"))
+                if since is not None and since.microsecond == 0:
+                    # Whole-second timestamps: the flip may have come up to a second later,
+                    # and a grace period must never end early.
+                    since += timedelta(seconds=1)
     return NodeView(
         name=name,
         exists=True,

@@ -68,8 +68,11 @@ def test_not_ready_node_waits_for_the_grace_period_then_preempts():
     node = node_view("node-0", make_node(ready="False", since=T0))
     early = classify(make_pod(), node=node, now=T0 + timedelta(seconds=20))
     assert early.outcome is Outcome.ACTIVE
-    assert early.recheck_after == pytest.approx(40)
+    # lastTransitionTime has whole seconds: the grace period counts from one second later.
+    assert early.recheck_after == pytest.approx(41)
     assert early.node_trouble is Cause.NODE_NOT_READY
+    edge = classify(make_pod(), node=node, now=T0 + timedelta(seconds=60.5))
+    assert edge.outcome is Outcome.ACTIVE, "never before the grace period has surely passed"
     late = classify(make_pod(), node=node, now=T0 + timedelta(seconds=61))
     assert late.outcome is Outcome.PREEMPTED and late.cause is Cause.NODE_NOT_READY
 

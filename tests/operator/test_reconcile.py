@@ -269,8 +269,9 @@ def test_not_ready_node_requeues_until_the_grace_expires():
     cluster = running(preemptionSignals={"nodeNotReadySeconds": 30})
     cluster.nodes["node-0"] = make_node("node-0", ready="False", since=cluster.now)
     plan = cluster.step(10)
-    assert plan.requeue_after == 20 and cluster.status["attempt"] == 0
-    cluster.step(21)
+    # The whole-second lastTransitionTime is read as one second later (never end early).
+    assert plan.requeue_after == 21 and cluster.status["attempt"] == 0
+    cluster.step(22)
     assert cluster.status["attempt"] == 1
     assert cluster.status["interruptions"][-1]["cause"] == Cause.NODE_NOT_READY
 
