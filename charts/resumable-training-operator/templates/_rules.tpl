@@ -1,0 +1,44 @@
+{{/*
+Namespaced rules of the operator ("-jobs" ClusterRole or per-namespace Role); they mirror
+JOB_RULES in operator/rtj_operator/rbac.py.
+*/}}
+{{- define "rtj.jobRules" -}}
+# The jobs themselves (the operator never writes their spec).
+- apiGroups: ["resumable.dev"]
+  resources: ["resumabletrainingjobs"]
+  verbs: ["get", "list", "watch"]
+# Status is the operator's record of truth.
+- apiGroups: ["resumable.dev"]
+  resources: ["resumabletrainingjobs/status"]
+  verbs: ["get", "patch", "update"]
+# The gang: create ranks, delete an interrupted gang, write the preemption notice.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# The headless Service that gives rank 0 its MASTER_ADDR.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create"]
+# Each job's own ServiceAccount for its ranks.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
+# Lets the ranks patch their own pods' progress annotation, and nothing else.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+# An Event for every interruption and resubmission.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# kopf's own events.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- if and .Values.peering.enabled (not (include "rtj.clusterwide" .)) }}
+# kopf peering between replicas (namespaces mode: one KopfPeering per watched namespace).
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,329 @@
+"""The Helm chart without a cluster: lint, rendering, values checks, RBAC and CRD sources.
+
+What needs an API server (server-side dry runs, install/upgrade/uninstall) is in
+``test_chart_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rtj_operator import rbac
+from rtj_operator.__main__ import parse_args
+
+from . import chart_sync
+from .conftest import CHART, ROOT, render, run, template_fails, without_symlink_notes
+
+STANDARD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
+
+NAMESPACES = ("--set", "watch.mode=namespaces", "--set", "watch.namespaces={team-a,team-b}")
+STANDALONE = ("--set", "peering.enabled=false")
+
+# Value sets every rendering test runs with (the server-side dry run uses them too).
+VALUE_SETS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "namespaces": NAMESPACES,
+    "standalone": STANDALONE,
+    "ha-debug": (
+        "--set",
+        "replicas=3",
+        "--set",
+        "operator.logLevel=debug",
+        "--set",
+        "metrics.enabled=false",
+    ),
+}
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The rendered objects of one kind."""
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The single rendered object of one kind."""
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator container of the rendered Deployment."""
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, tuple[str, ...]]]:
+    """Rules as comparable (group, resource, sorted verbs) triples."""
+    return {
+        (g, r, tuple(sorted(rule["verbs"])))
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+
+
+def operator_rules(
+    rules: tuple[tuple[list[str], list[str], list[str], str], ...], drop: set[str]
+) -> set[tuple[str, str, tuple[str, ...]]]:
+    """rbac.py's rules minus the resources the chart leaves out in this configuration."""
+    return {
+        (g, r, tuple(sorted(verbs)))
+        for groups, resources, verbs, _ in rules
+        for g in groups
+        for r in resources
+        if r not in drop
+    }
+
+
+def test_generated_parts_are_in_sync() -> None:
+    problems = chart_sync.crd_problems() + chart_sync.doc_problems()
+    assert not problems, (
+        "\n".join(problems) + f"\nrun: {chart_sync.SYNC_COMMAND}  (from the repository root)"
+    )
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    """Parsed, the chart's CRDs are exactly the CRD documents of crds/ (nothing else)."""
+
+    def crds(folder: Path) -> dict[str, Any]:
+        out = {}
+        for path in sorted(folder.glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc["kind"] == "CustomResourceDefinition":
+                    out[doc["metadata"]["name"]] = doc
+        return out
+
+    chart_docs = [
+        d for p in (CHART / "crds").glob("*.yaml") for d in yaml.safe_load_all(p.read_text()) if d
+    ]
+    assert all(d["kind"] == "CustomResourceDefinition" for d in chart_docs)
+    assert crds(CHART / "crds") == crds(ROOT / "crds")
+    assert "resumabletrainingjobs.resumable.dev" in crds(CHART / "crds")
+
+
+def test_packaged_chart_embeds_the_crd_content(helm: str, tmp_path: Path) -> None:
+    """helm package follows the symlink: the archive holds the generated file's bytes."""
+    run([helm, "package", str(CHART), "--destination", str(tmp_path)])
+    (archive,) = tmp_path.glob("resumable-training-operator-*.tgz")
+    source = ROOT / "crds" / "resumable.dev_resumabletrainingjobs.yaml"
+    with tarfile.open(archive) as tar:
+        member = tar.getmember(f"resumable-training-operator/crds/{source.name}")
+        assert member.isfile(), "the packaged CRD must be a file, not a link"
+        extracted = tar.extractfile(member)
+        assert extracted is not None
+        assert extracted.read() == source.read_bytes()
+        names = tar.getnames()
+    assert "resumable-training-operator/values.schema.json" in names
+    assert "resumable-training-operator/templates/NOTES.txt" in names
+
+
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_helm_lint_strict(helm: str, values: tuple[str, ...]) -> None:
+    proc = run([helm, "lint", "--strict", str(CHART), *values], check=False)
+    assert proc.returncode == 0, proc.stdout + without_symlink_notes(proc.stderr)
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_every_object_has_the_standard_labels(helm: str, values: tuple[str, ...]) -> None:
+    docs = render(helm, *values)
+    for doc in docs:
+        labels = doc["metadata"].get("labels") or {}
+        missing = [k for k in STANDARD_LABELS if k not in labels]
+        assert not missing, f"{doc['kind']}/{doc['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/instance"] == "rtj-operator"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_operator_accepts_the_rendered_arguments(helm: str, values: tuple[str, ...]) -> None:
+    """The Deployment's args parse with the operator's own argument parser."""
+    args = parse_args(container(render(helm, *values))["args"])
+    if "watch.mode=namespaces" in values:
+        assert not args.all_namespaces and args.namespace == ["team-a", "team-b"]
+    else:
+        assert args.all_namespaces and args.namespace == []
+    assert args.standalone == ("peering.enabled=false" in values)
+
+
+def test_default_deployment(helm: str) -> None:
+    docs = render(helm)
+    deploy = one(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    c = container(docs)
+    args = parse_args(c["args"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+
+    # Non-root, read-only root filesystem, nothing to escalate with (PodSecurity "restricted").
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+
+    # The liveness probe hits the endpoint the operator is told to serve.
+    assert args.liveness == f"http://0.0.0.0:{ports['health']}/healthz"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert args.metrics_port == ports["metrics"]
+    service = one(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert (
+        service["spec"]["selector"].items()
+        <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert deploy["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+
+    # Peering on by default: the named peering object exists for kopf to find.
+    assert args.peering == "rtj-operator" and not args.standalone
+    assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == args.peering
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert one(docs, "ServiceAccount")["metadata"]["name"] == pod["serviceAccountName"]
+    assert not by_kind(docs, "ServiceMonitor")
+
+
+def test_rbac_all_namespaces_matches_operator_rbac(helm: str) -> None:
+    docs = render(helm)
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    assert set(roles) == {"rtj-operator-cluster", "rtj-operator-jobs"}
+    assert rule_set(roles["rtj-operator-cluster"]["rules"]) == operator_rules(
+        rbac.CLUSTER_RULES, drop=set()
+    )
+    assert rule_set(roles["rtj-operator-jobs"]["rules"]) == operator_rules(
+        rbac.JOB_RULES, drop={"kopfpeerings"}
+    )
+    bindings = by_kind(docs, "ClusterRoleBinding")
+    assert {b["roleRef"]["name"] for b in bindings} == set(roles)
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rtj-operator", "namespace": "rtj-system"}
+        ]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+
+
+def test_rbac_namespaces_mode_grants_nothing_namespaced_elsewhere(helm: str) -> None:
+    docs = render(helm, *NAMESPACES)
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["metadata"]["name"] == "rtj-operator-cluster"
+    assert rule_set(cluster_role["rules"]) == operator_rules(
+        rbac.CLUSTER_RULES, drop={"clusterkopfpeerings"}
+    )
+    assert [b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == [
+        "rtj-operator-cluster"
+    ]
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert rule_set(role["rules"]) == operator_rules(rbac.JOB_RULES, drop=set())
+    role_bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
+    for binding in role_bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rtj-operator-jobs",
+        }
+        assert binding["subjects"][0]["namespace"] == "rtj-system"
+    peerings = by_kind(docs, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert not by_kind(docs, "ClusterKopfPeering")
+
+
+def test_standalone_has_no_peering_and_never_overlaps(helm: str) -> None:
+    docs = render(helm, *STANDALONE)
+    assert parse_args(container(docs)["args"]).standalone
+    assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")
+    resources = {
+        r
+        for role in by_kind(docs, "ClusterRole")
+        for rule in role["rules"]
+        for r in rule["resources"]
+    }
+    assert not resources & {"clusterkopfpeerings", "kopfpeerings"}
+
+
+def test_optional_parts(helm: str) -> None:
+    docs = render(
+        helm, "--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=prom"
+    )
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+    bare = render(
+        helm,
+        "--set",
+        "metrics.enabled=false",
+        "--set",
+        "rbac.create=false",
+        "--set",
+        "serviceAccount.create=false",
+        "--set",
+        "serviceAccount.name=mine",
+        "--set",
+        "peering.create=false",
+    )
+    assert {d["kind"] for d in bare} == {"Deployment"}
+    assert parse_args(container(bare)["args"]).metrics_port is None
+    assert one(bare, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
+
+
+BAD_VALUES = [
+    (("--set", "replicas=-1"), "/replicas"),
+    (("--set", "replicas=two"), "/replicas"),
+    (("--set", "watch.mode=everything"), "/watch/mode"),
+    (("--set", "watch.mode=namespaces"), "/watch/namespaces"),
+    (
+        ("--set", "watch.mode=namespaces", "--set", "watch.namespaces={Team_A}"),
+        "/watch/namespaces/0",
+    ),
+    (("--set", "watch.namespaces={team-a}"), "watch.namespaces"),
+    (("--set", "operator.logLevel=chatty"), "/operator/logLevel"),
+    (("--set", "metrics.port=70000"), "/metrics/port"),
+    (("--set", "metrics.port=8080"), "metrics.port"),
+    (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
+    (("--set", "replica=2"), "'replica'"),
+    (("--set", "peering.enabled=false", "--set", "replicas=2"), "peering.enabled"),
+    (("--set", "serviceMonitor.enabled=true", "--set", "metrics.enabled=false"), "metrics.enabled"),
+    (("--set", "serviceAccount.create=false"), "serviceAccount.name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "field"), BAD_VALUES, ids=[" ".join(v[1::2]) for v, _ in BAD_VALUES]
+)
+def test_bad_values_fail_with_the_field_name(
+    helm: str, values: tuple[str, ...], field: str
+) -> None:
+    error = template_fails(helm, *values)
+    assert field in error, f"the error does not name {field}:\n{error}"
+
+
+def test_versions_agree() -> None:
+    """The chart deploys the release it belongs to: appVersion is the package version."""
+    import tomllib
+
+    from rtj_operator import __version__
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"] == __version__
