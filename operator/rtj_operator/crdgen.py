@@ -27,6 +27,9 @@ from .status_types import JobStatus
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = Path("crds") / f"{names.GROUP}_{names.PLURAL}.yaml"
 PEERING_FILE = Path("crds") / "kopf.dev_peerings.yaml"
+# The default peering object lives apart from the CRDs so `kubectl apply -f crds/` works on a
+# fresh cluster (an object cannot be applied in the same call that creates its CRD).
+PEERING_OBJECT_FILE = Path("operator") / "deploy" / "peering.yaml"
 RBAC_FILE = Path("operator") / "deploy" / "rbac.yaml"
 REFERENCE_FILE = Path("docs") / "crd-reference.md"
 
@@ -168,8 +171,8 @@ def rendered() -> dict[Path, str]:
     )
     return {
         CRD_FILE: HEADER.format(source="spec_types.py and status_types.py") + dump_all([crd()]),
-        PEERING_FILE: HEADER.format(source="crdgen.py")
-        + dump_all([*peering_docs, default_peering]),
+        PEERING_FILE: HEADER.format(source="crdgen.py") + dump_all(peering_docs),
+        PEERING_OBJECT_FILE: HEADER.format(source="crdgen.py") + dump_all([default_peering]),
         RBAC_FILE: HEADER.format(source="rbac.py") + rbac_header + dump_all(rbac.rbac_documents()),
         REFERENCE_FILE: reference_markdown(crd()),
     }
