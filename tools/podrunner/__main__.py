@@ -44,6 +44,13 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _image_path(text: str) -> tuple[str, str]:
+    image, sep, local = text.partition("=")
+    if not sep or not image.startswith("/") or not local:
+        raise argparse.ArgumentTypeError(f"expected /IMAGE/PATH=LOCAL_PATH, got {text!r}")
+    return image, str(Path(local).resolve())
+
+
 def _taint(text: str) -> dict[str, str]:
     try:
         return parse_taint(text)
@@ -94,6 +101,16 @@ def run_parser() -> argparse.ArgumentParser:
         default=str(PACKAGE_ROOT),
         help="working folder when the container's workingDir does not exist here "
         "(default: the repository root)",
+    )
+    p.add_argument(
+        "--image-path",
+        action="append",
+        type=_image_path,
+        default=[],
+        metavar="IMAGE_PATH=LOCAL",
+        help="a path of the (ignored) image and the local folder that stands in for it, "
+        "rewritten like a mount path (repeatable); e.g. /app=. for the rtj-train image, "
+        "whose WORKDIR /app holds examples/",
     )
     p.add_argument(
         "--label",
@@ -233,6 +250,7 @@ def serve(args: argparse.Namespace) -> int:
         addrs=PodAddresses(),
         shutdown_grace_s=args.shutdown_grace,
         resolves=make_resolver(),
+        image_paths=list(args.image_path),
     )
     configs = [
         NodeConfig(

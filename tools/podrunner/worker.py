@@ -63,6 +63,8 @@ class Context:
     addrs: PodAddresses = field(default_factory=PodAddresses)
     shutdown_grace_s: float = 30.0
     resolves: Callable[[str], bool] = field(default=lambda name: False)
+    image_paths: list[tuple[str, str]] = field(default_factory=list)
+    """(path in the image, local folder): what stands in for the ignored image's files."""
 
     def pod_dir(self, uid: str) -> Path:
         """Volumes and termination files of one pod (removed with the pod)."""
@@ -310,17 +312,22 @@ class PodWorker:
             term_path = cdir / "termination-log"
             term_path.write_bytes(b"")
             mapping = [
+                *ctx.image_paths,
                 (
                     container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH,
                     str(term_path),
-                )
+                ),
             ]
             for mount in container.get("volumeMounts") or []:
                 local = paths.get(mount["name"])
                 if local is None:
                     raise ConfigError(f"volumeMount {mount['name']!r} names no volume")
-                if self.account is not None and mount["name"] in token_volumes and (
-                    mount["mountPath"].rstrip("/") == SA_MOUNT_PATH and not mount.get("subPath")
+                if (
+                    self.account is not None
+                    and mount["name"] in token_volumes
+                    and (
+                        mount["mountPath"].rstrip("/") == SA_MOUNT_PATH and not mount.get("subPath")
+                    )
                 ):
                     continue  # the service-account folder stands in for it (CA of the kubeconfig)
                 if mount.get("subPath"):

@@ -1,0 +1,221 @@
+"""The README's main command: a training job on spot nodes loses a node and finishes by itself.
+
+    python examples/demo_cluster.py                 # make demo
+    python examples/demo_cluster.py --scenario notice
+
+On this machine, with nothing but Go and this repository: builds (once) or reuses the local
+Kubernetes control plane and MinIO, starts the cluster, installs the operator's Helm chart, runs
+the operator, an S3 server and three "spot" nodes whose pods run as local processes (the pod
+runner), applies a 2-rank ResumableTrainingJob, takes the node of rank 1 away midway, and narrates
+what the operator and the runtime do about it. It ends with a summary and exit code 0 when the job
+Succeeded with the same final weights, bit for bit, as an uninterrupted run of the same script.
+Everything it started is stopped again, also on Ctrl-C or a failure. What each line means:
+docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tools import localstack  # noqa: E402
+from tools.localstack import (  # noqa: E402
+    LocalStack,
+    ReferenceRun,
+    StackConfig,
+    StackError,
+    Story,
+    StoryResult,
+    fetched_from,
+    resumed_step,
+    start_reference_run,
+    weights_equal,
+)
+
+MANIFEST = REPO / "tests" / "e2e" / "manifests" / "spot-job.yaml"
+JOB = "spot-demo"
+
+
+def say(line: str) -> None:
+    """One line of narration, at once (the demo is watched live)."""
+    print(line, flush=True)
+
+
+def section(title: str) -> None:
+    """A heading between the demo's phases."""
+    say(f"\n== {title}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--scenario",
+        choices=("reclaim", "notice"),
+        default="reclaim",
+        help="reclaim: the node goes without notice (default); notice: a "
+        "termination taint first, then a graceful shutdown",
+    )
+    ap.add_argument(
+        "--s3",
+        choices=("auto", "minio", "moto"),
+        default="auto",
+        help="S3 server: auto builds MinIO when Go is there, else uses moto",
+    )
+    ap.add_argument(
+        "--cluster-name",
+        default="rtj-demo",
+        help="local cluster name (default %(default)s; deleted at the end)",
+    )
+    ap.add_argument(
+        "--lose-after-step",
+        type=int,
+        default=12,
+        help="take the node away once a checkpoint at this step is committed",
+    )
+    ap.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the work folder (logs of every component) after a success too",
+    )
+    return ap.parse_args(argv)
+
+
+def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """SIGTERM cleans up like Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def summary(result: StoryResult, equal: bool, why: str, total_s: float, stack_s: float) -> None:
+    """The end of the demo: what happened, from the job's status and the ranks' logs."""
+    status = result.status
+    interruption = (status.get("interruptions") or [{}])[-1]
+    resumed = resumed_step(result.logs.get(1, ""))
+    source = fetched_from(result.logs.get(1, "")) or "?"
+    last = status.get("lastCommittedCheckpoint") or {}
+    rows = [
+        (
+            "job",
+            f"{result.job}: {status.get('phase')} after {status.get('attempt', 0) + 1} "
+            f"attempts, {result.seconds:.0f} s from submission",
+        ),
+        (
+            "preemptions",
+            f"{status.get('preemptions', 0)} ({interruption.get('cause')} of rank "
+            f"{interruption.get('rank')} on {interruption.get('node')}); "
+            f"failures {status.get('failures', 0)}",
+        ),
+        (
+            "before the loss",
+            f"last committed step {interruption.get('lastCommittedStep')}; "
+            f"steps lost (operator's count) {interruption.get('stepsLost')}",
+        ),
+        ("resumed at step", f"{resumed} (fetched {source})"),
+        ("final checkpoint", f"{last.get('name')} at step {last.get('step')}"),
+        (
+            "final weights",
+            (
+                "bitwise equal to an uninterrupted run"
+                if equal
+                else "DIFFERENT from an uninterrupted run"
+            )
+            + f" ({why})",
+        ),
+        ("time", f"{total_s:.0f} s in all, {stack_s:.0f} s of it starting the stack"),
+    ]
+    if result.notice:
+        rows.insert(
+            3,
+            (
+                "notice save",
+                f"checkpoint {result.notice[0]} at step "
+                f"{result.notice[1]}, as soon as the taint appeared",
+            ),
+        )
+    section("summary")
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        say(f"  {key:<{width}}  {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; 0 when the job Succeeded with the uninterrupted run's weights."""
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
+    ok = False
+    reference: ReferenceRun | None = None
+    say(
+        "resumable-training demo: a 2-rank PyTorch job on spot nodes loses a node midway and "
+        f"finishes by itself (work folder {workdir})"
+    )
+    try:
+        section("1. binaries (built once into ~/.cache/rtj, then reused)")
+        localstack.build_cluster_binaries(say)
+        s3_kind = None if args.s3 == "auto" else args.s3
+        if args.s3 in ("auto", "minio") and not localstack.build_minio(say):
+            if args.s3 == "minio":
+                raise StackError("MinIO could not be built (see above); try --s3 moto")
+            s3_kind = "moto"
+
+        section("2. the local cluster: control plane, chart, S3, operator, 3 spot nodes")
+        reference = start_reference_run(MANIFEST, workdir / "reference")
+        say(
+            "meanwhile: the same script runs uninterrupted as two plain processes, for the "
+            "final comparison"
+        )
+        cfg = StackConfig(
+            workdir=workdir / "stack",
+            cluster_name=args.cluster_name,
+            namespace="rtj-demo",
+            s3_kind=s3_kind,
+            say=say,
+        )
+        stack_start = time.monotonic()
+        with LocalStack(cfg) as stack:
+            stack_s = time.monotonic() - stack_start
+            section(
+                f"3. the job ({MANIFEST.relative_to(REPO)}): 2 ranks, 48 steps, a "
+                "checkpoint every 4 steps to S3"
+            )
+            result = Story(stack, MANIFEST, JOB, say=say, lose_after_step=args.lose_after_step).run(
+                args.scenario
+            )
+            section("4. comparing the final weights with the uninterrupted run")
+            equal, why = weights_equal(reference.wait(), result.weights)
+            say(f"{'equal' if equal else 'DIFFERENT'}: {why}")
+            summary(result, equal, why, time.monotonic() - started, stack_s)
+            ok = equal and result.status.get("phase") == "Succeeded"
+            section("cleaning up (operator, nodes, S3 server, cluster)")
+    except KeyboardInterrupt:
+        say("\ninterrupted: everything it started has been stopped")
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 130
+    except StackError as err:
+        say(f"\nFAILED: {err}")
+        say(f"logs of every component are kept in {workdir} (docs/demo.md, Troubleshooting)")
+        return 1
+    finally:
+        if reference is not None:
+            reference.kill()
+    if ok and not args.keep_logs:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        say(f"logs kept in {workdir}")
+    say("done: the job survived losing a node" if ok else "the demo did not end as expected")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Fixtures of the full-story e2e: the whole system on the local control plane, once per module.
+
+The stack (``tools/localstack.py``, shared with ``make demo``) needs the pod runner, which runs
+pods as local processes on Nodes it registers: that only makes sense on the project's own local
+control plane, so this suite always starts its own cluster (``rtj-story``, or
+``RTJ_STORY_CLUSTER_NAME``) and ignores ``KUBECONFIG``. Locally a missing prerequisite skips it;
+with ``CI=true`` it fails (``make test`` builds the binaries first: ``make tools``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+from tools import localstack
+from tools.localstack import LocalStack, ReferenceRun, StackConfig
+
+MANIFEST = Path(__file__).parent / "manifests" / "spot-job.yaml"
+CLUSTER_NAME = os.environ.get("RTJ_STORY_CLUSTER_NAME", "rtj-story")
+
+
+def say(line: str) -> None:
+    """Narration goes to stdout: shown with ``-s``, and in the report of a failing test."""
+    print(line, flush=True)
+
+
+@pytest.fixture(scope="module")
+def prerequisites() -> None:
+    """Cluster binaries (``hack/cluster/build.sh``) and an S3 server (MinIO, else moto)."""
+    from tests.support.s3server import minio_binary, moto_available
+
+    if os.environ.get("KUBECONFIG"):
+        say(
+            "note: KUBECONFIG is ignored here: the full story runs on its own local control "
+            "plane (the pod runner must never serve a cluster with real nodes)"
+        )
+    require(localstack.CLUSTER_SH.exists(), "hack/cluster/cluster.sh is missing")
+    require(
+        localstack.cluster_binaries_ready(),
+        "control-plane binaries not built: run hack/cluster/build.sh",
+    )
+    require(
+        minio_binary() is not None or moto_available(),
+        "no S3 server: run hack/s3/build-minio.sh (or install moto[server])",
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(
+    prerequisites: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ReferenceRun]:
+    """The same training run uninterrupted, as plain processes, started before the cluster so
+    it overlaps with the bring-up; tests ``wait()`` for its weights."""
+    run = localstack.start_reference_run(MANIFEST, tmp_path_factory.mktemp("reference"))
+    yield run
+    run.kill()
+
+
+@pytest.fixture(scope="module")
+def stack(
+    reference: ReferenceRun, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    """Control plane, chart, S3, operator and three pod-runner nodes; always torn down."""
+    cfg = StackConfig(
+        workdir=tmp_path_factory.mktemp("stack"),
+        cluster_name=CLUSTER_NAME,
+        namespace=f"rtj-story-{uuid.uuid4().hex[:6]}",
+        keep_cluster=os.environ.get("RTJ_STORY_KEEP_CLUSTER") == "1",
+        say=say,
+    )
+    with LocalStack(cfg) as running:
+        yield running
