@@ -197,8 +197,10 @@ def build_service_account(job: Job) -> dict[str, Any]:
 
 
 def build_role(job: Job, attempt: int) -> dict[str, Any]:
-    """May get and patch only the pods of the given attempt (their progress annotation)."""
-    pods = [names.pod_name(job.ref.name, attempt, r) for r in range(job.spec.replicas)]
+    """May get and patch only the pods of the given attempt and of the one before it: the
+    previous gang may still be inside its grace period, reporting its final (emergency) save."""
+    attempts = [attempt - 1, attempt] if attempt > 0 else [attempt]
+    pods = [names.pod_name(job.ref.name, a, r) for a in attempts for r in range(job.spec.replicas)]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",

@@ -110,7 +110,7 @@ def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):
             kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}-trainer")[
                 "rules"
             ][0]["resourceNames"]
-            == [f"{name}-a1-r0", f"{name}-a1-r1"]
+            == [f"{name}-a0-r0", f"{name}-a0-r1", f"{name}-a1-r0", f"{name}-a1-r1"]
         ),
         10,
     )

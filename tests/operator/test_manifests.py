@@ -157,11 +157,21 @@ def test_service_is_headless_and_publishes_unready_ranks():
     assert svc["metadata"]["ownerReferences"][0]["uid"] == UID
 
 
-def test_trainer_rbac_is_limited_to_the_attempts_pods():
+def test_trainer_rbac_is_limited_to_this_and_the_previous_attempts_pods():
     job = make_job(replicas=3)
+    (first,) = build_role(job, 0)["rules"]
+    assert first["resourceNames"] == ["train-a0-r0", "train-a0-r1", "train-a0-r2"]
     role = build_role(job, 5)
     (rule,) = role["rules"]
-    assert rule["resourceNames"] == ["train-a5-r0", "train-a5-r1", "train-a5-r2"]
+    # The previous gang may still be saving inside its grace period and must report it.
+    assert rule["resourceNames"] == [
+        "train-a4-r0",
+        "train-a4-r1",
+        "train-a4-r2",
+        "train-a5-r0",
+        "train-a5-r1",
+        "train-a5-r2",
+    ]
     assert rule["verbs"] == ["get", "patch"] and rule["resources"] == ["pods"]
     binding = build_role_binding(job)
     assert binding["roleRef"]["name"] == role["metadata"]["name"] == "train-trainer"
