@@ -300,15 +300,17 @@ class CheckpointManager:
         return self._wall_base + (time.monotonic() - self._clock_start)
 
     def batch_end(self, num_samples: int | None = None) -> SavedCheckpoint | None:
-        """Count one finished batch (``num_samples`` samples on this rank... see docs) and
-        save if the interval says so. ``num_samples`` is the *global* batch size."""
+        """Count one finished batch and save if the interval (or a preemption) says so.
+
+        ``num_samples`` is the *global* batch size: the samples all ranks consumed together.
+        """
         self._raise_background_failure()
         self._release_hook_if_done()
         if num_samples is None and self.interval.needs_samples:
             raise ConfigError(
                 "interval counts samples, so batch_end() needs num_samples= (the global batch size)"
             )
-        before = Timestamp(**self.timestamp.to_dict())
+        before = self.timestamp.copy()
         ts = self.timestamp
         ts.batch += 1
         ts.batch_in_epoch += 1
@@ -321,14 +323,11 @@ class CheckpointManager:
             self.sampler.advance(num_samples)
         if self.progress is not None:
             self.progress.step(ts.batch)
-        saved = self._handle_preemption()
-        if self.interval.should_save(ts, before, Event.BATCH_END):
-            return self.save() or saved
-        return saved
+        return self._loop_point(before, Event.BATCH_END)
 
     def epoch_end(self) -> SavedCheckpoint | None:
         self._raise_background_failure()
-        before = Timestamp(**self.timestamp.to_dict())
+        before = self.timestamp.copy()
         ts = self.timestamp
         ts.epoch += 1
         ts.batch_in_epoch = 0
@@ -336,8 +335,12 @@ class CheckpointManager:
         ts.wall_time = self._wall_time()
         if self.sampler is not None:
             self.sampler.set_epoch(ts.epoch)
+        return self._loop_point(before, Event.EPOCH_END)
+
+    def _loop_point(self, before: Timestamp, event: Event) -> SavedCheckpoint | None:
+        """Shared tail of batch_end/epoch_end: preemption first, then the save schedule."""
         saved = self._handle_preemption()
-        if self.interval.should_save(ts, before, Event.EPOCH_END):
+        if self.interval.should_save(self.timestamp, before, event):
             return self.save() or saved
         return saved
 
@@ -416,7 +419,7 @@ class CheckpointManager:
             extras={**self.extras, RUNTIME_KEY: {"global_batch_size": self._last_global_batch}},
             weights_only=self.weights_only,
         )
-        ts = Timestamp(**self.timestamp.to_dict())
+        ts = self.timestamp.copy()
         self._last_saved_key = key
         if not use_async:
             snapshot = data  # written before training continues: no copy needed
@@ -756,7 +759,7 @@ class CheckpointManager:
             self.timestamp.epoch,
             self.timestamp.batch,
         )
-        return ResumeResult(source, path, Timestamp(**self.timestamp.to_dict()), fallbacks)
+        return ResumeResult(source, path, self.timestamp.copy(), fallbacks)
 
     def load(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -37,6 +37,9 @@ class Timestamp:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def copy(self) -> Timestamp:
+        return replace(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timestamp:
