@@ -30,6 +30,8 @@ from .workqueue import Key, WorkQueue
 log = logging.getLogger(__name__)
 
 DEPARTED_TTL = 300.0
+DELETE_EVENT_WAIT = 1.0
+"""Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
 """How long the last state of a deleted pod is remembered for classification."""
 
 
@@ -59,6 +61,8 @@ class Controller:
         self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
         self.written_versions: dict[Key, str] = {}
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
+        # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
+        self.unexplained: dict[Key, float] = {}
 
     async def start(self) -> None:
         """Start the workers."""
@@ -171,6 +175,9 @@ class Controller:
         nodes = await self._node_views(job, pods)
         now = utcnow()
         departed = self._departed(key, {p["metadata"]["name"] for p in pods})
+        wait = self._await_deletion_events(key, job, pods, departed)
+        if wait is not None:
+            return wait
         plan = reconcile(job, pods, nodes, now, departed)
         try:
             applied = await self.executor.apply(job, plan, now)
@@ -198,6 +205,31 @@ class Controller:
         if self.resync_seconds > 0:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
+
+    def _await_deletion_events(
+        self, key: Key, job: Any, pods: list[dict[str, Any]], departed: dict[str, Any]
+    ) -> float | None:
+        """A rank pod is gone from the list but its DELETED watch event (which carries its last
+        state: DisruptionTarget, exit codes) has not arrived yet. Give the watch a moment, so
+        the interruption is classified by what really happened, not as "disappeared"."""
+        st = job.status
+        if not st.gang_created:
+            self.unexplained.pop(key, None)
+            return None
+        listed = {p["metadata"]["name"] for p in pods}
+        missing = (
+            {names.pod_name(job.ref.name, st.attempt, r) for r in range(job.spec.replicas)}
+            - listed
+            - set(departed)
+        )
+        if not missing:
+            self.unexplained.pop(key, None)
+            return None
+        first = self.unexplained.setdefault(key, time.monotonic())
+        if time.monotonic() - first < DELETE_EVENT_WAIT:
+            return 0.2
+        self.unexplained.pop(key, None)
+        return None
 
     def _departed(self, key: Key, listed: set[str]) -> dict[str, dict[str, Any]]:
         """Last states of this job's recently deleted pods (kept for a few minutes)."""

@@ -24,7 +24,7 @@ def test_failure_is_counted_and_backed_off(kube, ns, pool, operator):
     wait_for(
         "failure recorded",
         lambda: kube.status(ns, name).get("failures") == 1,
-        10,
+        30,  # the first test of a session also waits for a cold operator and cluster
         on_timeout=operator.tail,
     )
     status = kube.status(ns, name)
