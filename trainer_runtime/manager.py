@@ -676,9 +676,7 @@ class CheckpointManager:
                 self.timestamp = Timestamp()
             return self._resumed("load_path", self.load_path, fallbacks)
         log.info("starting run %s from scratch (no checkpoint to resume)", self.run_name)
-        resubmit = getattr(self.remote, "resubmit_unsynced", None)
-        if resubmit is not None:
-            resubmit(self.run_dir)
+        self._resubmit_unsynced()
         return ResumeResult("fresh", None, self.timestamp, fallbacks)
 
     def _fetch_remote_agreed(self) -> Path | None:
@@ -700,7 +698,8 @@ class CheckpointManager:
                 )
             path, problem = None, None
             try:
-                path = self.remote.fetch(name, self.run_dir, self.rank, self.world_size)
+                ranks = [self.rank] if saved_world == self.world_size else None
+                path = self.remote.fetch(name, self.run_dir, ranks)
             except (ObjectNotFoundError, ChecksumMismatchError) as exc:
                 problem = ("broken", str(exc))
             except Exception as exc:  # the store failed: no silent fresh start
@@ -741,12 +740,16 @@ class CheckpointManager:
             )
         return decision
 
-    def _resumed(self, source: Any, path: str, fallbacks: list[str]) -> ResumeResult:
+    def _resubmit_unsynced(self) -> None:
+        """Queue local checkpoints a killed attempt committed but never uploaded."""
         resubmit = getattr(self.remote, "resubmit_unsynced", None)
         if resubmit is not None:
             queued = resubmit(self.run_dir)
             if queued:
                 log.info("re-uploading local checkpoints the store lacks: %s", ", ".join(queued))
+
+    def _resumed(self, source: Any, path: str, fallbacks: list[str]) -> ResumeResult:
+        self._resubmit_unsynced()
         self._wall_base = self.timestamp.wall_time
         self._clock_start = time.monotonic()
         self._last_saved_key = tuple(

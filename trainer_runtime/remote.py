@@ -22,8 +22,9 @@ class RemoteBackend(Protocol):
     def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
         """(name, world size) of the newest remote checkpoint that verifies, or None."""
 
-    def fetch(self, name: str, run_dir: Path, rank: int, world_size: int) -> Path:
-        """Download and verify one checkpoint into ``run_dir``; its local folder."""
+    def fetch(self, name: str, run_dir: Path, ranks: list[int] | None) -> Path:
+        """Download and verify the files of ``ranks`` (all when None) of one checkpoint into
+        ``run_dir``; its local folder."""
 
     def uri_for(self, checkpoint: str) -> str:
         """The remote URI of a checkpoint (reported to the operator)."""

@@ -127,18 +127,14 @@ class S3Backend:
         )
         return None if found is None else (found.name, found.manifest.world_size)
 
-    def fetch(self, name: str, run_dir: Path, rank: int, world_size: int) -> Path:
-        """Download one checkpoint (this rank's files when the world size matches) and verify.
+    def fetch(self, name: str, run_dir: Path, ranks: list[int] | None) -> Path:
+        """Download one checkpoint (the files of ``ranks``; all when None) and verify them.
 
+        Rank 0 has already chosen ``name`` with ``find_newest``; this reads only its manifest.
         Raises ChecksumMismatchError / ObjectNotFoundError when the checkpoint is broken (the
         caller falls back to an older one); other errors mean the store itself failed.
         """
-        found = find_remote_checkpoint(self.store, self.run_uri, exclude=set())
-        ckpt = self.run_uri.join(name)
-        if found is not None and found.name == name:
-            ranks = [rank] if found.manifest.world_size == world_size else None
-            return download_checkpoint(self.store, found, run_dir, ranks=ranks)
-        return download_checkpoint(self.store, ckpt, run_dir, ranks=None)
+        return download_checkpoint(self.store, self.run_uri.join(name), run_dir, ranks=ranks)
 
     def uri_for(self, checkpoint: str) -> str:
         return str(self.run_uri.join(checkpoint))
