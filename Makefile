@@ -1,11 +1,12 @@
 # One entry point per thing a person wants to do. Every target installs what it needs first.
-UV ?= uv
+# uv runs everything; hack/bootstrap-uv.sh installs a private copy when the machine has none.
+UV ?= $(shell hack/bootstrap-uv.sh)
 RUN := $(UV) run --frozen --all-extras
 
 .PHONY: setup tools test test-fast lint format crds demo demo-local bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
-	@command -v $(UV) >/dev/null || { echo "uv is required: python3 -m pip install uv" >&2; exit 1; }
+	@test -n "$(UV)" || { echo "uv is required and could not be installed (see above)" >&2; exit 1; }
 	$(UV) sync --frozen --all-extras
 
 tools:  ## build once, then reuse from ~/.cache/rtj: control plane, kwok, helm, MinIO

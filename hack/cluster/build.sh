@@ -33,7 +33,7 @@ jobs="${RTJ_BUILD_JOBS:-2}"
 
 # name|version for every binary, in build order (kubernetes first: it is the one most
 # likely to break, so a failure surfaces early).
-kube_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+kube_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 all_names=("${kube_names[@]}" etcd kwok kwokctl helm)
 
 log() { printf '[build] %s\n' "$*" >&2; }
