@@ -15,6 +15,8 @@ import threading
 import time
 from types import FrameType
 
+from .workers import tolerate_worker_deaths
+
 log = logging.getLogger(__name__)
 
 DEFAULT_EXIT_CODE = 143
@@ -46,6 +48,9 @@ class PreemptionWatcher:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.sigterm_at is None:
             self.sigterm_at = time.monotonic()
+            # DataLoader workers in our process group got the same signal; their deaths
+            # must not raise before the step boundary where the emergency save runs.
+            tolerate_worker_deaths()
 
     @property
     def terminating(self) -> bool:

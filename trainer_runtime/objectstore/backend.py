@@ -139,6 +139,16 @@ class S3Backend:
     def uri_for(self, checkpoint: str) -> str:
         return str(self.run_uri.join(checkpoint))
 
-    def close(self) -> None:
-        """Flush pending uploads for at most ``flush_timeout_s``; the outcome is logged."""
-        self.uploader.close(self.flush_timeout_s)
+    def upload_first(self, name: str) -> list[str]:
+        """Emergency path: upload ``name`` next; older queued uploads are left for the next
+        attempt's start-up resubmission. Returns the names left."""
+        return self.uploader.upload_first(name)
+
+    def transfers_stuck(self) -> bool:
+        """After ``close``: the upload thread is still inside a transfer (a hung store)."""
+        return self.uploader.worker_alive()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush pending uploads for at most ``timeout_s`` (default ``flush_timeout_s``);
+        the outcome is logged, and what is not uploaded stays committed locally."""
+        self.uploader.close(self.flush_timeout_s if timeout_s is None else timeout_s)
