@@ -44,8 +44,8 @@ from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import Decision
 from .sampler import ResumableSampler
-from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .serialization import detach_from_file, load_file, save_rank_file
+from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 
 log = logging.getLogger("trainer_runtime")

@@ -71,7 +71,7 @@ def _crc_free_writer(buffer: BinaryIO) -> Any | None:
         return None
 
 
-_warned_crc = False
+_warned: set[str] = set()
 
 
 def torch_save_no_crc(obj: Any, buffer: BinaryIO) -> None:
@@ -79,12 +79,11 @@ def torch_save_no_crc(obj: Any, buffer: BinaryIO) -> None:
 
     Touches no process-wide setting, so it is safe beside other threads' ``torch.save``.
     """
-    global _warned_crc
     zip_file = _crc_free_writer(buffer)
     if zip_file is None:
-        if not _warned_crc:
+        if "crc" not in _warned:
             log.warning("this torch has no CRC-free zip writer; saving with torch.save")
-            _warned_crc = True
+            _warned.add("crc")
         torch.save(obj, buffer)
         return
     torch.serialization._save(obj, zip_file, pickle, torch.serialization.DEFAULT_PROTOCOL, False)

@@ -20,6 +20,7 @@ was rejected: boto3's read timeout times its retries can exceed any grace period
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -109,13 +110,7 @@ def exit_now(exit_code: int) -> None:
 
 
 def _flush_output() -> None:
-    for handler in logging.getLogger().handlers + log.handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: S110 - best effort just before _exit
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: S110
-            pass
+    handlers = [*logging.getLogger().handlers, *log.handlers]
+    for flushable in [*handlers, sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):  # best effort just before _exit
+            flushable.flush()
