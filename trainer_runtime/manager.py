@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import envvars, naming, resume
+from . import envvars, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
 from .dist import Coordinator
@@ -42,7 +42,7 @@ from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .reporting import report_commit
-from .resume import Decision
+from .resume import QUARANTINE_REASON, Decision
 from .sampler import ResumableSampler
 from .serialization import detach_from_file, load_file, save_rank_file
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
@@ -250,6 +250,7 @@ class CheckpointManager:
             notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
         )
         self._notices_handled = 0
+        self._remote_rejected: list[tuple[str, str]] = []
         self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
@@ -283,6 +284,12 @@ class CheckpointManager:
             write_bytes_atomic(probe, b"ok")
             probe.unlink()
         except OSError as exc:
+            blocker = _file_in_the_way(self.run_dir)
+            if blocker is not None:
+                raise ConfigError(
+                    f"checkpoint folder {str(self.run_dir)!r} cannot be created: "
+                    f"{str(blocker)!r} is a file, not a folder; pass folder= a folder path"
+                ) from exc
             raise ConfigError(
                 f"checkpoint folder {str(self.run_dir)!r} is not writable: {exc.strerror or exc}"
             ) from exc
@@ -680,6 +687,7 @@ class CheckpointManager:
                 )
             decision = self._agree()
             fallbacks = decision.fallbacks
+            self._set_aside(decision)
             if decision.chosen is not None:
                 path = self.folder.path(decision.chosen)
                 self._load_checkpoint_dir(
@@ -692,6 +700,9 @@ class CheckpointManager:
                 return self._resumed("checkpoint", str(path), fallbacks)
             if self.remote is not None:
                 fetched = self._fetch_remote_agreed()
+                if self.rank == 0:
+                    chosen = None if fetched is None else Manifest.read(fetched).timestamp
+                    self._reject_remote(self._remote_rejected, chosen)
                 if fetched is not None:
                     self._load_checkpoint_dir(
                         fetched,
@@ -719,6 +730,7 @@ class CheckpointManager:
         """Rank 0 picks the newest valid remote checkpoint; every rank fetches that one."""
         assert self.remote is not None
         exclude = set(self.quarantined)
+        self._remote_rejected = [(q, QUARANTINE_REASON) for q in sorted(self.quarantined)]
         while True:
             found = self.coord.broadcast(
                 self.remote.find_newest(exclude=exclude) if self.rank == 0 else None
@@ -750,6 +762,7 @@ class CheckpointManager:
                 "remote checkpoint %s is broken (%s); trying an older one", name, problems[0][1]
             )
             exclude.add(name)
+            self._remote_rejected.append((name, str(problems[0][1])))
 
     def _agree(self) -> Decision:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
@@ -775,6 +788,53 @@ class CheckpointManager:
                 f"{saved_ws}, or start a new run"
             )
         return decision
+
+    def _set_aside(self, decision: Decision) -> None:
+        """Move the checkpoints resume passed over into ``rejected/`` and delete leftovers
+        (``rejection.py``), locally and in the bucket, so they do not block the run. Rank 0
+        first (a shared folder), then each other rank on its own disk; every rank takes part
+        in the barriers, since the decision is the same everywhere."""
+        chosen = (
+            None if decision.chosen is None else Manifest.read(self.folder.path(decision.chosen))
+        )
+        for turn in ("rank 0", "others"):
+            if (self.rank == 0) == (turn == "rank 0"):
+                for name, why in decision.rejected:
+                    rejection.move_aside(self.folder, name, why)
+                for name, why in decision.leftovers:
+                    rejection.remove_leftover(self.folder, name, why)
+                if self.rank == 0:
+                    self._repoint(chosen, {n for n, _ in decision.rejected})
+                if self.rank == 0 and chosen is not None:
+                    # Without a local choice the bucket decides (_fetch_remote_agreed), and
+                    # rejects what it passes over itself.
+                    quarantined = [(q, QUARANTINE_REASON) for q in sorted(self.quarantined)]
+                    self._reject_remote([*decision.rejected, *quarantined], chosen.timestamp)
+            self.coord.barrier()
+
+    def _repoint(self, chosen: Manifest | None, rejected: set[str]) -> None:
+        stale = rejection.repoint(self.folder, chosen)
+        if stale is not None and stale not in rejected:
+            log.warning(
+                "latest.json named %s, which is not a valid checkpoint in %s; it now names %s "
+                "(resume lists the folder and does not trust the pointer)",
+                stale,
+                self.run_dir,
+                chosen.name if chosen is not None else "nothing",
+            )
+
+    def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
+        """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""
+        reject = getattr(self.remote, "reject", None)
+        if reject is None or not rejected:
+            return
+        for name, why in dict(rejected).items():
+            try:
+                reject(name, why, newer_than=chosen or Timestamp())
+            except Exception as exc:  # the store is down: the run still goes on
+                log.warning(
+                    "object store: could not set rejected checkpoint %s aside: %s", name, exc
+                )
 
     def _resubmit_unsynced(self) -> None:
         """Queue local checkpoints a killed attempt committed but never uploaded."""
@@ -1013,6 +1073,14 @@ class CheckpointManager:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         # After an exception the state may be mid-step: no final save then.
         self.close(save=None if exc_type is None else False)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing non-folder on the way to ``path`` (itself included), if any."""
+    for p in [path, *path.parents]:
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
 
 
 def _is_remote(location: str) -> bool:
