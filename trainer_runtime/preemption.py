@@ -15,7 +15,7 @@ import threading
 import time
 from types import FrameType
 
-from .workers import tolerate_worker_deaths
+from .workers import keep_workers_through_sigterm, tolerate_worker_deaths
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class PreemptionWatcher:
         if handle_sigterm:
             if threading.current_thread() is threading.main_thread():
                 self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+                keep_workers_through_sigterm()
             else:
                 log.warning("CheckpointManager built off the main thread: SIGTERM not handled")
 
