@@ -184,8 +184,11 @@ class CheckpointUploader:
     def resubmit_unsynced(self, local_run_dir: str | os.PathLike[str]) -> list[str]:
         """Queue the local checkpoints a previous attempt may not have finished uploading.
 
-        Those newer than what the remote ``latest.json`` names (all, if it names none), oldest
-        first; files already uploaded are skipped by each job's HEAD check. Call it once at
+        Those newer than what the remote ``latest.json`` names (all, if it names none), newest
+        first: the checkpoint a later resume would use reaches the store first (after an
+        emergency exit with the store down, that is the emergency save); older ones follow, and
+        ``latest.json`` never moves back. Files already uploaded are skipped by each job's HEAD
+        check. Call it once at
         start-up, after building the uploader. Returns the names queued.
         """
         current = None
@@ -208,10 +211,11 @@ class CheckpointUploader:
                 floor is None or manifest.timestamp.sort_key() > floor
             ):
                 manifests.append((progress_key(manifest), folder, manifest))
-        for _, folder, manifest in sorted(manifests, key=lambda m: m[0]):
+        newest_first = sorted(manifests, key=lambda m: m[0], reverse=True)
+        for _, folder, manifest in newest_first:
             log.info("object store: resubmitting %s (not yet committed remotely)", folder)
             self.submit(folder, manifest, resumed=True)
-        return [m.name for _, _, m in sorted(manifests, key=lambda m: m[0])]
+        return [m.name for _, _, m in newest_first]
 
     def is_pending(self, name: str) -> bool:
         """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
