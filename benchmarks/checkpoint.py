@@ -1,6 +1,7 @@
 """Checkpoint core benchmark: durable save, async stall, resume, against baselines in one run.
 
     python benchmarks/checkpoint.py --json OUT [--quick | --size-mib N] [--rounds 5] [--dir F]
+                                   [--threads N]
 
 Builds a state like a real model plus Adam (1 GiB; 96 MiB with --quick), then measures on one
 filesystem, in one process:
@@ -21,8 +22,9 @@ Why the figures can be trusted:
   order rotated each round, and reported as the median with min and max: a one-off stall of a
   busy machine moves one sample, not the figure, and slow drift hits every side alike.
 - The page cache is dropped (``/proc/sys/vm/drop_caches``, needs root) before every timed
-  operation, so no side reads what another left cached; where that is not permitted the run
-  says so at the start and in the JSON (``page_cache_dropped: false``).
+  operation, so no side reads what another left cached, and torch's code is warmed again right
+  after (a real resume has it warm); without root each benchmark file is evicted on its own,
+  and the run says so at the start and in the JSON (``page_cache_dropped: false``).
 - Memory is touched before timing: the raw-write buffer is filled, every state is trained
   one step (Adam's moments exist), the async staging buffers are made by an untimed warm-up
   round, and a resume's target model is built and initialised before its clock starts. Some
@@ -36,6 +38,7 @@ one entry in ``OPERATIONS``; the rounds, the cache drops and the summaries are s
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -117,20 +120,28 @@ def state_nbytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
 
 
 class PageCache:
-    """Drops the page cache before a timed operation (root only); says once when it cannot."""
+    """Drops the page cache before a timed operation; says once when it cannot.
 
-    def __init__(self) -> None:
-        self.permitted = self._drop()
+    As root, the whole cache (``/proc/sys/vm/drop_caches``). That also evicts the code pages of
+    torch's shared libraries, which a real resume has warm (it just imported torch), so the
+    code is warmed again right after with a tiny untimed step, save and load in memory: the
+    checkpoint files stay cold, the code does not. Without root, each benchmark file is evicted
+    on its own (``posix_fadvise(DONTNEED)`` after an fsync), which drops clean pages only.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.permitted = self._drop_all()
         if not self.permitted:
             print(
-                "[bench] WARNING: cannot drop the page cache (needs root and a writable "
-                "/proc/sys/vm/drop_caches); reads may come from memory and favour whichever "
-                "side ran after a write of the same file",
+                "[bench] WARNING: cannot drop the whole page cache (needs root and a writable "
+                "/proc/sys/vm/drop_caches); evicting the benchmark's own files one by one "
+                "instead (posix_fadvise DONTNEED), which the kernel may not fully honour",
                 flush=True,
             )
 
     @staticmethod
-    def _drop() -> bool:
+    def _drop_all() -> bool:
         try:
             os.sync()
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -138,9 +149,38 @@ class PageCache:
         except OSError:
             return False
 
+    def _drop_files(self) -> None:
+        for path in self.root.rglob("*"):
+            if not path.is_file():
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
     def drop(self) -> None:
-        if self.permitted:
-            self._drop()
+        if self.permitted and self._drop_all():
+            warm_code()
+        else:
+            self._drop_files()
+
+
+def warm_code() -> None:
+    """Fault torch's code for a step, a save and a load back in, on tiny data, untimed."""
+    tiny = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    opt = torch.optim.Adam(tiny.parameters())
+    train_step(tiny, opt)
+    buf = io.BytesIO()
+    torch.save({"model": tiny.state_dict(), "optim": opt.state_dict()}, buf)
+    buf.seek(0)
+    torch.load(buf, weights_only=True)
 
 
 @dataclass
@@ -290,12 +330,16 @@ def op_raw_read(b: Bench, r: int) -> dict[str, float]:
 
 
 def measure_resume(
-    b: Bench, load: Callable[[nn.Module, torch.optim.Optimizer], None], prefix: str
+    b: Bench,
+    prepare: Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None]],
+    prefix: str,
 ) -> dict[str, float]:
-    """Build the target untimed, drop the cache, then time the load and the first steps."""
+    """Build the target and prepare the loader untimed, drop the cache, then time the load and
+    the first steps."""
     model, opt = build_empty(b.model)
+    load = prepare(model, opt)
     b.cache.drop()
-    took = timed(lambda: load(model, opt))
+    took = timed(load)
     first = timed(lambda: train_step(model, opt))
     steady = statistics.median(timed(lambda: train_step(model, opt)) for _ in range(3))
     extra = max(0.0, first - steady)
@@ -307,28 +351,31 @@ def measure_resume(
 
 
 def op_resume_runtime(b: Bench, r: int) -> dict[str, float]:
-    def load(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        ck = CheckpointManager(
+    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        ck = CheckpointManager(  # built before the clock starts, like the user's own objects
             model=model,
             optimizer=opt,
             folder=b.dir / "resume-target",
             run_name="resume",
             autoresume=False,
             handle_sigterm=False,
+            final_save=False,
         )
-        ck.load(b.runtime_ckpt)
-        ck.close(save=False)
+        return lambda: ck.load(b.runtime_ckpt)
 
-    return measure_resume(b, load, "resume")
+    return measure_resume(b, prepare, "resume")
 
 
 def op_resume_torch_load(b: Bench, r: int) -> dict[str, float]:
-    def load(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        data = torch.load(b.torch_file, map_location="cpu", weights_only=True)
-        model.load_state_dict(data["model"])
-        opt.load_state_dict(data["optim"])
+    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        def load() -> None:
+            data = torch.load(b.torch_file, map_location="cpu", weights_only=True)
+            model.load_state_dict(data["model"])
+            opt.load_state_dict(data["optim"])
 
-    return measure_resume(b, load, "torchload")
+        return load
+
+    return measure_resume(b, prepare, "torchload")
 
 
 OPERATIONS: list[tuple[str, Operation]] = [
@@ -400,13 +447,21 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, help="state size in MiB (overrides --quick)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path("out/bench-checkpoint"))
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's own); 1 on a loaded machine, where "
+        "threads waiting for each other dominate a step's time",
+    )
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.rounds < 5:
         ap.error(f"--rounds={args.rounds}: at least 5 rounds are needed for a median to mean much")
     size_mib = args.size_mib or (96 if args.quick else 1024)
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
-    cache = PageCache()
+    cache = PageCache(args.dir)
     print(f"[bench] building a {size_mib} MiB model+Adam state", flush=True)
     model, opt = build_state(size_mib * MiB)
 
@@ -463,6 +518,7 @@ def main() -> None:
         "rounds": args.rounds,
         "page_cache_dropped": cache.permitted,
         "cpus": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
         **{f"{name}_{k}": v for name, f in summary.items() for k, v in f.items()},
         **derived,
     }
