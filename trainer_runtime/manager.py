@@ -8,6 +8,7 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import tempfile
@@ -1062,10 +1063,11 @@ class CheckpointManager:
         if self.remote is None:
             return
         timeout = self.upload_flush_timeout_s if timeout_s is None else timeout_s
-        if timeout is None:
-            self.remote.close()
+        close = self.remote.close
+        if timeout is None or "timeout_s" not in inspect.signature(close).parameters:
+            close()  # a RemoteBackend with the minimal protocol bounds its flush itself
         else:
-            self.remote.close(timeout_s=timeout)  # type: ignore[call-arg]
+            close(timeout_s=timeout)  # type: ignore[call-arg]
 
     def __enter__(self) -> CheckpointManager:
         return self
