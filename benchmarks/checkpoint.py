@@ -1,23 +1,53 @@
-"""Checkpoint core benchmark: durable save, async stall, load, against raw I/O baselines.
+"""Checkpoint core benchmark: durable save, async stall, resume, against baselines in one run.
 
-    python benchmarks/checkpoint.py --json OUT [--quick] [--dir FOLDER]
+    python benchmarks/checkpoint.py --json OUT [--quick | --size-mib N] [--rounds 5] [--dir F]
+                                   [--threads N]
 
-Builds a state like a real model plus Adam (about 1 GiB; 96 MiB with --quick), then measures on
-one filesystem in one run: a raw write of the same bytes with fdatasync, a synchronous durable
-save, an async save's stall (the save call plus the wait at the next optimizer step), its
-background persist time, step throughput while the persist runs vs idle, a raw read, and a
-verified load. Prints a table and writes a flat JSON of figures and ratios.
+Builds a state like a real model plus Adam (1 GiB; 96 MiB with --quick), then measures on one
+filesystem, in one process:
+
+- save: the runtime's synchronous durable save, against a raw write of the same byte count
+  with fdatasync and against ``torch.save`` + fsync of the same state;
+- async save: the stall it puts on training (the ``save()`` call plus what the next step takes
+  beyond an idle step), its background persist time, and steps per second while it persists
+  against idle steps per second measured just before;
+- resume: the runtime's ``load`` of a checkpoint into a freshly built model and optimizer, and
+  the *effective* resume time (load plus what the first training step takes beyond a steady
+  step, which is where state left mapped from the file would be paid for), against
+  ``torch.load`` + ``load_state_dict`` of the same state measured the same way; plus a raw read.
+
+Why the figures can be trusted:
+
+- Every operation is measured in each of ``--rounds`` (at least 5) interleaved rounds, in an
+  order rotated each round, and reported as the median with min and max: a one-off stall of a
+  busy machine moves one sample, not the figure, and slow drift hits every side alike.
+- The page cache is dropped (``/proc/sys/vm/drop_caches``, needs root) before every timed
+  operation, so no side reads what another left cached, and torch's code is warmed again right
+  after (a real resume has it warm); without root each benchmark file is evicted on its own,
+  and the run says so at the start and in the JSON (``page_cache_dropped: false``).
+- Memory is touched before timing: the raw-write buffer is filled, every state is trained
+  one step (Adam's moments exist), the async staging buffers are made by an untimed warm-up
+  round, and a resume's target model is built and initialised before its clock starts. Some
+  VMs charge heavily for the first touch of fresh memory (about 1.8 s/GiB was seen); only
+  allocations both sides of a comparison must make (a resume's optimizer state) stay timed.
+
+Adding a contender (for example DCP) means one more ``op_*`` function returning its figures and
+one entry in ``OPERATIONS``; the rounds, the cache drops and the summaries are shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import statistics
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,13 +58,15 @@ from trainer_runtime import CheckpointManager
 from trainer_runtime.manifest import Manifest
 
 MiB = 1 << 20
-
-
 WIDTH = 2048
 
 
-def build_state(total_bytes: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+# ---------------------------------------------------------------------------- the workload
+
+
+def build_state(total_bytes: int, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Blocks of Linear + LayerNorm (matrices, vectors, biases); Adam triples the bytes."""
+    torch.manual_seed(seed)
     width = WIDTH if total_bytes >= 512 * MiB else 512
     per_block = (width * width + 3 * width) * 4
     blocks = max(1, total_bytes // 3 // per_block)
@@ -47,6 +79,18 @@ def build_state(total_bytes: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
+def build_empty(like: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A freshly built model (initialised, so touched) and an optimizer without state yet:
+    what a relaunched process has before it resumes."""
+    width = like[0].in_features
+    blocks = len(like) // 2
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
+    model = nn.Sequential(*layers)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-5)
+
+
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: int = 16) -> None:
     """A real step of the benchmark model: forward, backward, optimizer update."""
     width = model[0].in_features
@@ -56,171 +100,430 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: int = 16) ->
     opt.zero_grad(set_to_none=False)
 
 
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def raw_write(path: Path, nbytes: int) -> float:
-    buf = memoryview(os.urandom(64 * MiB))
+def timed(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left:
-            n = f.write(buf[: min(left, len(buf))])
-            left -= n
-        os.fdatasync(f.fileno())
+    fn()
     return time.perf_counter() - t
 
 
-def raw_read(path: Path) -> float:
-    buf = bytearray(64 * MiB)
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-    return time.perf_counter() - t
+def state_nbytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return n + sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    )
 
 
-def steps_per_second(model, opt, seconds: float, until=None) -> float:
+# ---------------------------------------------------------------------------- shared method
+
+
+class PageCache:
+    """Drops the page cache before a timed operation; says once when it cannot.
+
+    As root, the whole cache (``/proc/sys/vm/drop_caches``). That also evicts the code pages of
+    torch's shared libraries, which a real resume has warm (it just imported torch), so the
+    code is warmed again right after with a tiny untimed step, save and load in memory: the
+    checkpoint files stay cold, the code does not. Without root, each benchmark file is evicted
+    on its own (``posix_fadvise(DONTNEED)`` after an fsync), which drops clean pages only.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.permitted = self._drop_all()
+        if not self.permitted:
+            print(
+                "[bench] WARNING: cannot drop the whole page cache (needs root and a writable "
+                "/proc/sys/vm/drop_caches); evicting the benchmark's own files one by one "
+                "instead (posix_fadvise DONTNEED), which the kernel may not fully honour",
+                flush=True,
+            )
+
+    @staticmethod
+    def _drop_all() -> bool:
+        try:
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return True
+        except OSError:
+            return False
+
+    def _drop_files(self) -> None:
+        for path in self.root.rglob("*"):
+            if not path.is_file():
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    def drop(self) -> None:
+        if self.permitted and self._drop_all():
+            warm_code()
+        else:
+            self._drop_files()
+
+
+def warm_code() -> None:
+    """Fault torch's code for a step, a save and a load back in, on tiny data, untimed."""
+    tiny = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    opt = torch.optim.Adam(tiny.parameters())
+    train_step(tiny, opt)
+    buf = io.BytesIO()
+    torch.save({"model": tiny.state_dict(), "optim": opt.state_dict()}, buf)
+    buf.seek(0)
+    torch.load(buf, weights_only=True)
+
+
+@dataclass
+class Samples:
+    """Every sample of every figure, by name."""
+
+    values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, figures: dict[str, float]) -> None:
+        for name, value in figures.items():
+            self.values[name].append(value)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values[name])
+
+    def summary(self) -> dict[str, dict[str, float | int]]:
+        return {
+            name: {
+                "median": statistics.median(v),
+                "min": min(v),
+                "max": max(v),
+                "n": len(v),
+            }
+            for name, v in self.values.items()
+        }
+
+
+Operation = Callable[["Bench", int], dict[str, float]]
+
+
+def run_interleaved(
+    bench: Bench, operations: list[tuple[str, Operation]], rounds: int, samples: Samples
+) -> None:
+    """Each round runs every operation once; the order rotates from round to round, so no
+    operation always runs right after the same neighbour. The page cache is dropped first."""
+    for r in range(rounds):
+        shift = r % len(operations)
+        order = operations[shift:] + operations[:shift]
+        for name, op in order:
+            bench.cache.drop()
+            figures = op(bench, r)
+            samples.add(figures)
+            shown = ", ".join(f"{k}={v:.3f}" for k, v in figures.items())
+            print(f"[bench] round {r + 1}/{rounds} {name}: {shown}", flush=True)
+
+
+# ---------------------------------------------------------------------------- the operations
+
+
+@dataclass
+class Bench:
+    dir: Path
+    cache: PageCache
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    file_bytes: int
+    raw_buffer: memoryview
+    runtime_ckpt: Path
+    torch_file: Path
+    sync_ck: CheckpointManager
+    async_ck: CheckpointManager
+    step_s: float = 0.0
+    saves: int = 0
+
+    def next_batch(self) -> int:
+        self.saves += 1
+        return self.saves
+
+
+def op_raw_write(b: Bench, r: int) -> dict[str, float]:
+    path = b.dir / "raw.bin"
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as f:
+            left = b.file_bytes
+            while left:
+                left -= f.write(b.raw_buffer[: min(left, len(b.raw_buffer))])
+            os.fdatasync(f.fileno())
+
+    took = timed(write)
+    path.unlink()
+    return {"raw_write_s": took}
+
+
+def op_sync_save(b: Bench, r: int) -> dict[str, float]:
+    b.sync_ck.timestamp.batch = b.next_batch()
+    return {"sync_save_s": timed(lambda: b.sync_ck.save(blocking=True))}
+
+
+def op_torch_save(b: Bench, r: int) -> dict[str, float]:
+    path = b.dir / "torch-save.pt"
+
+    def save() -> None:
+        with open(path, "wb") as f:
+            torch.save({"model": b.model.state_dict(), "optim": b.opt.state_dict()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    took = timed(save)
+    path.unlink()
+    return {"torch_save_fsync_s": took}
+
+
+def steps_per_second(b: Bench, seconds: float, until: Callable[[], bool] | None = None) -> float:
     n, t0 = 0, time.perf_counter()
     while True:
-        train_step(model, opt)
+        train_step(b.model, b.opt)
         n += 1
         elapsed = time.perf_counter() - t0
         if (until is None and elapsed >= seconds) or (until is not None and until()):
             return n / elapsed
 
 
+def op_async_save(b: Bench, r: int) -> dict[str, float]:
+    idle_sps = steps_per_second(b, max(1.0, 3 * b.step_s))
+    idle_step = 1.0 / idle_sps
+    b.async_ck.timestamp.batch = b.next_batch()
+    t0 = time.perf_counter()
+    b.async_ck.save()
+    call = time.perf_counter() - t0
+    pending = b.async_ck._pending
+    first = timed(lambda: train_step(b.model, b.opt))
+    busy_sps = 0.0
+    if pending is not None and not pending.done():
+        busy_sps = steps_per_second(b, 0, until=pending.done)
+    b.async_ck.wait()
+    figures = {
+        "async_save_call_s": call,
+        "async_stall_s": call + max(0.0, first - idle_step),
+        "async_persist_s": time.perf_counter() - t0,
+        "idle_steps_per_s": idle_sps,
+    }
+    if busy_sps:
+        figures["persisting_steps_per_s"] = busy_sps
+    return figures
+
+
+def op_raw_read(b: Bench, r: int) -> dict[str, float]:
+    buf = bytearray(64 * MiB)
+
+    def read() -> None:
+        with open(b.runtime_ckpt / "rank0.pt", "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+    return {"raw_read_s": timed(read)}
+
+
+def measure_resume(
+    b: Bench,
+    prepare: Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None]],
+    prefix: str,
+) -> dict[str, float]:
+    """Build the target and prepare the loader untimed, drop the cache, then time the load and
+    the first steps."""
+    model, opt = build_empty(b.model)
+    load = prepare(model, opt)
+    b.cache.drop()
+    took = timed(load)
+    first = timed(lambda: train_step(model, opt))
+    steady = statistics.median(timed(lambda: train_step(model, opt)) for _ in range(3))
+    extra = max(0.0, first - steady)
+    return {
+        f"{prefix}_load_s": took,
+        f"{prefix}_first_step_extra_s": extra,
+        f"{prefix}_effective_s": took + extra,
+    }
+
+
+def op_resume_runtime(b: Bench, r: int) -> dict[str, float]:
+    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        ck = CheckpointManager(  # built before the clock starts, like the user's own objects
+            model=model,
+            optimizer=opt,
+            folder=b.dir / "resume-target",
+            run_name="resume",
+            autoresume=False,
+            handle_sigterm=False,
+            final_save=False,
+        )
+        return lambda: ck.load(b.runtime_ckpt)
+
+    return measure_resume(b, prepare, "resume")
+
+
+def op_resume_torch_load(b: Bench, r: int) -> dict[str, float]:
+    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        def load() -> None:
+            data = torch.load(b.torch_file, map_location="cpu", weights_only=True)
+            model.load_state_dict(data["model"])
+            opt.load_state_dict(data["optim"])
+
+        return load
+
+    return measure_resume(b, prepare, "torchload")
+
+
+OPERATIONS: list[tuple[str, Operation]] = [
+    ("raw write", op_raw_write),
+    ("sync save", op_sync_save),
+    ("torch.save", op_torch_save),
+    ("async save", op_async_save),
+    ("raw read", op_raw_read),
+    ("resume (runtime)", op_resume_runtime),
+    ("resume (torch.load)", op_resume_torch_load),
+]
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def ratios(s: Samples, file_bytes: int) -> dict[str, float]:
+    m = s.median
+    out = {
+        "sync_save_MBps": file_bytes / MiB / m("sync_save_s"),
+        "raw_write_MBps": file_bytes / MiB / m("raw_write_s"),
+        "raw_read_MBps": file_bytes / MiB / m("raw_read_s"),
+        "ratio_sync_save_vs_raw_write": m("raw_write_s") / m("sync_save_s"),
+        "ratio_torch_save_vs_raw_write": m("raw_write_s") / m("torch_save_fsync_s"),
+        "ratio_async_stall_vs_sync_save": m("async_stall_s") / m("sync_save_s"),
+        "ratio_resume_load_vs_raw_read": m("raw_read_s") / m("resume_load_s"),
+        "ratio_effective_resume_vs_torch_load": m("resume_effective_s")
+        / m("torchload_effective_s"),
+    }
+    if s.values.get("persisting_steps_per_s"):
+        out["ratio_throughput_persisting_vs_idle"] = m("persisting_steps_per_s") / m(
+            "idle_steps_per_s"
+        )
+    return out
+
+
+TARGETS = {
+    "ratio_sync_save_vs_raw_write": (">=", 0.90),
+    "ratio_async_stall_vs_sync_save": ("<=", 0.02),
+    "ratio_resume_load_vs_raw_read": (">=", 0.80),
+    "ratio_effective_resume_vs_torch_load": ("<=", 1.00),
+    "ratio_throughput_persisting_vs_idle": (">=", 0.85),
+}
+
+
+def report(summary: dict, derived: dict[str, float]) -> None:
+    print(f"\n{'figure':36s} {'median':>10s} {'min':>10s} {'max':>10s}   n")
+    for name, f in summary.items():
+        print(f"{name:36s} {f['median']:10.4f} {f['min']:10.4f} {f['max']:10.4f} {f['n']:3d}")
+    print()
+    for name, value in derived.items():
+        print(f"{name:36s} {value:10.4f}")
+    print()
+    for name, (op, bound) in TARGETS.items():
+        if name not in derived:
+            continue
+        v = derived[name]
+        ok = v <= bound if op == "<=" else v >= bound
+        print(f"target {name} {op} {bound}: {v:.3f} {'met' if ok else 'MISSED'}")
+
+
+# ---------------------------------------------------------------------------- main
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True, type=Path)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="a 96 MiB state instead of 1 GiB")
+    ap.add_argument("--size-mib", type=int, help="state size in MiB (overrides --quick)")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path("out/bench-checkpoint"))
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's own); 1 on a loaded machine, where "
+        "threads waiting for each other dominate a step's time",
+    )
     args = ap.parse_args()
-    total = (96 if args.quick else 1024) * MiB
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rounds < 5:
+        ap.error(f"--rounds={args.rounds}: at least 5 rounds are needed for a median to mean much")
+    size_mib = args.size_mib or (96 if args.quick else 1024)
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
-    print(f"[bench] building a {total / MiB:.0f} MiB model+Adam state", flush=True)
-    model, opt = build_state(total)
-    state_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-    state_bytes += sum(
-        t.numel() * t.element_size()
-        for s in opt.state.values()
-        for t in s.values()
-        if isinstance(t, torch.Tensor)
-    )
-    figures: dict[str, float | int | str | bool] = {"state_bytes": state_bytes}
+    cache = PageCache(args.dir)
+    print(f"[bench] building a {size_mib} MiB model+Adam state", flush=True)
+    model, opt = build_state(size_mib * MiB)
 
-    def fresh_manager(name: str, **kw) -> CheckpointManager:
+    def manager(name: str, **kw: object) -> CheckpointManager:
         return CheckpointManager(
             model=model,
             optimizer=opt,
             folder=args.dir / name,
             run_name=name,
-            interval="1ba",
+            interval="1000000ba",
             autoresume=False,
+            num_checkpoints_to_keep=1,
+            handle_sigterm=False,
+            final_save=False,
             **kw,
         )
 
-    # Synchronous durable save vs raw write + fdatasync of the same byte count.
-    sync_times, raw_w = [], []
-    ck = fresh_manager("sync")
-    for i in range(args.repeat):
-        ck.timestamp.batch = i + 1
-        t = time.perf_counter()
-        saved = ck.save(blocking=True)
-        sync_times.append(time.perf_counter() - t)
-        assert saved is not None
-        file_bytes = Manifest.read(saved.path).files[0].size
-        raw_w.append(raw_write(args.dir / f"raw-{i}.bin", file_bytes))
-        (args.dir / f"raw-{i}.bin").unlink()
-    ck.close()
-    figures["file_bytes"] = file_bytes
-    figures["sync_save_s"] = statistics.median(sync_times)
-    figures["raw_write_fdatasync_s"] = statistics.median(raw_w)
-    figures["sync_save_MBps"] = file_bytes / MiB / figures["sync_save_s"]
-    figures["raw_write_MBps"] = file_bytes / MiB / figures["raw_write_fdatasync_s"]
-    figures["ratio_sync_vs_raw_write"] = figures["sync_save_MBps"] / figures["raw_write_MBps"]
+    ref = manager("reference")
+    ref.timestamp.batch = 1
+    saved = ref.save(blocking=True)
+    assert saved is not None
+    ref.close(save=False)
+    torch_file = args.dir / "reference.pt"
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, torch_file)
+    file_bytes = Manifest.read(saved.path).files[0].size
+    raw = bytearray(os.urandom(64 * MiB))  # filled: touched before any timing
+    bench = Bench(
+        dir=args.dir,
+        cache=cache,
+        model=model,
+        opt=opt,
+        file_bytes=file_bytes,
+        raw_buffer=memoryview(raw),
+        runtime_ckpt=saved.path,
+        torch_file=torch_file,
+        sync_ck=manager("sync"),
+        async_ck=manager("async", async_save=True),
+    )
+    bench.step_s = statistics.median(timed(lambda: train_step(model, opt)) for _ in range(3))
+    print("[bench] warm-up round (untimed): staging buffers, allocator, files", flush=True)
+    run_interleaved(bench, OPERATIONS, 1, Samples())
+    samples = Samples()
+    run_interleaved(bench, OPERATIONS, args.rounds, samples)
+    bench.sync_ck.close(save=False)
+    bench.async_ck.close(save=False)
 
-    # Async: stall = the save() call + whatever the next training step takes beyond an idle one
-    # (its optimizer.step() waits if the background copy of the weights is not finished).
-    idle_sps = steps_per_second(model, opt, 5.0)
-    idle_step = 1.0 / idle_sps
-    ck = fresh_manager("async", async_save=True)
-    stalls, calls, persists, busy_sps = [], [], [], []
-    for i in range(args.repeat):
-        ck.timestamp.batch = i + 1
-        t0 = time.perf_counter()
-        ck.save()
-        call = time.perf_counter() - t0
-        pending = ck._pending
-        t1 = time.perf_counter()
-        train_step(model, opt)
-        first_step = time.perf_counter() - t1
-        calls.append(call)
-        stalls.append(call + max(0.0, first_step - idle_step))
-        if pending is not None and not pending.done():
-            busy_sps.append(steps_per_second(model, opt, 0, until=pending.done))
-        ck.wait()
-        persists.append(time.perf_counter() - t0)
-        time.sleep(1.0)
-    ck.close()
-    figures["train_step_idle_s"] = idle_step
-    figures["async_save_call_s"] = statistics.median(calls)
-    figures["async_stall_s"] = statistics.median(stalls)
-    figures["async_persist_s"] = statistics.median(persists)
-    figures["ratio_async_stall_vs_sync"] = figures["async_stall_s"] / figures["sync_save_s"]
-    figures["idle_steps_per_s"] = idle_sps
-    figures["persisting_steps_per_s"] = statistics.median(busy_sps) if busy_sps else 0.0
-    figures["ratio_throughput_persisting_vs_idle"] = figures["persisting_steps_per_s"] / idle_sps
-
-    # Load (verify + read + restore) vs a raw read of the same file.
-    path = args.dir / "sync"
-    newest = max(path.glob("ep*-ba*"), key=lambda p: Manifest.read(p).timestamp.batch)
-    cold = drop_caches()
-    loads, reads = [], []
-    for _ in range(args.repeat):
-        drop_caches()
-        reads.append(raw_read(newest / "rank0.pt"))
-        drop_caches()
-        loader = CheckpointManager(
-            model=model, optimizer=opt, folder=args.dir / "load", run_name="load", autoresume=False
-        )
-        t = time.perf_counter()
-        loader.load(newest)
-        loads.append(time.perf_counter() - t)
-        loader.close()
-    figures["page_cache_dropped"] = cold
-    figures["load_s"] = statistics.median(loads)
-    figures["raw_read_s"] = statistics.median(reads)
-    figures["load_MBps"] = file_bytes / MiB / figures["load_s"]
-    figures["raw_read_MBps"] = file_bytes / MiB / figures["raw_read_s"]
-    figures["ratio_load_vs_raw_read"] = figures["load_MBps"] / figures["raw_read_MBps"]
-    figures["quick"] = args.quick
-    figures["cpus"] = os.cpu_count() or 0
-
-    print(f"\n{'figure':40s} value")
-    for k, v in figures.items():
-        print(f"{k:40s} {v:.4f}" if isinstance(v, float) else f"{k:40s} {v}")
-    targets = {
-        "ratio_async_stall_vs_sync": ("<=", 0.02),
-        "ratio_sync_vs_raw_write": (">=", 0.90),
-        "ratio_load_vs_raw_read": (">=", 0.80),
-        "ratio_throughput_persisting_vs_idle": (">=", 0.85),
+    summary = samples.summary()
+    derived = ratios(samples, file_bytes)
+    report(summary, derived)
+    out = {
+        "state_bytes": state_nbytes(model, opt),
+        "file_bytes": file_bytes,
+        "size_mib": size_mib,
+        "rounds": args.rounds,
+        "page_cache_dropped": cache.permitted,
+        "cpus": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
+        **{f"{name}_{k}": v for name, f in summary.items() for k, v in f.items()},
+        **derived,
     }
-    print()
-    for k, (op, bound) in targets.items():
-        v = figures[k]
-        ok = v <= bound if op == "<=" else v >= bound
-        print(f"target {k} {op} {bound}: {v:.3f} {'met' if ok else 'MISSED'}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
     shutil.rmtree(args.dir, ignore_errors=True)
 
 

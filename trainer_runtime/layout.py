@@ -21,6 +21,9 @@ from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
 
 log = logging.getLogger(__name__)
 
+REJECTED_DIR = "rejected"
+"""Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
+
 
 @dataclass
 class Candidate:
@@ -51,6 +54,8 @@ class RunFolder:
         found: list[Candidate] = []
         for entry in os.scandir(self.root):
             if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("."):
+                continue
+            if entry.name == REJECTED_DIR:
                 continue
             try:
                 found.append(Candidate(entry.name, Manifest.read(Path(entry.path))))

@@ -8,6 +8,7 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import tempfile
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import envvars, naming, resume
+from . import envvars, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
 from .dist import Coordinator
@@ -42,9 +43,10 @@ from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .reporting import report_commit
-from .resume import Decision
+from .resume import QUARANTINE_REASON, Decision
 from .sampler import ResumableSampler
-from .serialization import load_file, save_rank_file
+from .serialization import detach_from_file, load_file, save_rank_file
+from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 
 log = logging.getLogger("trainer_runtime")
@@ -132,6 +134,8 @@ class CheckpointManager:
         notice_file: str | None = None,
         grace_period_s: float | None = None,
         preemption_exit_code: int = DEFAULT_EXIT_CODE,
+        upload_flush_timeout_s: float | None = None,
+        final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
         if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
@@ -147,6 +151,11 @@ class CheckpointManager:
             )
         if global_batch_size is not None and global_batch_size < 1:
             raise ConfigError(f"global_batch_size={global_batch_size!r}: expected >= 1")
+        if upload_flush_timeout_s is not None and not upload_flush_timeout_s >= 0:
+            raise ConfigError(
+                f"upload_flush_timeout_s={upload_flush_timeout_s!r}: expected seconds >= 0 "
+                "(or None for the default)"
+            )
         if async_policy not in ("wait", "skip"):
             raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
         self.interval = SaveInterval.parse(interval)
@@ -234,10 +243,15 @@ class CheckpointManager:
             grace = float(_env(envvars.GRACE_PERIOD_SECONDS) or 30)
         self.grace_period_s = grace
         self.preemption_exit_code = preemption_exit_code
+        self.final_save = final_save
+        self.upload_flush_timeout_s = upload_flush_timeout_s
+        """None: the remote's own bound (120 s) at close, what is left of the grace period
+        on the emergency path."""
         self.preemption = PreemptionWatcher(
             notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
         )
         self._notices_handled = 0
+        self._remote_rejected: list[tuple[str, str]] = []
         self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
@@ -271,6 +285,12 @@ class CheckpointManager:
             write_bytes_atomic(probe, b"ok")
             probe.unlink()
         except OSError as exc:
+            blocker = _file_in_the_way(self.run_dir)
+            if blocker is not None:
+                raise ConfigError(
+                    f"checkpoint folder {str(self.run_dir)!r} cannot be created: "
+                    f"{str(blocker)!r} is a file, not a folder; pass folder= a folder path"
+                ) from exc
             raise ConfigError(
                 f"checkpoint folder {str(self.run_dir)!r} is not writable: {exc.strerror or exc}"
             ) from exc
@@ -358,29 +378,53 @@ class CheckpointManager:
         return None
 
     def _emergency_exit(self) -> None:
-        started = self.preemption.sigterm_at or time.monotonic()
-        log.warning("SIGTERM: saving at batch %d before exiting", self.timestamp.batch)
+        """Save, give uploads what is left of the grace period, exit 143 before the SIGKILL."""
+        deadline = ShutdownDeadline(
+            self.preemption.sigterm_at or time.monotonic(), self.grace_period_s
+        )
+        watchdog = ExitWatchdog(deadline, self.preemption_exit_code)
+        log.warning(
+            "SIGTERM: saving at batch %d before exiting (exit within %.1fs of the signal: "
+            "grace period %.0fs minus a %.1fs margin)",
+            self.timestamp.batch,
+            deadline.exit_by - deadline.signalled_at,
+            deadline.grace_period_s,
+            deadline.margin_s,
+        )
         saved = None
+        saved_after = None
         try:
             self.wait()
             saved = self.save(blocking=True)
+            saved_after = deadline.since_signal()
+            upload_first = getattr(self.remote, "upload_first", None)
+            if saved is not None and upload_first is not None:
+                upload_first(saved.name)
         finally:
-            self.close()
-        elapsed = time.monotonic() - started
-        budget = self.grace_period_s
+            budget = deadline.upload_budget()
+            if self.upload_flush_timeout_s is not None:
+                budget = min(budget, self.upload_flush_timeout_s)
+            self.close(save=False, upload_timeout_s=budget)
         where = saved.name if saved else "the checkpoint already saved at this step"
         log.warning(
             "emergency save %s done %.2fs after SIGTERM (grace period %.0fs)",
             where,
-            elapsed,
-            budget,
+            saved_after if saved_after is not None else 0.0,
+            deadline.grace_period_s,
         )
-        if elapsed > 0.8 * budget:
+        log.warning(
+            "exiting %.2fs after SIGTERM (uploads flushed or left for the next attempt)",
+            deadline.since_signal(),
+        )
+        if saved_after is not None and saved_after > 0.8 * deadline.grace_period_s:
             log.warning(
                 "the emergency save took %.0f%% of the grace period: raise "
                 "terminationGracePeriodSeconds or save more often",
-                100 * elapsed / budget,
+                100 * saved_after / deadline.grace_period_s,
             )
+        watchdog.cancel()
+        if getattr(self.remote, "transfers_stuck", lambda: False)():
+            exit_now(self.preemption_exit_code)  # SystemExit would wait for the stuck thread
         raise SystemExit(self.preemption_exit_code)
 
     # ------------------------------------------------------------------ saving
@@ -644,6 +688,7 @@ class CheckpointManager:
                 )
             decision = self._agree()
             fallbacks = decision.fallbacks
+            self._set_aside(decision)
             if decision.chosen is not None:
                 path = self.folder.path(decision.chosen)
                 self._load_checkpoint_dir(
@@ -656,6 +701,9 @@ class CheckpointManager:
                 return self._resumed("checkpoint", str(path), fallbacks)
             if self.remote is not None:
                 fetched = self._fetch_remote_agreed()
+                if self.rank == 0:
+                    chosen = None if fetched is None else Manifest.read(fetched).timestamp
+                    self._reject_remote(self._remote_rejected, chosen)
                 if fetched is not None:
                     self._load_checkpoint_dir(
                         fetched,
@@ -683,6 +731,7 @@ class CheckpointManager:
         """Rank 0 picks the newest valid remote checkpoint; every rank fetches that one."""
         assert self.remote is not None
         exclude = set(self.quarantined)
+        self._remote_rejected = [(q, QUARANTINE_REASON) for q in sorted(self.quarantined)]
         while True:
             found = self.coord.broadcast(
                 self.remote.find_newest(exclude=exclude) if self.rank == 0 else None
@@ -714,6 +763,7 @@ class CheckpointManager:
                 "remote checkpoint %s is broken (%s); trying an older one", name, problems[0][1]
             )
             exclude.add(name)
+            self._remote_rejected.append((name, str(problems[0][1])))
 
     def _agree(self) -> Decision:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
@@ -740,6 +790,53 @@ class CheckpointManager:
             )
         return decision
 
+    def _set_aside(self, decision: Decision) -> None:
+        """Move the checkpoints resume passed over into ``rejected/`` and delete leftovers
+        (``rejection.py``), locally and in the bucket, so they do not block the run. Rank 0
+        first (a shared folder), then each other rank on its own disk; every rank takes part
+        in the barriers, since the decision is the same everywhere."""
+        chosen = (
+            None if decision.chosen is None else Manifest.read(self.folder.path(decision.chosen))
+        )
+        for turn in ("rank 0", "others"):
+            if (self.rank == 0) == (turn == "rank 0"):
+                for name, why in decision.rejected:
+                    rejection.move_aside(self.folder, name, why)
+                for name, why in decision.leftovers:
+                    rejection.remove_leftover(self.folder, name, why)
+                if self.rank == 0:
+                    self._repoint(chosen, {n for n, _ in decision.rejected})
+                if self.rank == 0 and chosen is not None:
+                    # Without a local choice the bucket decides (_fetch_remote_agreed), and
+                    # rejects what it passes over itself.
+                    quarantined = [(q, QUARANTINE_REASON) for q in sorted(self.quarantined)]
+                    self._reject_remote([*decision.rejected, *quarantined], chosen.timestamp)
+            self.coord.barrier()
+
+    def _repoint(self, chosen: Manifest | None, rejected: set[str]) -> None:
+        stale = rejection.repoint(self.folder, chosen)
+        if stale is not None and stale not in rejected:
+            log.warning(
+                "latest.json named %s, which is not a valid checkpoint in %s; it now names %s "
+                "(resume lists the folder and does not trust the pointer)",
+                stale,
+                self.run_dir,
+                chosen.name if chosen is not None else "nothing",
+            )
+
+    def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
+        """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""
+        reject = getattr(self.remote, "reject", None)
+        if reject is None or not rejected:
+            return
+        for name, why in dict(rejected).items():
+            try:
+                reject(name, why, newer_than=chosen or Timestamp())
+            except Exception as exc:  # the store is down: the run still goes on
+                log.warning(
+                    "object store: could not set rejected checkpoint %s aside: %s", name, exc
+                )
+
     def _resubmit_unsynced(self) -> None:
         """Queue local checkpoints a killed attempt committed but never uploaded."""
         resubmit = getattr(self.remote, "resubmit_unsynced", None)
@@ -752,9 +849,7 @@ class CheckpointManager:
         self._resubmit_unsynced()
         self._wall_base = self.timestamp.wall_time
         self._clock_start = time.monotonic()
-        self._last_saved_key = tuple(
-            self.timestamp.to_dict()[k] for k in ("epoch", "batch", "sample")
-        )
+        self._mark_state_as_saved()
         log.info(
             "resumed run %s from %s at epoch %d batch %d",
             self.run_name,
@@ -763,6 +858,12 @@ class CheckpointManager:
             self.timestamp.batch,
         )
         return ResumeResult(source, path, self.timestamp.copy(), fallbacks)
+
+    def _mark_state_as_saved(self) -> None:
+        """The live state equals a checkpoint on disk: a save now would only copy it."""
+        self._last_saved_key = tuple(
+            self.timestamp.to_dict()[k] for k in ("epoch", "batch", "sample")
+        )
 
     def load(
         self,
@@ -857,6 +958,10 @@ class CheckpointManager:
     def _restore(
         self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
     ) -> None:
+        if not weights_only:
+            # Module weights are copied into the live parameters by load_state_dict; everything
+            # else the restore keeps (optimizer state, extras) must not stay mapped to the file.
+            detach_from_file(data, keep=lambda path: path == "state/model")
         keys = list(ignore_keys)
         if self.ignore_data_position and self.sampler is not None:
             keys.append("state/stateful/sampler")
@@ -871,6 +976,25 @@ class CheckpointManager:
         self.extras = dict(saved.get("extras", {}))
         runtime = self.extras.pop(RUNTIME_KEY, None) or {}
         self._apply_data_overrides(runtime.get("global_batch_size"))
+        self._roll_over_finished_epoch()
+        self._mark_state_as_saved()
+
+    def _roll_over_finished_epoch(self) -> None:
+        """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
+        the start of the next epoch: the rest of the saved epoch holds no batch, and loops
+        that expect at least one batch per epoch would fail on every relaunch."""
+        if self.sampler is None or len(self.sampler) > 0:
+            return
+        ts = self.timestamp
+        finished = ts.epoch
+        ts.epoch += 1
+        ts.batch_in_epoch = ts.sample_in_epoch = 0
+        self.sampler.set_epoch(ts.epoch)
+        log.info(
+            "the checkpoint ends epoch %d (no data left in it): resuming at the start of epoch %d",
+            finished,
+            ts.epoch,
+        )
 
     def _apply_data_overrides(self, saved_global_batch: int | None) -> None:
         """Changed dataset or batch size: MindSpore-style overrides of the data position."""
@@ -901,27 +1025,64 @@ class CheckpointManager:
             )
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        """Wait for a pending save, flush uploads, and release resources. Idempotent."""
+    def close(self, *, save: bool | None = None, upload_timeout_s: float | None = None) -> None:
+        """End of training: save the final state, wait for it, flush uploads, release
+        resources. Idempotent; call it on every rank.
+
+        ``save`` (default: the constructor's ``final_save``, True) saves unless nothing
+        happened since the last save or resume, so a finished run's checkpoint is its final
+        state and a re-run of it trains no step. ``upload_timeout_s`` bounds the upload flush
+        (default ``upload_flush_timeout_s``).
+        """
         if self._closed:
             return
-        self._closed = True
-        self.preemption.close()
-        if self.progress is not None:
-            self.progress.close()
         try:
-            self.wait()
+            if self.final_save if save is None else save:
+                self._save_final()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-            if self.remote is not None:
-                self.remote.close()
+            self._closed = True
+            self.preemption.close()
+            if self.progress is not None:
+                self.progress.close()
+            try:
+                self.wait()
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                self._close_remote(upload_timeout_s)
+
+    def _save_final(self) -> None:
+        ts = self.timestamp
+        if ts.batch == 0 and ts.epoch == 0 and ts.sample == 0:
+            return  # nothing trained: no checkpoint of the initial state
+        saved = self.save(blocking=True)
+        if saved is not None:
+            log.info("final checkpoint %s at epoch %d batch %d", saved.name, ts.epoch, ts.batch)
+
+    def _close_remote(self, timeout_s: float | None) -> None:
+        if self.remote is None:
+            return
+        timeout = self.upload_flush_timeout_s if timeout_s is None else timeout_s
+        close = self.remote.close
+        if timeout is None or "timeout_s" not in inspect.signature(close).parameters:
+            close()  # a RemoteBackend with the minimal protocol bounds its flush itself
+        else:
+            close(timeout_s=timeout)  # type: ignore[call-arg]
 
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # After an exception the state may be mid-step: no final save then.
+        self.close(save=None if exc_type is None else False)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing non-folder on the way to ``path`` (itself included), if any."""
+    for p in [path, *path.parents]:
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
 
 
 def _is_remote(location: str) -> bool:

@@ -15,6 +15,8 @@ import threading
 import time
 from types import FrameType
 
+from .workers import keep_workers_through_sigterm, tolerate_worker_deaths
+
 log = logging.getLogger(__name__)
 
 DEFAULT_EXIT_CODE = 143
@@ -40,12 +42,16 @@ class PreemptionWatcher:
         if handle_sigterm:
             if threading.current_thread() is threading.main_thread():
                 self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+                keep_workers_through_sigterm()
             else:
                 log.warning("CheckpointManager built off the main thread: SIGTERM not handled")
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.sigterm_at is None:
             self.sigterm_at = time.monotonic()
+            # DataLoader workers in our process group got the same signal; their deaths
+            # must not raise before the step boundary where the emergency save runs.
+            tolerate_worker_deaths()
 
     @property
     def terminating(self) -> bool:

@@ -30,4 +30,9 @@ class RemoteBackend(Protocol):
         """The remote URI of a checkpoint (reported to the operator)."""
 
     def close(self) -> None:
-        """Flush pending uploads within a bounded time and log the outcome."""
+        """Flush pending uploads within a bounded time and log the outcome.
+
+        Optional richer forms the manager uses when present: ``close(timeout_s=...)`` (the
+        bound), ``upload_first(name)`` (emergency ordering), ``resubmit_unsynced(run_dir)``
+        and ``reject(name, reason)`` (uncommit a checkpoint resume passed over).
+        """

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from .layout import RunFolder
 
+QUARANTINE_REASON = "quarantined by the operator (repeated failures after it)"
+
 
 @dataclass(frozen=True)
 class Listed:
@@ -36,6 +38,10 @@ class Decision:
     chosen: str | None
     fallbacks: list[str] = field(default_factory=list)
     world_size_conflict: tuple[str, int] | None = None
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    """(name, reason) of committed checkpoints passed over: newer than ``chosen``."""
+    leftovers: list[tuple[str, str]] = field(default_factory=list)
+    """(name, reason) of folders no rank has a manifest for."""
 
 
 def list_view(folder: RunFolder, quarantined: set[str]) -> dict[str, Listed]:
@@ -47,7 +53,7 @@ def list_view(folder: RunFolder, quarantined: set[str]) -> dict[str, Listed]:
             view[cand.name] = Listed(
                 cand.sort_key,
                 cand.manifest.world_size,
-                "quarantined by the operator (repeated failures after it)",
+                QUARANTINE_REASON,
             )
         else:
             view[cand.name] = Listed(cand.sort_key, cand.manifest.world_size, None)
@@ -86,12 +92,14 @@ def decide(
     """Walk candidates newest first; ``verify_everywhere`` checksums one on every rank."""
     decision = Decision(chosen=None)
     # Folders without a usable manifest have no known position: report them all up front.
-    decision.fallbacks = [f"{c.name}: {c.reason}" for c in merged if c.world_size is None]
+    decision.leftovers = [(c.name, str(c.reason)) for c in merged if c.world_size is None]
+    decision.fallbacks = [f"{name}: {why}" for name, why in decision.leftovers]
     for cand in merged:
         if cand.world_size is None:
             continue
         if cand.reason is not None:
             decision.fallbacks.append(f"{cand.name}: {cand.reason}")
+            decision.rejected.append((cand.name, cand.reason))
             continue
         if cand.world_size != world_size and not elastic:
             decision.world_size_conflict = (cand.name, int(cand.world_size or 0))
@@ -101,4 +109,5 @@ def decide(
             decision.chosen = cand.name
             return decision
         decision.fallbacks.append(f"{cand.name}: {reason}")
+        decision.rejected.append((cand.name, reason))
     return decision

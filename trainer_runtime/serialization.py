@@ -1,13 +1,27 @@
 """Writing and reading one rank's checkpoint file.
 
-Saving streams ``torch.save`` through a writer that hashes the bytes as they go out, so the
-checksum costs no second pass over the data. Loading verifies the file against its manifest
-entry first, then maps it (``mmap=True``) so tensors are read once, straight from the page cache.
+Saving streams ``torch.save``'s zip format through a writer that hashes the bytes as they go out,
+so the checksum costs no second pass over the data. The zip's own CRC-32 of every record is
+switched off for these files: xxh3 already covers every byte (checked against the manifest
+before any load) and the CRC costs about a quarter of a save. The switch is made on the one zip
+writer the runtime builds (``PyTorchFileWriter(..., compute_crc32=False)``), never through
+torch's process-wide ``set_crc32_options``: flipping that global, even under a lock, would also
+strip the CRC from a ``torch.save`` another thread of the user's program runs at the same moment.
+``torch.load`` reads the files either way (it does not check the CRC).
+
+Loading verifies the file against its manifest entry first, then maps it (``mmap=True``) so
+tensors are read once, straight from the page cache. Tensors that would otherwise stay
+file-backed after the restore (optimizer state, user extras) are then copied to ordinary memory
+(``detach_from_file``): left mapped, the first optimizer step would fault them in page by page
+and the mapping would pin a deleted checkpoint's disk space until the process exits.
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -15,6 +29,8 @@ import torch
 
 from . import atomic
 from .manifest import FileEntry, new_hasher
+
+log = logging.getLogger(__name__)
 
 
 class _HashingWriter(io.RawIOBase):
@@ -42,12 +58,44 @@ class _HashingWriter(io.RawIOBase):
         return len(view)
 
 
+def _crc_free_writer(buffer: BinaryIO) -> Any | None:
+    """torch's zip writer over ``buffer`` with the CRC-32 off; None when this torch's private
+    writer API has another shape (then plain ``torch.save`` is used, CRC and all)."""
+    writer_cls = getattr(torch._C, "PyTorchFileWriter", None)
+    alignment = getattr(torch.serialization, "_get_storage_alignment", lambda: 64)
+    if writer_cls is None or not hasattr(torch.serialization, "_save"):
+        return None
+    try:
+        return writer_cls(buffer, False, alignment())
+    except TypeError:
+        return None
+
+
+_warned: set[str] = set()
+
+
+def torch_save_no_crc(obj: Any, buffer: BinaryIO) -> None:
+    """``torch.save(obj, buffer)`` without the per-record CRC-32 (readable by ``torch.load``).
+
+    Touches no process-wide setting, so it is safe beside other threads' ``torch.save``.
+    """
+    zip_file = _crc_free_writer(buffer)
+    if zip_file is None:
+        if "crc" not in _warned:
+            log.warning("this torch has no CRC-free zip writer; saving with torch.save")
+            _warned.add("crc")
+        torch.save(obj, buffer)
+        return
+    torch.serialization._save(obj, zip_file, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    zip_file.write_end_of_file()
+
+
 def save_rank_file(obj: Any, final: Path, *, rank: int, rel_path: str) -> FileEntry:
     """Durably write ``obj`` to ``final``; return the manifest entry describing it."""
     with atomic.atomic_writer(final) as f:
         writer = _HashingWriter(f)
         try:
-            torch.save(obj, writer)
+            torch_save_no_crc(obj, writer)
         except RuntimeError:
             if writer.error is not None:
                 raise writer.error from None  # e.g. ENOSPC, with its real message
@@ -56,5 +104,43 @@ def save_rank_file(obj: Any, final: Path, *, rank: int, rel_path: str) -> FileEn
 
 
 def load_file(path: Path, *, trusted: bool) -> dict[str, Any]:
-    """Read a checkpoint file onto the CPU. Untrusted files cannot run pickled code."""
+    """Read a checkpoint file onto the CPU. Untrusted files cannot run pickled code.
+
+    Tensors come back mapped from the file; ``detach_from_file`` copies the ones that outlive
+    the restore.
+    """
     return torch.load(path, map_location="cpu", weights_only=not trusted, mmap=True)
+
+
+def detach_from_file(obj: Any, *, keep: Callable[[str], bool] = lambda path: False) -> Any:
+    """Copy every tensor of a loaded tree into ordinary (anonymous) memory, in place.
+
+    ``keep(path)`` says which subtrees (slash paths such as ``state/model``) stay mapped because
+    the restore copies them into live tensors itself (``load_state_dict`` of a module copies
+    into its parameters). Tensors that shared a storage still share one afterwards.
+    """
+    copies: dict[int, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if keep(path):
+            return node
+        if isinstance(node, torch.Tensor):
+            if node.device.type != "cpu":
+                return node
+            key = id(node)
+            if key not in copies:
+                copies[key] = node.clone()
+            return copies[key]
+        if isinstance(node, dict):
+            for k in list(node):
+                node[k] = walk(node[k], f"{path}/{k}" if path else str(k))
+            return node
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                node[i] = walk(v, f"{path}/{i}")
+            return node
+        if isinstance(node, tuple):
+            return type(node)(walk(v, f"{path}/{i}") for i, v in enumerate(node))
+        return node
+
+    return walk(obj, "")

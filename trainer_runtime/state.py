@@ -44,9 +44,20 @@ def named(objs: Any, what: str) -> dict[str, Any]:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """Save the inner module of DDP/FSDP-like wrappers so keys carry no ``module.`` prefix."""
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, nn.Module) else model
+    """The module whose keys are saved: without DDP/FSDP-like wrappers (``module.``) and
+    ``torch.compile`` wrappers (``_orig_mod.``), in any nesting, so a checkpoint loads into the
+    plain model."""
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        compiled = getattr(model, "_orig_mod", None)  # torch._dynamo OptimizedModule
+        if isinstance(compiled, nn.Module):
+            model = compiled
+            continue
+        inner = getattr(model, "module", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+    return model
 
 
 @dataclass

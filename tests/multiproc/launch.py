@@ -25,8 +25,13 @@ class Gang:
         world_size: int,
         log_dir: Path,
         env: dict[str, str] | None = None,
+        *,
+        own_process_group: bool = False,
     ) -> None:
+        """``own_process_group``: every rank (and its DataLoader workers) joins one new process
+        group, ``self.pgid``, like the processes torchrun starts inside one container."""
         port = free_port()
+        self.pgid: int | None = None
         self.procs: list[subprocess.Popen] = []
         log_dir.mkdir(parents=True, exist_ok=True)
         for rank in range(world_size):
@@ -41,20 +46,31 @@ class Gang:
                 **(env or {}),
             }
             out = open(log_dir / f"rank{rank}.log", "ab")  # noqa: SIM115 - owned by the child
+            group = {}
+            if own_process_group:
+                group = {"process_group": self.pgid or 0}
             self.procs.append(
                 subprocess.Popen(
                     [sys.executable, str(script), *args],
                     env=penv,
                     stdout=out,
                     stderr=subprocess.STDOUT,
+                    **group,
                 )
             )
             out.close()
+            if own_process_group and self.pgid is None:
+                self.pgid = self.procs[0].pid
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         for rank, p in enumerate(self.procs):
             if (ranks is None or rank in ranks) and p.poll() is None:
                 p.send_signal(sig)
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the whole process group: every rank and every DataLoader worker at once."""
+        assert self.pgid is not None, "start the gang with own_process_group=True"
+        os.killpg(self.pgid, sig)
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)

@@ -231,6 +231,19 @@ class S3Server:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP what the client talks to: connections are accepted by the kernel but never
+        answered, the way a hung store looks from a client. ``unpause`` continues it."""
+        self._signal_frontend(signal.SIGSTOP)
+
+    def unpause(self) -> None:
+        self._signal_frontend(signal.SIGCONT)
+
+    def _signal_frontend(self, sig: int) -> None:
+        proc = self._backend if self.kind == "minio" else self._proxy
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+
     def restart(self, timeout: float = 60.0) -> None:
         """Start it again on the same port (after ``kill``); waits until it is healthy."""
         self.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 
@@ -292,8 +293,16 @@ def test_overwrite_protection_newer_checkpoints(tmp_path):
 def test_unwritable_folder_is_a_construction_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(ConfigError, match="is not writable"):
+    with pytest.raises(ConfigError, match="is a file, not a folder") as exc:
         CheckpointManager(model=make()[0], folder=blocker / "ck", run_name="r")
+    assert "File exists" not in str(exc.value) and str(blocker) in str(exc.value)
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        CheckpointManager(model=make()[0], folder=blocker, run_name="r")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        with pytest.raises(ConfigError, match="is not writable"):
+            CheckpointManager(model=make()[0], folder=ro / "ck", run_name="r")
 
 
 def test_autoresume_requires_run_name(tmp_path, monkeypatch):
@@ -354,7 +363,7 @@ def test_async_skip_policy_and_close_waits(tmp_path):
     ck.batch_end(1)  # skipped: one in flight
     assert ck.skipped_saves == 1
     SlowToPickle.release.set()
-    ck.close()  # waits for ep0-ba1 to commit
+    ck.close(save=False)  # waits for ep0-ba1 to commit (no final save of batch 2)
     assert [s.name for s in ck.saved] == ["ep0-ba1"]
     assert (tmp_path / "ck" / "ep0-ba1" / "manifest.json").exists()
 
@@ -409,8 +418,8 @@ def test_a_quarantined_name_is_never_reused(tmp_path, monkeypatch):
     saved = ck.batch_end(1)
     ck.close()
     assert saved.name == "ep0-ba2-a3"
-    assert (
-        Manifest.read(root / "ep0-ba2").created_at != Manifest.read(root / "ep0-ba2-a3").created_at
-    )
+    aside = root / "rejected" / "ep0-ba2"  # moved aside by resume, with the reason
+    assert "quarantined" in (aside / "REJECTED.txt").read_text()
+    assert Manifest.read(aside).created_at != Manifest.read(root / "ep0-ba2-a3").created_at
     ck2 = manager(tmp_path, make(), interval="1ba")
     assert ck2.resume().path.endswith("ep0-ba2-a3")

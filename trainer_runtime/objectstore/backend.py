@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import Manifest
+from ..timestamp import Timestamp
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
+from .rejected import reject_remote
 from .resolver import download_checkpoint, find_remote_checkpoint
 from .retry import Backoff, retry_call
 from .store import S3Store, TransferSettings, open_store
@@ -139,6 +141,21 @@ class S3Backend:
     def uri_for(self, checkpoint: str) -> str:
         return str(self.run_uri.join(checkpoint))
 
-    def close(self) -> None:
-        """Flush pending uploads for at most ``flush_timeout_s``; the outcome is logged."""
-        self.uploader.close(self.flush_timeout_s)
+    def upload_first(self, name: str) -> list[str]:
+        """Emergency path: upload ``name`` next; older queued uploads are left for the next
+        attempt's start-up resubmission. Returns the names left."""
+        return self.uploader.upload_first(name)
+
+    def reject(self, name: str, reason: str, *, newer_than: Timestamp) -> bool:
+        """Uncommit a checkpoint resume passed over, when it is newer than ``newer_than``
+        (``rejected.py``); returns whether it was committed remotely and set aside."""
+        return reject_remote(self.store, self.run_uri, name, reason, newer_than=newer_than)
+
+    def transfers_stuck(self) -> bool:
+        """After ``close``: the upload thread is still inside a transfer (a hung store)."""
+        return self.uploader.worker_alive()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush pending uploads for at most ``timeout_s`` (default ``flush_timeout_s``);
+        the outcome is logged, and what is not uploaded stays committed locally."""
+        self.uploader.close(self.flush_timeout_s if timeout_s is None else timeout_s)

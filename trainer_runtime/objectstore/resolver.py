@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import ManifestError
+from ..layout import REJECTED_DIR
 from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
 from .errors import (
     ChecksumMismatchError,
@@ -77,7 +78,7 @@ def list_remote_checkpoints(
     """
     run = _uri(run_uri, "run_uri")
     pointer = remote_pointer(store, run)
-    names = store.list_folders(run)
+    names = [n for n in store.list_folders(run) if n != REJECTED_DIR]
     if pointer and pointer not in names:
         names.append(pointer)  # trust the pointer even if the listing lags behind it
     found = remote_manifests(store, run, names)

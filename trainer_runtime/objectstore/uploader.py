@@ -142,6 +142,7 @@ class CheckpointUploader:
         # Checkpoints this uploader has uploaded and still keeps locally (for keep_local).
         self._uploaded_local: list[tuple[tuple, Path, Manifest]] = []
         self._stop = threading.Event()
+        self._inflight: tuple[str, float] | None = None  # (checkpoint, attempt start)
         self._thread = threading.Thread(target=self._run, name=f"rtj-uploader-r{rank}", daemon=True)
         self._thread.start()
 
@@ -183,8 +184,11 @@ class CheckpointUploader:
     def resubmit_unsynced(self, local_run_dir: str | os.PathLike[str]) -> list[str]:
         """Queue the local checkpoints a previous attempt may not have finished uploading.
 
-        Those newer than what the remote ``latest.json`` names (all, if it names none), oldest
-        first; files already uploaded are skipped by each job's HEAD check. Call it once at
+        Those newer than what the remote ``latest.json`` names (all, if it names none), newest
+        first: the checkpoint a later resume would use reaches the store first (after an
+        emergency exit with the store down, that is the emergency save); older ones follow, and
+        ``latest.json`` never moves back. Files already uploaded are skipped by each job's HEAD
+        check. Call it once at
         start-up, after building the uploader. Returns the names queued.
         """
         current = None
@@ -207,10 +211,11 @@ class CheckpointUploader:
                 floor is None or manifest.timestamp.sort_key() > floor
             ):
                 manifests.append((progress_key(manifest), folder, manifest))
-        for _, folder, manifest in sorted(manifests, key=lambda m: m[0]):
+        newest_first = sorted(manifests, key=lambda m: m[0], reverse=True)
+        for _, folder, manifest in newest_first:
             log.info("object store: resubmitting %s (not yet committed remotely)", folder)
             self.submit(folder, manifest, resumed=True)
-        return [m.name for _, _, m in sorted(manifests, key=lambda m: m[0])]
+        return [m.name for _, _, m in newest_first]
 
     def is_pending(self, name: str) -> bool:
         """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
@@ -236,13 +241,14 @@ class CheckpointUploader:
         if still:
             log.warning(
                 "object store: %d checkpoint(s) still not uploaded to %s after %.1fs: %s "
-                "(kept locally; %d failed attempt(s), last error: %s)",
+                "(kept locally; %d failed attempt(s), last error: %s)%s",
                 len(still),
                 self.run_uri,
                 took,
                 ", ".join(still),
                 self.stats.failures,
                 self.stats.last_error,
+                self._inflight_note(),
             )
             return False
         log.info(
@@ -253,13 +259,69 @@ class CheckpointUploader:
         )
         return True
 
+    def _inflight_note(self) -> str:
+        """Says so when the current attempt is waiting on a store that does not answer."""
+        inflight = self._inflight
+        if inflight is None:
+            return ""
+        name, since = inflight
+        return (
+            f"; the upload of {name} has been waiting {time.monotonic() - since:.1f}s for the "
+            "store, with no reply and no error: the store is hung or unreachable"
+        )
+
+    def upload_first(self, name: str) -> list[str]:
+        """Put ``name`` next in line and drop queued uploads of older checkpoints.
+
+        For the emergency path: the newest checkpoint is the one the next attempt resumes from.
+        The dropped ones stay committed locally; the next attempt's start-up resubmission
+        (``resubmit_unsynced``) uploads what the store still lacks. An upload already in
+        progress cannot be interrupted safely and finishes first. Returns the names dropped.
+        """
+        with self._cond:
+            if not self._queue:
+                return []
+            head, rest = self._queue[0], list(self._queue)[1:]
+            first = [j for j in rest if j.name == name]
+            if not first:
+                return []
+            key = progress_key(first[0].manifest)
+            dropped = [j for j in rest if j.name != name and progress_key(j.manifest) < key]
+            kept = [j for j in rest if j.name != name and j not in dropped]
+            self._queue = collections.deque([head, *first, *kept])
+            for job in dropped:
+                count = self._pending.get(job.name, 1) - 1
+                if count > 0:
+                    self._pending[job.name] = count
+                else:
+                    self._pending.pop(job.name, None)
+            self._cond.notify_all()
+        names = sorted({j.name for j in dropped})
+        if names:
+            log.warning(
+                "object store: uploading %s first; %s left for the next attempt's start-up "
+                "resubmission (committed locally)",
+                name,
+                ", ".join(names),
+            )
+        return names
+
+    def worker_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self, timeout: float | None = 60.0) -> bool:
-        """Flush (bounded), then stop the worker, cancelling any transfer still running."""
+        """Flush (bounded), then stop the worker, cancelling any transfer still running.
+
+        The whole call stays within ``timeout`` (plus at most 0.5 s), even when a transfer
+        thread is stuck on a store that does not answer; that thread is a daemon.
+        """
+        start = time.monotonic()
         ok = self.flush(timeout)
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        self._thread.join(timeout=10.0)
+        join = 10.0 if timeout is None else max(0.5, timeout - (time.monotonic() - start))
+        self._thread.join(timeout=min(10.0, join))
         return ok
 
     # ------------------------------------------------------------------ worker
@@ -273,6 +335,7 @@ class CheckpointUploader:
                     return
                 job = self._queue[0]
             self._process(job)
+            self._inflight = None
             with self._cond:
                 self._queue.popleft()
                 count = self._pending.get(job.name, 1) - 1
@@ -286,6 +349,7 @@ class CheckpointUploader:
         """Upload one job, retrying until it succeeds, its data is bad, or we are stopped."""
         while not self._stop.is_set():
             job.attempts += 1
+            self._inflight = (job.name, time.monotonic())
             try:
                 sent = self._upload(job)
             except LocalDataError as exc:

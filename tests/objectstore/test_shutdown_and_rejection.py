@@ -1,0 +1,164 @@
+"""The object store at the edges of a run: a SIGTERM while the store hangs, and a resume that
+falls back past checkpoints the bucket also holds.
+
+The trainer is the example job (examples/train_deterministic.py) in a real process, with an
+``s3://`` folder on the test's own S3 server, which is SIGSTOPped to make it hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tests.support.s3server import S3Server
+from trainer_runtime import CheckpointManager
+from trainer_runtime.layout import RunFolder
+from trainer_runtime.objectstore import S3Store
+from trainer_runtime.objectstore.uploader import verify_remote
+from trainer_runtime.objectstore.uri import S3Uri
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_deterministic.py"
+GRACE = 20.0
+
+
+def start_job(tmp: Path, root: S3Uri, *extra: str) -> subprocess.Popen[bytes]:
+    log = open(tmp / "job.log", "ab")  # noqa: SIM115 - owned by the child
+    env_extra = {
+        "RTJ_LOCAL_CHECKPOINT_DIR": str(tmp / "staging"),
+        "RTJ_GRACE_PERIOD_SECONDS": str(GRACE),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--folder",
+            str(root),
+            "--run-name",
+            "hang",
+            "--dataset-size",
+            "64",
+            "--batch-size",
+            "4",
+            "--workers",
+            "0",
+            "--interval",
+            "3ba",
+            *extra,
+        ],
+        env={**os.environ, **env_extra},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return proc
+
+
+def remote_pointer(server: S3Server, root: S3Uri) -> str | None:
+    client = server.client()
+    try:
+        body = client.get_object(Bucket=root.bucket, Key=f"{root.key}/hang/latest.json")["Body"]
+    except client.exceptions.NoSuchKey:
+        return None
+    return json.loads(body.read())["checkpoint"]
+
+
+def wait_until(predicate, timeout: float, what: str, proc=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        assert proc is None or proc.poll() is None, f"job exited while waiting for {what}"
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigterm_with_a_hung_store_exits_inside_the_grace_period(tmp_path, own_s3_server):
+    server, root = own_s3_server, S3Uri(own_s3_server.bucket, "hung")
+    staging = RunFolder(tmp_path / "staging" / "s3" / root.bucket / root.key / "hang")
+    job = start_job(tmp_path, root, "--epochs", "100", "--step-sleep", "0.1")
+    try:
+        wait_until(lambda: remote_pointer(server, root) is not None, 180, "a first upload", job)
+        server.pause()  # the store hangs: connections accepted, never answered
+        wait_until(lambda: len(staging.committed()) >= 3, 120, "saves while the store hangs", job)
+        t0 = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        code = job.wait(GRACE + 10)
+        elapsed = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            job.kill()
+        server.unpause()
+    log = (tmp_path / "job.log").read_text()
+    assert code == 143, log[-3000:]
+    assert elapsed < GRACE, f"exited {elapsed:.1f}s after SIGTERM, grace period {GRACE:.0f}s"
+    assert "emergency save" in log
+    assert "the store is hung or unreachable" in log, log[-3000:]
+    assert "0 failed attempt(s), last error: None)\n" not in log
+    newest = staging.committed()[0]
+    assert newest.name in log.split("emergency save", 1)[1].splitlines()[0]
+
+    # The next attempt, with the store back: its start-up resubmission uploads the emergency
+    # checkpoint first, and the bucket's latest.json names it.
+    again = start_job(tmp_path, root, "--epochs", "0")
+    assert again.wait(180) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    assert remote_pointer(server, root) == newest.name
+    assert verify_remote(S3Store(), root.join("hang"), newest) is None
+
+
+def small_manager(tmp: Path, root: S3Uri, **kw) -> tuple[CheckpointManager, nn.Module, object]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=f"{root}/{{run_name}}",
+        run_name="rej",
+        local_folder=tmp / "local",
+        interval="2ba",
+        **kw,
+    )
+    return ck, model, opt
+
+
+def test_checkpoints_rejected_at_resume_are_uncommitted_in_the_bucket_too(
+    tmp_path, s3_env, s3_root, monkeypatch
+):
+    ck, _, _ = small_manager(tmp_path, s3_root)
+    for _ in range(6):
+        ck.batch_end(1)
+    ck.close()
+    client = s3_env.client()
+    prefix = f"{s3_root.key}/rej"
+
+    def pointer() -> str:
+        body = client.get_object(Bucket=s3_root.bucket, Key=f"{prefix}/latest.json")["Body"]
+        return json.loads(body.read())["checkpoint"]
+
+    assert pointer() == "ep0-ba6"
+    monkeypatch.setenv("RTJ_QUARANTINED", "ep0-ba6,ep0-ba4")
+    ck2, _, _ = small_manager(tmp_path, s3_root)
+    assert ck2.resume().path.endswith("ep0-ba2")
+    keys = {
+        o["Key"].removeprefix(prefix + "/")
+        for o in client.list_objects_v2(Bucket=s3_root.bucket, Prefix=prefix)["Contents"]
+    }
+    for name in ("ep0-ba6", "ep0-ba4"):
+        assert f"{name}/manifest.json" not in keys  # uncommitted in the bucket
+        assert f"rejected/{name}/manifest.json" in keys and f"rejected/{name}/reason.json" in keys
+        assert (tmp_path / "local" / "rejected" / name / "REJECTED.txt").exists()
+    assert pointer() == "ep0-ba2"  # never names an uncommitted checkpoint
+    for _ in range(2):
+        ck2.batch_end(1)  # saves ep0-ba4-a<pid>: nothing blocks it
+    ck2.close()
+    assert pointer().startswith("ep0-ba4")

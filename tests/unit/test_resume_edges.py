@@ -1,0 +1,278 @@
+"""Resume and save edge cases a new user hits: fallbacks that must not block the run, epoch
+boundaries, the final save, wrapped models, file-backed state, the rank file's zip format,
+stale pointers and leftovers, and exporting weights."""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainer_runtime import CheckpointManager, Manifest, OverwriteError, ResumableSampler
+from trainer_runtime.cli import main as cli_main
+from trainer_runtime.serialization import torch_save_no_crc
+
+from .trainkit import make, step
+
+
+def manager(tmp_path, comps, **kw):
+    model, opt, sched, scaler = comps[:4]
+    kw.setdefault("run_name", "run")
+    kw.setdefault("interval", "1ba")
+    return CheckpointManager(
+        model=model, optimizer=opt, scheduler=sched, scaler=scaler, folder=tmp_path / "ck", **kw
+    )
+
+
+def train(ck, comps, steps):
+    for _ in range(steps):
+        step(*comps[:3])
+        ck.batch_end(16)
+
+
+def flip_byte(p: Path) -> None:
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    p.write_bytes(bytes(raw))
+
+
+# ---------------------------------------------------------------- item 1: fallback past two
+
+
+def test_a_fallback_past_two_rejected_checkpoints_does_not_block_the_next_save(
+    tmp_path, monkeypatch, caplog
+):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 6)
+    ck.close()
+    root = tmp_path / "ck"
+    assert sorted(p.name for p in root.glob("ep*")) == ["ep0-ba2", "ep0-ba4", "ep0-ba6"]
+    flip_byte(root / "ep0-ba6" / "rank0.pt")  # damaged
+    monkeypatch.setenv("RTJ_QUARANTINED", "ep0-ba4")  # quarantined by the operator
+
+    comps2 = make()
+    ck2 = manager(tmp_path, comps2, interval="2ba")
+    with caplog.at_level(logging.WARNING, "trainer_runtime"):
+        res = ck2.resume()
+    assert res.path.endswith("ep0-ba2") and ck2.timestamp.batch == 2
+    # Both rejected checkpoints are moved aside with their reason, and it is logged.
+    for name, why in (("ep0-ba6", "checksum"), ("ep0-ba4", "quarantined")):
+        aside = root / "rejected" / name
+        assert (aside / "manifest.json").exists(), name
+        assert why in (aside / "REJECTED.txt").read_text().lower()
+        assert not (root / name).exists()
+        assert f"moved rejected checkpoint {name} aside" in caplog.text
+    assert ck2.folder.read_pointer()["checkpoint"] == "ep0-ba2"
+    train(ck2, comps2, 4)  # saves ep0-ba4-a<pid> and ep0-ba6: no OverwriteError
+    ck2.close()
+    assert ck2.saved[-1].name == "ep0-ba6"
+    assert Manifest.read(root / "ep0-ba6").timestamp.batch == 6
+
+    # The next relaunch resumes from the new ep0-ba6 and is not bothered by rejected/.
+    ck3 = manager(tmp_path, make(), interval="2ba")
+    assert ck3.resume().path.endswith("ep0-ba6") and ck3.resume().fallbacks == []
+    ck3.close()
+
+
+def test_valid_newer_checkpoints_are_still_protected_from_overwrite(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 4)
+    ck.close()
+    fresh = manager(tmp_path, make(), interval="2ba", autoresume=False)
+    with pytest.raises(OverwriteError, match="ep0-ba4"):
+        train(fresh, make(), 2)
+    assert not (tmp_path / "ck" / "rejected").exists()
+
+
+# ---------------------------------------------------------------- item 3: epoch boundary
+
+
+def test_a_checkpoint_at_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
+    data = torch.arange(8.0).reshape(8, 1)
+    comps = make()
+    sampler = ResumableSampler(8, num_replicas=1, rank=0, shuffle=False, batch_size=4)
+    ck = manager(tmp_path, comps, sampler=sampler, interval="2ba")
+    ck.resume()
+    for _ in list(sampler):  # one epoch: 8 samples, 2 batches of 4; the save is at batch 2
+        pass
+    train(ck, comps, 2)  # killed here: after the save at the epoch's last batch, before epoch_end
+    ck.close(save=False)
+
+    sampler2 = ResumableSampler(8, num_replicas=1, rank=0, shuffle=False, batch_size=4)
+    ck2 = manager(tmp_path, make(), sampler=sampler2, interval="2ba")
+    ck2.resume()
+    ts = ck2.timestamp
+    assert (ts.epoch, ts.batch, ts.batch_in_epoch, ts.sample_in_epoch) == (1, 2, 0, 0)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler2)
+    assert len(loader) == 2
+    assert next(iter(loader)).flatten().tolist() == [0.0, 1.0, 2.0, 3.0]  # a full next epoch
+    ck2.close(save=False)
+
+
+# ---------------------------------------------------------------- item 5: final save
+
+
+def test_close_saves_the_final_state_once_and_a_rerun_trains_no_step(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="4ba")
+    ck.resume()
+    train(ck, comps, 6)  # interval saves at 4 only
+    ck.epoch_end()
+    ck.close()
+    names = [s.name for s in ck.saved]
+    assert names == ["ep0-ba4", "ep1-ba6"], names
+    final = Manifest.read(tmp_path / "ck" / "ep1-ba6").timestamp
+    assert (final.epoch, final.batch) == (1, 6)
+
+    ck2 = manager(tmp_path, make(), interval="4ba")
+    ck2.resume()
+    assert (ck2.timestamp.epoch, ck2.timestamp.batch) == (1, 6)
+    assert list(range(ck2.timestamp.epoch, 1)) == []  # the quickstart loop runs no epoch
+    ck2.close()
+    assert ck2.saved == []  # nothing new since the resume: no second copy
+
+    comps3 = make()
+    ck3 = manager(tmp_path / "other", comps3, interval="4ba", final_save=False)
+    train(ck3, comps3, 3)
+    ck3.close()
+    assert ck3.saved == []
+
+
+# ---------------------------------------------------------------- item 6: torch.compile
+
+
+def test_compiled_and_ddp_like_wrappers_save_plain_keys(tmp_path):
+    class Wrapper(nn.Module):  # what DDP/FSDP look like from outside: .module
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+    compiled = torch.compile(Wrapper(torch.compile(plain, backend="eager")), backend="eager")
+    assert any("_orig_mod." in k for k in compiled.state_dict())
+    ck = CheckpointManager(model=compiled, folder=tmp_path / "ck", run_name="c", interval="1ba")
+    ck.batch_end(1)
+    ck.close()
+    data = torch.load(tmp_path / "ck" / "ep0-ba1" / "rank0.pt", weights_only=True)
+    assert sorted(data["state"]["model"]) == sorted(plain.state_dict())
+    fresh = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+    fresh.load_state_dict(data["state"]["model"])  # strict: loads into the plain model
+    assert torch.equal(fresh[0].weight, plain[0].weight)
+
+
+# ---------------------------------------------------------------- item 7: no file-backed state
+
+
+def mapped_files() -> str:
+    return Path("/proc/self/maps").read_text()
+
+
+def test_after_resume_no_live_tensor_is_backed_by_the_checkpoint_file(tmp_path):
+    comps = make(hidden=256)
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.extras["table"] = torch.arange(4096.0)
+    train(ck, comps, 2)
+    ck.close()
+    rank_file = tmp_path / "ck" / "ep0-ba4" / "rank0.pt"
+
+    comps2 = make(hidden=256)
+    ck2 = manager(tmp_path, comps2, interval="2ba")
+    assert ck2.resume().path.endswith("ep0-ba4")
+    assert comps2[1].state_dict()["state"], "the optimizer state was restored"
+    assert ck2.extras["table"].shape == (4096,)
+    assert str(tmp_path / "ck") not in mapped_files()  # no mapping of any checkpoint file
+    rank_file.unlink()  # a deleted checkpoint's space is not pinned by a mapping either
+    assert "rank0.pt (deleted)" not in mapped_files()
+    step(*comps2[:3])
+    ck2.close(save=False)
+
+
+# ---------------------------------------------------------------- item 8: CRC-free rank files
+
+
+def test_rank_files_skip_the_zip_crc_without_touching_torchs_global_setting(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", async_save=True)
+    seen_flags: list[bool] = []
+    stop = threading.Event()
+
+    def user_thread_saves() -> None:  # the user's own torch.save while async saves run
+        while not stop.is_set():
+            seen_flags.append(torch.serialization.get_crc32_options())
+            buf = io.BytesIO()
+            torch.save({"w": torch.ones(64)}, buf)
+            bad = zipfile.ZipFile(io.BytesIO(buf.getvalue())).testzip()
+            assert bad is None, f"user's torch.save lost its CRC on {bad}"
+
+    t = threading.Thread(target=user_thread_saves)
+    t.start()
+    try:
+        train(ck, comps, 5)
+        ck.wait()
+    finally:
+        stop.set()
+        t.join()
+    ck.close(save=False)
+    assert seen_flags and all(seen_flags)
+    assert torch.serialization.get_crc32_options() is True
+    rank_file = tmp_path / "ck" / "ep0-ba5" / "rank0.pt"
+    infos = zipfile.ZipFile(rank_file).infolist()
+    assert infos and all(i.CRC == 0 for i in infos)
+    data = torch.load(rank_file, weights_only=True)  # still a normal torch file
+    assert data["state"]["timestamp"]["batch"] == 5
+    buf = io.BytesIO()
+    torch_save_no_crc({"x": torch.arange(3)}, buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True)["x"].tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- item 9: small things
+
+
+def test_leftovers_are_cleaned_and_a_stale_pointer_is_reported(tmp_path, caplog):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 4)
+    ck.close(save=False)
+    root = tmp_path / "ck"
+    leftover = root / "ep0-ba9"
+    leftover.mkdir()
+    (leftover / "rank0.pt").write_bytes(b"half written")
+    pointer = root / "latest.json"
+    pointer.write_text(pointer.read_text().replace("ep0-ba4", "ep0-ba8"))  # deleted folder
+
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.path.endswith("ep0-ba4")
+    assert "latest.json named ep0-ba8" in caplog.text
+    assert not leftover.exists() and "removed leftover" in caplog.text
+    assert ck.folder.read_pointer()["checkpoint"] == "ep0-ba4"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.fallbacks == [] and "not resuming from" not in caplog.text  # reported once
+
+
+def test_export_writes_a_plain_state_dict(tmp_path, capsys):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.close()
+    out = tmp_path / "export" / "weights.pt"
+    assert cli_main(["export", str(tmp_path / "ck"), str(out)]) == 0
+    assert "ep0-ba2" in capsys.readouterr().out
+    weights = torch.load(out, weights_only=True)
+    model = make()[0]
+    model.load_state_dict(weights)
+    assert all(torch.equal(weights[k], v) for k, v in comps[0].state_dict().items())
+    assert cli_main(["export", str(tmp_path), str(out)]) == 1  # no checkpoint there

@@ -1,0 +1,69 @@
+"""Uncommitting, in the bucket, a checkpoint that resume rejected (see ``rejection.py``).
+
+The bucket's half of moving a rejected checkpoint aside. S3 has no rename, and copying a
+multi-gigabyte checkpoint to keep it costs as much as uploading it again, so the evidence kept
+is the manifest and the reason (``<run>/rejected/<name>/manifest.json`` and ``reason.json``);
+the checkpoint itself is then deleted manifest first, exactly as retention prunes one. If
+``latest.json`` named it, the pointer moves to the newest checkpoint still committed (it never
+names an uncommitted one), or is deleted when none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import UTC, datetime
+
+from ..errors import ManifestError
+from ..layout import REJECTED_DIR
+from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
+from ..timestamp import Timestamp
+from .store import S3Store
+from .uploader import pointer_body, progress_key, remote_manifests
+from .uri import S3Uri
+
+log = logging.getLogger(__name__)
+
+
+def reject_remote(
+    store: S3Store, run_uri: S3Uri, name: str, reason: str, *, newer_than: Timestamp
+) -> bool:
+    """Set checkpoint ``name`` aside when it is committed remotely and newer than
+    ``newer_than`` (the position training goes on from); returns whether it was."""
+    ckpt = run_uri.join(name)
+    body = store.get_bytes(ckpt.join(MANIFEST_NAME))
+    if body is None:
+        return False
+    try:
+        manifest = Manifest.from_json(body, source=str(ckpt.join(MANIFEST_NAME)))
+    except ManifestError:
+        manifest = None
+    if manifest is not None and manifest.timestamp.sort_key() <= newer_than.sort_key():
+        return False  # older than the resume position: it blocks nothing
+    aside = run_uri.join(REJECTED_DIR, name)
+    store.put_bytes(aside.join(MANIFEST_NAME), body, content_type="application/json")
+    store.put_json(
+        aside.join("reason.json"),
+        {"checkpoint": name, "reason": reason, "rejected_at": datetime.now(UTC).isoformat()},
+    )
+    store.delete_prefix(ckpt, first=(MANIFEST_NAME,))
+    _repoint_after(store, run_uri, name)
+    log.warning("object store: set rejected checkpoint %s aside (%s): %s", ckpt, aside, reason)
+    return True
+
+
+def _repoint_after(store: S3Store, run_uri: S3Uri, removed: str) -> None:
+    pointer_uri = run_uri.join(POINTER_NAME)
+    current = None
+    with contextlib.suppress(ValueError):
+        current = store.get_json(pointer_uri)
+    if not isinstance(current, dict) or current.get("checkpoint") != removed:
+        return
+    names = [n for n in store.list_folders(run_uri) if n not in (REJECTED_DIR, removed)]
+    committed = [
+        m for m in remote_manifests(store, run_uri, names).values() if isinstance(m, Manifest)
+    ]
+    if committed:
+        store.put_json(pointer_uri, pointer_body(max(committed, key=progress_key)))
+    else:
+        store.delete(pointer_uri)

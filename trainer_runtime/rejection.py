@@ -1,0 +1,88 @@
+"""Checkpoints that resume passed over must not block the run that goes on from an older one.
+
+When resume falls back past committed checkpoints (torn, a rank's file missing or failing its
+checksum, quarantined by the operator through ``RTJ_QUARANTINED``), those checkpoints are newer
+than the position training continues from. Left committed, the first save would refuse to
+overwrite them (``OverwriteError``) and advise resuming from the very checkpoint just rejected:
+under the operator every relaunch would fail the same way. So resume moves each of them aside,
+into ``<run>/rejected/<name>/`` with a ``REJECTED.txt`` that says why, and logs it. Moving (one
+``rename``) rather than deleting keeps the evidence; a folder under ``rejected/`` is never a
+resume candidate. Uncommitting in place (removing the manifest) was rejected: the folder would
+then look like a crash leftover, and the reason would be lost.
+
+Leftovers (folders without a manifest: a save or download cut short by a crash) are deleted at
+resume: they can never be resumed, and nothing writes them while every rank is resuming.
+Overwrite protection is untouched for everything else: another run's checkpoints, and newer
+committed checkpoints that verify (those are resumed from, not rejected).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from . import atomic
+from .errors import ManifestError
+from .layout import REJECTED_DIR, RunFolder
+from .manifest import POINTER_NAME, Manifest
+
+log = logging.getLogger("trainer_runtime")
+REASON_FILE = "REJECTED.txt"
+
+
+def move_aside(folder: RunFolder, name: str, reason: str) -> Path | None:
+    """Rename ``<run>/<name>`` into ``<run>/rejected/`` with the reason; None if absent."""
+    src = folder.path(name)
+    if not src.is_dir():
+        return None
+    dest_root = folder.root / REJECTED_DIR
+    atomic.makedirs_durable(dest_root)
+    dest = dest_root / name
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = dest_root / f"{name}.{n}"
+    try:
+        os.rename(src, dest)
+    except FileNotFoundError:
+        return None  # another rank on the same shared folder moved it first
+    atomic.fsync_dir(folder.root)
+    atomic.fsync_dir(dest_root)
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    atomic.write_bytes_atomic(
+        dest / REASON_FILE, f"rejected at resume on {stamp}: {reason}\n".encode()
+    )
+    log.warning("moved rejected checkpoint %s aside to %s: %s", name, dest, reason)
+    return dest
+
+
+def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:
+    """Delete a folder without a manifest; one whose manifest is unreadable is moved aside."""
+    if not folder.path(name).is_dir():
+        return
+    try:
+        folder.remove_tree(name)
+    except ManifestError:
+        move_aside(folder, name, reason)
+        return
+    log.info("removed leftover %s (%s)", folder.path(name), reason)
+
+
+def repoint(folder: RunFolder, chosen: Manifest | None) -> str | None:
+    """Make ``latest.json`` name the checkpoint resume chose (or remove it when there is none);
+    returns the name it held before when that was a different checkpoint.
+
+    Resume itself does not trust the pointer: it lists the folder, because a crash between a
+    manifest and its pointer leaves the pointer one checkpoint behind. Tools and people read it.
+    """
+    named = (folder.read_pointer() or {}).get("checkpoint")
+    if chosen is not None:
+        if named != chosen.name:
+            folder.write_pointer(chosen)
+    elif named is not None:
+        with contextlib.suppress(FileNotFoundError):
+            (folder.root / POINTER_NAME).unlink()
+    return None if named is None or (chosen is not None and named == chosen.name) else str(named)

@@ -1,0 +1,116 @@
+"""The emergency path after SIGTERM has to end inside the grace period, whatever hangs.
+
+Kubernetes (and Slurm, and systemd) SIGKILL a process ``grace`` seconds after SIGTERM. What
+the runtime does in between (the emergency save, then flushing uploads) must finish before
+that, with a margin for the process's own exit, or the kill lands in the middle and the log
+blames the wrong thing. So the emergency path works against one deadline:
+
+    exit_by = SIGTERM time + grace period - margin,  margin = clamp(10% of grace, 2 s, 10 s)
+
+The save runs first (it is what the next attempt resumes from); uploads then get whatever is
+left, minus one second to close down. A watchdog thread ends the process with the preemption
+exit code at ``exit_by`` if the runtime's part is still busy then (a save on a stuck disk). When
+a transfer thread is still stuck after the flush (a socket read to a store that stopped
+answering), the process ends with ``os._exit`` instead of ``SystemExit``: interpreter shutdown
+would wait for that thread (``concurrent.futures`` joins its workers at exit). Local
+checkpoints are already committed (fsynced) by then, so ending the process loses nothing; the
+next attempt re-uploads what the store lacks. (Relying on the store client's timeouts instead
+was rejected: boto3's read timeout times its retries can exceed any grace period.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+MARGIN_FRACTION = 0.1
+MARGIN_MIN_S = 2.0
+MARGIN_MAX_S = 10.0
+CLOSE_RESERVE_S = 1.0
+"""Seconds kept back from the upload flush for stopping threads and logging."""
+
+
+def exit_margin(grace_period_s: float) -> float:
+    return min(MARGIN_MAX_S, max(MARGIN_MIN_S, MARGIN_FRACTION * grace_period_s))
+
+
+@dataclass(frozen=True)
+class ShutdownDeadline:
+    """When the process must be gone, counted from the signal (``time.monotonic`` clock)."""
+
+    signalled_at: float
+    grace_period_s: float
+
+    @property
+    def margin_s(self) -> float:
+        return exit_margin(self.grace_period_s)
+
+    @property
+    def exit_by(self) -> float:
+        return self.signalled_at + max(0.0, self.grace_period_s - self.margin_s)
+
+    def left(self) -> float:
+        """Seconds until ``exit_by`` (never negative)."""
+        return max(0.0, self.exit_by - time.monotonic())
+
+    def upload_budget(self) -> float:
+        """How long uploads may still be flushed."""
+        return max(0.0, self.left() - CLOSE_RESERVE_S)
+
+    def since_signal(self) -> float:
+        return time.monotonic() - self.signalled_at
+
+
+class ExitWatchdog:
+    """Ends the process with ``exit_code`` at ``deadline.exit_by`` unless cancelled first.
+
+    Armed while the emergency path runs inside the runtime (save, upload flush); cancelled
+    when the path hands over to an ordinary ``SystemExit``. A process that catches that
+    ``SystemExit`` (a test harness) is therefore never killed later.
+    """
+
+    def __init__(self, deadline: ShutdownDeadline, exit_code: int) -> None:
+        self.deadline = deadline
+        self.exit_code = exit_code
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rtj-exit-deadline", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        if self._cancelled.wait(self.deadline.left()):
+            return
+        log.error(
+            "still busy %.1fs after SIGTERM (grace period %.0fs): exiting now with %d; "
+            "uploads not finished are resumed by the next attempt",
+            self.deadline.since_signal(),
+            self.deadline.grace_period_s,
+            self.exit_code,
+        )
+        exit_now(self.exit_code)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+
+def exit_now(exit_code: int) -> None:
+    """Flush logs and end the process at once, without waiting for any thread.
+
+    Used when a transfer thread is stuck on a store that does not answer: interpreter
+    shutdown would wait for it (``concurrent.futures`` joins its workers at exit).
+    """
+    _flush_output()
+    os._exit(exit_code)
+
+
+def _flush_output() -> None:
+    handlers = [*logging.getLogger().handlers, *log.handlers]
+    for flushable in [*handlers, sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):  # best effort just before _exit
+            flushable.flush()
