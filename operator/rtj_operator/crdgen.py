@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from . import names, rbac
+from . import admission, names, rbac
 from .reference import reference_markdown
 from .schema import structural_schema
 from .spec_types import ROOT_VALIDATIONS, JobSpec
@@ -31,6 +31,7 @@ PEERING_FILE = Path("crds") / "kopf.dev_peerings.yaml"
 # fresh cluster (an object cannot be applied in the same call that creates its CRD).
 PEERING_OBJECT_FILE = Path("operator") / "deploy" / "peering.yaml"
 RBAC_FILE = Path("operator") / "deploy" / "rbac.yaml"
+ADMISSION_FILE = Path("operator") / "deploy" / "admission-policy.yaml"
 REFERENCE_FILE = Path("docs") / "crd-reference.md"
 
 HEADER = (
@@ -174,6 +175,8 @@ def rendered() -> dict[Path, str]:
         PEERING_FILE: HEADER.format(source="crdgen.py") + dump_all(peering_docs),
         PEERING_OBJECT_FILE: HEADER.format(source="crdgen.py") + dump_all([default_peering]),
         RBAC_FILE: HEADER.format(source="rbac.py") + rbac_header + dump_all(rbac.rbac_documents()),
+        ADMISSION_FILE: HEADER.format(source="admission.py")
+        + dump_all(admission.policy_documents()),
         REFERENCE_FILE: reference_markdown(crd()),
     }
 
