@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from . import admission, names, rbac
+from . import admission, names, podschema, rbac
 from .reference import reference_markdown
-from .schema import structural_schema
+from .schema import embed, structural_schema
 from .spec_types import ROOT_VALIDATIONS, JobSpec
 from .status_types import JobStatus
 
@@ -62,6 +62,15 @@ PRINTER_COLUMNS = [
 ]
 
 
+def job_spec_schema() -> dict[str, Any]:
+    """The spec's schema: the models', with the pod template typed as a core PodTemplateSpec
+    (podschema.py) under the operator's own constraints."""
+    spec = structural_schema(JobSpec)
+    template = spec["properties"]["template"]
+    spec["properties"]["template"] = embed(podschema.load(), template)
+    return spec
+
+
 def crd() -> dict[str, Any]:
     """The ResumableTrainingJob CustomResourceDefinition."""
     root = {
@@ -77,7 +86,7 @@ def crd() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": structural_schema(JobSpec),
+            "spec": job_spec_schema(),
             "status": structural_schema(JobStatus),
         },
     }
