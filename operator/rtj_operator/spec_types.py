@@ -85,7 +85,7 @@ DEFAULT_TERMINATION_TAINTS: tuple[TaintSelector, ...] = (
 
 
 class PreemptionSignals(ApiModel):
-    """Which node signals mean "this node is going away" (DESIGN.md section 5)."""
+    """Which node signals mean "this node is going away" (docs/operator.md, Classification)."""
 
     termination_taints: list[TaintSelector] = Field(
         default_factory=lambda: list(DEFAULT_TERMINATION_TAINTS), max_length=64
@@ -141,7 +141,7 @@ class ResumePolicy(ApiModel):
 
 
 class CheckpointLocation(ApiModel):
-    """Where the runtime writes checkpoints (DESIGN.md section 4)."""
+    """Where the runtime writes checkpoints (layout: docs/runtime.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -273,7 +273,7 @@ class JobSpec(ApiModel):
     template: PodTemplate
     """Pod template for every rank. Changes apply from the next attempt on."""
     container_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL)
-    """The training container, into which the environment of DESIGN.md section 3 and the notice
+    """The training container, into which the rank environment (docs/operator.md) and the notice
     file are injected. Default: the first container."""
     run_name: str | None = Field(
         default=None,

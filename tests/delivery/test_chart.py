@@ -387,6 +387,6 @@ def test_deployment_passes_a_stable_peering_identity(helm: str) -> None:
     env = {e["name"]: e for e in operator["env"]}
     assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     args = parse_args(operator["args"])
-    assert args.peering_lifetime == 15 and args.max_pause_seconds is None
+    assert args.peering_lifetime == 15 and args.max_pause_seconds == 30
     args = parse_args(container(render(helm, "--set", "peering.maxPauseSeconds=90"))["args"])
     assert args.max_pause_seconds == 90
