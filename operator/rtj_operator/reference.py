@@ -91,7 +91,15 @@ def reference_markdown(crd: dict[str, Any]) -> str:
         "`spec.template` is a core/v1 PodTemplateSpec: every field of a Pod's `metadata` and "
         f"`spec` is accepted and typed by the Kubernetes {podschema.stored_version()} schema "
         "embedded in the CRD, so an unknown or misspelt field is rejected with its path. The "
-        "rows below list only the fields the operator reads or constrains.",
+        "rows below list only the fields the operator reads or constrains. (The alternatives, a "
+        "server-side dry-run of the pod at admission or an event naming dropped fields, were "
+        "rejected: the first needs a webhook, so a running operator, to accept any job; the "
+        "second accepts the typo.)",
+        "",
+        "Errors name the field. When a required field is missing or a value has the wrong type, "
+        "the API server also prints `<nil>: Invalid value: null: some validation rules were not "
+        "checked because the object was invalid; correct the existing errors to complete "
+        "validation`: the CEL rules below were skipped, and run once the other errors are fixed.",
         "",
         "Rules on the whole object: "
         + "; ".join(r["message"] for r in root.get("x-kubernetes-validations", []))
