@@ -27,17 +27,16 @@ MATCH_TRAINER = (
 )
 
 
-def _kept(field: str, empty: str) -> str:
-    return (
-        f"(has(object.metadata.{field}) ? object.metadata.{field} : {empty}) == "
-        f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty})"
-    )
+def _kept(field: str) -> str:
+    """CEL: the field is absent in both, or equal (no ternary, so no list/map typing issue)."""
+    new, old = f"object.metadata.{field}", f"oldObject.metadata.{field}"
+    return f"has({new}) == has({old}) && (!has({new}) || {new} == {old})"
 
 
 VARIABLES = (
-    ("ownersKept", _kept("ownerReferences", "[]")),
-    ("labelsKept", _kept("labels", "{}")),
-    ("finalizersKept", _kept("finalizers", "[]")),
+    ("ownersKept", _kept("ownerReferences")),
+    ("labelsKept", _kept("labels")),
+    ("finalizersKept", _kept("finalizers")),
 )
 VALIDATION = (
     "variables.ownersKept && variables.labelsKept && variables.finalizersKept && "

@@ -455,3 +455,73 @@ def test_load_30_jobs_5_nodes_deleted_phase_follows_the_gang_within_seconds(
         assert status["attempt"] == expected[name], (name, status)
         assert status["preemptions"] == expected[name]
         assert len(kube.pods(ns, name, expected[name])) == 2
+
+
+def _health(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (local URL)
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+def test_liveness_fails_while_a_silent_peer_keeps_the_operator_paused(
+    kube, kubeconfig, pool, tmp_path
+):
+    """A record nobody refreshes (here: a long lifetime, higher priority) pauses kopf; after
+    --max-pause-seconds the liveness endpoint answers 500, and once the record is gone the
+    operator is healthy and acts again."""
+    ns = unique("rtj-chart")
+    kube.create_namespace(ns)
+    config = install_chart_rbac(kube, kubeconfig, ns, tmp_path)
+    log = tmp_path / "operator.log"
+    peering = f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/rtj-operator"
+    op = start_operator(
+        str(config),
+        log,
+        "--namespace",
+        ns,
+        "--peering",
+        "rtj-operator",
+        "--id",
+        OPERATOR_ID,
+        "--priority",
+        "10",
+        "--max-pause-seconds",
+        "3",
+    )
+    try:
+        ghost = {
+            "priority": 1000,
+            "lifetime": 3600,
+            "lastseen": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        }
+        kube.req(
+            "PATCH",
+            peering,
+            content_type="application/merge-patch+json",
+            body={"status": {"ghost-operator": ghost}},
+        )
+        wait_for("liveness 500", lambda: _health(op.liveness) == 500, 40, 0.5, op.tail)
+        pool.add(1)
+        name = unique("job")
+        kube.create_job(rtj(name, ns, pool.name, 1))
+        time.sleep(2)
+        assert kube.pods(ns, name) == []  # paused: nothing is acted on
+
+        kube.req(
+            "PATCH",
+            peering,
+            content_type="application/merge-patch+json",
+            body={"status": {"ghost-operator": None}},
+        )
+        wait_for("acts again", lambda: kube.running(ns, name, 0, 1), 60, on_timeout=op.tail)
+        wait_for("liveness 200", lambda: _health(op.liveness) == 200, 30, 0.5, op.tail)
+    finally:
+        op.stop()
+        kube.delete_namespace(ns)
