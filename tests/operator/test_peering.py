@@ -79,3 +79,15 @@ def test_cli_identity_defaults_to_the_pod_name(monkeypatch):
     assert args.id == "rtj-operator-7c9d-x2x4q" and args.peering_lifetime == 15
     monkeypatch.delenv("POD_ID")
     assert parse_args(["-A", "--id", "x"]).id == "x"
+
+
+def test_the_probe_reads_the_peering_objects_kopf_decides_from():
+    from rtj_operator.handlers import PeeringOptions
+
+    def options(namespaces):
+        return PeeringOptions("p", "me", 1, 15, 30.0, namespaces)
+
+    assert options(None).paths() == ["/apis/kopf.dev/v1/clusterkopfpeerings/p"]
+    assert options(("team-a", "ml-*")).paths() == [
+        "/apis/kopf.dev/v1/namespaces/team-a/kopfpeerings/p"
+    ]
