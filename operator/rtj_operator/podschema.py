@@ -7,14 +7,15 @@ when the operator created the pods, changing where and how a rank runs. Embeddin
 path, like it does for a Deployment. A server-side dry-run of the pod at admission was the
 alternative; it needs a webhook, so a running operator, to accept a job at all.
 
-The schema comes from the Kubernetes OpenAPI v3 document (``/openapi/v3/api/v1`` of a
-kube-apiserver, or ``api/openapi-spec/v3/api__v1_openapi.json`` of the ``k8s.io/kubernetes``
-module of the same version) and is stored, converted, in ``schemas/podtemplatespec.json`` with the
-version it came from; ``crdgen`` embeds it under the operator's own constraints. Regenerate it
-when the supported Kubernetes version moves:
+The schema comes from the OpenAPI v3 document a kube-apiserver publishes (``/openapi/v3/api/v1``)
+and is stored, converted, in ``schemas/podtemplatespec.json`` with the version it came from;
+``crdgen`` embeds it under the operator's own constraints, and a cluster test checks it against
+the live server. Regenerate it when the supported Kubernetes version moves:
 
-    python -m rtj_operator.podschema --openapi api__v1_openapi.json --version v1.36.3
     python -m rtj_operator.podschema --server --version v1.36.3   (the KUBECONFIG cluster)
+
+(``--openapi FILE`` reads a saved document instead; note that ``api__v1_openapi.json`` in the
+``k8s.io/kubernetes`` sources lacks the enums the server publishes.)
 
 The conversion makes the OpenAPI schema *structural* for a CRD: references inlined, Quantity and
 IntOrString as ``x-kubernetes-int-or-string``, free-form objects (managedFields) marked to keep

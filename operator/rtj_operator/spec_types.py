@@ -108,12 +108,9 @@ class ResumePolicy(ApiModel):
             "x-kubernetes-validations": [
                 cel(
                     "self.backoffBaseSeconds <= self.backoffMaxSeconds",
-                    "backoffBaseSeconds must not exceed backoffMaxSeconds (600 when not set)",
+                    "backoffBaseSeconds must not exceed backoffMaxSeconds (600 when not set): "
+                    "lower backoffBaseSeconds or raise backoffMaxSeconds",
                     ".backoffBaseSeconds",
-                    message_expression="'backoffBaseSeconds (' + string(self.backoffBaseSeconds)"
-                    " + ') must not exceed backoffMaxSeconds (' + string(self.backoffMaxSeconds)"
-                    " + ', 600 when not set): lower backoffBaseSeconds or raise "
-                    "backoffMaxSeconds'",
                 )
             ]
         }

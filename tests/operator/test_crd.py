@@ -112,7 +112,7 @@ def test_cel_rules_name_their_fields():
     assert {".containerName", ".runName"} <= paths
     policy = spec["properties"]["resumePolicy"]["x-kubernetes-validations"][0]
     assert policy["fieldPath"] == ".backoffBaseSeconds"  # the value the user set
-    assert "backoffBaseSeconds (" in policy["messageExpression"]
+    assert "(600 when not set)" in policy["message"]
     # A field's own rule (immutability) adds to its type's rules instead of replacing them.
     checkpoint = [r["rule"] for r in spec["properties"]["checkpoint"]["x-kubernetes-validations"]]
     assert "self == oldSelf" in checkpoint and any("volumeSource" in r for r in checkpoint)
