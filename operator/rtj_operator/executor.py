@@ -105,6 +105,11 @@ class Executor:
             invalid = None
             if plan.after_creation is not None:
                 invalid = await self._create_pods(job, plan)
+        except BaseException:
+            # The status written above records the transitions these events describe, so the
+            # retry will not plan them again: they go out now (the creation's own event waits).
+            self._post_events(job, plan, now, only_recorded=True)
+            raise
         finally:
             await side_task
         if plan.after_creation is not None:
@@ -187,9 +192,12 @@ class Executor:
             if isinstance(result, BaseException):
                 raise result
 
-    def _post_events(self, job: Job, plan: Plan, now: datetime) -> None:
+    def _post_events(
+        self, job: Job, plan: Plan, now: datetime, *, only_recorded: bool = False
+    ) -> None:
         """Fire and forget: an Event must never delay or fail a resubmission."""
-        if not plan.events:
+        events = [e for e in plan.events if not (only_recorded and e.with_creation)]
+        if not events:
             return
         involved = {
             "apiVersion": names.API_VERSION,
@@ -200,7 +208,7 @@ class Executor:
         }
 
         async def post() -> None:
-            for event in plan.events:
+            for event in events:
                 try:
                     await self.api.post_event(
                         involved, event.type, event.reason, event.message, iso(now)

@@ -39,6 +39,9 @@ class EventSpec:
     type: str
     reason: str
     message: str
+    with_creation: bool = False
+    """Announces this plan's pod creations: posted only when they were made (a pass that
+    failed before them plans it again)."""
 
 
 @dataclass
@@ -62,9 +65,9 @@ class Plan:
     resubmission: str | None = None
     """Why this plan starts a new attempt's pods: preemption, failure or resume (metrics)."""
 
-    def event(self, type_: str, reason: str, message: str) -> None:
+    def event(self, type_: str, reason: str, message: str, *, with_creation: bool = False) -> None:
         """Queue an Event."""
-        self.events.append(EventSpec(type_, reason, message))
+        self.events.append(EventSpec(type_, reason, message, with_creation))
 
     def requeue(self, seconds: float | None) -> None:
         """Ask to be reconciled again after at most ``seconds``."""

@@ -629,4 +629,5 @@ def _create_gang(ctx: _Context) -> None:
             if st.quarantined_checkpoints
             else ""
         ),
+        with_creation=True,
     )

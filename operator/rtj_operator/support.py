@@ -99,6 +99,10 @@ def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
             decision.conflicts.append(f"{kind} {body['metadata']['name']}")
         elif kind == ROLE and found.get("rules") != body["rules"]:
             decision.writes.append(SupportWrite(kind, body, update=True))
+    if decision.conflicts:
+        # Nothing is written around a foreign object: a RoleBinding created next to a foreign
+        # Role would grant the job's ranks whatever that Role allows.
+        decision.writes = []
     return decision
 
 

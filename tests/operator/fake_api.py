@@ -135,6 +135,8 @@ class FakeApi:
 
     async def patch_rules(self, path: str, name: str, rules: list[dict[str, Any]]) -> None:
         self.calls.append("patch_rules")
+        if "Role" in self.fail_kind_once:
+            raise self.fail_kind_once.pop("Role")
         self.objects[f"{path}/{name}"]["rules"] = copy.deepcopy(rules)
 
     async def post_event(

@@ -96,7 +96,7 @@ def test_a_foreign_role_is_never_written_and_blocks_the_job_with_a_condition():
     cluster.support["Role"] = foreign("Role")
     plan = cluster.step()
     assert not plan.creations and not cluster.pods
-    assert all(w.kind != "Role" for w in plan.support)
+    assert plan.support == []  # no binding is ever made to someone else's Role
     assert cluster.support["Role"]["rules"] == []  # untouched
     blocked = {c["type"]: c for c in cluster.status["conditions"]}["Blocked"]
     assert blocked["status"] == "True" and blocked["reason"] == "NameConflict"
@@ -172,3 +172,22 @@ def test_unschedulable_ranks_surface_the_schedulers_reason():
     conds = {c["type"]: c for c in cluster.status["conditions"]}
     assert conds["PodsScheduled"]["status"] == "True"
     assert cluster.status["phase"] == "Running"
+
+
+def test_events_of_a_recorded_decision_are_posted_even_when_a_support_write_fails():
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    api.events.clear()
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    api.fail_kind_once["Role"] = ApiError(500, {"message": "etcd hiccup"}, "PATCH", "roles")
+    with pytest.raises(ApiError):
+        sync(ctrl)  # the preemption is recorded, the Role update for attempt 1 fails
+    assert api.job()["status"]["attempt"] == 1 and not api.pods().keys() & {"train-a1-r0"}
+    reasons = [e[1] for e in api.events]
+    assert "Preempted" in reasons and "Resubmitted" not in reasons
+    sync(ctrl)
+    reasons = [e[1] for e in api.events]
+    assert reasons.count("Preempted") == 1 and reasons.count("Resubmitted") == 1
