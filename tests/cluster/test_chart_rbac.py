@@ -45,7 +45,7 @@ class ChartOperator:
         return self.op
 
 
-def start(kubeconfig: Path, log: Path, ns: str, *, wait: bool = True) -> OperatorProcess:
+def start(kubeconfig: Path, log: Path, ns: str, *extra: str, wait: bool = True) -> OperatorProcess:
     return start_operator(
         str(kubeconfig),
         log,
@@ -55,6 +55,7 @@ def start(kubeconfig: Path, log: Path, ns: str, *, wait: bool = True) -> Operato
         "rtj-operator",
         "--id",
         OPERATOR_ID,
+        *extra,
         wait=wait,
     )
 
@@ -437,14 +438,20 @@ class PhaseLag:
 LOAD_JOBS = 30
 LOAD_NODES = 10
 LOAD_DELETED = 5
-PHASE_WITHIN = 5.0
-"""Seconds between a gang running and its job's phase Running (before: up to the 300 s resync)."""
+PHASE_WITHIN = 20.0
+"""Seconds between a gang running and its job's phase Running, with the periodic resync off (so
+no lag can be hidden by it; before, 21 of 30 jobs waited for the 300 s resync). On an idle
+machine the lag is well under a second; the bound leaves room for a loaded 2-core one."""
 
 
 def test_load_30_jobs_5_nodes_deleted_phase_follows_the_gang_within_seconds(
     kube, chart_operator, pool
 ):
-    ns, op = chart_operator.ns, chart_operator.op
+    ns = chart_operator.ns
+    chart_operator.op.stop()
+    op = chart_operator.op = start(
+        chart_operator.kubeconfig, chart_operator.log, ns, "--resync-seconds", "0"
+    )
     nodes = pool.add(LOAD_NODES)
     jobs = [unique("load") for _ in range(LOAD_JOBS)]
     for name in jobs:
@@ -468,9 +475,10 @@ def test_load_30_jobs_5_nodes_deleted_phase_follows_the_gang_within_seconds(
     expected = {n: (1 if n in hit else 0) for n in jobs}
     wait_for("every job Running again", lambda: all_running(expected), 180, 0.2, op.tail)
     lags = watch.lags()
+    ordered = sorted(lags.values())
     print(
-        f"\n{len(hit)} of {LOAD_JOBS} jobs lost a node; phase lag after gang running: "
-        f"max {max(lags.values()):.2f} s over {len(lags)} gangs"
+        f"\n{len(hit)} of {LOAD_JOBS} jobs lost a node; phase lag after gang running over "
+        f"{len(lags)} gangs: median {ordered[len(ordered) // 2]:.2f} s, max {ordered[-1]:.2f} s"
     )
     assert hit, "no job ran on the deleted nodes"
     assert max(lags.values()) <= PHASE_WITHIN, sorted(lags.items(), key=lambda kv: -kv[1])[:5]
