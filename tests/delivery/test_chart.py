@@ -291,6 +291,8 @@ def test_optional_parts(helm: str) -> None:
         "serviceAccount.name=mine",
         "--set",
         "peering.create=false",
+        "--set",
+        "admissionPolicy.enabled=false",
     )
     assert {d["kind"] for d in bare} == {"Deployment"}
     assert parse_args(container(bare)["args"]).metrics_port is None
