@@ -11,6 +11,13 @@ On the local control plane (``hack/cluster/cluster.sh``; or the cluster named by
   nodes are deleted the same way and the Job controller's replacement pod is timed the same
   way. The Job controller acts only after PodGC has failed the orphaned pod, which is the point.
 
+* restart: the operator with peering on is SIGKILLed (its peering record stays, as after a
+  crash), a node of the gang is deleted, and the operator is started again; from that start to
+  the whole next gang created. Two identity schemes, interleaved: the stable identity the chart
+  uses now (the pod name, 15 s record lifetime) and the baseline of a new identity per process
+  with kopf's 60 s lifetime (what ran before), which waits for the dead record when its random
+  priority is the lower one.
+
 The JSON holds every sample, p50/p95/max per side, their ratios, and whether the targets
 (p50 <= 0.5 s, p95 <= 1 s) are met. Both sides are timed by the same watch code.
 """
@@ -251,8 +258,11 @@ class Bench:
             raise
 
 
-def start_operator(kubeconfig: str, namespaces: str, log_path: Path) -> subprocess.Popen[bytes]:
-    """The operator as it runs in production (a separate process)."""
+def start_operator(
+    kubeconfig: str, namespaces: str, log_path: Path, *peering: str
+) -> subprocess.Popen[bytes]:
+    """The operator as it runs in production (a separate process); standalone unless
+    ``peering`` arguments are given."""
     env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
@@ -266,7 +276,7 @@ def start_operator(kubeconfig: str, namespaces: str, log_path: Path) -> subproce
             "rtj_operator",
             "--namespace",
             namespaces,
-            "--standalone",
+            *(peering or ("--standalone",)),
             "--quiet",
             "--metrics-port",
             "0",
@@ -350,6 +360,142 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
             operator.wait(15)
         except subprocess.TimeoutExpired:
             operator.kill()
+        for index in range(serial):
+            bench.delete_node(f"{pool}-{index}")
+        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+    return samples
+
+
+RESTART_VARIANTS = {
+    # What the chart runs now: the pod name as a stable identity, 15 s record lifetime.
+    "stable_id": lambda: ("--id", "rtj-operator-bench-pod", "--peering-lifetime", "15"),
+    # Before: kopf's default, a new identity per process and 60 s lifetime.
+    "new_id": lambda: (
+        "--id",
+        f"rtj-operator@bench/{uuid.uuid4().hex[:6]}",
+        "--peering-lifetime",
+        "60",
+    ),
+}
+
+
+def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, list[float]]:
+    """Operator restart -> first action, with peering on, both identity schemes interleaved.
+
+    Each sample: the operator runs a 4-rank job; it is SIGKILLed (its peering record stays
+    behind, as after a crash); a node of the gang is deleted while no operator runs; the operator
+    is started again with the same identity scheme. Measured: from that start (process spawn,
+    so Python and kopf start-up count) to the watch seeing every pod of the next attempt.
+    """
+    ns = f"rtj-bench-rs-{bench.tag}"
+    pool = f"rs-{bench.tag}"
+    bench.namespace(ns)
+    for variant in RESTART_VARIANTS:
+        bench.req(
+            "POST",
+            f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings",
+            body={
+                "apiVersion": "kopf.dev/v1",
+                "kind": "KopfPeering",
+                "metadata": {"name": f"bench-{variant.replace('_', '-')}", "namespace": ns},
+            },
+        )
+    watch = PodWatch(bench.api, ns)
+    watch.start()
+    watch.ready.wait(10)
+    serial = 0
+
+    def add_node() -> None:
+        nonlocal serial
+        name = f"{pool}-{serial}"
+        serial += 1
+        bench.node(name, pool, kwok=True)
+        wait(f"{name} ready", lambda: bench.node_ready(name), 60)
+
+    for _ in range(REPLICAS):
+        add_node()
+    job = "bench"
+    bench.req(
+        "POST",
+        KubeApi.job_path(ns),
+        body={
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": job, "namespace": ns},
+            "spec": {
+                "replicas": REPLICAS,
+                "checkpoint": {"dir": "s3://bench"},
+                "template": {
+                    "spec": {
+                        "nodeSelector": {"rtj-bench/pool": pool},
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "trainer", "image": "x"}],
+                    }
+                },
+            },
+        },
+    )
+    samples: dict[str, list[float]] = {v: [] for v in RESTART_VARIANTS}
+    operator: subprocess.Popen[bytes] | None = None
+
+    def spawn(variant: str) -> subprocess.Popen[bytes]:
+        return start_operator(
+            bench.kubeconfig,
+            ns,
+            log_path,
+            "--peering",
+            f"bench-{variant.replace('_', '-')}",
+            *RESTART_VARIANTS[variant](),
+        )
+
+    def gang_running(attempt: int) -> bool:
+        gang = [names.pod_name(job, attempt, r) for r in range(REPLICAS)]
+        return all((p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in gang)
+
+    attempt = 0
+    try:
+        for index in range(2 * restarts):
+            variant = list(RESTART_VARIANTS)[index % 2]
+            # A fresh, unhindered operator of this variant (a graceful exit leaves no record).
+            if operator is not None:
+                operator.terminate()
+                operator.wait(30)
+            for name in RESTART_VARIANTS:
+                path = (
+                    f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/bench-{name.replace('_', '-')}"
+                )
+                current = bench.req("GET", path).get("status") or {}
+                if current:
+                    bench.req(
+                        "PATCH", path, content_type=MERGE, body={"status": dict.fromkeys(current)}
+                    )
+            operator = spawn(variant)
+            wait(f"attempt {attempt} running", lambda a=attempt: gang_running(a), 120)
+            time.sleep(3.0)  # its peering record is written and refreshed
+            operator.kill()
+            operator.wait(10)
+            victim = bench.pod(ns, names.pod_name(job, attempt, attempt % REPLICAS))["spec"][
+                "nodeName"
+            ]  # type: ignore[index]
+            bench.delete_node(victim)
+            add_node()
+            following = [names.pod_name(job, attempt + 1, r) for r in range(REPLICAS)]
+            started = time.monotonic()
+            operator = spawn(variant)
+            done = wait(
+                f"attempt {attempt + 1} created", lambda f=following: watch.seen_all(f), 120, 0.005
+            )
+            samples[variant].append(done - started)
+            log(f"restart {index + 1}/{2 * restarts} ({variant}): {samples[variant][-1]:.2f} s")
+            attempt += 1
+    finally:
+        watch.stopped = True
+        if operator is not None:
+            operator.terminate()
+            try:
+                operator.wait(15)
+            except subprocess.TimeoutExpired:
+                operator.kill()
         for index in range(serial):
             bench.delete_node(f"{pool}-{index}")
         bench.req("DELETE", f"/api/v1/namespaces/{ns}")
@@ -488,11 +634,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preemptions", type=int, default=None, help="default 30 (quick: 10)")
     parser.add_argument("--baseline", type=int, default=None, help="default 10 (quick: 3)")
     parser.add_argument(
+        "--restarts",
+        type=int,
+        default=None,
+        help="restarts per identity scheme, default 8 (quick: 3)",
+    )
+    parser.add_argument(
         "--keep-cluster", action="store_true", help="leave a cluster this run started"
     )
     args = parser.parse_args(argv)
     preemptions = args.preemptions or (10 if args.quick else 30)
     baseline = args.baseline or (3 if args.quick else 10)
+    restarts = args.restarts or (3 if args.quick else 8)
 
     kubeconfig, take_down = cluster_kubeconfig(args.keep_cluster)
     bench = Bench(kubeconfig)
@@ -505,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         operator = measure_operator(bench, preemptions, log_path)
         log(f"job controller: {baseline} pods lost the same way (runs in parallel)")
         job_controller = measure_job_controller(bench, baseline)
+        log(f"operator restarts: {restarts} per identity scheme, interleaved")
+        restart = measure_restarts(bench, restarts, log_path)
     finally:
         if take_down:
             env = {
@@ -519,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                 stderr=subprocess.DEVNULL,
             )
     op, jc = summary(operator), summary(job_controller)
+    stable, fresh = summary(restart["stable_id"]), summary(restart["new_id"])
     report = {
         "benchmark": "operator_latency",
         "time": iso(utcnow()),
@@ -535,6 +691,14 @@ def main(argv: list[str] | None = None) -> int:
         "job_controller": jc,
         "ratio_p50": round(jc["p50_s"] / op["p50_s"], 1) if op["p50_s"] else None,
         "ratio_p95": round(jc["p95_s"] / op["p95_s"], 1) if op["p95_s"] else None,
+        "restart_to_first_action": {
+            "what": "seconds from spawning the operator again after a SIGKILL (peering on, a node "
+            "of the gang deleted meanwhile) to the watch seeing the whole next gang",
+            "stable_id": stable,
+            "new_id_kopf_default_lifetime": fresh,
+            "ratio_p50": round(fresh["p50_s"] / stable["p50_s"], 1) if stable["p50_s"] else None,
+            "ratio_p95": round(fresh["p95_s"] / stable["p95_s"], 1) if stable["p95_s"] else None,
+        },
         "targets": {
             "p50_s": TARGET_P50,
             "p95_s": TARGET_P95,
@@ -547,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
         f"operator p50 {op['p50_s'] * 1000:.0f} ms, p95 {op['p95_s'] * 1000:.0f} ms; "
         f"job controller p50 {jc['p50_s']:.1f} s, p95 {jc['p95_s']:.1f} s; "
         f"ratio p50 {report['ratio_p50']}x; targets met: {report['targets']['met']}"
+    )
+    log(
+        f"restart -> first action: stable id p50 {stable['p50_s']:.2f} s, p95 "
+        f"{stable['p95_s']:.2f} s, max {stable['max_s']:.2f} s; new id p50 {fresh['p50_s']:.2f} s,"
+        f" p95 {fresh['p95_s']:.2f} s, max {fresh['max_s']:.2f} s"
     )
     return 0
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
+import socket
 import sys
 
 import kopf
 
 from .controller import Controller
-from .handlers import build_registry
+from .handlers import PeeringOptions, build_registry
 from .kube import KubeApi
 
 
@@ -73,6 +75,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     parser.add_argument(
+        "--id",
+        default=os.environ.get("POD_ID") or None,
+        help="peering identity, stable across restarts of this replica so that a restarted "
+        "process recognises its own record instead of waiting for it to expire "
+        "(default: $POD_ID, which the chart sets to the pod name; else host and process id)",
+    )
+    parser.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=15,
+        help="seconds a replica's peering record counts without a refresh (refreshed every "
+        "5-10 s less); bounds how long a dead replica's record can pause the others "
+        "(default 15)",
+    )
+    parser.add_argument(
+        "--max-pause-seconds",
+        type=float,
+        default=None,
+        help="liveness fails once peering has paused this replica this long while no blocking "
+        "replica refreshed its record (default: twice the peering lifetime; 0: never)",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=float,
         default=300.0,
@@ -89,17 +113,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    controller = Controller(KubeApi(), resync_seconds=args.resync_seconds, concurrency=args.workers)
-    registry = build_registry(
-        controller, metrics_port=args.metrics_port or None, metrics_address=args.metrics_address
-    )
+    api = KubeApi()
+    controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
+    identity = args.id or f"rtj-operator@{socket.gethostname()}/{os.getpid()}"
+    peering = None
+    if not args.standalone:
+        max_pause = args.max_pause_seconds
+        peering = PeeringOptions(
+            name=args.peering,
+            identity=identity,
+            priority=priority,
+            lifetime=args.peering_lifetime,
+            max_pause=2.0 * args.peering_lifetime if max_pause is None else max_pause,
+            namespaces=None if args.all_namespaces else tuple(args.namespace),
+        )
+    registry = build_registry(
+        controller,
+        api=api,
+        peering=peering,
+        metrics_port=args.metrics_port or None,
+        metrics_address=args.metrics_address,
+    )
     kopf.run(
         registry=registry,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace,
         standalone=args.standalone,
         priority=priority,
+        identity=identity,  # type: ignore[arg-type]
         # Naming a peering makes it mandatory in kopf, which a standalone run must not be.
         peering_name=None if args.standalone else args.peering,
         liveness_endpoint=args.liveness,

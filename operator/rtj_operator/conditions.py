@@ -16,6 +16,10 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PREEMPTION_NOTICE = "PreemptionNotice"
+BLOCKED = "Blocked"
+"""True while a name the job needs is taken by an object it does not control."""
+PODS_SCHEDULED = "PodsScheduled"
+"""False while a rank of the current attempt is unschedulable (with the scheduler's reason)."""
 
 _PHASE_CONDITION = {
     Phase.RUNNING: RUNNING,

@@ -16,23 +16,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import metrics, names
+from . import metrics, names, support
 from .api_types import Job, parse_job
 from .executor import Applied, Executor
 from .kube import ApiError, KubeApi
 from .nodes import NodeView, node_view
 from .plan_types import Plan
 from .reconcile import owned_by, pod_attempt, reconcile
-from .status_types import Cause
+from .status_types import TERMINAL_PHASES, Cause
 from .timeutil import utcnow
 from .workqueue import Key, WorkQueue
 
 log = logging.getLogger(__name__)
 
 DEPARTED_TTL = 300.0
+"""How long the last state of a deleted pod is remembered for classification."""
 DELETE_EVENT_WAIT = 1.0
 """Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
-"""How long the last state of a deleted pod is remembered for classification."""
 
 
 def _key(body: dict[str, Any]) -> Key:
@@ -46,6 +46,13 @@ def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
         sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in view.taints)
     )
     return view.exists, view.deleting, view.ready, taints
+
+
+def _changes_next_decision(plan: Plan) -> bool:
+    """Whether applying ``plan`` changed something the next reconcile reads."""
+    return bool(
+        plan.status is not None or plan.after_creation is not None or plan.support or plan.deletions
+    )
 
 
 class Controller:
@@ -171,14 +178,16 @@ class Controller:
             log.error("job %s/%s does not parse, leaving it alone: %s", namespace, name, err)
             metrics.RECONCILE_ERRORS.labels("invalid-spec").inc()
             return None
-        pods = await self.api.list_pods(namespace, names.job_selector(name))
+        pods, observed = await asyncio.gather(
+            self.api.list_pods(namespace, names.job_selector(name)), self._support(job)
+        )
         nodes = await self._node_views(job, pods)
         now = utcnow()
         departed = self._departed(key, {p["metadata"]["name"] for p in pods})
         wait = self._await_deletion_events(key, job, pods, departed)
         if wait is not None:
             return wait
-        plan = reconcile(job, pods, nodes, now, departed)
+        plan = reconcile(job, pods, nodes, now, departed=departed, observed_support=observed)
         try:
             applied = await self.executor.apply(job, plan, now)
         except ApiError as err:
@@ -202,9 +211,24 @@ class Controller:
                 len(plan.notices),
             )
         requeue = plan.requeue_after
+        if _changes_next_decision(plan):
+            # What this pass wrote is an input of the next decision (the gang-created mark, a
+            # new attempt, a support object): decide again now rather than wait for an event
+            # that may never come (the operator's own status writes are not echoed).
+            requeue = 0.0
         if self.resync_seconds > 0:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
+
+    async def _support(self, job: Job) -> support.Observed:
+        """The job's support objects as they are now (not read once the job has ended)."""
+        if job.ref.deleting or job.status.phase in TERMINAL_PHASES or job.spec.suspend:
+            return {}
+        wanted = {
+            kind: body["metadata"]["name"]
+            for kind, body in support.desired(job, job.status.attempt).items()
+        }
+        return await self.api.get_support(job.ref.namespace, wanted)
 
     def _await_deletion_events(
         self, key: Key, job: Any, pods: list[dict[str, Any]], departed: dict[str, Any]

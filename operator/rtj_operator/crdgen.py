@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from . import names, rbac
+from . import admission, names, podschema, rbac
 from .reference import reference_markdown
-from .schema import structural_schema
+from .schema import embed, structural_schema
 from .spec_types import ROOT_VALIDATIONS, JobSpec
 from .status_types import JobStatus
 
@@ -31,6 +31,7 @@ PEERING_FILE = Path("crds") / "kopf.dev_peerings.yaml"
 # fresh cluster (an object cannot be applied in the same call that creates its CRD).
 PEERING_OBJECT_FILE = Path("operator") / "deploy" / "peering.yaml"
 RBAC_FILE = Path("operator") / "deploy" / "rbac.yaml"
+ADMISSION_FILE = Path("operator") / "deploy" / "admission-policy.yaml"
 REFERENCE_FILE = Path("docs") / "crd-reference.md"
 
 HEADER = (
@@ -61,6 +62,15 @@ PRINTER_COLUMNS = [
 ]
 
 
+def job_spec_schema() -> dict[str, Any]:
+    """The spec's schema: the models', with the pod template typed as a core PodTemplateSpec
+    (podschema.py) under the operator's own constraints."""
+    spec = structural_schema(JobSpec)
+    template = spec["properties"]["template"]
+    spec["properties"]["template"] = embed(podschema.load(), template)
+    return spec
+
+
 def crd() -> dict[str, Any]:
     """The ResumableTrainingJob CustomResourceDefinition."""
     root = {
@@ -76,7 +86,7 @@ def crd() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": structural_schema(JobSpec),
+            "spec": job_spec_schema(),
             "status": structural_schema(JobStatus),
         },
     }
@@ -174,6 +184,8 @@ def rendered() -> dict[Path, str]:
         PEERING_FILE: HEADER.format(source="crdgen.py") + dump_all(peering_docs),
         PEERING_OBJECT_FILE: HEADER.format(source="crdgen.py") + dump_all([default_peering]),
         RBAC_FILE: HEADER.format(source="rbac.py") + rbac_header + dump_all(rbac.rbac_documents()),
+        ADMISSION_FILE: HEADER.format(source="admission.py")
+        + dump_all(admission.policy_documents()),
         REFERENCE_FILE: reference_markdown(crd()),
     }
 

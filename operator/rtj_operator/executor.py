@@ -3,10 +3,14 @@
 1. status (compare-and-swap on resourceVersion): the decision is recorded before anything acts
    on it, and a decision based on a stale read is refused;
 2. pod deletions and notices, concurrently with
-3. the trainer identity and the gang's pods (every rank in parallel; 409 means it exists);
-4. the "gang created" mark, only when every pod exists.
+3. the support objects in dependency order (ServiceAccount, Role and Service, then the
+   RoleBinding once its Role exists), every one of them before any pod;
+4. the gang's pods (every rank in parallel; 409 means it exists);
+5. the "gang created" mark, only when every pod exists.
 
-A crash between any two steps leaves a status from which the next reconcile does the rest.
+A crash or an API error between any two steps leaves a status from which the next reconcile
+does the rest: support objects are compared with the desired state on every pass, so one that
+failed to be created is created by the next pass, whether or not any pod is still missing.
 """
 
 from __future__ import annotations
@@ -23,14 +27,9 @@ from . import metrics, names, testhooks
 from .api_types import Job
 from .envvars import NOTICE_ANNOTATION
 from .kube import ApiError, KubeApi
-from .manifests import (
-    build_role_binding,
-    build_service,
-    build_service_account,
-    uses_trainer_identity,
-)
 from .plan_types import Plan
 from .status_types import JobStatus, Phase
+from .support import DEPENDENCY_ORDER, ROLE_BINDING, SupportWrite
 from .timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -100,12 +99,20 @@ class Executor:
         metrics.NOTICES.inc(len(plan.notices))
         applied = Applied(resource_version=rv, status=status)
 
-        if plan.after_creation is None:
-            await self._gather(side)
-        else:
-            side_task = asyncio.ensure_future(self._gather(side))
-            invalid = await self._create_gang(job, plan)
+        side_task = asyncio.ensure_future(self._gather(side))
+        try:
+            await self._apply_support(ns, plan.support)
+            invalid = None
+            if plan.after_creation is not None:
+                invalid = await self._create_pods(job, plan)
+        except BaseException:
+            # The status written above records the transitions these events describe, so the
+            # retry will not plan them again: they go out now (the creation's own event waits).
+            self._post_events(job, plan, now, only_recorded=True)
+            raise
+        finally:
             await side_task
+        if plan.after_creation is not None:
             applied.created = len(plan.creations)
             applied.gang_complete_at = time.monotonic()
             final = plan.after_creation
@@ -128,47 +135,54 @@ class Executor:
         self._post_events(job, plan, now)
         return applied
 
-    async def _create_gang(self, job: Job, plan: Plan) -> str | None:
-        """Create the trainer identity and every missing rank; the API server's message when
-        the template is invalid (a permanent error), else None."""
+    async def _apply_support(self, namespace: str, writes: list[SupportWrite]) -> None:
+        """Create or update support objects in dependency order; raises when one fails, so
+        no pod is created before its identity exists (the work queue retries the pass)."""
+        first = [w for w in writes if w.kind != ROLE_BINDING]
+        first.sort(key=lambda w: DEPENDENCY_ORDER.index(w.kind))
+        await self._gather([self._write_support(namespace, w) for w in first])
+        # A RoleBinding is checked against its Role by the API server's escalation check.
+        await self._gather(
+            [self._write_support(namespace, w) for w in writes if w.kind == ROLE_BINDING]
+        )
+
+    async def _write_support(self, namespace: str, write: SupportWrite) -> None:
+        path = self.api.support_path(namespace, write.kind)
+        if write.update:
+            await self.api.patch_rules(path, write.name, write.body["rules"])
+        else:
+            # 409: created meanwhile; the next pass checks that the job controls it.
+            await self.api.create(path, write.body)
+        log.info(
+            "%s/%s: %s %s",
+            namespace,
+            write.name,
+            "updated" if write.update else "created",
+            write.kind,
+        )
+
+    async def _create_pods(self, job: Job, plan: Plan) -> str | None:
+        """Create every missing rank; the API server's message when the template is invalid
+        (a permanent error), else None."""
+        if not plan.creations:
+            return None
         ns = job.ref.namespace
-        if plan.creations:
-            attempt = plan.after_creation.attempt if plan.after_creation else 0
-            support = [self.api.create(self.api.core_path(ns, "services"), build_service(job))]
-            if uses_trainer_identity(job):
-                account = self.api.create(
-                    self.api.core_path(ns, "serviceaccounts"), build_service_account(job)
-                )
-                if attempt == 0:
-                    # Admission refuses a pod whose ServiceAccount does not exist yet. Later
-                    # attempts find it in place, so it is not on the resubmission's critical
-                    # path (were it deleted, the pods fail, the retry recreates it).
-                    await account
-                else:
-                    support.append(account)
-                if plan.role is not None:
-                    support += [
-                        self.api.apply_role(ns, plan.role),
-                        self.api.create(
-                            self.api.rbac_path(ns, "rolebindings"), build_role_binding(job)
-                        ),
-                    ]
-            pods_path = self.api.core_path(ns, "pods")
-            creations = list(plan.creations)
-            if testhooks.armed("mid-creation", attempt):
-                await self.api.create(pods_path, creations.pop(0))
-                testhooks.crash_point("mid-creation", attempt)
-            results = await asyncio.gather(
-                *(self.api.create(pods_path, pod) for pod in creations),
-                *support,
-                return_exceptions=True,
-            )
-            errors = [r for r in results if isinstance(r, BaseException)]
-            for error in errors:
-                if isinstance(error, ApiError) and error.invalid:
-                    return error.message
-            if errors:
-                raise errors[0]
+        attempt = plan.after_creation.attempt if plan.after_creation else 0
+        pods_path = self.api.core_path(ns, "pods")
+        creations = list(plan.creations)
+        if testhooks.armed("mid-creation", attempt):
+            await self.api.create(pods_path, creations.pop(0))
+            testhooks.crash_point("mid-creation", attempt)
+        results = await asyncio.gather(
+            *(self.api.create(pods_path, pod) for pod in creations),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for error in errors:
+            if isinstance(error, ApiError) and error.invalid:
+                return error.message
+        if errors:
+            raise errors[0]
         return None
 
     @staticmethod
@@ -178,9 +192,12 @@ class Executor:
             if isinstance(result, BaseException):
                 raise result
 
-    def _post_events(self, job: Job, plan: Plan, now: datetime) -> None:
+    def _post_events(
+        self, job: Job, plan: Plan, now: datetime, *, only_recorded: bool = False
+    ) -> None:
         """Fire and forget: an Event must never delay or fail a resubmission."""
-        if not plan.events:
+        events = [e for e in plan.events if not (only_recorded and e.with_creation)]
+        if not events:
             return
         involved = {
             "apiVersion": names.API_VERSION,
@@ -191,7 +208,7 @@ class Executor:
         }
 
         async def post() -> None:
-            for event in plan.events:
+            for event in events:
                 try:
                     await self.api.post_event(
                         involved, event.type, event.reason, event.message, iso(now)

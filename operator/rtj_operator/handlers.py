@@ -11,22 +11,53 @@ and ownerReferences let the garbage collector remove the gang.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from . import metrics, names
+from . import peering as peering_module
 from .controller import Controller
+from .kube import KubeApi
+from .timeutil import utcnow
+
+
+@dataclass(frozen=True)
+class PeeringOptions:
+    """How this replica takes part in kopf peering (None in build_registry: standalone)."""
+
+    name: str
+    identity: str
+    priority: int
+    lifetime: int
+    max_pause: float
+    """Liveness fails after a pause this long in which no blocking replica showed life."""
+    namespaces: tuple[str, ...] | None
+    """Served namespaces (one KopfPeering each); None: cluster-wide (ClusterKopfPeering)."""
+
+    def paths(self) -> list[str]:
+        """The peering objects kopf decides from (namespace globs cannot be read directly)."""
+        if self.namespaces is None:
+            return [peering_module.peering_path(self.name, None)]
+        return [
+            peering_module.peering_path(self.name, ns)
+            for ns in self.namespaces
+            if not any(c in ns for c in "*?[]!")
+        ]
 
 
 def build_registry(
     controller: Controller,
     *,
+    api: KubeApi | None = None,
+    peering: PeeringOptions | None = None,
     metrics_port: int | None = None,
     metrics_address: str = "0.0.0.0",  # noqa: S104
 ) -> kopf.OperatorRegistry:
     """A kopf registry whose handlers feed ``controller``."""
     registry = kopf.OperatorRegistry()
+    peering_options = peering
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -35,6 +66,8 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        if peering_options is not None:
+            settings.peering.lifetime = peering_options.lifetime
         # Watch only the pods the operator made (server-side filter).
         settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB
         # Handlers log a lot at INFO; that must not become Kubernetes Events on every pod.
@@ -62,5 +95,30 @@ def build_registry(
     @kopf.on.probe(id="workqueue", registry=registry)
     async def workqueue(**_: Any) -> dict[str, int]:
         return controller.queue.stats()
+
+    watch = peering_module.PauseWatch(peering_options.max_pause if peering_options else 0.0)
+
+    @kopf.on.probe(id="peering", registry=registry)
+    async def peering_state(**_: Any) -> dict[str, Any]:
+        """Paused by whom; fails (HTTP 500 on the liveness endpoint) when the pause lasts longer
+        than expected, so the kubelet restarts a replica that peering keeps idle."""
+        if peering_options is None or api is None:
+            return {"standalone": True}
+        now = utcnow()
+        blocking: list[peering_module.PeerRecord] = []
+        for path in peering_options.paths():
+            body = await api.get_object(path) or {}
+            records = peering_module.parse_records(body.get("status"))
+            blocking += peering_module.blockers(
+                records, peering_options.identity, peering_options.priority, now
+            )
+        silent = watch.observe(blocking, now)
+        ids = sorted({r.identity for r in blocking})
+        if silent is not None:
+            raise kopf.PermanentError(
+                f"paused by peering for {silent:.0f}s by {', '.join(ids)}, whose records were "
+                f"not refreshed (more than {peering_options.max_pause:.0f}s)"
+            )
+        return {"identity": peering_options.identity, "pausedBy": ids}
 
     return registry

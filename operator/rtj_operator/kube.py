@@ -16,7 +16,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -252,15 +252,45 @@ class KubeApi:
 
     # -- trainer identity and service -------------------------------------------------------
 
-    async def apply_role(self, namespace: str, role: dict[str, Any]) -> None:
-        """Create the Role, or replace its rules (the resourceNames move with each attempt)."""
-        path = self.rbac_path(namespace, "roles")
-        if await self.create(path, role):
-            return
+    _SUPPORT_PATHS: ClassVar[dict[str, tuple[str, str]]] = {
+        "ServiceAccount": ("core", "serviceaccounts"),
+        "Role": ("rbac", "roles"),
+        "RoleBinding": ("rbac", "rolebindings"),
+        "Service": ("core", "services"),
+    }
+
+    def support_path(self, namespace: str, kind: str, name: str = "") -> str:
+        """Path of a support object kind (ServiceAccount, Role, RoleBinding, Service)."""
+        group, plural = self._SUPPORT_PATHS[kind]
+        if group == "core":
+            return self.core_path(namespace, plural, name)
+        return self.rbac_path(namespace, plural, name)
+
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        """Any object by path, or None when it does not exist."""
+        try:
+            return await self.request("GET", path)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    async def get_support(
+        self, namespace: str, wanted: Mapping[str, str]
+    ) -> dict[str, dict[str, Any] | None]:
+        """The support objects named in ``wanted`` (kind -> name), read concurrently."""
+        kinds = list(wanted)
+        found = await asyncio.gather(
+            *(self.get_object(self.support_path(namespace, k, wanted[k])) for k in kinds)
+        )
+        return dict(zip(kinds, found, strict=True))
+
+    async def patch_rules(self, path: str, name: str, rules: list[dict[str, Any]]) -> None:
+        """Replace a Role's rules (the resourceNames move with each attempt)."""
         await self.request(
             "PATCH",
-            self.rbac_path(namespace, "roles", role["metadata"]["name"]),
-            body={"rules": role["rules"]},
+            f"{path}/{quote(name)}",
+            body={"rules": rules},
             content_type="application/merge-patch+json",
         )
 

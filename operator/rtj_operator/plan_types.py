@@ -2,8 +2,8 @@
 
 Keeping the decision (``reconcile``) and its application (``executor``) apart is what lets the
 whole state machine run in unit tests, and it fixes the order of side effects in one place:
-status first (the record of truth), then pod deletions and notices, then pod creation, then the
-"gang created" mark.
+status first (the record of truth), then pod deletions and notices, then the support objects
+(trainer identity, Service) in dependency order, then pod creation, then the "gang created" mark.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .status_types import Interruption, JobStatus
+from .support import SupportWrite
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class EventSpec:
     type: str
     reason: str
     message: str
+    with_creation: bool = False
+    """Announces this plan's pod creations: posted only when they were made (a pass that
+    failed before them plans it again)."""
 
 
 @dataclass
@@ -48,10 +52,10 @@ class Plan:
     """New status to write first (None: unchanged)."""
     deletions: list[PodDeletion] = field(default_factory=list)
     notices: list[NoticeWrite] = field(default_factory=list)
+    support: list[SupportWrite] = field(default_factory=list)
+    """Support objects to create or update, in dependency order, before any pod."""
     creations: list[dict[str, Any]] = field(default_factory=list)
     """Pods of the current attempt to create (409 is success: they exist)."""
-    role: dict[str, Any] | None = None
-    """The trainer Role for the attempt being created (with its ServiceAccount and binding)."""
     after_creation: JobStatus | None = None
     """Status to write once every creation succeeded (marks the gang created)."""
     events: list[EventSpec] = field(default_factory=list)
@@ -61,9 +65,9 @@ class Plan:
     resubmission: str | None = None
     """Why this plan starts a new attempt's pods: preemption, failure or resume (metrics)."""
 
-    def event(self, type_: str, reason: str, message: str) -> None:
+    def event(self, type_: str, reason: str, message: str, *, with_creation: bool = False) -> None:
         """Queue an Event."""
-        self.events.append(EventSpec(type_, reason, message))
+        self.events.append(EventSpec(type_, reason, message, with_creation))
 
     def requeue(self, seconds: float | None) -> None:
         """Ask to be reconciled again after at most ``seconds``."""

@@ -81,6 +81,29 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     ),
 )
 
+USER_EDIT_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
+    (
+        [names.GROUP],
+        [names.PLURAL],
+        ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        "people with the built-in edit or admin role manage jobs in their namespaces",
+    ),
+    ([names.GROUP], [f"{names.PLURAL}/status"], ["get", "list", "watch"], "and read their status"),
+)
+"""Aggregated into the built-in ``admin`` and ``edit`` ClusterRoles."""
+
+USER_VIEW_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
+    (
+        [names.GROUP],
+        [names.PLURAL, f"{names.PLURAL}/status"],
+        ["get", "list", "watch"],
+        "people with the built-in view role read jobs and their status",
+    ),
+)
+"""Aggregated into the built-in ``view`` ClusterRole."""
+
+AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-{role}"
+
 TRAINER_VERBS = ["get", "patch"]
 """What a job's own ServiceAccount may do, on its current attempt's pods only."""
 
@@ -90,7 +113,8 @@ def _rules(rules: tuple[tuple[list[str], list[str], list[str], str], ...]) -> li
 
 
 def rbac_documents() -> list[dict[str, Any]]:
-    """ServiceAccount, both ClusterRoles and cluster-wide bindings (the all-namespaces setup)."""
+    """ServiceAccount, both ClusterRoles and cluster-wide bindings (the all-namespaces setup),
+    and the ClusterRoles aggregated into the built-in admin, edit and view roles."""
     subject = {"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": OPERATOR_NAMESPACE}
     docs: list[dict[str, Any]] = [
         {
@@ -122,13 +146,33 @@ def rbac_documents() -> list[dict[str, Any]]:
                 "subjects": [subject],
             }
         )
+    for suffix, rules, into in (
+        ("edit", USER_EDIT_RULES, ("admin", "edit")),
+        ("view", USER_VIEW_RULES, ("view",)),
+    ):
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {
+                    "name": f"{OPERATOR_NAME}-{suffix}",
+                    "labels": {AGGREGATE_LABEL.format(role=r): "true" for r in into},
+                },
+                "rules": _rules(rules),
+            }
+        )
     return docs
 
 
 def rbac_comment() -> str:
     """The YAML header: why each rule exists, so reviewers need not read the code."""
     lines = ["Why each rule exists:"]
-    for title, rules in (("rtj-operator-cluster", CLUSTER_RULES), ("rtj-operator-jobs", JOB_RULES)):
+    for title, rules in (
+        ("rtj-operator-cluster", CLUSTER_RULES),
+        ("rtj-operator-jobs", JOB_RULES),
+        ("rtj-operator-edit (aggregated into admin and edit)", USER_EDIT_RULES),
+        ("rtj-operator-view (aggregated into view)", USER_VIEW_RULES),
+    ):
         lines.append(f"  {title}:")
         for groups, resources, verbs, why in rules:
             group = groups[0] or "core"

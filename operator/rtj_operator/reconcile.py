@@ -17,12 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import conditions as cond
-from . import names
+from . import names, support
 from .api_types import Job
 from .backoff import failure_delay
 from .classify import GangVerdict, Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
-from .manifests import build_pod, build_role, checkpoint_root
+from .manifests import build_pod, checkpoint_root
 from .nodes import NodeView
 from .notice import notice_payload
 from .plan_types import NoticeWrite, Plan, PodDeletion
@@ -81,6 +81,7 @@ class _Context:
     owned: list[dict[str, Any]]
     nodes: Mapping[str, NodeView]
     departed: Mapping[str, dict[str, Any]]
+    observed_support: support.Observed
 
     @property
     def generation(self) -> int:
@@ -110,13 +111,17 @@ def reconcile(
     pods: Sequence[dict[str, Any]],
     nodes: Mapping[str, NodeView],
     now: datetime,
+    *,
     departed: Mapping[str, dict[str, Any]] | None = None,
+    observed_support: support.Observed | None = None,
 ) -> Plan:
     """Decide what to do for one job.
 
     ``nodes`` holds a view of every node the pods run on. ``departed`` maps the names of pods
     that were deleted to their last state seen in the watch: a pod evicted and removed within
     milliseconds still tells *why* it went (its DisruptionTarget condition).
+    ``observed_support`` holds the job's support objects by kind as read now (a kind that is
+    absent or None does not exist).
     """
     plan = Plan()
     if job.ref.deleting:
@@ -129,6 +134,7 @@ def reconcile(
         owned=[p for p in pods if owned_by(p, job.ref.uid)],
         nodes=nodes,
         departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
+        observed_support=observed_support or {},
     )
     st = ctx.status
     if st.phase is None:
@@ -149,8 +155,10 @@ def reconcile(
             _unsuspend(ctx)
         if st.gang_created:
             _watch_gang(ctx)
-        if not st.gang_created and st.phase not in TERMINAL_PHASES:
-            _create_gang(ctx)
+        if st.phase not in TERMINAL_PHASES:
+            ready = _ensure_support(ctx)
+            if ready and not st.gang_created:
+                _create_gang(ctx)
         _cleanup(ctx, keep_current=True)
 
     if st.model_dump(mode="json") != job.status.model_dump(mode="json"):
@@ -296,7 +304,57 @@ def _watch_gang(ctx: _Context) -> None:
                 "AllRanksRunning",
                 f"all {job.spec.replicas} ranks of attempt {st.attempt} are running",
             )
+        _report_scheduling(ctx, current)
         plan.requeue(verdict.recheck_after)
+
+
+def _unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message when it could not place the pod."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return str(condition.get("message") or "unschedulable")
+    return None
+
+
+def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> None:
+    """PodsScheduled=False with the scheduler's reason while a rank cannot be placed, so a gang
+    that waits for capacity says why instead of showing Pending or Restarting alone."""
+    stuck = [
+        (rank, pod, message)
+        for rank, pod in sorted(current.items())
+        if not _deleting(pod) and (message := _unschedulable(pod)) is not None
+    ]
+    had = cond.condition(ctx.status, cond.PODS_SCHEDULED)
+    if stuck:
+        rank, pod, message = stuck[0]
+        cond.set_condition(
+            ctx.status,
+            cond.PODS_SCHEDULED,
+            False,
+            reason="Unschedulable",
+            message=f"{len(stuck)} of {ctx.job.spec.replicas} ranks cannot be scheduled; rank "
+            f"{rank} ({pod['metadata'].get('name')}): {message}",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    elif (
+        had is not None
+        and had.status == "False"
+        and all((p.get("spec") or {}).get("nodeName") for p in current.values())
+    ):
+        cond.set_condition(
+            ctx.status,
+            cond.PODS_SCHEDULED,
+            True,
+            reason="AllRanksScheduled",
+            message=f"every rank of attempt {ctx.status.attempt} is bound to a node",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
 
 
 def _as_deleted(pod: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -484,6 +542,45 @@ def _next_attempt(ctx: _Context, delay: float, reason: str, message: str) -> Non
     ctx.phase(Phase.RESTARTING, reason, f"attempt {st.attempt} after {message}")
 
 
+BLOCKED_RECHECK_SECONDS = 10.0
+"""How often a job blocked by a foreign object looks again (its deletion sends no event)."""
+
+
+def _ensure_support(ctx: _Context) -> bool:
+    """Plan the writes that bring the support objects to the current attempt's desired state;
+    whether the gang may be created (no name is taken by an object the job does not own)."""
+    st, job = ctx.status, ctx.job
+    decision = support.decide(job, st.attempt, ctx.observed_support)
+    ctx.plan.support = decision.writes
+    had = cond.condition(st, cond.BLOCKED)
+    if decision.conflicts:
+        message = support.conflict_message(job, decision.conflicts)
+        if had is None or had.status != "True" or had.message != message:
+            ctx.plan.event("Warning", "NameConflict", message)
+        cond.set_condition(
+            st,
+            cond.BLOCKED,
+            True,
+            reason="NameConflict",
+            message=message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+        ctx.plan.requeue(BLOCKED_RECHECK_SECONDS)
+        return False
+    if had is not None and had.status == "True":
+        cond.set_condition(
+            st,
+            cond.BLOCKED,
+            False,
+            reason="NamesAvailable",
+            message="every support object is controlled by this job",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    return True
+
+
 def _create_gang(ctx: _Context) -> None:
     """Create the current attempt's missing pods (after its backoff, if any)."""
     st, plan, job = ctx.status, ctx.plan, ctx.job
@@ -505,7 +602,6 @@ def _create_gang(ctx: _Context) -> None:
         for rank in range(job.spec.replicas)
         if rank not in existing
     ]
-    plan.role = build_role(job, st.attempt)
     created = st.model_copy(deep=True)
     created.gang_created = True
     created.attempt_start_time = ctx.now
@@ -533,4 +629,5 @@ def _create_gang(ctx: _Context) -> None:
             if st.quarantined_checkpoints
             else ""
         ),
+        with_creation=True,
     )

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from . import names
+from . import names, podschema
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -55,6 +55,8 @@ def _default(node: dict[str, Any]) -> str:
 
 def _rows(node: dict[str, Any], prefix: str, required: set[str]) -> Iterator[str]:
     for name, sub in (node.get("properties") or {}).items():
+        if "description" not in sub:
+            continue  # a core/v1 PodTemplateSpec field the operator passes on as it is
         path = f"{prefix}.{name}"
         mark = " (required)" if name in required else ""
         description = sub.get("description", "").replace("|", "\\|")
@@ -85,6 +87,19 @@ def reference_markdown(crd: dict[str, Any]) -> str:
         + " (`-o wide` adds "
         + ", ".join(c["name"] for c in version["additionalPrinterColumns"] if c.get("priority"))
         + ").",
+        "",
+        "`spec.template` is a core/v1 PodTemplateSpec: every field of a Pod's `metadata` and "
+        f"`spec` is accepted and typed by the Kubernetes {podschema.stored_version()} schema "
+        "embedded in the CRD, so an unknown or misspelt field is rejected with its path. The "
+        "rows below list only the fields the operator reads or constrains. (The alternatives, a "
+        "server-side dry-run of the pod at admission or an event naming dropped fields, were "
+        "rejected: the first needs a webhook, so a running operator, to accept any job; the "
+        "second accepts the typo.)",
+        "",
+        "Errors name the field. When a required field is missing or a value has the wrong type, "
+        "the API server also prints `<nil>: Invalid value: null: some validation rules were not "
+        "checked because the object was invalid; correct the existing errors to complete "
+        "validation`: the CEL rules below were skipped, and run once the other errors are fixed.",
         "",
         "Rules on the whole object: "
         + "; ".join(r["message"] for r in root.get("x-kubernetes-validations", []))

@@ -103,3 +103,31 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str,
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
+
+
+def embed(core: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """``ours`` (a model's structural schema) laid over ``core`` (a Kubernetes type's schema).
+
+    Every field keeps the core type and gains the model's description, constraints and CEL
+    rules; fields only the core schema has stay as the core defines them. The model's "open"
+    marker (preserve unknown fields) is dropped: the core schema types every field, so unknown
+    ones are rejected instead of kept.
+    """
+    out = dict(core)
+    for key, value in ours.items():
+        if key == "properties":
+            merged = dict(core.get("properties") or {})
+            for name, sub in value.items():
+                merged[name] = embed(merged[name], sub) if name in merged else sub
+            out[key] = merged
+        elif key in ("items", "additionalProperties") and isinstance(core.get(key), dict):
+            out[key] = embed(core[key], value)
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*(core.get("required") or []), *value]))
+        elif key == "x-kubernetes-preserve-unknown-fields":
+            continue
+        else:
+            out[key] = value
+    if "properties" in out:
+        out.pop("x-kubernetes-preserve-unknown-fields", None)
+    return out

@@ -17,12 +17,27 @@ from pydantic.alias_generators import to_camel
 from . import names
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One CEL validation rule in the CRD's ``x-kubernetes-validations`` shape."""
+def cel(
+    rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
+) -> dict[str, str]:
+    """One CEL validation rule in the CRD's ``x-kubernetes-validations`` shape.
+
+    ``message_expression`` (CEL producing the message, with the offending values) wins over
+    ``message`` on the API server; ``message`` stays as the reference page's text and fallback.
+    """
     out = {"rule": rule, "message": message}
+    if message_expression:
+        out["messageExpression"] = message_expression
     if field_path:
         out["fieldPath"] = field_path
     return out
+
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS-1123 label: what Kubernetes accepts as a container name."""
+
+MAX_GRACE_PERIOD_SECONDS = 86400
+"""Upper bound of terminationGracePeriodSeconds: a day is far beyond any spot notice."""
 
 
 class ApiModel(BaseModel):
@@ -70,7 +85,7 @@ DEFAULT_TERMINATION_TAINTS: tuple[TaintSelector, ...] = (
 
 
 class PreemptionSignals(ApiModel):
-    """Which node signals mean "this node is going away" (DESIGN.md section 5)."""
+    """Which node signals mean "this node is going away" (docs/operator.md, Classification)."""
 
     termination_taints: list[TaintSelector] = Field(
         default_factory=lambda: list(DEFAULT_TERMINATION_TAINTS), max_length=64
@@ -92,9 +107,10 @@ class ResumePolicy(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.backoffMaxSeconds >= self.backoffBaseSeconds",
-                    "backoffMaxSeconds must be at least backoffBaseSeconds",
-                    ".backoffMaxSeconds",
+                    "self.backoffBaseSeconds <= self.backoffMaxSeconds",
+                    "backoffBaseSeconds must not exceed backoffMaxSeconds (600 when not set): "
+                    "lower backoffBaseSeconds or raise backoffMaxSeconds",
+                    ".backoffBaseSeconds",
                 )
             ]
         }
@@ -122,7 +138,7 @@ class ResumePolicy(ApiModel):
 
 
 class CheckpointLocation(ApiModel):
-    """Where the runtime writes checkpoints (DESIGN.md section 4)."""
+    """Where the runtime writes checkpoints (layout: docs/runtime.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -139,7 +155,20 @@ class CheckpointLocation(ApiModel):
     dir: str = Field(
         min_length=1,
         max_length=1024,
-        pattern=r"^(/.*|[a-z][a-z0-9+.-]*://.+)$",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.startsWith('/') || self.matches('^[a-z][a-z0-9+.-]*://.+$')",
+                    "checkpoint.dir must be an object-store URI such as s3://bucket/prefix or an "
+                    "absolute path such as /mnt/checkpoints",
+                ),
+                cel(
+                    "!self.matches('^/+$')",
+                    "checkpoint.dir must not be the root directory /: each run writes under "
+                    "<dir>/<runName>/ and needs a folder of its own, such as /mnt/checkpoints",
+                ),
+            ]
+        },
     )
     """Checkpoint root: an object-store URI (``s3://bucket/prefix``) or an absolute path on a
     shared volume. Each run writes under ``<dir>/<runName>/``. Passed to every rank as
@@ -162,19 +191,20 @@ class TemplateMetadata(ApiModel):
 
 
 class ContainerTemplate(ApiModel):
-    """A container of the pod template. Only the fields the operator relies on are modelled; the
-    rest is passed to the API server, which validates it when the pods are created."""
+    """A container of the pod template. Only the fields the operator relies on are modelled here;
+    the CRD types every other field from the core Container schema (podschema.py)."""
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=63)
-    """Container name."""
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """Container name: a DNS-1123 label (lowercase letters, digits and '-'), as for any pod."""
     image: str | None = None
     """Container image."""
 
 
 class PodSpecTemplate(ApiModel):
-    """The pod spec every rank runs. Any core/v1 PodSpec field is accepted."""
+    """The pod spec every rank runs: a core/v1 PodSpec, validated by the API server against the
+    Kubernetes schema embedded in the CRD (unknown fields are rejected)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -183,9 +213,13 @@ class PodSpecTemplate(ApiModel):
     restart_policy: Literal["Never"] | None = None
     """Always Never: a rank that ends is handled by the operator, which restarts the whole gang
     (distributed training cannot continue with one rank restarted alone)."""
-    termination_grace_period_seconds: int | None = Field(default=None, ge=0)
-    """Time the training process gets between SIGTERM and SIGKILL to save (default 30); also
-    passed to the runtime as RTJ_GRACE_PERIOD_SECONDS."""
+    init_containers: list[ContainerTemplate] | None = Field(default=None, max_length=64)
+    """Init containers (native sidecars included), run as the template says."""
+    termination_grace_period_seconds: int | None = Field(
+        default=None, ge=0, le=MAX_GRACE_PERIOD_SECONDS
+    )
+    """Time the training process gets between SIGTERM and SIGKILL to save (default 30, at most
+    86400); also passed to the runtime as RTJ_GRACE_PERIOD_SECONDS."""
     service_account_name: str | None = None
     """When omitted the operator runs the ranks as ``<job>-trainer``, a ServiceAccount it creates
     that may patch only the current attempt's pods (the runtime's progress annotation). When set,
@@ -193,7 +227,8 @@ class PodSpecTemplate(ApiModel):
 
 
 class PodTemplate(ApiModel):
-    """Template of every rank's pod."""
+    """Template of every rank's pod: a core/v1 PodTemplateSpec (every field is typed by the
+    Kubernetes schema the CRD embeds, so a misspelt field is rejected at apply time)."""
 
     metadata: TemplateMetadata | None = None
     """Labels and annotations for the pods."""
@@ -234,8 +269,8 @@ class JobSpec(ApiModel):
     resumed by the same world size that wrote it."""
     template: PodTemplate
     """Pod template for every rank. Changes apply from the next attempt on."""
-    container_name: str | None = Field(default=None, max_length=63)
-    """The training container, into which the environment of DESIGN.md section 3 and the notice
+    container_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL)
+    """The training container, into which the rank environment (docs/operator.md) and the notice
     file are injected. Default: the first container."""
     run_name: str | None = Field(
         default=None,

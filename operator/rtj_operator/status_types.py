@@ -101,7 +101,7 @@ class Interruption(ApiModel):
     attempt: int
     """The attempt that ended."""
     cause: Cause
-    """Classified cause (DESIGN.md section 5)."""
+    """Classified cause (docs/operator.md, Classification)."""
     preemption: bool
     """Whether it counted as a preemption (otherwise a failure or a suspend)."""
     rank: int | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rtj_operator import podschema
 from rtj_operator.kube import ApiError
 
 from .kubeclient import rtj, wait_for
@@ -28,7 +29,41 @@ CASES = [
     (
         "backoff cap below base",
         {"resumePolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 10}},
-        "spec.resumePolicy.backoffMaxSeconds",
+        "spec.resumePolicy.backoffBaseSeconds",
+    ),
+    (
+        "backoff base above the default cap",
+        {"resumePolicy": {"backoffBaseSeconds": 700}},
+        "spec.resumePolicy.backoffBaseSeconds: Invalid value: backoffBaseSeconds must not "
+        "exceed backoffMaxSeconds (600 when not set)",
+    ),
+    ("root checkpoint dir", {"checkpoint": {"dir": "/"}}, "must not be the root directory"),
+    (
+        "checkpoint dir message is plain",
+        {"checkpoint": {"dir": "relative/path"}},
+        "must be an object-store URI such as s3://bucket/prefix or an absolute path",
+    ),
+    (
+        "container name not a DNS label",
+        {"template": {"spec": {"containers": [{"name": "Trainer", "image": "i"}]}}},
+        "spec.template.spec.containers[0].name",
+    ),
+    (
+        "grace period without bound",
+        {
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 10**12,
+                    "containers": [{"name": "t", "image": "i"}],
+                }
+            }
+        },
+        "spec.template.spec.terminationGracePeriodSeconds",
+    ),
+    (
+        "wrong type inside the pod template",
+        {"template": {"spec": {"containers": [{"name": "t", "image": "i", "ports": "80"}]}}},
+        "spec.template.spec.containers[0].ports",
     ),
     (
         "negative max preemptions",
@@ -60,6 +95,76 @@ def test_invalid_spec_is_rejected_naming_the_field(kube, ns, case, spec, field):
     body["spec"].update(spec)
     message = rejected(kube, body)
     assert field in message, message
+
+
+@pytest.mark.parametrize(
+    ("typo", "where"),
+    [
+        ({"tolerations_": [{"key": "k", "operator": "Exists"}]}, "spec.template.spec.tolerations_"),
+        (
+            {
+                "containers": [
+                    {"name": "trainer", "image": "i", "resourcez": {"limits": {"cpu": "1"}}}
+                ]
+            },
+            "spec.template.spec.containers[0].resourcez",
+        ),
+        ({"nodeSelectr": {"a": "b"}}, "spec.template.spec.nodeSelectr"),
+    ],
+    ids=["tolerations_", "resourcez", "nodeSelectr"],
+)
+def test_typos_in_the_pod_template_are_rejected_like_kubectl_does_for_a_deployment(
+    kube, ns, typo, where
+):
+    """kubectl asks for strict field validation; the embedded PodTemplateSpec schema makes the
+    API server find the unknown field (before, the template was open and kept it, and it was
+    dropped silently when the pods were created)."""
+    body = rtj("typo", ns, "none", template_spec=typo)
+    with pytest.raises(ApiError) as info:
+        kube.req("POST", kube.job_path(ns), body=body, query={"fieldValidation": "Strict"})
+    # What kubectl shows as: Error from server (BadRequest): ... strict decoding error.
+    assert info.value.status == 400, info.value
+    assert f'strict decoding error: unknown field "{where}"' in info.value.message, info.value
+
+
+def test_a_rich_pod_template_is_accepted_and_kept(kube, ns):
+    spec = {
+        "initContainers": [
+            {"name": "sidecar", "image": "i", "restartPolicy": "Always"},
+            {"name": "fetch", "image": "i", "command": ["true"]},
+        ],
+        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]}
+                    ]
+                }
+            }
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "i",
+                "resources": {"limits": {"cpu": 2, "memory": "1Gi", "nvidia.com/gpu": "1"}},
+                "ports": [{"containerPort": 29500}],
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                "readinessProbe": {"tcpSocket": {"port": "http"}},
+            }
+        ],
+    }
+    body = rtj("rich", ns, "none", template_spec=spec)
+    created = kube.req("POST", kube.job_path(ns), body=body, query={"fieldValidation": "Strict"})
+    kept = created["spec"]["template"]["spec"]
+    for key in ("initContainers", "tolerations", "affinity", "topologySpreadConstraints"):
+        assert kept[key] == body["spec"]["template"]["spec"][key], key
+    assert kept["containers"][0]["resources"]["limits"]["cpu"] == 2
+    assert kept["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == "http"
 
 
 def test_missing_required_fields(kube, ns):
@@ -107,11 +212,11 @@ def test_defaults_are_filled_in_by_the_server(kube, ns, operator):
 def test_pod_template_errors_the_schema_cannot_see_fail_the_job_with_the_servers_message(
     kube, ns, pool, operator
 ):
-    """The template is only partly modelled; the rest is validated when pods are created, and
-    an invalid one ends the job (reason InvalidPodTemplate) instead of crash-looping."""
+    """What only pod validation sees is checked when pods are created, and an invalid template
+    ends the job (reason InvalidPodTemplate) instead of crash-looping."""
     pool.add(1)
     body = rtj("badpod", ns, pool.name, template_spec={"containers": [{"name": "trainer"}]})
-    kube.create_job(body)  # no image: accepted by the CRD schema, refused for a Pod
+    kube.create_job(body)  # no image: the OpenAPI schema allows it, pod validation does not
     wait_for(
         "Failed",
         lambda: kube.status(ns, "badpod").get("phase") == "Failed",
@@ -121,3 +226,11 @@ def test_pod_template_errors_the_schema_cannot_see_fail_the_job_with_the_servers
     failed = {c["type"]: c for c in kube.status(ns, "badpod")["conditions"]}["Failed"]
     assert failed["reason"] == "InvalidPodTemplate"
     assert "spec.containers[0].image" in failed["message"], failed
+
+
+def test_the_embedded_pod_schema_is_the_live_servers(kube):
+    """The stored PodTemplateSpec schema (rtj_operator/schemas) is what this API server
+    publishes, converted the same way; when this fails, regenerate it with
+    `python -m rtj_operator.podschema --server --version <the server's version>`."""
+    live = kube.req("GET", "/openapi/v3/api/v1")
+    assert podschema.structural(live) == podschema.load()

@@ -5,14 +5,12 @@
 
 Two things in the chart and its docs are derived, never edited by hand:
 
-* ``charts/resumable-training-operator/crds/``: one entry per file of the repository's ``crds/``
-  (generated from the operator's models by ``python -m rtj_operator.crdgen``). A file that holds
-  only CustomResourceDefinitions is a relative symlink to the original: ``helm package`` and
-  ``helm install`` read through it, so there is a single copy. A file that also holds other
-  objects (``kopf.dev_peerings.yaml`` carries a ClusterKopfPeering) cannot be a symlink: Helm
-  creates everything in ``crds/`` before the CRDs exist and fails on the object. Those become a
-  copy that keeps only the CRD documents, verbatim; the chart's templates create the peering
-  objects instead.
+* ``charts/resumable-training-operator/crds/``: one file per file of the repository's ``crds/``
+  (generated from the operator's models by ``python -m rtj_operator.crdgen``), a copy of its
+  CustomResourceDefinitions under a header that says where it comes from. Real files, not
+  symlinks: Helm warns about every symbolic link it follows, and a checkout on a system without
+  symlinks would hold a broken chart. Helm's ``crds/`` folder holds only CRDs (it creates
+  everything there before any CRD exists); the chart's templates create the peering objects.
 * The values table of ``docs/install.md``, from ``values.yaml`` (defaults) and
   ``values.schema.json`` (types and descriptions).
 
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +43,7 @@ COPY_HEADER = (
     "# CustomResourceDefinitions only (Helm's crds/ folder cannot hold other objects; the chart's\n"
     "# templates create those). Do not edit: regenerate (tests/delivery fails on drift).\n"
 )
+"""Header of every file in the chart's crds/."""
 
 
 def split_documents(text: str) -> list[str]:
@@ -69,19 +67,14 @@ def is_crd(doc: str) -> bool:
     return (yaml.safe_load(doc) or {}).get("kind") == "CustomResourceDefinition"
 
 
-def expected_chart_crds() -> dict[str, tuple[str, str]]:
-    """File name in the chart's crds/ -> ("link", target) or ("copy", content)."""
-    out: dict[str, tuple[str, str]] = {}
+def expected_chart_crds() -> dict[str, str]:
+    """File name in the chart's crds/ -> its content."""
+    out: dict[str, str] = {}
     for source in sorted(SOURCE_CRDS.glob("*.yaml")):
-        docs = split_documents(source.read_text())
-        crds = [d for d in docs if is_crd(d)]
-        if not crds:
-            continue
-        if len(crds) == len(docs):
-            out[source.name] = ("link", os.path.relpath(source, CHART_CRDS))
-        else:
+        crds = [d for d in split_documents(source.read_text()) if is_crd(d)]
+        if crds:
             body = "\n---\n".join(crds) + "\n"
-            out[source.name] = ("copy", COPY_HEADER.format(name=source.name) + body)
+            out[source.name] = COPY_HEADER.format(name=source.name) + body
     return out
 
 
@@ -92,14 +85,13 @@ def crd_problems() -> list[str]:
     present = {p.name for p in CHART_CRDS.iterdir()} if CHART_CRDS.is_dir() else set()
     for extra in sorted(present - set(expected)):
         problems.append(f"{CHART_CRDS.relative_to(ROOT)}/{extra}: has no source in crds/")
-    for name, (kind, payload) in expected.items():
+    for name, payload in expected.items():
         path = CHART_CRDS / name
         rel = path.relative_to(ROOT)
-        if kind == "link":
-            if not path.is_symlink() or os.readlink(path) != payload:
-                problems.append(f"{rel}: must be a symlink to {payload}")
-        elif path.is_symlink() or not path.is_file() or path.read_text() != payload:
-            problems.append(f"{rel}: must be the CRD-only copy of crds/{name}")
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{rel}: must be a file (a copy of crds/{name}), not a link")
+        elif path.read_text() != payload:
+            problems.append(f"{rel}: differs from the CRDs of crds/{name}")
     return problems
 
 
@@ -110,14 +102,11 @@ def write_chart_crds() -> None:
     for path in CHART_CRDS.iterdir():
         if path.name not in expected:
             path.unlink()
-    for name, (kind, payload) in expected.items():
+    for name, payload in expected.items():
         path = CHART_CRDS / name
-        if path.is_symlink() or path.exists():
+        if path.is_symlink():
             path.unlink()
-        if kind == "link":
-            path.symlink_to(payload)
-        else:
-            path.write_text(payload)
+        path.write_text(payload)
 
 
 def _inline(value: Any) -> str:

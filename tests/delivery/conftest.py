@@ -202,6 +202,13 @@ def delete_crds(cluster: Cluster) -> None:
 def apply_chart_crds(cluster: Cluster) -> None:
     """The install-without-Helm CRD step of docs/install.md."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    # kubectl wait fails outright ("status.conditions accessor error") while a just-created CRD
+    # has no status yet; the API server takes a moment to compile the job CRD's schema.
+    wait_for(
+        "CRD status",
+        lambda: all(cluster.get("crd", n).get("status", {}).get("conditions") for n in CRDS),
+        60,
+    )
     cluster.kubectl(
         "wait", "--for", "condition=established", "--timeout=60s", *[f"crd/{n}" for n in CRDS]
     )

@@ -36,6 +36,8 @@ class FakeApi:
         self.calls: list[str] = []
         self.versions = itertools.count(100)
         self.fail_creates_with: ApiError | None = None
+        self.fail_kind_once: dict[str, ApiError] = {}
+        """Kind -> error raised by its next create (then removed), like a transient refusal."""
 
     def close(self) -> None:
         """Nothing to release."""
@@ -86,6 +88,8 @@ class FakeApi:
         self.calls.append(f"create {body['kind']}")
         if self.fail_creates_with is not None and body["kind"] == "Pod":
             raise self.fail_creates_with
+        if body["kind"] in self.fail_kind_once:
+            raise self.fail_kind_once.pop(body["kind"])
         full = f"{path}/{body['metadata']['name']}"
         if full in self.objects:
             if exist_ok:
@@ -116,9 +120,24 @@ class FakeApi:
         self.calls.append("get_node")
         return copy.deepcopy(self.nodes.get(name))
 
-    async def apply_role(self, namespace: str, role: dict[str, Any]) -> None:
-        self.calls.append("apply_role")
-        self.objects[KubeApi.rbac_path(namespace, "roles", role["metadata"]["name"])] = role
+    support_path = KubeApi.support_path
+    _SUPPORT_PATHS = KubeApi._SUPPORT_PATHS
+
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        self.calls.append("get_object")
+        found = self.objects.get(path)
+        return copy.deepcopy(found) if found else None
+
+    async def get_support(self, namespace: str, wanted: dict[str, str]) -> dict[str, Any]:
+        return {
+            k: await self.get_object(self.support_path(namespace, k, n)) for k, n in wanted.items()
+        }
+
+    async def patch_rules(self, path: str, name: str, rules: list[dict[str, Any]]) -> None:
+        self.calls.append("patch_rules")
+        if "Role" in self.fail_kind_once:
+            raise self.fail_kind_once.pop("Role")
+        self.objects[f"{path}/{name}"]["rules"] = copy.deepcopy(rules)
 
     async def post_event(
         self, involved: dict[str, Any], type_: str, reason: str, message: str, now_iso: str

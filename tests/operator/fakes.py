@@ -153,6 +153,8 @@ class FakeCluster:
     now: datetime = T0
     plans: list[Plan] = field(default_factory=list)
     node_cycle: int = 0
+    support: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Support objects by kind (ServiceAccount, Role, RoleBinding, Service)."""
 
     @classmethod
     def start(cls, replicas: int = 2, **spec: Any) -> FakeCluster:
@@ -180,7 +182,13 @@ class FakeCluster:
     def step(self, advance: float = 0.0) -> Plan:
         """Advance the clock, reconcile once and apply the plan."""
         self.now += timedelta(seconds=advance)
-        plan = reconcile(self.job, list(self.pods.values()), self.node_views(), self.now)
+        plan = reconcile(
+            self.job,
+            list(self.pods.values()),
+            self.node_views(),
+            self.now,
+            observed_support=dict(self.support),
+        )
         self.apply(plan)
         self.plans.append(plan)
         return plan
@@ -197,6 +205,11 @@ class FakeCluster:
                 del self.pods[deletion.name]
         for notice in plan.notices:
             self.pods[notice.pod]["metadata"]["annotations"][NOTICE_ANNOTATION] = notice.payload
+        for write in plan.support:
+            if write.update:
+                self.support[write.kind]["rules"] = copy.deepcopy(write.body["rules"])
+            else:
+                self.support.setdefault(write.kind, copy.deepcopy(write.body))
         for index, pod in enumerate(plan.creations):
             if crash_after_creations is not None and index >= crash_after_creations:
                 return

@@ -41,13 +41,28 @@ def test_schema_is_structural():
     forbidden = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "const", "title"}
     for path, node in _walk(_schema()):
         assert not forbidden & node.keys(), path
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-preserve-unknown-fields")
+            or node.get("x-kubernetes-int-or-string")
+        ), path
         if node.get("x-kubernetes-preserve-unknown-fields"):
             assert "additionalProperties" not in node, path
 
 
 def test_every_spec_and_status_field_is_documented():
-    for path, node in _walk(_schema()):
+    from rtj_operator.schema import structural_schema
+    from rtj_operator.spec_types import JobSpec
+    from rtj_operator.status_types import JobStatus
+
+    # The models' own fields (the embedded core pod schema carries no descriptions).
+    ours = {
+        "properties": {
+            "spec": structural_schema(JobSpec),
+            "status": structural_schema(JobStatus),
+        }
+    }
+    for path, node in _walk(ours):
         is_field = not path.endswith(("[]", "{}"))
         if is_field and path.count(".") >= 2 and path.startswith((".spec", ".status")):
             assert node.get("description"), f"{path} has no description"
@@ -96,7 +111,8 @@ def test_cel_rules_name_their_fields():
     paths = {r.get("fieldPath") for r in spec["x-kubernetes-validations"]}
     assert {".containerName", ".runName"} <= paths
     policy = spec["properties"]["resumePolicy"]["x-kubernetes-validations"][0]
-    assert policy["fieldPath"] == ".backoffMaxSeconds"
+    assert policy["fieldPath"] == ".backoffBaseSeconds"  # the value the user set
+    assert "(600 when not set)" in policy["message"]
     # A field's own rule (immutability) adds to its type's rules instead of replacing them.
     checkpoint = [r["rule"] for r in spec["properties"]["checkpoint"]["x-kubernetes-validations"]]
     assert "self == oldSelf" in checkpoint and any("volumeSource" in r for r in checkpoint)
@@ -130,3 +146,21 @@ def test_rbac_manifest_lists_what_the_operator_writes():
     assert "patch" not in jobs[("resumable.dev", "resumabletrainingjobs")]  # never writes spec
     cluster = {r for rule in roles["rtj-operator-cluster"]["rules"] for r in rule["resources"]}
     assert "nodes" in cluster
+
+
+def test_the_pod_template_is_a_typed_core_pod_template_spec():
+    """Unknown fields inside the template are rejected, not kept: nothing is open any more."""
+    template = _schema()["properties"]["spec"]["properties"]["template"]
+    for path, node in _walk(template, ".spec.template"):
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert path.endswith(".fieldsV1"), path  # managedFields' free-form payload only
+    pod = template["properties"]["spec"]["properties"]
+    assert {"tolerations", "nodeSelector", "affinity", "initContainers", "volumes"} <= set(pod)
+    container = pod["containers"]["items"]["properties"]
+    assert "resources" in container and "resourcez" not in container
+    assert container["name"]["pattern"] == "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    assert pod["restartPolicy"]["enum"] == ["Never"]
+    assert pod["terminationGracePeriodSeconds"]["maximum"] == 86400
+    assert pod["containers"]["maxItems"] == 64  # keeps the CEL cost of containerName bounded
+    limits = container["resources"]["properties"]["limits"]["additionalProperties"]
+    assert limits == {"x-kubernetes-int-or-string": True}

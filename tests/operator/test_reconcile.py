@@ -34,7 +34,9 @@ def test_first_reconcile_creates_the_gang_and_records_attempt_zero():
         "train-a0-r1",
         "train-a0-r2",
     ]
-    assert plan.role["rules"][0]["resourceNames"] == [p["metadata"]["name"] for p in plan.creations]
+    assert [w.kind for w in plan.support] == ["ServiceAccount", "Role", "RoleBinding", "Service"]
+    role = next(w.body for w in plan.support if w.kind == "Role")
+    assert role["rules"][0]["resourceNames"] == [p["metadata"]["name"] for p in plan.creations]
     st = cluster.status
     assert st["phase"] == "Pending" and st["attempt"] == 0 and st["gangCreated"]
     assert st["runName"] == "train" and st["resumeFrom"] == ""
@@ -361,7 +363,7 @@ def test_a_pod_removed_before_it_was_seen_is_classified_from_its_last_state():
         list(cluster.pods.values()),
         cluster.node_views(),
         cluster.now,
-        {"train-a0-r0": last},
+        departed={"train-a0-r0": last},
     )
     assert plan.interruption.cause == Cause.EVICTED
     plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)

@@ -1,0 +1,119 @@
+"""The job's support objects (trainer ServiceAccount, Role, RoleBinding, headless Service):
+what should exist, compared with what does. No side effects.
+
+They are reconciled like the pods, level-triggered on every pass: the controller reads them, this
+module says which writes bring them to the desired state, and the executor applies those writes
+in dependency order before it creates any pod. Creating them only together with the pods (the
+earlier design) lost the RoleBinding for good whenever its creation failed once: the retry found
+every pod in place and created nothing, so the first attempt's trainer could never report.
+
+An object with the right name that the job does not control (no controller ownerReference with
+the job's uid) is never written: it belongs to someone else, and overwriting a user's Role would
+silently change what it grants. The job is blocked with a condition that names the object
+instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import names
+from .api_types import Job
+from .manifests import (
+    build_role,
+    build_role_binding,
+    build_service,
+    build_service_account,
+    uses_trainer_identity,
+)
+
+SERVICE_ACCOUNT = "ServiceAccount"
+ROLE = "Role"
+ROLE_BINDING = "RoleBinding"
+SERVICE = "Service"
+
+DEPENDENCY_ORDER = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, SERVICE)
+"""Creation order: a RoleBinding is refused while its Role is unknown to the authorizer, and
+admission refuses a pod whose ServiceAccount does not exist."""
+
+Observed = Mapping[str, dict[str, Any] | None]
+"""Support objects as read from the API server, by kind (None: it does not exist)."""
+
+
+@dataclass(frozen=True)
+class SupportWrite:
+    """Create a missing support object, or update the rules of the job's own Role."""
+
+    kind: str
+    body: dict[str, Any]
+    update: bool = False
+
+    @property
+    def name(self) -> str:
+        """The object's name."""
+        return str(self.body["metadata"]["name"])
+
+
+@dataclass
+class SupportDecision:
+    """What the support objects need."""
+
+    writes: list[SupportWrite] = field(default_factory=list)
+    """In dependency order."""
+    conflicts: list[str] = field(default_factory=list)
+    """Objects that exist under the job's names but belong to someone else (kind/name)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the pods may be created once ``writes`` succeeded."""
+        return not self.conflicts
+
+
+def desired(job: Job, attempt: int) -> dict[str, dict[str, Any]]:
+    """Every support object the job needs for ``attempt``, by kind, in dependency order."""
+    wanted: dict[str, dict[str, Any]] = {}
+    if uses_trainer_identity(job):
+        wanted[SERVICE_ACCOUNT] = build_service_account(job)
+        wanted[ROLE] = build_role(job, attempt)
+        wanted[ROLE_BINDING] = build_role_binding(job)
+    wanted[SERVICE] = build_service(job)
+    return wanted
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether the job with ``uid`` is the object's controller."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
+    """Compare the desired support objects with the observed ones."""
+    decision = SupportDecision()
+    for kind, body in desired(job, attempt).items():
+        found = observed.get(kind)
+        if found is None:
+            decision.writes.append(SupportWrite(kind, body))
+        elif not controlled_by(found, job.ref.uid):
+            decision.conflicts.append(f"{kind} {body['metadata']['name']}")
+        elif kind == ROLE and found.get("rules") != body["rules"]:
+            decision.writes.append(SupportWrite(kind, body, update=True))
+    if decision.conflicts:
+        # Nothing is written around a foreign object: a RoleBinding created next to a foreign
+        # Role would grant the job's ranks whatever that Role allows.
+        decision.writes = []
+    return decision
+
+
+def conflict_message(job: Job, conflicts: list[str]) -> str:
+    """The Blocked condition's message: which objects, and the two ways out."""
+    listed = ", ".join(conflicts)
+    fix = "delete or rename them"
+    if any(not c.startswith(SERVICE) for c in conflicts):
+        identity = names.trainer_identity_name(job.ref.name)
+        fix += f", or set template.spec.serviceAccountName so that no {identity} is needed"
+    return (
+        f"{listed} already exist(s) in namespace {job.ref.namespace} and are not controlled by "
+        f"this job; the operator never modifies objects it does not own: {fix}"
+    )

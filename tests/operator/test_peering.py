@@ -1,0 +1,93 @@
+"""Peering pause detection: kopf's rule mirrored from the peering object, and when a pause stops
+being expected (the liveness probe's decision)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from rtj_operator.peering import PauseWatch, blockers, parse_records, peering_path
+
+from .fakes import T0
+
+
+def record(lastseen=T0, priority=10, lifetime=15):
+    return {"priority": priority, "lifetime": lifetime, "lastseen": lastseen.isoformat()}
+
+
+def test_blockers_follow_kopfs_rule():
+    status = {
+        "me": record(priority=5),
+        "higher-live": record(priority=9),
+        "same-live": record(priority=5),
+        "lower": record(priority=4),
+        "higher-expired": record(T0 - timedelta(seconds=20), priority=9),
+        "garbage": "x",
+    }
+    found = blockers(parse_records(status), "me", 5, T0 + timedelta(seconds=1))
+    assert sorted(r.identity for r in found) == ["higher-live", "same-live"]
+
+
+def test_own_record_never_blocks_a_restarted_replica_with_the_same_identity():
+    """The 31-61 s blind spot: a new random identity found its previous record in the way."""
+    status = {"rtj-operator-abc": record(priority=999_999, lifetime=60)}
+    assert blockers(parse_records(status), "rtj-operator-abc", 1, T0) == []
+    assert len(blockers(parse_records(status), "rtj-operator@host/123", 1, T0)) == 1
+
+
+def test_a_standby_paused_by_a_refreshing_peer_stays_healthy():
+    watch = PauseWatch(max_pause=30)
+    for second in range(0, 300, 10):
+        now = T0 + timedelta(seconds=second)
+        live = parse_records({"active": record(now - timedelta(seconds=2))})
+        assert watch.observe(blockers(live, "standby", 1, now), now) is None
+
+
+def test_a_pause_by_a_silent_record_is_reported_after_max_pause():
+    watch = PauseWatch(max_pause=30)
+    stuck = parse_records({"ghost": record(T0, lifetime=3600)})
+    results = [
+        watch.observe(
+            blockers(stuck, "me", 1, T0 + timedelta(seconds=s)), T0 + timedelta(seconds=s)
+        )
+        for s in (0, 10, 20, 30, 31, 45)
+    ]
+    assert results[:4] == [None, None, None, None]
+    assert results[4] == 31 and results[5] == 45
+    # The pause ends: healthy again, and the clock restarts.
+    assert watch.observe([], T0 + timedelta(seconds=50)) is None
+    assert watch.observe(blockers(stuck, "me", 1, T0), T0 + timedelta(seconds=60)) is None
+
+
+def test_max_pause_zero_never_reports():
+    watch = PauseWatch(max_pause=0)
+    stuck = parse_records({"ghost": record(T0, lifetime=3600)})
+    watch.observe(blockers(stuck, "me", 1, T0), T0)
+    later = T0 + timedelta(hours=1)
+    assert watch.observe(blockers(stuck, "me", 1, T0), later) is None
+
+
+def test_peering_paths():
+    assert peering_path("p", None) == "/apis/kopf.dev/v1/clusterkopfpeerings/p"
+    assert peering_path("p", "team") == "/apis/kopf.dev/v1/namespaces/team/kopfpeerings/p"
+
+
+def test_cli_identity_defaults_to_the_pod_name(monkeypatch):
+    from rtj_operator.__main__ import parse_args
+
+    monkeypatch.setenv("POD_ID", "rtj-operator-7c9d-x2x4q")
+    args = parse_args(["-A"])
+    assert args.id == "rtj-operator-7c9d-x2x4q" and args.peering_lifetime == 15
+    monkeypatch.delenv("POD_ID")
+    assert parse_args(["-A", "--id", "x"]).id == "x"
+
+
+def test_the_probe_reads_the_peering_objects_kopf_decides_from():
+    from rtj_operator.handlers import PeeringOptions
+
+    def options(namespaces):
+        return PeeringOptions("p", "me", 1, 15, 30.0, namespaces)
+
+    assert options(None).paths() == ["/apis/kopf.dev/v1/clusterkopfpeerings/p"]
+    assert options(("team-a", "ml-*")).paths() == [
+        "/apis/kopf.dev/v1/namespaces/team-a/kopfpeerings/p"
+    ]

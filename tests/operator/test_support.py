@@ -1,0 +1,193 @@
+"""Support objects (trainer identity, Service) are reconciled level-triggered on every pass, in
+dependency order, before any pod; foreign objects are never written; every write that changes the
+next decision is followed by a new decision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rtj_operator import support
+from rtj_operator.kube import ApiError, KubeApi
+
+from .fakes import FakeCluster, make_job, make_node
+from .test_controller import controller_with_job, sync
+
+ROLE_PATH = KubeApi.rbac_path("ns", "roles", "train-trainer")
+BINDING_PATH = KubeApi.rbac_path("ns", "rolebindings", "train-trainer")
+
+
+def _refused_binding() -> ApiError:
+    # What the API server answers while its authorizer has not seen the new Role yet.
+    return ApiError(
+        404, {"reason": "NotFound", "message": 'rolebindings "train-trainer" not found'}, "POST", ""
+    )
+
+
+def test_a_refused_rolebinding_creates_no_pod_and_the_retry_creates_it_first():
+    ctrl, api = controller_with_job()
+    api.fail_kind_once["RoleBinding"] = _refused_binding()
+    with pytest.raises(ApiError):
+        sync(ctrl)
+    assert ROLE_PATH in api.objects and BINDING_PATH not in api.objects
+    assert not api.pods()  # no rank runs without its identity
+    sync(ctrl)
+    assert BINDING_PATH in api.objects
+    assert sorted(api.pods()) == ["train-a0-r0", "train-a0-r1"]
+    creates = [c for c in api.calls if c.startswith("create")]
+    assert creates.index("create RoleBinding") < creates.index("create Pod")
+
+
+def test_the_retry_after_every_pod_exists_still_creates_the_missing_binding():
+    """The original defect: pods created, binding refused, and the retry found nothing to do."""
+    cluster = FakeCluster.start(replicas=2)
+    plan = cluster.step()
+    assert plan.creations
+    del cluster.support["RoleBinding"]  # as if its creation had failed
+    cluster.body["status"]["gangCreated"] = False  # and the operator died before the mark
+    plan = cluster.step()
+    assert not plan.creations
+    assert [w.kind for w in plan.support] == ["RoleBinding"]
+    assert cluster.status["gangCreated"]
+
+
+def test_a_deleted_binding_is_recreated_while_the_gang_runs():
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["phase"] == "Running"
+    del cluster.support["RoleBinding"]
+    plan = cluster.step(1)
+    assert [w.kind for w in plan.support] == ["RoleBinding"]
+    assert plan.status is None  # nothing else changes
+    assert not cluster.step(1).support
+
+
+def test_the_role_follows_the_attempt_before_the_new_pods_exist():
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    del cluster.nodes["node-0"]
+    plan = cluster.step(1)
+    (update,) = plan.support
+    assert update.kind == "Role" and update.update
+    names = update.body["rules"][0]["resourceNames"]
+    assert {p["metadata"]["name"] for p in plan.creations} <= set(names)
+
+
+def test_no_trainer_identity_when_the_template_names_an_account():
+    template = {
+        "spec": {"serviceAccountName": "mine", "containers": [{"name": "trainer", "image": "i"}]}
+    }
+    cluster = FakeCluster.start(replicas=1, template=template)
+    plan = cluster.step()
+    assert [w.kind for w in plan.support] == ["Service"]
+
+
+def foreign(kind: str) -> dict:
+    return {"kind": kind, "metadata": {"name": "train-trainer", "namespace": "ns"}, "rules": []}
+
+
+def test_a_foreign_role_is_never_written_and_blocks_the_job_with_a_condition():
+    cluster = FakeCluster.start(replicas=2)
+    cluster.support["Role"] = foreign("Role")
+    plan = cluster.step()
+    assert not plan.creations and not cluster.pods
+    assert plan.support == []  # no binding is ever made to someone else's Role
+    assert cluster.support["Role"]["rules"] == []  # untouched
+    blocked = {c["type"]: c for c in cluster.status["conditions"]}["Blocked"]
+    assert blocked["status"] == "True" and blocked["reason"] == "NameConflict"
+    assert "Role train-trainer" in blocked["message"]
+    assert "serviceAccountName" in blocked["message"]
+    assert plan.requeue_after is not None
+    assert [e.reason for e in plan.events] == ["NameConflict"]
+    assert cluster.step(5).events == []  # said once
+
+    del cluster.support["Role"]  # the user removes it
+    plan = cluster.step(5)
+    assert plan.creations
+    blocked = {c["type"]: c for c in cluster.status["conditions"]}["Blocked"]
+    assert blocked["status"] == "False"
+
+
+def test_an_object_of_an_earlier_job_of_the_same_name_is_foreign():
+    job = make_job()
+    stale = support.desired(job, 0)["Service"]
+    stale["metadata"]["ownerReferences"][0]["uid"] = "uid-of-a-deleted-job"
+    decision = support.decide(job, 0, {"Service": stale})
+    assert decision.conflicts == ["Service train"] and not decision.ready
+
+
+def test_marking_the_gang_created_is_followed_by_a_new_decision():
+    """A restart mid-creation: every pod exists and runs; the pass that only marks the gang
+    created asks to run again at once, and that pass sets Running (no periodic resync)."""
+    ctrl, api = controller_with_job()
+    for rank in range(2):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"train-a0-r{rank}",
+                "namespace": "ns",
+                "labels": {
+                    "resumable.dev/job-name": "train",
+                    "resumable.dev/attempt": "0",
+                    "resumable.dev/rank": str(rank),
+                },
+                "ownerReferences": [{"uid": "uid-1234", "controller": True}],
+            },
+            "spec": {"containers": [{"name": "trainer"}]},
+        }
+        asyncio.run(api.create(KubeApi.core_path("ns", "pods"), pod))
+    api.run_pods("node-0")
+    api.nodes["node-0"] = make_node("node-0")
+    assert sync(ctrl) == 0.0
+    assert api.job()["status"]["gangCreated"]
+    assert api.job()["status"]["phase"] == "Pending"
+    sync(ctrl)
+    assert api.job()["status"]["phase"] == "Running"
+
+
+def test_unschedulable_ranks_surface_the_schedulers_reason():
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    for pod in cluster.pods.values():
+        pod["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            }
+        ]
+    cluster.step(1)
+    sched = {c["type"]: c for c in cluster.status["conditions"]}["PodsScheduled"]
+    assert sched["status"] == "False" and sched["reason"] == "Unschedulable"
+    assert "2 of 2 ranks" in sched["message"] and "Insufficient nvidia.com/gpu" in sched["message"]
+    cluster.schedule_and_run()
+    cluster.step(1)
+    conds = {c["type"]: c for c in cluster.status["conditions"]}
+    assert conds["PodsScheduled"]["status"] == "True"
+    assert cluster.status["phase"] == "Running"
+
+
+def test_events_of_a_recorded_decision_are_posted_even_when_a_support_write_fails():
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    api.events.clear()
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    api.fail_kind_once["Role"] = ApiError(500, {"message": "etcd hiccup"}, "PATCH", "roles")
+    with pytest.raises(ApiError):
+        sync(ctrl)  # the preemption is recorded, the Role update for attempt 1 fails
+    assert api.job()["status"]["attempt"] == 1 and not api.pods().keys() & {"train-a1-r0"}
+    reasons = [e[1] for e in api.events]
+    assert "Preempted" in reasons and "Resubmitted" not in reasons
+    sync(ctrl)
+    reasons = [e[1] for e in api.events]
+    assert reasons.count("Preempted") == 1 and reasons.count("Resubmitted") == 1
