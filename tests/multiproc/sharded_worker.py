@@ -43,8 +43,8 @@ def build(layout: str, width: int, world: int) -> tuple[torch.nn.Module, torch.n
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
         return wrapped, wrapped
     if layout == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
         for layer in model:
