@@ -190,8 +190,8 @@ class Rank:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def async_save(self, engine: str, round_: int) -> tuple[float, float]:
-        """(stall, persist) for one async save followed by one training step."""
+    def async_save(self, engine: str, round_: int) -> tuple[float, float, float]:
+        """(call, stall, persist) for one async save followed by one training step."""
         path = self.name(engine, round_).with_name(f"a{round_}")
         t0 = time.perf_counter()
         if engine == "runtime":
@@ -200,7 +200,7 @@ class Rank:
             state = {"model": self.sd_model(), "optim": self.sd_optim()}
             fut = dcp.async_save(state, checkpoint_id=path, process_group=self.ckpt.coord.group)
         else:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         call = time.perf_counter() - t0
         forward_backward(self.wrapped, self.width)
         t1 = time.perf_counter()
@@ -214,7 +214,7 @@ class Rank:
         else:
             fut.result()
         persist = time.perf_counter() - t0
-        return self.slowest(call + waited), self.slowest(persist)
+        return self.slowest(call), self.slowest(call + waited), self.slowest(persist)
 
     # -- loads ---------------------------------------------------------------
     def load(self, engine: str, round_: int) -> int:
@@ -270,7 +270,8 @@ class Rank:
                 fig[e]["bytes"] = folder_bytes(self.name(e, round_))
         for e in order:
             if e != "torch":
-                fig[e]["stall_s"], fig[e]["persist_s"] = self.async_save(e, round_)
+                call, stall, persist = self.async_save(e, round_)
+                fig[e]["call_s"], fig[e]["stall_s"], fig[e]["persist_s"] = call, stall, persist
         for e in order:
             self.cold()
             fig[e]["load_s"], nread = self.timed(self.load, e, round_)

@@ -125,6 +125,22 @@ def test_async_save_writes_the_state_at_the_call_even_if_training_moves_on(tmp_p
     assert not torch.equal(next(iter(after_step[0].values())), next(iter(snap[0].values())))
 
 
+def test_a_later_save_records_hyperparameters_changed_since_the_first(tmp_path):
+    model, opt, _, engine = make()
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ck.save("ep0-ba1", timestamp=Timestamp(batch=1))
+    opt.param_groups[0]["lr"] = 0.5  # what a scheduler does between saves
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    snap = snapshot(model, opt)
+    ck.save("ep0-ba2", timestamp=Timestamp(batch=2))
+    ck.close()
+    opt.param_groups[0]["lr"] = 0.0
+    engine.load(tmp_path / "ep0-ba2", Manifest.read(tmp_path / "ep0-ba2"))
+    assert opt.param_groups[0]["lr"] == 0.5
+    assert_equal_state(model, opt, snap)
+
+
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x40

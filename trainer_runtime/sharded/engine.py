@@ -109,6 +109,7 @@ class ShardedEngine:
         self.rank, self.world_size = coord.rank, coord.world_size
         self.trusted_pickle = trusted_pickle
         self.stager = HostStager(pin_memory=pin_memory)
+        self._cache: tuple[tuple, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ state
     def _tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
@@ -124,6 +125,43 @@ class ShardedEngine:
                 for name, opt in comps.optimizers.items()
             }
         return out
+
+    def _signature(self) -> tuple:
+        """Identity of every live tensor the state dict refers to: while it holds, a state
+        dict taken earlier still points at the live values (they change in place)."""
+        comps = self.components
+        if comps.model is None:
+            return ()
+        sig: list[Any] = [id(t) for t in comps.model.parameters()]
+        sig += [id(t) for t in comps.model.buffers()]
+        for opt in comps.optimizers.values():
+            sig.append(len(opt.param_groups))
+            for st in opt.state.values():
+                # A plain value (a float step count) changes without changing identity: never
+                # reuse a tree holding one (object() equals nothing).
+                sig += [id(v) if isinstance(v, torch.Tensor) else object() for v in st.values()]
+        return tuple(sig)
+
+    def _cached_tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
+        """``_tensor_state`` for a save, reusing the tree of the previous save when the live
+        tensors are the same objects: taking a state dict walks every parameter's name and
+        costs tens of milliseconds, which an async save's call would otherwise stall on."""
+        sig = (weights_only, self._signature())
+        if self._cache is None or self._cache[0] != sig:
+            tree = self._tensor_state(weights_only=weights_only)
+            model = tree.get(MODEL_KEY, {})
+            if all(isinstance(v, torch.Tensor) for v in model.values()):  # no _extra_state
+                self._cache = ((weights_only, self._signature()), tree)
+            return tree
+        tree = dict(self._cache[1])
+        if OPTIM_KEY in tree:  # hyperparameters are plain values a scheduler replaces
+            tree[OPTIM_KEY] = {
+                name: {**osd, "param_groups": _fresh_groups(osd["param_groups"], opt)}
+                for (name, osd), opt in zip(
+                    tree[OPTIM_KEY].items(), self.components.optimizers.values(), strict=True
+                )
+            }
+        return tree
 
     def capture(
         self,
@@ -151,7 +189,7 @@ class ShardedEngine:
         del data["state"]["model"]
         buf = io.BytesIO()
         torch.save(data, buf)
-        out = self._tensor_state(weights_only=weights_only)
+        out = self._cached_tensor_state(weights_only=weights_only)
         out[RANKS_KEY] = {str(self.rank): buf.getvalue()}
         return out
 
@@ -206,7 +244,9 @@ class ShardedEngine:
             self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
         target = self.stager.empty_like(live)
         target[RANKS_KEY] = {str(source): b""}
-        reader = VerifyingReader(folder, expected_metadata=meta_entry, trusted=self.trusted_pickle)
+        reader = VerifyingReader(
+            folder, expected_metadata=meta_entry, trusted=self.trusted_pickle, metadata=metadata
+        )
         try:
             dcp.load(
                 target,
@@ -306,6 +346,13 @@ class ShardedEngine:
                 for key, value in saved_group.items():
                     if key != "params":
                         live_group[key] = value
+
+
+def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:
+    return [
+        {**{k: v for k, v in live.items() if k != "params"}, "params": old["params"]}
+        for old, live in zip(cached, opt.param_groups, strict=True)
+    ]
 
 
 def derived_rng(saved: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -222,13 +222,22 @@ class VerifyingReader(FileSystemReader):
         *,
         expected_metadata: FileEntry | None = None,
         trusted: bool = False,
+        metadata: Metadata | None = None,
     ) -> None:
+        """``metadata``: already read and verified by the caller (saves a second parse)."""
         super().__init__(path)
         self.expected_metadata = expected_metadata
+        self._metadata = metadata
         self.trusted = trusted
         self.bytes_read = 0
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata is not None:
+            metadata = self._metadata
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
         path = Path(self.path) / METADATA_NAME
         blob = path.read_bytes()
         expected = self.expected_metadata
