@@ -118,6 +118,9 @@ def main() -> None:
             ckpt = ShardedCheckpointer(engine, folder, run_name="sharded")
             torch.save(torch.get_rng_state(), out / f"{name}.rng{rank}.pt")
             ts = Timestamp(batch=args.steps, sample=args.steps * 4 * world)
+            # A first save shows DCP's assignment of replicated tensors to ranks, so the async
+            # save after it stages only this rank's share: the tests load that one.
+            ckpt.save(f"{name}-first", timestamp=ts)
             ckpt.save_async(name, timestamp=ts, latest_link=f"latest-rank{rank}")
             ckpt.wait()
             ckpt.close()

@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from trainer_runtime.dist import Coordinator
-from trainer_runtime.errors import CorruptCheckpointError, IncompatibleCheckpointError
+from trainer_runtime.errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    SaveFailedError,
+)
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
 from trainer_runtime.sampler import ResumableSampler
@@ -139,6 +143,27 @@ def test_a_later_save_records_hyperparameters_changed_since_the_first(tmp_path):
     engine.load(tmp_path / "ep0-ba2", Manifest.read(tmp_path / "ep0-ba2"))
     assert opt.param_groups[0]["lr"] == 0.5
     assert_equal_state(model, opt, snap)
+
+
+def test_a_second_async_save_stages_only_what_this_rank_writes_and_refuses_the_rest(tmp_path):
+    _, _, _, engine = make()
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ck.save("ep0-ba1", timestamp=Timestamp(batch=1))
+    state = engine.capture(timestamp={}, run_name="run", metrics={}, extras={}, weights_only=False)
+    _, keys = engine.stage(state)
+    assert keys is not None and "model.0.weight" in keys  # one rank writes everything
+    with pytest.raises(SaveFailedError, match="did not stage"):
+        ck._write_and_commit(
+            state=state,
+            name="ep0-ba2",
+            timestamp=Timestamp(batch=2),
+            weights_only=False,
+            latest_link=None,
+            started=0.0,
+            staged_keys={"model.0.bias"},
+        )
+    assert not (tmp_path / "ep0-ba2").exists()
+    ck.close()
 
 
 def _flip(path: Path, offset: int) -> None:

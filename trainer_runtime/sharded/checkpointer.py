@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..atomic import makedirs_durable
 from ..errors import SaveFailedError
 from ..layout import RunFolder
 from ..manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, FileEntry, Manifest
@@ -115,11 +115,12 @@ class ShardedCheckpointer:
 
         def background() -> Manifest:
             try:
-                copy = self.engine.stage(state)
+                copy, keys = self.engine.stage(state)
             finally:
                 staged.set()
             _lower_thread_priority()
             return self._write_and_commit(
+                staged_keys=keys,
                 state=copy,
                 name=name,
                 timestamp=timestamp,
@@ -185,13 +186,14 @@ class ShardedCheckpointer:
         weights_only: bool,
         latest_link: str | None,
         started: float,
+        staged_keys: set[str] | None = None,
     ) -> Manifest:
         path = self.folder.path(name)
         outcome: list[FileEntry] | str
-        try:
-            makedirs_durable(path)
-            outcome = self.engine.write(state, path)
-        except Exception as exc:  # reported to every rank below, then raised
+        try:  # the folder is made inside the collective save, so a failure there is shared
+            outcome = self.engine.write(state, path, staged=staged_keys)
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            # reported to every rank below, then raised
             outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         duration = time.monotonic() - started
         gathered = self.coord.all_gather((outcome, duration))
@@ -209,7 +211,7 @@ class ShardedCheckpointer:
             timestamp=timestamp.copy(),
             files=[entry for o, _ in gathered for entry in o],
             weights_only=weights_only,
-            created_at=self.coord.broadcast(datetime.now(UTC).isoformat(timespec="milliseconds")),
+            created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
             save_duration_s=round(max(d for _, d in gathered), 6),
             format_version=FORMAT_VERSION_SHARDED,
             extra={"engine": "torch.distributed.checkpoint"},
@@ -217,7 +219,8 @@ class ShardedCheckpointer:
         if self.rank == 0:
             self.folder.write_manifest(manifest)
             self.folder.write_pointer(manifest)
-        self.coord.barrier()
+        # One collective serves as the barrier (rank 0 has committed) and shares its time.
+        manifest.created_at = self.coord.broadcast(manifest.created_at)
         if self.rank != 0 and not (path / MANIFEST_NAME).exists():
             # Node-local disk: this node holds only its own shard files; it records the commit
             # so retention and listing agree, but resuming needs a shared folder or the store.

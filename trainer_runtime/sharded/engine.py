@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 import xxhash
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
@@ -110,6 +111,7 @@ class ShardedEngine:
         self.trusted_pickle = trusted_pickle
         self.stager = HostStager(pin_memory=pin_memory)
         self._cache: tuple[tuple, dict[str, Any]] | None = None
+        self._written: tuple[tuple, set[str]] | None = None
 
     # ------------------------------------------------------------------ state
     def _tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
@@ -193,19 +195,38 @@ class ShardedEngine:
         out[RANKS_KEY] = {str(self.rank): buf.getvalue()}
         return out
 
-    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Host copy of ``state`` in reused buffers; training may go on once this returns."""
-        staged = self.stager.stage(state)
+    def stage(self, state: dict[str, Any]) -> tuple[dict[str, Any], set[str] | None]:
+        """Host copy of ``state`` in reused buffers; training may go on once this returns.
+
+        Returns the copy and the keys it holds (None: all). Once a save of the same live
+        tensors has shown which replicated tensors DCP assigns to this rank (the assignment
+        is a deterministic function of the plans), only those are copied.
+        """
+        only_keys = None
+        if self._cache is not None and self._written is not None:
+            sig, keys = self._written
+            if sig == self._cache[0]:
+                only_keys = keys
+        only = None
+        if only_keys is not None:
+            _, mappings = flatten_state_dict(state)
+            only = {"/" + "/".join(map(str, mappings[k])) for k in only_keys if k in mappings}
+        staged = self.stager.stage(state, only=only)
         self.stager.synchronize()
-        return staged
+        return staged, only_keys
 
     # ------------------------------------------------------------------ save
-    def write(self, state: dict[str, Any], folder: Path) -> list[FileEntry]:
+    def write(
+        self, state: dict[str, Any], folder: Path, *, staged: set[str] | None = None
+    ) -> list[FileEntry]:
         """Write this rank's share of ``state`` into ``folder``; collective over all ranks.
 
-        Returns this rank's manifest entries (its data file; on rank 0 also ``.metadata``).
+        ``staged``: the keys ``stage`` copied (None: all, or a synchronous save). Returns this
+        rank's manifest entries (its data file; on rank 0 also ``.metadata``).
         """
-        writer = HashingWriter(folder)
+        writer = HashingWriter(folder, staged=staged)
+        sig = None if self._cache is None else self._cache[0]
+        self._written = None
         dcp.save(
             state,
             storage_writer=writer,
@@ -213,6 +234,8 @@ class ShardedEngine:
             process_group=self.commit_coord.group,
             no_dist=not self.commit_coord.distributed,
         )
+        if sig is not None:
+            self._written = (sig, writer.tensor_keys)
         return list(writer.written)
 
     # ------------------------------------------------------------------ load

@@ -28,14 +28,27 @@ class HostStager:
     def __init__(self, *, pin_memory: bool | None = None) -> None:
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._buffers: dict[str, torch.Tensor] = {}
+        self._only: set[str] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
-    def stage(self, tree: Any) -> Any:
-        """A copy of ``tree`` whose tensors live in this stager's host buffers."""
-        return self._map(tree, "", copy=True)
+    def stage(self, tree: Any, *, only: set[str] | None = None) -> Any:
+        """A copy of ``tree`` whose tensors live in this stager's host buffers.
+
+        With ``only`` (tensor paths such as ``/model/0.weight``), other tensors stay live
+        references and buffers kept for them are freed: a data-parallel rank stages just the
+        share of the replicated state it writes.
+        """
+        self._only = only
+        try:
+            out = self._map(tree, "", copy=True)
+        finally:
+            self._only = None
+        if only is not None:
+            self._buffers = {k: v for k, v in self._buffers.items() if k in only}
+        return out
 
     def empty_like(self, tree: Any) -> Any:
         """Same structure, host buffers with unspecified contents (a load target)."""
@@ -54,6 +67,8 @@ class HostStager:
         return buf
 
     def _map(self, obj: Any, path: str, *, copy: bool) -> Any:
+        if isinstance(obj, torch.Tensor) and self._only is not None and path not in self._only:
+            return obj
         if isinstance(obj, DTensor):
             local = obj.to_local()
             buf = self._buffer(path, local)

@@ -97,9 +97,20 @@ class HashingWriter(FileSystemWriter):
     and on the coordinator the ``.metadata`` file).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, sync_files: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        sync_files: bool = True,
+        staged: set[str] | None = None,
+    ) -> None:
+        """``staged``: the tensor keys copied for this save; writing any other tensor fails
+        the save (it would be read from live memory that training is changing)."""
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files, overwrite=True)
         self.written: list[FileEntry] = []
+        self.staged = staged
+        self.tensor_keys: set[str] = set()
+        """Keys of the tensors this rank wrote (DCP assigns each replicated tensor to one rank)."""
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)
@@ -112,6 +123,11 @@ class HashingWriter(FileSystemWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        tensor_keys = {i.index.fqn for i in plan.items if i.type != WriteItemType.BYTE_IO}
+        if self.staged is not None and not tensor_keys <= self.staged:
+            unstaged = sorted(tensor_keys - self.staged)[:5]
+            raise RuntimeError(f"this rank was assigned tensors it did not stage: {unstaged}")
+        self.tensor_keys = tensor_keys
         rank = int(plan.storage_data.prefix.strip("_"))
         name = data_file_name(rank)
         path = Path(self.path) / name
@@ -152,6 +168,8 @@ class HashingWriter(FileSystemWriter):
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if self.sync_files:
+            atomic.fsync_dir(path.parent)  # the file's name is durable before the manifest
         self.written.append(FileEntry(name, rank, offset, file_hash.hexdigest()))
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
@@ -167,6 +185,7 @@ class HashingWriter(FileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         atomic.write_bytes_atomic(Path(self.path) / METADATA_NAME, blob)
+        atomic.fsync_dir(Path(self.path).parent)  # the checkpoint folder's own entry
         self.written.append(
             FileEntry(METADATA_NAME, self.rank or 0, len(blob), xxhash.xxh3_128_hexdigest(blob))
         )
