@@ -39,6 +39,11 @@ class Coordinator:
     def distributed(self) -> bool:
         return self._group is not None
 
+    @property
+    def group(self) -> Any:
+        """The dedicated gloo group (None with one process): for DCP's collectives."""
+        return self._group
+
     def all_gather(self, obj: Any) -> list[Any]:
         if self._group is None:
             return [obj]

@@ -37,3 +37,8 @@ class SaveFailedError(CheckpointError):
 
 class NoCheckpointError(CheckpointError):
     """A load path was given but holds no checkpoint that verifies."""
+
+
+class CorruptCheckpointError(NoCheckpointError):
+    """A committed checkpoint's bytes do not match their recorded digests (torn, truncated or
+    bit-rotted). Nothing was loaded into the live state: resume from an older checkpoint."""

@@ -20,7 +20,14 @@ from .errors import ManifestError
 from .timestamp import Timestamp
 
 FORMAT = "rtj-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION_PER_RANK = 1
+"""One ``rank{N}.pt`` per rank, each a full ``torch.save`` of that rank's state."""
+FORMAT_VERSION_SHARDED = 2
+"""A torch.distributed.checkpoint folder: ``__{rank}_0.distcp`` data files, one ``.metadata``
+(see ``trainer_runtime/sharded``); replicated state written once, loadable at any world size."""
+FORMAT_VERSION = FORMAT_VERSION_PER_RANK
+"""The version a manifest gets when its writer names none."""
+READABLE_VERSIONS = (FORMAT_VERSION_PER_RANK, FORMAT_VERSION_SHARDED)
 MANIFEST_NAME = "manifest.json"
 POINTER_NAME = "latest.json"
 _CHUNK = 8 << 20
@@ -49,6 +56,11 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def sharded(self) -> bool:
+        """True for a DCP checkpoint, where any rank may read any rank's file."""
+        return self.format_version == FORMAT_VERSION_SHARDED
+
     def files_for_rank(self, rank: int) -> list[FileEntry]:
         return [f for f in self.files if f.rank == rank]
 
@@ -66,9 +78,10 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ManifestError(f"{source} is not a {FORMAT} manifest")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ManifestError(
-                f"{source} has format_version {version!r}; this runtime reads {FORMAT_VERSION}"
+                f"{source} has format_version {version!r}; this runtime reads "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
         try:
             files = [FileEntry(**f) for f in data["files"]]
@@ -82,6 +95,7 @@ class Manifest:
                 created_at=str(data.get("created_at", "")),
                 save_duration_s=float(data.get("save_duration_s", 0.0)),
                 extra=dict(data.get("extra", {})),
+                format_version=int(version),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{source} is missing or has a malformed field: {exc}") from exc

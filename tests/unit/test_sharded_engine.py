@@ -1,0 +1,250 @@
+"""The sharded engine in one process: commit, exact round trip, damage detection, safety.
+
+Multi-rank behaviour (dedup, resharding, FSDP2) is in tests/multiproc/test_sharded.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer_runtime.dist import Coordinator
+from trainer_runtime.errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    SaveFailedError,
+)
+from trainer_runtime.layout import RunFolder
+from trainer_runtime.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
+from trainer_runtime.sampler import ResumableSampler
+from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, check_files_present
+from trainer_runtime.sharded.engine import derived_rng
+from trainer_runtime.sharded.staging import HostStager
+from trainer_runtime.sharded.storage import read_metadata_bytes
+from trainer_runtime.state import Components
+from trainer_runtime.timestamp import Timestamp
+
+
+def make(width: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sampler = ResumableSampler(1000, num_replicas=1, rank=0, batch_size=4)
+    model(torch.randn(4, width)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    engine = ShardedEngine(
+        Components(model=model, optimizers={"adam": opt}, stateful={"sampler": sampler}),
+        Coordinator(),
+    )
+    return model, opt, sampler, engine
+
+
+def snapshot(model, opt):
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()},
+    )
+
+
+def assert_equal_state(model, opt, snap):
+    weights, state = snap
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    live = opt.state_dict()["state"]
+    assert live.keys() == state.keys()
+    for i, s in live.items():
+        for k, v in s.items():
+            assert torch.equal(v, state[i][k]), (i, k)
+
+
+def save(tmp_path: Path, engine, name="ep0-ba1", *, asynchronous=False) -> Path:
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ts = Timestamp(batch=1, sample=4)
+    if asynchronous:
+        ck.save_async(name, timestamp=ts, latest_link="latest-rank0")
+        ck.wait()
+    else:
+        ck.save(name, timestamp=ts, latest_link="latest-rank0")
+    ck.close()
+    return tmp_path / name
+
+
+def test_commit_lists_every_file_with_size_and_digest_and_links_the_folder(tmp_path):
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    m = Manifest.read(folder)
+    assert m.format_version == FORMAT_VERSION_SHARDED and m.sharded
+    assert sorted(f.path for f in m.files) == [".metadata", "__0_0.distcp"]
+    assert RunFolder(tmp_path).verify(m, [0]) is None  # whole-file digests match
+    assert check_files_present(folder, m) is None
+    assert (tmp_path / "latest-rank0").resolve() == folder.resolve()
+    assert json.loads((tmp_path / "latest.json").read_text())["checkpoint"] == "ep0-ba1"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_round_trip_restores_weights_optimizer_sampler_rng_in_place(tmp_path, asynchronous):
+    model, opt, sampler, engine = make()
+    sampler.advance(12)
+    snap = snapshot(model, opt)
+    folder = save(tmp_path, engine, asynchronous=asynchronous)
+    expected_draw = torch.rand(4)  # the draw right after the save
+    expected_py = random.random()
+    live_ptrs = [p.data_ptr() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    opt.param_groups[0]["lr"] = 99.0
+    sampler.offset = 0
+    torch.manual_seed(123)
+    saved, report = engine.load(folder, Manifest.read(folder))
+    assert report.rng == "restored"
+    assert torch.equal(torch.rand(4), expected_draw)
+    assert random.random() == expected_py
+    assert_equal_state(model, opt, snap)
+    assert [p.data_ptr() for p in model.parameters()] == live_ptrs  # copied in place
+    assert opt.param_groups[0]["lr"] == 0.01
+    assert sampler.offset == 12
+    assert saved["timestamp"]["batch"] == 1
+
+
+def test_async_save_writes_the_state_at_the_call_even_if_training_moves_on(tmp_path):
+    model, opt, _, engine = make()
+    snap = snapshot(model, opt)
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ck.save_async("ep0-ba1", timestamp=Timestamp(batch=1))
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()  # the pre-step hook holds this until the staging copy is done
+    ck.close()
+    after_step = snapshot(model, opt)
+    _, _, _, other = make(seed=5)
+    other.load(tmp_path / "ep0-ba1", Manifest.read(tmp_path / "ep0-ba1"))
+    assert_equal_state(other.components.model, other.components.optimizers["adam"], snap)
+    assert not torch.equal(next(iter(after_step[0].values())), next(iter(snap[0].values())))
+
+
+def test_a_later_save_records_hyperparameters_changed_since_the_first(tmp_path):
+    model, opt, _, engine = make()
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ck.save("ep0-ba1", timestamp=Timestamp(batch=1))
+    opt.param_groups[0]["lr"] = 0.5  # what a scheduler does between saves
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    snap = snapshot(model, opt)
+    ck.save("ep0-ba2", timestamp=Timestamp(batch=2))
+    ck.close()
+    opt.param_groups[0]["lr"] = 0.0
+    engine.load(tmp_path / "ep0-ba2", Manifest.read(tmp_path / "ep0-ba2"))
+    assert opt.param_groups[0]["lr"] == 0.5
+    assert_equal_state(model, opt, snap)
+
+
+def test_a_second_async_save_stages_only_what_this_rank_writes_and_refuses_the_rest(tmp_path):
+    _, _, _, engine = make()
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    ck.save("ep0-ba1", timestamp=Timestamp(batch=1))
+    state = engine.capture(timestamp={}, run_name="run", metrics={}, extras={}, weights_only=False)
+    _, keys = engine.stage(state)
+    assert keys is not None and "model.0.weight" in keys  # one rank writes everything
+    with pytest.raises(SaveFailedError, match="did not stage"):
+        ck._write_and_commit(
+            state=state,
+            name="ep0-ba2",
+            timestamp=Timestamp(batch=2),
+            weights_only=False,
+            latest_link=None,
+            started=0.0,
+            staged_keys={"model.0.bias"},
+        )
+    assert not (tmp_path / "ep0-ba2").exists()
+    ck.close()
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["start", "end", "metadata", "truncate"])
+def test_damage_is_detected_and_live_state_is_left_untouched(tmp_path, where):
+    model, opt, _, engine = make()
+    folder = save(tmp_path, engine)
+    data = folder / "__0_0.distcp"
+    if where == "start":
+        _flip(data, 0)
+    elif where == "end":
+        _flip(data, data.stat().st_size - 1)
+    elif where == "metadata":
+        _flip(folder / ".metadata", 40)
+    else:
+        os.truncate(data, data.stat().st_size - 100)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    before = snapshot(model, opt)
+    with pytest.raises(CorruptCheckpointError) as err:
+        engine.load(folder, Manifest.read(folder))
+    assert ("metadata" if where == "metadata" else "__0_0.distcp") in str(err.value)
+    assert_equal_state(model, opt, before)
+    if where == "truncate":
+        assert "has" in (check_files_present(folder, Manifest.read(folder)) or "")
+
+
+def test_metadata_pickle_cannot_run_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    blob = pickle.dumps(Evil())
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        read_metadata_bytes(blob, trusted=False)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_model_that_does_not_fit_is_a_clear_error_before_anything_is_copied(tmp_path):
+    _, _, _, engine = make(width=16)
+    folder = save(tmp_path, engine)
+    model, opt, _, other = make(width=8)
+    before = snapshot(model, opt)
+    with pytest.raises(IncompatibleCheckpointError, match="shape mismatch"):
+        other.load(folder, Manifest.read(folder))
+    assert_equal_state(model, opt, before)
+
+
+def test_staging_buffers_are_reused_between_saves():
+    stager = HostStager(pin_memory=False)
+    state = {"a": torch.ones(4), "b": [torch.zeros(2, 2)], "n": 3}
+    first = stager.stage(state)
+    state["a"].add_(1)
+    second = stager.stage(state)
+    assert first["a"].data_ptr() == second["a"].data_ptr()
+    assert torch.equal(second["a"], torch.full((4,), 2.0)) and second["n"] == 3
+    assert second["a"].data_ptr() != state["a"].data_ptr()
+
+
+def test_derived_rng_is_reproducible_and_distinct_per_rank():
+    saved = {"torch": torch.get_rng_state()}
+    a1, a2, b = derived_rng(saved, 1), derived_rng(saved, 1), derived_rng(saved, 2)
+    assert torch.equal(a1["torch"], a2["torch"])
+    assert not torch.equal(a1["torch"], b["torch"])
+    assert not torch.equal(a1["torch"], saved["torch"])
+
+
+def test_manifest_reads_version_1_and_2_and_rejects_others(tmp_path):
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    data = json.loads((folder / "manifest.json").read_text())
+    for version, ok in [(1, True), (2, True), (3, False)]:
+        data["format_version"] = version
+        if ok:
+            assert Manifest.from_json(json.dumps(data)).format_version == version
+        else:
+            with pytest.raises(ManifestError, match="format_version 3"):
+                Manifest.from_json(json.dumps(data))

@@ -1,0 +1,412 @@
+"""The sharded checkpoint engine: one checkpoint written by all ranks together, read at any size.
+
+What is saved is a DCP state dict built with ``torch.distributed.checkpoint.state_dict``:
+``model`` and ``optim/<name>`` keyed by parameter name (so DDP, FSDP2 and single-process
+layouts are interchangeable), plus ``ranks/<r>``: each rank's small non-tensor state (RNG,
+schedulers, scaler, stateful objects such as the sampler, timestamp, metrics, extras), pickled
+in the weights-only-safe form ``state.capture`` produces. DCP's planner writes each replicated
+tensor once (spread over the ranks) and each shard by its owner; ``storage.HashingWriter`` lays
+the bytes down with digests; the caller commits the returned file entries in a manifest.
+
+A load reads into host staging buffers first (``staging.HostStager``), verifying every chunk as
+it arrives; only when every rank has read and verified everything does it copy into the live
+tensors, in place. Corrupt data therefore never half-overwrites live weights, and nothing live is
+left backed by a checkpoint file. The price is one host copy of the rank's state (the same
+buffers async saves stage into), and one memcpy.
+
+Writing per-rank ``torch.save`` files (format version 1, ``serialization.py``) was the
+alternative; it writes every replica in full and cannot change world size for sharded state.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+import xxhash
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+
+from .. import rng
+from .. import state as state_mod
+from ..dist import Coordinator
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from ..manifest import FileEntry, Manifest
+from .staging import HostStager, copy_into_live
+from .storage import METADATA_NAME, HashingWriter, VerifyingReader, read_metadata_bytes
+
+log = logging.getLogger("trainer_runtime")
+
+RANKS_KEY = "ranks"
+MODEL_KEY = "model"
+OPTIM_KEY = "optim"
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's planner, but pickled objects load with ``weights_only`` unless trusted."""
+
+    def __init__(self, *, trusted: bool, allow_partial_load: bool) -> None:
+        super().__init__(allow_partial_load=allow_partial_load)
+        self._trusted = trusted
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=not self._trusted)
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import (  # noqa: PLC0415
+                set_element,
+            )
+
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+@dataclass
+class LoadReport:
+    """What a load did, for the log line and the tests."""
+
+    saved_world_size: int
+    source_rank: int
+    rng: str
+    """'restored' (same rank's stream), 'derived' (new rank on a larger world) or 'none'."""
+    bytes_read: int
+    seconds: float
+
+
+class ShardedEngine:
+    """Save and load one run's state as sharded DCP checkpoints (format version 2)."""
+
+    def __init__(
+        self,
+        components: state_mod.Components,
+        coord: Coordinator,
+        *,
+        commit_coord: Coordinator | None = None,
+        trusted_pickle: bool = False,
+        pin_memory: bool | None = None,
+    ) -> None:
+        self.components = components
+        self.coord = coord
+        self.commit_coord = commit_coord or coord
+        """Writes run on this group: they may run in a background thread (see dist.py)."""
+        self.rank, self.world_size = coord.rank, coord.world_size
+        self.trusted_pickle = trusted_pickle
+        self.stager = HostStager(pin_memory=pin_memory)
+        self._cache: tuple[tuple, dict[str, Any]] | None = None
+        self._written: tuple[tuple, set[str]] | None = None
+
+    # ------------------------------------------------------------------ state
+    def _tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
+        comps = self.components
+        out: dict[str, Any] = {}
+        if comps.model is None:
+            return out
+        opts = StateDictOptions()
+        out[MODEL_KEY] = get_model_state_dict(comps.model, options=opts)
+        if not weights_only and comps.optimizers:
+            out[OPTIM_KEY] = {
+                name: get_optimizer_state_dict(comps.model, opt, options=opts)
+                for name, opt in comps.optimizers.items()
+            }
+        return out
+
+    def _signature(self) -> tuple:
+        """Identity of every live tensor the state dict refers to: while it holds, a state
+        dict taken earlier still points at the live values (they change in place)."""
+        comps = self.components
+        if comps.model is None:
+            return ()
+        sig: list[Any] = [id(t) for t in comps.model.parameters()]
+        sig += [id(t) for t in comps.model.buffers()]
+        for opt in comps.optimizers.values():
+            sig.append(len(opt.param_groups))
+            for st in opt.state.values():
+                # A plain value (a float step count) changes without changing identity: never
+                # reuse a tree holding one (object() equals nothing).
+                sig += [id(v) if isinstance(v, torch.Tensor) else object() for v in st.values()]
+        return tuple(sig)
+
+    def _cached_tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
+        """``_tensor_state`` for a save, reusing the tree of the previous save when the live
+        tensors are the same objects: taking a state dict walks every parameter's name and
+        costs tens of milliseconds, which an async save's call would otherwise stall on."""
+        sig = (weights_only, self._signature())
+        if self._cache is None or self._cache[0] != sig:
+            tree = self._tensor_state(weights_only=weights_only)
+            model = tree.get(MODEL_KEY, {})
+            if all(isinstance(v, torch.Tensor) for v in model.values()):  # no _extra_state
+                self._cache = ((weights_only, self._signature()), tree)
+            return tree
+        tree = dict(self._cache[1])
+        if OPTIM_KEY in tree:  # hyperparameters are plain values a scheduler replaces
+            tree[OPTIM_KEY] = {
+                name: {**osd, "param_groups": _fresh_groups(osd["param_groups"], opt)}
+                for (name, osd), opt in zip(
+                    tree[OPTIM_KEY].items(), self.components.optimizers.values(), strict=True
+                )
+            }
+        return tree
+
+    def capture(
+        self,
+        *,
+        timestamp: dict[str, Any],
+        run_name: str,
+        metrics: dict[str, Any],
+        extras: dict[str, Any],
+        weights_only: bool,
+    ) -> dict[str, Any]:
+        """The state dict to save, with *live* tensor references (stage before training on)."""
+        small = state_mod.Components(
+            schedulers=self.components.schedulers,
+            scaler=self.components.scaler,
+            stateful=self.components.stateful,
+        )
+        data = state_mod.capture(
+            small,
+            timestamp=timestamp,
+            run_name=run_name,
+            metrics=metrics,
+            extras=extras,
+            weights_only=weights_only,
+        )
+        del data["state"]["model"]
+        buf = io.BytesIO()
+        torch.save(data, buf)
+        out = self._cached_tensor_state(weights_only=weights_only)
+        out[RANKS_KEY] = {str(self.rank): buf.getvalue()}
+        return out
+
+    def stage(self, state: dict[str, Any]) -> tuple[dict[str, Any], set[str] | None]:
+        """Host copy of ``state`` in reused buffers; training may go on once this returns.
+
+        Returns the copy and the keys it holds (None: all). Once a save of the same live
+        tensors has shown which replicated tensors DCP assigns to this rank (the assignment
+        is a deterministic function of the plans), only those are copied.
+        """
+        only_keys = None
+        if self._cache is not None and self._written is not None:
+            sig, keys = self._written
+            if sig == self._cache[0]:
+                only_keys = keys
+        only = None
+        if only_keys is not None:
+            _, mappings = flatten_state_dict(state)
+            only = {"/" + "/".join(map(str, mappings[k])) for k in only_keys if k in mappings}
+        staged = self.stager.stage(state, only=only)
+        self.stager.synchronize()
+        return staged, only_keys
+
+    # ------------------------------------------------------------------ save
+    def write(
+        self, state: dict[str, Any], folder: Path, *, staged: set[str] | None = None
+    ) -> list[FileEntry]:
+        """Write this rank's share of ``state`` into ``folder``; collective over all ranks.
+
+        ``staged``: the keys ``stage`` copied (None: all, or a synchronous save). Returns this
+        rank's manifest entries (its data file; on rank 0 also ``.metadata``).
+        """
+        writer = HashingWriter(folder, staged=staged)
+        sig = None if self._cache is None else self._cache[0]
+        self._written = None
+        dcp.save(
+            state,
+            storage_writer=writer,
+            planner=DefaultSavePlanner(),
+            process_group=self.commit_coord.group,
+            no_dist=not self.commit_coord.distributed,
+        )
+        if sig is not None:
+            self._written = (sig, writer.tensor_keys)
+        return list(writer.written)
+
+    # ------------------------------------------------------------------ load
+    def load(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool = False,
+        strict: bool = True,
+        ignore_keys: Sequence[str] = (),
+    ) -> tuple[dict[str, Any], LoadReport]:
+        """Load a version-2 checkpoint into the live components; collective over all ranks.
+
+        Returns the saved small state (timestamp, metrics, extras...) like ``state.restore``.
+        Raises ``CorruptCheckpointError`` on every rank when any rank read a chunk that fails
+        its digest; the live state is untouched then.
+        """
+        started = time.monotonic()
+        meta_entry = next((f for f in manifest.files if f.path == METADATA_NAME), None)
+        metadata = self._agreed_metadata(folder, meta_entry)
+        weights_only = weights_only or manifest.weights_only
+        saved_ws = manifest.world_size
+        source = self.rank if self.rank < saved_ws else 0
+        live = self._tensor_state(weights_only=weights_only)
+        patterns = [p.strip("/") for p in ignore_keys]
+        self._drop_ignored(live, patterns)
+        if MODEL_KEY in live:
+            self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
+        target = self.stager.empty_like(live)
+        target[RANKS_KEY] = {str(source): b""}
+        reader = VerifyingReader(
+            folder, expected_metadata=meta_entry, trusted=self.trusted_pickle, metadata=metadata
+        )
+        try:
+            dcp.load(
+                target,
+                storage_reader=reader,
+                planner=_SafeLoadPlanner(
+                    trusted=self.trusted_pickle, allow_partial_load=not strict or bool(patterns)
+                ),
+                process_group=self.coord.group,
+                no_dist=not self.coord.distributed,
+            )
+        except CheckpointException as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint {folder} failed to load, live state untouched: {_failures(exc)}"
+            ) from exc
+        problems: list[str] = []
+        copy_into_live(live, target, on_mismatch=lambda p, why: problems.append(f"{p}: {why}"))
+        if problems:
+            raise IncompatibleCheckpointError("loaded state does not fit: " + "; ".join(problems))
+        if OPTIM_KEY in live:
+            self._restore_param_groups(target[OPTIM_KEY])
+        data = torch.load(
+            io.BytesIO(target[RANKS_KEY][str(source)]), weights_only=not self.trusted_pickle
+        )
+        rng_mode = "none" if weights_only or "rng" not in data else "restored"
+        if rng_mode != "none" and saved_ws != self.world_size and self.rank >= saved_ws:
+            data["rng"] = derived_rng(data["rng"], self.rank)
+            rng_mode = "derived"
+        small = state_mod.Components(
+            schedulers=self.components.schedulers,
+            scaler=self.components.scaler,
+            stateful=self.components.stateful,
+        )
+        small_patterns = [p for p in patterns if not p.startswith(("state/model", "state/optim"))]
+        saved = state_mod.restore(
+            small, data, weights_only=weights_only, strict=strict, ignore_keys=small_patterns
+        )
+        report = LoadReport(
+            saved_ws, source, rng_mode, reader.bytes_read, time.monotonic() - started
+        )
+        return saved, report
+
+    def _agreed_metadata(self, folder: Path, entry: FileEntry | None) -> Metadata:
+        """Every rank reads and checks ``.metadata``; any failure fails all ranks alike."""
+        metadata, problem = None, None
+        try:
+            blob = (folder / METADATA_NAME).read_bytes()
+            if entry is None:
+                problem = "the manifest lists no .metadata"
+            elif len(blob) != entry.size or xxhash.xxh3_128_hexdigest(blob) != entry.xxh3_128:
+                problem = ".metadata does not match its manifest entry"
+            else:
+                metadata = read_metadata_bytes(blob, trusted=self.trusted_pickle)
+        except Exception as exc:  # unreadable or disallowed pickle: the checkpoint is unusable
+            problem = f".metadata unreadable: {type(exc).__name__}: {exc}"
+        problems = [p for p in self.coord.all_gather(problem) if p]
+        if problems:
+            raise CorruptCheckpointError(f"checkpoint {folder}: {problems[0]}")
+        assert metadata is not None
+        return metadata
+
+    def _drop_ignored(self, live: dict[str, Any], patterns: list[str]) -> None:
+        if not patterns:
+            return
+        if any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns):
+            live.pop(OPTIM_KEY, None)
+        model = live.get(MODEL_KEY, {})
+        for key in list(model):
+            if any(fnmatch.fnmatchcase(f"state/model/{key}", p) for p in patterns):
+                del model[key]
+
+    def _check_model(
+        self, model: dict[str, Any], metadata: Metadata, *, strict: bool, ignored: list[str]
+    ) -> None:
+        prefix = f"{MODEL_KEY}."
+        saved = {
+            k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
+            for k, md in metadata.state_dict_metadata.items()
+            if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+        }
+        state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
+        if not strict:
+            for key in [k for k in model if k not in saved]:
+                del model[key]
+
+    def _restore_param_groups(self, loaded: dict[str, Any]) -> None:
+        """Hyperparameters (lr, betas...) per group, as ``Optimizer.load_state_dict`` does."""
+        for name, opt in self.components.optimizers.items():
+            groups = loaded.get(name, {}).get("param_groups")
+            if not groups:
+                continue
+            if len(groups) != len(opt.param_groups):
+                raise IncompatibleCheckpointError(
+                    f"optimizer {name!r} has {len(opt.param_groups)} param groups, the "
+                    f"checkpoint {len(groups)}"
+                )
+            for live_group, saved_group in zip(opt.param_groups, groups, strict=True):
+                for key, value in saved_group.items():
+                    if key != "params":
+                        live_group[key] = value
+
+
+def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:
+    return [
+        {**{k: v for k, v in live.items() if k != "params"}, "params": old["params"]}
+        for old, live in zip(cached, opt.param_groups, strict=True)
+    ]
+
+
+def derived_rng(saved: dict[str, Any], rank: int) -> dict[str, Any]:
+    """RNG state for a rank that did not exist when the checkpoint was saved.
+
+    Seeded from rank 0's saved torch generator state and the new rank, so the stream is
+    reproducible (same checkpoint, same rank: same numbers) and differs from every other rank.
+    """
+    seed_src = saved["torch"].numpy().tobytes() + f"/rank{rank}".encode()
+    seed = xxhash.xxh3_64_intdigest(seed_src) & ((1 << 63) - 1)
+    gen = torch.Generator().manual_seed(seed)
+    py = random.Random(seed)
+    version, internal, gauss = py.getstate()
+    out = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
+    out["torch"] = gen.get_state()
+    if "numpy" in saved and rng.np is not None:
+        np_state = rng.np.random.RandomState(seed % (1 << 32)).get_state(legacy=True)
+        kind, keys, pos, has_gauss, cached = np_state
+        out["numpy"] = {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    return out
+
+
+def _failures(exc: CheckpointException) -> str:
+    parts = []
+    for r, wrapped in sorted(exc.failures.items()):
+        e = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        parts.append(f"rank {r}: {type(e).__name__}: {e}")
+    return "; ".join(parts)[:2000]

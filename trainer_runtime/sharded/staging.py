@@ -1,0 +1,134 @@
+"""Host buffers for a state dict, kept from one checkpoint to the next.
+
+Staging is what makes an async save safe: the persisting thread writes a copy, so training may
+change the live tensors as soon as the copy is done. The copy goes into buffers allocated on
+the first save and reused by every later one (pinned when CUDA is in use, so device-to-host
+copies run at full bus speed and need no page faults), the way DCP's ``DefaultStager`` caches
+its storages. The same buffers are the target of a load: a checkpoint is read and verified into
+them, and only a verified, complete read is copied into the live tensors.
+
+DTensors (FSDP2, tensor parallel) are staged by their local shard and re-wrapped with the same
+mesh and placements, so DCP plans the staged copy exactly as it would the live state.
+DCP's own ``DefaultStager`` was the alternative; it deep-copies every object in the tree and
+keys its cache by storage, which cannot serve as a load target with the live layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+class HostStager:
+    """Copies (or allocates) a nested state dict into reused host buffers, keyed by path."""
+
+    def __init__(self, *, pin_memory: bool | None = None) -> None:
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._only: set[str] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def stage(self, tree: Any, *, only: set[str] | None = None) -> Any:
+        """A copy of ``tree`` whose tensors live in this stager's host buffers.
+
+        With ``only`` (tensor paths such as ``/model/0.weight``), other tensors stay live
+        references and buffers kept for them are freed: a data-parallel rank stages just the
+        share of the replicated state it writes.
+        """
+        self._only = only
+        try:
+            out = self._map(tree, "", copy=True)
+        finally:
+            self._only = None
+        if only is not None:
+            self._buffers = {k: v for k, v in self._buffers.items() if k in only}
+        return out
+
+    def empty_like(self, tree: Any) -> Any:
+        """Same structure, host buffers with unspecified contents (a load target)."""
+        return self._map(tree, "", copy=False)
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+    def _buffer(self, path: str, like: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = torch.empty(
+                like.shape, dtype=like.dtype, device="cpu", pin_memory=self.pin_memory
+            )
+            self._buffers[path] = buf
+        return buf
+
+    def _map(self, obj: Any, path: str, *, copy: bool) -> Any:
+        if isinstance(obj, torch.Tensor) and self._only is not None and path not in self._only:
+            return obj
+        if isinstance(obj, DTensor):
+            local = obj.to_local()
+            buf = self._buffer(path, local)
+            if copy:
+                buf.copy_(local.detach(), non_blocking=self.pin_memory)
+            return DTensor.from_local(
+                buf,
+                obj.device_mesh,
+                obj.placements,
+                run_check=False,
+                shape=obj.shape,
+                stride=obj.stride(),
+            )
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffer(path, obj)
+            if copy:
+                buf.copy_(obj.detach(), non_blocking=self.pin_memory)
+            return buf
+        if isinstance(obj, dict):
+            return type(obj)((k, self._map(v, f"{path}/{k}", copy=copy)) for k, v in obj.items())
+        if isinstance(obj, list | tuple):
+            items = [self._map(v, f"{path}/{i}", copy=copy) for i, v in enumerate(obj)]
+            return items if isinstance(obj, list) else tuple(items)
+        return obj
+
+    def synchronize(self) -> None:
+        """Wait for non-blocking device-to-host copies (no-op without CUDA)."""
+        if self.pin_memory and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """(path, live leaf, staged leaf) for every leaf of two trees of the same structure."""
+    if isinstance(live, dict):
+        for k, v in live.items():
+            if k in staged:
+                yield from tensor_pairs(v, staged[k], f"{path}/{k}")
+    elif isinstance(live, list | tuple) and not isinstance(live, torch.Size):
+        for i, (a, b) in enumerate(zip(live, staged, strict=False)):
+            yield from tensor_pairs(a, b, f"{path}/{i}")
+    else:
+        yield path, live, staged
+
+
+def copy_into_live(live: Any, staged: Any, *, on_mismatch: Callable[[str, str], None]) -> int:
+    """Copy every staged tensor into its live counterpart in place; returns bytes copied."""
+    copied = 0
+    for path, dst, src in tensor_pairs(live, staged):
+        if not isinstance(dst, torch.Tensor):
+            continue
+        d = dst.to_local() if isinstance(dst, DTensor) else dst
+        s = src.to_local() if isinstance(src, DTensor) else src
+        if not isinstance(s, torch.Tensor) or d.shape != s.shape:
+            on_mismatch(path, f"live {tuple(d.shape)} vs loaded {_shape(s)}")
+            continue
+        with torch.no_grad():
+            d.copy_(s)
+        copied += d.numel() * d.element_size()
+    return copied
+
+
+def _shape(obj: Any) -> Any:
+    return tuple(obj.shape) if isinstance(obj, torch.Tensor) else type(obj).__name__
