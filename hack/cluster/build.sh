@@ -41,7 +41,7 @@ die() { printf '[build] ERROR: %s\n' "$*" >&2; exit 1; }
 
 version_of() {
   case "$1" in
-    kube-*|kubectl) echo "${KUBE_VERSION}" ;;
+    kube-*|kubectl|kubelet) echo "${KUBE_VERSION}" ;;
     etcd) echo "${ETCD_VERSION}" ;;
     kwok|kwokctl) echo "${KWOK_VERSION}" ;;
     helm) echo "${HELM_VERSION}" ;;
