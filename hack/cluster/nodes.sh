@@ -128,6 +128,9 @@ setup_network() {
   ip link add "${veth}" type veth peer name eth0 netns "${ns}"
   ip addr add "$(host_ip "${i}")/30" dev "${veth}"
   ip link set "${veth}" up
+  # Machines whose FORWARD policy drops (Docker hosts, for one) still forward node traffic.
+  iptables -I FORWARD -i "${veth}" -j ACCEPT
+  iptables -I FORWARD -o "${veth}" -j ACCEPT
   ip route replace "$(pod_cidr "${i}")" via "$(node_ip "${i}")" dev "${veth}"
   ip -n "${ns}" link set lo up
   ip -n "${ns}" addr add "$(node_ip "${i}")/30" dev eth0
@@ -377,7 +380,10 @@ unmount_under() {
 }
 
 remove_network() {
-  local i="$1"
+  local i="$1" veth
+  veth="$(veth_of "${i}")"
+  while iptables -D FORWARD -i "${veth}" -j ACCEPT 2>/dev/null; do :; done
+  while iptables -D FORWARD -o "${veth}" -j ACCEPT 2>/dev/null; do :; done
   ip route del "$(pod_cidr "${i}")" 2>/dev/null || true
   ip link del "$(veth_of "${i}")" 2>/dev/null || true
   ip netns del "$(netns_of "${i}")" 2>/dev/null || true
@@ -392,7 +398,8 @@ destroy_node() {
   unmount_under "${d}"
   remove_network "${i}"
   remove_cgroups "${i}"
-  rm -rf "${d}"
+  rm -rf "${d}" 2>/dev/null || { sleep 1; unmount_under "${d}"; rm -rf "${d}"; } \
+    || log "warning: could not remove all of ${d}"
 }
 
 cmd_kill_node() {

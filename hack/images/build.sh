@@ -99,9 +99,8 @@ have_image() { buildah inspect --type image "$1" >/dev/null 2>&1; }
 
 # Write the archive from buildah's storage (atomically: a killed run leaves no half archive).
 export_archive() {
-  local name="$1" ref out
+  local name="$1" out="$2" ref
   ref="$(ref_of "${name}")"
-  out="$(archive_of "${name}")"
   mkdir -p "${image_dir}"
   rm -f "${out}.part"
   buildah push --quiet "${ref}" "docker-archive:${out}.part:${ref}" >/dev/null
@@ -196,9 +195,12 @@ build_target() {
 }
 
 build_one() {
-  local name="$1" start=${SECONDS}
-  if [[ -f "$(archive_of "${name}")" ]]; then
-    echo "$(archive_of "${name}")"
+  # The key is taken before the build: an input edited while it runs makes the next run
+  # build again instead of filing the old result under the new key.
+  local name="$1" start=${SECONDS} out
+  out="$(archive_of "${name}")"
+  if [[ -f "${out}" ]]; then
+    echo "${out}"
     return 0
   fi
   case "${name}" in
@@ -207,9 +209,9 @@ build_one() {
     pause) build_pause ;;
     operator|runtime) build_target "${name}" ;;
   esac
-  export_archive "${name}"
-  log "${name}: $(ref_of "${name}") in $((SECONDS - start))s -> $(archive_of "${name}")"
-  echo "$(archive_of "${name}")"
+  export_archive "${name}" "${out}"
+  log "${name}: $(ref_of "${name}") in $((SECONDS - start))s -> ${out}"
+  echo "${out}"
 }
 
 main() {
