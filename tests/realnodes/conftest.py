@@ -185,9 +185,7 @@ def real_cluster() -> Iterator[RealCluster]:
         }
         bin_dir = _run([str(BUILD_SH), "--print-bindir"], env, 60).stdout.strip()
         kubeconfig = _run([str(CLUSTER_SH), "env"], env, 60).stdout.strip()
-        yield RealCluster(
-            kubeconfig=kubeconfig, kubectl=f"{bin_dir}/kubectl", env=env, images=refs
-        )
+        yield RealCluster(kubeconfig=kubeconfig, kubectl=f"{bin_dir}/kubectl", env=env, images=refs)
     finally:
         if os.environ.get("RTJ_REALNODES_KEEP") != "1":
             _run([str(NODES_SH), "down"], env, 300)

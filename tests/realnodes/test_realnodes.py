@@ -21,9 +21,7 @@ from .conftest import NODES_SH, ROOT, RealCluster, wait_for
 CHART = ROOT / "charts" / "resumable-training-operator"
 
 
-def _pod(
-    name: str, image: str, command: list[str], node: str, **spec: Any
-) -> dict[str, Any]:
+def _pod(name: str, image: str, command: list[str], node: str, **spec: Any) -> dict[str, Any]:
     labels = spec.pop("labels", {})
     container = {
         "name": "main",
@@ -51,7 +49,9 @@ def test_runtime_image_runs_on_a_real_node_and_logs_reach_kubectl(
         "import os, boto3, torch, trainer_runtime\n"
         "print('runtime-image-ok', torch.__version__, 'uid', os.getuid(), flush=True)\n"
     )
-    pod = _pod("train", real_cluster.images["runtime"], ["python", "-c", code], real_cluster.node(1))
+    pod = _pod(
+        "train", real_cluster.images["runtime"], ["python", "-c", code], real_cluster.node(1)
+    )
     real_cluster.apply({**pod, "metadata": {**pod["metadata"], "namespace": ns}})
     phase = real_cluster.wait_phase("train", ns, {"Succeeded", "Failed"}, timeout=300)
     logs = real_cluster.logs("train", ns)
@@ -87,8 +87,10 @@ def test_deleting_a_pod_sends_sigterm_and_waits_out_its_shutdown(
     real_cluster.wait_phase("graceful", ns, {"Running"})
     wait_for("the pod to print ready", lambda: "ready" in real_cluster.logs("graceful", ns), 60)
     follow = subprocess.Popen(
-        [real_cluster.kubectl, "--kubeconfig", real_cluster.kubeconfig]
-        + ["logs", "-f", "graceful", "-n", ns],
+        [
+            *(real_cluster.kubectl, "--kubeconfig", real_cluster.kubeconfig),
+            *("logs", "-f", "graceful", "-n", ns),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -192,10 +194,12 @@ def test_operator_chart_runs_non_root_read_only_without_capabilities(
     release = "rtj"
     repo, _, tag = real_cluster.images["operator"].rpartition(":")
     install = subprocess.run(
-        [helm, "--kubeconfig", real_cluster.kubeconfig, "install", release, str(CHART)]
-        + ["-n", ns, "--set", f"image.repository={repo}", "--set", f"image.tag={tag}"]
-        + ["--set", "image.pullPolicy=Never", "--set", f"peering.name=rtj-{ns}"]
-        + ["--wait", "--timeout", "180s"],
+        [
+            *(helm, "--kubeconfig", real_cluster.kubeconfig, "install", release, str(CHART)),
+            *("-n", ns, "--set", f"image.repository={repo}", "--set", f"image.tag={tag}"),
+            *("--set", "image.pullPolicy=Never", "--set", f"peering.name=rtj-{ns}"),
+            *("--wait", "--timeout", "180s"),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -277,8 +281,10 @@ def test_a_lost_node_takes_its_containers_and_its_node_object_with_it(
     # The pod garbage collector fails and removes pods bound to a node that no longer exists.
     wait_for(
         "pod GC to remove the lost node's pod",
-        lambda: (p := real_cluster.get("pod", "victim", ns)) is None
-        or p["status"].get("phase") == "Failed",
+        lambda: (
+            (p := real_cluster.get("pod", "victim", ns)) is None
+            or p["status"].get("phase") == "Failed"
+        ),
         180,
         interval=2,
     )
