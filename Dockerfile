@@ -88,6 +88,9 @@ FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="rtj-operator" \
       org.opencontainers.image.description="ResumableTrainingJob operator (kopf)" \
       org.opencontainers.image.licenses="Apache-2.0"
+# A named user: kopf's peering identity is "<user>@<host>" from getpass.getuser(), which fails
+# for a UID without a passwd entry (the operator then exits at start-up).
+RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin rtj-operator
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

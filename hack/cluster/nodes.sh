@@ -10,7 +10,9 @@
 #   hack/cluster/nodes.sh kill-node I          lose node I: SIGKILL everything it runs
 #                                              (kubelet, containerd, shims, containers),
 #                                              remove its network, delete its Node
-#   hack/cluster/nodes.sh import-image TAR     load a docker-archive into every running node
+#   hack/cluster/nodes.sh import-image TAR [I...]  load a docker-archive into the running
+#                                              nodes (or nodes I...); an archive already
+#                                              imported into a node is skipped
 #   hack/cluster/nodes.sh name I               print node I's Node name (its IP)
 #   hack/cluster/nodes.sh status               the nodes' processes and Node objects
 #
@@ -246,8 +248,9 @@ podLogsDir: ${d}/podlogs
 clusterDNS: [$(dns_ip)]
 clusterDomain: ${cluster_domain}
 resolvConf: ${d}/resolv.conf
+# Nodes share the machine's disk; eviction and image garbage collection start only when it
+# is nearly full (images cannot be pulled again: they come from archives).
 evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-# Images come from archives, not a registry: never garbage-collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
@@ -304,10 +307,24 @@ wait_for() {
 
 ctr_of() { ctr --address "$(node_dir "$1")/containerd/containerd.sock" -n k8s.io "${@:2}"; }
 
+# Archives are named by the hash of their inputs, so one imported before is the same image:
+# skip it (the runtime image takes minutes to import) while the node still has every image
+# the import created (the kubelet deletes unused images when the disk fills up).
 import_into() {
-  local i="$1" tar="$2"
+  local i="$1" tar="$2" mark out have ref missing=0
   [[ -f "${tar}" ]] || die "no image archive ${tar}"
-  ctr_of "${i}" images import "${tar}" >/dev/null || die "node ${i}: import of ${tar} failed"
+  mark="$(node_dir "${i}")/imported/$(basename "${tar}")"
+  if [[ -s "${mark}" ]]; then
+    have="$(ctr_of "${i}" images ls -q)"
+    while read -r ref; do
+      grep -qxF -- "${ref}" <<<"${have}" || missing=1
+    done <"${mark}"
+    ((missing)) || return 0
+  fi
+  out="$(ctr_of "${i}" images import "${tar}")" || die "node ${i}: import of ${tar} failed"
+  mkdir -p "${mark%/*}"
+  # ctr prints "unpacking <ref> (sha256:...)...done" per image.
+  sed -n 's/^unpacking \([^ ]*\) .*/\1/p' <<<"${out}" >"${mark}"
 }
 
 start_node() {
@@ -491,7 +508,8 @@ cmd_up() {
 
 cmd_import_image() {
   local tar="${1:?import-image needs a docker-archive path}" i nodes
-  nodes="${2:-$(node_indexes)}"
+  shift
+  nodes="${*:-$(node_indexes)}"
   [[ -n "${nodes}" ]] || die "no nodes of ${name} running"
   for i in ${nodes}; do import_into "${i}" "${tar}"; done
 }

@@ -66,11 +66,39 @@ recipe() { declare -f "$@" | sha; }
 context_hash() {
   (
     cd "${root}"
-    find pyproject.toml uv.lock README.md operator trainer_runtime examples Dockerfile \
-      .dockerignore -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+    find pyproject.toml uv.lock README.md operator trainer_runtime examples .dockerignore \
+      -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
       ! -path '*.egg-info/*' ! -path 'operator/deploy/*' -print0 \
       | sort -z | xargs -0 sha256sum
   ) | sha
+}
+
+# The Dockerfile lines a target is built from: the global ARGs and the stages it needs
+# (FROM <stage>, COPY --from=<stage>), so editing the operator stage leaves the runtime
+# image's key alone (it takes minutes and 6 GB to rebuild).
+stage_chain() {
+  awk -v target="$1" '
+    function need(s,   i, n, d) {
+      if (s in needed || !(s in text)) return
+      needed[s] = 1
+      n = split(deps[s], d, " ")
+      for (i = 1; i <= n; i++) need(d[i])
+    }
+    /^[[:space:]]*#/ { next }
+    toupper($1) == "FROM" {
+      cur = ($3 ~ /^[Aa][Ss]$/) ? $4 : "#" NR
+      order[++count] = cur
+      deps[cur] = $2
+    }
+    cur == "" { pre = pre $0 "\n"; next }
+    { text[cur] = text[cur] $0 "\n" }
+    match($0, /--from=[^ ]+/) { deps[cur] = deps[cur] " " substr($0, RSTART + 7, RLENGTH - 7) }
+    END {
+      need(target)
+      printf "%s", pre
+      for (i = 1; i <= count; i++) if (order[i] in needed) printf "%s", text[order[i]]
+    }
+  ' "${root}/Dockerfile"
 }
 
 key_of() {
@@ -78,7 +106,7 @@ key_of() {
     base) printf '%s %s %s %s\n' "$(recipe build_base)" "${DEBIAN_RELEASE}" "${PYTHON_VERSION}" "${BASE_PACKAGES}" | sha ;;
     uv) printf '%s %s\n' "$(recipe build_uv)" "${UV_VERSION}" | sha ;;
     pause) { recipe build_pause; cat "${here}/pause/main.go"; } | sha ;;
-    operator|runtime) printf '%s %s %s %s %s\n' "$(recipe build_target)" "$(key_of base)" "$(key_of uv)" "$(context_hash)" "$1" | sha ;;
+    operator|runtime) printf '%s %s %s %s %s %s\n' "$(recipe build_target)" "$(key_of base)" "$(key_of uv)" "$(context_hash)" "$(stage_chain "$1" | sha)" "$1" | sha ;;
     *) die "unknown image $1 (base|uv|pause|operator|runtime)" ;;
   esac
 }
@@ -182,6 +210,11 @@ build_target() {
   uv_toml="${image_dir}/.uv-system-certs.toml"
   printf 'system-certs = true\n' >"${uv_toml}"
   log "${target}: buildah bud --target ${target} (uv cache ${uv_cache})"
+  local before
+  before="$(buildah containers -q | sort)"
+  # buildah 1.28 leaves a working container behind for a stage used only by COPY --from;
+  # remove what this build left, and the untagged stage images (several GB for runtime).
+  local rc=0
   buildah bud --quiet --layers --pull=never --isolation=chroot \
     --target "${target}" \
     --build-arg "PYTHON_IMAGE=$(ref_of base)" \
@@ -191,7 +224,17 @@ build_target() {
     --volume "${ca_bundle}:/etc/ssl/certs/ca-certificates.crt:ro" \
     --volume "${uv_toml}:/etc/uv/uv.toml:ro" \
     --tag "$(ref_of "${target}")" \
-    --file "${root}/Dockerfile" "${root}" >&2
+    --file "${root}/Dockerfile" "${root}" >&2 || rc=$?
+  cleanup_build "${before//$'\n'/ }"
+  return "${rc}"
+}
+
+cleanup_build() {
+  local before=" $1 " c
+  for c in $(buildah containers -q); do
+    [[ "${before}" == *" ${c} "* ]] || buildah rm "${c}" >/dev/null 2>&1 || true
+  done
+  [[ "${RTJ_IMAGES_KEEP_LAYERS:-0}" == 1 ]] || buildah rmi --prune >/dev/null 2>&1 || true
 }
 
 build_one() {
@@ -210,6 +253,10 @@ build_one() {
     operator|runtime) build_target "${name}" ;;
   esac
   export_archive "${name}" "${out}"
+  # The archive is the cache; the copy in buildah's storage only takes disk (6 GB for runtime).
+  if [[ "${name}" == operator || "${name}" == runtime ]] && [[ "${RTJ_IMAGES_KEEP_LAYERS:-0}" != 1 ]]; then
+    buildah rmi "$(ref_of "${name}")" >/dev/null 2>&1 || true
+  fi
   log "${name}: $(ref_of "${name}") in $((SECONDS - start))s -> ${out}"
   echo "${out}"
 }

@@ -9,6 +9,10 @@ GiB) goes only to node 1, where the tests that need it run.
 Tests drive the cluster with ``kubectl``, as a user would (``logs``, ``exec``, ``delete``),
 rather than through a client library: what is checked is what a user sees.
 
+``RTJ_REALNODES_KEEP=1`` keeps the cluster and its nodes after the session and reuses them in
+the next one (images already imported are not imported again); ``RTJ_REALNODES_CLUSTER_NAME``
+names the cluster (default ``rtj-realnodes``).
+
 Prerequisites are built or installed under ``CI=true`` and fail the suite when that fails;
 locally a missing prerequisite skips the suite, and nothing that takes minutes (the control
 plane or the images) is built from a test run.
@@ -100,7 +104,9 @@ class RealCluster:
         self.kubectl_run("apply", "-f", "-", stdin=json.dumps(manifest))
 
     def get(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
-        proc = self.kubectl_run("get", kind, name, "-n", ns, "-o", "json", check=False)
+        """The object as JSON, or None when it does not exist; ns "" for cluster-scoped kinds."""
+        where = ["-n", ns] if ns else []
+        proc = self.kubectl_run("get", kind, name, *where, "-o", "json", check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else None
 
     def pod_phase(self, name: str, ns: str) -> str:
@@ -145,6 +151,12 @@ def _build_images(env: dict[str, str]) -> dict[str, str]:
     return archives
 
 
+def _nodes_up(env: dict[str, str]) -> bool:
+    """Whether the session's nodes already run (kept by RTJ_REALNODES_KEEP=1)."""
+    status = _run([str(NODES_SH), "status"], env, 60).stdout
+    return status.count("kubelet=up") == NODES and "=down" not in status
+
+
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[RealCluster]:
     """The control plane with two real nodes, CoreDNS, and the project's images loaded."""
@@ -162,16 +174,20 @@ def real_cluster() -> Iterator[RealCluster]:
         if built.returncode != 0:
             pytest.fail(f"hack/cluster/build.sh failed:\n{built.stderr[-4000:]}")
     archives = _build_images(env)
-    # A cluster left over by an interrupted run has its API server bound elsewhere: start over.
-    _run([str(NODES_SH), "down"], env, 300)
-    _run([str(CLUSTER_SH), "down"], env, 300)
-    up = _run([str(CLUSTER_SH), "up", "--nodes", "0"], env, 600)
-    if up.returncode != 0:
-        pytest.fail(f"cluster.sh up failed:\n{up.stderr[-4000:]}")
-    try:
+    keep = os.environ.get("RTJ_REALNODES_KEEP") == "1"
+    if not (keep and _nodes_up(env)):
+        # A cluster left over by an interrupted run may have its API server bound to
+        # 127.0.0.1 only: start over.
+        _run([str(NODES_SH), "down"], env, 300)
+        _run([str(CLUSTER_SH), "down"], env, 300)
+        up = _run([str(CLUSTER_SH), "up", "--nodes", "0"], env, 600)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh up failed:\n{up.stderr[-4000:]}")
         nodes = _run([str(NODES_SH), "up", str(NODES)], env, 600)
         if nodes.returncode != 0:
+            _run([str(NODES_SH), "down"], env, 300)
             pytest.fail(f"nodes.sh up failed:\n{nodes.stderr[-4000:]}")
+    try:
         for target in ("operator",):
             imported = _run([str(NODES_SH), "import-image", archives[target]], env, 600)
             if imported.returncode != 0:
@@ -187,7 +203,7 @@ def real_cluster() -> Iterator[RealCluster]:
         kubeconfig = _run([str(CLUSTER_SH), "env"], env, 60).stdout.strip()
         yield RealCluster(kubeconfig=kubeconfig, kubectl=f"{bin_dir}/kubectl", env=env, images=refs)
     finally:
-        if os.environ.get("RTJ_REALNODES_KEEP") != "1":
+        if not keep:
             _run([str(NODES_SH), "down"], env, 300)
             _run([str(CLUSTER_SH), "down"], env, 300)
 
