@@ -428,7 +428,7 @@ cmd_kill_node() {
 }
 
 cmd_down() {
-  local i nodes
+  local i nodes start=${SECONDS}
   nodes="$(node_indexes)"
   [[ -n "${nodes}" ]] || { log "no nodes of ${name}"; return 0; }
   # 1. Pods go while their kubelets still run, so they get their grace period.
@@ -440,10 +440,14 @@ cmd_down() {
     local deadline=$((SECONDS + 60))
     for i in ${nodes}; do
       while k get pods -A --field-selector "spec.nodeName=$(node_ip "${i}")" -o name 2>/dev/null | grep -q .; do
-        ((SECONDS < deadline)) || { log "warning: pods left on node ${i} after 60s"; break; }
+        ((SECONDS < deadline)) || {
+          log "warning: pods left on node ${i} after 60s: $(k get pods -A --field-selector "spec.nodeName=$(node_ip "${i}")" -o name 2>/dev/null | tr '\n' ' ')"
+          break
+        }
         sleep 0.5
       done
     done
+    log "pods deleted at $((SECONDS - start))s"
   fi
   for i in ${nodes}; do
     local d
@@ -460,11 +464,12 @@ cmd_down() {
       for c in $(ctr_of "${i}" containers ls -q 2>/dev/null); do ctr_of "${i}" containers delete "${c}" >/dev/null 2>&1 || true; done
     fi
     stop_pidfile "${d}/containerd.pid"
+    log "node ${i}: daemons stopped at $((SECONDS - start))s"
     destroy_node "${i}"
     if [[ -f "${kubeconfig}" ]]; then
       k delete node "$(node_ip "${i}")" --wait=false --ignore-not-found >/dev/null 2>&1 || true
     fi
-    log "node ${i} stopped"
+    log "node ${i} stopped at $((SECONDS - start))s"
   done
   rmdir "${state_root}" 2>/dev/null || true
 }
