@@ -18,18 +18,26 @@
 ARG PYTHON_VERSION=3.11
 ARG DEBIAN_RELEASE=bookworm
 ARG UV_VERSION=0.13.8
+# The two base images. Builds without a registry override them with local images
+# (hack/images/build.sh: a Debian base with Debian's python3, and an image holding /uv).
+ARG PYTHON_IMAGE=python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:${UV_VERSION}
+# 1: the image keeps no uv cache. hack/images/build.sh passes 0 and mounts the machine's uv
+# cache at /root/.cache/uv for the RUN steps, so torch is not downloaded again per build.
+ARG UV_NO_CACHE=1
 
-FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
+FROM ${UV_IMAGE} AS uv
 
 # ---------------------------------------------------------------------------------------------
 # Build stages
 # ---------------------------------------------------------------------------------------------
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS build-base
+FROM ${PYTHON_IMAGE} AS build-base
 COPY --from=uv /uv /usr/local/bin/uv
+ARG UV_NO_CACHE
 # Frozen: install exactly uv.lock, fail if pyproject.toml disagrees with it. No download of a
 # Python: the image's own interpreter is the one the final stage has too.
 ENV UV_FROZEN=1 \
-    UV_NO_CACHE=1 \
+    UV_NO_CACHE=${UV_NO_CACHE} \
     UV_LINK_MODE=copy \
     UV_COMPILE_BYTECODE=1 \
     UV_PYTHON_DOWNLOADS=never \
@@ -57,7 +65,7 @@ RUN uv sync --no-editable --extra runtime --extra s3
 #   CMD ["python", "/app/train.py"]
 # torch is the locked PyPI build (CUDA libraries included on linux/amd64).
 # ---------------------------------------------------------------------------------------------
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS runtime
+FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="rtj-train" \
       org.opencontainers.image.description="Training base image: trainer_runtime, torch, boto3" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -76,10 +84,13 @@ CMD ["python", "/app/examples/train_deterministic.py"]
 # operator (default target): kopf, kubernetes, pydantic, prometheus-client; never torch.
 # The Helm chart runs it with a read-only root filesystem as UID 65532.
 # ---------------------------------------------------------------------------------------------
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS operator
+FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="rtj-operator" \
       org.opencontainers.image.description="ResumableTrainingJob operator (kopf)" \
       org.opencontainers.image.licenses="Apache-2.0"
+# A named user: kopf's peering identity is "<user>@<host>" from getpass.getuser(), which fails
+# for a UID without a passwd entry (the operator then exits at start-up).
+RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin rtj-operator
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

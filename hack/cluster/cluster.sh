@@ -17,6 +17,9 @@
 # Environment:
 #   RTJ_CLUSTER_NAME   cluster name (default: rtj-dev)
 #   RTJ_CACHE_DIR      cache root shared with build.sh (default: ${XDG_CACHE_HOME:-$HOME/.cache}/rtj)
+#   RTJ_APISERVER_BIND_ADDRESS  kube-apiserver --bind-address (default: 127.0.0.1). Real nodes
+#                      (hack/cluster/nodes.sh) need 0.0.0.0: their kubelets and pods reach
+#                      the API server from other network namespaces.
 #   RTJ_HEARTBEAT_FACTOR  kwokctl --heartbeat-factor (default: 1, i.e. upstream timings:
 #                      node-monitor-period 5s, node-monitor-grace-period 40s, kwok node
 #                      status every 10s; kwokctl's own default 5 makes node loss take 200s)
@@ -182,11 +185,14 @@ cmd_up() {
     log "creating cluster ${name} (kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
     # bindAddress is only settable from a config file.
     local conf="${KWOK_WORKDIR}/rtj-kwokctl.yaml"
+    # The serving certificate also names the kubernetes Service's address (the first of the
+    # service range), so pods on real nodes verify it with their in-cluster config.
     cat >"${conf}" <<'EOF'
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   bindAddress: 127.0.0.1
+  kubeApiserverCertSANs: ["10.0.0.1", "10.96.0.1"]
 EOF
     # kwokctl starts kwok with --manage-all-nodes=true under the binary runtime;
     # narrow it to annotated nodes so real (agent-registered) nodes are left alone.
@@ -203,6 +209,7 @@ EOF
       --kwok-controller-binary "${KWOK_CONTROLLER_BINARY}" \
       --extra-args "kwok-controller=manage-all-nodes=false" \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
+      --extra-args "kube-apiserver=bind-address=${RTJ_APISERVER_BIND_ADDRESS:-127.0.0.1}" \
       --quiet-pull \
       --timeout 5m \
       --wait 2m >&2 8>&- || die "kwokctl create cluster failed; logs under ${KWOK_WORKDIR}/clusters/${name}/logs"

@@ -92,7 +92,7 @@ def parse(path: Path = DOCKERFILE) -> tuple[dict[str, str], dict[str, Stage]]:
         elif current is None:
             if keyword == "ARG":
                 key, _, value = rest.partition("=")
-                global_args[key] = value
+                global_args[key] = _expand(value, global_args)
         else:
             current.instructions.append(Instruction(keyword, flags, rest, number))
     return global_args, stages
