@@ -224,6 +224,10 @@ def operator(
     """The operator under test, serving the ``rtj-e2e-*`` namespaces."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = start_operator(kubeconfig, log, "--namespace", E2E_NAMESPACES, "--standalone")
+    # kopf lists the namespaces, then starts a namespace watch that ignores its own initial
+    # listing: a namespace created between the two is not served until it next changes. Let
+    # the watch start before the first test namespace exists.
+    time.sleep(3)
     yield op
     op.stop()
     print(f"\noperator log: {log}")
