@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     CheckpointError,
     ConfigError,
+    CorruptCheckpointError,
     IncompatibleCheckpointError,
     ManifestError,
     NoCheckpointError,
@@ -48,6 +49,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
+    "CorruptCheckpointError",
     "Event",
     "IncompatibleCheckpointError",
     "Manifest",
