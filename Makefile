@@ -3,7 +3,7 @@
 UV ?= $(shell hack/bootstrap-uv.sh)
 RUN := $(UV) run --frozen --all-extras
 
-.PHONY: setup tools test test-fast lint format crds demo demo-local bench clean
+.PHONY: setup tools images test test-fast test-realnodes lint format crds demo demo-local bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
 	@test -n "$(UV)" || { echo "uv is required and could not be installed (see above)" >&2; exit 1; }
@@ -15,6 +15,14 @@ tools:  ## build once, then reuse from ~/.cache/rtj: control plane, kwok, helm, 
 
 test: setup tools  ## the whole suite: unit, multi-process, object store, local cluster
 	$(RUN) python -m pytest
+
+images: setup  ## the operator and runtime images, built by buildah without a registry (root)
+	hack/images/deps.sh
+	hack/images/build.sh operator runtime
+	hack/cluster/build-coredns.sh
+
+test-realnodes: setup tools images  ## real kubelets + containerd run the images (root; not in `make test`)
+	$(RUN) python -m pytest -m realnodes tests/realnodes
 
 test-fast: setup  ## pure unit and single-process tests only
 	$(RUN) python -m pytest tests/unit

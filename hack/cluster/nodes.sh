@@ -431,8 +431,12 @@ cmd_down() {
   local i nodes start=${SECONDS}
   nodes="$(node_indexes)"
   [[ -n "${nodes}" ]] || { log "no nodes of ${name}"; return 0; }
-  # 1. Pods go while their kubelets still run, so they get their grace period.
+  # 1. Pods go while their kubelets still run, so they get their grace period. The nodes are
+  # cordoned first, or controllers would place replacement pods on them again.
   if [[ -f "${kubeconfig}" ]] && k get --raw /readyz >/dev/null 2>&1; then
+    for i in ${nodes}; do
+      k cordon "$(node_ip "${i}")" >/dev/null 2>&1 || true
+    done
     for i in ${nodes}; do
       k delete pods --all-namespaces --field-selector "spec.nodeName=$(node_ip "${i}")" \
         --wait=false >/dev/null 2>&1 || true

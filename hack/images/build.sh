@@ -28,6 +28,7 @@
 #
 # Environment:
 #   RTJ_CACHE_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/rtj)
+#   UV              the uv binary (default: uv on PATH)
 #   UV_CACHE_DIR    the uv cache to mount (default: `uv cache dir`)
 #   RTJ_IMAGE_TAG   tag of the operator and runtime images (default: dev)
 #
@@ -40,6 +41,8 @@ root="$(cd "${here}/../.." && pwd)"
 cache_dir="${RTJ_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME}/.cache}/rtj}"
 image_dir="${cache_dir}/images"
 tag="${RTJ_IMAGE_TAG:-dev}"
+# `uv run` exports UV (its own path); make's private uv may not be on PATH.
+uv_bin="${UV:-$(command -v uv || true)}"
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -171,8 +174,8 @@ build_uv() {
   local work ctr
   work="$(mktemp -d "${image_dir}/.uv.XXXXXX")"
   log "uv: wheel uv==${UV_VERSION} from PyPI"
-  command -v uv >/dev/null || die "uv is required to fetch the uv wheel"
-  uv pip install --quiet --no-deps --target "${work}/t" \
+  [[ -n "${uv_bin}" ]] || die "uv is required to fetch the uv wheel (set UV or put uv on PATH)"
+  "${uv_bin}" pip install --quiet --no-deps --target "${work}/t" \
     --python-platform x86_64-manylinux_2_17 --python-version "${PYTHON_VERSION}" \
     "uv==${UV_VERSION}" >&2
   [[ -x "${work}/t/bin/uv" ]] || die "the uv wheel holds no bin/uv"
@@ -201,7 +204,7 @@ build_target() {
   local target="$1" uv_cache
   ensure_in_storage base || build_one base >/dev/null
   ensure_in_storage uv || build_one uv >/dev/null
-  uv_cache="${UV_CACHE_DIR:-$(uv cache dir 2>/dev/null || echo "${HOME}/.cache/uv")}"
+  uv_cache="${UV_CACHE_DIR:-$("${uv_bin:-uv}" cache dir 2>/dev/null || echo "${HOME}/.cache/uv")}"
   mkdir -p "${uv_cache}"
   # The RUN steps trust what this machine trusts (a TLS-intercepting egress proxy's CA,
   # for one): the machine's CA bundle and a uv.toml that makes uv read it are mounted

@@ -6,6 +6,9 @@ with CoreDNS (``hack/cluster/nodes.sh``), and loads the project's images, built 
 without a registry (``hack/images/build.sh``), into the nodes. The runtime image (torch, several
 GiB) goes only to node 1, where the tests that need it run.
 
+The suite is left out of a plain ``pytest`` run (``-m 'not realnodes'`` in pyproject.toml):
+run it with ``make test-realnodes`` or ``pytest -m realnodes tests/realnodes``, as root.
+
 Tests drive the cluster with ``kubectl``, as a user would (``logs``, ``exec``, ``delete``),
 rather than through a client library: what is checked is what a user sees.
 
@@ -148,6 +151,12 @@ def _build_images(env: dict[str, str]) -> dict[str, str]:
             if built.returncode != 0:
                 pytest.fail(f"hack/images/build.sh {target} failed:\n{built.stderr[-4000:]}")
         archives[target] = path
+    coredns = ROOT / "hack" / "cluster" / "build-coredns.sh"
+    if _run([str(coredns), "--check"], env, 60).returncode != 0:
+        require(IN_CI, "CoreDNS not built: run hack/cluster/build-coredns.sh")
+        built = _run([str(coredns)], env, 3600)
+        if built.returncode != 0:
+            pytest.fail(f"hack/cluster/build-coredns.sh failed:\n{built.stderr[-4000:]}")
     return archives
 
 
