@@ -66,13 +66,27 @@ def rank_environment(
     quarantined: list[str],
     report_file: str,
 ) -> list[dict[str, str]]:
-    """The environment of DESIGN.md section 3 for one rank, in contract order."""
+    """The environment of DESIGN.md section 3 for one pod (``rank`` is the pod's index, torchrun's
+    node rank), in contract order.
+
+    RANK and WORLD_SIZE count processes: WORLD_SIZE is ``replicas * processesPerPod`` and RANK is
+    the global rank of the pod's first process (LOCAL_RANK 0), which is the process's rank when a
+    pod runs one process. With several, torchrun overwrites RANK, LOCAL_RANK and WORLD_SIZE for
+    each worker it starts from the ``PET_*`` variables.
+    """
+    per_pod = job.spec.processes_per_pod
+    master_addr = names.master_addr(job.ref.name, attempt)
     values = {
-        envvars.RANK: str(rank),
-        envvars.WORLD_SIZE: str(job.spec.replicas),
+        envvars.RANK: str(rank * per_pod),
+        envvars.WORLD_SIZE: str(job.spec.replicas * per_pod),
         envvars.LOCAL_RANK: "0",
-        envvars.MASTER_ADDR: names.master_addr(job.ref.name, attempt),
+        envvars.MASTER_ADDR: master_addr,
         envvars.MASTER_PORT: str(job.spec.master_port),
+        envvars.TORCHRUN_NNODES: str(job.spec.replicas),
+        envvars.TORCHRUN_NPROC_PER_NODE: str(per_pod),
+        envvars.TORCHRUN_NODE_RANK: str(rank),
+        envvars.TORCHRUN_MASTER_ADDR: master_addr,
+        envvars.TORCHRUN_MASTER_PORT: str(job.spec.master_port),
         envvars.JOB_NAME: job.ref.name,
         envvars.NAMESPACE: job.ref.namespace,
         envvars.RUN_NAME: job.run_name,
