@@ -51,6 +51,16 @@ def grace_period_seconds(job: Job) -> int:
     return names.DEFAULT_GRACE_PERIOD_SECONDS if value is None else int(value)
 
 
+def save_budget_seconds(job: Job) -> int:
+    """How long a rank has to save after SIGTERM (``RTJ_GRACE_PERIOD_SECONDS``): the grace period,
+    and with several processes per pod at most torchrun's own wait before it SIGKILLs its
+    workers, since that kill comes first when the grace period is longer."""
+    grace = grace_period_seconds(job)
+    if job.spec.processes_per_pod > 1:
+        return min(grace, names.TORCHRUN_SHUTDOWN_SECONDS)
+    return grace
+
+
 def uses_trainer_identity(job: Job) -> bool:
     """Whether the pods run as the operator-made ServiceAccount (the template names none)."""
     spec = job.raw_template.get("spec") or {}
@@ -96,7 +106,7 @@ def rank_environment(
         envvars.RESUME_FROM: resume_from,
         envvars.QUARANTINED: ",".join(quarantined),
         envvars.NOTICE_FILE: names.NOTICE_FILE,
-        envvars.GRACE_PERIOD_SECONDS: str(grace_period_seconds(job)),
+        envvars.GRACE_PERIOD_SECONDS: str(save_budget_seconds(job)),
         envvars.REPORT_FILE: report_file,
     }
     return [{"name": key, "value": value} for key, value in values.items()]

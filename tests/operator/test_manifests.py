@@ -100,6 +100,18 @@ def test_two_processes_per_pod_count_processes_in_rank_and_world_size():
     assert {e["PET_MASTER_PORT"] for e in envs} == {"23456"}
 
 
+def test_several_processes_per_pod_save_within_torchruns_kill_timeout():
+    def budget(grace, per_pod):
+        template = {"spec": {**TEMPLATE["spec"], "terminationGracePeriodSeconds": grace}}
+        job = make_job(template=template, containerName="trainer", processesPerPod=per_pod)
+        env = env_of(build_pod(job, 0, 0, resume_from="", quarantined=[]))
+        return int(env["RTJ_GRACE_PERIOD_SECONDS"])
+
+    assert budget(90, 1) == 90
+    assert budget(90, 2) == names.TORCHRUN_SHUTDOWN_SECONDS == 30
+    assert budget(20, 2) == 20
+
+
 def test_injected_variables_come_first_and_override_the_users():
     names_in_order = [e["name"] for e in pod()["spec"]["containers"][1]["env"]]
     assert names_in_order[: len(envvars.TORCH)] == list(envvars.TORCH)
