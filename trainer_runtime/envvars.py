@@ -14,6 +14,22 @@ LOCAL_RANK = "LOCAL_RANK"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 
+# torchrun's options as the operator injects them (a pod is one torchrun node). The runtime
+# never reads these itself: torchrun turns them into each worker's RANK, LOCAL_RANK and
+# WORLD_SIZE. They are listed here so the contract test covers the whole pod environment.
+TORCHRUN_NNODES = "PET_NNODES"
+TORCHRUN_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+TORCHRUN_NODE_RANK = "PET_NODE_RANK"
+TORCHRUN_MASTER_ADDR = "PET_MASTER_ADDR"
+TORCHRUN_MASTER_PORT = "PET_MASTER_PORT"
+TORCHRUN = (
+    TORCHRUN_NNODES,
+    TORCHRUN_NPROC_PER_NODE,
+    TORCHRUN_NODE_RANK,
+    TORCHRUN_MASTER_ADDR,
+    TORCHRUN_MASTER_PORT,
+)
+
 # Identity of the job and of this attempt.
 JOB_NAME = "RTJ_JOB_NAME"
 NAMESPACE = "RTJ_NAMESPACE"

@@ -14,6 +14,14 @@ LOCAL_RANK = "LOCAL_RANK"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 
+# torchrun's own options, read from PET_<OPTION> (torch.distributed.argparse_util.env): with
+# these, ``torchrun train.py`` in the container needs no rendezvous flags. A pod is one node.
+TORCHRUN_NNODES = "PET_NNODES"
+TORCHRUN_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+TORCHRUN_NODE_RANK = "PET_NODE_RANK"
+TORCHRUN_MASTER_ADDR = "PET_MASTER_ADDR"
+TORCHRUN_MASTER_PORT = "PET_MASTER_PORT"
+
 # Identity of the job and of this attempt.
 JOB_NAME = "RTJ_JOB_NAME"
 NAMESPACE = "RTJ_NAMESPACE"
@@ -36,6 +44,15 @@ REPORT_FILE = "RTJ_REPORT_FILE"
 
 TORCH = (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
 """The torch.distributed variables, in the order the operator writes them."""
+
+TORCHRUN = (
+    TORCHRUN_NNODES,
+    TORCHRUN_NPROC_PER_NODE,
+    TORCHRUN_NODE_RANK,
+    TORCHRUN_MASTER_ADDR,
+    TORCHRUN_MASTER_PORT,
+)
+"""torchrun's options, in the order the operator writes them (a contract test compares)."""
 
 ALL_RTJ = (
     JOB_NAME,

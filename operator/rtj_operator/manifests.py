@@ -51,6 +51,16 @@ def grace_period_seconds(job: Job) -> int:
     return names.DEFAULT_GRACE_PERIOD_SECONDS if value is None else int(value)
 
 
+def save_budget_seconds(job: Job) -> int:
+    """How long a rank has to save after SIGTERM (``RTJ_GRACE_PERIOD_SECONDS``): the grace period,
+    and with several processes per pod at most torchrun's own wait before it SIGKILLs its
+    workers, since that kill comes first when the grace period is longer."""
+    grace = grace_period_seconds(job)
+    if job.spec.processes_per_pod > 1:
+        return min(grace, names.TORCHRUN_SHUTDOWN_SECONDS)
+    return grace
+
+
 def uses_trainer_identity(job: Job) -> bool:
     """Whether the pods run as the operator-made ServiceAccount (the template names none)."""
     spec = job.raw_template.get("spec") or {}
@@ -66,13 +76,27 @@ def rank_environment(
     quarantined: list[str],
     report_file: str,
 ) -> list[dict[str, str]]:
-    """The environment of DESIGN.md section 3 for one rank, in contract order."""
+    """The environment of DESIGN.md section 3 for one pod (``rank`` is the pod's index, torchrun's
+    node rank), in contract order.
+
+    RANK and WORLD_SIZE count processes: WORLD_SIZE is ``replicas * processesPerPod`` and RANK is
+    the global rank of the pod's first process (LOCAL_RANK 0), which is the process's rank when a
+    pod runs one process. With several, torchrun overwrites RANK, LOCAL_RANK and WORLD_SIZE for
+    each worker it starts from the ``PET_*`` variables.
+    """
+    per_pod = job.spec.processes_per_pod
+    master_addr = names.master_addr(job.ref.name, attempt)
     values = {
-        envvars.RANK: str(rank),
-        envvars.WORLD_SIZE: str(job.spec.replicas),
+        envvars.RANK: str(rank * per_pod),
+        envvars.WORLD_SIZE: str(job.spec.replicas * per_pod),
         envvars.LOCAL_RANK: "0",
-        envvars.MASTER_ADDR: names.master_addr(job.ref.name, attempt),
+        envvars.MASTER_ADDR: master_addr,
         envvars.MASTER_PORT: str(job.spec.master_port),
+        envvars.TORCHRUN_NNODES: str(job.spec.replicas),
+        envvars.TORCHRUN_NPROC_PER_NODE: str(per_pod),
+        envvars.TORCHRUN_NODE_RANK: str(rank),
+        envvars.TORCHRUN_MASTER_ADDR: master_addr,
+        envvars.TORCHRUN_MASTER_PORT: str(job.spec.master_port),
         envvars.JOB_NAME: job.ref.name,
         envvars.NAMESPACE: job.ref.namespace,
         envvars.RUN_NAME: job.run_name,
@@ -82,7 +106,7 @@ def rank_environment(
         envvars.RESUME_FROM: resume_from,
         envvars.QUARANTINED: ",".join(quarantined),
         envvars.NOTICE_FILE: names.NOTICE_FILE,
-        envvars.GRACE_PERIOD_SECONDS: str(grace_period_seconds(job)),
+        envvars.GRACE_PERIOD_SECONDS: str(save_budget_seconds(job)),
         envvars.REPORT_FILE: report_file,
     }
     return [{"name": key, "value": value} for key, value in values.items()]

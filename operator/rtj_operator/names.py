@@ -34,6 +34,9 @@ NOTICE_FILE = f"{NOTICE_MOUNT_DIR}/{NOTICE_FILE_NAME}"
 CHECKPOINT_VOLUME = "rtj-checkpoints"
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_GRACE_PERIOD_SECONDS = 30
+TORCHRUN_SHUTDOWN_SECONDS = 30
+"""How long torchrun waits for its workers after forwarding SIGTERM before it SIGKILLs them
+(fixed in torch.distributed.elastic, not settable from the command line)."""
 
 
 def pod_name(job: str, attempt: int, rank: int) -> str:

@@ -265,8 +265,21 @@ class JobSpec(ApiModel):
             "x-kubernetes-validations": [cel("self == oldSelf", "replicas is immutable")]
         },
     )
-    """Number of ranks (the world size): one pod per rank. Immutable, because a checkpoint is
-    resumed by the same world size that wrote it."""
+    """Number of pods (torchrun's nodes). With ``processesPerPod`` 1 (the default) a pod is one
+    rank and this is the world size. Immutable, because a checkpoint is resumed by the same world
+    size that wrote it."""
+    processes_per_pod: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "processesPerPod is immutable")]
+        },
+    )
+    """Training processes in each pod (torchrun's ``--nproc-per-node``; Kubeflow's
+    ``nprocPerNode``). The world size is ``replicas * processesPerPod``; each pod gets the ``PET_*``
+    variables that make ``torchrun train.py`` start its share of the ranks without flags.
+    Default 1. Immutable, like ``replicas``."""
     template: PodTemplate
     """Pod template for every rank. Changes apply from the next attempt on."""
     container_name: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL)

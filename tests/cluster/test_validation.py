@@ -19,6 +19,13 @@ def rejected(kube, body) -> str:
 
 CASES = [
     ("zero replicas", {"replicas": 0}, "spec.replicas"),
+    (
+        "zero processes per pod",
+        {"processesPerPod": 0},
+        "spec.processesPerPod: Invalid value: 0: spec.processesPerPod in body should be "
+        "greater than or equal to 1",
+    ),
+    ("too many processes per pod", {"processesPerPod": 257}, "spec.processesPerPod"),
     ("bad checkpoint dir", {"checkpoint": {"dir": "relative/path"}}, "spec.checkpoint.dir"),
     (
         "volume needs a path",
@@ -183,6 +190,7 @@ def test_immutable_fields(kube, ns, operator):
     kube.create_job(rtj("immutable", ns, "none", runName="a"))
     for spec, field in (
         ({"replicas": 3}, "replicas is immutable"),
+        ({"processesPerPod": 2}, "processesPerPod is immutable"),
         ({"checkpoint": {"dir": "s3://other"}}, "checkpoint is immutable"),
         ({"runName": "b"}, "runName is immutable"),
     ):

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from rtj_operator import crdgen, envvars, names
+from rtj_operator.api_types import parse_job
+
+from .fakes import job_body
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,6 +106,17 @@ def test_defaults_are_applied_by_the_api_server():
         "aws-node-termination-handler/spot-itn",
         "cloud.google.com/impending-node-termination",
     } <= keys
+
+
+def test_processes_per_pod_defaults_to_one_is_bounded_and_immutable():
+    field = _schema()["properties"]["spec"]["properties"]["processesPerPod"]
+    assert (field["default"], field["minimum"], field["maximum"]) == (1, 1, 256)
+    assert [r["message"] for r in field["x-kubernetes-validations"]] == [
+        "processesPerPod is immutable"
+    ]
+    assert parse_job(job_body()).spec.processes_per_pod == 1
+    with pytest.raises(ValidationError, match=r"processes_per_pod|processesPerPod"):
+        parse_job(job_body(processesPerPod=0))
 
 
 def test_cel_rules_name_their_fields():

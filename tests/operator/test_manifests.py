@@ -75,6 +75,43 @@ def test_pod_environment_is_the_contract():
     assert set(envvars.ALL_RTJ) <= env.keys() and set(envvars.TORCH) <= env.keys()
 
 
+def test_one_process_per_pod_makes_the_pod_one_torchrun_node():
+    env = env_of(pod())
+    assert env["PET_NNODES"] == "4" and env["PET_NPROC_PER_NODE"] == "1"
+    assert env["PET_NODE_RANK"] == "1"
+    assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == "train-a3-r0.train"
+    assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29500"
+    assert set(envvars.TORCHRUN) <= env.keys()
+
+
+def test_two_processes_per_pod_count_processes_in_rank_and_world_size():
+    job = make_job(replicas=3, processesPerPod=2, masterPort=23456)
+    envs = [
+        env_of(build_pod(job, 0, rank, resume_from="", quarantined=[]), container=0)
+        for rank in range(3)
+    ]
+    assert [e["RANK"] for e in envs] == ["0", "2", "4"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"6"}
+    assert {e["LOCAL_RANK"] for e in envs} == {"0"}
+    assert [e["PET_NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["PET_NNODES"] for e in envs} == {"3"}
+    assert {e["PET_NPROC_PER_NODE"] for e in envs} == {"2"}
+    assert {e["PET_MASTER_ADDR"] for e in envs} == {"train-a0-r0.train"}
+    assert {e["PET_MASTER_PORT"] for e in envs} == {"23456"}
+
+
+def test_several_processes_per_pod_save_within_torchruns_kill_timeout():
+    def budget(grace, per_pod):
+        template = {"spec": {**TEMPLATE["spec"], "terminationGracePeriodSeconds": grace}}
+        job = make_job(template=template, containerName="trainer", processesPerPod=per_pod)
+        env = env_of(build_pod(job, 0, 0, resume_from="", quarantined=[]))
+        return int(env["RTJ_GRACE_PERIOD_SECONDS"])
+
+    assert budget(90, 1) == 90
+    assert budget(90, 2) == names.TORCHRUN_SHUTDOWN_SECONDS == 30
+    assert budget(20, 2) == 20
+
+
 def test_injected_variables_come_first_and_override_the_users():
     names_in_order = [e["name"] for e in pod()["spec"]["containers"][1]["env"]]
     assert names_in_order[: len(envvars.TORCH)] == list(envvars.TORCH)

@@ -144,6 +144,10 @@ def test_rendezvous_rewrite_and_ports(tmp_path: Path) -> None:
     own = {"MASTER_ADDR": "job-a0-r0.job"}
     rewrite_rendezvous(own, "team", resolves=no_dns, port_for=a.port_for, subdomain="job")
     assert own["MASTER_PORT"] == str(port)  # no DNS asked; the default port 29500 is the key
+    pet = {"MASTER_ADDR": "job-a0-r0.job", "MASTER_PORT": "29500"}
+    pet |= {"PET_MASTER_ADDR": "job-a0-r0.job", "PET_MASTER_PORT": "29500"}
+    rewrite_rendezvous(pet, "team", resolves=no_dns, port_for=a.port_for, subdomain="job")
+    assert pet["PET_MASTER_ADDR"] == "127.0.0.1" and pet["PET_MASTER_PORT"] == str(port)
     svc = {"MASTER_ADDR": "m.team.svc.cluster.local"}
     rewrite_rendezvous(svc, "team", resolves=lambda _: True, port_for=a.port_for)
     assert svc["MASTER_ADDR"] == "127.0.0.1"

@@ -25,6 +25,7 @@ def operator_constants() -> dict[str, object]:
 def test_every_injected_variable_is_read_by_the_runtime_under_the_same_name():
     op = operator_constants()
     assert op["ALL_RTJ"] == runtime_env.ALL_RTJ
+    assert op["TORCHRUN"] == runtime_env.TORCHRUN
     for name in (
         "RANK",
         "WORLD_SIZE",

@@ -296,7 +296,8 @@ def rewrite_rendezvous(
     port_for: Callable[[str], int],
     subdomain: str = "",
 ) -> NetworkRewrite:
-    """Point MASTER_ADDR/MASTER_PORT at loopback, one port per job attempt.
+    """Point MASTER_ADDR/MASTER_PORT (and torchrun's PET_MASTER_ADDR/PORT when they name the
+    same rendezvous) at loopback, one port per job attempt.
 
     A cluster name (``<pod>.<service>``, ``*.svc``) cannot resolve here and every pod shares
     127.0.0.1, so the address becomes loopback and the port a local one chosen per
@@ -318,6 +319,10 @@ def rewrite_rendezvous(
     local_port = port_for(key)
     env["MASTER_ADDR"] = "127.0.0.1"
     env["MASTER_PORT"] = str(local_port)
+    # torchrun's copies (PET_*, for several processes per pod) name the same rendezvous.
+    if env.get("PET_MASTER_ADDR") == addr and env.get("PET_MASTER_PORT", port) == port:
+        env["PET_MASTER_ADDR"] = "127.0.0.1"
+        env["PET_MASTER_PORT"] = str(local_port)
     result.notes.append(f"MASTER_ADDR {addr}:{port} -> 127.0.0.1:{local_port}")
     return result
 
