@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from rtj_operator.kube import ApiError
+
 from .kubeclient import env_of, unique, wait_for
 from .scenario import (
     condition,
@@ -147,22 +149,31 @@ def test_scheduler_preemption_by_a_higher_priority_class(kube, ns, pool, operato
         }
     )
     try:
-        kube.req(
-            "POST",
-            f"/api/v1/namespaces/{ns}/pods",
-            body={
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "urgent"},
-                "spec": {
-                    "priorityClassName": high,
-                    "nodeSelector": {"rtj-e2e/pool": pool.name},
-                    "containers": [
-                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}}}
-                    ],
-                },
+        urgent = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "urgent"},
+            "spec": {
+                "priorityClassName": high,
+                "nodeSelector": {"rtj-e2e/pool": pool.name},
+                "containers": [
+                    {"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}}}
+                ],
             },
-        )
+        }
+
+        def create_urgent() -> bool | None:
+            # The Priority admission plugin reads PriorityClasses from an informer cache: a
+            # class created a moment ago can still be unknown to it ("no PriorityClass").
+            try:
+                kube.req("POST", f"/api/v1/namespaces/{ns}/pods", body=urgent)
+            except ApiError as err:
+                if "no PriorityClass" in str(err):
+                    return None
+                raise
+            return True
+
+        wait_for("the API server to admit a pod of the new PriorityClass", create_urgent, 30)
         wait_attempt(kube, ns, name, 1, 2, op=operator)
         hit = last_interruption(kube, ns, name)
         assert hit["cause"] == "SchedulerPreemption" and hit["preemption"], hit

@@ -8,6 +8,7 @@ part of B is sent (slowed down, so the parent can SIGKILL it mid-upload).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,11 +29,16 @@ def main() -> int:
         return 1
     print("A-UPLOADED", flush=True)
     parts = 0
+    lock = threading.Lock()
 
     def slow_part(**_: object) -> None:
+        # Parts upload on several threads: one locked write per line, or two lines interleave
+        # ("PART 1PART 2") and the parent never sees the line it waits for.
         nonlocal parts
-        parts += 1
-        print(f"PART {parts}", flush=True)
+        with lock:
+            parts += 1
+            sys.stdout.write(f"PART {parts}\n")
+            sys.stdout.flush()
         time.sleep(0.3)
 
     store.client.meta.events.register("after-call.s3.UploadPart", slow_part)
