@@ -1129,4 +1129,4 @@ def _wait_quietly(event: threading.Event) -> None:
 
 
 def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return state_mod.local_tensor(t).untyped_storage().data_ptr()
