@@ -1049,7 +1049,17 @@ class CheckpointManager:
             finally:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
-                self._close_remote(upload_timeout_s)
+                try:
+                    self._close_remote(upload_timeout_s)
+                finally:
+                    self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Destroy both coordination groups, once no save thread of this rank can use them."""
+        if self._pending is not None and not self._pending.done():
+            return  # still persisting (close interrupted): leave them to the process's end
+        self.coord.close()
+        self.commit_coord.close()
 
     def _save_final(self) -> None:
         ts = self.timestamp

@@ -1,16 +1,16 @@
 """A 2-rank FSDP2 (``fully_shard``) training process under CheckpointManager.
 
 Trains ``--steps`` batches with a save every batch (``--async-save`` for background saves),
-closes the manager and, with ``--out``, writes on every rank the gathered full model and
-optimizer state to ``<out>/<tag>.rank<r>.pt`` and the manager's group state to
-``<out>/<tag>.rank<r>.json``, for the tests to compare a resumed run with an uninterrupted one.
-"""
+each batch's input drawn from a generator seeded by batch and rank (so a resumed run sees the
+same data), and closes the manager (twice: close is idempotent). With ``--out`` every rank
+writes the gathered full model and optimizer state to ``<out>/<tag>.rank<r>.pt`` and what it
+resumed, saved and released to ``<out>/<tag>.rank<r>.json``, so the tests can compare a
+resumed run with an uninterrupted one."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--async-save", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--load-path", help="start from this checkpoint (full state)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -54,6 +55,7 @@ def main() -> None:
         run_name="fsdp",
         interval="1ba",
         async_save=args.async_save,
+        load_path=args.load_path,
     )
     resumed = ckpt.resume()
     while ckpt.timestamp.batch < args.steps:
