@@ -1027,7 +1027,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ shutdown
     def close(self, *, save: bool | None = None, upload_timeout_s: float | None = None) -> None:
         """End of training: save the final state, wait for it, flush uploads, release
-        resources. Idempotent; call it on every rank.
+        resources (the two coordination groups included). Idempotent; call it on every rank.
 
         ``save`` (default: the constructor's ``final_save``, True) saves unless nothing
         happened since the last save or resume, so a finished run's checkpoint is its final
