@@ -7,6 +7,7 @@ Without torch.distributed the coordinator degenerates to a single rank and every
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import Any
@@ -71,6 +72,18 @@ class Coordinator:
             self.all_gather(None)
 
     def close(self) -> None:
-        if self._group is not None and dist.is_initialized():
-            dist.destroy_process_group(self._group)
-            self._group = None
+        """Destroy the group now, while the interpreter is whole. Idempotent and local.
+
+        A gloo group left to interpreter shutdown can abort the process (SIGABRT): its worker
+        thread needs the GIL to free a finished collective's tensors after Python has gone.
+        Destroying a gloo subgroup is not a collective: it closes this rank's connections, as
+        exiting would, and every collective this rank took part in is complete on its side,
+        so peers still finishing the last one already hold its data. No barrier first: close
+        runs on error and SIGTERM paths too, where a peer may never arrive. Call it only
+        when no thread of this process uses the group any more. After the world group is
+        destroyed (``dist.destroy_process_group()``) the subgroup is already gone.
+        """
+        group, self._group = self._group, None
+        if group is not None and dist.is_initialized():
+            with contextlib.suppress(ValueError):  # already destroyed by the caller
+                dist.destroy_process_group(group)

@@ -1027,7 +1027,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ shutdown
     def close(self, *, save: bool | None = None, upload_timeout_s: float | None = None) -> None:
         """End of training: save the final state, wait for it, flush uploads, release
-        resources. Idempotent; call it on every rank.
+        resources (the two coordination groups included). Idempotent; call it on every rank.
 
         ``save`` (default: the constructor's ``final_save``, True) saves unless nothing
         happened since the last save or resume, so a finished run's checkpoint is its final
@@ -1049,7 +1049,17 @@ class CheckpointManager:
             finally:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
-                self._close_remote(upload_timeout_s)
+                try:
+                    self._close_remote(upload_timeout_s)
+                finally:
+                    self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Destroy both coordination groups, once no save thread of this rank can use them."""
+        if self._pending is not None and not self._pending.done():
+            return  # still persisting (close interrupted): leave them to the process's end
+        self.coord.close()
+        self.commit_coord.close()
 
     def _save_final(self) -> None:
         ts = self.timestamp
@@ -1129,4 +1139,4 @@ def _wait_quietly(event: threading.Event) -> None:
 
 
 def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return state_mod.local_tensor(t).untyped_storage().data_ptr()

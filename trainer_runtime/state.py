@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from . import rng
 from .errors import IncompatibleCheckpointError
@@ -123,6 +124,18 @@ def copy_tree(
     if isinstance(obj, torch.Tensor):
         if skip is not None and skip(obj):
             return obj
+        if isinstance(obj, DTensor):
+            # FSDP2 / tensor-parallel shard: copy this rank's local part only (no collective)
+            # and re-wrap it with the same mesh and placements.
+            local = copy_tree(local_tensor(obj), staging=staging, path=path)
+            return DTensor.from_local(
+                local,
+                obj.device_mesh,
+                obj.placements,
+                run_check=False,
+                shape=obj.shape,
+                stride=obj.stride(),
+            )
         if staging is None:
             return obj.detach().to("cpu", copy=True)
         buf = staging.get(path)
@@ -147,6 +160,15 @@ def copy_tree(
         ]
         return items if isinstance(obj, list) else tuple(items)
     return obj
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this rank's data: a DTensor's local shard, else ``t`` itself.
+
+    A DTensor is a wrapper subclass without storage of its own (``untyped_storage()`` on it
+    raises), so storage identity and host copies go through the local shard.
+    """
+    return t.to_local().detach() if isinstance(t, DTensor) else t.detach()
 
 
 def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
