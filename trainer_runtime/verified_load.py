@@ -12,10 +12,12 @@ Rejected alternatives: ``torch.load(BytesIO(...))`` copies every record into fre
 second pass over all bytes, and fresh memory the first step would fault in); verifying the file
 and then mapping it reads it twice and leaves the state file-backed.
 
-The buffer is one allocation. After the restore, pages that no surviving tensor uses (module
-weights, which ``load_state_dict`` copied into the parameters, and the zip's headers) are handed
-back to the kernel (``release_unused``), so the resumed process does not keep a second copy of
-the weights.
+Large tensor records (1 MiB and up) are read straight into storages of their own, allocated as
+``torch.load`` allocates them, so the module weights' memory is freed as soon as
+``load_state_dict`` has copied them into the parameters. The rest of the file lands in one
+anonymous mapping at its own offsets (untouched pages of it cost nothing); after the restore,
+its pages that no surviving tensor uses (small weights, the zip's headers) are handed back to
+the kernel (``release_unused``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import logging
 import mmap
 import os
 import pickle
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,25 +39,31 @@ from .manifest import FileEntry, new_hasher
 log = logging.getLogger(__name__)
 
 _CHUNK = 64 << 20
+_OWN_STORAGE_MIN = 1 << 20  # smaller records stay in the shared buffer
 
 
 class VerifiedFile:
     """One rank file's bytes in anonymous memory, already checked against its manifest entry."""
 
-    def __init__(self, buffer: mmap.mmap, size: int) -> None:
+    def __init__(
+        self, buffer: mmap.mmap, size: int, records: dict[int, torch.UntypedStorage]
+    ) -> None:
         self.buffer = buffer
         self.size = size
+        self._records = records  # offset -> a large record's own storage (its bytes not in buffer)
+        self._record_ranges = [(off, off + s.nbytes()) for off, s in records.items()]
         self._slices: list[tuple[int, int, int]] = []  # (start, stop, storage weak ref)
 
     def load(self, *, trusted: bool) -> dict[str, Any]:
-        """Unpickle the file; its tensors are views of this buffer (nothing is file-backed)."""
+        """Unpickle the file; its tensors are the storages read into (nothing is file-backed)."""
         reader = getattr(torch._C, "PyTorchFileReader", None)
         private_load = getattr(torch.serialization, "_load", None)
         if reader is None or private_load is None or self.size == 0:
             return self._load_copying(trusted=trusted)
         whole = torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.size).untyped_storage()
         zip_file = reader(_MemoryFile(memoryview(self.buffer)[: self.size]))
-        slices = _RecordingSlices(whole, self._slices)
+        slices = _RecordingSlices(whole, self._slices, self._records)
+        self._records = {}  # from here on the loaded tree alone keeps them alive
         if trusted:
             return private_load(zip_file, "cpu", pickle, overall_storage=slices)
         try:
@@ -69,9 +79,10 @@ class VerifiedFile:
 
     def _load_copying(self, *, trusted: bool) -> dict[str, Any]:
         log.debug("this torch has no zero-copy load; copying out of the verified buffer")
-        return torch.load(
-            io.BytesIO(self.buffer[: self.size]), map_location="cpu", weights_only=not trusted
-        )
+        data = bytearray(self.buffer[: self.size])
+        for off, storage in self._records.items():
+            data[off : off + storage.nbytes()] = bytes(storage)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
 
     def release_unused(self) -> int:
         """Give back the pages no live tensor uses; returns the bytes released.
@@ -80,7 +91,7 @@ class VerifiedFile:
         alive anywhere (optimizer state, user extras, a tensor a custom module kept) keeps its
         pages, so this never changes a value a live tensor can see.
         """
-        live: list[tuple[int, int]] = []
+        live = list(self._record_ranges)  # never held bytes in the buffer: nothing to give back
         for start, stop, ref in self._slices:
             if not torch.UntypedStorage._expired(ref):
                 live.append((start, stop))
@@ -128,32 +139,92 @@ def read_whole(path: Path) -> VerifiedFile:
 
 
 def _read_hashing(f: io.RawIOBase, size: int) -> tuple[VerifiedFile, str]:
-    """The file's bytes in a fresh anonymous mapping, and their xxh3-128, in one pass."""
+    """The file's bytes and their xxh3-128, in one sequential pass.
+
+    Large tensor records are read straight into storages of their own (allocated like
+    ``torch.load`` allocates them, so memory freed after the restore is reused as usual);
+    everything else lands at its offset in an anonymous mapping whose untouched pages cost
+    nothing. The zip's directory is read first to learn where records lie; it is trusted for
+    nothing else, and a layout that does not add up just means everything goes to the mapping.
+    """
+    layout = _large_records(f, size)
     buffer = mmap.mmap(-1, max(size, 1))
     view = memoryview(buffer)
     hasher = new_hasher()
+    records: dict[int, torch.UntypedStorage] = {}
     pos = 0
-    try:
-        while pos < size:
-            n = f.readinto(view[pos : min(pos + _CHUNK, size)])
+
+    def read_into(target: memoryview, start: int, stop: int) -> bool:
+        nonlocal pos
+        f.seek(start)
+        at = 0
+        while start + at < stop:
+            n = f.readinto(target[at : min(at + _CHUNK, stop - start)])
             if not n:
+                return False
+            hasher.update(target[at : at + n])
+            at += n
+        pos = stop
+        return True
+
+    try:
+        for header, length in layout:
+            if header < pos:
+                break  # a directory that does not add up: the rest goes to the buffer
+            if not read_into(view[pos : header + 30], pos, header + 30):
                 break
-            hasher.update(view[pos : pos + n])
-            pos += n
+            name_len, extra_len = struct.unpack_from("<HH", view, header + 26)
+            data = header + 30 + name_len + extra_len
+            if data + length > size or not read_into(view[pos:data], pos, data):
+                break
+            storage = torch.empty(length, dtype=torch.uint8)
+            if not read_into(memoryview(storage.numpy()), data, data + length):
+                break
+            records[data] = storage.untyped_storage()
+        read_into(view[pos:size], pos, size)
     finally:
         view.release()
-    return VerifiedFile(buffer, pos), hasher.hexdigest()
+    return VerifiedFile(buffer, pos, records), hasher.hexdigest()
+
+
+def _large_records(f: io.RawIOBase, size: int) -> list[tuple[int, int]]:
+    """(local header offset, data length) of the stored records worth a storage of their own,
+    in file order; empty when the zip directory cannot be read or does not add up."""
+    try:
+        infos = zipfile.ZipFile(f).infolist()  # type: ignore[arg-type]
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
+        return []
+    found: list[tuple[int, int]] = []
+    end = 0
+    for info in sorted(infos, key=lambda i: i.header_offset):
+        if info.header_offset < end or info.compress_type != zipfile.ZIP_STORED:
+            return []
+        end = info.header_offset + 30 + info.compress_size
+        if end > size:
+            return []
+        if info.compress_size >= _OWN_STORAGE_MIN and "/data/" in info.filename:
+            found.append((info.header_offset, info.compress_size))
+    return found
 
 
 class _RecordingSlices:
     """``overall_storage`` for ``torch.serialization._load``: slices of the buffer, each
     remembered (by weak reference) so the pages of the ones that die can be given back."""
 
-    def __init__(self, whole: torch.UntypedStorage, record: list[tuple[int, int, int]]) -> None:
+    def __init__(
+        self,
+        whole: torch.UntypedStorage,
+        record: list[tuple[int, int, int]],
+        own: dict[int, torch.UntypedStorage],
+    ) -> None:
         self._whole = whole
         self._record = record
+        self._own = own
 
     def __getitem__(self, item: slice) -> torch.UntypedStorage:
+        own = self._own.get(item.start)
+        if own is not None and own.nbytes() == item.stop - item.start:
+            return own
         part = self._whole[item]
         self._record.append((item.start, item.stop, part._weak_ref()))
         return part

@@ -4,6 +4,7 @@ tensor that is still alive."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,11 @@ def test_a_file_that_fails_its_checksum_is_refused_before_unpickling(tmp_path, m
 
 
 def test_released_pages_are_only_those_no_live_tensor_uses(tmp_path):
-    model, opt, entry = saved_adam(tmp_path)
+    model, opt, entry = saved_adam(tmp_path, width=128)  # records small enough to share pages
     verified = read_verified(tmp_path, entry)
     assert not isinstance(verified, str)
     data = verified.load(trusted=False)
-    model2 = nn.Linear(512, 512)
+    model2 = nn.Linear(128, 128)
     opt2 = torch.optim.Adam(model2.parameters())
     model2.load_state_dict(data["state"]["model"])
     opt2.load_state_dict(data["state"]["optimizer"])
@@ -89,3 +90,21 @@ def test_resume_refuses_a_checkpoint_damaged_after_its_manifest_and_keeps_live_s
     assert all(torch.equal(a, b) for a, b in zip(before, params(fresh[0]), strict=True))
     assert fresh[1].state_dict()["state"] == {}
     ck2.close(save=False)
+
+
+def test_large_records_get_storages_of_their_own_that_die_with_their_tensors(tmp_path):
+    model, opt, entry = saved_adam(tmp_path, width=1024)  # 4 MiB matrices
+    verified = read_verified(tmp_path, entry)
+    assert not isinstance(verified, str)
+    data = verified.load(trusted=False)
+    weight = data["state"]["model"]["weight"]
+    moment = data["state"]["optimizer"]["state"][0]["exp_avg"]
+    assert torch.equal(weight, model.weight) and torch.equal(
+        moment, opt.state[model.weight]["exp_avg"]
+    )
+    assert weight.untyped_storage().nbytes() == weight.nbytes  # not a slice of one big buffer
+    gone = weakref.ref(weight)
+    del data, weight
+    assert gone() is None
+    assert verified.release_unused() < 64 * 1024  # its bytes never were in the shared buffer
+    assert torch.equal(moment, opt.state[model.weight]["exp_avg"])
