@@ -81,7 +81,8 @@ class VerifiedFile:
         log.debug("this torch has no zero-copy load; copying out of the verified buffer")
         data = bytearray(self.buffer[: self.size])
         for off, storage in self._records.items():
-            data[off : off + storage.nbytes()] = bytes(storage)
+            as_bytes = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            data[off : off + storage.nbytes()] = as_bytes.tobytes()
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
 
     def release_unused(self) -> int:
@@ -223,8 +224,11 @@ class _RecordingSlices:
 
     def __getitem__(self, item: slice) -> torch.UntypedStorage:
         own = self._own.get(item.start)
-        if own is not None and own.nbytes() == item.stop - item.start:
-            return own
+        if own is not None:  # a record read into its own storage; the buffer lacks its bytes
+            length = item.stop - item.start
+            if length > own.nbytes():
+                raise ValueError(f"a tensor wants {length} bytes of a {own.nbytes()}-byte record")
+            return own if length == own.nbytes() else own[:length]
         part = self._whole[item]
         self._record.append((item.start, item.stop, part._weak_ref()))
         return part

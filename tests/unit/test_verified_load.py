@@ -108,3 +108,15 @@ def test_large_records_get_storages_of_their_own_that_die_with_their_tensors(tmp
     assert gone() is None
     assert verified.release_unused() < 64 * 1024  # its bytes never were in the shared buffer
     assert torch.equal(moment, opt.state[model.weight]["exp_avg"])
+
+
+def test_the_copying_fallback_reassembles_records_read_into_their_own_storages(tmp_path):
+    """The path taken on a torch without the private zero-copy loader."""
+    model, opt, entry = saved_adam(tmp_path, width=1024)  # large records in storages of their own
+    verified = read_verified(tmp_path, entry)
+    assert not isinstance(verified, str)
+    data = verified._load_copying(trusted=False)
+    assert torch.equal(data["state"]["model"]["weight"], model.weight)
+    assert torch.equal(
+        data["state"]["optimizer"]["state"][0]["exp_avg_sq"], opt.state[model.weight]["exp_avg_sq"]
+    )
