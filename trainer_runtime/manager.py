@@ -45,9 +45,10 @@ from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import QUARANTINE_REASON, Decision
 from .sampler import ResumableSampler
-from .serialization import detach_from_file, load_file, save_rank_file
+from .serialization import save_rank_file
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
+from .verified_load import VerifiedFile, read_verified, read_whole
 
 log = logging.getLogger("trainer_runtime")
 RUNTIME_KEY = "_trainer_runtime"
@@ -252,6 +253,8 @@ class CheckpointManager:
         )
         self._notices_handled = 0
         self._remote_rejected: list[tuple[str, str]] = []
+        self._verified: tuple[str, list[VerifiedFile]] | None = None
+        """(checkpoint, this rank's files) read while resume verified it, kept for the load."""
         self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
@@ -691,12 +694,13 @@ class CheckpointManager:
             self._set_aside(decision)
             if decision.chosen is not None:
                 path = self.folder.path(decision.chosen)
+                verified, self._verified = self._verified, None
                 self._load_checkpoint_dir(
                     path,
                     weights_only=False,
                     strict=self.load_strict,
                     ignore_keys=self.load_ignore_keys,
-                    verified=True,
+                    files=verified[1] if verified and verified[0] == decision.chosen else None,
                 )
                 return self._resumed("checkpoint", str(path), fallbacks)
             if self.remote is not None:
@@ -710,7 +714,6 @@ class CheckpointManager:
                         weights_only=False,
                         strict=self.load_strict,
                         ignore_keys=self.load_ignore_keys,
-                        verified=True,
                     )
                     return self._resumed("remote", str(fetched), fallbacks)
         if self.load_path:
@@ -769,10 +772,14 @@ class CheckpointManager:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
 
         def verify_everywhere(name: str) -> str | None:
+            # The verifying read is also the loading read: the buffers wait for the restore.
             manifest = Manifest.read(self.folder.path(name))
-            mine = self.folder.verify(manifest, [self._source_rank(manifest, False)])
-            reasons = self.coord.all_gather(mine)
+            files = self._read_rank_files(self.folder.path(name), manifest, weights_only=False)
+            self._verified = (name, files) if not isinstance(files, str) else None
+            reasons = self.coord.all_gather(files if isinstance(files, str) else None)
             bad = [(r, why) for r, why in enumerate(reasons) if why]
+            if bad:
+                self._verified = None
             return None if not bad else "; ".join(why for _, why in bad)
 
         decision = resume.decide(
@@ -879,12 +886,14 @@ class CheckpointManager:
             path = self._fetch_remote_load_path(str(path), weights_only)
         p = Path(path)
         if p.is_file():
+            whole = read_whole(p)
             self._restore(
-                load_file(p, trusted=self.trusted_pickle),
+                whole.load(trusted=self.trusted_pickle),
                 weights_only=weights_only,
                 strict=strict,
                 ignore_keys=ignore_keys,
             )
+            whole.release_unused()
             return
         if (p / MANIFEST_NAME).exists():
             self._load_checkpoint_dir(
@@ -894,16 +903,17 @@ class CheckpointManager:
         if p.is_dir():
             folder = RunFolder(p)
             for m in folder.committed():
-                reason = folder.verify(m, [self._source_rank(m, weights_only)])
-                if reason is None:
+                files = self._read_rank_files(p / m.name, m, weights_only=weights_only)
+                if not isinstance(files, str):
                     self._load_checkpoint_dir(
                         p / m.name,
                         weights_only=weights_only,
                         strict=strict,
                         ignore_keys=ignore_keys,
+                        files=files,
                     )
                     return
-                log.warning("load path: skipping %s: %s", m.name, reason)
+                log.warning("load path: skipping %s: %s", m.name, files)
         raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
 
     def _fetch_remote_load_path(self, uri: str, weights_only: bool) -> Path:
@@ -931,6 +941,20 @@ class CheckpointManager:
             f"WORLD_SIZE={manifest.world_size}"
         )
 
+    def _read_rank_files(
+        self, folder: Path, manifest: Manifest, *, weights_only: bool
+    ) -> list[VerifiedFile] | str:
+        """This rank's files of a checkpoint, each read once and checked against the manifest;
+        a reason instead when one does not verify (then nothing is deserialized)."""
+        rank = self._source_rank(manifest, weights_only)
+        files: list[VerifiedFile] = []
+        for entry in manifest.files_for_rank(rank):
+            got = read_verified(folder, entry)
+            if isinstance(got, str):
+                return got
+            files.append(got)
+        return files
+
     def _load_checkpoint_dir(
         self,
         folder: Path,
@@ -938,30 +962,30 @@ class CheckpointManager:
         weights_only: bool,
         strict: bool,
         ignore_keys: Sequence[str],
-        verified: bool = False,
+        files: list[VerifiedFile] | None = None,
     ) -> None:
-        """``verified``: the caller has just checksummed this rank's files (resume does)."""
+        """``files``: this rank's files the caller has already read and verified (resume
+        does, while choosing the checkpoint); otherwise they are read and verified here. Every
+        file verifies before the first one touches the live state."""
         manifest = Manifest.read(folder)
-        rank = self._source_rank(manifest, weights_only)
-        reason = None if verified else RunFolder(folder.parent).verify(manifest, [rank])
-        if reason is not None:
-            raise NoCheckpointError(f"checkpoint {folder} does not verify: {reason}")
-        for entry in manifest.files_for_rank(rank):
-            data = load_file(folder / entry.path, trusted=self.trusted_pickle)
+        if files is None:
+            got = self._read_rank_files(folder, manifest, weights_only=weights_only)
+            if isinstance(got, str):
+                raise NoCheckpointError(f"checkpoint {folder} does not verify: {got}")
+            files = got
+        for verified in files:
             self._restore(
-                data,
+                verified.load(trusted=self.trusted_pickle),
                 weights_only=weights_only or manifest.weights_only,
                 strict=strict,
                 ignore_keys=ignore_keys,
             )
+            # Module weights now live in the parameters; their pages in the buffer are unused.
+            verified.release_unused()
 
     def _restore(
         self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
     ) -> None:
-        if not weights_only:
-            # Module weights are copied into the live parameters by load_state_dict; everything
-            # else the restore keeps (optimizer state, extras) must not stay mapped to the file.
-            detach_from_file(data, keep=lambda path: path == "state/model")
         keys = list(ignore_keys)
         if self.ignore_data_position and self.sampler is not None:
             keys.append("state/stateful/sampler")

@@ -9,11 +9,9 @@ torch's process-wide ``set_crc32_options``: flipping that global, even under a l
 strip the CRC from a ``torch.save`` another thread of the user's program runs at the same moment.
 ``torch.load`` reads the files either way (it does not check the CRC).
 
-Loading verifies the file against its manifest entry first, then maps it (``mmap=True``) so
-tensors are read once, straight from the page cache. Tensors that would otherwise stay
-file-backed after the restore (optimizer state, user extras) are then copied to ordinary memory
-(``detach_from_file``): left mapped, the first optimizer step would fault them in page by page
-and the mapping would pin a deleted checkpoint's disk space until the process exits.
+Resume and ``load`` do not read files here: ``verified_load.py`` reads a rank file once into
+anonymous memory, checking it against the manifest as it arrives. ``load_file`` (a mapped
+``torch.load``) serves only the export command, which copies the weights out at once.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 import io
 import logging
 import pickle
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -104,43 +101,6 @@ def save_rank_file(obj: Any, final: Path, *, rank: int, rel_path: str) -> FileEn
 
 
 def load_file(path: Path, *, trusted: bool) -> dict[str, Any]:
-    """Read a checkpoint file onto the CPU. Untrusted files cannot run pickled code.
-
-    Tensors come back mapped from the file; ``detach_from_file`` copies the ones that outlive
-    the restore.
-    """
+    """Read a checkpoint file onto the CPU, mapped from the file (for export, which writes the
+    weights out and exits). Untrusted files cannot run pickled code."""
     return torch.load(path, map_location="cpu", weights_only=not trusted, mmap=True)
-
-
-def detach_from_file(obj: Any, *, keep: Callable[[str], bool] = lambda path: False) -> Any:
-    """Copy every tensor of a loaded tree into ordinary (anonymous) memory, in place.
-
-    ``keep(path)`` says which subtrees (slash paths such as ``state/model``) stay mapped because
-    the restore copies them into live tensors itself (``load_state_dict`` of a module copies
-    into its parameters). Tensors that shared a storage still share one afterwards.
-    """
-    copies: dict[int, torch.Tensor] = {}
-
-    def walk(node: Any, path: str) -> Any:
-        if keep(path):
-            return node
-        if isinstance(node, torch.Tensor):
-            if node.device.type != "cpu":
-                return node
-            key = id(node)
-            if key not in copies:
-                copies[key] = node.clone()
-            return copies[key]
-        if isinstance(node, dict):
-            for k in list(node):
-                node[k] = walk(node[k], f"{path}/{k}" if path else str(k))
-            return node
-        if isinstance(node, list):
-            for i, v in enumerate(node):
-                node[i] = walk(v, f"{path}/{i}")
-            return node
-        if isinstance(node, tuple):
-            return type(node)(walk(v, f"{path}/{i}") for i, v in enumerate(node))
-        return node
-
-    return walk(obj, "")
