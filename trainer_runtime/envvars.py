@@ -1,6 +1,6 @@
 """Names of every environment variable the runtime reads: the runtime half of the pod contract.
 
-The operator injects these into each rank's container (DESIGN.md section 3); its own copy of the
+The operator injects these into each rank's container (docs/operator.md); its own copy of the
 names lives in ``rtj_operator.envvars`` and a test checks that both halves agree. Keeping the
 names here, and nowhere else in the runtime, is what makes that check meaningful.
 """

@@ -1,4 +1,4 @@
-"""One run's checkpoint folder on a local or shared filesystem (DESIGN.md section 4).
+"""One run's checkpoint folder on a local or shared filesystem (docs/runtime.md).
 
 ``<run_dir>/<checkpoint>/rank{r}.pt ... manifest.json``, ``<run_dir>/latest.json`` and the
 ``latest-rank{r}`` links. A checkpoint folder without a manifest that parses is not a

@@ -1,4 +1,4 @@
-"""Classify how each rank's pod is doing, and what that means for the gang (DESIGN.md section 5).
+"""Classify how each rank's pod is doing, and what that means for the gang (docs/operator.md).
 
 The one question that matters for a spot job: did this pod end because the infrastructure took it
 (a *preemption*: restart at once, never touch the failure budget) or because the training code

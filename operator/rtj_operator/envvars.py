@@ -1,6 +1,6 @@
 """Names of every environment variable the operator injects: the operator half of the pod contract.
 
-The runtime reads the same names from ``trainer_runtime.envvars`` (DESIGN.md section 3). This copy
+The runtime reads the same names from ``trainer_runtime.envvars`` (docs/operator.md). This copy
 exists so the operator never imports the runtime package; a contract test compares both modules,
 so a name changes in both halves at once or the suite fails.
 """

@@ -1,7 +1,7 @@
 """Build every object the operator creates for a job: rank pods, headless Service, trainer RBAC.
 
 Pure functions from a parsed job to API dictionaries, so the exact pod a rank gets (names,
-labels, the DESIGN.md environment, the notice volume) is unit-tested without a cluster. The user's
+labels, the environment contract, the notice volume) is unit-tested without a cluster. The user's
 template is copied verbatim and only the fields the contract needs are overridden.
 """
 
@@ -76,7 +76,7 @@ def rank_environment(
     quarantined: list[str],
     report_file: str,
 ) -> list[dict[str, str]]:
-    """The environment of DESIGN.md section 3 for one pod (``rank`` is the pod's index, torchrun's
+    """The pod environment contract for one pod (``rank`` is the pod's index, torchrun's
     node rank), in contract order.
 
     RANK and WORLD_SIZE count processes: WORLD_SIZE is ``replicas * processesPerPod`` and RANK is

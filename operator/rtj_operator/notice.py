@@ -38,7 +38,7 @@ def termination_taint(
 
 
 def notice_payload(taint: dict[str, Any], node: str, now: datetime) -> str:
-    """The annotation value of DESIGN.md's notice contract: ``{"time", "reason", "node"}``.
+    """The annotation value of the notice contract: ``{"time", "reason", "node"}``.
 
     ``time`` is the taint's own timeAdded when the API server recorded it (NoExecute taints),
     so every rank of the gang gets the same instant; otherwise when the operator saw it.

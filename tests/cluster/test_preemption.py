@@ -1,4 +1,4 @@
-"""Every preemption signal of DESIGN.md section 5, produced by the real control plane."""
+"""Every preemption signal docs/operator.md lists, produced by the real control plane."""
 
 from __future__ import annotations
 

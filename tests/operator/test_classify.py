@@ -1,4 +1,4 @@
-"""DESIGN.md section 5, row by row: how one pod's ending is classified, and the gang's verdict."""
+"""docs/operator.md's classification, row by row: each pod ending, and the gang's verdict."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exact objects a job gets: pods carry the DESIGN.md contract, everything is owned."""
+"""The exact objects a job gets: pods carry the environment contract, everything is owned."""
 
 from __future__ import annotations
 

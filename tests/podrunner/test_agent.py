@@ -359,7 +359,7 @@ def test_two_rank_training_job_shaped_like_the_operators(
     start_agent: AgentFactory, kube: Kube, ns: str, tmp_path: Path, state_dir: Path
 ) -> None:
     """Real torch.distributed (gloo) ranks on two nodes, with the operator's pod shape: the
-    DESIGN.md env contract, ``<pod>.<service>`` MASTER_ADDR, a notice volume, a shared PVC."""
+    the pod environment contract, ``<pod>.<service>`` MASTER_ADDR, a notice volume, a shared PVC."""
     nodes = [start_agent().node, start_agent().node]
     for rank, node in enumerate(nodes):
         env = [

@@ -1,7 +1,7 @@
 """The pod's service-account folder: what lets the runtime annotate its own pod.
 
 ``trainer_runtime.progress`` PATCHes its pod over HTTPS with the pod's token and ``ca.crt``
-(DESIGN.md's progress contract); under the pod runner that only works if the runner provides
+(the progress contract); under the pod runner that only works if the runner provides
 them the way a kubelet does. These tests run the runtime's own reporter in a pod.
 """
 

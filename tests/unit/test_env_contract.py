@@ -1,4 +1,4 @@
-"""Both halves of the pod contract (DESIGN.md section 3) name the same variables."""
+"""Both halves of the pod contract (docs/operator.md) name the same variables."""
 
 import ast
 from pathlib import Path
