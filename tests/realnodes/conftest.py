@@ -47,17 +47,23 @@ CHART = ROOT / "charts" / "resumable-training-operator"
 DEPS_SH = ROOT / "hack" / "images" / "deps.sh"
 CLUSTER_NAME = os.environ.get("RTJ_REALNODES_CLUSTER_NAME", "rtj-realnodes")
 NODES = 3
+SESSION_TIMEOUT_S = 2400
 RUNTIME_NODES = (1, 3)
 """Nodes that get the runtime image (several GiB each); node 2 keeps the small images only."""
 TOOLS = ("mmdebstrap", "buildah", "containerd", "runc", "iptables", "nsenter")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in this folder runs on real nodes."""
+    """Every test in this folder runs on real nodes.
+
+    Their time limit covers the session fixture too, which the first test pays: bringing up
+    the nodes and importing the runtime image (several GiB) into two of them takes minutes.
+    """
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.realnodes)
+            item.add_marker(pytest.mark.timeout(SESSION_TIMEOUT_S))
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
