@@ -235,7 +235,9 @@ def test_a_job_survives_a_graceful_shutdown_and_a_lost_node_on_real_nodes(
             status = story.status()
             (graceful,) = status["interruptions"]
             assert graceful["preemption"] is True, graceful
-            assert graceful["node"] == node1 and graceful["exitCode"] == 143, graceful
+            # The operator may record the interruption when the pod starts terminating, before
+            # its container exits (then no exit code yet); when it saw the exit, SIGTERM's 143.
+            assert graceful["node"] == node1 and graceful.get("exitCode") in (None, 143), graceful
             assert graceful["stepsLost"] == 0, graceful
             assert status["lastCommittedCheckpoint"]["step"] >= noticed
 
