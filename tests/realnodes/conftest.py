@@ -1,10 +1,10 @@
 """Fixtures for tests on real nodes: kubelet + containerd joined to the local control plane.
 
 One session brings up the control plane (``hack/cluster/cluster.sh``, no fake nodes, API server
-bound to every address so pods and nodes in other network namespaces reach it), two real nodes
+bound to every address so pods and nodes in other network namespaces reach it), three real nodes
 with CoreDNS (``hack/cluster/nodes.sh``), and loads the project's images, built by buildah
 without a registry (``hack/images/build.sh``), into the nodes. The runtime image (torch, several
-GiB) goes only to node 1, where the tests that need it run.
+GiB) goes to nodes 1 and 3, where the tests that need it run; the job story loses node 3.
 
 The suite is left out of a plain ``pytest`` run (``-m 'not realnodes'`` in pyproject.toml):
 run it with ``make test-realnodes`` or ``pytest -m realnodes tests/realnodes``, as root.
@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +43,27 @@ CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
 BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
 NODES_SH = ROOT / "hack" / "cluster" / "nodes.sh"
 IMAGES_SH = ROOT / "hack" / "images" / "build.sh"
+CHART = ROOT / "charts" / "resumable-training-operator"
 DEPS_SH = ROOT / "hack" / "images" / "deps.sh"
 CLUSTER_NAME = os.environ.get("RTJ_REALNODES_CLUSTER_NAME", "rtj-realnodes")
-NODES = 2
+NODES = 3
+SESSION_TIMEOUT_S = 2400
+RUNTIME_NODES = (1, 3)
+"""Nodes that get the runtime image (several GiB each); node 2 keeps the small images only."""
 TOOLS = ("mmdebstrap", "buildah", "containerd", "runc", "iptables", "nsenter")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in this folder runs on real nodes."""
+    """Every test in this folder runs on real nodes.
+
+    Their time limit covers the session fixture too, which the first test pays: bringing up
+    the nodes and importing the runtime image (several GiB) into two of them takes minutes.
+    """
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.realnodes)
+            item.add_marker(pytest.mark.timeout(SESSION_TIMEOUT_S))
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
@@ -168,7 +178,7 @@ def _nodes_up(env: dict[str, str]) -> bool:
 
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[RealCluster]:
-    """The control plane with two real nodes, CoreDNS, and the project's images loaded."""
+    """The control plane with three real nodes, CoreDNS, and the project's images loaded."""
     require(os.geteuid() == 0, "real nodes need root (network namespaces, cgroups, mounts)")
     _ensure_tools()
     env = {
@@ -201,7 +211,11 @@ def real_cluster() -> Iterator[RealCluster]:
             imported = _run([str(NODES_SH), "import-image", archives[target]], env, 600)
             if imported.returncode != 0:
                 pytest.fail(f"import of {target} failed:\n{imported.stderr[-3000:]}")
-        imported = _run([str(NODES_SH), "import-image", archives["runtime"], "1"], env, 900)
+        imported = _run(
+            [str(NODES_SH), "import-image", archives["runtime"], *map(str, RUNTIME_NODES)],
+            env,
+            1800,
+        )
         if imported.returncode != 0:
             pytest.fail(f"import of runtime failed:\n{imported.stderr[-3000:]}")
         refs = {
@@ -230,3 +244,49 @@ def ns(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iterator[st
     )
     yield name
     real_cluster.kubectl_run("delete", "namespace", name, "--wait=false", check=False)
+
+
+@contextmanager
+def operator_release(cluster: RealCluster, ns: str) -> Iterator[list[dict[str, Any]]]:
+    """The chart installed in ``ns`` from the built operator image, as a user installs it.
+
+    Yields the release's pods once ``helm install --wait`` says the Deployment is ready (an
+    install that fails shows the operator's last log lines); uninstalls afterwards.
+    """
+    helm = str(Path(cluster.kubectl).parent / "helm")
+    release = "rtj"
+    repo, _, tag = cluster.images["operator"].rpartition(":")
+    base = [helm, "--kubeconfig", cluster.kubeconfig]
+    try:
+        install = subprocess.run(
+            [
+                *base,
+                *("install", release, str(CHART), "-n", ns),
+                *("--set", f"image.repository={repo}", "--set", f"image.tag={tag}"),
+                *("--set", "image.pullPolicy=Never", "--set", f"peering.name=rtj-{ns}"),
+                *("--wait", "--timeout", "180s"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=240,
+        )
+        selector = f"app.kubernetes.io/instance={release}"
+        listed = cluster.kubectl_run("get", "pods", "-n", ns, "-l", selector, "-o", "json")
+        pods = json.loads(listed.stdout)["items"]
+        if install.returncode != 0:
+            tails = "".join(
+                cluster.kubectl_run(
+                    "logs", p["metadata"]["name"], "-n", ns, "--tail=30", check=False
+                ).stdout
+                for p in pods
+            )
+            pytest.fail(f"helm install failed:\n{install.stderr[-3000:]}\n{tails}")
+        yield pods
+    finally:
+        subprocess.run(
+            [*base, "uninstall", release, "-n", ns],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import NODES_SH, ROOT, RealCluster, wait_for
-
-CHART = ROOT / "charts" / "resumable-training-operator"
+from .conftest import NODES_SH, RealCluster, operator_release, wait_for
 
 
 def _pod(name: str, image: str, command: list[str], node: str, **spec: Any) -> dict[str, Any]:
@@ -190,32 +188,7 @@ def _cap_mask(status: str, field: str) -> int:
 def test_operator_chart_runs_non_root_read_only_without_capabilities(
     real_cluster: RealCluster, ns: str
 ) -> None:
-    helm = str(Path(real_cluster.kubectl).parent / "helm")
-    release = "rtj"
-    repo, _, tag = real_cluster.images["operator"].rpartition(":")
-    try:
-        install = subprocess.run(
-            [
-                *(helm, "--kubeconfig", real_cluster.kubeconfig, "install", release, str(CHART)),
-                *("-n", ns, "--set", f"image.repository={repo}", "--set", f"image.tag={tag}"),
-                *("--set", "image.pullPolicy=Never", "--set", f"peering.name=rtj-{ns}"),
-                *("--wait", "--timeout", "180s"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=240,
-        )
-        selector = f"app.kubernetes.io/instance={release}"
-        pods = json.loads(
-            real_cluster.kubectl_run("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
-        )["items"]
-        assert install.returncode == 0, install.stderr + "".join(
-            real_cluster.kubectl_run(
-                "logs", p["metadata"]["name"], "-n", ns, "--tail=30", check=False
-            ).stdout
-            for p in pods
-        )
+    with operator_release(real_cluster, ns) as pods:
         assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
         pod = pods[0]["metadata"]["name"]
         uid = real_cluster.exec(pod, ns, "id", "-u")
@@ -241,13 +214,6 @@ def test_operator_chart_runs_non_root_read_only_without_capabilities(
                 )
             ),
             60,
-        )
-    finally:
-        subprocess.run(
-            [helm, "--kubeconfig", real_cluster.kubeconfig, "uninstall", release, "-n", ns],
-            capture_output=True,
-            check=False,
-            timeout=120,
         )
 
 
