@@ -272,7 +272,7 @@ def test_a_corrupt_chunk_leaves_a_fresh_model_and_empty_optimizer_untouched(tmp_
     _flip(data, 0 if where == "start" else data.stat().st_size - 1)
     model, opt, _, new_engine = fresh()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(CorruptCheckpointError, match="__0_0.distcp"):
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp"):
         new_engine.load(folder, Manifest.read(folder))
     for k, v in model.state_dict().items():
         assert torch.equal(v, weights[k]), k
