@@ -493,8 +493,8 @@ def main() -> None:
             "ratios": derived,
             "targets": verdicts,
         }
-    report["conditions"]["load_average_1m_at_end"] = load_average()
-    write_json(args.json, report)
+        report["conditions"]["load_average_1m_at_end"] = load_average()
+        write_json(args.json, report)  # after each configuration: a cut-short run keeps some
     shutil.rmtree(args.dir, ignore_errors=True)
 
 
