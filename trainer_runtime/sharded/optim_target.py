@@ -108,12 +108,24 @@ def _target(param: torch.Tensor, md: TensorStorageMetadata) -> torch.Tensor | No
 def adopt(
     model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer], loaded: dict[str, Any]
 ) -> None:
-    """Make the verified tensors of ``loaded`` (the subtree ``plan`` built) the live state."""
+    """Make the verified tensors of ``loaded`` (the subtree ``plan`` built) the live state,
+    placed as ``Optimizer.load_state_dict`` places them (a no-op on a CPU run)."""
     params = params_by_fqn(model)
     for name, opt in optimizers.items():
+        group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         for fqn, entries in loaded.get(name, {}).get(STATE, {}).items():
-            device = params[fqn].device
-            opt.state[params[fqn]] = {
-                k: v.to(device) if isinstance(v, torch.Tensor) and k != "step" else v
-                for k, v in entries.items()
-            }
+            param = params[fqn]
+            group = group_of[id(param)]
+            opt.state[param] = {k: _placed(param, group, k, v) for k, v in entries.items()}
+
+
+def _placed(param: torch.Tensor, group: dict[str, Any], key: str, value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    if key == "step":
+        if group.get("capturable") or group.get("fused"):
+            return value.to(dtype=torch.float32, device=param.device)
+        return value
+    if param.is_floating_point():
+        return value.to(dtype=param.dtype, device=param.device)
+    return value.to(device=param.device)
