@@ -10,9 +10,12 @@ the bytes down with digests; the caller commits the returned file entries in a m
 
 A load reads into host staging buffers first (``staging.HostStager``), verifying every chunk as
 it arrives; only when every rank has read and verified everything does it copy into the live
-tensors, in place. Corrupt data therefore never half-overwrites live weights, and nothing live is
-left backed by a checkpoint file. The price is one host copy of the rank's state (the same
-buffers async saves stage into), and one memcpy.
+tensors, in place. An optimizer without state yet (a relaunched process) is read into new
+tensors built from the checkpoint's metadata instead, which become its state once verified
+(``optim_target``): creating its state only to copy over it would touch that memory twice.
+Corrupt data therefore never half-overwrites live weights, and nothing live is left backed by a
+checkpoint file. The price is one host copy of the model (the same buffers async saves stage
+into), and one memcpy.
 
 Writing per-rank ``torch.save`` files (format version 1, ``serialization.py``) was the
 alternative; it writes every replica in full and cannot change world size for sharded state.
