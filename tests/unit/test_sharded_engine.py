@@ -234,7 +234,12 @@ def test_a_resume_into_a_fresh_optimizer_is_exact_and_maps_no_checkpoint_file(tm
     folder = save(tmp_path, engine)
     new_model, new_opt, new_sampler, new_engine = fresh()
     live_ptrs = [p.data_ptr() for p in new_model.parameters()]
+    steps = []
+    hook = new_opt.register_step_pre_hook(lambda *_: steps.append(1))
     new_engine.load(folder, Manifest.read(folder))
+    hook.remove()
+    assert not steps, "the load stepped the optimizer to create state it then overwrote"
+    assert all(p.grad is None for p in new_model.parameters())
     assert_equal_state(new_model, new_opt, snap)
     assert [p.data_ptr() for p in new_model.parameters()] == live_ptrs  # weights in place
     assert new_opt.param_groups[0]["lr"] == 0.01 and new_sampler.offset == 8
