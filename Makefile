@@ -44,8 +44,9 @@ demo-local: setup  ## no cluster: a 2-rank run is SIGTERMed and SIGKILLed and st
 crds: setup  ## regenerate the CRDs, RBAC and reference page from the pydantic models
 	$(RUN) python -m rtj_operator.crdgen
 
-bench: setup
+bench: setup  ## checkpoint benchmarks of record, 1 GiB state (as root, on a quiet machine)
 	$(RUN) python benchmarks/checkpoint.py --json out/bench-checkpoint.json
+	$(RUN) python benchmarks/checkpoint_engines.py --json out/bench-checkpoint-engines.json
 
 clean:
 	rm -rf .venv out .pytest_cache .ruff_cache

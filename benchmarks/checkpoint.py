@@ -14,7 +14,10 @@ filesystem, in one process:
 - resume: the runtime's ``load`` of a checkpoint into a freshly built model and optimizer, and
   the *effective* resume time (load plus what the first training step takes beyond a steady
   step, which is where state left mapped from the file would be paid for), against
-  ``torch.load`` + ``load_state_dict`` of the same state measured the same way; plus a raw read.
+  ``torch.load`` + ``load_state_dict`` and DCP's resume (``get_*_state_dict``, ``dcp.load``,
+  ``set_*_state_dict``) of the same state measured the same way; plus a raw read;
+- DCP: ``dcp.save`` and ``dcp.async_save`` (its stall measured like the runtime's) of the
+  same state, the baselines of the sharded format's targets.
 
 Why the figures can be trusted:
 
@@ -24,36 +27,57 @@ Why the figures can be trusted:
 - The page cache is dropped (``/proc/sys/vm/drop_caches``, needs root) before every timed
   operation, so no side reads what another left cached, and torch's code is warmed again right
   after (a real resume has it warm); without root each benchmark file is evicted on its own,
-  and the run says so at the start and in the JSON (``page_cache_dropped: false``).
+  and the run says so at the start and in the JSON (``conditions.page_cache_dropped``).
 - Memory is touched before timing: the raw-write buffer is filled, every state is trained
   one step (Adam's moments exist), the async staging buffers are made by an untimed warm-up
   round, and a resume's target model is built and initialised before its clock starts. Some
   VMs charge heavily for the first touch of fresh memory (about 1.8 s/GiB was seen); only
   allocations both sides of a comparison must make (a resume's optimizer state) stay timed.
 
-Adding a contender (for example DCP) means one more ``op_*`` function returning its figures and
-one entry in ``OPERATIONS``; the rounds, the cache drops and the summaries are shared.
+The rounds, medians, cache drops, conditions and target checks are ``harness.py``'s, shared
+with ``checkpoint_engines.py``. The JSON report holds ``conditions`` (CPUs, load average at the
+start and end, versions), ``figures`` (median/min/max/n of every figure, including the 1-minute
+load average sampled each round), ``ratios`` and ``targets``. Adding a contender means one more
+``op_*`` function returning its figures and one entry in ``OPERATIONS``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import statistics
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import (
+    MIN_ROUNDS,
+    PageCache,
+    Samples,
+    conditions,
+    judge,
+    load_average,
+    print_report,
+    rotated,
+    timed,
+    write_json,
+)
+
 from trainer_runtime import CheckpointManager
 from trainer_runtime.manifest import Manifest
 
@@ -100,12 +124,6 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: int = 16) ->
     opt.zero_grad(set_to_none=False)
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def state_nbytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return n + sum(
@@ -119,59 +137,6 @@ def state_nbytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
 # ---------------------------------------------------------------------------- shared method
 
 
-class PageCache:
-    """Drops the page cache before a timed operation; says once when it cannot.
-
-    As root, the whole cache (``/proc/sys/vm/drop_caches``). That also evicts the code pages of
-    torch's shared libraries, which a real resume has warm (it just imported torch), so the
-    code is warmed again right after with a tiny untimed step, save and load in memory: the
-    checkpoint files stay cold, the code does not. Without root, each benchmark file is evicted
-    on its own (``posix_fadvise(DONTNEED)`` after an fsync), which drops clean pages only.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.permitted = self._drop_all()
-        if not self.permitted:
-            print(
-                "[bench] WARNING: cannot drop the whole page cache (needs root and a writable "
-                "/proc/sys/vm/drop_caches); evicting the benchmark's own files one by one "
-                "instead (posix_fadvise DONTNEED), which the kernel may not fully honour",
-                flush=True,
-            )
-
-    @staticmethod
-    def _drop_all() -> bool:
-        try:
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return True
-        except OSError:
-            return False
-
-    def _drop_files(self) -> None:
-        for path in self.root.rglob("*"):
-            if not path.is_file():
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-
-    def drop(self) -> None:
-        if self.permitted and self._drop_all():
-            warm_code()
-        else:
-            self._drop_files()
-
-
 def warm_code() -> None:
     """Fault torch's code for a step, a save and a load back in, on tiny data, untimed."""
     tiny = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
@@ -183,31 +148,6 @@ def warm_code() -> None:
     torch.load(buf, weights_only=True)
 
 
-@dataclass
-class Samples:
-    """Every sample of every figure, by name."""
-
-    values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-
-    def add(self, figures: dict[str, float]) -> None:
-        for name, value in figures.items():
-            self.values[name].append(value)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.values[name])
-
-    def summary(self) -> dict[str, dict[str, float | int]]:
-        return {
-            name: {
-                "median": statistics.median(v),
-                "min": min(v),
-                "max": max(v),
-                "n": len(v),
-            }
-            for name, v in self.values.items()
-        }
-
-
 Operation = Callable[["Bench", int], dict[str, float]]
 
 
@@ -217,9 +157,8 @@ def run_interleaved(
     """Each round runs every operation once; the order rotates from round to round, so no
     operation always runs right after the same neighbour. The page cache is dropped first."""
     for r in range(rounds):
-        shift = r % len(operations)
-        order = operations[shift:] + operations[:shift]
-        for name, op in order:
+        samples.add({"load_average_1m": load_average()})
+        for name, op in rotated(operations, r):
             bench.cache.drop()
             figures = op(bench, r)
             samples.add(figures)
@@ -240,6 +179,7 @@ class Bench:
     raw_buffer: memoryview
     runtime_ckpt: Path
     torch_file: Path
+    dcp_ckpt: Path
     sync_ck: CheckpointManager
     async_ck: CheckpointManager
     step_s: float = 0.0
@@ -282,6 +222,36 @@ def op_torch_save(b: Bench, r: int) -> dict[str, float]:
     took = timed(save)
     path.unlink()
     return {"torch_save_fsync_s": took}
+
+
+def dcp_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, object]:
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+
+def op_dcp_save(b: Bench, r: int) -> dict[str, float]:
+    path = b.dir / "dcp-save"
+    took = timed(lambda: dcp.save(dcp_state(b.model, b.opt), checkpoint_id=path))
+    shutil.rmtree(path)
+    return {"dcp_save_s": took}
+
+
+def op_dcp_async_save(b: Bench, r: int) -> dict[str, float]:
+    """``dcp.async_save`` stages inside its call; the stall is the call plus the first step's
+    extra time, measured like the runtime's."""
+    path = b.dir / "dcp-async"
+    idle_step = statistics.median(timed(lambda: train_step(b.model, b.opt)) for _ in range(3))
+    t0 = time.perf_counter()
+    fut = dcp.async_save(dcp_state(b.model, b.opt), checkpoint_id=path)
+    call = time.perf_counter() - t0
+    first = timed(lambda: train_step(b.model, b.opt))
+    fut.result()
+    persist = time.perf_counter() - t0
+    shutil.rmtree(path)
+    return {
+        "dcp_async_call_s": call,
+        "dcp_async_stall_s": call + max(0.0, first - idle_step),
+        "dcp_async_persist_s": persist,
+    }
 
 
 def steps_per_second(b: Bench, seconds: float, until: Callable[[], bool] | None = None) -> float:
@@ -378,14 +348,30 @@ def op_resume_torch_load(b: Bench, r: int) -> dict[str, float]:
     return measure_resume(b, prepare, "torchload")
 
 
+def op_resume_dcp(b: Bench, r: int) -> dict[str, float]:
+    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        def load() -> None:  # DCP's documented resume: state dicts, load, set
+            state = dcp_state(model, opt)
+            dcp.load(state, checkpoint_id=b.dcp_ckpt)
+            set_model_state_dict(model, state["model"])
+            set_optimizer_state_dict(model, opt, state["optim"])
+
+        return load
+
+    return measure_resume(b, prepare, "dcpload")
+
+
 OPERATIONS: list[tuple[str, Operation]] = [
     ("raw write", op_raw_write),
     ("sync save", op_sync_save),
     ("torch.save", op_torch_save),
+    ("dcp.save", op_dcp_save),
+    ("dcp.async_save", op_dcp_async_save),
     ("async save", op_async_save),
     ("raw read", op_raw_read),
     ("resume (runtime)", op_resume_runtime),
     ("resume (torch.load)", op_resume_torch_load),
+    ("resume (dcp.load)", op_resume_dcp),
 ]
 
 
@@ -404,6 +390,9 @@ def ratios(s: Samples, file_bytes: int) -> dict[str, float]:
         "ratio_resume_load_vs_raw_read": m("raw_read_s") / m("resume_load_s"),
         "ratio_effective_resume_vs_torch_load": m("resume_effective_s")
         / m("torchload_effective_s"),
+        "ratio_sync_save_vs_dcp_save": m("sync_save_s") / m("dcp_save_s"),
+        "ratio_effective_resume_vs_dcp_load": m("resume_effective_s") / m("dcpload_effective_s"),
+        "ratio_dcp_async_stall_vs_dcp_save": m("dcp_async_stall_s") / m("dcp_save_s"),
     }
     if s.values.get("persisting_steps_per_s"):
         out["ratio_throughput_persisting_vs_idle"] = m("persisting_steps_per_s") / m(
@@ -414,27 +403,13 @@ def ratios(s: Samples, file_bytes: int) -> dict[str, float]:
 
 TARGETS = {
     "ratio_sync_save_vs_raw_write": (">=", 0.90),
+    "ratio_sync_save_vs_dcp_save": ("<=", 1.10),
+    "ratio_effective_resume_vs_dcp_load": ("<=", 1.10),
     "ratio_async_stall_vs_sync_save": ("<=", 0.02),
     "ratio_resume_load_vs_raw_read": (">=", 0.80),
     "ratio_effective_resume_vs_torch_load": ("<=", 1.00),
     "ratio_throughput_persisting_vs_idle": (">=", 0.85),
 }
-
-
-def report(summary: dict, derived: dict[str, float]) -> None:
-    print(f"\n{'figure':36s} {'median':>10s} {'min':>10s} {'max':>10s}   n")
-    for name, f in summary.items():
-        print(f"{name:36s} {f['median']:10.4f} {f['min']:10.4f} {f['max']:10.4f} {f['n']:3d}")
-    print()
-    for name, value in derived.items():
-        print(f"{name:36s} {value:10.4f}")
-    print()
-    for name, (op, bound) in TARGETS.items():
-        if name not in derived:
-            continue
-        v = derived[name]
-        ok = v <= bound if op == "<=" else v >= bound
-        print(f"target {name} {op} {bound}: {v:.3f} {'met' if ok else 'MISSED'}")
 
 
 # ---------------------------------------------------------------------------- main
@@ -456,12 +431,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.rounds < 5:
+    if args.rounds < MIN_ROUNDS:
         ap.error(f"--rounds={args.rounds}: at least 5 rounds are needed for a median to mean much")
     size_mib = args.size_mib or (96 if args.quick else 1024)
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
-    cache = PageCache(args.dir)
+    cache = PageCache(args.dir, warm=warm_code)
+    conds = conditions(page_cache_dropped=cache.permitted)
     print(f"[bench] building a {size_mib} MiB model+Adam state", flush=True)
     model, opt = build_state(size_mib * MiB)
 
@@ -487,6 +463,8 @@ def main() -> None:
     torch_file = args.dir / "reference.pt"
     torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, torch_file)
     file_bytes = Manifest.read(saved.path).files[0].size
+    dcp_ckpt = args.dir / "reference-dcp"
+    dcp.save(dcp_state(model, opt), checkpoint_id=dcp_ckpt)
     raw = bytearray(os.urandom(64 * MiB))  # filled: touched before any timing
     bench = Bench(
         dir=args.dir,
@@ -497,6 +475,7 @@ def main() -> None:
         raw_buffer=memoryview(raw),
         runtime_ckpt=saved.path,
         torch_file=torch_file,
+        dcp_ckpt=dcp_ckpt,
         sync_ck=manager("sync"),
         async_ck=manager("async", async_save=True),
     )
@@ -510,20 +489,20 @@ def main() -> None:
 
     summary = samples.summary()
     derived = ratios(samples, file_bytes)
-    report(summary, derived)
+    verdicts = judge(derived, TARGETS)
+    print_report(summary, derived, verdicts)
     out = {
+        "benchmark": "checkpoint",
+        "conditions": {**conds, "load_average_1m_at_end": load_average()},
         "state_bytes": state_nbytes(model, opt),
         "file_bytes": file_bytes,
         "size_mib": size_mib,
         "rounds": args.rounds,
-        "page_cache_dropped": cache.permitted,
-        "cpus": os.cpu_count() or 0,
-        "torch_threads": torch.get_num_threads(),
-        **{f"{name}_{k}": v for name, f in summary.items() for k, v in f.items()},
-        **derived,
+        "figures": summary,
+        "ratios": derived,
+        "targets": verdicts,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
     shutil.rmtree(args.dir, ignore_errors=True)
 
 

@@ -197,6 +197,94 @@ def test_damage_is_detected_and_live_state_is_left_untouched(tmp_path, where):
         assert "has" in (check_files_present(folder, Manifest.read(folder)) or "")
 
 
+def fresh(width: int = 16, seed: int = 1):
+    """A relaunched process: a newly built model and an optimizer without state."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    sampler = ResumableSampler(1000, num_replicas=1, rank=0, batch_size=4)
+    engine = ShardedEngine(
+        Components(model=model, optimizers={"adam": opt}, stateful={"sampler": sampler}),
+        Coordinator(),
+    )
+    return model, opt, sampler, engine
+
+
+def _file_mappings(folder: Path) -> list[tuple[int, int, str]]:
+    """(start, end, path) of every mapping of this process backed by a file under folder."""
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(str(folder.resolve())):
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            out.append((start, end, parts[5]))
+    return out
+
+
+def _live_tensors(model, opt):
+    yield from model.parameters()
+    for st in opt.state.values():
+        yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+
+def test_a_resume_into_a_fresh_optimizer_is_exact_and_maps_no_checkpoint_file(tmp_path):
+    model, opt, sampler, engine = make()
+    sampler.advance(8)
+    snap = snapshot(model, opt)
+    folder = save(tmp_path, engine)
+    new_model, new_opt, new_sampler, new_engine = fresh()
+    live_ptrs = [p.data_ptr() for p in new_model.parameters()]
+    steps = []
+    hook = new_opt.register_step_pre_hook(lambda *_: steps.append(1))
+    new_engine.load(folder, Manifest.read(folder))
+    hook.remove()
+    assert not steps, "the load stepped the optimizer to create state it then overwrote"
+    assert all(p.grad is None for p in new_model.parameters())
+    assert_equal_state(new_model, new_opt, snap)
+    assert [p.data_ptr() for p in new_model.parameters()] == live_ptrs  # weights in place
+    assert new_opt.param_groups[0]["lr"] == 0.01 and new_sampler.offset == 8
+    assert not _file_mappings(folder), "a checkpoint file is mapped into the process"
+    staged = {b.data_ptr() for b in new_engine.stager._buffers.values()}
+    assert not staged & {t.data_ptr() for t in _live_tensors(new_model, new_opt)}
+    # The adopted state trains on like the original, step for step.
+    x = torch.randn(4, 16)
+    for m, o in ((model, opt), (new_model, new_opt)):
+        m(x).square().mean().backward()
+        o.step()
+    assert_equal_state(new_model, new_opt, snapshot(model, opt))
+    # And a later save never stages over the live optimizer state.
+    new_engine.stage(
+        new_engine.capture(timestamp={}, run_name="run", metrics={}, extras={}, weights_only=False)
+    )
+    staged = {b.data_ptr() for b in new_engine.stager._buffers.values()}
+    assert not staged & {t.data_ptr() for t in _live_tensors(new_model, new_opt)}
+
+
+def test_a_torch_load_with_mmap_is_what_the_maps_check_catches(tmp_path):
+    """The check above can fail: a file-backed load shows up in /proc/self/maps."""
+    path = tmp_path / "state.pt"
+    torch.save({"w": torch.ones(1 << 16)}, path)
+    loaded = torch.load(path, mmap=True, weights_only=True)
+    assert _file_mappings(tmp_path)
+    del loaded
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_a_corrupt_chunk_leaves_a_fresh_model_and_empty_optimizer_untouched(tmp_path, where):
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    data = folder / "__0_0.distcp"
+    _flip(data, 0 if where == "start" else data.stat().st_size - 1)
+    model, opt, _, new_engine = fresh()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp"):
+        new_engine.load(folder, Manifest.read(folder))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    assert not opt.state, "a failed load left optimizer state behind"
+    assert opt.param_groups[0]["lr"] == 0.5
+
+
 def test_metadata_pickle_cannot_run_code(tmp_path):
     class Evil:
         def __reduce__(self):

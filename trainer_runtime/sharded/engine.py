@@ -10,9 +10,12 @@ the bytes down with digests; the caller commits the returned file entries in a m
 
 A load reads into host staging buffers first (``staging.HostStager``), verifying every chunk as
 it arrives; only when every rank has read and verified everything does it copy into the live
-tensors, in place. Corrupt data therefore never half-overwrites live weights, and nothing live is
-left backed by a checkpoint file. The price is one host copy of the rank's state (the same
-buffers async saves stage into), and one memcpy.
+tensors, in place. An optimizer without state yet (a relaunched process) is read into new
+tensors built from the checkpoint's metadata instead, which become its state once verified
+(``optim_target``): creating its state only to copy over it would touch that memory twice.
+Corrupt data therefore never half-overwrites live weights, and nothing live is left backed by a
+checkpoint file. The price is one host copy of the model (the same buffers async saves stage
+into), and one memcpy.
 
 Writing per-rank ``torch.save`` files (format version 1, ``serialization.py``) was the
 alternative; it writes every replica in full and cannot change world size for sharded state.
@@ -49,6 +52,7 @@ from .. import state as state_mod
 from ..dist import Coordinator
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
+from . import optim_target
 from .staging import HostStager, copy_into_live
 from .storage import METADATA_NAME, HashingWriter, VerifyingReader, read_metadata_bytes
 
@@ -260,12 +264,19 @@ class ShardedEngine:
         weights_only = weights_only or manifest.weights_only
         saved_ws = manifest.world_size
         source = self.rank if self.rank < saved_ws else 0
-        live = self._tensor_state(weights_only=weights_only)
         patterns = [p.strip("/") for p in ignore_keys]
+        fresh_optim = None
+        if not weights_only and not _optimizers_ignored(patterns) and self.components.model:
+            fresh_optim = optim_target.plan(
+                self.components.model, self.components.optimizers, metadata, OPTIM_KEY
+            )
+        live = self._tensor_state(weights_only=weights_only or fresh_optim is not None)
         self._drop_ignored(live, patterns)
         if MODEL_KEY in live:
             self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
         target = self.stager.empty_like(live)
+        if fresh_optim is not None:  # read into new tensors, adopted below once verified
+            target[OPTIM_KEY] = fresh_optim
         target[RANKS_KEY] = {str(source): b""}
         reader = VerifyingReader(
             folder, expected_metadata=meta_entry, trusted=self.trusted_pickle, metadata=metadata
@@ -288,8 +299,10 @@ class ShardedEngine:
         copy_into_live(live, target, on_mismatch=lambda p, why: problems.append(f"{p}: {why}"))
         if problems:
             raise IncompatibleCheckpointError("loaded state does not fit: " + "; ".join(problems))
-        if OPTIM_KEY in live:
+        if OPTIM_KEY in live or fresh_optim is not None:
             self._restore_param_groups(target[OPTIM_KEY])
+        if fresh_optim is not None:
+            optim_target.adopt(self.components.model, self.components.optimizers, fresh_optim)
         data = torch.load(
             io.BytesIO(target[RANKS_KEY][str(source)]), weights_only=not self.trusted_pickle
         )
@@ -333,7 +346,7 @@ class ShardedEngine:
     def _drop_ignored(self, live: dict[str, Any], patterns: list[str]) -> None:
         if not patterns:
             return
-        if any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns):
+        if _optimizers_ignored(patterns):
             live.pop(OPTIM_KEY, None)
         model = live.get(MODEL_KEY, {})
         for key in list(model):
@@ -369,6 +382,10 @@ class ShardedEngine:
                 for key, value in saved_group.items():
                     if key != "params":
                         live_group[key] = value
+
+
+def _optimizers_ignored(patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
 
 
 def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:

@@ -27,7 +27,9 @@ import dataclasses
 import io
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,8 @@ from ..manifest import FileEntry
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
-_READ_BLOCK = 64 << 20
+_IO_BLOCK = 16 << 20
+"""Reads and writes go in blocks this size, so hashing one block overlaps the next's I/O."""
 
 
 class ChunkDigestError(OSError):
@@ -72,6 +75,42 @@ class RawChunk(_StorageInfo):
     shape: tuple[int, ...] | None = None
 
 
+class HashPipeline:
+    """Hashes blocks on one background thread, in submission order, while the caller does I/O.
+
+    ``xxhash`` and ``os.pwrite``/``os.preadv`` release the GIL, so hashing the block just read
+    (or written) overlaps reading (writing) the next one: a chunk costs max(I/O, hash) instead
+    of their sum. One thread keeps the order, which streaming digests need.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-xxh3")
+        self._pending: list[ConcurrentFuture[Any]] = []
+
+    def update(self, *hashers: Any, view: memoryview) -> None:
+        self._pending.append(self._pool.submit(_update_all, hashers, view))
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the hashing thread once everything submitted so far is hashed."""
+        self._pending.append(self._pool.submit(fn))
+
+    def drain(self) -> None:
+        """Wait for every block; re-raise the first failure (a digest that did not match)."""
+        try:
+            for fut in self._pending:
+                fut.result()
+        finally:
+            self._pending = []
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _update_all(hashers: tuple[Any, ...], view: memoryview) -> None:
+    for h in hashers:
+        h.update(view)
+
+
 def data_file_name(rank: int) -> str:
     return f"__{rank}_0{DATA_SUFFIX}"
 
@@ -84,10 +123,10 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
-        n = os.write(fd, view)
-        view = view[n:]
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 class HashingWriter(FileSystemWriter):
@@ -133,9 +172,11 @@ class HashingWriter(FileSystemWriter):
         path = Path(self.path) / name
         file_hash = xxhash.xxh3_128()
         results: list[WriteResult] = []
+        chunk_hashes: list[Any] = []
         offset = 0
         # Small pickled objects first, then tensors largest first (as DCP's writer does).
         items = sorted(plan.items, key=lambda i: i.type != WriteItemType.BYTE_IO)
+        hashing = HashPipeline()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for item in items:
@@ -150,24 +191,27 @@ class HashingWriter(FileSystemWriter):
                         tensor = tensor.cpu()
                     view = _tensor_bytes(tensor)
                     dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
-                _write_all(fd, view)
-                file_hash.update(view)
+                chunk_hash = xxhash.xxh3_128()
+                for start in range(0, len(view), _IO_BLOCK):
+                    block = view[start : start + _IO_BLOCK]
+                    _pwrite_all(fd, block, offset + start)
+                    hashing.update(chunk_hash, file_hash, view=block)
+                chunk_hashes.append(chunk_hash)
                 info = RawChunk(
-                    relative_path=name,
-                    offset=offset,
-                    length=len(view),
-                    xxh3_128=xxhash.xxh3_128_hexdigest(view),
-                    dtype=dtype,
-                    shape=shape,
+                    relative_path=name, offset=offset, length=len(view), dtype=dtype, shape=shape
                 )
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=len(view), storage_data=info)
                 )
                 offset += len(view)
+            hashing.drain()
             if self.sync_files:
                 os.fsync(fd)
         finally:
             os.close(fd)
+            hashing.close()
+        for result, chunk_hash in zip(results, chunk_hashes, strict=True):
+            result.storage_data.xxh3_128 = chunk_hash.hexdigest()
         if self.sync_files:
             atomic.fsync_dir(path.parent)  # the file's name is durable before the manifest
         self.written.append(FileEntry(name, rank, offset, file_hash.hexdigest()))
@@ -276,25 +320,43 @@ class VerifyingReader(FileSystemReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
                 item
             )
-        for rel, items in per_file.items():
-            items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
-            fd = os.open(Path(self.path) / rel, os.O_RDONLY)
-            try:
-                for item in items:
-                    self._read_item(fd, rel, item, planner)
-            finally:
-                os.close(fd)
+        hashing = HashPipeline()
+        done: list[tuple[ReadItem, torch.Tensor]] = []
+        try:
+            for rel, items in per_file.items():
+                items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
+                fd = os.open(Path(self.path) / rel, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
+                    for item in items:
+                        self._read_item(fd, rel, item, planner, hashing=hashing, done=done)
+                finally:
+                    os.close(fd)
+            hashing.drain()  # every digest checked before read_data returns
+        finally:
+            hashing.close()
+        for item, target in done:
+            planner.commit_tensor(item, target)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_item(self, fd: int, rel: str, item: ReadItem, planner: LoadPlanner) -> None:
+    def _read_item(
+        self,
+        fd: int,
+        rel: str,
+        item: ReadItem,
+        planner: LoadPlanner,
+        *,
+        hashing: HashPipeline,
+        done: list[tuple[ReadItem, torch.Tensor]],
+    ) -> None:
         info: RawChunk = self.storage_data[item.storage_index]
         if not isinstance(info, RawChunk):
             raise ChunkDigestError(f"{rel}: not written by this runtime's sharded writer")
-        if item.type == LoadItemType.BYTE_IO:
+        if item.type == LoadItemType.BYTE_IO:  # verified before it is unpickled
             buf = bytearray(info.length)
-            self._read_verified(fd, rel, info, memoryview(buf))
+            self._read_verified(fd, rel, info, memoryview(buf), None)
             planner.load_bytes(item, io.BytesIO(buf))
             return
         assert info.dtype is not None and info.shape is not None
@@ -308,37 +370,59 @@ class VerifyingReader(FileSystemReader):
             and target.is_contiguous()
             and target.numel() > 0
         ):
-            self._read_verified(fd, rel, info, _tensor_bytes_writable(target))
-        else:
+            # Straight into the load target (staging or a fresh optimizer tensor, never live
+            # state); its digest is checked on the hashing thread while the next chunk reads.
+            self._read_verified(fd, rel, info, _tensor_bytes_writable(target), hashing)
+        else:  # part of a chunk (resharding): verify the whole chunk before using any of it
             buf = bytearray(info.length)
-            self._read_verified(fd, rel, info, memoryview(buf))
+            self._read_verified(fd, rel, info, memoryview(buf), None)
             stored = (
                 torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
                 if info.length
                 else torch.empty(info.shape, dtype=dtype)
             )
             target.copy_(narrow_tensor_by_index(stored, item.storage_offsets, item.lengths))
-        planner.commit_tensor(item, target)
+        done.append((item, target))
 
-    def _read_verified(self, fd: int, rel: str, info: RawChunk, view: memoryview) -> None:
+    def _read_verified(
+        self, fd: int, rel: str, info: RawChunk, view: memoryview, hashing: HashPipeline | None
+    ) -> None:
+        """Read one chunk into ``view`` and check its digest: now, or on ``hashing``'s thread
+        (then ``hashing.drain()`` raises on a mismatch)."""
         if len(view) != info.length:
             raise ChunkDigestError(
                 f"{rel}@{info.offset}: target holds {len(view)} bytes, chunk {info.length}"
             )
+        digest = xxhash.xxh3_128()
         done = 0
         while done < info.length:
-            n = os.preadv(fd, [view[done : done + _READ_BLOCK]], info.offset + done)
-            if n == 0:
-                raise ChunkDigestError(
-                    f"{rel} ends at byte {info.offset + done}; the chunk needs "
-                    f"{info.offset + info.length}"
-                )
-            done += n
+            block = view[done : done + _IO_BLOCK]
+            got = 0
+            while got < len(block):
+                n = os.preadv(fd, [block[got:]], info.offset + done + got)
+                if n == 0:
+                    raise ChunkDigestError(
+                        f"{rel} ends at byte {info.offset + done + got}; the chunk needs "
+                        f"{info.offset + info.length}"
+                    )
+                got += n
+            if hashing is None:
+                digest.update(block)
+            else:
+                hashing.update(digest, view=block)
+            done += got
         self.bytes_read += done
-        if xxhash.xxh3_128_hexdigest(view) != info.xxh3_128:
-            raise ChunkDigestError(
-                f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
-            )
+
+        def check() -> None:
+            if digest.hexdigest() != info.xxh3_128:
+                raise ChunkDigestError(
+                    f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
+                )
+
+        if hashing is None:
+            check()
+        else:
+            hashing.then(check)
 
 
 def _tensor_bytes_writable(t: torch.Tensor) -> memoryview:
