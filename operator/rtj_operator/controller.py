@@ -45,7 +45,7 @@ def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
     taints = tuple(
         sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in view.taints)
     )
-    return view.exists, view.deleting, view.ready, taints
+    return view.exists, view.deleting, view.ready, taints, view.unschedulable, view.allocatable
 
 
 def _changes_next_decision(plan: Plan) -> bool:
@@ -66,6 +66,8 @@ class Controller:
         self.nodes: dict[str, NodeView] = {}
         self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
         self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
+        # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
+        self.capacity_watchers: set[Key] = set()
         self.written_versions: dict[Key, str] = {}
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
         # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
@@ -135,6 +137,8 @@ class Controller:
             return
         for key in list(self.jobs_on_node.get(name, ())):
             self.queue.kick(key)
+        for key in list(self.capacity_watchers):
+            self.queue.kick(key)  # an elastic job may now shrink, start or grow
 
     def resync_all(self) -> None:
         """Kick every known job (the periodic safety net for anything missed)."""
@@ -168,6 +172,7 @@ class Controller:
         namespace, name = key
         body = await self.api.get_job(namespace, name)
         if body is None:
+            self.capacity_watchers.discard(key)
             self.queue.forget(key)
             metrics.PHASES.forget(key)
             return None
@@ -187,7 +192,19 @@ class Controller:
         wait = self._await_deletion_events(key, job, pods, departed)
         if wait is not None:
             return wait
-        plan = reconcile(job, pods, nodes, now, departed=departed, observed_support=observed)
+        if job.spec.elastic is not None and job.status.phase not in TERMINAL_PHASES:
+            self.capacity_watchers.add(key)
+        else:
+            self.capacity_watchers.discard(key)
+        plan = reconcile(
+            job,
+            pods,
+            nodes,
+            now,
+            departed=departed,
+            observed_support=observed,
+            cluster_nodes=list(self.nodes.values()) if job.spec.elastic is not None else None,
+        )
         try:
             applied = await self.executor.apply(job, plan, now)
         except ApiError as err:
@@ -242,7 +259,10 @@ class Controller:
             return None
         listed = {p["metadata"]["name"] for p in pods}
         missing = (
-            {names.pod_name(job.ref.name, st.attempt, r) for r in range(job.spec.replicas)}
+            {
+                names.pod_name(job.ref.name, st.attempt, r)
+                for r in range(st.gang_size or job.spec.replicas)
+            }
             - listed
             - set(departed)
         )

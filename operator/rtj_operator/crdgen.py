@@ -42,6 +42,12 @@ HEADER = (
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
+    {
+        "name": "Size",
+        "type": "integer",
+        "jsonPath": ".status.gangSize",
+        "description": "Pods in the current attempt's gang (below Replicas when shrunk)",
+    },
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
     {"name": "Failures", "type": "integer", "jsonPath": ".status.failures"},
     {
