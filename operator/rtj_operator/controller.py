@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 DEPARTED_TTL = 300.0
 """How long the last state of a deleted pod is remembered for classification."""
+DISCOVERY_SECONDS = 60.0
+"""How long an answer of API discovery (is native gang scheduling served?) is trusted."""
+
 DELETE_EVENT_WAIT = 1.0
 """Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
 
@@ -68,6 +71,8 @@ class Controller:
         self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
         # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
         self.capacity_watchers: set[Key] = set()
+        # API discovery of native gang scheduling: (answer, monotonic time it was asked).
+        self._native_gang: tuple[bool, float] | None = None
         self.written_versions: dict[Key, str] = {}
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
         # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
@@ -204,6 +209,7 @@ class Controller:
             departed=departed,
             observed_support=observed,
             cluster_nodes=list(self.nodes.values()) if job.spec.elastic is not None else None,
+            native_gang=await self.native_gang() if not job.status.gang_created else False,
         )
         try:
             applied = await self.executor.apply(job, plan, now)
@@ -236,6 +242,18 @@ class Controller:
         if self.resync_seconds > 0:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
+
+    async def native_gang(self) -> bool:
+        """Whether the cluster serves the PodGroup API, asked at most once a minute."""
+        now = time.monotonic()
+        if self._native_gang is None or now - self._native_gang[1] > DISCOVERY_SECONDS:
+            try:
+                answer = await self.api.serves_pod_groups()
+            except ApiError as err:
+                log.warning("API discovery of scheduling.k8s.io failed: %s", err)
+                answer = self._native_gang[0] if self._native_gang else False
+            self._native_gang = (answer, now)
+        return self._native_gang[0]
 
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""

@@ -17,13 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import conditions as cond
-from . import elastic, names, support
+from . import elastic, gang, names, support
 from .api_types import Job
 from .backoff import failure_delay
 from .capacity import fitting_pods
 from .classify import GangVerdict, Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
-from .manifests import build_pod, checkpoint_root
+from .manifests import build_pod, checkpoint_root, owner_reference
 from .nodes import NodeView
 from .notice import notice_payload
 from .plan_types import NoticeWrite, Plan, PodDeletion
@@ -85,6 +85,7 @@ class _Context:
     departed: Mapping[str, dict[str, Any]]
     observed_support: support.Observed
     cluster_nodes: Sequence[NodeView] | None = None
+    native_gang: bool = False
 
     @property
     def generation(self) -> int:
@@ -132,6 +133,7 @@ def reconcile(
     departed: Mapping[str, dict[str, Any]] | None = None,
     observed_support: support.Observed | None = None,
     cluster_nodes: Sequence[NodeView] | None = None,
+    native_gang: bool = False,
 ) -> Plan:
     """Decide what to do for one job.
 
@@ -141,6 +143,7 @@ def reconcile(
     ``observed_support`` holds the job's support objects by kind as read now (a kind that is
     absent or None does not exist). ``cluster_nodes`` holds every node of the cluster, for the
     capacity an elastic job sizes its gang by (None: assume room for the full gang).
+    ``native_gang``: the API server serves the PodGroup API (gang.py).
     """
     plan = Plan()
     if job.ref.deleting:
@@ -155,6 +158,7 @@ def reconcile(
         departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
         observed_support=observed_support or {},
         cluster_nodes=cluster_nodes,
+        native_gang=native_gang,
     )
     st = ctx.status
     if st.phase is None:
@@ -358,8 +362,8 @@ def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> 
             cond.PODS_SCHEDULED,
             False,
             reason="Unschedulable",
-            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled; rank "
-            f"{rank} ({pod['metadata'].get('name')}): {message}",
+            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled{_gang_note(ctx)}; "
+            f"rank {rank} ({pod['metadata'].get('name')}): {message}",
             now=ctx.now,
             generation=ctx.generation,
         )
@@ -377,6 +381,19 @@ def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> 
             now=ctx.now,
             generation=ctx.generation,
         )
+
+
+def _gang_note(ctx: _Context) -> str:
+    """How the gang is held back, for the PodsScheduled message."""
+    st = ctx.status
+    if st.gang_scheduling == gang.Mechanism.POD_GROUP:
+        return (
+            f" (all-or-nothing: PodGroup {gang.group_name(ctx.job.ref.name, st.attempt)} binds "
+            f"no pod until all {ctx.size} fit)"
+        )
+    if st.gang_scheduling == gang.Mechanism.KUEUE:
+        return f" (Kueue pod group, queue {ctx.job.spec.queue_name})"
+    return ""
 
 
 def _as_deleted(pod: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -619,18 +636,28 @@ def _create_gang(ctx: _Context) -> None:
     existing = ctx.current_pods()
     if st.gang_size is None and not _choose_size(ctx):
         return
+    mechanism = gang.choose(job, ctx.native_gang)
+    st.gang_scheduling = mechanism.value
     plan.creations = [
-        build_pod(
+        gang.link_pod(
+            build_pod(
+                job,
+                st.attempt,
+                rank,
+                size=ctx.size,
+                resume_from=st.resume_from,
+                quarantined=list(st.quarantined_checkpoints),
+            ),
             job,
             st.attempt,
-            rank,
-            size=ctx.size,
-            resume_from=st.resume_from,
-            quarantined=list(st.quarantined_checkpoints),
+            ctx.size,
+            mechanism,
         )
         for rank in range(ctx.size)
         if rank not in existing
     ]
+    if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
+        plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
     created = st.model_copy(deep=True)
     created.gang_created = True
     created.attempt_start_time = ctx.now

@@ -211,6 +211,9 @@ class JobStatus(ApiModel):
     before that attempt's pods exist."""
     world_size: int | None = None
     """World size of the current attempt: ``gangSize * processesPerPod`` (WORLD_SIZE)."""
+    gang_scheduling: str | None = None
+    """How the current attempt's gang is kept all-or-nothing: PodGroup (native gang scheduling),
+    Kueue (spec.queueName) or Operator (the operator's own capacity check)."""
     capacity_wait_since: Time | None = None
     """While an elastic job's attempt waits for room for its full gang: since when."""
     grow: GrowRequest | None = None
