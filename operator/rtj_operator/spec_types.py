@@ -280,8 +280,6 @@ class JobSpec(ApiModel):
                     "!has(self.elastic) || self.elastic.minReplicas <= self.replicas",
                     "elastic.minReplicas must not exceed replicas (the full size of the gang)",
                     ".elastic.minReplicas",
-                    "'elastic.minReplicas (' + string(self.elastic.minReplicas) + ') must not "
-                    "exceed replicas (' + string(self.replicas) + '), the full size of the gang'",
                 ),
                 cel(
                     "has(self.runName) == has(oldSelf.runName) && "
