@@ -316,6 +316,8 @@ class Controller:
                 if plan.interruption.preemption
                 else "suspend"
                 if plan.interruption.cause is Cause.SUSPENDED
+                else "grow"
+                if plan.interruption.cause is Cause.GROW
                 else "failure"
             )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()

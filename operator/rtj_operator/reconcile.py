@@ -669,6 +669,8 @@ def _create_gang(ctx: _Context) -> None:
             if last.preemption
             else "failure"
             if last.cause is Cause.FAILURE
+            else "grow"
+            if last.cause is Cause.GROW
             else "resume"
         )
     if not plan.creations:

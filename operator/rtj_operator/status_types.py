@@ -96,6 +96,8 @@ class CheckpointRecord(ApiModel):
     """Commit time as reported by the runtime (RFC 3339)."""
     attempt: int | None = None
     """Attempt whose gang committed it."""
+    world_size: int | None = None
+    """World size of the gang that saved it, as the runtime reported it."""
 
 
 class Interruption(ApiModel):
