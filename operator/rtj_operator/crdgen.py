@@ -42,14 +42,14 @@ HEADER = (
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
+    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
+    {"name": "Failures", "type": "integer", "jsonPath": ".status.failures"},
     {
         "name": "Size",
         "type": "integer",
         "jsonPath": ".status.gangSize",
         "description": "Pods in the current attempt's gang (below Replicas when shrunk)",
     },
-    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
-    {"name": "Failures", "type": "integer", "jsonPath": ".status.failures"},
     {
         "name": "Step",
         "type": "integer",

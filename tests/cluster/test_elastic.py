@@ -143,3 +143,21 @@ def test_min_replicas_unreachable_waits_pending_and_never_fails(kube, ns, pool, 
     pool.add(1, cpu="4")
     pods = wait_for("2 ranks", lambda: gang_on(kube, ns, name, 0, 2), 40, on_timeout=operator.tail)
     assert env_of(pods[0])["WORLD_SIZE"] == "2"
+
+
+def test_the_api_server_refuses_an_impossible_range(kube, ns, pool, operator):
+    from rtj_operator.kube import ApiError
+
+    def refused(**spec: Any) -> str:
+        try:
+            kube.create_job(rtj(unique("bad"), ns, pool.name, 4, **spec))
+        except ApiError as err:
+            assert err.status == 422, err
+            return err.message
+        raise AssertionError(f"accepted {spec}")
+
+    message = refused(elastic={"minReplicas": 5})
+    assert "spec.elastic.minReplicas" in message
+    assert "must not exceed replicas" in message
+    assert "spec.elastic.minReplicas" in refused(elastic={"minReplicas": 0})
+    assert "spec.queueName" in refused(queueName="Not A Queue")
