@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from operator_latency import (  # noqa: E402
+from operator_latency import (
     CLUSTER_SH,
     Bench,
     cluster_kubeconfig,
@@ -44,9 +44,9 @@ from operator_latency import (  # noqa: E402
     summary,
 )
 
-from rtj_operator import names  # noqa: E402
-from rtj_operator.kube import ApiError  # noqa: E402
-from rtj_operator.timeutil import iso, utcnow  # noqa: E402
+from rtj_operator import names
+from rtj_operator.kube import ApiError
+from rtj_operator.timeutil import iso, utcnow
 
 MERGE = "application/merge-patch+json"
 CPU = "4"
@@ -147,7 +147,10 @@ def answer_grow_notices(bench: Bench, ns: str, name: str, step: list[int]) -> No
             raise
 
 
-def wait_gang(bench: Bench, ns: str, name: str, size: int, after: int, timeout: float, step):
+def wait_gang(
+    bench: Bench, ns: str, name: str, *, size: int, after: int, timeout: float, step: list[int]
+) -> tuple[float, int]:
+    """When a gang of ``size`` of an attempt after ``after`` runs, and that attempt."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         gang = running_gang(bench, ns, name)
@@ -167,20 +170,20 @@ def measure_resizes(bench: Bench, ns: str, runs: int) -> dict[str, list[float]]:
     name = f"el-{uuid.uuid4().hex[:6]}"
     bench.req("POST", bench.api.job_path(ns), body=job(ns, name, pool, elastic=True))
     step = [100]
-    _, attempt = wait_gang(bench, ns, name, 4, -1, 120, step)
+    _, attempt = wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
     shrink, grow = [], []
     for run in range(runs):
         gone, nodes = nodes[2:], nodes[:2]
         start = time.monotonic()
         for n in gone:
             bench.delete_node(n)
-        done, attempt = wait_gang(bench, ns, name, 2, attempt, 120, step)
+        done, attempt = wait_gang(bench, ns, name, size=2, after=attempt, timeout=120, step=step)
         shrink.append(done - start)
         back = [f"{pool}-r{run}-{i}" for i in range(2)]
         start = time.monotonic()
         for n in back:
             node(bench, n, pool)
-        done, attempt = wait_gang(bench, ns, name, 4, attempt, 120, step)
+        done, attempt = wait_gang(bench, ns, name, size=4, after=attempt, timeout=120, step=step)
         grow.append(done - start)
         nodes += back
         log(f"run {run + 1}/{runs}: shrink {shrink[-1]:.2f}s grow {grow[-1]:.2f}s")
@@ -198,7 +201,7 @@ def spot_trace(bench: Bench, ns: str, elastic: bool, seconds: float) -> float:
     name = f"tr-{'e' if elastic else 'f'}-{uuid.uuid4().hex[:6]}"
     bench.req("POST", bench.api.job_path(ns), body=job(ns, name, pool, elastic))
     step = [100]
-    wait_gang(bench, ns, name, 4, -1, 120, step)
+    wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
     start = time.monotonic()
     training = samples = 0
     lost = returned = False
