@@ -188,17 +188,19 @@ def main() -> None:
                 trace.write(json.dumps(record) + "\n")
                 trace.flush()
             saves = len(ckpt.saved)
-            ckpt.batch_end(num_samples=split.global_batch_size)
-            if digests and len(ckpt.saved) > saves:
-                entry = {
-                    "event": "save",
-                    "checkpoint": ckpt.saved[-1].name,
-                    "step": ckpt.timestamp.batch,
-                    "world": world,
-                    "digest": state_digest(model, opt),
-                }
-                digests.write(json.dumps(entry) + "\n")
-                digests.flush()
+            try:
+                ckpt.batch_end(num_samples=split.global_batch_size)
+            finally:  # the emergency save on SIGTERM ends in SystemExit: record it too
+                if digests and len(ckpt.saved) > saves:
+                    entry = {
+                        "event": "save",
+                        "checkpoint": ckpt.saved[-1].name,
+                        "step": ckpt.timestamp.batch,
+                        "world": world,
+                        "digest": state_digest(model, opt),
+                    }
+                    digests.write(json.dumps(entry) + "\n")
+                    digests.flush()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         ckpt.epoch_end()
