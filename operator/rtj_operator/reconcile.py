@@ -356,7 +356,10 @@ def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> 
     ]
     had = cond.condition(ctx.status, cond.PODS_SCHEDULED)
     if stuck:
-        rank, pod, message = stuck[0]
+        # Under a gang, most ranks only say they wait for the others; show one that says why.
+        rank, pod, message = next(
+            (entry for entry in stuck if "nodes are available" in entry[2]), stuck[0]
+        )
         cond.set_condition(
             ctx.status,
             cond.PODS_SCHEDULED,
