@@ -2,7 +2,7 @@
 
 What the operator does to an elastic job (docs/operator.md, Elastic gangs), played with real
 gloo ranks of the example trainer and real SIGTERMs: the gang is stopped, and the next gang
-starts at the other world size with the same command. The global batch stays 16 samples per
+starts at the other world size with the same command. The global batch stays 8 samples per
 step at both sizes (gradient accumulation), every sample is consumed exactly once over the
 whole story, no step is lost beyond the last checkpoint, and at each transition the state the
 new gang loaded equals, bit for bit, the state the old gang saved.
@@ -23,7 +23,7 @@ from .test_exact_resume import consumed, trace_len
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_deterministic.py"
-SIZE, GLOBAL_BATCH = 96, 16
+SIZE, GLOBAL_BATCH = 96, 8
 
 
 def args(tmp: Path) -> list[str]:
@@ -33,7 +33,7 @@ def args(tmp: Path) -> list[str]:
         "--run-name",
         "elastic",
         "--epochs",
-        "2",
+        "1",
         "--dataset-size",
         str(SIZE),
         "--batch-size",
@@ -46,7 +46,7 @@ def args(tmp: Path) -> list[str]:
         "--workers",
         "0",
         "--step-sleep",
-        "0.2",
+        "0.1",
         "--trace",
         str(tmp / "trace"),
         "--digests",
@@ -79,9 +79,9 @@ def test_shrink_and_grow_keeps_samples_state_and_global_batch(tmp_path):
         for _, ids in consumed(tmp_path, rank):
             counts.update(ids)
     assert sorted(counts) == list(range(SIZE))
-    assert set(counts.values()) == {2}, "each sample once per epoch, two epochs"
+    assert set(counts.values()) == {1}, "some sample was skipped or consumed twice"
 
-    # The global batch is constant: one step consumes 16 samples at 4 and at 2 ranks.
+    # The global batch is constant: one step consumes 8 samples at 4 and at 2 ranks.
     per_step: Counter[int] = Counter()
     for rank in range(4):
         for sample, ids in consumed(tmp_path, rank):
