@@ -21,7 +21,7 @@ checkpoint resharded and the data position re-dealt, which the runtime does on r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 
 from .spec_types import JobSpec
@@ -235,10 +235,3 @@ def record_size(
     )
     status.size_history = history[-MAX_SIZE_HISTORY:]
     return True
-
-
-def wait_deadline(status: JobStatus, spec: JobSpec) -> datetime | None:
-    """When a waiting attempt shrinks at the latest (for messages and requeues)."""
-    if spec.elastic is None or status.capacity_wait_since is None:
-        return None
-    return status.capacity_wait_since + timedelta(seconds=spec.elastic.shrink_after_seconds)
