@@ -63,15 +63,15 @@ def run_until_steps(tmp: Path, world: int, steps: int, logs: str) -> None:
     """Start a gang of ``world`` ranks, let it train ``steps`` more steps, SIGTERM it."""
     before = trace_len(tmp, 0)
     gang = Gang(EXAMPLE, args(tmp), world, tmp / logs)
-    wait_for(lambda: trace_len(tmp, 0) >= before + 1 + steps, 240, f"{steps} steps", gang)
+    wait_for(lambda: trace_len(tmp, 0) >= before + 1 + steps, 600, f"{steps} steps", gang)
     gang.signal(signal.SIGTERM)
-    assert gang.wait(90) == [143] * world  # saved, then exited like a killed process
+    assert gang.wait(120) == [143] * world  # saved, then exited like a killed process
 
 
 def test_shrink_and_grow_keeps_samples_state_and_global_batch(tmp_path):
     run_until_steps(tmp_path, 4, 3, "logs-4")
     run_until_steps(tmp_path, 2, 3, "logs-2")
-    assert Gang(EXAMPLE, args(tmp_path), 4, tmp_path / "logs-4b").wait(300) == [0] * 4
+    assert Gang(EXAMPLE, args(tmp_path), 4, tmp_path / "logs-4b").wait(600) == [0] * 4
 
     # Exactly once: the samples every rank consumed, minus the steps a resume rolled back.
     counts: Counter[int] = Counter()
