@@ -8,11 +8,17 @@ Kill it at any moment (SIGKILL, SIGTERM) and run the same command again: it resu
 newest committed checkpoint at the exact next sample, and ends with the same weights, bit for
 bit, as a run that was never interrupted. Inside a managed pod no flag is needed: the folder,
 run name and resume path come from the RTJ_* environment.
+
+For an elastic job (docs/operator.md, Elastic gangs) pass ``--elastic --global-batch-size N``:
+each optimizer step then consumes N samples at every world size (gradient accumulation over
+micro-batches of ``--batch-size``), and ``--digests FILE`` records a digest of the model and
+optimizer state at every commit and right after every resume, to prove they are equal.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-from trainer_runtime import CheckpointManager
+from trainer_runtime import CheckpointManager, batching
 from trainer_runtime.sampler import ResumableSampler
 
 
@@ -49,6 +55,29 @@ def build_model(dim: int) -> nn.Module:
     return nn.Sequential(nn.Linear(dim, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
 
 
+def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
+    """SHA-256 of the model and optimizer state, byte for byte (the state a checkpoint holds):
+    every tensor's bytes in a fixed order, and the optimizer's hyperparameters."""
+    digest = hashlib.sha256()
+
+    def add(prefix: str, value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(prefix.encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                add(f"{prefix}/{key}", value[key])
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                add(f"{prefix}/{index}", item)
+        else:
+            digest.update(f"{prefix}={value!r}".encode())
+
+    add("model", model.state_dict())
+    add("optimizer", opt.state_dict())
+    return digest.hexdigest()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", help="checkpoint folder (default: $RTJ_CHECKPOINT_DIR/<run>)")
@@ -64,6 +93,12 @@ def main() -> None:
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (demos)")
     ap.add_argument("--trace", help="append consumed sample ids per step to FILE.rank<r>")
     ap.add_argument("--out", help="rank 0 writes the final weights here")
+    ap.add_argument(
+        "--global-batch-size",
+        type=int,
+        help="samples per optimizer step at every world size (gradient accumulation)",
+    )
+    ap.add_argument("--digests", help="append state digests at commits and resumes to FILE.rank<r>")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.use_deterministic_algorithms(True)
@@ -74,15 +109,20 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
 
+    split = batching.plan(
+        global_batch_size=args.global_batch_size or args.batch_size * world,
+        world_size=world,
+        micro_batch_size=args.batch_size,
+    )
     dataset = Synthetic(args.dataset_size)
     model = build_model(dataset.dim)
     ddp = DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
-    sampler = ResumableSampler(dataset, shuffle=True, seed=17, batch_size=args.batch_size)
+    sampler = ResumableSampler(dataset, shuffle=True, seed=17, batch_size=split.per_rank_samples)
     loader = DataLoader(
         dataset,
-        batch_size=args.batch_size,
+        batch_size=split.micro_batch_size,
         sampler=sampler,
         num_workers=args.workers,
         prefetch_factor=4 if args.workers else None,
@@ -100,27 +140,67 @@ def main() -> None:
         num_checkpoints_to_keep=args.keep,
         async_save=args.async_save,
         elastic=args.elastic,
-        global_batch_size=args.batch_size * world,
+        global_batch_size=split.global_batch_size,
     )
-    ckpt.resume()
+    resumed = ckpt.resume()
+    digests = open(f"{args.digests}.rank{rank}", "a") if args.digests else None  # noqa: SIM115
+    if digests:
+        digests.write(
+            json.dumps(
+                {
+                    "event": "resume",
+                    "source": resumed.source,
+                    "path": resumed.path,
+                    "step": ckpt.timestamp.batch,
+                    "world": world,
+                    "digest": state_digest(model, opt),
+                }
+            )
+            + "\n"
+        )
+        digests.flush()
     trace = open(f"{args.trace}.rank{rank}", "a") if args.trace else None  # noqa: SIM115
     if trace:
         marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world}
         trace.write(json.dumps(marker) + "\n")
         trace.flush()
     for _ in range(ckpt.timestamp.epoch, args.epochs):
-        for ids, x, y in loader:
-            loss = nn.functional.mse_loss(ddp(x), y)
+        micro = iter(loader)
+        while True:
+            parts = [b for _, b in zip(range(split.accumulation_steps), micro, strict=False)]
+            if not parts:
+                break
             opt.zero_grad()
-            loss.backward()
+            for part_index, (_, x, y) in enumerate(parts):
+                loss = nn.functional.mse_loss(ddp(x), y) / len(parts)
+                last = part_index == len(parts) - 1
+                if world > 1 and not last:
+                    with ddp.no_sync():
+                        loss.backward()
+                else:
+                    loss.backward()
             opt.step()
             sched.step()
             if trace:
-                done = ckpt.timestamp.sample + args.batch_size * world
+                ids = torch.cat([p[0] for p in parts])
+                done = ckpt.timestamp.sample + split.global_batch_size
                 record = {"batch": ckpt.timestamp.batch + 1, "sample": done, "ids": ids.tolist()}
                 trace.write(json.dumps(record) + "\n")
                 trace.flush()
-            ckpt.batch_end(num_samples=args.batch_size * world)
+            saves = len(ckpt.saved)
+            try:
+                ckpt.batch_end(num_samples=split.global_batch_size)
+            finally:  # the emergency save on SIGTERM ends in SystemExit: record it too
+                if digests and len(ckpt.saved) > saves:
+                    entry = {
+                        "event": "save",
+                        "checkpoint": ckpt.saved[-1].name,
+                        "step": ckpt.timestamp.batch,
+                        "world": world,
+                        "digest": state_digest(model, opt),
+                    }
+                    digests.write(json.dumps(entry) + "\n")
+                    digests.flush()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         ckpt.epoch_end()

@@ -27,6 +27,8 @@ def commit_record(manifest: Manifest, uri: str) -> dict[str, object]:
         "epoch": ts.epoch,
         "sample": ts.sample,
         "time": manifest.created_at,
+        # The world size the run trains at: an elastic gang's operator records it per commit.
+        "world_size": manifest.world_size,
     }
 
 

@@ -18,6 +18,9 @@ FAILED = "Failed"
 PREEMPTION_NOTICE = "PreemptionNotice"
 BLOCKED = "Blocked"
 """True while a name the job needs is taken by an object it does not control."""
+CAPACITY = "CapacityAvailable"
+"""Elastic jobs: True with the size chosen (FullSize, Shrunk, Grown), False while an attempt
+waits for room (WaitingForFullGang, MinReplicasUnreachable)."""
 PODS_SCHEDULED = "PodsScheduled"
 """False while a rank of the current attempt is unschedulable (with the scheduler's reason)."""
 

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 DEPARTED_TTL = 300.0
 """How long the last state of a deleted pod is remembered for classification."""
+DISCOVERY_SECONDS = 60.0
+"""How long an answer of API discovery (is native gang scheduling served?) is trusted."""
+
 DELETE_EVENT_WAIT = 1.0
 """Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
 
@@ -45,7 +48,7 @@ def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
     taints = tuple(
         sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in view.taints)
     )
-    return view.exists, view.deleting, view.ready, taints
+    return view.exists, view.deleting, view.ready, taints, view.unschedulable, view.allocatable
 
 
 def _changes_next_decision(plan: Plan) -> bool:
@@ -66,6 +69,10 @@ class Controller:
         self.nodes: dict[str, NodeView] = {}
         self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
         self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
+        # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
+        self.capacity_watchers: set[Key] = set()
+        # API discovery of native gang scheduling: (answer, monotonic time it was asked).
+        self._native_gang: tuple[bool, float] | None = None
         self.written_versions: dict[Key, str] = {}
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
         # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
@@ -135,6 +142,8 @@ class Controller:
             return
         for key in list(self.jobs_on_node.get(name, ())):
             self.queue.kick(key)
+        for key in list(self.capacity_watchers):
+            self.queue.kick(key)  # an elastic job may now shrink, start or grow
 
     def resync_all(self) -> None:
         """Kick every known job (the periodic safety net for anything missed)."""
@@ -168,6 +177,7 @@ class Controller:
         namespace, name = key
         body = await self.api.get_job(namespace, name)
         if body is None:
+            self.capacity_watchers.discard(key)
             self.queue.forget(key)
             metrics.PHASES.forget(key)
             return None
@@ -187,7 +197,20 @@ class Controller:
         wait = self._await_deletion_events(key, job, pods, departed)
         if wait is not None:
             return wait
-        plan = reconcile(job, pods, nodes, now, departed=departed, observed_support=observed)
+        if job.spec.elastic is not None and job.status.phase not in TERMINAL_PHASES:
+            self.capacity_watchers.add(key)
+        else:
+            self.capacity_watchers.discard(key)
+        plan = reconcile(
+            job,
+            pods,
+            nodes,
+            now,
+            departed=departed,
+            observed_support=observed,
+            cluster_nodes=list(self.nodes.values()) if job.spec.elastic is not None else None,
+            native_gang=await self.native_gang() if not job.status.gang_created else False,
+        )
         try:
             applied = await self.executor.apply(job, plan, now)
         except ApiError as err:
@@ -220,6 +243,18 @@ class Controller:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
 
+    async def native_gang(self) -> bool:
+        """Whether the cluster serves the PodGroup API, asked at most once a minute."""
+        now = time.monotonic()
+        if self._native_gang is None or now - self._native_gang[1] > DISCOVERY_SECONDS:
+            try:
+                answer = await self.api.serves_pod_groups()
+            except ApiError as err:
+                log.warning("API discovery of scheduling.k8s.io failed: %s", err)
+                answer = self._native_gang[0] if self._native_gang else False
+            self._native_gang = (answer, now)
+        return self._native_gang[0]
+
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""
         if job.ref.deleting or job.status.phase in TERMINAL_PHASES or job.spec.suspend:
@@ -242,7 +277,10 @@ class Controller:
             return None
         listed = {p["metadata"]["name"] for p in pods}
         missing = (
-            {names.pod_name(job.ref.name, st.attempt, r) for r in range(job.spec.replicas)}
+            {
+                names.pod_name(job.ref.name, st.attempt, r)
+                for r in range(st.gang_size or job.spec.replicas)
+            }
             - listed
             - set(departed)
         )
@@ -278,6 +316,8 @@ class Controller:
                 if plan.interruption.preemption
                 else "suspend"
                 if plan.interruption.cause is Cause.SUSPENDED
+                else "grow"
+                if plan.interruption.cause is Cause.GROW
                 else "failure"
             )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()

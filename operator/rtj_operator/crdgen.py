@@ -45,6 +45,12 @@ PRINTER_COLUMNS = [
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
     {"name": "Failures", "type": "integer", "jsonPath": ".status.failures"},
     {
+        "name": "Size",
+        "type": "integer",
+        "jsonPath": ".status.gangSize",
+        "description": "Pods in the current attempt's gang (below Replicas when shrunk)",
+    },
+    {
         "name": "Step",
         "type": "integer",
         "jsonPath": ".status.lastCommittedCheckpoint.step",

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from . import conditions as cond
-from . import metrics, names, testhooks
+from . import gang, metrics, names, testhooks
 from .api_types import Job
 from .envvars import NOTICE_ANNOTATION
 from .kube import ApiError, KubeApi
@@ -104,6 +104,7 @@ class Executor:
             await self._apply_support(ns, plan.support)
             invalid = None
             if plan.after_creation is not None:
+                await self._apply_pod_group(ns, plan)
                 invalid = await self._create_pods(job, plan)
         except BaseException:
             # The status written above records the transitions these events describe, so the
@@ -145,6 +146,22 @@ class Executor:
         await self._gather(
             [self._write_support(namespace, w) for w in writes if w.kind == ROLE_BINDING]
         )
+
+    async def _apply_pod_group(self, namespace: str, plan: Plan) -> None:
+        """Create the attempt's PodGroup before its pods (409: it exists) and delete the
+        previous attempt's one (best effort: the job's deletion collects any left)."""
+        if plan.pod_group is None:
+            return
+        attempt = plan.after_creation.attempt if plan.after_creation else 0
+        await self.api.create(self.api.pod_group_path(namespace), plan.pod_group)
+        if attempt > 0:
+            job = plan.pod_group["metadata"]["labels"][names.LABEL_JOB]
+            try:
+                await self.api.delete_object(
+                    self.api.pod_group_path(namespace, gang.group_name(job, attempt - 1))
+                )
+            except ApiError as err:
+                log.warning("could not delete the PodGroup of attempt %d: %s", attempt - 1, err)
 
     async def _write_support(self, namespace: str, write: SupportWrite) -> None:
         path = self.api.support_path(namespace, write.kind)

@@ -23,7 +23,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from . import names
+from . import gang, names
 
 REQUEST_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 
@@ -235,6 +235,32 @@ class KubeApi:
                 body={"metadata": {"annotations": annotations}},
                 content_type="application/merge-patch+json",
             )
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    # -- gang scheduling -------------------------------------------------------------------
+
+    @staticmethod
+    def pod_group_path(namespace: str, name: str = "") -> str:
+        """Path of a scheduling.k8s.io PodGroup (or the collection)."""
+        base = f"/apis/{gang.GROUP_VERSION}/namespaces/{quote(namespace)}/{gang.PODGROUP_RESOURCE}"
+        return f"{base}/{quote(name)}" if name else base
+
+    async def serves_pod_groups(self) -> bool:
+        """API discovery: does the server serve the PodGroup API (native gang scheduling)?"""
+        try:
+            found = await self.request("GET", f"/apis/{gang.GROUP_VERSION}")
+        except ApiError as err:
+            if err.not_found:
+                return False
+            raise
+        return gang.serves_pod_groups(found)
+
+    async def delete_object(self, path: str) -> None:
+        """Delete any object by path; gone already is fine."""
+        try:
+            await self.request("DELETE", path)
         except ApiError as err:
             if not err.not_found:
                 raise

@@ -75,24 +75,27 @@ def rank_environment(
     resume_from: str,
     quarantined: list[str],
     report_file: str,
+    size: int | None = None,
 ) -> list[dict[str, str]]:
     """The pod environment contract for one pod (``rank`` is the pod's index, torchrun's
     node rank), in contract order.
 
-    RANK and WORLD_SIZE count processes: WORLD_SIZE is ``replicas * processesPerPod`` and RANK is
+    RANK and WORLD_SIZE count processes: WORLD_SIZE is ``size * processesPerPod`` (``size`` is the
+    attempt's gang size: ``replicas``, or fewer for a shrunk elastic gang) and RANK is
     the global rank of the pod's first process (LOCAL_RANK 0), which is the process's rank when a
     pod runs one process. With several, torchrun overwrites RANK, LOCAL_RANK and WORLD_SIZE for
     each worker it starts from the ``PET_*`` variables.
     """
     per_pod = job.spec.processes_per_pod
+    size = job.spec.replicas if size is None else size
     master_addr = names.master_addr(job.ref.name, attempt)
     values = {
         envvars.RANK: str(rank * per_pod),
-        envvars.WORLD_SIZE: str(job.spec.replicas * per_pod),
+        envvars.WORLD_SIZE: str(size * per_pod),
         envvars.LOCAL_RANK: "0",
         envvars.MASTER_ADDR: master_addr,
         envvars.MASTER_PORT: str(job.spec.master_port),
-        envvars.TORCHRUN_NNODES: str(job.spec.replicas),
+        envvars.TORCHRUN_NNODES: str(size),
         envvars.TORCHRUN_NPROC_PER_NODE: str(per_pod),
         envvars.TORCHRUN_NODE_RANK: str(rank),
         envvars.TORCHRUN_MASTER_ADDR: master_addr,
@@ -113,9 +116,16 @@ def rank_environment(
 
 
 def build_pod(
-    job: Job, attempt: int, rank: int, *, resume_from: str, quarantined: list[str]
+    job: Job,
+    attempt: int,
+    rank: int,
+    *,
+    resume_from: str,
+    quarantined: list[str],
+    size: int | None = None,
 ) -> dict[str, Any]:
-    """The pod of one rank in one attempt."""
+    """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``)."""
+    size = job.spec.replicas if size is None else size
     name = names.pod_name(job.ref.name, attempt, rank)
     template = copy.deepcopy(job.raw_template)
     tmeta = template.get("metadata") or {}
@@ -157,6 +167,7 @@ def build_pod(
         job,
         attempt,
         rank,
+        size=size,
         resume_from=resume_from,
         quarantined=quarantined,
         report_file=report_file,

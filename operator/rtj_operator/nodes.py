@@ -26,6 +26,12 @@ class NodeView:
     not_ready_since: datetime | None = None
     """When the Ready condition left True (its lastTransitionTime), if it did."""
     taints: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    unschedulable: bool = False
+    """spec.unschedulable (cordoned)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The node's labels (for nodeSelector), sorted."""
+    allocatable: tuple[tuple[str, str], ...] = ()
+    """status.allocatable quantities (cpu, memory, pods, ...), sorted."""
 
     @property
     def gone(self) -> bool:
@@ -58,4 +64,12 @@ def node_view(name: str, body: dict[str, Any] | None) -> NodeView:
         ready=ready,
         not_ready_since=since,
         taints=tuple(spec.get("taints") or ()),
+        unschedulable=bool(spec.get("unschedulable")),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
+        allocatable=tuple(
+            sorted(
+                (str(k), str(v))
+                for k, v in ((body.get("status") or {}).get("allocatable") or {}).items()
+            )
+        ),
     )

@@ -54,6 +54,9 @@ class Plan:
     notices: list[NoticeWrite] = field(default_factory=list)
     support: list[SupportWrite] = field(default_factory=list)
     """Support objects to create or update, in dependency order, before any pod."""
+    pod_group: dict[str, Any] | None = None
+    """The attempt's PodGroup (native gang scheduling), created before its pods (409 is
+    success); the previous attempt's group is deleted then."""
     creations: list[dict[str, Any]] = field(default_factory=list)
     """Pods of the current attempt to create (409 is success: they exist)."""
     after_creation: JobStatus | None = None

@@ -31,6 +31,7 @@ class Report:
     sample: int | None = None
     time: str | None = None
     current_step: int | None = None
+    world_size: int | None = None
 
     def record(self, attempt: int | None) -> CheckpointRecord:
         """The status form of the checkpoint this report announces."""
@@ -42,6 +43,7 @@ class Report:
             sample=self.sample,
             time=self.time,
             attempt=attempt,
+            world_size=self.world_size,
         )
 
 
@@ -82,6 +84,7 @@ def parse_report(text: str | None) -> Report | None:
             sample=_int(data.get("sample")),
             time=data.get("time") if isinstance(data.get("time"), str) else None,
             current_step=_int(data.get("current_step")),
+            world_size=_int(data.get("world_size")),
         )
     return None
 

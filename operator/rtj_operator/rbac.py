@@ -64,6 +64,12 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
         "the gang: create ranks, delete an interrupted gang, write the preemption notice",
     ),
     ([""], ["services"], ["get", "create"], "the headless Service for MASTER_ADDR"),
+    (
+        ["scheduling.k8s.io"],
+        ["podgroups"],
+        ["get", "create", "delete"],
+        "one gang-scheduled PodGroup per attempt where the cluster serves the API",
+    ),
     ([""], ["serviceaccounts"], ["get", "create"], "the ranks' own identity"),
     (
         ["rbac.authorization.k8s.io"],

@@ -17,12 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import conditions as cond
-from . import names, support
+from . import elastic, gang, names, support
 from .api_types import Job
 from .backoff import failure_delay
+from .capacity import fitting_pods
 from .classify import GangVerdict, Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
-from .manifests import build_pod, checkpoint_root
+from .manifests import build_pod, checkpoint_root, owner_reference
 from .nodes import NodeView
 from .notice import notice_payload
 from .plan_types import NoticeWrite, Plan, PodDeletion
@@ -32,6 +33,7 @@ from .status_types import (
     MAX_INTERRUPTIONS,
     TERMINAL_PHASES,
     Cause,
+    GrowRequest,
     Interruption,
     JobStatus,
     Phase,
@@ -82,10 +84,26 @@ class _Context:
     nodes: Mapping[str, NodeView]
     departed: Mapping[str, dict[str, Any]]
     observed_support: support.Observed
+    cluster_nodes: Sequence[NodeView] | None = None
+    native_gang: bool = False
 
     @property
     def generation(self) -> int:
         return self.job.ref.generation
+
+    @property
+    def size(self) -> int:
+        """Pods in the current attempt's gang."""
+        return self.status.gang_size or self.job.spec.replicas
+
+    def fit(self) -> int:
+        """How many of the job's pods the cluster's nodes could take now (all of them when the
+        caller passed no node list)."""
+        if self.cluster_nodes is None:
+            return self.job.spec.replicas
+        return fitting_pods(
+            self.cluster_nodes, self.job.raw_template.get("spec") or {}, self.job.spec.replicas
+        )
 
     def phase(self, phase: Phase, reason: str, message: str) -> None:
         cond.set_phase(
@@ -114,6 +132,8 @@ def reconcile(
     *,
     departed: Mapping[str, dict[str, Any]] | None = None,
     observed_support: support.Observed | None = None,
+    cluster_nodes: Sequence[NodeView] | None = None,
+    native_gang: bool = False,
 ) -> Plan:
     """Decide what to do for one job.
 
@@ -121,7 +141,9 @@ def reconcile(
     that were deleted to their last state seen in the watch: a pod evicted and removed within
     milliseconds still tells *why* it went (its DisruptionTarget condition).
     ``observed_support`` holds the job's support objects by kind as read now (a kind that is
-    absent or None does not exist).
+    absent or None does not exist). ``cluster_nodes`` holds every node of the cluster, for the
+    capacity an elastic job sizes its gang by (None: assume room for the full gang).
+    ``native_gang``: the API server serves the PodGroup API (gang.py).
     """
     plan = Plan()
     if job.ref.deleting:
@@ -135,6 +157,8 @@ def reconcile(
         nodes=nodes,
         departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
         observed_support=observed_support or {},
+        cluster_nodes=cluster_nodes,
+        native_gang=native_gang,
     )
     st = ctx.status
     if st.phase is None:
@@ -269,7 +293,7 @@ def _watch_gang(ctx: _Context) -> None:
     current = ctx.current_pods()
     signals = _signals(job)
     outcomes: list[RankOutcome] = []
-    for rank in range(job.spec.replicas):
+    for rank in range(ctx.size):
         expected = names.pod_name(job.ref.name, st.attempt, rank)
         pod = current.get(rank) or _as_deleted(ctx.departed.get(expected))
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
@@ -294,18 +318,20 @@ def _watch_gang(ctx: _Context) -> None:
         ctx.phase(
             Phase.SUCCEEDED,
             "AllRanksSucceeded",
-            f"all {job.spec.replicas} ranks of attempt {st.attempt} exited 0",
+            f"all {ctx.size} ranks of attempt {st.attempt} exited 0",
         )
-        plan.event("Normal", "Succeeded", f"all {job.spec.replicas} ranks exited 0")
+        plan.event("Normal", "Succeeded", f"all {ctx.size} ranks exited 0")
     else:
         if verdict.all_running and st.phase is not Phase.RUNNING:
             ctx.phase(
                 Phase.RUNNING,
                 "AllRanksRunning",
-                f"all {job.spec.replicas} ranks of attempt {st.attempt} are running",
+                f"all {ctx.size} ranks of attempt {st.attempt} are running",
             )
         _report_scheduling(ctx, current)
         plan.requeue(verdict.recheck_after)
+        if job.spec.elastic is not None:
+            _watch_for_grow(ctx, verdict.all_running, current)
 
 
 def _unschedulable(pod: dict[str, Any]) -> str | None:
@@ -330,14 +356,17 @@ def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> 
     ]
     had = cond.condition(ctx.status, cond.PODS_SCHEDULED)
     if stuck:
-        rank, pod, message = stuck[0]
+        # Under a gang, most ranks only say they wait for the others; show one that says why.
+        rank, pod, message = next(
+            (entry for entry in stuck if "nodes are available" in entry[2]), stuck[0]
+        )
         cond.set_condition(
             ctx.status,
             cond.PODS_SCHEDULED,
             False,
             reason="Unschedulable",
-            message=f"{len(stuck)} of {ctx.job.spec.replicas} ranks cannot be scheduled; rank "
-            f"{rank} ({pod['metadata'].get('name')}): {message}",
+            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled{_gang_note(ctx)}; "
+            f"rank {rank} ({pod['metadata'].get('name')}): {message}",
             now=ctx.now,
             generation=ctx.generation,
         )
@@ -355,6 +384,19 @@ def _report_scheduling(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> 
             now=ctx.now,
             generation=ctx.generation,
         )
+
+
+def _gang_note(ctx: _Context) -> str:
+    """How the gang is held back, for the PodsScheduled message."""
+    st = ctx.status
+    if st.gang_scheduling == gang.Mechanism.POD_GROUP:
+        return (
+            f" (all-or-nothing: PodGroup {gang.group_name(ctx.job.ref.name, st.attempt)} binds "
+            f"no pod until all {ctx.size} fit)"
+        )
+    if st.gang_scheduling == gang.Mechanism.KUEUE:
+        return f" (Kueue pod group, queue {ctx.job.spec.queue_name})"
+    return ""
 
 
 def _as_deleted(pod: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -377,8 +419,10 @@ def _deliver_notices(
             continue
         noticed.append(outcome)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(NOTICE_ANNOTATION):
-            continue
+        if annotations.get(NOTICE_ANNOTATION) and elastic.GROW_REASON not in str(
+            annotations.get(NOTICE_ANNOTATION)
+        ):
+            continue  # already told (a grow's notice is overwritten by a real one)
         payload = notice_payload(outcome.notice, outcome.node or "", ctx.now)
         ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=payload))
         ctx.plan.event(
@@ -522,6 +566,8 @@ def _next_attempt(ctx: _Context, delay: float, reason: str, message: str) -> Non
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None
+    st.gang_size = None
+    st.grow = None
     point = resume_point(
         st.attempt,
         job.spec.checkpoint.dir,
@@ -591,17 +637,30 @@ def _create_gang(ctx: _Context) -> None:
     if st.resume_from is None:
         st.resume_from = ""
     existing = ctx.current_pods()
+    if st.gang_size is None and not _choose_size(ctx):
+        return
+    mechanism = gang.choose(job, ctx.native_gang)
+    st.gang_scheduling = mechanism.value
     plan.creations = [
-        build_pod(
+        gang.link_pod(
+            build_pod(
+                job,
+                st.attempt,
+                rank,
+                size=ctx.size,
+                resume_from=st.resume_from,
+                quarantined=list(st.quarantined_checkpoints),
+            ),
             job,
             st.attempt,
-            rank,
-            resume_from=st.resume_from,
-            quarantined=list(st.quarantined_checkpoints),
+            ctx.size,
+            mechanism,
         )
-        for rank in range(job.spec.replicas)
+        for rank in range(ctx.size)
         if rank not in existing
     ]
+    if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
+        plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
     created = st.model_copy(deep=True)
     created.gang_created = True
     created.attempt_start_time = ctx.now
@@ -613,6 +672,8 @@ def _create_gang(ctx: _Context) -> None:
             if last.preemption
             else "failure"
             if last.cause is Cause.FAILURE
+            else "grow"
+            if last.cause is Cause.GROW
             else "resume"
         )
     if not plan.creations:
@@ -623,7 +684,7 @@ def _create_gang(ctx: _Context) -> None:
     plan.event(
         "Normal",
         "Resubmitted" if st.attempt else "Started",
-        f"attempt {st.attempt}: creating {job.spec.replicas} pods, resuming from {source}"
+        f"attempt {st.attempt}: creating {ctx.size} pods, resuming from {source}"
         + (
             f" (quarantined: {','.join(st.quarantined_checkpoints)})"
             if st.quarantined_checkpoints
@@ -631,3 +692,141 @@ def _create_gang(ctx: _Context) -> None:
         ),
         with_creation=True,
     )
+
+
+def _grown_from(st: JobStatus) -> int | None:
+    """The size of the gang a grow just ended (the next attempt starts larger at once)."""
+    last = st.interruptions[-1] if st.interruptions else None
+    if last is None or last.cause is not Cause.GROW or last.attempt != st.attempt - 1:
+        return None
+    return st.size_history[-1].size if st.size_history else None
+
+
+def _choose_size(ctx: _Context) -> bool:
+    """Decide the current attempt's gang size before its pods exist; False while it waits."""
+    st, job = ctx.status, ctx.job
+    grown_from = _grown_from(st)
+    decision = elastic.start_size(
+        job.spec,
+        ctx.fit(),
+        waiting_since=st.capacity_wait_since,
+        now=ctx.now,
+        grown_from=grown_from,
+    )
+    capacity = cond.condition(st, cond.CAPACITY)
+    if decision.size is None:
+        if st.capacity_wait_since is None:
+            st.capacity_wait_since = ctx.now
+        if capacity is None or capacity.reason != decision.reason:
+            ctx.plan.event("Warning", "WaitingForCapacity", decision.message)
+        cond.set_condition(
+            st,
+            cond.CAPACITY,
+            False,
+            reason=decision.reason,
+            message=decision.message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+        ctx.phase(Phase.PENDING, decision.reason, f"attempt {st.attempt}: {decision.message}")
+        ctx.plan.requeue(decision.recheck_after)
+        return False
+    st.capacity_wait_since = None
+    st.gang_size = decision.size
+    st.world_size = decision.size * job.spec.processes_per_pod
+    if job.spec.elastic is not None or capacity is not None:
+        cond.set_condition(
+            st,
+            cond.CAPACITY,
+            True,
+            reason=decision.reason,
+            message=decision.message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    previous = st.size_history[-1].size if st.size_history else None
+    last = st.interruptions[-1] if st.interruptions else None
+    lost = 0 if grown_from is not None else (last.steps_lost if last else None)
+    reason = decision.reason.value
+    if previous is not None and decision.size == job.spec.replicas and previous < decision.size:
+        reason = elastic.StartReason.GROWN.value if grown_from else "Restored"
+    changed = elastic.record_size(
+        st,
+        size=decision.size,
+        world_size=st.world_size,
+        reason=reason,
+        message=decision.message,
+        now=ctx.now,
+        steps_lost=lost if previous is not None else None,
+    )
+    if changed and previous is not None:
+        verb = "Shrunk" if decision.size < previous else "Grown"
+        ctx.plan.event(
+            "Warning" if verb == "Shrunk" else "Normal",
+            verb,
+            f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
+            f"{st.world_size}): {decision.message}",
+        )
+    return True
+
+
+def _committed_step_of_attempt(st: JobStatus) -> int | None:
+    last = st.last_committed_checkpoint
+    return last.step if last is not None and last.attempt == st.attempt else None
+
+
+def _watch_for_grow(
+    ctx: _Context, all_running: bool, current: Mapping[int, dict[str, Any]]
+) -> None:
+    """Grow a gang below full size: notice, wait for the commit, then resubmit larger."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    if ctx.size >= job.spec.replicas and st.grow is None:
+        return
+    decision = elastic.grow_step(
+        job.spec,
+        size=ctx.size,
+        fit=ctx.fit(),
+        all_running=all_running,
+        last_resize=elastic.last_resize_time(st),
+        request=st.grow,
+        committed_step=_committed_step_of_attempt(st),
+        now=ctx.now,
+    )
+    plan.requeue(decision.recheck_after)
+    if decision.action is elastic.GrowAction.REQUEST:
+        st.grow = GrowRequest(
+            requested_at=ctx.now, target_size=decision.target, after_step=_last_step(st)
+        )
+        for pod in _live(current):
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            taint = {"key": elastic.GROW_REASON}
+            plan.notices.append(
+                NoticeWrite(
+                    pod=pod["metadata"].get("name", ""),
+                    payload=notice_payload(taint, node, ctx.now),
+                )
+            )
+        plan.event("Normal", "GrowRequested", f"attempt {st.attempt}: {decision.message}")
+        plan.requeue(elastic.POLL_SECONDS)
+    elif decision.action is elastic.GrowAction.ABANDON:
+        st.grow = None
+        plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
+    elif decision.action is elastic.GrowAction.RESTART:
+        last = _last_step(st)
+        lost = max(st.current_step - last, 0) if st.current_step is not None and last else None
+        _record(
+            ctx,
+            Interruption(
+                time=ctx.now,
+                attempt=st.attempt,
+                cause=Cause.GROW,
+                preemption=False,
+                message=decision.message,
+                last_committed_step=last,
+                steps_lost=lost,
+            ),
+        )
+        for pod in _live(current):
+            plan.deletions.append(_deletion(pod, f"growing to {decision.target} pods"))
+        plan.event("Normal", "Growing", f"attempt {st.attempt}: {decision.message}")
+        _next_attempt(ctx, 0.0, "Growing", decision.message)

@@ -236,6 +236,34 @@ class PodTemplate(ApiModel):
     """Pod spec for every rank."""
 
 
+class GrowPolicy(ApiModel):
+    """When a shrunk gang grows back towards ``replicas``."""
+
+    enabled: bool = True
+    """Grow back when capacity returns. Default true."""
+    min_interval_seconds: int = Field(default=300, ge=0, le=604800)
+    """At least this long between two size changes of the job (a shrink or a grow), so a
+    flapping node pool does not restart the gang over and over. Default 300."""
+    checkpoint_timeout_seconds: int = Field(default=600, ge=1, le=86400)
+    """How long the running gang has to commit the checkpoint the grow asked for. Without that
+    commit the grow is abandoned (the gang keeps training at its size) and tried again after
+    ``minIntervalSeconds``: the gang is never restarted at a cost of more than the work since the
+    requested checkpoint. Default 600."""
+
+
+class ElasticPolicy(ApiModel):
+    """Run the gang at fewer than ``replicas`` pods when spot capacity comes back short."""
+
+    min_replicas: int = Field(ge=1, le=4096)
+    """Fewest pods the job may run with (torchrun's minimum nodes). The job never starts below
+    it: with fewer fitting nodes it waits Pending with reason ``MinReplicasUnreachable``."""
+    shrink_after_seconds: int = Field(default=60, ge=0, le=86400)
+    """How long an attempt waits for room for the full gang before starting at the size that
+    fits (at least ``minReplicas``). Default 60."""
+    grow: GrowPolicy = Field(default_factory=GrowPolicy)
+    """Growing back when capacity returns."""
+
+
 class JobSpec(ApiModel):
     """Desired state of a ResumableTrainingJob."""
 
@@ -247,6 +275,11 @@ class JobSpec(ApiModel):
                     "self.template.spec.containers.exists(c, c.name == self.containerName)",
                     "containerName must name one of template.spec.containers",
                     ".containerName",
+                ),
+                cel(
+                    "!has(self.elastic) || self.elastic.minReplicas <= self.replicas",
+                    "elastic.minReplicas must not exceed replicas (the full size of the gang)",
+                    ".elastic.minReplicas",
                 ),
                 cel(
                     "has(self.runName) == has(oldSelf.runName) && "
@@ -266,8 +299,8 @@ class JobSpec(ApiModel):
         },
     )
     """Number of pods (torchrun's nodes). With ``processesPerPod`` 1 (the default) a pod is one
-    rank and this is the world size. Immutable, because a checkpoint is resumed by the same world
-    size that wrote it."""
+    rank and this is the world size. Without ``elastic`` the gang always has exactly this many
+    pods; with ``elastic`` this is the full size it shrinks from and grows back to. Immutable."""
     processes_per_pod: int = Field(
         default=1,
         ge=1,
@@ -305,6 +338,14 @@ class JobSpec(ApiModel):
     """Failure budget, backoff and quarantine."""
     preemption_signals: PreemptionSignals = Field(default_factory=PreemptionSignals)
     """Node taints and readiness that mean preemption."""
+    elastic: ElasticPolicy | None = None
+    """Let the gang shrink to the capacity left (down to ``minReplicas``) and grow back to
+    ``replicas``. The trainer must resume at another world size (the runtime's ``elastic=True``).
+    Omitted: a fixed-size gang."""
+    queue_name: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL)
+    """A Kueue LocalQueue: the pods get Kueue's pod-group labels (``kueue.x-k8s.io/queue-name``,
+    ``kueue.x-k8s.io/pod-group-name``, ``kueue.x-k8s.io/pod-group-total-count``) so Kueue admits
+    the gang as one workload. See docs/operator.md, All-or-nothing scheduling."""
     suspend: bool = False
     """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
     is kept; setting it back to false starts the next attempt from the last checkpoint."""

@@ -19,6 +19,8 @@ from .timeutil import iso
 
 MAX_INTERRUPTIONS = 20
 """Bound of the interruption history kept in status (the oldest entries are dropped)."""
+MAX_SIZE_HISTORY = 20
+"""Bound of the gang-size history kept in status (the oldest entries are dropped)."""
 MAX_KNOWN_CHECKPOINTS = 10
 """Bound of the committed checkpoints remembered for quarantine fallback."""
 
@@ -58,9 +60,12 @@ class Cause(StrEnum):
     TERMINATION_NOTICE = "TerminationNotice"
     FAILURE = "Failure"
     SUSPENDED = "Suspended"
+    GROW = "Grow"
+    """The operator ended the attempt itself, right after the checkpoint it asked for, to
+    resubmit the gang at a larger size (neither a preemption nor a failure)."""
 
 
-PREEMPTION_CAUSES = frozenset(Cause) - {Cause.FAILURE, Cause.SUSPENDED}
+PREEMPTION_CAUSES = frozenset(Cause) - {Cause.FAILURE, Cause.SUSPENDED, Cause.GROW}
 
 
 class ApiModel(BaseModel):
@@ -91,6 +96,8 @@ class CheckpointRecord(ApiModel):
     """Commit time as reported by the runtime (RFC 3339)."""
     attempt: int | None = None
     """Attempt whose gang committed it."""
+    world_size: int | None = None
+    """World size of the gang that saved it, as the runtime reported it."""
 
 
 class Interruption(ApiModel):
@@ -118,6 +125,41 @@ class Interruption(ApiModel):
     """Step of the last committed checkpoint at the time."""
     steps_lost: int | None = None
     """Highest step the gang reported minus the last committed step."""
+
+
+class SizeRecord(ApiModel):
+    """One stretch of the job at one gang size."""
+
+    size: int
+    """Pods in the gang."""
+    world_size: int
+    """Training processes: ``size * processesPerPod``."""
+    reason: str
+    """Why this size was chosen: Started, Shrunk, Grown or Restored."""
+    message: str | None = None
+    """Human-readable detail (the capacity that was found)."""
+    attempt: int
+    """First attempt that ran at this size."""
+    start_time: Time
+    """When the first gang at this size was created."""
+    end_time: Time | None = None
+    """When the next size took over (absent for the current size)."""
+    seconds: float | None = None
+    """Time spent at this size (set when it ends)."""
+    steps_lost: int | None = None
+    """Steps the transition into this size lost: the step the previous gang reached minus the
+    last committed step it resumed from (0 for a grow, which follows a fresh commit)."""
+
+
+class GrowRequest(ApiModel):
+    """A grow in progress: the running gang was asked to checkpoint now."""
+
+    requested_at: Time
+    """When the notice was written into the gang's pods."""
+    target_size: int
+    """The size that fitted when the grow was asked for."""
+    after_step: int | None = None
+    """Last committed step at the request: the grow waits for a commit past it."""
 
 
 class ResumeFailures(ApiModel):
@@ -166,6 +208,20 @@ class JobStatus(ApiModel):
     """While backing off after a failure: the earliest time the current attempt's pods start."""
     attempt_start_time: Time | None = None
     """When the current attempt's pods were created."""
+    gang_size: int | None = None
+    """Pods in the current attempt's gang (``spec.replicas`` unless the job is elastic). Written
+    before that attempt's pods exist."""
+    world_size: int | None = None
+    """World size of the current attempt: ``gangSize * processesPerPod`` (WORLD_SIZE)."""
+    gang_scheduling: str | None = None
+    """How the current attempt's gang is kept all-or-nothing: PodGroup (native gang scheduling),
+    Kueue (spec.queueName) or Operator (the operator's own capacity check)."""
+    capacity_wait_since: Time | None = None
+    """While an elastic job's attempt waits for room for its full gang: since when."""
+    grow: GrowRequest | None = None
+    """The grow in progress, if any."""
+    size_history: list[SizeRecord] = Field(default_factory=list)
+    """Gang sizes the job ran at, oldest first (bounded to the last 20)."""
     preemptions: int = 0
     """Preemptions so far (counted against resumePolicy.maxPreemptions)."""
     failures: int = 0

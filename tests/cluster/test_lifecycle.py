@@ -135,10 +135,12 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
             "ATTEMPT",
             "PREEMPTIONS",
             "FAILURES",
+            "SIZE",
             "STEP",
             "AGE",
         ]
         assert row.split()[0] == name and row.split()[2] == "1" and row.split()[3] == "1"
+        assert row.split()[5] == "2"  # the gang's size
     with urllib.request.urlopen(operator.metrics, timeout=5) as response:  # noqa: S310
         text = response.read().decode()
     assert 'rtj_interruptions_total{cause="NodeDeleted",kind="preemption"}' in text

@@ -120,6 +120,18 @@ class FakeApi:
         self.calls.append("get_node")
         return copy.deepcopy(self.nodes.get(name))
 
+    pod_group_path = staticmethod(KubeApi.pod_group_path)
+    serves_pod_group_api = False
+    """What API discovery answers about scheduling.k8s.io/v1alpha2 podgroups."""
+
+    async def serves_pod_groups(self) -> bool:
+        self.calls.append("discovery")
+        return self.serves_pod_group_api
+
+    async def delete_object(self, path: str) -> None:
+        self.calls.append("delete_object")
+        self.objects.pop(path, None)
+
     support_path = KubeApi.support_path
     _SUPPORT_PATHS = KubeApi._SUPPORT_PATHS
 

@@ -19,6 +19,10 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create"]
+# One gang-scheduled PodGroup per attempt where the cluster serves the API.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "delete"]
 # Each job's own ServiceAccount for its ranks.
 - apiGroups: [""]
   resources: ["serviceaccounts"]

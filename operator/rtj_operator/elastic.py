@@ -1,0 +1,237 @@
+"""Elastic gang sizing: which size an attempt starts at, and when a running gang grows back.
+
+Pure decisions from the spec, the capacity that fits now (capacity.py) and the status, so every
+rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gangs):
+
+- a fixed job (no ``spec.elastic``) always runs ``replicas`` pods;
+- an elastic attempt starts at ``replicas`` as soon as they fit; otherwise it waits up to
+  ``shrinkAfterSeconds`` for them, then starts at the size that fits if that is at least
+  ``minReplicas``; below ``minReplicas`` it waits (Pending/Restarting with reason
+  ``MinReplicasUnreachable``), never failing and never counting a preemption;
+- a gang below ``replicas`` grows when more pods fit and the last size change is at least
+  ``grow.minIntervalSeconds`` old: the gang is told to checkpoint now (the notice path) and is
+  resubmitted at the larger size only once that checkpoint committed, so a grow costs no work
+  beyond the fresh checkpoint. A checkpoint that does not come within
+  ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on.
+
+Resizing in place (torchrun rendezvous restarts) was rejected: a new world size needs the
+checkpoint resharded and the data position re-dealt, which the runtime does on resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .spec_types import JobSpec
+from .status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
+
+POLL_SECONDS = 5.0
+"""How often a job waiting for capacity or watching for more looks again (node events also
+wake it up at once)."""
+
+GROW_REASON = "resumable.dev/grow"
+"""The notice reason written into a gang's pods when the operator asks for a checkpoint to grow."""
+
+
+class StartReason(StrEnum):
+    """Why an attempt starts at its size, or why it waits."""
+
+    FIXED = "Fixed"
+    FULL_SIZE = "FullSize"
+    SHRUNK = "Shrunk"
+    GROWN = "Grown"
+    WAITING_FOR_FULL_GANG = "WaitingForFullGang"
+    MIN_REPLICAS_UNREACHABLE = "MinReplicasUnreachable"
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """The size to create the attempt's gang at, or None to wait."""
+
+    size: int | None
+    reason: StartReason
+    message: str
+    recheck_after: float | None = None
+
+
+def start_size(
+    spec: JobSpec,
+    fit: int,
+    *,
+    waiting_since: datetime | None,
+    now: datetime,
+    grown_from: int | None = None,
+) -> StartDecision:
+    """The size of an attempt's gang given ``fit`` pods of room now.
+
+    ``waiting_since`` is when the attempt began waiting for its full gang; ``grown_from`` the
+    size of the gang a grow ended (the grow already waited for its checkpoint: no further wait).
+    """
+    full = spec.replicas
+    elastic = spec.elastic
+    if elastic is None:
+        return StartDecision(full, StartReason.FIXED, f"fixed size: {full} pods")
+    if fit >= full:
+        return StartDecision(full, StartReason.FULL_SIZE, f"room for all {full} pods")
+    minimum = elastic.min_replicas
+    if fit < minimum:
+        return StartDecision(
+            None,
+            StartReason.MIN_REPLICAS_UNREACHABLE,
+            f"room for {fit} of {full} pods, fewer than minReplicas={minimum}; waiting for "
+            "capacity",
+            POLL_SECONDS,
+        )
+    if grown_from is not None and fit > grown_from:
+        return StartDecision(
+            fit, StartReason.GROWN, f"room for {fit} of {full} pods (was {grown_from})"
+        )
+    waited = (now - waiting_since).total_seconds() if waiting_since is not None else 0.0
+    remaining = elastic.shrink_after_seconds - waited
+    if remaining > 0:
+        return StartDecision(
+            None,
+            StartReason.WAITING_FOR_FULL_GANG,
+            f"room for {fit} of {full} pods; waiting up to {elastic.shrink_after_seconds}s for "
+            f"the full gang before starting {fit}",
+            min(remaining, POLL_SECONDS),
+        )
+    return StartDecision(
+        fit,
+        StartReason.SHRUNK,
+        f"room for {fit} of {full} pods after waiting {elastic.shrink_after_seconds}s",
+    )
+
+
+class GrowAction(StrEnum):
+    """What to do about growing a running gang."""
+
+    NONE = "None"
+    REQUEST = "Request"
+    """Ask the gang to checkpoint now (write the notice), record the request."""
+    RESTART = "Restart"
+    """The requested checkpoint committed: end the attempt and resubmit at the larger size."""
+    ABANDON = "Abandon"
+    """The checkpoint did not come in time (or the room went away): forget the grow."""
+
+
+@dataclass(frozen=True)
+class GrowDecision:
+    """The grow step for one reconcile of a running gang."""
+
+    action: GrowAction
+    target: int
+    message: str
+    recheck_after: float | None = None
+
+
+def grow_step(
+    spec: JobSpec,
+    *,
+    size: int,
+    fit: int,
+    all_running: bool,
+    last_resize: datetime | None,
+    request: GrowRequest | None,
+    committed_step: int | None,
+    now: datetime,
+) -> GrowDecision:
+    """Decide the next grow step of a gang of ``size`` pods with room for ``fit``.
+
+    ``committed_step`` is the newest committed checkpoint's step; ``last_resize`` when the job
+    last changed size.
+    """
+    elastic = spec.elastic
+    target = min(fit, spec.replicas)
+    if elastic is None or not elastic.grow.enabled or size >= spec.replicas:
+        if request is not None:
+            return GrowDecision(GrowAction.ABANDON, size, "growing is off")
+        return GrowDecision(GrowAction.NONE, size, "")
+    policy = elastic.grow
+    if request is not None:
+        if committed_step is not None and (
+            request.after_step is None or committed_step > request.after_step
+        ):
+            if target <= size:
+                return GrowDecision(
+                    GrowAction.ABANDON,
+                    size,
+                    f"checkpoint at step {committed_step} committed but the room for more than "
+                    f"{size} pods went away",
+                )
+            return GrowDecision(
+                GrowAction.RESTART,
+                target,
+                f"checkpoint at step {committed_step} committed; resubmitting {target} pods",
+            )
+        waited = (now - request.requested_at).total_seconds()
+        if waited >= policy.checkpoint_timeout_seconds:
+            return GrowDecision(
+                GrowAction.ABANDON,
+                size,
+                f"no checkpoint committed within {policy.checkpoint_timeout_seconds}s of the "
+                "request; training on",
+            )
+        return GrowDecision(
+            GrowAction.NONE,
+            request.target_size,
+            "",
+            min(POLL_SECONDS, policy.checkpoint_timeout_seconds - waited),
+        )
+    if target <= size or not all_running:
+        return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS)
+    since = (now - last_resize).total_seconds() if last_resize is not None else None
+    if since is not None and since < policy.min_interval_seconds:
+        return GrowDecision(
+            GrowAction.NONE, size, "", min(POLL_SECONDS, policy.min_interval_seconds - since)
+        )
+    return GrowDecision(
+        GrowAction.REQUEST,
+        target,
+        f"room for {target} of {spec.replicas} pods; asked the {size} running pods to "
+        "checkpoint now",
+    )
+
+
+def last_resize_time(status: JobStatus) -> datetime | None:
+    """When the job last changed its gang size (the current size's start)."""
+    return status.size_history[-1].start_time if status.size_history else None
+
+
+def record_size(
+    status: JobStatus,
+    *,
+    size: int,
+    world_size: int,
+    reason: str,
+    message: str,
+    now: datetime,
+    steps_lost: int | None,
+) -> bool:
+    """Close the current stretch and open one at ``size`` when the size changes; whether it did."""
+    history = status.size_history
+    if history and history[-1].size == size:
+        return False
+    if history:
+        last = history[-1]
+        history[-1] = last.model_copy(
+            update={
+                "end_time": now,
+                "seconds": round(max((now - last.start_time).total_seconds(), 0.0), 3),
+            }
+        )
+    history.append(
+        SizeRecord(
+            size=size,
+            world_size=world_size,
+            reason=reason,
+            message=message,
+            attempt=status.attempt,
+            start_time=now,
+            steps_lost=steps_lost,
+        )
+    )
+    status.size_history = history[-MAX_SIZE_HISTORY:]
+    return True

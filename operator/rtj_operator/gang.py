@@ -1,0 +1,101 @@
+"""All-or-nothing scheduling of a gang: which mechanism, and how its pods are linked to it.
+
+A gang is useful only when every pod of it runs; pods that bind while the rest wait hold nodes
+doing nothing. Three mechanisms, chosen per attempt (docs/operator.md, All-or-nothing
+scheduling):
+
+- ``Kueue`` when ``spec.queueName`` is set: the pods get Kueue's pod-group labels and Kueue
+  admits the group as one workload (the user asked for that queue's quota and ordering);
+- ``PodGroup`` when the API server serves ``podgroups`` in ``scheduling.k8s.io/v1alpha2``
+  (Kubernetes 1.36 with the ``GenericWorkload`` and ``GangScheduling`` feature gates): the
+  operator creates one PodGroup per attempt, gang policy ``minCount`` = the gang's size, and
+  links every pod with ``spec.schedulingGroup.podGroupName``; the scheduler binds none of them
+  until all fit;
+- ``Operator`` otherwise: the operator's own capacity check before creating the gang (elastic
+  jobs wait, then shrink to what fits); a fixed job's pods are created and the scheduler places
+  them one by one.
+
+The cluster's API discovery decides, not a user setting: a flag would be wrong on half the
+clusters it is copied to. Creating a Workload object as well was rejected: in 1.36 a standalone
+PodGroup carries the gang policy by itself, and the Workload's templates are immutable while a
+gang's size changes with each elastic resize.
+"""
+
+from __future__ import annotations
+
+import copy
+from enum import StrEnum
+from typing import Any
+
+from . import names
+from .api_types import Job
+
+GROUP_VERSION = "scheduling.k8s.io/v1alpha2"
+"""The Workload/PodGroup API of Kubernetes 1.36 (alpha)."""
+PODGROUP_RESOURCE = "podgroups"
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+
+class Mechanism(StrEnum):
+    """How a gang is kept all-or-nothing (``status.gangScheduling``)."""
+
+    KUEUE = "Kueue"
+    POD_GROUP = "PodGroup"
+    OPERATOR = "Operator"
+
+
+def choose(job: Job, native_available: bool) -> Mechanism:
+    """The mechanism for ``job`` on a cluster that does (not) serve the PodGroup API."""
+    if job.spec.queue_name:
+        return Mechanism.KUEUE
+    return Mechanism.POD_GROUP if native_available else Mechanism.OPERATOR
+
+
+def group_name(job: str, attempt: int) -> str:
+    """Name of an attempt's PodGroup (and Kueue pod group): ``<job>-a<attempt>``."""
+    return f"{job}-a{attempt}"
+
+
+def pod_group(job: Job, attempt: int, size: int, owner: dict[str, Any]) -> dict[str, Any]:
+    """The PodGroup of one attempt: gang policy with ``minCount`` = the gang's size."""
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": group_name(job.ref.name, attempt),
+            "namespace": job.ref.namespace,
+            "labels": {names.LABEL_JOB: job.ref.name, names.LABEL_ATTEMPT: str(attempt)},
+            "ownerReferences": [owner],
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": size}}},
+    }
+
+
+def link_pod(
+    pod: dict[str, Any], job: Job, attempt: int, size: int, mechanism: Mechanism
+) -> dict[str, Any]:
+    """``pod`` linked to its attempt's group under ``mechanism`` (a copy)."""
+    if mechanism is Mechanism.OPERATOR:
+        return pod
+    pod = copy.deepcopy(pod)
+    group = group_name(job.ref.name, attempt)
+    if mechanism is Mechanism.POD_GROUP:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+        return pod
+    meta = pod["metadata"]
+    meta["labels"] = {
+        **(meta.get("labels") or {}),
+        KUEUE_QUEUE_LABEL: job.spec.queue_name or "",
+        KUEUE_GROUP_LABEL: group,
+    }
+    meta["annotations"] = {**(meta.get("annotations") or {}), KUEUE_TOTAL_ANNOTATION: str(size)}
+    return pod
+
+
+def serves_pod_groups(discovery: dict[str, Any] | None) -> bool:
+    """Whether an APIResourceList (``GET /apis/scheduling.k8s.io/v1alpha2``) lists podgroups."""
+    resources = (discovery or {}).get("resources") or []
+    return any(r.get("name") == PODGROUP_RESOURCE for r in resources)

@@ -1,0 +1,163 @@
+"""Elastic gangs and all-or-nothing scheduling on the real control plane (kwok nodes).
+
+The nodes' kubelets are kwok's, so the ranks do not train here: where the runtime would report a
+commit, the test writes the same progress annotation the runtime writes (Kube.report_progress).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .kubeclient import rtj, unique, wait_for
+from .scenario import condition, wait_events
+
+CPU = {"requests": {"cpu": "4"}}
+"""One rank fills one 4-CPU node, so the nodes of the pool are the gang's capacity."""
+
+
+def template(**extra: Any) -> dict[str, Any]:
+    return {
+        "containers": [{"name": "trainer", "image": "registry.local/train:1", "resources": CPU}],
+        **extra,
+    }
+
+
+def gang_on(kube, ns: str, name: str, attempt: int, size: int) -> list[dict[str, Any]] | None:
+    pods = [p for p in kube.pods(ns, name, attempt) if not p["metadata"].get("deletionTimestamp")]
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    return running if len(running) == size == len(pods) else None
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_shrinks_to_the_nodes_left_then_grows_back_after_a_checkpoint(kube, ns, pool, operator):
+    pool.add(4, cpu="4")
+    name = unique("elastic")
+    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 5, "grow": {"minIntervalSeconds": 0}}
+    kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), elastic=elastic))
+    wait_for("4 ranks running", lambda: gang_on(kube, ns, name, 0, 4), 60, on_timeout=operator.tail)
+    status = kube.status(ns, name)
+    assert status["gangSize"] == 4 and status["worldSize"] == 4
+    kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100, current_step=120)
+    wait_for(
+        "checkpoint seen",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
+        20,
+    )
+
+    victims = [p["spec"]["nodeName"] for p in kube.pods(ns, name, 0)][2:]
+    lost_at = time.monotonic()
+    for node in victims:
+        kube.delete_node(node)  # spot reclaim with no spare capacity
+    pods = wait_for(
+        "2 ranks running",
+        lambda: gang_on(kube, ns, name, 1, 2),
+        40,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert time.monotonic() - lost_at <= 5 + 5 + 2  # the wait + 5 s (+ kwok's start)
+    env = env_of(pods[0])
+    assert env["WORLD_SIZE"] == "2" and env["RTJ_RESUME_FROM"].endswith("/ep0-ba100")
+    status = kube.status(ns, name)
+    assert status["gangSize"] == 2 and status["preemptions"] == 1 and status["failures"] == 0
+    full, shrunk = status["sizeHistory"]
+    assert (full["size"], shrunk["size"], shrunk["reason"]) == (4, 2, "Shrunk")
+    assert shrunk["stepsLost"] == 20
+    wait_events(kube, ns, name, {"WaitingForCapacity", "Shrunk"})
+
+    pool.add(2, cpu="4")
+    wait_for(
+        "the grow's notice",
+        lambda: all(
+            "resumable.dev/grow"
+            in (p["metadata"].get("annotations") or {}).get("resumable.dev/preemption-notice", "")
+            for p in kube.pods(ns, name, 1)
+        ),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    time.sleep(2)
+    assert kube.status(ns, name)["attempt"] == 1  # no restart before the checkpoint commits
+    kube.report_progress(ns, f"{name}-a1-r0", "ep0-ba140", 140)
+    pods = wait_for(
+        "4 ranks again",
+        lambda: gang_on(kube, ns, name, 2, 4),
+        40,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    env = env_of(pods[0])
+    assert env["WORLD_SIZE"] == "4" and env["RTJ_RESUME_FROM"].endswith("/ep0-ba140")
+    status = kube.status(ns, name)
+    assert status["preemptions"] == 1 and status["failures"] == 0
+    assert status["interruptions"][-1]["cause"] == "Grow"
+    last = status["sizeHistory"][-1]
+    assert last["size"] == 4 and last["reason"] == "Grown" and last["stepsLost"] == 0
+    wait_events(kube, ns, name, {"GrowRequested", "Growing", "Grown"})
+
+
+def test_a_fixed_gang_with_room_for_three_of_four_binds_no_pod(kube, ns, pool, operator):
+    pool.add(3, cpu="4")
+    name = unique("gang")
+    kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template()))
+    cond = wait_for(
+        "PodsScheduled=False",
+        lambda: (
+            c
+            if (c := condition(kube, ns, name, "PodsScheduled")).get("status") == "False"
+            else None
+        ),
+        40,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    # Ours says how the gang is held back; the scheduler's own reason follows it.
+    assert f"PodGroup {name}-a0 binds no pod until all 4 fit" in cond["message"]
+    assert "gang" in cond["message"].split("): ", 1)[1] or "Insufficient" in cond["message"]
+    assert kube.status(ns, name)["gangScheduling"] == "PodGroup"
+    time.sleep(3)
+    pods = kube.pods(ns, name, 0)
+    assert len(pods) == 4
+    assert not [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")]
+
+
+def test_min_replicas_unreachable_waits_pending_and_never_fails(kube, ns, pool, operator):
+    pool.add(1, cpu="4")
+    name = unique("short")
+    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 1}
+    kube.create_job(rtj(name, ns, pool.name, 3, template_spec=template(), elastic=elastic))
+    wait_for(
+        "MinReplicasUnreachable",
+        lambda: (
+            condition(kube, ns, name, "CapacityAvailable").get("reason") == "MinReplicasUnreachable"
+        ),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    time.sleep(6)
+    status = kube.status(ns, name)
+    assert status["phase"] == "Pending" and status["preemptions"] == 0 and status["failures"] == 0
+    assert not kube.pods(ns, name)
+    wait_events(kube, ns, name, {"WaitingForCapacity"})
+    pool.add(1, cpu="4")
+    pods = wait_for("2 ranks", lambda: gang_on(kube, ns, name, 0, 2), 40, on_timeout=operator.tail)
+    assert env_of(pods[0])["WORLD_SIZE"] == "2"
+
+
+def test_the_api_server_refuses_an_impossible_range(kube, ns, pool, operator):
+    from rtj_operator.kube import ApiError
+
+    def refused(**spec: Any) -> str:
+        try:
+            kube.create_job(rtj(unique("bad"), ns, pool.name, 4, **spec))
+        except ApiError as err:
+            assert err.status == 422, err
+            return err.message
+        raise AssertionError(f"accepted {spec}")
+
+    message = refused(elastic={"minReplicas": 5})
+    assert "spec.elastic.minReplicas" in message
+    assert "must not exceed replicas" in message
+    assert "spec.elastic.minReplicas" in refused(elastic={"minReplicas": 0})
+    assert "spec.queueName" in refused(queueName="Not A Queue")

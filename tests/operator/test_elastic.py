@@ -1,0 +1,309 @@
+"""Elastic gangs: the sizing rules alone, then the whole story through the state machine."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from rtj_operator import names
+from rtj_operator.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
+from rtj_operator.elastic import GROW_REASON, GrowAction, StartReason, grow_step, start_size
+from rtj_operator.envvars import NOTICE_ANNOTATION
+from rtj_operator.nodes import node_view
+from rtj_operator.plan_types import Plan
+from rtj_operator.reconcile import reconcile
+from rtj_operator.spec_types import JobSpec
+from rtj_operator.status_types import GrowRequest
+
+from .fakes import T0, FakeCluster, make_node
+
+POOL = {"pool": "spot"}
+REQUESTS = {"requests": {"cpu": "4", "memory": "1Gi"}}
+TEMPLATE = {
+    "spec": {
+        "nodeSelector": POOL,
+        "containers": [{"name": "trainer", "image": "img", "resources": REQUESTS}],
+    }
+}
+
+
+def spec(replicas: int = 4, **elastic: Any) -> JobSpec:
+    body: dict[str, Any] = {
+        "replicas": replicas,
+        "checkpoint": {"dir": "s3://b/c"},
+        "template": TEMPLATE,
+    }
+    if elastic:
+        body["elastic"] = elastic
+    return JobSpec.model_validate(body)
+
+
+def node(name: str, *, cpu: str = "4", labels: dict[str, str] | None = None, **kw: Any):
+    body = make_node(name, **kw)
+    body["metadata"]["labels"] = dict(POOL if labels is None else labels)
+    body["status"]["allocatable"] = {"cpu": cpu, "memory": "8Gi", "pods": "110"}
+    return body
+
+
+# -- capacity -------------------------------------------------------------------------------
+
+
+def test_quantities_parse_like_kubernetes():
+    assert parse_quantity("500m") == 0.5
+    assert parse_quantity("2Gi") == 2 * 2**30
+    assert parse_quantity("1e3") == 1000
+    assert parse_quantity("lots") is None
+
+
+def test_only_ready_schedulable_matching_nodes_accept_the_pod():
+    tspec = TEMPLATE["spec"]
+    assert node_accepts(node_view("a", node("a")), tspec)
+    assert not node_accepts(node_view("b", node("b", ready="False")), tspec)
+    assert not node_accepts(node_view("c", node("c", labels={"pool": "other"})), tspec)
+    cordoned = node("d")
+    cordoned["spec"]["unschedulable"] = True
+    assert not node_accepts(node_view("d", cordoned), tspec)
+    tainted = node("e", taints=[{"key": "gpu", "effect": "NoSchedule"}])
+    assert not node_accepts(node_view("e", tainted), tspec)
+    tolerant = {**tspec, "tolerations": [{"key": "gpu", "operator": "Exists"}]}
+    assert node_accepts(node_view("e", tainted), tolerant)
+    assert not node_accepts(node_view("gone", None), tspec)
+
+
+def test_pods_per_node_is_limited_by_the_scarcest_resource():
+    assert pods_per_node(node_view("a", node("a", cpu="9")), {"cpu": 4.0}) == 2
+    assert pods_per_node(node_view("a", node("a", cpu="3")), {"cpu": 4.0}) == 0
+    assert pods_per_node(node_view("a", node("a")), {"nvidia.com/gpu": 1.0}) == 0
+    views = [node_view(n, node(n, cpu="8")) for n in ("a", "b", "c")]
+    assert fitting_pods(views, TEMPLATE["spec"], limit=4) == 4
+    assert fitting_pods(views[:1], TEMPLATE["spec"], limit=4) == 2
+
+
+# -- start size -----------------------------------------------------------------------------
+
+
+def test_a_fixed_job_always_starts_at_replicas():
+    decision = start_size(spec(), 1, waiting_since=None, now=T0)
+    assert decision.size == 4 and decision.reason is StartReason.FIXED
+
+
+def test_elastic_starts_full_when_everything_fits():
+    decision = start_size(spec(minReplicas=2), 4, waiting_since=T0, now=T0)
+    assert decision.size == 4 and decision.reason is StartReason.FULL_SIZE
+
+
+def test_elastic_waits_for_the_full_gang_then_shrinks_to_what_fits():
+    s = spec(minReplicas=2, shrinkAfterSeconds=60)
+    waiting = start_size(s, 3, waiting_since=T0, now=T0 + timedelta(seconds=59))
+    assert waiting.size is None and waiting.reason is StartReason.WAITING_FOR_FULL_GANG
+    assert waiting.recheck_after == pytest.approx(1.0)
+    shrunk = start_size(s, 3, waiting_since=T0, now=T0 + timedelta(seconds=60))
+    assert shrunk.size == 3 and shrunk.reason is StartReason.SHRUNK
+
+
+def test_elastic_never_starts_below_min_replicas():
+    s = spec(minReplicas=3, shrinkAfterSeconds=0)
+    decision = start_size(s, 2, waiting_since=T0, now=T0 + timedelta(hours=5))
+    assert decision.size is None and decision.reason is StartReason.MIN_REPLICAS_UNREACHABLE
+    assert "minReplicas=3" in decision.message
+
+
+def test_after_a_grow_the_larger_size_starts_without_waiting():
+    s = spec(minReplicas=1, shrinkAfterSeconds=60)
+    decision = start_size(s, 3, waiting_since=T0, now=T0, grown_from=2)
+    assert decision.size == 3 and decision.reason is StartReason.GROWN
+
+
+def test_min_replicas_above_replicas_is_rejected_by_the_schema():
+    from rtj_operator.crdgen import crd
+
+    text = str(crd())
+    assert "self.elastic.minReplicas <= self.replicas" in text
+
+
+# -- grow -----------------------------------------------------------------------------------
+
+
+def grow(**kw: Any):
+    args: dict[str, Any] = {
+        "size": 2,
+        "fit": 4,
+        "all_running": True,
+        "last_resize": T0,
+        "request": None,
+        "committed_step": None,
+        "now": T0 + timedelta(seconds=301),
+    }
+    args.update(kw)
+    return grow_step(spec(minReplicas=2, grow=args.pop("policy", {})), **args)
+
+
+def test_grow_is_requested_only_past_the_interval_with_every_rank_running():
+    assert grow().action is GrowAction.REQUEST and grow().target == 4
+    assert grow(now=T0 + timedelta(seconds=299)).action is GrowAction.NONE
+    assert grow(all_running=False).action is GrowAction.NONE
+    assert grow(fit=2).action is GrowAction.NONE
+    assert grow(policy={"enabled": False}).action is GrowAction.NONE
+
+
+def test_grow_restarts_only_after_a_commit_past_the_request():
+    request = GrowRequest(requested_at=T0, target_size=4, after_step=100)
+    assert grow(request=request, committed_step=100).action is GrowAction.NONE
+    decision = grow(request=request, committed_step=120)
+    assert decision.action is GrowAction.RESTART and decision.target == 4
+    assert grow(request=request, committed_step=120, fit=2).action is GrowAction.ABANDON
+
+
+def test_grow_without_the_checkpoint_is_abandoned_after_the_timeout():
+    request = GrowRequest(requested_at=T0, target_size=4, after_step=100)
+    late = T0 + timedelta(seconds=600)
+    assert grow(request=request, now=late).action is GrowAction.ABANDON
+
+
+# -- the story through the state machine ----------------------------------------------------
+
+
+class SpotCluster(FakeCluster):
+    """The fake cluster with capacity: pods bind only to free, matching nodes."""
+
+    def step(self, advance: float = 0.0) -> Plan:
+        self.now += timedelta(seconds=advance)
+        plan = reconcile(
+            self.job,
+            list(self.pods.values()),
+            self.node_views(),
+            self.now,
+            observed_support=dict(self.support),
+            cluster_nodes=[node_view(n, b) for n, b in self.nodes.items()],
+        )
+        self.apply(plan)
+        self.plans.append(plan)
+        return plan
+
+    def schedule_and_run(self) -> None:
+        used = {p["spec"].get("nodeName") for p in self.pods.values()}
+        free = [n for n in self.nodes if n not in used]
+        for pod in self.pods.values():
+            if pod["status"].get("phase") == "Pending" and free:
+                pod["spec"]["nodeName"] = free.pop(0)
+                pod["status"] = {
+                    "phase": "Running",
+                    "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+                }
+
+
+def spot(replicas: int = 4, nodes: int = 4, **elastic: Any) -> SpotCluster:
+    cluster = SpotCluster(
+        body={
+            **FakeCluster.start(replicas=replicas, template=TEMPLATE).body,
+        }
+    )
+    if elastic:
+        cluster.body["spec"]["elastic"] = elastic
+    for i in range(nodes):
+        cluster.nodes[f"node-{i}"] = node(f"node-{i}")
+    return cluster
+
+
+def reasons(plan: Plan) -> list[str]:
+    return [e.reason for e in plan.events]
+
+
+def test_shrink_after_the_wait_then_grow_back_after_the_requested_checkpoint():
+    cluster = spot(minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30})
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    st = cluster.status
+    assert st["phase"] == "Running" and st["gangSize"] == 4 and st["worldSize"] == 4
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+
+    for lost in ("node-2", "node-3"):
+        del cluster.nodes[lost]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["preemptions"] == 1 and not plan.creations
+    assert st["phase"] == "Pending" and "gangSize" not in st
+    capacity = {c["type"]: c for c in st["conditions"]}["CapacityAvailable"]
+    assert capacity["status"] == "False" and capacity["reason"] == "WaitingForFullGang"
+    assert "WaitingForCapacity" in reasons(plan)
+
+    assert not cluster.step(59).creations
+    plan = cluster.step(1)
+    assert len(plan.creations) == 2 and "Shrunk" in reasons(plan)
+    env = cluster.env(1)
+    assert env["WORLD_SIZE"] == "2" and env["RANK"] == "1"
+    assert env["RTJ_RESUME_FROM"] == "s3://bucket/ckpt/train/ep0-ba100"
+    st = cluster.status
+    assert st["gangSize"] == 2 and st["worldSize"] == 2
+    full, shrunk = st["sizeHistory"]
+    assert full["size"] == 4 and full["seconds"] == pytest.approx(62.0)
+    assert shrunk["size"] == 2 and shrunk["reason"] == "Shrunk" and shrunk["stepsLost"] == 10
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["phase"] == "Running"
+
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    assert not cluster.step(1).notices  # the last resize is too recent
+    plan = cluster.step(30)
+    assert "GrowRequested" in reasons(plan) and len(plan.notices) == 2
+    assert all(GROW_REASON in n.payload for n in plan.notices)
+    assert cluster.status["grow"]["targetSize"] == 4
+    plan = cluster.step(1)
+    assert not plan.deletions  # nothing restarts before the requested checkpoint commits
+    cluster.report(0, "ep0-ba130", 130, current=130)
+    plan = cluster.step(1)
+    assert {d.name for d in plan.deletions} == {"train-a1-r0", "train-a1-r1"}
+    assert len(plan.creations) == 4 and "Grown" in reasons(plan)
+    st = cluster.status
+    assert st["attempt"] == 2 and st["preemptions"] == 1 and st["failures"] == 0
+    assert st["interruptions"][-1]["cause"] == "Grow" and not st["interruptions"][-1]["preemption"]
+    assert cluster.env(3)["WORLD_SIZE"] == "4"
+    assert cluster.env(3)["RTJ_RESUME_FROM"] == "s3://bucket/ckpt/train/ep0-ba130"
+    last = st["sizeHistory"][-1]
+    assert last["size"] == 4 and last["reason"] == "Grown" and last["stepsLost"] == 0
+    assert "grow" not in st
+
+
+def test_min_replicas_unreachable_waits_pending_and_never_fails():
+    cluster = spot(replicas=4, nodes=1, minReplicas=2, shrinkAfterSeconds=5)
+    for _ in range(20):
+        plan = cluster.step(60)
+        assert not plan.creations
+    st = cluster.status
+    assert st["phase"] == "Pending" and st["preemptions"] == 0 and st["failures"] == 0
+    phase_reason = {c["type"]: c for c in st["conditions"]}["CapacityAvailable"]["reason"]
+    assert phase_reason == "MinReplicasUnreachable"
+    waits = [p for p in cluster.plans if "WaitingForCapacity" in reasons(p)]
+    assert len(waits) == 1  # one event per reason, not one per pass
+    cluster.nodes["node-9"] = node("node-9")
+    plan = cluster.step(1)
+    assert len(plan.creations) == 2 and cluster.env(0)["WORLD_SIZE"] == "2"
+
+
+def test_a_fixed_job_ignores_capacity_and_creates_the_whole_gang():
+    cluster = spot(replicas=4, nodes=1)
+    plan = cluster.step()
+    assert len(plan.creations) == 4 and cluster.status["gangSize"] == 4
+
+
+def test_a_real_notice_overwrites_a_grow_notice():
+    cluster = spot(minReplicas=1, shrinkAfterSeconds=0, grow={"minIntervalSeconds": 0}, nodes=2)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["gangSize"] == 2
+    cluster.nodes["node-7"] = node("node-7")
+    cluster.nodes["node-8"] = node("node-8")
+    cluster.step(1)
+    pod = cluster.pod(0)
+    assert GROW_REASON in pod["metadata"]["annotations"][NOTICE_ANNOTATION]
+    where = pod["spec"]["nodeName"]
+    cluster.nodes[where]["spec"]["taints"] = [{"key": "karpenter.sh/disrupted"}]
+    cluster.step(1)
+    assert "karpenter.sh/disrupted" in cluster.pod(0)["metadata"]["annotations"][NOTICE_ANNOTATION]
+    assert names.pod_name("train", 0, 0) == pod["metadata"]["name"]

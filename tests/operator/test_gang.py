@@ -1,0 +1,74 @@
+"""All-or-nothing scheduling: the mechanism is chosen by API discovery and the queue name."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rtj_operator import gang
+from rtj_operator.controller import Controller
+
+from .fake_api import FakeApi
+from .fakes import job_body, make_job, make_node
+
+KEY = ("ns", "train")
+
+
+def sync(ctrl: Controller) -> None:
+    async def run() -> None:
+        await ctrl.sync(KEY, time.monotonic())
+        await asyncio.gather(*ctrl.executor._event_tasks)
+
+    asyncio.run(run())
+
+
+def controller(native: bool, **spec) -> tuple[Controller, FakeApi]:
+    api = FakeApi()
+    api.serves_pod_group_api = native
+    api.put_job(job_body(replicas=3, **spec))
+    api.nodes["node-0"] = make_node("node-0")
+    return Controller(api, resync_seconds=0), api  # type: ignore[arg-type]
+
+
+def test_discovery_picks_the_mechanism_and_a_queue_name_wins():
+    assert gang.choose(make_job(), True) is gang.Mechanism.POD_GROUP
+    assert gang.choose(make_job(), False) is gang.Mechanism.OPERATOR
+    assert gang.choose(make_job(queueName="spot"), True) is gang.Mechanism.KUEUE
+    assert gang.serves_pod_groups({"resources": [{"name": "podgroups"}]})
+    assert not gang.serves_pod_groups({"resources": [{"name": "workloads"}]})
+    assert not gang.serves_pod_groups(None)
+
+
+def test_native_gang_creates_the_pod_group_before_the_pods_and_links_them():
+    ctrl, api = controller(native=True)
+    sync(ctrl)
+    creates = [c for c in api.calls if c.startswith("create")]
+    assert creates.index("create PodGroup") < creates.index("create Pod")
+    group = api.objects[api.pod_group_path("ns", "train-a0")]
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert group["metadata"]["ownerReferences"][0]["name"] == "train"
+    pods = api.pods()
+    assert len(pods) == 3
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "train-a0"} for p in pods.values())
+    assert api.job()["status"]["gangScheduling"] == "PodGroup"
+
+
+def test_without_the_api_no_pod_group_and_no_link():
+    ctrl, api = controller(native=False)
+    sync(ctrl)
+    assert "create PodGroup" not in api.calls
+    assert all("schedulingGroup" not in p["spec"] for p in api.pods().values())
+    assert api.job()["status"]["gangScheduling"] == "Operator"
+
+
+def test_a_queue_name_labels_the_pods_for_kueue_pod_groups():
+    ctrl, api = controller(native=True, queueName="spot-queue")
+    sync(ctrl)
+    assert "create PodGroup" not in api.calls
+    for pod in api.pods().values():
+        meta = pod["metadata"]
+        assert meta["labels"][gang.KUEUE_QUEUE_LABEL] == "spot-queue"
+        assert meta["labels"][gang.KUEUE_GROUP_LABEL] == "train-a0"
+        assert meta["annotations"][gang.KUEUE_TOTAL_ANNOTATION] == "3"
+        assert "schedulingGroup" not in pod["spec"]
+    assert api.job()["status"]["gangScheduling"] == "Kueue"
