@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,27 +26,6 @@ T = TypeVar("T")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 POOL_LABEL = "rtj-e2e/pool"
 MERGE = "application/merge-patch+json"
-
-
-def wait_for(
-    what: str,
-    check: Callable[[], T | None],
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    on_timeout: Callable[[], str] | None = None,
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    extra = on_timeout() if on_timeout else ""
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{extra}"
-    )
 
 
 class Kube:

@@ -21,10 +21,11 @@ import pytest
 
 from rtj_operator import names
 from rtj_operator.kube import ApiError
+from tools.waiting import wait_for
 
 from .chart_rbac import install_chart_rbac, kubeconfig_with_token, token_for
 from .conftest import OperatorProcess, start_operator
-from .kubeclient import Kube, rtj, unique, wait_for
+from .kubeclient import Kube, rtj, unique
 from .scenario import node_of
 
 OPERATOR_ID = "rtj-operator-test-pod"

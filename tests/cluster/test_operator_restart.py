@@ -9,9 +9,10 @@ import time
 import pytest
 
 from rtj_operator import testhooks
+from tools.waiting import wait_for
 
 from .conftest import start_operator
-from .kubeclient import rtj, unique, wait_for
+from .kubeclient import rtj, unique
 from .scenario import node_of
 
 

@@ -6,8 +6,9 @@ import json
 import time
 
 from rtj_operator.kube import ApiError
+from tools.waiting import wait_for
 
-from .kubeclient import env_of, unique, wait_for
+from .kubeclient import env_of, unique
 from .scenario import (
     condition,
     last_interruption,

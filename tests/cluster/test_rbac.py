@@ -6,8 +6,10 @@ from pathlib import Path
 
 import yaml
 
+from tools.waiting import wait_for
+
 from .conftest import ROOT, start_operator
-from .kubeclient import rtj, unique, wait_for
+from .kubeclient import rtj, unique
 from .scenario import node_of, wait_attempt
 
 
