@@ -94,22 +94,36 @@ class OperatorProcess:
 
 
 def start_operator(
-    kubeconfig: str, log: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True
+    kubeconfig: str,
+    log: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    crash_at: str | None = None,
 ) -> OperatorProcess:
-    """Start the operator as a subprocess; wait until its liveness endpoint answers."""
+    """Start the operator as a subprocess; wait until its liveness endpoint answers.
+
+    ``crash_at``: run it through ``tests.cluster.crashing_operator``, which exits abruptly at
+    that point (``after-status`` or ``mid-creation``) of its first gang resubmission.
+    """
     live_port, metrics_port = free_port(), free_port()
     liveness = f"http://127.0.0.1:{live_port}/healthz"
     full_env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIR), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(OPERATOR_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
         **(env or {}),
     }
+    entry = ["rtj_operator"]
+    if crash_at is not None:
+        entry = ["tests.cluster.crashing_operator", "--crash-at", crash_at]
     cmd = [
         sys.executable,
         "-m",
-        "rtj_operator",
+        *entry,
         "--liveness",
         liveness,
         "--metrics-port",
