@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rtj_operator import names
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
 from tools.waiting import wait_for
 
 from .chart_rbac import install_chart_rbac, kubeconfig_with_token, token_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
 from tools.waiting import wait_for
 
 from .kubeclient import env_of, unique

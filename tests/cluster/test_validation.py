@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rtj_operator import podschema
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
 from tools.waiting import wait_for
 
 from .kubeclient import rtj
