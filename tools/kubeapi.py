@@ -128,7 +128,12 @@ class Kube:
         text = resp.data.decode("utf-8", errors="replace")
         if resp.status >= 300:
             raise ApiError(method, path, resp.status, text)
-        return json.loads(text) if text else {}
+        if not text:
+            return {}
+        try:
+            return dict(json.loads(text))
+        except ValueError:  # a plain-text endpoint such as /readyz ("ok")
+            return {"message": text}
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Obj | None:
         """GET, or None when the object does not exist."""
