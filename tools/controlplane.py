@@ -88,6 +88,10 @@ class ControlPlane:
         up = self._sh("up", "--nodes", str(nodes), timeout=timeout)
         if up.returncode != 0:
             raise ControlPlaneError(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
+        return self.kubeconfig_path()
+
+    def kubeconfig_path(self) -> str:
+        """The kubeconfig of a cluster that already runs (``cluster.sh env``)."""
         env = self._sh("env", timeout=60)
         if env.returncode != 0:
             raise ControlPlaneError(f"hack/cluster/cluster.sh env failed:\n{env.stderr[-2000:]}")
