@@ -157,11 +157,15 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(
     kube: Kube, kubeconfig: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The operator under test, serving the ``rtj-e2e-*`` namespaces."""
+    """The operator under test, serving the ``rtj-e2e-*`` namespaces.
+
+    Package-scoped: it stops when the last test of this folder is done, so the suites that run
+    after it on the session's shared control plane do not share the machine with it.
+    """
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = start_operator(kubeconfig, log, "--namespace", E2E_NAMESPACES, "--standalone")
     # kopf lists the namespaces, then starts a namespace watch that ignores its own initial
