@@ -23,6 +23,7 @@ from rtj_operator.kube import KubeApi
 from rtj_operator.timeutil import iso, utcnow
 from tools.kubeapi import JSON, MERGE, ApiError
 from tools.kubeapi import Kube as HttpKube
+from tools.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
 T = TypeVar("T")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
