@@ -196,8 +196,11 @@ def test_a_foreign_role_is_not_overwritten_and_blocks_the_job_until_removed(
     assert conditions["Blocked"]["status"] == "False"
 
 
-def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator):
+def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator, pool):
     ns, op = chart_operator.ns, chart_operator.op
+    # One node of another pool: the scheduler then explains why no node fits (a cluster
+    # without any node gets "no nodes available" instead).
+    pool.add(1)
     name = unique("job")
     kube.create_job(rtj(name, ns, unique("no-such-pool"), 2))
     condition = wait_for(
