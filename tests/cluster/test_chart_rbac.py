@@ -23,7 +23,7 @@ from rtj_operator import names
 from tools.kubeapi import ApiError
 from tools.waiting import wait_for
 
-from .chart_rbac import install_chart_rbac, kubeconfig_with_token, token_for
+from .chart_rbac import install_chart_rbac, kubeconfig_with_token, remove_chart_rbac, token_for
 from .conftest import OperatorProcess, start_operator
 from .kubeclient import Kube, rtj, unique
 from .scenario import node_of
@@ -72,6 +72,7 @@ def chart_operator(kube, kubeconfig, tmp_path) -> Iterator[ChartOperator]:
     yield handle
     handle.op.stop()
     kube.delete_namespace(ns)
+    remove_chart_rbac(kube, ns)
     print(f"\noperator log: {log}")
 
 

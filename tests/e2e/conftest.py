@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import require
 from tools import localstack
-from tools.controlplane import ControlPlane
+from tools.controlplane import CLUSTER_SH, ControlPlane, binaries_ready
 from tools.localstack import LocalStack, ReferenceRun, StackConfig
 
 MANIFEST = Path(__file__).parent / "manifests" / "spot-job.yaml"
@@ -41,9 +41,9 @@ def prerequisites() -> None:
             "note: KUBECONFIG is ignored here: the full story runs on its own local control "
             "plane (the pod runner must never serve a cluster with real nodes)"
         )
-    require(localstack.CLUSTER_SH.exists(), "hack/cluster/cluster.sh is missing")
+    require(CLUSTER_SH.exists(), "hack/cluster/cluster.sh is missing")
     require(
-        localstack.cluster_binaries_ready(),
+        binaries_ready(),
         "control-plane binaries not built: run hack/cluster/build.sh",
     )
     require(
