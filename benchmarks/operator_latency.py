@@ -40,17 +40,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
+sys.path.insert(0, str(ROOT))
 
-import urllib3  # noqa: E402
 import yaml  # noqa: E402
-from kubernetes import client as k8s_client  # noqa: E402
-from kubernetes import config as k8s_config  # noqa: E402
 
 from rtj_operator import names  # noqa: E402
-from rtj_operator.kube import ApiError, KubeApi  # noqa: E402
+from rtj_operator.kube import KubeApi  # noqa: E402
 from rtj_operator.timeutil import iso, utcnow  # noqa: E402
+from tools.controlplane import ControlPlane  # noqa: E402
+from tools.kubeapi import ApiError, Kube  # noqa: E402
 
-CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
 MERGE = "application/merge-patch+json"
 REPLICAS = 4
 TARGET_P50 = 0.5
@@ -100,7 +99,7 @@ def wait(what: str, check: Any, timeout: float, interval: float = 0.02) -> Any:
 class PodWatch(threading.Thread):
     """Records when each pod of a namespace is first seen (a watch's ADDED event)."""
 
-    def __init__(self, api: KubeApi, namespace: str):
+    def __init__(self, api: Kube, namespace: str):
         super().__init__(daemon=True)
         self.api, self.namespace = api, namespace
         self.first_seen: dict[str, float] = {}
@@ -110,22 +109,16 @@ class PodWatch(threading.Thread):
     def run(self) -> None:
         """Follow the watch, re-establishing it when the server ends it."""
         while not self.stopped:
-            listed = self.api.request_sync("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+            listed = self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
             now = time.monotonic()
             for pod in listed.get("items", []):
                 self.first_seen.setdefault(pod["metadata"]["name"], now)
             version = listed["metadata"]["resourceVersion"]
-            url = (
-                f"{self.api.host}/api/v1/namespaces/{self.namespace}/pods?watch=1"
-                f"&resourceVersion={version}&timeoutSeconds=600"
-            )
-            response = self.api.http.request(
-                "GET",
-                url,
-                headers=self.api._headers(None),
-                preload_content=False,
-                timeout=urllib3.Timeout(connect=5.0, read=None),
-                retries=False,
+            response = self.api.open_watch(
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                {"resourceVersion": version},
+                timeout_s=600,
+                read_timeout_s=None,
             )
             self.ready.set()
             buffer = b""
@@ -153,15 +146,21 @@ class Bench:
     """Cluster access for the benchmark."""
 
     def __init__(self, kubeconfig: str):
-        cfg = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        self.api = KubeApi(cfg, workers=8)
+        self.api = Kube(kubeconfig)
         self.kubeconfig = kubeconfig
         self.tag = uuid.uuid4().hex[:6]
 
-    def req(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One request."""
-        return self.api.request_sync(method, path, **kwargs)
+    def req(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One request (``tools.kubeapi``: ``ApiError`` on a non-2xx answer)."""
+        return self.api.request(method, path, body=body, params=query, content_type=content_type)
 
     def apply_crds(self) -> None:
         """Install the project's CRDs (create or replace)."""
@@ -623,25 +622,13 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
         bench.req("DELETE", f"/api/v1/namespaces/{ns}")
 
 
-def cluster_kubeconfig(keep: bool) -> tuple[str, bool]:
-    """KUBECONFIG to use, and whether this run brought the cluster up (to take it down)."""
+def cluster_kubeconfig(keep: bool) -> tuple[str, ControlPlane | None]:
+    """KUBECONFIG to use, and the local control plane this run brought up (to take it down)."""
     if os.environ.get("KUBECONFIG"):
-        return os.environ["KUBECONFIG"], False
-    env = {**os.environ, "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench")}
-    existed = (
-        subprocess.run(
-            [str(CLUSTER_SH), "status"], env=env, capture_output=True, check=False
-        ).returncode
-        == 0
-    )
+        return os.environ["KUBECONFIG"], None
+    plane = ControlPlane(os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench"), keep=keep)
     log("bringing up the local control plane (hack/cluster/cluster.sh up)")
-    subprocess.run(
-        [str(CLUSTER_SH), "up", "--nodes", "0"], env=env, check=True, stdout=subprocess.DEVNULL
-    )
-    path = subprocess.run(
-        [str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return path, not existed and not keep
+    return plane.up(nodes=0), plane
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = args.baseline or (3 if args.quick else 10)
     restarts = args.restarts or (3 if args.quick else 8)
 
-    kubeconfig, take_down = cluster_kubeconfig(args.keep_cluster)
+    kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
     bench = Bench(kubeconfig)
     version = bench.req("GET", "/version").get("gitVersion")
     bench.apply_crds()
@@ -685,18 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"operator restarts: {restarts} per identity scheme, interleaved")
         restart = measure_restarts(bench, restarts, log_path)
     finally:
-        if take_down:
-            env = {
-                **os.environ,
-                "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench"),
-            }
-            subprocess.run(
-                [str(CLUSTER_SH), "down"],
-                env=env,
-                check=False,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        if plane is not None:
+            plane.down()
     op, jc = summary(operator), summary(job_controller)
     stable, fresh = summary(restart["stable_id_from_up"]), summary(restart["new_id_from_up"])
     report = {

@@ -41,6 +41,7 @@ from tools.localstack import (  # noqa: E402
     start_reference_run,
     weights_equal,
 )
+from tools.waiting import WaitTimeoutError  # noqa: E402
 
 MANIFEST = REPO / "tests" / "e2e" / "manifests" / "spot-job.yaml"
 JOB = "spot-demo"
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         say("\ninterrupted: everything it started has been stopped")
         shutil.rmtree(workdir, ignore_errors=True)
         return 130
-    except StackError as err:
+    except (StackError, WaitTimeoutError) as err:
         say(f"\nFAILED: {err}")
         say(f"logs of every component are kept in {workdir} (docs/demo.md, Troubleshooting)")
         return 1

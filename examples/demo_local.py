@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.ports import free_port  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "train_deterministic.py"
 
 
 def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(work: Path, name: str, log: Path) -> list[subprocess.Popen]:

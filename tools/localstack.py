@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,10 +40,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.podrunner.kube import MERGE, ApiError, Kube  # noqa: E402
+from tools.controlplane import (  # noqa: E402
+    BUILD_SH,
+    ControlPlane,
+    ControlPlaneError,
+    bindir,
+)
+from tools.controlplane import binaries_ready as cluster_binaries_ready  # noqa: E402
+from tools.kubeapi import MERGE, ApiError, Kube  # noqa: E402
+from tools.ports import free_port  # noqa: E402
+from tools.waiting import wait_for  # noqa: E402
 
-CLUSTER_SH = REPO / "hack" / "cluster" / "cluster.sh"
-BUILD_SH = REPO / "hack" / "cluster" / "build.sh"
 MINIO_SH = REPO / "hack" / "s3" / "build-minio.sh"
 CHART = REPO / "charts" / "resumable-training-operator"
 OPERATOR_DIR = REPO / "operator"
@@ -72,33 +78,6 @@ class StackError(RuntimeError):
 
 def _quiet(_line: str) -> None:
     """The default narrator: says nothing."""
-
-
-def free_port() -> int:
-    """An unused 127.0.0.1 TCP port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(
-    what: str,
-    check: Callable[[], T | None],
-    timeout: float,
-    *,
-    interval: float = 0.2,
-    context: Callable[[], str] | None = None,
-) -> T:
-    """Poll ``check`` until it returns something truthy; StackError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    extra = f"\n{context()}" if context else ""
-    raise StackError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){extra}")
 
 
 def run_streaming(
@@ -133,21 +112,6 @@ def run_streaming(
 
 
 # ------------------------------------------------------------------------------ binaries
-
-
-def cluster_binaries_ready() -> bool:
-    """Whether every control-plane binary (and helm, kubectl) is cached for the pinned versions."""
-    return (
-        subprocess.run([str(BUILD_SH), "--check"], capture_output=True, check=False).returncode == 0
-    )
-
-
-def bindir() -> Path:
-    """The folder with kubectl, helm and the control plane (``build.sh --print-bindir``)."""
-    out = subprocess.run(
-        [str(BUILD_SH), "--print-bindir"], capture_output=True, text=True, check=True
-    )
-    return Path(out.stdout.strip())
 
 
 def build_cluster_binaries(say: Say = _quiet) -> None:
@@ -271,6 +235,9 @@ class StackConfig:
     """S3 bucket created on the local server (the manifest's ``checkpoint.dir`` names it)."""
     s3_kind: str | None = None
     """``minio``, ``moto`` or None (MinIO when built, else moto)."""
+    kubeconfig: Path | None = None
+    """An already running local control plane to use (the test session's shared one): the
+    stack then neither starts nor deletes it, and removes what it created in it instead."""
     keep_cluster: bool = False
     """Reuse a running cluster of that name and leave it up; otherwise start afresh and delete
     it at the end."""
@@ -318,6 +285,7 @@ class LocalStack:
         self._node_seq = 0
         self._cleanups: list[tuple[str, Callable[[], None]]] = []
         self._created_cluster = False
+        self.plane = ControlPlane(cfg.cluster_name, keep=cfg.keep_cluster)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -391,38 +359,40 @@ class LocalStack:
 
     # ---------------------------------------------------------------- components
 
-    def _cluster_sh(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(CLUSTER_SH), *args],
-            env=self._env(),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-        )
+    @property
+    def shared_cluster(self) -> bool:
+        """Whether the cluster outlives the stack (so the stack cleans up inside it)."""
+        return self.cfg.keep_cluster or self.cfg.kubeconfig is not None
 
     def _cluster_up(self) -> None:
+        if self.cfg.kubeconfig is not None:
+            self.say(f"cluster: using the running control plane of {self.cfg.kubeconfig}")
+            path = str(self.cfg.kubeconfig)
+        else:
+            path = self._own_cluster_up()
+        self.kubeconfig = Path(path)
+        self._kube = Kube(path)
+        wait_for("the API server", self._answers_api, 60)
+
+    def _own_cluster_up(self) -> str:
         name = self.cfg.cluster_name
-        exists = self._cluster_sh("status", timeout=60).returncode == 0
+        exists = self.plane.exists()
         if exists and not self.cfg.keep_cluster:
             self.say(f"cluster {name}: a leftover from an earlier run; deleting it first")
-            self._cluster_sh("down", timeout=120)
+            self.plane.delete(timeout=120)
             exists = False
         self.say(
             f"cluster {name}: {'reusing' if exists else 'starting'} the local control plane "
             "(etcd, kube-apiserver, controller-manager, scheduler on 127.0.0.1)"
         )
-        if not exists:
-            self._created_cluster = not self.cfg.keep_cluster
-            if self._created_cluster:
-                self._on_stop("the cluster", self._cluster_down)
-        up = self._cluster_sh("up", "--nodes", "0", timeout=540)
-        if up.returncode != 0:
-            raise StackError(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-3000:]}")
-        path = self._cluster_sh("env", timeout=60).stdout.strip()
-        self.kubeconfig = Path(path)
-        self._kube = Kube(path)
-        wait_until("the API server", self._answers_api, 60)
+        try:
+            path = self.plane.up(nodes=0)
+        except ControlPlaneError as err:
+            raise StackError(str(err)) from err
+        self._created_cluster = self.plane.started and not self.cfg.keep_cluster
+        if self._created_cluster:
+            self._on_stop("the cluster", self._cluster_down)
+        return path
 
     def _answers_api(self) -> bool:
         try:
@@ -432,7 +402,7 @@ class LocalStack:
 
     def _cluster_down(self) -> None:
         self.say(f"cluster {self.cfg.cluster_name}: deleting")
-        self._cluster_sh("down", timeout=180)
+        self.plane.down()
 
     def _helm(self, *args: str, timeout: float = 180) -> str:
         assert self.bindir is not None and self.kubeconfig is not None
@@ -482,6 +452,11 @@ class LocalStack:
             "--set-string",
             f"nodeSelector.{key}={value}",
         )
+        if self.cfg.kubeconfig is not None:
+            self._on_stop(
+                f"helm release {RELEASE}",
+                lambda: self._helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE),
+            )
         deployments = self.kube.request(
             "GET",
             f"/apis/apps/v1/namespaces/{OPERATOR_NAMESPACE}/deployments",
@@ -502,7 +477,7 @@ class LocalStack:
             "runs as a local process with its ServiceAccount and arguments"
         )
         for crd in ("resumabletrainingjobs.resumable.dev", "clusterkopfpeerings.kopf.dev"):
-            wait_until(f"CRD {crd} established", lambda c=crd: self._established(c), 60)
+            wait_for(f"CRD {crd} established", lambda c=crd: self._established(c), 60)
 
     def _established(self, crd: str) -> bool:
         obj = self.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
@@ -580,11 +555,11 @@ class LocalStack:
         self._on_stop("the operator", self.operator.stop)
         if self.operator_liveness:
             op = self.operator
-            wait_until(
+            wait_for(
                 "the operator's liveness endpoint",
                 lambda: _answers(self.operator_liveness) or not op.alive(),
                 60,
-                context=op.tail,
+                on_timeout=op.tail,
             )
             if not op.alive():
                 raise StackError(f"the operator exited at start:\n{op.tail()}")
@@ -598,7 +573,7 @@ class LocalStack:
         old = self.kube.get(f"/api/v1/namespaces/{ns}")
         if old is not None and old["metadata"].get("deletionTimestamp"):
             self.say(f"namespace {ns}: waiting for an earlier run's copy to finish deleting")
-            wait_until(
+            wait_for(
                 f"namespace {ns} deleted",
                 lambda: self.kube.get(f"/api/v1/namespaces/{ns}") is None,
                 180,
@@ -610,9 +585,9 @@ class LocalStack:
         except ApiError as err:
             if not err.conflict:
                 raise
-        if self.cfg.keep_cluster:
+        if self.shared_cluster:
             self._on_stop(f"namespace {ns}", lambda: self._delete(f"/api/v1/namespaces/{ns}"))
-        wait_until(
+        wait_for(
             "the default ServiceAccount",
             lambda: self.kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
             60,
@@ -653,7 +628,7 @@ class LocalStack:
             },
         }
         self._create("/api/v1/persistentvolumes", pv)
-        if self.cfg.keep_cluster:
+        if self.shared_cluster:
             name = pv["metadata"]["name"]
             self._on_stop(
                 f"PersistentVolume {name}",
@@ -724,11 +699,11 @@ class LocalStack:
 
     def _wait_node_ready(self, name: str) -> None:
         agent = self.agents[name]
-        wait_until(
+        wait_for(
             f"node {name} Ready",
             lambda: not agent.alive() or self.node_ready(name),
             60,
-            context=agent.tail,
+            on_timeout=agent.tail,
         )
         if not agent.alive():
             raise StackError(f"pod-runner agent {name} exited at start:\n{agent.tail()}")
@@ -1212,8 +1187,8 @@ class Story:
         return self.stack.job(self.job).get("status") or {}
 
     def _wait(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
-        return wait_until(
-            what, check, timeout, interval=0.2, context=lambda: self.stack.diagnostics(self.job)
+        return wait_for(
+            what, check, timeout, interval=0.2, on_timeout=lambda: self.stack.diagnostics(self.job)
         )
 
     def run(self, lose: str = "reclaim") -> StoryResult:

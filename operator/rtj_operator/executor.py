@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from . import conditions as cond
-from . import gang, metrics, names, testhooks
+from . import gang, metrics, names
 from .api_types import Job
 from .envvars import NOTICE_ANNOTATION
 from .kube import ApiError, KubeApi
@@ -89,8 +89,6 @@ class Executor:
         if plan.status is not None:
             rv = await self.write_status(job, stored, plan.status, rv)
             status, stored = plan.status, status_dump(plan.status)
-            if plan.creations:
-                testhooks.crash_point("after-status", status.attempt)
 
         side = [self.api.delete_pod(ns, d.name, d.uid) for d in plan.deletions]
         side += [
@@ -184,12 +182,8 @@ class Executor:
         if not plan.creations:
             return None
         ns = job.ref.namespace
-        attempt = plan.after_creation.attempt if plan.after_creation else 0
         pods_path = self.api.core_path(ns, "pods")
         creations = list(plan.creations)
-        if testhooks.armed("mid-creation", attempt):
-            await self.api.create(pods_path, creations.pop(0))
-            testhooks.crash_point("mid-creation", attempt)
         results = await asyncio.gather(
             *(self.api.create(pods_path, pod) for pod in creations),
             return_exceptions=True,

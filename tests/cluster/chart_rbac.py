@@ -19,7 +19,7 @@ import yaml
 from tests.conftest import IN_CI, require
 
 from .conftest import ROOT
-from .kubeclient import Kube
+from .kubeclient import ApiError, Kube
 
 CHART = ROOT / "charts" / "resumable-training-operator"
 BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
@@ -130,3 +130,30 @@ def install_chart_rbac(kube: Kube, admin_kubeconfig: str, namespace: str, tmp: P
             _apply(kube, doc)
     token = token_for(kube, RELEASE_NAMESPACE, ACCOUNT)
     return kubeconfig_with_token(admin_kubeconfig, token, tmp / f"operator-{namespace}.kubeconfig")
+
+
+_CLUSTER_PLURALS = {
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+}
+
+
+def remove_chart_rbac(kube: Kube, namespace: str) -> None:
+    """Delete the cluster-scoped objects ``install_chart_rbac`` applied.
+
+    The control plane is shared by the whole test session, and a later suite installs the chart
+    with Helm, which refuses to adopt a ClusterRole it did not create.
+    """
+    for doc in rendered_chart(namespace):
+        kind = doc["kind"]
+        if kind not in _CLUSTER_PLURALS or doc["metadata"].get("namespace"):
+            continue
+        api_version = doc["apiVersion"]
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            kube.req("DELETE", f"{prefix}/{_CLUSTER_PLURALS[kind]}/{doc['metadata']['name']}")
+        except ApiError as err:
+            if not err.not_found:
+                raise

@@ -1,8 +1,9 @@
 """Fixtures for tests that need a real API server.
 
-The cluster is the project's own local control plane (``hack/cluster/cluster.sh``: kube-apiserver,
-etcd, controller-manager, scheduler and kwok fake nodes), or any cluster named by ``KUBECONFIG``
-when it is set. Missing tooling skips the suite locally but fails it under ``CI=true``.
+The cluster is the test session's shared local control plane (``kubeconfig`` and
+``control_plane`` in ``tests/conftest.py``: kube-apiserver, etcd, controller-manager, scheduler
+and kwok fake nodes), or any cluster named by ``KUBECONFIG`` when it is set. Missing tooling
+skips the suite locally but fails it under ``CI=true``.
 
 The operator runs as a real subprocess (``python -m rtj_operator``), serving only namespaces named
 ``rtj-e2e-*``; each test gets its own namespace and its own pool of fake nodes, so tests never
@@ -11,9 +12,7 @@ share pods or nodes and a failure leaves the others unaffected.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI, require
+from tests.conftest import NamespaceFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_DIR = ROOT / "operator"
 if str(OPERATOR_DIR) not in sys.path:
     sys.path.insert(0, str(OPERATOR_DIR))
 
-from .kubeclient import Kube, unique, wait_for  # noqa: E402
+from tools.ports import free_port  # noqa: E402
+from tools.waiting import wait_for  # noqa: E402
 
-CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
-BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
-CLUSTER_NAME = os.environ.get("RTJ_E2E_CLUSTER_NAME", "rtj-e2e")
+from .kubeclient import Kube, unique  # noqa: E402
+
 E2E_NAMESPACES = "rtj-e2e-*"
 
 
@@ -45,79 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.cluster)
-
-
-def free_port() -> int:
-    """An unused local TCP port."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[str]:
-    """KUBECONFIG of the cluster under test; brings the local control plane up when needed."""
-    given = os.environ.get("KUBECONFIG")
-    if given:
-        require(Path(given).exists(), f"KUBECONFIG={given} does not exist")
-        yield given
-        return
-    require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
-    require(
-        shutil.which("go") is not None
-        or Path("/usr/local/go/bin/go").exists()
-        or _binaries_cached(),
-        "neither Go nor cached control-plane binaries",
-    )
-    if not IN_CI:
-        # Locally, never start a tens-of-minutes build from a test run.
-        require(
-            _binaries_cached(),
-            "control-plane binaries not built: run hack/cluster/build.sh (or set KUBECONFIG)",
-        )
-    env = {**os.environ, "RTJ_CLUSTER_NAME": CLUSTER_NAME}
-    existed = (
-        subprocess.run(
-            [str(CLUSTER_SH), "status"], env=env, capture_output=True, check=False
-        ).returncode
-        == 0
-    )
-    up = subprocess.run(
-        [str(CLUSTER_SH), "up", "--nodes", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=540,
-    )
-    if up.returncode != 0:
-        pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
-    path = subprocess.run(
-        [str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    yield path
-    if not existed and os.environ.get("RTJ_E2E_KEEP_CLUSTER") != "1":
-        # Stopping the control plane can take minutes on a loaded machine: give it a little
-        # while, then let it finish in the background rather than eat a test's time budget.
-        down = subprocess.Popen(
-            [str(CLUSTER_SH), "down"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            down.wait(30)
-
-
-def _binaries_cached() -> bool:
-    return (
-        BUILD_SH.exists()
-        and subprocess.run([str(BUILD_SH), "--check"], capture_output=True, check=False).returncode
-        == 0
-    )
 
 
 @pytest.fixture(scope="session")
@@ -168,22 +94,36 @@ class OperatorProcess:
 
 
 def start_operator(
-    kubeconfig: str, log: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True
+    kubeconfig: str,
+    log: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    crash_at: str | None = None,
 ) -> OperatorProcess:
-    """Start the operator as a subprocess; wait until its liveness endpoint answers."""
+    """Start the operator as a subprocess; wait until its liveness endpoint answers.
+
+    ``crash_at``: run it through ``tests.cluster.crashing_operator``, which exits abruptly at
+    that point (``after-status`` or ``mid-creation``) of its first gang resubmission.
+    """
     live_port, metrics_port = free_port(), free_port()
     liveness = f"http://127.0.0.1:{live_port}/healthz"
     full_env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIR), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(OPERATOR_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
         **(env or {}),
     }
+    entry = ["rtj_operator"]
+    if crash_at is not None:
+        entry = ["tests.cluster.crashing_operator", "--crash-at", crash_at]
     cmd = [
         sys.executable,
         "-m",
-        "rtj_operator",
+        *entry,
         "--liveness",
         liveness,
         "--metrics-port",
@@ -217,11 +157,15 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(
     kube: Kube, kubeconfig: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The operator under test, serving the ``rtj-e2e-*`` namespaces."""
+    """The operator under test, serving the ``rtj-e2e-*`` namespaces.
+
+    Package-scoped: it stops when the last test of this folder is done, so the suites that run
+    after it on the session's shared control plane do not share the machine with it.
+    """
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = start_operator(kubeconfig, log, "--namespace", E2E_NAMESPACES, "--standalone")
     # kopf lists the namespaces, then starts a namespace watch that ignores its own initial
@@ -268,10 +212,8 @@ def pool(kube: Kube) -> Iterator[Pool]:
 
 
 @pytest.fixture
-def ns(kube: Kube, operator: OperatorProcess) -> Iterator[str]:
-    """A fresh namespace served by the operator."""
-    name = unique("rtj-e2e")
-    kube.create_namespace(name)
+def ns(kube: Kube, operator: OperatorProcess, make_namespace: NamespaceFactory) -> Iterator[str]:
+    """A fresh namespace served by the operator (deleted after the test)."""
+    name = make_namespace("rtj-e2e")
     time.sleep(0.2)
     yield name
-    kube.delete_namespace(name)

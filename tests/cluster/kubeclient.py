@@ -1,4 +1,6 @@
-"""Synchronous Kubernetes helpers for the cluster tests (and the latency benchmark).
+"""Synchronous Kubernetes helpers for the cluster tests (and the latency benchmark), on the one
+client tools and tests share (``tools/kubeapi.py``; the operator keeps its own async client in
+``rtj_operator.kube`` because the product must not depend on test tooling).
 
 They drive the endings a real cluster produces: deleting a node (spot reclaim), the Eviction
 API, taints, a NotReady node, scheduler preemption, and the kubelet's report of a container exit
@@ -11,65 +13,40 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from rtj_operator import names
-from rtj_operator.kube import ApiError, KubeApi
+from rtj_operator.kube import KubeApi
 from rtj_operator.timeutil import iso, utcnow
+from tools.kubeapi import JSON, MERGE, ApiError
+from tools.kubeapi import Kube as HttpKube
+from tools.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
 T = TypeVar("T")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 POOL_LABEL = "rtj-e2e/pool"
-MERGE = "application/merge-patch+json"
 
 
-def wait_for(
-    what: str,
-    check: Callable[[], T | None],
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    on_timeout: Callable[[], str] | None = None,
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    extra = on_timeout() if on_timeout else ""
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{extra}"
-    )
-
-
-class Kube:
-    """Thin synchronous wrapper over ``KubeApi.request_sync``."""
+class Kube(HttpKube):
+    """The shared client (``tools.kubeapi.Kube``) with the cluster tests' verbs on top."""
 
     def __init__(self, kubeconfig: str):
-        cfg = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        self.api = KubeApi(cfg, workers=8)
+        super().__init__(kubeconfig)
 
-    def req(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One request."""
-        return self.api.request_sync(method, path, **kwargs)
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        """GET, None on 404."""
-        try:
-            return self.req("GET", path)
-        except ApiError as err:
-            if err.not_found:
-                return None
-            raise
+    def req(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+    ) -> dict[str, Any]:
+        """One request; ``ApiError`` (``tools.kubeapi``) on a non-2xx answer."""
+        return self.request(method, path, body=body, params=query, content_type=content_type)
 
     def apply_file(self, path: Path) -> None:
         """Create or replace every object of a YAML file (CRDs and peering objects)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.waiting import wait_for
+
 from .conftest import OperatorProcess, Pool
-from .kubeclient import Kube, rtj, unique, wait_for
+from .kubeclient import Kube, rtj, unique
 
 
 def start_running(

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from rtj_operator import names
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
+from tools.waiting import wait_for
 
-from .chart_rbac import install_chart_rbac, kubeconfig_with_token, token_for
+from .chart_rbac import install_chart_rbac, kubeconfig_with_token, remove_chart_rbac, token_for
 from .conftest import OperatorProcess, start_operator
-from .kubeclient import Kube, rtj, unique, wait_for
+from .kubeclient import Kube, rtj, unique
 from .scenario import node_of
 
 OPERATOR_ID = "rtj-operator-test-pod"
@@ -71,6 +72,7 @@ def chart_operator(kube, kubeconfig, tmp_path) -> Iterator[ChartOperator]:
     yield handle
     handle.op.stop()
     kube.delete_namespace(ns)
+    remove_chart_rbac(kube, ns)
     print(f"\noperator log: {log}")
 
 
@@ -195,8 +197,11 @@ def test_a_foreign_role_is_not_overwritten_and_blocks_the_job_until_removed(
     assert conditions["Blocked"]["status"] == "False"
 
 
-def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator):
+def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator, pool):
     ns, op = chart_operator.ns, chart_operator.op
+    # One node of another pool: the scheduler then explains why no node fits (a cluster
+    # without any node gets "no nodes available" instead).
+    pool.add(1)
     name = unique("job")
     kube.create_job(rtj(name, ns, unique("no-such-pool"), 2))
     condition = wait_for(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .kubeclient import rtj, unique, wait_for
+from .kubeclient import ApiError, rtj, unique, wait_for
 from .scenario import condition, wait_events
 
 CPU = {"requests": {"cpu": "4"}}
@@ -146,8 +146,6 @@ def test_min_replicas_unreachable_waits_pending_and_never_fails(kube, ns, pool, 
 
 
 def test_the_api_server_refuses_an_impossible_range(kube, ns, pool, operator):
-    from rtj_operator.kube import ApiError
-
     def refused(**spec: Any) -> str:
         try:
             kube.create_job(rtj(unique("bad"), ns, pool.name, 4, **spec))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from .kubeclient import env_of, wait_for
+from tools.waiting import wait_for
+
+from .kubeclient import env_of
 from .scenario import (
     condition,
     last_interruption,

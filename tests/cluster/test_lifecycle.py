@@ -9,9 +9,10 @@ import urllib.request
 from pathlib import Path
 
 from rtj_operator import envvars
+from tools.waiting import wait_for
 
 from .conftest import ROOT
-from .kubeclient import env_of, wait_for
+from .kubeclient import env_of
 from .scenario import condition, node_of, start_running, wait_attempt
 
 

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from rtj_operator import testhooks
+from tools.waiting import wait_for
 
 from .conftest import start_operator
-from .kubeclient import rtj, unique, wait_for
+from .crashing_operator import EXIT_CODE
+from .kubeclient import rtj, unique
 from .scenario import node_of
 
 
@@ -41,9 +42,7 @@ def test_killed_mid_resubmission_then_restarted_completes_the_same_attempt(
     replicas = 4
     pool.add(replicas)
     log = tmp_path / "operator.log"
-    crashy = start_operator(
-        kubeconfig, log, "--namespace", ns, "--standalone", env={testhooks.ENV: point}
-    )
+    crashy = start_operator(kubeconfig, log, "--namespace", ns, "--standalone", crash_at=point)
     try:
         name = unique("job")
         kube.create_job(rtj(name, ns, pool.name, replicas))
@@ -57,7 +56,7 @@ def test_killed_mid_resubmission_then_restarted_completes_the_same_attempt(
         wait_for(
             "operator crashed at the hook", lambda: not crashy.alive(), 30, on_timeout=crashy.tail
         )
-        assert crashy.proc.returncode == testhooks.EXIT_CODE, crashy.tail()
+        assert crashy.proc.returncode == EXIT_CODE, crashy.tail()
         status = kube.status(ns, name)
         assert status["attempt"] == 1 and not status.get("gangCreated")
         assert attempts(kube, ns, name).get(1, 0) == (0 if point == "after-status" else 1)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
+from tools.waiting import wait_for
+
 from .conftest import start_operator
-from .kubeclient import rtj, unique, wait_for
+from .kubeclient import rtj, unique
 
 
 def test_two_replicas_one_active(kube, kubeconfig, pool, tmp_path):

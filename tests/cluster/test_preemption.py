@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
+from tools.waiting import wait_for
 
-from .kubeclient import env_of, unique, wait_for
+from .kubeclient import env_of, unique
 from .scenario import (
     condition,
     last_interruption,

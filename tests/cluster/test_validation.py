@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rtj_operator import podschema
-from rtj_operator.kube import ApiError
+from tools.kubeapi import ApiError
+from tools.waiting import wait_for
 
-from .kubeclient import rtj, wait_for
+from .kubeclient import rtj
 
 
 def rejected(kube, body) -> str:

@@ -1,10 +1,9 @@
 """Fixtures for the delivery tests: the Helm chart, the Dockerfile and the plain manifests.
 
 Tools come from the project's own cache (``hack/cluster/build.sh`` builds helm and kubectl with
-the control plane), else from PATH. The cluster is always a private local control plane named
-``rtj-delivery`` (``RTJ_DELIVERY_CLUSTER_NAME``), never the one ``KUBECONFIG`` points at: these
-tests install and delete CRDs. It is torn down at the end of the session unless
-``RTJ_DELIVERY_KEEP_CLUSTER=1``. A missing prerequisite skips locally and fails under CI=true.
+the control plane), else from PATH. The cluster is the session's shared local control plane
+(``control_plane`` in ``tests/conftest.py``), never the one ``KUBECONFIG`` points at: these
+tests install and delete CRDs. A missing prerequisite skips locally and fails under CI=true.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,12 +23,12 @@ import pytest
 import yaml
 
 from tests.conftest import IN_CI, require
+from tools.controlplane import ControlPlane
+from tools.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "resumable-training-operator"
-CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
 BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
-CLUSTER_NAME = os.environ.get("RTJ_DELIVERY_CLUSTER_NAME", "rtj-delivery")
 OPERATOR_DIR = ROOT / "operator"
 if str(OPERATOR_DIR) not in sys.path:
     sys.path.insert(0, str(OPERATOR_DIR))
@@ -74,20 +73,6 @@ def run(
 def without_symlink_notes(stderr: str) -> str:
     """helm's stderr minus its notes about following the chart's CRD symlink."""
     return "\n".join(line for line in stderr.splitlines() if "found symbolic link" not in line)
-
-
-def wait_for(
-    what: str, check: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5
-) -> T:
-    """Poll until ``check`` returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def _cached_bindir(build: bool) -> Path | None:
@@ -214,25 +199,45 @@ def apply_chart_crds(cluster: Cluster) -> None:
     )
 
 
-def _binaries_cached() -> bool:
-    return BUILD_SH.exists() and run([str(BUILD_SH), "--check"], check=False).returncode == 0
+def kwok_node(name: str) -> dict[str, Any]:
+    """A Node that kwok plays the kubelet of: its pods go Running without a container."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
+        },
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+        },
+    }
 
 
-@pytest.fixture(scope="session")
-def cluster(helm: str, kubectl: str) -> Iterator[Cluster]:
-    """A private local cluster with one kwok node; deleted at the end of the session."""
-    require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
-    if not IN_CI:
-        # Locally, a test run never starts the tens-of-minutes control-plane build.
-        require(_binaries_cached(), "control-plane binaries not built: run hack/cluster/build.sh")
-    env = {**os.environ, "RTJ_CLUSTER_NAME": CLUSTER_NAME}
-    env.pop("KUBECONFIG", None)
-    up = run([str(CLUSTER_SH), "up", "--nodes", "1"], env=env, check=False, timeout=1800)
+@pytest.fixture(scope="package")
+def cluster(helm: str, kubectl: str, control_plane: ControlPlane) -> Iterator[Cluster]:
+    """The session's local control plane with one kwok node of its own for these tests.
+
+    Always the local control plane, never the one ``KUBECONFIG`` points at: these tests install
+    and delete CRDs. The node is deleted when the last delivery test is done (package scope),
+    so no later suite's pods land on a node where nothing runs.
+    """
+    running = Cluster(control_plane.kubeconfig, kubectl, helm)
+    node = f"delivery-{uuid.uuid4().hex[:6]}"
+    running.kubectl("create", "-f", "-", stdin=json.dumps(kwok_node(node)))
     try:
-        if up.returncode != 0:
-            pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
-        path = run([str(CLUSTER_SH), "env"], env=env).stdout.strip()
-        yield Cluster(path, kubectl, helm)
+        wait_for(
+            f"node {node} Ready",
+            lambda: any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in ((running.get("node", node) or {}).get("status") or {}).get(
+                    "conditions", []
+                )
+            ),
+            60,
+        )
+        yield running
     finally:
-        if os.environ.get("RTJ_DELIVERY_KEEP_CLUSTER") != "1":
-            run([str(CLUSTER_SH), "down"], env=env, check=False)
+        running.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)

@@ -2,9 +2,11 @@
 
 The stack (``tools/localstack.py``, shared with ``make demo``) needs the pod runner, which runs
 pods as local processes on Nodes it registers: that only makes sense on the project's own local
-control plane, so this suite always starts its own cluster (``rtj-story``, or
-``RTJ_STORY_CLUSTER_NAME``) and ignores ``KUBECONFIG``. Locally a missing prerequisite skips it;
-with ``CI=true`` it fails (``make test`` builds the binaries first: ``make tools``).
+control plane, so this suite always runs on the session's shared local control plane
+(``control_plane`` in ``tests/conftest.py``) and ignores ``KUBECONFIG``; the stack removes what
+it created there (its namespace, nodes, PersistentVolume and Helm release) when it stops.
+Locally a missing prerequisite skips it; with ``CI=true`` it fails (``make test`` builds the
+binaries first: ``make tools``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import pytest
 
 from tests.conftest import require
 from tools import localstack
+from tools.controlplane import CLUSTER_SH, ControlPlane, binaries_ready
 from tools.localstack import LocalStack, ReferenceRun, StackConfig
 
 MANIFEST = Path(__file__).parent / "manifests" / "spot-job.yaml"
-CLUSTER_NAME = os.environ.get("RTJ_STORY_CLUSTER_NAME", "rtj-story")
 
 
 def say(line: str) -> None:
@@ -39,9 +41,9 @@ def prerequisites() -> None:
             "note: KUBECONFIG is ignored here: the full story runs on its own local control "
             "plane (the pod runner must never serve a cluster with real nodes)"
         )
-    require(localstack.CLUSTER_SH.exists(), "hack/cluster/cluster.sh is missing")
+    require(CLUSTER_SH.exists(), "hack/cluster/cluster.sh is missing")
     require(
-        localstack.cluster_binaries_ready(),
+        binaries_ready(),
         "control-plane binaries not built: run hack/cluster/build.sh",
     )
     require(
@@ -63,14 +65,14 @@ def reference(
 
 @pytest.fixture(scope="module")
 def stack(
-    reference: ReferenceRun, tmp_path_factory: pytest.TempPathFactory
+    reference: ReferenceRun, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
     """Control plane, chart, S3, operator and three pod-runner nodes; always torn down."""
     cfg = StackConfig(
         workdir=tmp_path_factory.mktemp("stack"),
-        cluster_name=CLUSTER_NAME,
+        cluster_name=control_plane.name,
+        kubeconfig=Path(control_plane.kubeconfig),
         namespace=f"rtj-story-{uuid.uuid4().hex[:6]}",
-        keep_cluster=os.environ.get("RTJ_STORY_KEEP_CLUSTER") == "1",
         say=say,
     )
     with LocalStack(cfg) as running:

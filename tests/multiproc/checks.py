@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
+from tools.waiting import wait_for
 from trainer_runtime.layout import RunFolder
 
 
@@ -32,12 +32,14 @@ def read_events(path_prefix: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def wait_for(predicate, timeout: float, what: str, gang=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for_gang(predicate, timeout: float, what: str, gang=None) -> None:
+    """``tools.waiting.wait_for`` that also stops early when every process of ``gang`` exited."""
+
+    def check() -> bool:
         if predicate():
-            return
+            return True
         if gang is not None and all(p.poll() is not None for p in gang.procs):
             raise AssertionError(f"processes exited while waiting for {what}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        return False
+
+    wait_for(what, check, timeout, interval=0.05)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .checks import committed_and_valid, wait_for
+from .checks import committed_and_valid, wait_for_gang
 from .launch import Gang
 
 pytestmark = pytest.mark.multiproc
@@ -88,7 +88,7 @@ def test_killed_and_relaunched_run_matches_the_uninterrupted_one(tmp_path, refer
         if sig is None:
             assert gang.wait(300) == [0, 0]
             break
-        wait_for(
+        wait_for_gang(
             lambda b=before: trace_len(tmp_path, 0) > b + rng.randint(2, 10),
             120,
             "training progress",
@@ -124,7 +124,7 @@ def test_world_size_change_keeps_every_sample_exactly_once(tmp_path, first, seco
         tmp_path, "--epochs", "1", "--elastic", "--step-sleep", "0.05", "--interval", interval
     )
     gang = Gang(EXAMPLE, args, first, tmp_path / "logs")
-    wait_for(lambda: trace_len(tmp_path, 0) > 1 + 4, 120, "some training", gang)
+    wait_for_gang(lambda: trace_len(tmp_path, 0) > 1 + 4, 120, "some training", gang)
     gang.signal(sig)  # mid-epoch
     codes = gang.wait(60)
     if sig == signal.SIGTERM:
@@ -152,7 +152,7 @@ def test_sigterm_saves_and_exits_well_inside_the_grace_period(tmp_path):
         tmp_path / "logs",
         env={"RTJ_GRACE_PERIOD_SECONDS": str(grace)},
     )
-    wait_for(lambda: trace_len(tmp_path, 0) > 4, 120, "training progress", gang)
+    wait_for_gang(lambda: trace_len(tmp_path, 0) > 4, 120, "training progress", gang)
     t0 = time.monotonic()
     gang.signal(signal.SIGTERM)
     codes = gang.wait(grace)

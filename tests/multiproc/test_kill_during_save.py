@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .checks import committed_and_valid, read_events, wait_for
+from .checks import committed_and_valid, read_events, wait_for_gang
 from .launch import Gang
 
 pytestmark = pytest.mark.multiproc
@@ -40,7 +40,7 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path, mode):
         def resumed(seen=seen):
             return all(len(read_events(events, r)) > seen[r] + 2 for r in range(2))
 
-        wait_for(resumed, 120, "both ranks to resume and train", gang)
+        wait_for_gang(resumed, 120, "both ranks to resume and train", gang)
         for r in range(2):
             ev = read_events(events, r)[seen[r]]
             assert ev["event"] == "resumed"

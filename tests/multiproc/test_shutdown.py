@@ -16,7 +16,7 @@ import torch
 
 from trainer_runtime.manifest import Manifest
 
-from .checks import committed_and_valid, wait_for
+from .checks import committed_and_valid, wait_for_gang
 from .launch import Gang
 
 pytestmark = pytest.mark.multiproc
@@ -58,7 +58,7 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_still_saves(tmp_pa
         env={"RTJ_GRACE_PERIOD_SECONDS": str(grace)},
         own_process_group=True,
     )
-    wait_for(lambda: len(trace(tmp_path)) > 5, 180, "training progress", gang)
+    wait_for_gang(lambda: len(trace(tmp_path)) > 5, 180, "training progress", gang)
     t0 = time.monotonic()
     gang.signal_group(signal.SIGTERM)
     codes = gang.wait(grace)

@@ -22,7 +22,7 @@ from rtj_operator.api_types import parse_job
 from rtj_operator.manifests import rank_environment
 from trainer_runtime.manifest import Manifest
 
-from .checks import committed_and_valid, wait_for
+from .checks import committed_and_valid, wait_for_gang
 from .launch import free_port
 
 pytestmark = pytest.mark.multiproc
@@ -82,7 +82,7 @@ def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_pat
     pods = [start_pod(tmp_path, port, pod) for pod in range(2)]
     run = tmp_path / "ck" / "tr"
     try:
-        wait_for(lambda: len(committed_and_valid(run)) >= 2, 240, "two interval checkpoints")
+        wait_for_gang(lambda: len(committed_and_valid(run)) >= 2, 240, "two interval checkpoints")
         before = committed_and_valid(run)[0]
         assert Manifest.read(run / before).world_size == 4
         for proc in pods:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from tests.support.s3server import S3Server
+from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore import S3Store
@@ -73,13 +74,15 @@ def remote_pointer(server: S3Server, root: S3Uri) -> str | None:
 
 
 def wait_until(predicate, timeout: float, what: str, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """``tools.waiting.wait_for`` that stops early when ``proc`` exited."""
+
+    def check() -> bool:
         if predicate():
-            return
+            return True
         assert proc is None or proc.poll() is None, f"job exited while waiting for {what}"
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+        return False
+
+    wait_for(what, check, timeout)
 
 
 def test_sigterm_with_a_hung_store_exits_inside_the_grace_period(tmp_path, own_s3_server):

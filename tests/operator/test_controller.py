@@ -7,11 +7,13 @@ import time
 
 import pytest
 
-from rtj_operator import metrics, testhooks
+from rtj_operator import metrics, names
 from rtj_operator.controller import Controller
 from rtj_operator.executor import merge_patch
-from rtj_operator.kube import ApiError
+from rtj_operator.kube import ApiError, KubeApi
 from rtj_operator.workqueue import WorkQueue
+from tests.cluster import crashing_operator
+from tests.cluster.crashing_operator import crashing_create, resubmitted_pod
 
 from .fake_api import FakeApi
 from .fakes import job_body, make_node
@@ -199,13 +201,49 @@ def test_workqueue_delays_requeues_and_retries_failures():
     assert times[2] - times[1] >= 0.04  # requested requeue
 
 
-def test_crash_hooks_arm_only_for_resubmissions(monkeypatch):
-    monkeypatch.setenv(testhooks.ENV, "after-status")
-    assert not testhooks.armed("after-status", 0)
-    assert testhooks.armed("after-status", 1)
-    assert not testhooks.armed("mid-creation", 1)
-    monkeypatch.delenv(testhooks.ENV)
-    assert not testhooks.armed("after-status", 3)
+def test_crash_point_fires_only_for_pods_of_a_resubmitted_gang():
+    pod = "/api/v1/namespaces/ns/pods"
+    assert not resubmitted_pod(pod, {"metadata": {"labels": {names.LABEL_ATTEMPT: "0"}}})
+    assert resubmitted_pod(pod, {"metadata": {"labels": {names.LABEL_ATTEMPT: "1"}}})
+    assert resubmitted_pod(pod, {"metadata": {"labels": {names.LABEL_ATTEMPT: "12"}}})
+    assert not resubmitted_pod(pod, {"metadata": {}})
+    other = "/api/v1/namespaces/ns/services"
+    assert not resubmitted_pod(other, {"metadata": {"labels": {names.LABEL_ATTEMPT: "3"}}})
+
+
+def test_crash_point_names_are_checked():
+    with pytest.raises(ValueError, match="--crash-at: expected one of after-status"):
+        crashing_create(KubeApi.create, "after-stauts")
+
+
+def test_mid_creation_crash_lets_exactly_one_pod_through(monkeypatch):
+    """The wrapped client creates one resubmitted pod, holds the others, then exits."""
+    created: list[str] = []
+    exits: list[int] = []
+
+    async def real(_self, path, body, **_kw):
+        await asyncio.sleep(0.01)
+        created.append(body["metadata"]["name"])
+        return True
+
+    def fake_exit(point):
+        exits.append(1)
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(crashing_operator, "_exit", fake_exit)
+    create = crashing_create(real, "mid-creation")
+    pods = [
+        {"metadata": {"name": f"j-a1-r{i}", "labels": {names.LABEL_ATTEMPT: "1"}}} for i in range(3)
+    ]
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(create(None, "/api/v1/namespaces/n/pods", p)) for p in pods]
+        await asyncio.wait(tasks, timeout=0.5)
+        for task in tasks:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert created == ["j-a1-r0"] and exits == [1]
 
 
 @pytest.mark.parametrize("argv", [["-A"], ["-n", "a", "-n", "b*"]])

@@ -1,8 +1,8 @@
 """Fixtures for the pod runner's cluster tests: a control plane, agents, namespaces.
 
-The cluster is the project's local control plane under its own name (``rtj-podrunner``, or
-``RTJ_PODRUNNER_CLUSTER_NAME``) so it never collides with the operator suite's, or any cluster
-named by ``KUBECONFIG``. It is torn down at the end when this session created it. Every agent is
+The cluster is the test session's shared local control plane (``kubeconfig`` in
+``tests/conftest.py``), or the cluster ``KUBECONFIG`` names; each test works in its own
+namespace. Every agent is
 a real ``python -m tools.podrunner`` process serving one Node, so losing a node is a SIGKILL.
 Test Nodes carry a NoSchedule taint, so other suites' pods sharing a cluster never land on them
 (the tests bind their pods with ``spec.nodeName``, which needs no toleration).
@@ -14,90 +14,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from tests.conftest import IN_CI, require
-from tools.podrunner.kube import ApiError, Kube
+from tests.conftest import NamespaceFactory, unique
+from tools.kubeapi import ApiError, Kube
+from tools.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
-BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
-CLUSTER_NAME = os.environ.get("RTJ_PODRUNNER_CLUSTER_NAME", "rtj-podrunner")
 TAINT = "podrunner-test=true:NoSchedule"
 
 T = TypeVar("T")
-
-
-def unique(prefix: str) -> str:
-    """A fresh DNS-safe name."""
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def wait_for(
-    what: str, check: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1
-) -> T:
-    """Poll ``check`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-def _binaries_cached() -> bool:
-    return (
-        BUILD_SH.exists()
-        and subprocess.run([str(BUILD_SH), "--check"], capture_output=True, check=False).returncode
-        == 0
-    )
-
-
-@pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[str]:
-    """KUBECONFIG of the cluster under test; brings the local control plane up when needed."""
-    given = os.environ.get("KUBECONFIG")
-    if given:
-        require(Path(given).exists(), f"KUBECONFIG={given} does not exist")
-        yield given
-        return
-    require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
-    if not IN_CI:
-        require(
-            _binaries_cached(),
-            "control-plane binaries not built: run hack/cluster/build.sh (or set KUBECONFIG)",
-        )
-    env = {**os.environ, "RTJ_CLUSTER_NAME": CLUSTER_NAME}
-    existed = (
-        subprocess.run(
-            [str(CLUSTER_SH), "status"], env=env, capture_output=True, check=False
-        ).returncode
-        == 0
-    )
-    up = subprocess.run(
-        [str(CLUSTER_SH), "up", "--nodes", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if up.returncode != 0:
-        pytest.fail(f"hack/cluster/cluster.sh up failed:\n{up.stderr[-4000:]}")
-    path = subprocess.run(
-        [str(CLUSTER_SH), "env"], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    yield path
-    if not existed and os.environ.get("RTJ_PODRUNNER_KEEP_CLUSTER") != "1":
-        subprocess.run([str(CLUSTER_SH), "down"], env=env, capture_output=True, check=False)
 
 
 @pytest.fixture(scope="session")
@@ -218,20 +149,6 @@ def kill_node(kubeconfig: str, state_dir: Path) -> KillNode:
 
 
 @pytest.fixture
-def ns(kube: Kube) -> Iterator[str]:
-    """A fresh namespace whose default ServiceAccount exists (pods need it)."""
-    name = unique("podrunner")
-    kube.request(
-        "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "metadata": {"name": name}}
-    )
-    wait_for(
-        "default ServiceAccount",
-        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        60,
-    )
-    yield name
-    try:
-        kube.request("DELETE", f"/api/v1/namespaces/{name}")
-    except ApiError as err:
-        if not err.not_found:
-            raise
+def ns(make_namespace: NamespaceFactory) -> str:
+    """A fresh namespace whose default ServiceAccount exists (pods need it); deleted after."""
+    return make_namespace("podrunner")

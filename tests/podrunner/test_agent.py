@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tools.podrunner.kube import Kube
+from tools.kubeapi import Kube
 from tools.podrunner.ports import PortRegistry
 
 from .conftest import ROOT, AgentFactory, KillNode, node_ready, wait_for

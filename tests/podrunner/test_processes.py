@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_AGENT = textwrap.dedent(
@@ -40,22 +42,16 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_until(check: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.multiproc
 def test_sigkill_of_agent_kills_child_and_grandchild(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     agent = subprocess.Popen([sys.executable, "-c", FAKE_AGENT, str(tmp_path), str(ROOT)], env=env)
     try:
-        assert wait_until(
-            lambda: (tmp_path / "grandchild").exists() and (tmp_path / "child").exists(), 30
+        wait_for(
+            "the child and grandchild pid files",
+            lambda: (tmp_path / "grandchild").exists() and (tmp_path / "child").exists(),
+            30,
+            interval=0.05,
         )
         time.sleep(0.1)
         child = int((tmp_path / "child").read_text())
@@ -63,8 +59,12 @@ def test_sigkill_of_agent_kills_child_and_grandchild(tmp_path: Path) -> None:
         assert alive(child) and alive(grandchild)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
-        assert wait_until(lambda: not alive(child) and not alive(grandchild), 10), (
-            f"child alive={alive(child)} grandchild alive={alive(grandchild)}"
+        wait_for(
+            "child and grandchild to die with the agent",
+            lambda: not alive(child) and not alive(grandchild),
+            10,
+            interval=0.05,
+            on_timeout=lambda: f"child alive={alive(child)} grandchild alive={alive(grandchild)}",
         )
     finally:
         if agent.poll() is None:

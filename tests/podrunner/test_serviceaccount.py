@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tools.podrunner.kube import Kube
+from tools.kubeapi import Kube
 from tools.podrunner.serviceaccount import (
     MOUNT_PATH,
     ServiceAccountFolder,

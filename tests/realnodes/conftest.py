@@ -27,8 +27,7 @@ import json
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI, require
+from tools.controlplane import ControlPlane, ControlPlaneError
+from tools.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_SH = ROOT / "hack" / "cluster" / "cluster.sh"
 BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"
 NODES_SH = ROOT / "hack" / "cluster" / "nodes.sh"
 IMAGES_SH = ROOT / "hack" / "images" / "build.sh"
@@ -64,18 +64,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.realnodes)
             item.add_marker(pytest.mark.timeout(SESSION_TIMEOUT_S))
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -194,14 +182,20 @@ def real_cluster() -> Iterator[RealCluster]:
             pytest.fail(f"hack/cluster/build.sh failed:\n{built.stderr[-4000:]}")
     archives = _build_images(env)
     keep = os.environ.get("RTJ_REALNODES_KEEP") == "1"
+    # Not the session's shared control plane (tests/conftest.py): kubelets and pods in other
+    # network namespaces must reach this API server, so it listens on every address.
+    plane = ControlPlane(
+        CLUSTER_NAME, keep=keep, extra_env={"RTJ_APISERVER_BIND_ADDRESS": "0.0.0.0"}
+    )
     if not (keep and _nodes_up(env)):
         # A cluster left over by an interrupted run may have its API server bound to
         # 127.0.0.1 only: start over.
         _run([str(NODES_SH), "down"], env, 300)
-        _run([str(CLUSTER_SH), "down"], env, 300)
-        up = _run([str(CLUSTER_SH), "up", "--nodes", "0"], env, 600)
-        if up.returncode != 0:
-            pytest.fail(f"cluster.sh up failed:\n{up.stderr[-4000:]}")
+        plane.delete(timeout=300)
+        try:
+            plane.up(nodes=0, timeout=600)
+        except ControlPlaneError as err:
+            pytest.fail(str(err))
         nodes = _run([str(NODES_SH), "up", str(NODES)], env, 600)
         if nodes.returncode != 0:
             _run([str(NODES_SH), "down"], env, 300)
@@ -223,12 +217,12 @@ def real_cluster() -> Iterator[RealCluster]:
             for t in ("operator", "runtime")
         }
         bin_dir = _run([str(BUILD_SH), "--print-bindir"], env, 60).stdout.strip()
-        kubeconfig = _run([str(CLUSTER_SH), "env"], env, 60).stdout.strip()
+        kubeconfig = plane.kubeconfig_path()
         yield RealCluster(kubeconfig=kubeconfig, kubectl=f"{bin_dir}/kubectl", env=env, images=refs)
     finally:
         if not keep:
             _run([str(NODES_SH), "down"], env, 300)
-            _run([str(CLUSTER_SH), "down"], env, 300)
+            plane.delete(timeout=300)
 
 
 @pytest.fixture

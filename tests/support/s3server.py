@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tools.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 MINIO_VERSION_FILE = REPO / "hack" / "s3" / "MINIO_VERSION"
 ACCESS_KEY = "rtj-test-access-key"
@@ -41,12 +43,6 @@ REGION = "us-east-1"
 
 class ServerUnavailableError(RuntimeError):
     """No S3 server could be started (neither MinIO built nor moto installed)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def minio_binary() -> Path | None:

@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.kubeapi import ApiError, Kube
+
 from .agent import Agent, agent_file
-from .kube import ApiError, Kube
 from .nodes import NodeConfig, parse_taint
 from .ports import PortRegistry
 from .processes import Watchdog

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from tools.kubeapi import ApiError, Kube, Obj
+
 from . import nodes
-from .kube import ApiError, Kube, Obj
 from .worker import Context, PodWorker, finalize_deletion, is_deleting
 
 log = logging.getLogger("podrunner")

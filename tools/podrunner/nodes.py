@@ -16,7 +16,8 @@ import logging
 import platform
 from dataclasses import dataclass, field
 
-from .kube import MERGE, STRATEGIC, ApiError, Kube, Obj
+from tools.kubeapi import MERGE, STRATEGIC, ApiError, Kube, Obj
+
 from .status import now, now_micro
 
 log = logging.getLogger("podrunner")

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .kube import STRATEGIC, ApiError, Kube, Obj
+from tools.kubeapi import STRATEGIC, ApiError, Kube, Obj
+
 from .ports import PortRegistry
 from .processes import ContainerProcess, Watchdog, stop_all
 from .serviceaccount import ENV_DIR as SA_ENV_DIR

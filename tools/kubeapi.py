@@ -1,7 +1,13 @@
-"""The few API-server calls the agent makes, as plain JSON over HTTPS.
+"""The one Kubernetes HTTP client of the tools and tests: plain JSON over HTTPS.
 
-The agent speaks dicts in the wire format (camelCase, exactly what ``kubectl get -o json``
-shows) rather than the generated client's models: a kubelet stand-in must round-trip fields the
+Used by the pod runner (``tools/podrunner``), the local stack of ``make demo``
+(``tools/localstack.py``), the test suites and the latency benchmark, so there is one
+``ApiError`` (``ApiError(method, path, status, body)``; ``.status``, ``.reason``, ``.message``,
+and ``.not_found``/``.conflict``/``.invalid``/``.gone``) and one way to authenticate. The operator
+keeps its own async client (``rtj_operator.kube``): the product must not depend on test tooling.
+
+It speaks dicts in the wire format (camelCase, exactly what ``kubectl get -o json`` shows)
+rather than the generated client's models: a kubelet stand-in must round-trip fields the
 client's models may not know yet, and status patches need an explicit strategic-merge content
 type. The ``kubernetes`` package is used only to read the kubeconfig.
 """
@@ -49,6 +55,11 @@ class ApiError(Exception):
         return self.status == 409
 
     @property
+    def invalid(self) -> bool:
+        """422: the object failed validation (the message names the field)."""
+        return self.status == 422
+
+    @property
     def gone(self) -> bool:
         """410: a watch's resourceVersion is too old; list again."""
         return self.status == 410
@@ -67,7 +78,7 @@ class Kube:
         self.ca_pem: bytes | None = (
             Path(cfg.ssl_ca_cert).read_bytes() if cfg.ssl_ca_cert and cfg.verify_ssl else None
         )
-        self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "podrunner/0"}
+        self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "rtj-tools/0"}
         token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
         if token:
             self._headers["Authorization"] = token if " " in token else f"Bearer {token}"
@@ -117,7 +128,12 @@ class Kube:
         text = resp.data.decode("utf-8", errors="replace")
         if resp.status >= 300:
             raise ApiError(method, path, resp.status, text)
-        return json.loads(text) if text else {}
+        if not text:
+            return {}
+        try:
+            return dict(json.loads(text))
+        except ValueError:  # a plain-text endpoint such as /readyz ("ok")
+            return {"message": text}
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Obj | None:
         """GET, or None when the object does not exist."""
@@ -128,11 +144,19 @@ class Kube:
                 return None
             raise
 
-    def watch(self, path: str, params: dict[str, Any], *, timeout_s: int = 60) -> Iterator[Obj]:
-        """Watch events (``{"type", "object"}``) until the server closes the stream.
+    def open_watch(
+        self,
+        path: str,
+        params: dict[str, Any],
+        *,
+        timeout_s: int = 60,
+        read_timeout_s: float | None = None,
+    ) -> urllib3.BaseHTTPResponse:
+        """Open a watch stream and return the response once its headers arrived.
 
-        ``timeout_s`` bounds the server side; the client's read timeout is a little longer, so a
-        dead connection is noticed instead of hanging the watcher forever.
+        For callers that must know the watch is established before they act (a benchmark
+        timing pod creation); ``watch`` below is the usual way to follow one. The caller
+        releases the connection (``release_conn``).
         """
         query = {
             **params,
@@ -141,13 +165,21 @@ class Kube:
             "allowWatchBookmarks": "true",
         }
         url = self.host + path + "?" + urllib.parse.urlencode(query)
-        resp = self._pool.request(
+        return self._pool.request(
             "GET",
             url,
             headers=self._headers,
             preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=timeout_s + 15.0),
+            timeout=urllib3.Timeout(connect=10.0, read=read_timeout_s),
         )
+
+    def watch(self, path: str, params: dict[str, Any], *, timeout_s: int = 60) -> Iterator[Obj]:
+        """Watch events (``{"type", "object"}``) until the server closes the stream.
+
+        ``timeout_s`` bounds the server side; the client's read timeout is a little longer, so a
+        dead connection is noticed instead of hanging the watcher forever.
+        """
+        resp = self.open_watch(path, params, timeout_s=timeout_s, read_timeout_s=timeout_s + 15.0)
         try:
             if resp.status >= 300:
                 raise ApiError("WATCH", path, resp.status, resp.read().decode(errors="replace"))
