@@ -21,16 +21,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import envvars, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
+from .commit import write_and_commit
 from .dist import Coordinator
 from .errors import (
     ConfigError,
+    CorruptCheckpointError,
     NoCheckpointError,
     OverwriteError,
     SaveFailedError,
@@ -45,7 +46,8 @@ from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import QUARANTINE_REASON, Decision
 from .sampler import ResumableSampler
-from .serialization import save_rank_file
+from .sharded.checkpointer import check_files_present
+from .sharded.engine import ShardedEngine
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 from .verified_load import VerifiedFile, read_verified, read_whole
@@ -255,6 +257,8 @@ class CheckpointManager:
         self._remote_rejected: list[tuple[str, str]] = []
         self._verified: tuple[str, list[VerifiedFile]] | None = None
         """(checkpoint, this rank's files) read while resume verified it, kept for the load."""
+        self._loaded: str | None = None
+        """Version-2 checkpoint resume loaded while choosing it (verification is the load)."""
         self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
@@ -269,8 +273,12 @@ class CheckpointManager:
         self._wall_base = 0.0
 
         self._executor: ThreadPoolExecutor | None = None
-        # Host buffers reused by every async snapshot (one save in flight at most).
-        self._staging: dict[str, torch.Tensor] = {}
+        self.engine = ShardedEngine(
+            self.components,
+            self.coord,
+            commit_coord=self.commit_coord,
+            trusted_pickle=trusted_pickle,
+        )
         self._pending: Future[SavedCheckpoint] | None = None
         self._pending_name: str | None = None
         self._snapshot_done: threading.Event | None = None
@@ -453,33 +461,30 @@ class CheckpointManager:
             self.wait()
         self._check_newer_checkpoints()
         started = time.monotonic()
-        checkpoint, file = self.templates.render_checkpoint(self._values())
+        checkpoint, _ = self.templates.render_checkpoint(self._values())
         if checkpoint in self.quarantined:
             # Same position as a quarantined checkpoint: a new name, or resume would skip it.
             checkpoint = f"{checkpoint}-a{_env(envvars.ATTEMPT) or os.getpid()}"
         latest = self.templates.render_latest(self._values())
-        data = state_mod.capture(
-            self.components,
+        # Live tensor references plus this rank's small state, already serialized.
+        data = self.engine.capture(
             timestamp=self.timestamp.to_dict(),
             run_name=self.run_name,
-            metrics=self.metrics,
+            metrics=dict(self.metrics),
             extras={**self.extras, RUNTIME_KEY: {"global_batch_size": self._last_global_batch}},
             weights_only=self.weights_only,
         )
         ts = self.timestamp.copy()
         self._last_saved_key = key
-        if not use_async:
-            snapshot = data  # written before training continues: no copy needed
+        if not use_async:  # written before training continues: no copy needed
             return self._persist(
-                data=snapshot,
+                state=data,
+                staged_keys=None,
                 ts=ts,
                 checkpoint=checkpoint,
-                file=file,
                 latest=latest,
                 started=started,
             )
-        deferred = self._deferred_storages()
-        skeleton = state_mod.copy_tree(data, skip=lambda t: _storage(t) in deferred)
         done = threading.Event()
         self._snapshot_done = done
         self._hook = register_optimizer_step_pre_hook(lambda *_: _wait_quietly(done))
@@ -488,17 +493,15 @@ class CheckpointManager:
 
         def background() -> SavedCheckpoint:
             try:  # at full priority: the next optimizer step may be waiting for this copy
-                snapshot = state_mod.copy_tree(
-                    skeleton, skip=lambda t: _storage(t) not in deferred, staging=self._staging
-                )
+                snapshot, keys = self.engine.stage(data)
             finally:
                 done.set()
             _yield_cpu_to_training()
             return self._persist(
-                data=snapshot,
+                state=snapshot,
+                staged_keys=keys,
                 ts=ts,
                 checkpoint=checkpoint,
-                file=file,
                 latest=latest,
                 started=started,
             )
@@ -507,16 +510,6 @@ class CheckpointManager:
         self._pending = self._executor.submit(background)
         self._pending.add_done_callback(self._note_failure)
         return None
-
-    def _deferred_storages(self) -> set[int]:
-        """Storages that only optimizer.step() mutates: copied off the training thread."""
-        ptrs = set()
-        if self.components.model is not None:
-            ptrs |= {_storage(p) for p in state_mod.unwrap(self.components.model).parameters()}
-        for opt in self.components.optimizers.values():
-            for st in opt.state.values():
-                ptrs |= {_storage(t) for t in state_mod.iter_tensors(st)}
-        return ptrs
 
     def _note_failure(self, fut: Future[SavedCheckpoint]) -> None:
         """Log at once; the error itself is raised by the next call into the manager."""
@@ -581,53 +574,29 @@ class CheckpointManager:
     def _persist(
         self,
         *,
-        data: dict[str, Any],
+        state: dict[str, Any],
+        staged_keys: set[str] | None,
         ts: Timestamp,
         checkpoint: str,
-        file: str,
         latest: str | None,
         started: float,
     ) -> SavedCheckpoint:
-        folder = self.folder.path(checkpoint)
-        outcome: Any
-        try:
-            makedirs_durable(folder)
-            outcome = save_rank_file(data, folder / file, rank=self.rank, rel_path=file)
-        except Exception as exc:  # reported to every rank below, then raised
-            outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        duration = time.monotonic() - started
-        gathered = self.commit_coord.all_gather((outcome, duration))
-        errors = [o for o, _ in gathered if isinstance(o, str)]
-        if errors:
-            self.folder.remove_files(checkpoint, [file])
-            self.folder.remove_temp_files(checkpoint)
-            self.folder.remove_if_empty(checkpoint)
-            raise SaveFailedError(
-                f"checkpoint {checkpoint} not committed ({'; '.join(errors)}); earlier "
-                "checkpoints are intact"
-            )
-        manifest = Manifest(
+        manifest = write_and_commit(
+            self.engine,
+            self.folder,
+            state=state,
+            staged_keys=staged_keys,
             name=checkpoint,
             run_name=self.run_name,
-            world_size=self.world_size,
             timestamp=ts,
-            files=[o for o, _ in gathered],
             weights_only=self.weights_only,
-            created_at=self.commit_coord.broadcast(
-                datetime.now(UTC).isoformat(timespec="milliseconds")
-            ),
-            save_duration_s=round(max(d for _, d in gathered), 6),
+            latest_link=latest,
+            started=started,
         )
-        if self.rank == 0:
-            self._commit(manifest)
-        self.commit_coord.barrier()
-        if self.rank != 0 and not (folder / MANIFEST_NAME).exists():
-            self._commit(manifest)  # node-local disk: each node keeps its own manifest copy
-        if latest is not None:
-            self.folder.link_latest(latest, f"{checkpoint}/{file}")
-        saved = SavedCheckpoint(checkpoint, folder, ts, manifest.save_duration_s)
+        saved = SavedCheckpoint(
+            checkpoint, self.folder.path(checkpoint), ts, manifest.save_duration_s
+        )
         self.saved.append(saved)
-        log.info("committed checkpoint %s in %.2fs", checkpoint, manifest.save_duration_s)
         if self.remote is not None:
             self.remote.submit(self.run_dir, manifest, self.rank)
         if self.rank == 0:
@@ -636,10 +605,6 @@ class CheckpointManager:
                 self.progress.committed(record)
         self._apply_retention()
         return saved
-
-    def _commit(self, manifest: Manifest) -> None:
-        self.folder.write_manifest(manifest)
-        self.folder.write_pointer(manifest)
 
     def _uri(self, checkpoint: str) -> str:
         if self.remote is not None:
@@ -695,6 +660,9 @@ class CheckpointManager:
             if decision.chosen is not None:
                 path = self.folder.path(decision.chosen)
                 verified, self._verified = self._verified, None
+                if self._loaded == decision.chosen:  # version 2: loaded while choosing
+                    self._loaded = None
+                    return self._resumed("checkpoint", str(path), fallbacks)
                 self._load_checkpoint_dir(
                     path,
                     weights_only=False,
@@ -742,16 +710,9 @@ class CheckpointManager:
             if found is None:
                 return None
             name, saved_world = found
-            if saved_world != self.world_size and not self.elastic:
-                raise WorldSizeMismatchError(
-                    f"newest remote checkpoint {name} was saved by {saved_world} rank(s) but "
-                    f"{self.world_size} are resuming it; pass elastic=True or restart with "
-                    f"WORLD_SIZE={saved_world}"
-                )
             path, problem = None, None
-            try:
-                ranks = [self.rank] if saved_world == self.world_size else None
-                path = self.remote.fetch(name, self.run_dir, ranks)
+            try:  # every file: version 2 spreads each rank's state over all of them
+                path = self.remote.fetch(name, self.run_dir, None)
             except (ObjectNotFoundError, ChecksumMismatchError) as exc:
                 problem = ("broken", str(exc))
             except Exception as exc:  # the store failed: no silent fresh start
@@ -761,6 +722,14 @@ class CheckpointManager:
             if fatal:
                 raise NoCheckpointError(f"cannot fetch remote checkpoint {name}: {fatal[0]}")
             if not problems:
+                assert path is not None
+                manifest = Manifest.read(path)
+                if not manifest.sharded and saved_world != self.world_size and not self.elastic:
+                    raise WorldSizeMismatchError(
+                        f"newest remote checkpoint {name} was saved by {saved_world} rank(s) "
+                        f"but {self.world_size} are resuming it; pass elastic=True or restart "
+                        f"with WORLD_SIZE={saved_world}"
+                    )
                 return path
             log.warning(
                 "remote checkpoint %s is broken (%s); trying an older one", name, problems[0][1]
@@ -772,8 +741,18 @@ class CheckpointManager:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
 
         def verify_everywhere(name: str) -> str | None:
-            # The verifying read is also the loading read: the buffers wait for the restore.
             manifest = Manifest.read(self.folder.path(name))
+            if manifest.sharded:  # verified while loading: a failure leaves the state as it was
+                reason = self._try_load_sharded(
+                    self.folder.path(name),
+                    manifest,
+                    weights_only=False,
+                    strict=self.load_strict,
+                    ignore_keys=self.load_ignore_keys,
+                )
+                self._loaded = name if reason is None else None
+                return reason
+            # Version 1: the verifying read is also the loading read (buffers kept for it).
             files = self._read_rank_files(self.folder.path(name), manifest, weights_only=False)
             self._verified = (name, files) if not isinstance(files, str) else None
             reasons = self.coord.all_gather(files if isinstance(files, str) else None)
@@ -903,6 +882,18 @@ class CheckpointManager:
         if p.is_dir():
             folder = RunFolder(p)
             for m in folder.committed():
+                if m.sharded:
+                    reason = self._try_load_sharded(
+                        p / m.name,
+                        m,
+                        weights_only=weights_only,
+                        strict=strict,
+                        ignore_keys=ignore_keys,
+                    )
+                    if reason is None:
+                        return
+                    log.warning("load path: skipping %s: %s", m.name, reason)
+                    continue
                 files = self._read_rank_files(p / m.name, m, weights_only=weights_only)
                 if not isinstance(files, str):
                     self._load_checkpoint_dir(
@@ -922,8 +913,8 @@ class CheckpointManager:
 
         store, _ = open_store(uri, arg="load_path", write=False)
         local = self.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
-        ranks = None if weights_only or self.elastic else [self.rank]
-        return fetch_load_path(store, uri, local, ranks=ranks)
+        # Every file: a version-2 checkpoint's state is spread over all its files.
+        return fetch_load_path(store, uri, local, ranks=None)
 
     def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
         """Which saved rank's file this rank loads."""
@@ -968,6 +959,13 @@ class CheckpointManager:
         does, while choosing the checkpoint); otherwise they are read and verified here. Every
         file verifies before the first one touches the live state."""
         manifest = Manifest.read(folder)
+        if manifest.sharded:
+            reason = self._try_load_sharded(
+                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys
+            )
+            if reason is not None:
+                raise NoCheckpointError(f"checkpoint {folder} does not load: {reason}")
+            return
         if files is None:
             got = self._read_rank_files(folder, manifest, weights_only=weights_only)
             if isinstance(got, str):
@@ -983,15 +981,65 @@ class CheckpointManager:
             # Module weights now live in the parameters; their pages in the buffer are unused.
             verified.release_unused()
 
-    def _restore(
-        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
-    ) -> None:
+    def _try_load_sharded(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> str | None:
+        """Load a version-2 checkpoint on every rank (collective); the reason when it cannot
+        be used, the same on every rank (then the live state is untouched).
+
+        Every rank first checks that every file is present with its recorded size (no read:
+        content is verified chunk by chunk during the load); a rank that lacks a file (node-
+        local disks without an object store) names it in the reason.
+        """
+        problems = self.coord.all_gather(check_files_present(folder, manifest))
+        missing = [f"rank {r} lacks {why}" for r, why in enumerate(problems) if why]
+        if missing:
+            return "; ".join(missing)
+        keys = self._ignored_keys(ignore_keys)
+        try:
+            saved, report = self.engine.load(
+                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
+            )
+        except CorruptCheckpointError as exc:
+            return str(exc)
+        log.info(
+            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs",
+            folder,
+            report.saved_world_size,
+            report.source_rank,
+            report.rng,
+            report.seconds,
+        )
+        self._apply_saved(saved, weights_only=weights_only or manifest.weights_only)
+        return None
+
+    def _ignored_keys(self, ignore_keys: Sequence[str]) -> list[str]:
         keys = list(ignore_keys)
         if self.ignore_data_position and self.sampler is not None:
             keys.append("state/stateful/sampler")
+        return keys
+
+    def _restore(
+        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> None:
+        """Restore one version-1 rank file's contents."""
         saved = state_mod.restore(
-            self.components, data, weights_only=weights_only, strict=strict, ignore_keys=keys
+            self.components,
+            data,
+            weights_only=weights_only,
+            strict=strict,
+            ignore_keys=self._ignored_keys(ignore_keys),
         )
+        self._apply_saved(saved, weights_only=weights_only)
+
+    def _apply_saved(self, saved: dict[str, Any], *, weights_only: bool) -> None:
+        """The runtime's own part of a restored state: position, metrics, extras."""
         if weights_only:
             return
         if "timestamp" in saved:
@@ -1160,7 +1208,3 @@ def _yield_cpu_to_training() -> None:
 def _wait_quietly(event: threading.Event) -> None:
     """Optimizer pre-step hooks must return None."""
     event.wait()
-
-
-def _storage(t: torch.Tensor) -> int:
-    return state_mod.local_tensor(t).untyped_storage().data_ptr()
