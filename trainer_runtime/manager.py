@@ -8,6 +8,7 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -21,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -47,7 +49,7 @@ from .reporting import report_commit
 from .resume import QUARANTINE_REASON, Decision
 from .sampler import ResumableSampler
 from .sharded.checkpointer import check_files_present
-from .sharded.engine import ShardedEngine
+from .sharded.engine import MODEL_KEY, ShardedEngine
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 from .verified_load import VerifiedFile, read_verified, read_whole
@@ -274,7 +276,10 @@ class CheckpointManager:
 
         self._executor: ThreadPoolExecutor | None = None
         self.engine = ShardedEngine(
-            self.components,
+            # DDP/compile wrappers off: keys are the plain model's (FSDP2 adds no wrapper)
+            dataclasses.replace(
+                self.components, model=None if model is None else state_mod.unwrap(model)
+            ),
             self.coord,
             commit_coord=self.commit_coord,
             trusted_pickle=trusted_pickle,
@@ -485,6 +490,7 @@ class CheckpointManager:
                 latest=latest,
                 started=started,
             )
+        data = self._copy_buffers(data)
         done = threading.Event()
         self._snapshot_done = done
         self._hook = register_optimizer_step_pre_hook(lambda *_: _wait_quietly(done))
@@ -510,6 +516,22 @@ class CheckpointManager:
         self._pending = self._executor.submit(background)
         self._pending.add_done_callback(self._note_failure)
         return None
+
+    def _copy_buffers(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Copy the model's buffers now: the forward pass (BatchNorm statistics) changes them
+        before the next ``optimizer.step()``, the point where staging is waited for."""
+        model = self.components.model
+        if model is None or MODEL_KEY not in data:
+            return data
+        ptrs = {_storage(b) for b in model.buffers()}
+        if not ptrs:
+            return data
+        tree = dict(data)
+        tree[MODEL_KEY] = {
+            k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
+            for k, v in data[MODEL_KEY].items()
+        }
+        return tree
 
     def _note_failure(self, fut: Future[SavedCheckpoint]) -> None:
         """Log at once; the error itself is raised by the next call into the manager."""
@@ -1208,3 +1230,7 @@ def _yield_cpu_to_training() -> None:
 def _wait_quietly(event: threading.Event) -> None:
     """Optimizer pre-step hooks must return None."""
     event.wait()
+
+
+def _storage(t: torch.Tensor) -> int:
+    return state_mod.local_tensor(t).untyped_storage().data_ptr()

@@ -260,8 +260,10 @@ class ShardedEngine:
         weights_only = weights_only or manifest.weights_only
         saved_ws = manifest.world_size
         source = self.rank if self.rank < saved_ws else 0
-        live = self._tensor_state(weights_only=weights_only)
         patterns = [p.strip("/") for p in ignore_keys]
+        # An ignored optimizer is not even initialised (taking its state dict would).
+        skip_optim = any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
+        live = self._tensor_state(weights_only=weights_only or skip_optim)
         self._drop_ignored(live, patterns)
         if MODEL_KEY in live:
             self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
@@ -347,8 +349,10 @@ class ShardedEngine:
         saved = {
             k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
             for k, md in metadata.state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
-        }
+            if k.startswith(prefix)
+            and isinstance(md, TensorStorageMetadata)
+            and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
+        }  # an ignored key is neither loaded nor expected
         state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
         if not strict:
             for key in [k for k in model if k not in saved]:
