@@ -30,6 +30,7 @@ from . import envvars, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
 from .commit import write_and_commit
+from .config import AsyncPolicy, Settings
 from .dist import Coordinator
 from .errors import (
     ConfigError,
@@ -47,18 +48,17 @@ from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import QUARANTINE_REASON, Decision
+from .retention import select_for_deletion
 from .sampler import ResumableSampler
 from .sharded.checkpointer import check_files_present
 from .sharded.engine import MODEL_KEY, ShardedEngine
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
-from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
+from .timestamp import Event, IntervalFn, Timestamp
 from .verified_load import VerifiedFile, read_verified, read_whole
 
 log = logging.getLogger("trainer_runtime")
 RUNTIME_KEY = "_trainer_runtime"
 """Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
-
-AsyncPolicy = Literal["wait", "skip"]
 
 
 @dataclass
@@ -143,39 +143,39 @@ class CheckpointManager:
         final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
-        if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
-            raise ConfigError(
-                f"num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected -1 (keep all) "
-                "or a positive count"
-            )
-        if data_skip_steps < 0:
-            raise ConfigError(f"data_skip_steps={data_skip_steps!r}: expected >= 0")
-        if data_skip_steps and (sampler is None or sampler.batch_size is None):
-            raise ConfigError(
-                "data_skip_steps needs sampler=ResumableSampler(..., batch_size=per-rank size)"
-            )
-        if global_batch_size is not None and global_batch_size < 1:
-            raise ConfigError(f"global_batch_size={global_batch_size!r}: expected >= 1")
-        if upload_flush_timeout_s is not None and not upload_flush_timeout_s >= 0:
-            raise ConfigError(
-                f"upload_flush_timeout_s={upload_flush_timeout_s!r}: expected seconds >= 0 "
-                "(or None for the default)"
-            )
-        if async_policy not in ("wait", "skip"):
-            raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
-        self.interval = SaveInterval.parse(interval)
-        self.templates = naming.NameTemplates(
-            folder=naming.DEFAULT_FOLDER if folder is None else str(folder),
+        cfg = Settings.resolve(
+            folder=folder,
             filename=filename,
             latest_filename=latest_filename,
+            run_name=run_name,
+            interval=interval,
+            num_checkpoints_to_keep=num_checkpoints_to_keep,
+            weights_only=weights_only,
+            overwrite=overwrite,
+            autoresume=autoresume,
+            resume_from=resume_from,
+            load_path=load_path,
+            load_weights_only=load_weights_only,
+            load_strict=load_strict,
+            load_ignore_keys=load_ignore_keys,
+            async_save=async_save,
+            async_policy=async_policy,
+            trusted_pickle=trusted_pickle,
+            quarantined=quarantined,
+            data_skip_steps=data_skip_steps,
+            sampler_batch_size=None if sampler is None else sampler.batch_size,
+            has_sampler=sampler is not None,
+            ignore_data_position=ignore_data_position,
+            elastic=elastic,
+            global_batch_size=global_batch_size,
+            notice_file=notice_file,
+            grace_period_s=grace_period_s,
+            upload_flush_timeout_s=upload_flush_timeout_s,
+            final_save=final_save,
         )
-        if folder is None and _env(envvars.CHECKPOINT_DIR):
-            root = _env(envvars.CHECKPOINT_DIR)
-            self.templates = naming.NameTemplates(
-                folder=f"{root.rstrip('/')}/{{run_name}}",
-                filename=filename,
-                latest_filename=latest_filename,
-            )
+        self.settings = cfg
+        self.interval = cfg.interval
+        self.templates = cfg.templates
         self.components = state_mod.Components(
             model=model,
             optimizers=state_mod.named(optimizer, "optimizer"),
@@ -184,10 +184,10 @@ class CheckpointManager:
             stateful={**(stateful or {}), **({"sampler": sampler} if sampler else {})},
         )
         self.sampler = sampler
-        self.ignore_data_position = ignore_data_position
-        self.data_skip_steps = data_skip_steps
-        self.elastic = elastic
-        self.global_batch_size = global_batch_size
+        self.ignore_data_position = cfg.ignore_data_position
+        self.data_skip_steps = cfg.data_skip_steps
+        self.elastic = cfg.elastic
+        self.global_batch_size = cfg.global_batch_size
         # Two channels: the training thread's (resume, per-step preemption agreement) and the
         # commit channel, used by whichever thread persists a save. Sharing one gloo group
         # between threads would interleave collectives differently on different ranks.
@@ -195,18 +195,11 @@ class CheckpointManager:
         self.commit_coord = Coordinator(coordination_timeout)
         self.rank, self.world_size = self.coord.rank, self.coord.world_size
 
-        run_name = run_name or _env(envvars.RUN_NAME)
-        if run_name is None:
-            if autoresume:
-                raise ConfigError(
-                    "autoresume needs a stable run_name: pass run_name=... or set "
-                    f"{envvars.RUN_NAME} (or autoresume=False for a throwaway run)"
-                )
+        run_name = cfg.run_name
+        if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
             run_name = self.coord.broadcast(
                 f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
             )
-        if "/" in run_name or not run_name.strip():
-            raise ConfigError(f"run_name={run_name!r} must be a non-empty name without '/'")
         self.run_name = run_name
         rendered = self.templates.render_folder(run_name)
         if _is_remote(rendered):
@@ -224,36 +217,28 @@ class CheckpointManager:
             self.run_dir = Path(rendered)
         self.folder = RunFolder(self.run_dir)
 
-        self.num_checkpoints_to_keep = num_checkpoints_to_keep
-        self.weights_only = weights_only
-        self.overwrite = overwrite
-        self.autoresume = autoresume
-        self.resume_from = resume_from or _env(envvars.RESUME_FROM)
-        self.load_path = load_path
-        self.load_weights_only = load_weights_only
-        self.load_strict = load_strict
-        self.load_ignore_keys = tuple(load_ignore_keys)
-        self.async_save = async_save
-        self.async_policy: AsyncPolicy = async_policy
-        self.trusted_pickle = trusted_pickle
-        env_quarantine = (_env(envvars.QUARANTINED) or "").split(",")
-        self.quarantined = {
-            q.strip().rstrip("/").rsplit("/", 1)[-1]
-            for q in [*(quarantined or ()), *env_quarantine]
-            if q.strip()
-        }
+        self.num_checkpoints_to_keep = cfg.num_checkpoints_to_keep
+        self.weights_only = cfg.weights_only
+        self.overwrite = cfg.overwrite
+        self.autoresume = cfg.autoresume
+        self.resume_from = cfg.resume_from
+        self.load_path = cfg.load_path
+        self.load_weights_only = cfg.load_weights_only
+        self.load_strict = cfg.load_strict
+        self.load_ignore_keys = cfg.load_ignore_keys
+        self.async_save = cfg.async_save
+        self.async_policy: AsyncPolicy = cfg.async_policy
+        self.trusted_pickle = cfg.trusted_pickle
+        self.quarantined = set(cfg.quarantined)
         self.remote = remote
-        grace = grace_period_s
-        if grace is None:
-            grace = float(_env(envvars.GRACE_PERIOD_SECONDS) or 30)
-        self.grace_period_s = grace
+        self.grace_period_s = cfg.grace_period_s
         self.preemption_exit_code = preemption_exit_code
-        self.final_save = final_save
-        self.upload_flush_timeout_s = upload_flush_timeout_s
+        self.final_save = cfg.final_save
+        self.upload_flush_timeout_s = cfg.upload_flush_timeout_s
         """None: the remote's own bound (120 s) at close, what is left of the grace period
         on the emergency path."""
         self.preemption = PreemptionWatcher(
-            notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
+            notice_file=cfg.notice_file, handle_sigterm=handle_sigterm
         )
         self._notices_handled = 0
         self._remote_rejected: list[tuple[str, str]] = []
@@ -646,11 +631,7 @@ class CheckpointManager:
         views = self.commit_coord.all_gather((protected, [m.name for m in self.folder.committed()]))
         keep_out = set().union(*(p for p, _ in views))
         listing = views[0][1]  # rank 0's view, newest first, decides for everyone
-        doomed = [
-            n
-            for n in listing[self.num_checkpoints_to_keep :]
-            if n not in keep_out and n != listing[0]
-        ]
+        doomed = select_for_deletion(listing, keep=self.num_checkpoints_to_keep, protected=keep_out)
         if not doomed:
             return
         for name in doomed:
