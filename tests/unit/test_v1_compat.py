@@ -30,8 +30,8 @@ def write_v1(root, comps, *, batch: int, world_size: int = 1):
     data = state_mod.capture(
         state_mod.Components(
             model=model,
-            optimizers={"optimizer": opt},
-            schedulers={"scheduler": sched},
+            optimizers=state_mod.named(opt, "optimizer"),
+            schedulers=state_mod.named(sched, "scheduler"),
             scaler=scaler,
         ),
         timestamp=ts.to_dict(),
@@ -42,13 +42,16 @@ def write_v1(root, comps, *, batch: int, world_size: int = 1):
     )
     name = f"ep0-ba{batch}"
     (root / name).mkdir(parents=True)
-    entry = save_rank_file(data, root / name / "rank0.pt", rank=0, rel_path="rank0.pt")
+    entries = [  # data-parallel: every rank's file holds the same replicated state
+        save_rank_file(data, root / name / f"rank{r}.pt", rank=r, rel_path=f"rank{r}.pt")
+        for r in range(world_size)
+    ]
     manifest = Manifest(
         name=name,
         run_name="run",
         world_size=world_size,
         timestamp=ts,
-        files=[entry],
+        files=entries,
         created_at=datetime.now(UTC).isoformat(),
         format_version=FORMAT_VERSION_PER_RANK,
     )
