@@ -63,21 +63,30 @@ def assert_resumed_bitwise(saved: dict, resumed: dict, world: int) -> None:
     assert compare(saved["state"], resumed["state"]) == []
 
 
-def test_fsdp2_saved_at_4_resumes_bitwise_at_2_3_and_1(tmp_path):
-    folder = tmp_path / "fsdp"
-    saved = run(tmp_path, "fsdp", folder, "save4", 4)
+@pytest.fixture(scope="module")
+def fsdp_saved_at_4(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp")
+    folder = tmp / "fsdp"
+    saved = run(tmp, "fsdp", folder, "save4", 4)
     assert saved["source"] == "fresh"
     m = Manifest.read(folder / f"ep0-ba{STEPS}")
     assert (m.format_version, m.world_size) == (2, 4)
     assert {f.rank for f in m.files} == {0, 1, 2, 3}  # each rank wrote its own shards
-    for world in (2, 3, 1):
-        resumed = run(tmp_path, "fsdp", folder, f"resume{world}", world)
-        assert_resumed_bitwise(saved, resumed, world)
-    # Training moved the weights: the comparison is not between untouched models.
+    # Training moved the weights: the comparisons are not between untouched models.
     torch.manual_seed(0)
     assert not torch.equal(saved["state"]["model"]["0.weight"], torch.nn.Linear(64, 64).weight)
+    return tmp, folder, saved
 
 
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("world", [2, 3, 1])
+def test_fsdp2_saved_at_4_resumes_bitwise_at(fsdp_saved_at_4, world):
+    tmp, folder, saved = fsdp_saved_at_4
+    resumed = run(tmp, "fsdp", folder, f"resume{world}", world)
+    assert_resumed_bitwise(saved, resumed, world)
+
+
+@pytest.mark.timeout(1500)
 def test_ddp_writes_one_replica_and_resumes_4_to_1_and_1_to_3(tmp_path):
     # ~9 MiB of model + Adam state: the per-rank small state (RNG, position; a few KiB per
     # rank) and DCP's .metadata are a fixed cost that a tiny model would not amortize.
