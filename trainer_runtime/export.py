@@ -5,7 +5,11 @@ in the runtime's own layout. For inference, fine-tuning elsewhere or sharing, pe
 ``torch.save(model.state_dict(), path)`` would have written: ``rtj-checkpoints export`` (and
 ``export_weights``) write exactly that, from a verified checkpoint, so
 ``model.load_state_dict(torch.load(path, weights_only=True))`` works on the plain model.
-Model weights are replicated across data-parallel ranks, so rank 0's file is the source.
+For a format-version-1 checkpoint, model weights are replicated across data-parallel ranks,
+so rank 0's file is the source. For version 2 (sharded), the model's tensors are read from
+every data file through ``VerifyingReader`` (each chunk's digest checked as it is read) into
+full, unsharded tensors, in the manner of DCP's ``dcp_to_torch_save``: only the ``model``
+entries are read, never the optimizer state or the pickled per-rank state.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from pathlib import Path
 import torch
 
 from . import atomic
-from .errors import ManifestError, NoCheckpointError
+from .errors import CorruptCheckpointError, ManifestError, NoCheckpointError
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
 from .serialization import load_file
+from .sharded.checkpointer import check_files_present
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -27,16 +32,17 @@ def resolve_checkpoint(path: Path) -> Path:
         return path
     folder = RunFolder(path)
     for manifest in folder.committed():
-        if folder.verify(manifest, [0]) is None:
+        if folder.verify(manifest, _needed_ranks(manifest)) is None:
             return path / manifest.name
-    raise NoCheckpointError(f"{str(path)!r} holds no checkpoint whose rank 0 file verifies")
+    raise NoCheckpointError(f"{str(path)!r} holds no checkpoint whose weights verify")
 
 
-def export_weights(source: Path, out: Path, *, trusted: bool = False) -> Path:
-    """Write the model ``state_dict`` of ``source`` (checkpoint or run folder) to ``out``;
-    returns the checkpoint folder it came from."""
-    ckpt = resolve_checkpoint(Path(source))
-    manifest = Manifest.read(ckpt)
+def _needed_ranks(manifest: Manifest) -> list[int]:
+    """Version 2 spreads the weights over every rank's file; version 1 has them in rank 0's."""
+    return list(range(manifest.world_size)) if manifest.sharded else [0]
+
+
+def _read_rank0_weights(ckpt: Path, manifest: Manifest, *, trusted: bool) -> object:
     reason = RunFolder(ckpt.parent).verify(manifest, [0])
     if reason is not None:
         raise NoCheckpointError(f"checkpoint {ckpt} does not verify: {reason}")
@@ -44,7 +50,53 @@ def export_weights(source: Path, out: Path, *, trusted: bool = False) -> Path:
     if not entries:
         raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no file for rank 0")
     data = load_file(ckpt / entries[0].path, trusted=trusted)
-    weights = data.get("state", {}).get("model")
+    return data.get("state", {}).get("model")
+
+
+def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = False) -> object:
+    """The full (unsharded) model ``state_dict`` of a version-2 checkpoint, one process.
+
+    Every chunk read is checked against its digest; a damaged one raises
+    ``CorruptCheckpointError``.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+    from torch.distributed.checkpoint.default_planner import (  # noqa: PLC0415
+        _EmptyStateDictLoadPlanner,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # noqa: PLC0415
+
+    from .sharded.engine import MODEL_KEY  # noqa: PLC0415
+    from .sharded.storage import METADATA_NAME, VerifyingReader  # noqa: PLC0415
+
+    problem = check_files_present(ckpt, manifest)
+    if problem is not None:
+        raise NoCheckpointError(f"checkpoint {ckpt} is incomplete: {problem}")
+    meta = next((f for f in manifest.files if f.path == METADATA_NAME), None)
+    if meta is None:
+        raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no {METADATA_NAME}")
+    state: dict = {}
+    try:
+        _load_state_dict(
+            state,
+            storage_reader=VerifyingReader(ckpt, expected_metadata=meta, trusted=trusted),
+            planner=_EmptyStateDictLoadPlanner(keys={MODEL_KEY}),
+            no_dist=True,
+        )
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        raise CorruptCheckpointError(f"checkpoint {ckpt}: {exc}") from exc
+    return state.get(MODEL_KEY)
+
+
+def export_weights(source: Path, out: Path, *, trusted: bool = False) -> Path:
+    """Write the model ``state_dict`` of ``source`` (checkpoint or run folder) to ``out``;
+    returns the checkpoint folder it came from."""
+    ckpt = resolve_checkpoint(Path(source))
+    manifest = Manifest.read(ckpt)
+    weights = (
+        read_sharded_weights(ckpt, manifest, trusted=trusted)
+        if manifest.sharded
+        else _read_rank0_weights(ckpt, manifest, trusted=trusted)
+    )
     if not isinstance(weights, dict) or not weights:
         raise NoCheckpointError(f"checkpoint {ckpt} holds no model weights")
     plain = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in weights.items()}

@@ -8,6 +8,7 @@ inside a managed pod comes from the environment (``envvars``); explicit argument
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -28,9 +29,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from . import envvars, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
+from .commit import write_and_commit
+from .config import AsyncPolicy, Settings
 from .dist import Coordinator
 from .errors import (
     ConfigError,
+    CorruptCheckpointError,
     NoCheckpointError,
     OverwriteError,
     SaveFailedError,
@@ -44,17 +48,17 @@ from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .reporting import report_commit
 from .resume import QUARANTINE_REASON, Decision
+from .retention import select_for_deletion
 from .sampler import ResumableSampler
-from .serialization import save_rank_file
+from .sharded.checkpointer import check_files_present
+from .sharded.engine import MODEL_KEY, ShardedEngine
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
-from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
+from .timestamp import Event, IntervalFn, Timestamp
 from .verified_load import VerifiedFile, read_verified, read_whole
 
 log = logging.getLogger("trainer_runtime")
 RUNTIME_KEY = "_trainer_runtime"
 """Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
-
-AsyncPolicy = Literal["wait", "skip"]
 
 
 @dataclass
@@ -139,39 +143,39 @@ class CheckpointManager:
         final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
-        if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
-            raise ConfigError(
-                f"num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected -1 (keep all) "
-                "or a positive count"
-            )
-        if data_skip_steps < 0:
-            raise ConfigError(f"data_skip_steps={data_skip_steps!r}: expected >= 0")
-        if data_skip_steps and (sampler is None or sampler.batch_size is None):
-            raise ConfigError(
-                "data_skip_steps needs sampler=ResumableSampler(..., batch_size=per-rank size)"
-            )
-        if global_batch_size is not None and global_batch_size < 1:
-            raise ConfigError(f"global_batch_size={global_batch_size!r}: expected >= 1")
-        if upload_flush_timeout_s is not None and not upload_flush_timeout_s >= 0:
-            raise ConfigError(
-                f"upload_flush_timeout_s={upload_flush_timeout_s!r}: expected seconds >= 0 "
-                "(or None for the default)"
-            )
-        if async_policy not in ("wait", "skip"):
-            raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
-        self.interval = SaveInterval.parse(interval)
-        self.templates = naming.NameTemplates(
-            folder=naming.DEFAULT_FOLDER if folder is None else str(folder),
+        cfg = Settings.resolve(
+            folder=folder,
             filename=filename,
             latest_filename=latest_filename,
+            run_name=run_name,
+            interval=interval,
+            num_checkpoints_to_keep=num_checkpoints_to_keep,
+            weights_only=weights_only,
+            overwrite=overwrite,
+            autoresume=autoresume,
+            resume_from=resume_from,
+            load_path=load_path,
+            load_weights_only=load_weights_only,
+            load_strict=load_strict,
+            load_ignore_keys=load_ignore_keys,
+            async_save=async_save,
+            async_policy=async_policy,
+            trusted_pickle=trusted_pickle,
+            quarantined=quarantined,
+            data_skip_steps=data_skip_steps,
+            sampler_batch_size=None if sampler is None else sampler.batch_size,
+            has_sampler=sampler is not None,
+            ignore_data_position=ignore_data_position,
+            elastic=elastic,
+            global_batch_size=global_batch_size,
+            notice_file=notice_file,
+            grace_period_s=grace_period_s,
+            upload_flush_timeout_s=upload_flush_timeout_s,
+            final_save=final_save,
         )
-        if folder is None and _env(envvars.CHECKPOINT_DIR):
-            root = _env(envvars.CHECKPOINT_DIR)
-            self.templates = naming.NameTemplates(
-                folder=f"{root.rstrip('/')}/{{run_name}}",
-                filename=filename,
-                latest_filename=latest_filename,
-            )
+        self.settings = cfg
+        self.interval = cfg.interval
+        self.templates = cfg.templates
         self.components = state_mod.Components(
             model=model,
             optimizers=state_mod.named(optimizer, "optimizer"),
@@ -180,10 +184,10 @@ class CheckpointManager:
             stateful={**(stateful or {}), **({"sampler": sampler} if sampler else {})},
         )
         self.sampler = sampler
-        self.ignore_data_position = ignore_data_position
-        self.data_skip_steps = data_skip_steps
-        self.elastic = elastic
-        self.global_batch_size = global_batch_size
+        self.ignore_data_position = cfg.ignore_data_position
+        self.data_skip_steps = cfg.data_skip_steps
+        self.elastic = cfg.elastic
+        self.global_batch_size = cfg.global_batch_size
         # Two channels: the training thread's (resume, per-step preemption agreement) and the
         # commit channel, used by whichever thread persists a save. Sharing one gloo group
         # between threads would interleave collectives differently on different ranks.
@@ -191,18 +195,11 @@ class CheckpointManager:
         self.commit_coord = Coordinator(coordination_timeout)
         self.rank, self.world_size = self.coord.rank, self.coord.world_size
 
-        run_name = run_name or _env(envvars.RUN_NAME)
-        if run_name is None:
-            if autoresume:
-                raise ConfigError(
-                    "autoresume needs a stable run_name: pass run_name=... or set "
-                    f"{envvars.RUN_NAME} (or autoresume=False for a throwaway run)"
-                )
+        run_name = cfg.run_name
+        if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
             run_name = self.coord.broadcast(
                 f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
             )
-        if "/" in run_name or not run_name.strip():
-            raise ConfigError(f"run_name={run_name!r} must be a non-empty name without '/'")
         self.run_name = run_name
         rendered = self.templates.render_folder(run_name)
         if _is_remote(rendered):
@@ -220,41 +217,35 @@ class CheckpointManager:
             self.run_dir = Path(rendered)
         self.folder = RunFolder(self.run_dir)
 
-        self.num_checkpoints_to_keep = num_checkpoints_to_keep
-        self.weights_only = weights_only
-        self.overwrite = overwrite
-        self.autoresume = autoresume
-        self.resume_from = resume_from or _env(envvars.RESUME_FROM)
-        self.load_path = load_path
-        self.load_weights_only = load_weights_only
-        self.load_strict = load_strict
-        self.load_ignore_keys = tuple(load_ignore_keys)
-        self.async_save = async_save
-        self.async_policy: AsyncPolicy = async_policy
-        self.trusted_pickle = trusted_pickle
-        env_quarantine = (_env(envvars.QUARANTINED) or "").split(",")
-        self.quarantined = {
-            q.strip().rstrip("/").rsplit("/", 1)[-1]
-            for q in [*(quarantined or ()), *env_quarantine]
-            if q.strip()
-        }
+        self.num_checkpoints_to_keep = cfg.num_checkpoints_to_keep
+        self.weights_only = cfg.weights_only
+        self.overwrite = cfg.overwrite
+        self.autoresume = cfg.autoresume
+        self.resume_from = cfg.resume_from
+        self.load_path = cfg.load_path
+        self.load_weights_only = cfg.load_weights_only
+        self.load_strict = cfg.load_strict
+        self.load_ignore_keys = cfg.load_ignore_keys
+        self.async_save = cfg.async_save
+        self.async_policy: AsyncPolicy = cfg.async_policy
+        self.trusted_pickle = cfg.trusted_pickle
+        self.quarantined = set(cfg.quarantined)
         self.remote = remote
-        grace = grace_period_s
-        if grace is None:
-            grace = float(_env(envvars.GRACE_PERIOD_SECONDS) or 30)
-        self.grace_period_s = grace
+        self.grace_period_s = cfg.grace_period_s
         self.preemption_exit_code = preemption_exit_code
-        self.final_save = final_save
-        self.upload_flush_timeout_s = upload_flush_timeout_s
+        self.final_save = cfg.final_save
+        self.upload_flush_timeout_s = cfg.upload_flush_timeout_s
         """None: the remote's own bound (120 s) at close, what is left of the grace period
         on the emergency path."""
         self.preemption = PreemptionWatcher(
-            notice_file=notice_file or _env(envvars.NOTICE_FILE), handle_sigterm=handle_sigterm
+            notice_file=cfg.notice_file, handle_sigterm=handle_sigterm
         )
         self._notices_handled = 0
         self._remote_rejected: list[tuple[str, str]] = []
         self._verified: tuple[str, list[VerifiedFile]] | None = None
         """(checkpoint, this rank's files) read while resume verified it, kept for the load."""
+        self._loaded: str | None = None
+        """Version-2 checkpoint resume loaded while choosing it (verification is the load)."""
         self.progress = ProgressReporter() if self.rank == 0 else None
 
         self.timestamp = Timestamp()
@@ -269,8 +260,15 @@ class CheckpointManager:
         self._wall_base = 0.0
 
         self._executor: ThreadPoolExecutor | None = None
-        # Host buffers reused by every async snapshot (one save in flight at most).
-        self._staging: dict[str, torch.Tensor] = {}
+        self.engine = ShardedEngine(
+            # DDP/compile wrappers off: keys are the plain model's (FSDP2 adds no wrapper)
+            dataclasses.replace(
+                self.components, model=None if model is None else state_mod.unwrap(model)
+            ),
+            self.coord,
+            commit_coord=self.commit_coord,
+            trusted_pickle=trusted_pickle,
+        )
         self._pending: Future[SavedCheckpoint] | None = None
         self._pending_name: str | None = None
         self._snapshot_done: threading.Event | None = None
@@ -453,33 +451,31 @@ class CheckpointManager:
             self.wait()
         self._check_newer_checkpoints()
         started = time.monotonic()
-        checkpoint, file = self.templates.render_checkpoint(self._values())
+        checkpoint, _ = self.templates.render_checkpoint(self._values())
         if checkpoint in self.quarantined:
             # Same position as a quarantined checkpoint: a new name, or resume would skip it.
             checkpoint = f"{checkpoint}-a{_env(envvars.ATTEMPT) or os.getpid()}"
         latest = self.templates.render_latest(self._values())
-        data = state_mod.capture(
-            self.components,
+        # Live tensor references plus this rank's small state, already serialized.
+        data = self.engine.capture(
             timestamp=self.timestamp.to_dict(),
             run_name=self.run_name,
-            metrics=self.metrics,
+            metrics=dict(self.metrics),
             extras={**self.extras, RUNTIME_KEY: {"global_batch_size": self._last_global_batch}},
             weights_only=self.weights_only,
         )
         ts = self.timestamp.copy()
         self._last_saved_key = key
-        if not use_async:
-            snapshot = data  # written before training continues: no copy needed
+        if not use_async:  # written before training continues: no copy needed
             return self._persist(
-                data=snapshot,
+                state=data,
+                staged_keys=None,
                 ts=ts,
                 checkpoint=checkpoint,
-                file=file,
                 latest=latest,
                 started=started,
             )
-        deferred = self._deferred_storages()
-        skeleton = state_mod.copy_tree(data, skip=lambda t: _storage(t) in deferred)
+        data = self._copy_buffers(data)
         done = threading.Event()
         self._snapshot_done = done
         self._hook = register_optimizer_step_pre_hook(lambda *_: _wait_quietly(done))
@@ -488,17 +484,15 @@ class CheckpointManager:
 
         def background() -> SavedCheckpoint:
             try:  # at full priority: the next optimizer step may be waiting for this copy
-                snapshot = state_mod.copy_tree(
-                    skeleton, skip=lambda t: _storage(t) not in deferred, staging=self._staging
-                )
+                snapshot, keys = self.engine.stage(data)
             finally:
                 done.set()
             _yield_cpu_to_training()
             return self._persist(
-                data=snapshot,
+                state=snapshot,
+                staged_keys=keys,
                 ts=ts,
                 checkpoint=checkpoint,
-                file=file,
                 latest=latest,
                 started=started,
             )
@@ -508,15 +502,21 @@ class CheckpointManager:
         self._pending.add_done_callback(self._note_failure)
         return None
 
-    def _deferred_storages(self) -> set[int]:
-        """Storages that only optimizer.step() mutates: copied off the training thread."""
-        ptrs = set()
-        if self.components.model is not None:
-            ptrs |= {_storage(p) for p in state_mod.unwrap(self.components.model).parameters()}
-        for opt in self.components.optimizers.values():
-            for st in opt.state.values():
-                ptrs |= {_storage(t) for t in state_mod.iter_tensors(st)}
-        return ptrs
+    def _copy_buffers(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Copy the model's buffers now: the forward pass (BatchNorm statistics) changes them
+        before the next ``optimizer.step()``, the point where staging is waited for."""
+        model = self.components.model
+        if model is None or MODEL_KEY not in data:
+            return data
+        ptrs = {_storage(b) for b in model.buffers()}
+        if not ptrs:
+            return data
+        tree = dict(data)
+        tree[MODEL_KEY] = {
+            k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
+            for k, v in data[MODEL_KEY].items()
+        }
+        return tree
 
     def _note_failure(self, fut: Future[SavedCheckpoint]) -> None:
         """Log at once; the error itself is raised by the next call into the manager."""
@@ -581,53 +581,29 @@ class CheckpointManager:
     def _persist(
         self,
         *,
-        data: dict[str, Any],
+        state: dict[str, Any],
+        staged_keys: set[str] | None,
         ts: Timestamp,
         checkpoint: str,
-        file: str,
         latest: str | None,
         started: float,
     ) -> SavedCheckpoint:
-        folder = self.folder.path(checkpoint)
-        outcome: Any
-        try:
-            makedirs_durable(folder)
-            outcome = save_rank_file(data, folder / file, rank=self.rank, rel_path=file)
-        except Exception as exc:  # reported to every rank below, then raised
-            outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        duration = time.monotonic() - started
-        gathered = self.commit_coord.all_gather((outcome, duration))
-        errors = [o for o, _ in gathered if isinstance(o, str)]
-        if errors:
-            self.folder.remove_files(checkpoint, [file])
-            self.folder.remove_temp_files(checkpoint)
-            self.folder.remove_if_empty(checkpoint)
-            raise SaveFailedError(
-                f"checkpoint {checkpoint} not committed ({'; '.join(errors)}); earlier "
-                "checkpoints are intact"
-            )
-        manifest = Manifest(
+        manifest = write_and_commit(
+            self.engine,
+            self.folder,
+            state=state,
+            staged_keys=staged_keys,
             name=checkpoint,
             run_name=self.run_name,
-            world_size=self.world_size,
             timestamp=ts,
-            files=[o for o, _ in gathered],
             weights_only=self.weights_only,
-            created_at=self.commit_coord.broadcast(
-                datetime.now(UTC).isoformat(timespec="milliseconds")
-            ),
-            save_duration_s=round(max(d for _, d in gathered), 6),
+            latest_link=latest,
+            started=started,
         )
-        if self.rank == 0:
-            self._commit(manifest)
-        self.commit_coord.barrier()
-        if self.rank != 0 and not (folder / MANIFEST_NAME).exists():
-            self._commit(manifest)  # node-local disk: each node keeps its own manifest copy
-        if latest is not None:
-            self.folder.link_latest(latest, f"{checkpoint}/{file}")
-        saved = SavedCheckpoint(checkpoint, folder, ts, manifest.save_duration_s)
+        saved = SavedCheckpoint(
+            checkpoint, self.folder.path(checkpoint), ts, manifest.save_duration_s
+        )
         self.saved.append(saved)
-        log.info("committed checkpoint %s in %.2fs", checkpoint, manifest.save_duration_s)
         if self.remote is not None:
             self.remote.submit(self.run_dir, manifest, self.rank)
         if self.rank == 0:
@@ -636,10 +612,6 @@ class CheckpointManager:
                 self.progress.committed(record)
         self._apply_retention()
         return saved
-
-    def _commit(self, manifest: Manifest) -> None:
-        self.folder.write_manifest(manifest)
-        self.folder.write_pointer(manifest)
 
     def _uri(self, checkpoint: str) -> str:
         if self.remote is not None:
@@ -659,11 +631,7 @@ class CheckpointManager:
         views = self.commit_coord.all_gather((protected, [m.name for m in self.folder.committed()]))
         keep_out = set().union(*(p for p, _ in views))
         listing = views[0][1]  # rank 0's view, newest first, decides for everyone
-        doomed = [
-            n
-            for n in listing[self.num_checkpoints_to_keep :]
-            if n not in keep_out and n != listing[0]
-        ]
+        doomed = select_for_deletion(listing, keep=self.num_checkpoints_to_keep, protected=keep_out)
         if not doomed:
             return
         for name in doomed:
@@ -695,6 +663,9 @@ class CheckpointManager:
             if decision.chosen is not None:
                 path = self.folder.path(decision.chosen)
                 verified, self._verified = self._verified, None
+                if self._loaded == decision.chosen:  # version 2: loaded while choosing
+                    self._loaded = None
+                    return self._resumed("checkpoint", str(path), fallbacks)
                 self._load_checkpoint_dir(
                     path,
                     weights_only=False,
@@ -742,16 +713,9 @@ class CheckpointManager:
             if found is None:
                 return None
             name, saved_world = found
-            if saved_world != self.world_size and not self.elastic:
-                raise WorldSizeMismatchError(
-                    f"newest remote checkpoint {name} was saved by {saved_world} rank(s) but "
-                    f"{self.world_size} are resuming it; pass elastic=True or restart with "
-                    f"WORLD_SIZE={saved_world}"
-                )
             path, problem = None, None
-            try:
-                ranks = [self.rank] if saved_world == self.world_size else None
-                path = self.remote.fetch(name, self.run_dir, ranks)
+            try:  # every file: version 2 spreads each rank's state over all of them
+                path = self.remote.fetch(name, self.run_dir, None)
             except (ObjectNotFoundError, ChecksumMismatchError) as exc:
                 problem = ("broken", str(exc))
             except Exception as exc:  # the store failed: no silent fresh start
@@ -761,6 +725,14 @@ class CheckpointManager:
             if fatal:
                 raise NoCheckpointError(f"cannot fetch remote checkpoint {name}: {fatal[0]}")
             if not problems:
+                assert path is not None
+                manifest = Manifest.read(path)
+                if not manifest.sharded and saved_world != self.world_size and not self.elastic:
+                    raise WorldSizeMismatchError(
+                        f"newest remote checkpoint {name} was saved by {saved_world} rank(s) "
+                        f"but {self.world_size} are resuming it; pass elastic=True or restart "
+                        f"with WORLD_SIZE={saved_world}"
+                    )
                 return path
             log.warning(
                 "remote checkpoint %s is broken (%s); trying an older one", name, problems[0][1]
@@ -772,8 +744,18 @@ class CheckpointManager:
         views = self.coord.all_gather(resume.list_view(self.folder, self.quarantined))
 
         def verify_everywhere(name: str) -> str | None:
-            # The verifying read is also the loading read: the buffers wait for the restore.
             manifest = Manifest.read(self.folder.path(name))
+            if manifest.sharded:  # verified while loading: a failure leaves the state as it was
+                reason = self._try_load_sharded(
+                    self.folder.path(name),
+                    manifest,
+                    weights_only=False,
+                    strict=self.load_strict,
+                    ignore_keys=self.load_ignore_keys,
+                )
+                self._loaded = name if reason is None else None
+                return reason
+            # Version 1: the verifying read is also the loading read (buffers kept for it).
             files = self._read_rank_files(self.folder.path(name), manifest, weights_only=False)
             self._verified = (name, files) if not isinstance(files, str) else None
             reasons = self.coord.all_gather(files if isinstance(files, str) else None)
@@ -903,6 +885,18 @@ class CheckpointManager:
         if p.is_dir():
             folder = RunFolder(p)
             for m in folder.committed():
+                if m.sharded:
+                    reason = self._try_load_sharded(
+                        p / m.name,
+                        m,
+                        weights_only=weights_only,
+                        strict=strict,
+                        ignore_keys=ignore_keys,
+                    )
+                    if reason is None:
+                        return
+                    log.warning("load path: skipping %s: %s", m.name, reason)
+                    continue
                 files = self._read_rank_files(p / m.name, m, weights_only=weights_only)
                 if not isinstance(files, str):
                     self._load_checkpoint_dir(
@@ -922,8 +916,8 @@ class CheckpointManager:
 
         store, _ = open_store(uri, arg="load_path", write=False)
         local = self.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
-        ranks = None if weights_only or self.elastic else [self.rank]
-        return fetch_load_path(store, uri, local, ranks=ranks)
+        # Every file: a version-2 checkpoint's state is spread over all its files.
+        return fetch_load_path(store, uri, local, ranks=None)
 
     def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
         """Which saved rank's file this rank loads."""
@@ -968,6 +962,13 @@ class CheckpointManager:
         does, while choosing the checkpoint); otherwise they are read and verified here. Every
         file verifies before the first one touches the live state."""
         manifest = Manifest.read(folder)
+        if manifest.sharded:
+            reason = self._try_load_sharded(
+                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys
+            )
+            if reason is not None:
+                raise NoCheckpointError(f"checkpoint {folder} does not load: {reason}")
+            return
         if files is None:
             got = self._read_rank_files(folder, manifest, weights_only=weights_only)
             if isinstance(got, str):
@@ -983,15 +984,65 @@ class CheckpointManager:
             # Module weights now live in the parameters; their pages in the buffer are unused.
             verified.release_unused()
 
-    def _restore(
-        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
-    ) -> None:
+    def _try_load_sharded(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> str | None:
+        """Load a version-2 checkpoint on every rank (collective); the reason when it cannot
+        be used, the same on every rank (then the live state is untouched).
+
+        Every rank first checks that every file is present with its recorded size (no read:
+        content is verified chunk by chunk during the load); a rank that lacks a file (node-
+        local disks without an object store) names it in the reason.
+        """
+        problems = self.coord.all_gather(check_files_present(folder, manifest))
+        missing = [f"rank {r} lacks {why}" for r, why in enumerate(problems) if why]
+        if missing:
+            return "; ".join(missing)
+        keys = self._ignored_keys(ignore_keys)
+        try:
+            saved, report = self.engine.load(
+                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
+            )
+        except CorruptCheckpointError as exc:
+            return str(exc)
+        log.info(
+            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs",
+            folder,
+            report.saved_world_size,
+            report.source_rank,
+            report.rng,
+            report.seconds,
+        )
+        self._apply_saved(saved, weights_only=weights_only or manifest.weights_only)
+        return None
+
+    def _ignored_keys(self, ignore_keys: Sequence[str]) -> list[str]:
         keys = list(ignore_keys)
         if self.ignore_data_position and self.sampler is not None:
             keys.append("state/stateful/sampler")
+        return keys
+
+    def _restore(
+        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> None:
+        """Restore one version-1 rank file's contents."""
         saved = state_mod.restore(
-            self.components, data, weights_only=weights_only, strict=strict, ignore_keys=keys
+            self.components,
+            data,
+            weights_only=weights_only,
+            strict=strict,
+            ignore_keys=self._ignored_keys(ignore_keys),
         )
+        self._apply_saved(saved, weights_only=weights_only)
+
+    def _apply_saved(self, saved: dict[str, Any], *, weights_only: bool) -> None:
+        """The runtime's own part of a restored state: position, metrics, extras."""
         if weights_only:
             return
         if "timestamp" in saved:

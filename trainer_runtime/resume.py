@@ -23,6 +23,8 @@ class Listed:
     key: tuple
     world_size: int | None
     reason: str | None
+    any_world_size: bool = False
+    """Format version 2: loads at any world size."""
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Merged:
     key: tuple
     world_size: int | None
     reason: str | None
+    any_world_size: bool = False
 
 
 @dataclass
@@ -54,9 +57,12 @@ def list_view(folder: RunFolder, quarantined: set[str]) -> dict[str, Listed]:
                 cand.sort_key,
                 cand.manifest.world_size,
                 QUARANTINE_REASON,
+                cand.manifest.sharded,
             )
         else:
-            view[cand.name] = Listed(cand.sort_key, cand.manifest.world_size, None)
+            view[cand.name] = Listed(
+                cand.sort_key, cand.manifest.world_size, None, cand.manifest.sharded
+            )
     return view
 
 
@@ -77,7 +83,7 @@ def merge(views: list[dict[str, Listed]]) -> list[Merged]:
                 reason = e.reason if len(views) == 1 else f"rank {rank}: {e.reason}"
             if reason:
                 break
-        merged.append(Merged(name, key, ws, reason))
+        merged.append(Merged(name, key, ws, reason, bool(known) and known[0].any_world_size))
     merged.sort(key=lambda m: m.key, reverse=True)
     return merged
 
@@ -101,7 +107,7 @@ def decide(
             decision.fallbacks.append(f"{cand.name}: {cand.reason}")
             decision.rejected.append((cand.name, cand.reason))
             continue
-        if cand.world_size != world_size and not elastic:
+        if cand.world_size != world_size and not elastic and not cand.any_world_size:
             decision.world_size_conflict = (cand.name, int(cand.world_size or 0))
             return decision
         reason = verify_everywhere(cand.name)

@@ -37,28 +37,31 @@ def test_every_rank_file_is_committed_by_one_manifest(tmp_path, world):
     assert names == ["ep0-ba3", "ep0-ba2", "ep0-ba1"]
     m = Manifest.read(tmp_path / "ck" / "ep0-ba3")
     assert m.world_size == world
-    assert sorted((f.rank, f.path) for f in m.files) == [(r, f"rank{r}.pt") for r in range(world)]
+    assert m.format_version == 2
+    expected = [(0, ".metadata")] + [(r, f"__{r}_0.distcp") for r in range(world)]
+    assert sorted((f.rank, f.path) for f in m.files) == sorted(expected)
     assert m.timestamp.sample == 3 * 8 * world
-    for r in range(world):
+    for r in range(world):  # version 2: the links name the checkpoint folder
         link = tmp_path / "ck" / f"latest-rank{r}"
-        assert link.resolve() == (tmp_path / "ck" / "ep0-ba3" / f"rank{r}.pt").resolve()
+        assert link.resolve() == (tmp_path / "ck" / "ep0-ba3").resolve()
 
 
 def test_a_missing_rank_file_makes_every_rank_fall_back(tmp_path):
     assert run(tmp_path, 2, 3) == [0, 0]
-    (tmp_path / "ck" / "ep0-ba3" / "rank1.pt").unlink()
+    (tmp_path / "ck" / "ep0-ba3" / "__1_0.distcp").unlink()
     assert run(tmp_path, 2, 4) == [0, 0]
     for r in range(2):
         resumed = [e for e in read_events(tmp_path / "events", r) if e["event"] == "resumed"]
         assert Path(resumed[-1]["path"]).name == "ep0-ba2"
     log0 = (tmp_path / "logs" / "rank0.log").read_text()
-    assert "not resuming from ep0-ba3: rank1.pt (rank 1) is missing" in log0
+    # every rank names the file it lacks (shared folder: both lack it)
+    assert "not resuming from ep0-ba3: rank 0 lacks __1_0.distcp (rank 1) is missing" in log0
 
 
-def test_resuming_with_another_world_size_is_a_clear_error(tmp_path):
+def test_resuming_with_another_world_size_continues_the_run(tmp_path):
+    """Version 2 loads at any world size: no WorldSizeMismatchError (that stays for v1)."""
     assert run(tmp_path, 2, 2) == [0, 0]
-    codes = run(tmp_path, 1, 3)
-    assert codes != [0]
-    log = (tmp_path / "logs" / "rank0.log").read_text()
-    assert "WorldSizeMismatchError" in log
-    assert "was saved by 2 rank(s) but 1 are resuming it" in log
+    assert run(tmp_path, 1, 3) == [0]
+    resumed = [e for e in read_events(tmp_path / "events", 0) if e["event"] == "resumed"]
+    assert Path(resumed[-1]["path"]).name == "ep0-ba2"
+    assert Manifest.read(tmp_path / "ck" / "ep0-ba3").world_size == 1

@@ -40,7 +40,9 @@ def test_saves_upload_and_a_fresh_disk_resumes_from_the_store(tmp_path, s3_root)
     run_uri = s3_root.join("s3run")
     assert remote_pointer(store, run_uri) == "ep0-ba3"
     assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2", "ep0-ba3"]
-    assert not any((tmp_path / "node-a").glob("ep0-*/rank0.pt")), "keep_local=0 keeps none"
+    assert not any((tmp_path / "node-a").glob("ep0-*/*.distcp")), "keep_local=0 keeps none"
+    remote_files = {o.uri.name for o in store.list_objects(run_uri.join("ep0-ba3"))}
+    assert {".metadata", "__0_0.distcp", "manifest.json"} <= remote_files
 
     # The node is gone: a new one with an empty disk resumes from the store.
     fresh = make(seed=9)

@@ -16,9 +16,9 @@ from torch import nn
 
 from trainer_runtime import CheckpointManager, Manifest, OverwriteError, ResumableSampler
 from trainer_runtime.cli import main as cli_main
-from trainer_runtime.serialization import torch_save_no_crc
+from trainer_runtime.serialization import save_rank_file, torch_save_no_crc
 
-from .trainkit import make, step
+from .trainkit import make, saved_weights, step
 
 
 def manager(tmp_path, comps, **kw):
@@ -54,7 +54,7 @@ def test_a_fallback_past_two_rejected_checkpoints_does_not_block_the_next_save(
     ck.close()
     root = tmp_path / "ck"
     assert sorted(p.name for p in root.glob("ep*")) == ["ep0-ba2", "ep0-ba4", "ep0-ba6"]
-    flip_byte(root / "ep0-ba6" / "rank0.pt")  # damaged
+    flip_byte(root / "ep0-ba6" / "__0_0.distcp")  # damaged
     monkeypatch.setenv("RTJ_QUARANTINED", "ep0-ba4")  # quarantined by the operator
 
     comps2 = make()
@@ -63,7 +63,7 @@ def test_a_fallback_past_two_rejected_checkpoints_does_not_block_the_next_save(
         res = ck2.resume()
     assert res.path.endswith("ep0-ba2") and ck2.timestamp.batch == 2
     # Both rejected checkpoints are moved aside with their reason, and it is logged.
-    for name, why in (("ep0-ba6", "checksum"), ("ep0-ba4", "quarantined")):
+    for name, why in (("ep0-ba6", "digest"), ("ep0-ba4", "quarantined")):
         aside = root / "rejected" / name
         assert (aside / "manifest.json").exists(), name
         assert why in (aside / "REJECTED.txt").read_text().lower()
@@ -162,10 +162,10 @@ def test_compiled_and_ddp_like_wrappers_save_plain_keys(tmp_path):
     ck = CheckpointManager(model=compiled, folder=tmp_path / "ck", run_name="c", interval="1ba")
     ck.batch_end(1)
     ck.close()
-    data = torch.load(tmp_path / "ck" / "ep0-ba1" / "rank0.pt", weights_only=True)
-    assert sorted(data["state"]["model"]) == sorted(plain.state_dict())
+    weights = saved_weights(tmp_path / "ck" / "ep0-ba1")
+    assert sorted(weights) == sorted(plain.state_dict())
     fresh = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
-    fresh.load_state_dict(data["state"]["model"])  # strict: loads into the plain model
+    fresh.load_state_dict(weights)  # strict: loads into the plain model
     assert torch.equal(fresh[0].weight, plain[0].weight)
 
 
@@ -183,7 +183,7 @@ def test_after_resume_no_live_tensor_is_backed_by_the_checkpoint_file(tmp_path):
     ck.extras["table"] = torch.arange(4096.0)
     train(ck, comps, 2)
     ck.close()
-    rank_file = tmp_path / "ck" / "ep0-ba4" / "rank0.pt"
+    rank_file = tmp_path / "ck" / "ep0-ba4" / "__0_0.distcp"
 
     comps2 = make(hidden=256)
     ck2 = manager(tmp_path, comps2, interval="2ba")
@@ -192,7 +192,7 @@ def test_after_resume_no_live_tensor_is_backed_by_the_checkpoint_file(tmp_path):
     assert ck2.extras["table"].shape == (4096,)
     assert str(tmp_path / "ck") not in mapped_files()  # no mapping of any checkpoint file
     rank_file.unlink()  # a deleted checkpoint's space is not pinned by a mapping either
-    assert "rank0.pt (deleted)" not in mapped_files()
+    assert "__0_0.distcp (deleted)" not in mapped_files()
     step(*comps2[:3])
     ck2.close(save=False)
 
@@ -201,12 +201,13 @@ def test_after_resume_no_live_tensor_is_backed_by_the_checkpoint_file(tmp_path):
 
 
 def test_rank_files_skip_the_zip_crc_without_touching_torchs_global_setting(tmp_path):
+    """The format-version-1 writer (kept for tools and tests that write v1 checkpoints)."""
     comps = make()
-    ck = manager(tmp_path, comps, interval="1ba", async_save=True)
+    tree = {"state": {"model": comps[0].state_dict(), "timestamp": {"batch": 5}}}
     seen_flags: list[bool] = []
     stop = threading.Event()
 
-    def user_thread_saves() -> None:  # the user's own torch.save while async saves run
+    def user_thread_saves() -> None:  # the user's own torch.save while rank files are written
         while not stop.is_set():
             seen_flags.append(torch.serialization.get_crc32_options())
             buf = io.BytesIO()
@@ -217,15 +218,15 @@ def test_rank_files_skip_the_zip_crc_without_touching_torchs_global_setting(tmp_
     t = threading.Thread(target=user_thread_saves)
     t.start()
     try:
-        train(ck, comps, 5)
-        ck.wait()
+        for i in range(5):
+            (tmp_path / f"r{i}").mkdir()
+            save_rank_file(tree, tmp_path / f"r{i}" / "rank0.pt", rank=0, rel_path="rank0.pt")
     finally:
         stop.set()
         t.join()
-    ck.close(save=False)
     assert seen_flags and all(seen_flags)
     assert torch.serialization.get_crc32_options() is True
-    rank_file = tmp_path / "ck" / "ep0-ba5" / "rank0.pt"
+    rank_file = tmp_path / "r4" / "rank0.pt"
     infos = zipfile.ZipFile(rank_file).infolist()
     assert infos and all(i.CRC == 0 for i in infos)
     data = torch.load(rank_file, weights_only=True)  # still a normal torch file

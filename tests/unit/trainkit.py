@@ -48,5 +48,21 @@ def step(model, opt, sched, counter: Counter | None = None) -> None:
         counter.value += 1
 
 
+def saved_weights(checkpoint) -> dict[str, torch.Tensor]:
+    """The model weights stored in a format-version-2 checkpoint folder (read and verified)."""
+    from trainer_runtime import Manifest
+    from trainer_runtime.export import read_sharded_weights
+
+    return read_sharded_weights(checkpoint, Manifest.read(checkpoint))
+
+
+def saved_keys(checkpoint) -> list[str]:
+    """Every state-dict key a version-2 checkpoint holds (from its verified DCP metadata)."""
+    from trainer_runtime.sharded.storage import read_metadata_bytes
+
+    meta = read_metadata_bytes((checkpoint / ".metadata").read_bytes(), trusted=False)
+    return sorted(meta.state_dict_metadata)
+
+
 def params(model) -> list[torch.Tensor]:
     return [t.detach().clone() for t in model.state_dict().values()]

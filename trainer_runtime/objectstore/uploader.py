@@ -33,6 +33,7 @@ from pathlib import Path
 from .. import atomic
 from ..errors import ManifestError
 from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
+from ..retention import select_for_deletion
 from ..timestamp import Timestamp
 from .errors import LocalDataError, ObjectStoreError
 from .retry import Backoff
@@ -597,15 +598,15 @@ def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
     pointer = None
     with contextlib.suppress(ValueError, ObjectStoreError):
         pointer = (store.get_json(run_uri.join(POINTER_NAME)) or {}).get("checkpoint")
-    kept = 0
+    by_name = {m.name: m for m in committed}
+    doomed = select_for_deletion(
+        [m.name for m in committed],
+        keep=keep,
+        protected={pointer} if pointer else set(),
+        counts=lambda name: verify_remote(store, run_uri, by_name[name]) is None,
+    )
     deleted: list[str] = []
-    for manifest in committed:
-        if kept < keep:
-            if verify_remote(store, run_uri, manifest) is None:
-                kept += 1
-            continue
-        if manifest.name == pointer:
-            continue
+    for manifest in (by_name[name] for name in doomed):
         store.delete_prefix(run_uri.join(manifest.name), first=(MANIFEST_NAME,))
         deleted.append(manifest.name)
         log.info(

@@ -1,9 +1,9 @@
-"""The commit protocol for sharded (format version 2) checkpoints, sync and async.
+"""Sync and async saving of sharded (format version 2) checkpoints at the engine level.
 
-Order, as for version 1: every rank's data durable, then ``manifest.json`` (rank 0, atomically,
-listing every file with size and xxh3-128), then ``latest.json``, then the ``latest-rank{r}``
-links. What differs: one DCP save writes the checkpoint collectively, so a rank's files are not
-a self-contained copy; the links therefore point at the checkpoint folder, not at a rank file.
+The commit itself (data durable, then ``manifest.json``, ``latest.json``, the links to the
+checkpoint folder) is ``trainer_runtime.commit.write_and_commit``, shared with
+``CheckpointManager``; this class adds the save scheduling around it, for callers that drive
+the engine without the manager (the engine benchmarks and tests).
 
 An async save returns at once: a background thread copies the state into reused host buffers
 (``staging.py``) at full priority, releases training, then writes and commits at low priority.
@@ -22,16 +22,14 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..errors import SaveFailedError
+from ..commit import write_and_commit
 from ..layout import RunFolder
-from ..manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, FileEntry, Manifest
+from ..manifest import Manifest
 from ..timestamp import Timestamp
 from .engine import ShardedEngine
 
@@ -177,59 +175,13 @@ class ShardedCheckpointer:
             weights_only=weights_only,
         )
 
-    def _write_and_commit(
-        self,
-        *,
-        state: dict[str, Any],
-        name: str,
-        timestamp: Timestamp,
-        weights_only: bool,
-        latest_link: str | None,
-        started: float,
-        staged_keys: set[str] | None = None,
-    ) -> Manifest:
-        path = self.folder.path(name)
-        outcome: list[FileEntry] | str
-        try:  # the folder is made inside the collective save, so a failure there is shared
-            outcome = self.engine.write(state, path, staged=staged_keys)
-        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-            # reported to every rank below, then raised
-            outcome = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        duration = time.monotonic() - started
-        gathered = self.coord.all_gather((outcome, duration))
-        errors = [o for o, _ in gathered if isinstance(o, str)]
-        if errors:
-            self.folder.remove_tree(name)  # every rank: on node-local disks each has a copy
-            raise SaveFailedError(
-                f"checkpoint {name} not committed ({'; '.join(errors)}); earlier checkpoints "
-                "are intact"
-            )
-        manifest = Manifest(
-            name=name,
+    def _write_and_commit(self, **kw: Any) -> Manifest:
+        return write_and_commit(
+            self.engine,
+            self.folder,
             run_name=self.run_name,
-            world_size=self.world_size,
-            timestamp=timestamp.copy(),
-            files=[entry for o, _ in gathered for entry in o],
-            weights_only=weights_only,
-            created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            save_duration_s=round(max(d for _, d in gathered), 6),
-            format_version=FORMAT_VERSION_SHARDED,
-            extra={"engine": "torch.distributed.checkpoint"},
+            **kw,
         )
-        if self.rank == 0:
-            self.folder.write_manifest(manifest)
-            self.folder.write_pointer(manifest)
-        # One collective serves as the barrier (rank 0 has committed) and shares its time.
-        manifest.created_at = self.coord.broadcast(manifest.created_at)
-        if self.rank != 0 and not (path / MANIFEST_NAME).exists():
-            # Node-local disk: this node holds only its own shard files; it records the commit
-            # so retention and listing agree, but resuming needs a shared folder or the store.
-            self.folder.write_manifest(manifest)
-            self.folder.write_pointer(manifest)
-        if latest_link is not None:
-            self.folder.link_latest(latest_link, name)
-        log.info("committed sharded checkpoint %s in %.2fs", name, manifest.save_duration_s)
-        return manifest
 
 
 def _wait(event: threading.Event) -> None:

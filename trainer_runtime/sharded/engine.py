@@ -266,11 +266,13 @@ class ShardedEngine:
         source = self.rank if self.rank < saved_ws else 0
         patterns = [p.strip("/") for p in ignore_keys]
         fresh_optim = None
-        if not weights_only and not _optimizers_ignored(patterns) and self.components.model:
+        # An ignored optimizer is not even initialised (taking its state dict would).
+        skip_optim = _optimizers_ignored(patterns)
+        if not weights_only and not skip_optim and self.components.model:
             fresh_optim = optim_target.plan(
                 self.components.model, self.components.optimizers, metadata, OPTIM_KEY
             )
-        live = self._tensor_state(weights_only=weights_only or fresh_optim is not None)
+        live = self._tensor_state(weights_only=weights_only or skip_optim or fresh_optim is not None)
         self._drop_ignored(live, patterns)
         if MODEL_KEY in live:
             self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
@@ -360,8 +362,10 @@ class ShardedEngine:
         saved = {
             k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
             for k, md in metadata.state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
-        }
+            if k.startswith(prefix)
+            and isinstance(md, TensorStorageMetadata)
+            and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
+        }  # an ignored key is neither loaded nor expected
         state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
         if not strict:
             for key in [k for k in model if k not in saved]:

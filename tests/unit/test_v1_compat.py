@@ -1,0 +1,96 @@
+"""Checkpoints in format version 1 (one ``rank{r}.pt`` per rank) still resume and load.
+
+The fixture writes a v1 checkpoint with the v1 format code the runtime keeps
+(``state.capture`` + ``serialization.save_rank_file`` + a version-1 manifest), as a run of an
+earlier release left it; the manager writes version 2 from then on.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import torch
+
+from trainer_runtime import CheckpointManager, Manifest, WorldSizeMismatchError
+from trainer_runtime import state as state_mod
+from trainer_runtime.layout import RunFolder
+from trainer_runtime.manifest import FORMAT_VERSION_PER_RANK
+from trainer_runtime.serialization import save_rank_file
+from trainer_runtime.timestamp import Timestamp
+
+from .trainkit import make, params, step
+
+
+def write_v1(root, comps, *, batch: int, world_size: int = 1):
+    model, opt, sched, scaler = comps[:4]
+    for _ in range(batch):
+        step(model, opt, sched)
+    ts = Timestamp(batch=batch, batch_in_epoch=batch, sample=8 * batch, sample_in_epoch=8 * batch)
+    data = state_mod.capture(
+        state_mod.Components(
+            model=model,
+            optimizers=state_mod.named(opt, "optimizer"),
+            schedulers=state_mod.named(sched, "scheduler"),
+            scaler=scaler,
+        ),
+        timestamp=ts.to_dict(),
+        run_name="run",
+        metrics={"loss": 0.5},
+        extras={},
+        weights_only=False,
+    )
+    name = f"ep0-ba{batch}"
+    (root / name).mkdir(parents=True)
+    entries = [  # data-parallel: every rank's file holds the same replicated state
+        save_rank_file(data, root / name / f"rank{r}.pt", rank=r, rel_path=f"rank{r}.pt")
+        for r in range(world_size)
+    ]
+    manifest = Manifest(
+        name=name,
+        run_name="run",
+        world_size=world_size,
+        timestamp=ts,
+        files=entries,
+        created_at=datetime.now(UTC).isoformat(),
+        format_version=FORMAT_VERSION_PER_RANK,
+    )
+    RunFolder(root).write_manifest(manifest)
+    RunFolder(root).write_pointer(manifest)
+    return params(model)
+
+
+def manager(tmp_path, comps, **kw):
+    model, opt, sched, scaler = comps[:4]
+    return CheckpointManager(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        folder=tmp_path / "ck",
+        run_name="run",
+        interval="1ba",
+        **kw,
+    )
+
+
+def test_a_v1_checkpoint_resumes_and_the_next_save_is_v2(tmp_path):
+    saved = write_v1(tmp_path / "ck", make(), batch=3)
+    comps = make(seed=7)
+    ck = manager(tmp_path, comps)
+    res = ck.resume()
+    assert res.source == "checkpoint" and res.path.endswith("ep0-ba3")
+    assert ck.timestamp.batch == 3 and ck.metrics == {"loss": 0.5}
+    assert all(torch.equal(a, b) for a, b in zip(params(comps[0]), saved, strict=True))
+    assert comps[1].state_dict()["state"], "the optimizer state was restored"
+    step(*comps[:3])
+    ck.batch_end(8)
+    ck.close()
+    assert Manifest.read(tmp_path / "ck" / "ep0-ba4").format_version == 2
+    assert Manifest.read(tmp_path / "ck" / "ep0-ba3").format_version == 1
+
+
+def test_a_v1_checkpoint_from_another_world_size_needs_elastic(tmp_path):
+    write_v1(tmp_path / "ck", make(), batch=2, world_size=2)  # as if saved by 2 ranks
+    with pytest.raises(WorldSizeMismatchError, match="saved by 2 rank"):
+        manager(tmp_path, make(seed=7)).resume()
