@@ -272,7 +272,8 @@ class ShardedEngine:
             fresh_optim = optim_target.plan(
                 self.components.model, self.components.optimizers, metadata, OPTIM_KEY
             )
-        live = self._tensor_state(weights_only=weights_only or skip_optim or fresh_optim is not None)
+        no_optim = weights_only or skip_optim or fresh_optim is not None
+        live = self._tensor_state(weights_only=no_optim)
         self._drop_ignored(live, patterns)
         if MODEL_KEY in live:
             self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
