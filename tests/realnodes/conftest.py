@@ -86,6 +86,11 @@ class RealCluster:
         """The Node name (and IP) of node ``index`` (1-based)."""
         return _run([str(NODES_SH), "name", str(index)], self.env, 30).stdout.strip()
 
+    def kill_node(self, index: int) -> None:
+        """Lose node ``index``: SIGKILL its kubelet, containerd and containers, delete its Node."""
+        killed = _run([str(NODES_SH), "kill-node", str(index)], self.env, 120)
+        assert killed.returncode == 0, killed.stderr
+
     def kubectl_run(
         self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:

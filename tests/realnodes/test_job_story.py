@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 
-from .conftest import NODES_SH, ROOT, RealCluster, operator_release, wait_for
+from .conftest import ROOT, RealCluster, operator_release, wait_for
 
 JOB = "story"
 NOTICE_TAINT = "karpenter.sh/disrupted=:NoSchedule"
@@ -246,15 +246,7 @@ def test_a_job_survives_a_graceful_shutdown_and_a_lost_node_on_real_nodes(
             k("uncordon", node1)
             resumed_at = story.committed_step()
             story.wait_committed(after=resumed_at)
-            lost = subprocess.run(
-                [str(NODES_SH), "kill-node", "3"],
-                env=real_cluster.env,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=120,
-            )
-            assert lost.returncode == 0, lost.stderr
+            real_cluster.kill_node(3)
             third = story.wait_running(2, timeout=300)
             assert third["spec"]["nodeName"] == node1
             # The runtime's own lines, as `kubectl logs` shows them (the kubelet's log files).

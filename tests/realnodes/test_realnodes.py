@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import NODES_SH, RealCluster, operator_release, wait_for
+from .conftest import RealCluster, operator_release, wait_for
 
 
 def _pod(name: str, image: str, command: list[str], node: str, **spec: Any) -> dict[str, Any]:
@@ -245,15 +245,7 @@ def test_a_lost_node_takes_its_containers_and_its_node_object_with_it(
     real_cluster.wait_phase("victim", ns, {"Running"})
     assert _processes_with(marker), "the container's process is not visible on this machine"
     node = real_cluster.node(2)
-    killed = subprocess.run(
-        [str(NODES_SH), "kill-node", "2"],
-        env=real_cluster.env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert killed.returncode == 0, killed.stderr
+    real_cluster.kill_node(2)
     assert not _processes_with(marker), "the container outlived its node"
     gone = real_cluster.kubectl_run("get", "node", node, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
