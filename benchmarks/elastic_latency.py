@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -36,7 +34,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from operator_latency import (
-    CLUSTER_SH,
     Bench,
     cluster_kubeconfig,
     log,
@@ -45,8 +42,8 @@ from operator_latency import (
 )
 
 from rtj_operator import names
-from rtj_operator.kube import ApiError
 from rtj_operator.timeutil import iso, utcnow
+from tools.kubeapi import ApiError
 
 MERGE = "application/merge-patch+json"
 CPU = "4"
@@ -235,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-seconds", type=float, default=40.0)
     parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args(argv)
-    kubeconfig, take_down = cluster_kubeconfig(args.keep_cluster)
+    kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
     bench = Bench(kubeconfig)
     bench.apply_crds()
     ns = f"rtj-bench-el-{bench.tag}"
@@ -253,12 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         operator.terminate()
         operator.wait(10)
-        if take_down:
-            env = {
-                **os.environ,
-                "RTJ_CLUSTER_NAME": os.environ.get("RTJ_CLUSTER_NAME", "rtj-bench"),
-            }
-            subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False, capture_output=True)
+        if plane is not None and not args.keep_cluster:
+            plane.down()
     report = {
         "benchmark": "elastic_latency",
         "time": iso(utcnow()),
