@@ -42,6 +42,7 @@ from operator_latency import (
 )
 
 from rtj_operator import names
+from rtj_operator.kube import KubeApi
 from rtj_operator.timeutil import iso, utcnow
 from tools.kubeapi import ApiError
 
@@ -103,7 +104,7 @@ def job(ns: str, name: str, pool: str, elastic: bool) -> dict[str, Any]:
 
 def running_gang(bench: Bench, ns: str, name: str) -> tuple[int, int] | None:
     """(attempt, size) when every live pod of the current attempt runs, else None."""
-    status = (bench.req("GET", f"{bench.api.job_path(ns, name)}").get("status")) or {}
+    status = (bench.req("GET", f"{KubeApi.job_path(ns, name)}").get("status")) or {}
     attempt, size = status.get("attempt"), status.get("gangSize")
     if attempt is None or not size or not status.get("gangCreated"):
         return None
@@ -120,7 +121,7 @@ def running_gang(bench: Bench, ns: str, name: str) -> tuple[int, int] | None:
 
 def answer_grow_notices(bench: Bench, ns: str, name: str, step: list[int]) -> None:
     """Play the runtime: a grow notice on rank 0 gets a fresh commit in the progress annotation."""
-    status = bench.req("GET", bench.api.job_path(ns, name)).get("status") or {}
+    status = bench.req("GET", KubeApi.job_path(ns, name)).get("status") or {}
     if not status.get("grow"):
         return
     pod = names.pod_name(name, status["attempt"], 0)
@@ -165,7 +166,7 @@ def measure_resizes(bench: Bench, ns: str, runs: int) -> dict[str, list[float]]:
     for n in nodes:
         node(bench, n, pool)
     name = f"el-{uuid.uuid4().hex[:6]}"
-    bench.req("POST", bench.api.job_path(ns), body=job(ns, name, pool, elastic=True))
+    bench.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic=True))
     step = [100]
     _, attempt = wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
     shrink, grow = [], []
@@ -196,7 +197,7 @@ def spot_trace(bench: Bench, ns: str, elastic: bool, seconds: float) -> float:
     for n in nodes:
         node(bench, n, pool)
     name = f"tr-{'e' if elastic else 'f'}-{uuid.uuid4().hex[:6]}"
-    bench.req("POST", bench.api.job_path(ns), body=job(ns, name, pool, elastic))
+    bench.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic))
     step = [100]
     wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
     start = time.monotonic()
@@ -216,7 +217,7 @@ def spot_trace(bench: Bench, ns: str, elastic: bool, seconds: float) -> float:
         training += running_gang(bench, ns, name) is not None
         answer_grow_notices(bench, ns, name, step)
         time.sleep(0.1)
-    bench.req("DELETE", bench.api.job_path(ns, name))
+    bench.req("DELETE", KubeApi.job_path(ns, name))
     for n in nodes:
         bench.delete_node(n)
     return training / samples
