@@ -89,7 +89,8 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
         Bucket=stack.cfg.bucket, Prefix=f"runs/{result.job}/{source.rsplit('/', 1)[1]}/"
     )
     names = {o["Key"].rsplit("/", 1)[1] for o in objects.get("Contents", [])}
-    assert {"rank0.pt", "rank1.pt", "manifest.json"} <= names, names
+    # Format version 2: one data file per rank, DCP's .metadata, the manifest committed last.
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json"} <= names, names
 
     equal, why = weights_equal(reference.wait(), result.weights)
     assert equal, f"final weights differ from the uninterrupted run: {why}"

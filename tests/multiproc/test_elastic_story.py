@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .checks import wait_for
+from .checks import wait_for_gang
 from .launch import Gang
 from .test_exact_resume import consumed, trace_len
 
@@ -63,7 +63,7 @@ def run_until_steps(tmp: Path, world: int, steps: int, logs: str) -> None:
     """Start a gang of ``world`` ranks, let it train ``steps`` more steps, SIGTERM it."""
     before = trace_len(tmp, 0)
     gang = Gang(EXAMPLE, args(tmp), world, tmp / logs)
-    wait_for(lambda: trace_len(tmp, 0) >= before + 1 + steps, 600, f"{steps} steps", gang)
+    wait_for_gang(lambda: trace_len(tmp, 0) >= before + 1 + steps, 600, f"{steps} steps", gang)
     gang.signal(signal.SIGTERM)
     assert gang.wait(120) == [143] * world  # saved, then exited like a killed process
 
