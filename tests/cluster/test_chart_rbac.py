@@ -549,3 +549,4 @@ def test_liveness_fails_while_a_silent_peer_keeps_the_operator_paused(
     finally:
         op.stop()
         kube.delete_namespace(ns)
+        remove_chart_rbac(kube, ns)  # the session's later suites install the chart with Helm

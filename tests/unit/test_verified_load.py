@@ -75,18 +75,18 @@ def test_resume_refuses_a_checkpoint_damaged_after_its_manifest_and_keeps_live_s
     step(*comps[:3])
     ck.batch_end(16)
     ck.close(save=False)
-    rank_file = next((tmp_path / "ck").glob("ep*/rank0.pt"))
-    raw = bytearray(rank_file.read_bytes())
+    data_file = next((tmp_path / "ck").glob("ep*/__0_0.distcp"))
+    raw = bytearray(data_file.read_bytes())
     raw[-100] ^= 0x01
-    rank_file.write_bytes(bytes(raw))
+    data_file.write_bytes(bytes(raw))
 
     fresh = make(seed=1)
     before = [p.clone() for p in params(fresh[0])]
     ck2 = CheckpointManager(
         model=fresh[0], optimizer=fresh[1], folder=tmp_path / "ck", run_name="r"
     )
-    with pytest.raises(NoCheckpointError, match="fails its checksum"):
-        ck2.load(rank_file.parent)
+    with pytest.raises(NoCheckpointError, match="fail their checksum"):
+        ck2.load(data_file.parent)
     assert all(torch.equal(a, b) for a, b in zip(before, params(fresh[0]), strict=True))
     assert fresh[1].state_dict()["state"] == {}
     ck2.close(save=False)
