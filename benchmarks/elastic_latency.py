@@ -52,22 +52,7 @@ CPU = "4"
 
 def node(bench: Bench, name: str, pool: str) -> None:
     """A kwok node holding exactly one rank."""
-    capacity = {"cpu": CPU, "memory": "64Gi", "pods": "110"}
-    bench.req(
-        "POST",
-        "/api/v1/nodes",
-        body={
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
-                "labels": {"rtj-bench/pool": pool, "kubernetes.io/hostname": name},
-            },
-            "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
-        },
-    )
+    bench.node(name, pool, kwok=True, cpu=CPU)
 
 
 def job(ns: str, name: str, pool: str, elastic: bool) -> dict[str, Any]:

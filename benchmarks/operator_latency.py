@@ -187,12 +187,12 @@ class Bench:
             body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
         )
 
-    def node(self, name: str, pool: str, *, kwok: bool) -> None:
-        """A fake node; kwok plays its kubelet when ``kwok``, else nobody does."""
+    def node(self, name: str, pool: str, *, kwok: bool, cpu: str = "64") -> None:
+        """A fake node of ``cpu`` CPUs; kwok plays its kubelet when ``kwok``, else nobody does."""
         annotations = {"node.alpha.kubernetes.io/ttl": "0"}
         if kwok:
             annotations["kwok.x-k8s.io/node"] = "fake"
-        capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+        capacity = {"cpu": cpu, "memory": "256Gi", "pods": "110"}
         self.req(
             "POST",
             "/api/v1/nodes",
