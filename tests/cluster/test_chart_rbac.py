@@ -505,20 +505,7 @@ def test_liveness_fails_while_a_silent_peer_keeps_the_operator_paused(
     config = install_chart_rbac(kube, kubeconfig, ns, tmp_path)
     log = tmp_path / "operator.log"
     peering = f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/rtj-operator"
-    op = start_operator(
-        str(config),
-        log,
-        "--namespace",
-        ns,
-        "--peering",
-        "rtj-operator",
-        "--id",
-        OPERATOR_ID,
-        "--priority",
-        "10",
-        "--max-pause-seconds",
-        "3",
-    )
+    op = start(config, log, ns, "--priority", "10", "--max-pause-seconds", "3")
     try:
         ghost = {
             "priority": 1000,
