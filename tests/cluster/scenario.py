@@ -87,3 +87,27 @@ def condition(kube: Kube, ns: str, name: str, type_: str) -> dict[str, Any]:
         if cond["type"] == type_:
             return cond
     return {}
+
+
+def pod_report(kube: Kube, ns: str, name: str) -> str:
+    """Every pod of a job with its phase, node and scheduling state, then the namespace's
+    warning Events: what a timeout message needs to tell a stuck scheduler from the operator."""
+    lines = [f"status={kube.status(ns, name)}"]
+    for pod in kube.pods(ns, name):
+        meta, spec, st = pod["metadata"], pod["spec"], pod.get("status") or {}
+        scheduled = next(
+            (c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
+        )
+        lines.append(
+            f"pod {meta['name']} phase={st.get('phase')} node={spec.get('nodeName')} "
+            f"deleting={bool(meta.get('deletionTimestamp'))} "
+            f"scheduled={scheduled.get('status')}:{scheduled.get('reason')}:"
+            f"{scheduled.get('message')}"
+        )
+    events = kube.req("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    for e in events:
+        if e.get("type") == "Warning":
+            lines.append(
+                f"event {e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message')}"
+            )
+    return "\n".join(lines)

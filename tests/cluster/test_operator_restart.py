@@ -13,7 +13,7 @@ from tools.waiting import wait_for
 from .conftest import start_operator
 from .crashing_operator import EXIT_CODE
 from .kubeclient import rtj, unique
-from .scenario import node_of
+from .scenario import node_of, pod_report
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(
                 f"attempt {attempt + 1} running",
                 lambda a=attempt + 1: kube.running(ns, name, a, replicas),
                 60,
-                on_timeout=op.tail,
+                on_timeout=lambda o=op: f"{pod_report(kube, ns, name)}\n{o.tail()}",
             )
             for counted_attempt, pods in attempts(kube, ns, name).items():
                 assert pods <= replicas, (counted_attempt, pods)
