@@ -38,6 +38,9 @@ class Gang:
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
+                # A rank that aborts (SIGABRT, SIGSEGV) leaves every thread's Python stack in
+                # its log, which names the thread still running at exit.
+                "PYTHONFAULTHANDLER": "1",
                 **(env or {}),
             }
             out = open(log_dir / f"rank{rank}.log", "ab")  # noqa: SIM115 - owned by the child
