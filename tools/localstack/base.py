@@ -110,8 +110,6 @@ class StackBase:
     def _on_stop(self, what: str, fn: Callable[[], None]) -> None:
         self._cleanups.append((what, fn))
 
-    # ---------------------------------------------------------------- components
-
     @property
     def shared_cluster(self) -> bool:
         """Whether the cluster outlives the stack (so the stack cleans up inside it)."""

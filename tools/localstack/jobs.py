@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from trainer_runtime.events import RuntimeEvent, read_events
+
 from .base import StackBase
 from .common import LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RTJ_API, Obj
 
@@ -64,6 +66,12 @@ class JobsPart(StackBase):
             p.read_text(errors="replace") for p in sorted(self.workdir.glob(f"nodes/*/{pattern}"))
         ]
         return "".join(texts)
+
+    def runtime_events(
+        self, pod: str, kind: str | None = None, container: str = "trainer"
+    ) -> list[RuntimeEvent]:
+        """The runtime's structured events in a container's log, in order (of one ``kind``)."""
+        return read_events(self.pod_log(pod, container), kind)
 
     def events(self, job: str) -> list[Obj]:
         """Events about the job, oldest first."""
