@@ -98,7 +98,7 @@ def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 
 
 def summary(result: StoryResult, equal: bool, why: str, total_s: float, stack_s: float) -> None:
-    """The end of the demo: what happened, from the job's status and the ranks' logs."""
+    """The end of the demo: what happened, from the job's status and the runtime's events."""
     status = result.status
     interruption = (status.get("interruptions") or [{}])[-1]
     resumed = resumed_step(result.logs.get(1, ""))

@@ -1,6 +1,6 @@
 """Start, reuse and stop the project's local control plane: the one bring-up every harness uses.
 
-The demo (``tools/localstack.py``), the test suites (``tests/conftest.py``'s session fixture) and
+The demo (``tools/localstack/``), the test suites (``tests/conftest.py``'s session fixture) and
 the latency benchmark (``benchmarks/operator_latency.py``) all drive ``hack/cluster/cluster.sh``
 through this module, so "is it built, does it already run, bring it up, where is its
 kubeconfig, take it down only if we started it" is written once. The alternative, each harness

@@ -1,7 +1,7 @@
 """The one Kubernetes HTTP client of the tools and tests: plain JSON over HTTPS.
 
 Used by the pod runner (``tools/podrunner``), the local stack of ``make demo``
-(``tools/localstack.py``), the test suites and the latency benchmark, so there is one
+(``tools/localstack/``), the test suites and the latency benchmark, so there is one
 ``ApiError`` (``ApiError(method, path, status, body)``; ``.status``, ``.reason``, ``.message``,
 and ``.not_found``/``.conflict``/``.invalid``/``.gone``) and one way to authenticate. The operator
 keeps its own async client (``rtj_operator.kube``): the product must not depend on test tooling.

@@ -51,6 +51,11 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 # message path, so the operator reads it from the pod status).
 REPORT_FILE = "RTJ_REPORT_FILE"
 
+# Optional: a file the runtime appends its structured events to, one JSON object per line
+# (events.py). The operator does not inject it: the events also go to stderr, which
+# ``kubectl logs`` reads; a user sets it to keep them in a file (e.g. on a shared volume).
+EVENTS_FILE = "RTJ_EVENTS_FILE"
+
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
 # runner points it elsewhere). With KUBERNETES_SERVICE_HOST/PORT, used to annotate our own pod.
 SERVICEACCOUNT_DIR = "RTJ_SERVICEACCOUNT_DIR"

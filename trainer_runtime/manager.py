@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import envvars, naming, rejection, resume
+from . import envvars, events, naming, rejection, resume
 from . import state as state_mod
 from .atomic import makedirs_durable, write_bytes_atomic
 from .commit import write_and_commit
@@ -375,6 +375,9 @@ class CheckpointManager:
         if notices > self._notices_handled:
             self._notices_handled = notices
             log.warning("preemption notice: saving now and training on")
+            events.notice(
+                rank=self.rank, content=self.preemption.last_notice, step=self.timestamp.batch
+            )
             return self.save(blocking=True)
         return None
 
@@ -391,6 +394,9 @@ class CheckpointManager:
             deadline.exit_by - deadline.signalled_at,
             deadline.grace_period_s,
             deadline.margin_s,
+        )
+        events.sigterm(
+            rank=self.rank, step=self.timestamp.batch, grace_period_s=deadline.grace_period_s
         )
         saved = None
         saved_after = None
@@ -412,6 +418,13 @@ class CheckpointManager:
             where,
             saved_after if saved_after is not None else 0.0,
             deadline.grace_period_s,
+        )
+        events.emergency_saved(
+            rank=self.rank,
+            checkpoint=saved.name if saved else None,
+            step=self.timestamp.batch,
+            seconds=saved_after,
+            grace_period_s=deadline.grace_period_s,
         )
         log.warning(
             "exiting %.2fs after SIGTERM (uploads flushed or left for the next attempt)",
@@ -610,6 +623,7 @@ class CheckpointManager:
             record = report_commit(manifest, self._uri(checkpoint))
             if self.progress is not None:
                 self.progress.committed(record)
+            events.committed(manifest, str(record["uri"]), rank=self.rank)
         self._apply_retention()
         return saved
 
@@ -698,6 +712,7 @@ class CheckpointManager:
                 self.timestamp = Timestamp()
             return self._resumed("load_path", self.load_path, fallbacks)
         log.info("starting run %s from scratch (no checkpoint to resume)", self.run_name)
+        events.fresh(rank=self.rank, run=self.run_name, world_size=self.world_size)
         self._resubmit_unsynced()
         return ResumeResult("fresh", None, self.timestamp, fallbacks)
 
@@ -845,6 +860,17 @@ class CheckpointManager:
             path,
             self.timestamp.epoch,
             self.timestamp.batch,
+        )
+        events.resumed(
+            rank=self.rank,
+            run=self.run_name,
+            source=source,
+            path=path,
+            uri=self._uri(Path(path).name) if source == "remote" else path,
+            step=self.timestamp.batch,
+            epoch=self.timestamp.epoch,
+            fallbacks=fallbacks,
+            world_size=self.world_size,
         )
         return ResumeResult(source, path, self.timestamp.copy(), fallbacks)
 

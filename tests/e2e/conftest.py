@@ -1,6 +1,6 @@
 """Fixtures of the full-story e2e: the whole system on the local control plane, once per module.
 
-The stack (``tools/localstack.py``, shared with ``make demo``) needs the pod runner, which runs
+The stack (``tools/localstack/``, shared with ``make demo``) needs the pod runner, which runs
 pods as local processes on Nodes it registers: that only makes sense on the project's own local
 control plane, so this suite always runs on the session's shared local control plane
 (``control_plane`` in ``tests/conftest.py``) and ignores ``KUBECONFIG``; the stack removes what

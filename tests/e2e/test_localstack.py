@@ -1,87 +1,208 @@
-"""The stack's pure parts, without a cluster: reading logs and manifests, the operator's flags.
+"""The stack's pure parts, without a cluster: reading runtime events and manifests, the
+operator's flags, the reference run's command.
 
-The full-story test and the demo draw their facts (resume step, notice save, emergency save)
-from the runtime's log lines; these tests pin the formats they rely on to the runtime's own
-messages, so a reworded log line fails here rather than as a timeout in the e2e.
+The full-story test and the demo draw their facts about the runtime (resume step and source,
+the notice's save, the save on SIGTERM) from its structured events (``rtj-event`` lines,
+``trainer_runtime/events.py``). These tests feed the readers lines written by the runtime's own
+event writer, mixed with log lines, and show that rewording (or dropping) every log line changes
+nothing they read.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import ast
 from pathlib import Path
 
 import pytest
 
 from tools import localstack
 from tools.localstack import (
-    EMERGENCY,
     LocalStack,
+    Narrator,
     StackConfig,
     committed_steps,
+    emergency_save,
     fetched_from,
     interval_steps,
     notice_checkpoint,
     resumed_step,
+    started_fresh,
     training_command,
 )
+from tools.localstack import reference as reference_module
 from tools.podrunner.__main__ import _image_path
+from trainer_runtime import events
 
 from .conftest import MANIFEST
 
-LOG = """\
-2026-11-22 04:14:09,821 trainer_runtime starting run notice from scratch (no checkpoint to resume)
-2026-11-22 04:14:12,282 trainer_runtime committed checkpoint ep0-ba8 in 0.01s
-2026-11-22 04:14:14,750 trainer_runtime committed checkpoint ep0-ba12 in 0.01s
-2026-11-22 04:14:15,364 trainer_runtime preemption notice: saving now and training on
-2026-11-22 04:14:15,381 trainer_runtime committed checkpoint ep1-ba15 in 0.01s
-2026-11-22 04:14:16,048 trainer_runtime SIGTERM: saving at batch 16 before exiting
-2026-11-22 04:14:16,099 trainer_runtime committed checkpoint ep1-ba16 in 0.01s
-2026-11-22 04:14:16,203 trainer_runtime emergency save ep1-ba16 done 0.43s after SIGTERM (grace \
-period 20s)
-"""
-RESUMED = """\
-2026-11-22 04:14:26,100 trainer_runtime.objectstore.resolver object store: fetched \
-s3://rtj-checkpoints/runs/notice/ep1-ba16 (3 file(s), 9000 bytes downloaded) into /x/ep1-ba16
-2026-11-22 04:14:26,200 trainer_runtime resumed run notice from /x/ep1-ba16 at epoch 1 batch 16
-"""
+URI = "s3://rtj-checkpoints/runs/notice/ep1-ba16"
 
 
-def test_log_facts() -> None:
-    assert committed_steps(LOG) == [
-        ("ep0-ba8", 8),
-        ("ep0-ba12", 12),
-        ("ep1-ba15", 15),
-        ("ep1-ba16", 16),
+class Checkpoint:
+    """Just enough of a Manifest for ``events.committed``."""
+
+    def __init__(self, name: str, step: int) -> None:
+        self.name, self.world_size, self.save_duration_s, self.files = name, 2, 0.01, []
+        self.timestamp = type("T", (), {"batch": step, "epoch": step // 12})()
+
+
+def runtime_lines(capsys: pytest.CaptureFixture[str], emit: list) -> list[str]:
+    """The stderr lines the runtime's event writer produces for ``emit`` (callables)."""
+    capsys.readouterr()
+    for call in emit:
+        call()
+    return capsys.readouterr().err.splitlines()
+
+
+def first_attempt(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Rank 0 of a gang that started fresh, committed, got a notice, then SIGTERM."""
+    c = [Checkpoint(n, s) for n, s in (("ep0-ba8", 8), ("ep0-ba12", 12), ("ep1-ba15", 15))]
+    c16 = Checkpoint("ep1-ba16", 16)
+    ev = runtime_lines(
+        capsys,
+        [
+            lambda: events.fresh(rank=0, run="notice", world_size=2),
+            lambda: events.committed(c[0], "s3://b/ep0-ba8", rank=0),
+            lambda: events.committed(c[1], "s3://b/ep0-ba12", rank=0),
+            lambda: events.notice(rank=0, content='{"reason": "spot"}', step=15),
+            lambda: events.committed(c[2], "s3://b/ep1-ba15", rank=0),
+            lambda: events.sigterm(rank=0, step=16, grace_period_s=20),
+            lambda: events.committed(c16, "s3://b/ep1-ba16", rank=0),
+            lambda: events.emergency_saved(
+                rank=0, checkpoint="ep1-ba16", step=16, seconds=0.4312, grace_period_s=20
+            ),
+        ],
+    )
+    logs = [
+        "2026-11-22 04:14:09,821 trainer_runtime starting run notice from scratch",
+        "2026-11-22 04:14:12,282 trainer_runtime committed checkpoint ep0-ba8 in 0.01s",
+        "2026-11-22 04:14:14,750 trainer_runtime committed checkpoint ep0-ba12 in 0.01s",
+        "2026-11-22 04:14:15,364 trainer_runtime preemption notice: saving now and training on",
+        "2026-11-22 04:14:15,381 trainer_runtime committed checkpoint ep1-ba15 in 0.01s",
+        "2026-11-22 04:14:16,048 trainer_runtime SIGTERM: saving at batch 16 before exiting",
+        "2026-11-22 04:14:16,099 trainer_runtime committed checkpoint ep1-ba16 in 0.01s",
+        "2026-11-22 04:14:16,203 trainer_runtime emergency save ep1-ba16 done 0.43s after SIGTERM",
     ]
-    assert notice_checkpoint(LOG) == ("ep1-ba15", 15)
-    assert notice_checkpoint(LOG.replace("preemption notice", "x")) is None
-    found = EMERGENCY.search(LOG)
-    assert found is not None and found.groups() == ("ep1-ba16", "0.43")
-    assert resumed_step(LOG) is None and resumed_step(RESUMED) == 16
-    assert fetched_from(RESUMED) == "s3://rtj-checkpoints/runs/notice/ep1-ba16"
+    return [line for pair in zip(logs, ev, strict=True) for line in pair]
 
 
-def test_log_formats_match_the_runtime(caplog: pytest.LogCaptureFixture) -> None:
-    """The runtime's own format strings produce lines the parsers read."""
-    runtime = localstack.REPO / "trainer_runtime"
-    source = "".join(p.read_text() for p in runtime.glob("*.py"))
-    for fragment in (
-        '"committed checkpoint %s in',
-        '"resumed run %s from %s at epoch %d batch %d"',
-        '"preemption notice: saving now',
-        '"emergency save %s done %.2fs after SIGTERM',
-    ):
-        assert fragment in source, fragment
-    assert '"object store: fetched %s (' in (runtime / "objectstore" / "resolver.py").read_text()
-    log = logging.getLogger("check")
-    with caplog.at_level(logging.INFO, "check"):
-        log.info("resumed run %s from %s at epoch %d batch %d", "r", "/p/ep1-ba16", 1, 16)
-        log.info(
-            "emergency save %s done %.2fs after SIGTERM (grace period %ss)", "ep1-ba16", 0.4312, 20
-        )
-    assert resumed_step(caplog.text) == 16
-    assert EMERGENCY.search(caplog.text) is not None
+def second_attempt(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Rank 0 of the new gang: fetched the checkpoint from the bucket and resumed."""
+    ev = runtime_lines(
+        capsys,
+        [
+            lambda: events.resumed(
+                rank=0,
+                run="notice",
+                source="remote",
+                path="/x/ep1-ba16",
+                uri=URI,
+                step=16,
+                epoch=1,
+                fallbacks=[],
+                world_size=2,
+            )
+        ],
+    )
+    return [
+        f"2026-11-22 04:14:26,100 object store: fetched {URI} (3 file(s)) into /x/ep1-ba16",
+        "2026-11-22 04:14:26,200 trainer_runtime resumed run notice from /x at epoch 1 batch 16",
+        *ev,
+    ]
+
+
+def facts(first: str, second: str) -> tuple:
+    return (
+        committed_steps(first),
+        notice_checkpoint(first),
+        emergency_save(first),
+        started_fresh(first),
+        resumed_step(first),
+        resumed_step(second),
+        fetched_from(second),
+    )
+
+
+EXPECTED = (
+    [("ep0-ba8", 8), ("ep0-ba12", 12), ("ep1-ba15", 15), ("ep1-ba16", 16)],
+    ("ep1-ba15", 15),
+    ("ep1-ba16", 0.431),
+    True,
+    None,
+    16,
+    URI,
+)
+
+
+def reword(lines: list[str]) -> str:
+    """Every line that is not an event reworded, with decoys in the old wording that would give
+    other answers to a reader of log text."""
+    out = []
+    for line in lines:
+        if line.startswith(events.PREFIX):
+            out.append(line)
+        else:
+            out.append("INFO something else entirely happened here")
+            out.append("committed checkpoint ep9-ba99 in 0.01s")
+            out.append("resumed run notice from /y/ep9-ba99 at epoch 9 batch 99")
+            out.append("object store: fetched s3://elsewhere/ep9-ba99 (1 file(s))")
+            out.append("preemption notice: saving now")
+            out.append("emergency save ep9-ba99 done 9.99s after SIGTERM")
+    return "\n".join(out)
+
+
+def test_facts_come_from_runtime_events(capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = first_attempt(capsys), second_attempt(capsys)
+    assert facts("\n".join(first), "\n".join(second)) == EXPECTED
+
+
+def test_rewording_log_lines_cannot_change_what_the_story_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first, second = first_attempt(capsys), second_attempt(capsys)
+    assert facts(reword(first), reword(second)) == EXPECTED
+    # Log wording alone says nothing to the readers.
+    plain = [line for line in first + second if not line.startswith(events.PREFIX)]
+    text = "\n".join(plain)
+    assert facts(text, text) == ([], None, None, False, None, None, None)
+
+
+def test_narrator_says_the_same_whatever_the_log_wording(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first, second = first_attempt(capsys), second_attempt(capsys)
+
+    def narrate(a0: str, a1: str) -> list[str]:
+        said: list[str] = []
+        narrator = Narrator(None, "notice", said.append)  # type: ignore[arg-type]
+        narrator._from_log(0, a0)
+        narrator._from_log(1, a1)
+        return [line.split("] ", 1)[1] for line in said]
+
+    told = narrate("\n".join(first), "\n".join(second))
+    assert told == [
+        "attempt 0: rank 0 started from scratch",
+        "attempt 0: rank 0 saved at once on the notice: checkpoint ep1-ba15 at step 15, and "
+        "trains on",
+        "attempt 0: rank 0 saved on SIGTERM: checkpoint ep1-ba16, 0.43s after the signal, and "
+        "exited",
+        f"attempt 1: rank 0 resumed at step 16 (fetched {URI})",
+    ]
+    assert narrate(reword(first), reword(second)) == told
+
+
+def test_no_regular_expressions_in_the_stack() -> None:
+    """The readers parse events only: no module of the package imports ``re``."""
+    folder = Path(localstack.__file__).parent
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert "re" not in names and "regex" not in names, path
 
 
 def test_manifest_facts() -> None:
@@ -129,7 +250,7 @@ def test_reference_run_uses_the_manifest_arguments(
         def __init__(self, argv: list[str], **kw: object) -> None:
             started.append(argv)
 
-    monkeypatch.setattr(localstack.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(reference_module.subprocess, "Popen", FakePopen)
     run = localstack.start_reference_run(MANIFEST, tmp_path)
     assert len(run.procs) == 2 and len(started) == 2
     argv = started[0]

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from trainer_runtime import CheckpointManager, ConfigError, Manifest
+from trainer_runtime import CheckpointManager, ConfigError, Manifest, envvars, events
 from trainer_runtime.objectstore import S3Store, remote_pointer
 
 from ..unit.trainkit import make, params, step
@@ -52,6 +52,32 @@ def test_saves_upload_and_a_fresh_disk_resumes_from_the_store(tmp_path, s3_root)
     assert all(torch.equal(a, b) for a, b in zip(params(fresh[0]), params(comps[0]), strict=True))
     assert Manifest.read(tmp_path / "node-b" / "ep0-ba3").timestamp.batch == 3
     ck2.close()
+
+
+def test_events_name_each_upload_and_the_remote_resume(tmp_path, s3_root, monkeypatch):
+    """The runtime's events (docs/runtime.md) say what was uploaded and where a resume came from."""
+    target = tmp_path / "events.jsonl"
+    monkeypatch.setenv(envvars.EVENTS_FILE, str(target))
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    ck2 = manager(s3_root, tmp_path / "node-b", make(seed=9))
+    assert ck2.resume().source == "remote"
+    ck2.close()
+    run_uri = str(s3_root.join("s3run"))
+    found = events.read_events(target.read_text())
+    uploads = sorted(e["checkpoint"] for e in found if e.type == "uploaded")
+    assert uploads == ["ep0-ba1", "ep0-ba2"], found
+    assert all(e["uri"] == f"{run_uri}/{e['checkpoint']}" for e in found if e.type == "uploaded")
+    assert all(e["bytes"] > 0 for e in found if e.type == "uploaded")
+    committed = [e for e in found if e.type == "committed"]
+    assert [e["uri"] for e in committed] == [f"{run_uri}/ep0-ba1", f"{run_uri}/ep0-ba2"]
+    (resumed,) = [e for e in found if e.type == "resumed"]
+    assert resumed["source"] == "remote" and resumed["uri"] == f"{run_uri}/ep0-ba2"
+    assert resumed["step"] == 2 and resumed["saved_world_size"] == 1
 
 
 def test_local_copy_wins_when_it_is_newest(tmp_path, s3_root):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import atomic
+from .. import atomic, events
 from ..errors import ManifestError
 from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
 from ..retention import select_for_deletion
@@ -388,6 +388,13 @@ class CheckpointUploader:
                 job.rank,
                 self.run_uri,
                 time.monotonic() - job.submitted_at,
+            )
+            events.uploaded(
+                rank=job.rank,
+                checkpoint=job.name,
+                uri=str(self.run_uri.join(job.name)),
+                sent=sent,
+                seconds=time.monotonic() - job.submitted_at,
             )
             self._after_upload(job)
             return

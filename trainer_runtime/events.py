@@ -1,0 +1,302 @@
+"""Structured runtime events: what the runtime did, as one JSON object per line.
+
+Tools that watch a run (the demo's narrator, the e2e story, a user's dashboard) need facts such
+as "resumed at step 16 from s3://...", "committed ep1-ba15", "saved on SIGTERM in 0.43 s". Reading
+those facts out of log wording with regular expressions made every rewording of a log line a
+silent break of the demo; this module gives them a contract instead. Each event is one line::
+
+    rtj-event {"v": 1, "type": "committed", "rank": 0, "time": "2026-...Z", "checkpoint": ...}
+
+The line goes to **stderr** always, so an event is read wherever the container's output is:
+``kubectl logs`` on real nodes, the pod runner's log files, a terminal. When ``RTJ_EVENTS_FILE``
+names a file, the bare JSON object (without the prefix) is also appended there, one line per
+event, in one ``write`` of an ``O_APPEND`` descriptor, so several ranks may share one file without
+tearing each other's lines. The alternative rejected was to extend the progress annotation
+(``progress.py``): it keeps only the latest state, reaches the API server only from rank 0 and
+not at all outside a cluster, and a resume or an emergency save is an event, not a state.
+
+Events are best effort: a file that cannot be written is logged once (naming the variable, the
+path and the reason) and training goes on; the stderr line is still written. The event types and
+their fields are the functions below (one per type), documented in docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import envvars
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""``v`` of every event; bumped when a field changes meaning or goes away (new fields do not)."""
+PREFIX = "rtj-event "
+"""Start of an event line on stderr (the file holds the bare JSON objects)."""
+
+FRESH = "fresh"
+RESUMED = "resumed"
+COMMITTED = "committed"
+NOTICE = "notice"
+SIGTERM = "sigterm"
+EMERGENCY_SAVED = "emergency_saved"
+UPLOADED = "uploaded"
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    FRESH: ("run", "world_size"),
+    RESUMED: (
+        "run",
+        "checkpoint",
+        "step",
+        "epoch",
+        "source",
+        "uri",
+        "fallbacks",
+        "world_size",
+        "saved_world_size",
+    ),
+    COMMITTED: ("checkpoint", "step", "epoch", "bytes", "seconds", "uri", "world_size"),
+    NOTICE: ("reason", "step"),
+    SIGTERM: ("step", "grace_period_s"),
+    EMERGENCY_SAVED: ("checkpoint", "step", "seconds", "grace_period_s"),
+    UPLOADED: ("checkpoint", "uri", "bytes", "seconds"),
+}
+"""Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
+
+RESUME_SOURCES = {"checkpoint": "local", "remote": "remote", "load_path": "load_path"}
+"""``ResumeResult.source`` -> the ``source`` of a ``resumed`` event."""
+
+
+class EventWriter:
+    """Writes events of this process: stderr always, ``path`` too when given."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or None
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def emit(self, kind: str, *, rank: int, **fields: Any) -> dict[str, Any]:
+        """Write one event; returns it. Unknown types or fields are a bug (ValueError)."""
+        expected = FIELDS.get(kind)
+        if expected is None:
+            raise ValueError(f"event type {kind!r}: expected one of {', '.join(FIELDS)}")
+        if set(fields) != set(expected):
+            raise ValueError(
+                f"event {kind!r}: fields {sorted(fields)}, expected {sorted(expected)}"
+            )
+        event = {
+            "v": SCHEMA_VERSION,
+            "type": kind,
+            "rank": rank,
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            **fields,
+        }
+        body = json.dumps(event, separators=(",", ":"), default=str)
+        with self._lock:
+            self._to_stderr(PREFIX + body + "\n")
+            if self.path is not None:
+                self._to_file((body + "\n").encode())
+        return event
+
+    @staticmethod
+    def _to_stderr(line: str) -> None:
+        try:
+            sys.stderr.flush()  # after any log line already buffered: the order stays true
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed stderr must not stop training
+            pass
+
+    def _to_file(self, data: bytes) -> None:
+        assert self.path is not None
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)  # one write of an O_APPEND descriptor: lines never interleave
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "%s=%s: cannot append runtime events there (%s); they still go to stderr "
+                    "and training goes on",
+                    envvars.EVENTS_FILE,
+                    self.path,
+                    exc.strerror or exc,
+                )
+
+
+_WRITERS: dict[str | None, EventWriter] = {}
+
+
+def writer() -> EventWriter:
+    """The process's writer for the current ``RTJ_EVENTS_FILE`` (read at every event)."""
+    path = os.environ.get(envvars.EVENTS_FILE, "").strip() or None
+    if path not in _WRITERS:
+        _WRITERS[path] = EventWriter(path)
+    return _WRITERS[path]
+
+
+def emit(kind: str, *, rank: int, **fields: Any) -> dict[str, Any]:
+    """Write one event with the process's writer."""
+    return writer().emit(kind, rank=rank, **fields)
+
+
+# ------------------------------------------------------------------ one function per type
+
+
+def fresh(*, rank: int, run: str, world_size: int) -> None:
+    """The run starts from scratch: no checkpoint to resume."""
+    emit(FRESH, rank=rank, run=run, world_size=world_size)
+
+
+def resumed(
+    *,
+    rank: int,
+    run: str,
+    source: str,
+    path: str,
+    uri: str,
+    step: int,
+    epoch: int,
+    fallbacks: Sequence[str],
+    world_size: int,
+) -> None:
+    """The state was restored. ``source``: ``local`` (the run folder), ``remote`` (fetched from
+    the object store, ``uri`` names it) or ``load_path``; ``fallbacks``: one line per newer
+    checkpoint passed over, with the reason; ``saved_world_size``: the world size that saved it
+    (from its manifest; None for a ``load_path`` file)."""
+    emit(
+        RESUMED,
+        rank=rank,
+        run=run,
+        checkpoint=os.path.basename(path.rstrip("/")),
+        step=step,
+        epoch=epoch,
+        source=RESUME_SOURCES.get(source, source),
+        uri=uri,
+        fallbacks=list(fallbacks),
+        world_size=world_size,
+        saved_world_size=_saved_world_size(path),
+    )
+
+
+def _saved_world_size(path: str) -> int | None:
+    from .errors import ManifestError  # noqa: PLC0415
+    from .manifest import Manifest  # noqa: PLC0415 - only a resume needs it
+
+    try:
+        return Manifest.read(Path(path)).world_size
+    except (ManifestError, OSError):  # a load_path file, or a folder without a manifest
+        return None
+
+
+def committed(manifest: Manifest, uri: str, *, rank: int) -> None:
+    """A checkpoint is committed (rank 0 emits it: its manifest is the commit)."""
+    emit(
+        COMMITTED,
+        rank=rank,
+        checkpoint=manifest.name,
+        step=manifest.timestamp.batch,
+        epoch=manifest.timestamp.epoch,
+        bytes=sum(f.size for f in manifest.files),
+        seconds=round(manifest.save_duration_s, 3),
+        uri=uri,
+        world_size=manifest.world_size,
+    )
+
+
+def notice(*, rank: int, content: str | None, step: int) -> None:
+    """A preemption notice arrived; a save follows at once. ``reason`` is the notice's
+    ``reason`` when it is JSON (the operator's notice), else its text."""
+    reason: Any = content or ""
+    try:
+        parsed = json.loads(reason)
+        if isinstance(parsed, dict) and "reason" in parsed:
+            reason = parsed["reason"]
+    except ValueError:
+        pass
+    emit(NOTICE, rank=rank, reason=reason, step=step)
+
+
+def sigterm(*, rank: int, step: int, grace_period_s: float) -> None:
+    """SIGTERM reached every rank: an emergency save, then exit."""
+    emit(SIGTERM, rank=rank, step=step, grace_period_s=grace_period_s)
+
+
+def emergency_saved(
+    *, rank: int, checkpoint: str | None, step: int, seconds: float | None, grace_period_s: float
+) -> None:
+    """The SIGTERM save is committed, ``seconds`` after the signal (None: nothing new to save)."""
+    emit(
+        EMERGENCY_SAVED,
+        rank=rank,
+        checkpoint=checkpoint,
+        step=step,
+        seconds=None if seconds is None else round(seconds, 3),
+        grace_period_s=grace_period_s,
+    )
+
+
+def uploaded(*, rank: int, checkpoint: str, uri: str, sent: int, seconds: float) -> None:
+    """This rank's files of a checkpoint are in the object store (``bytes``: sent now)."""
+    emit(UPLOADED, rank=rank, checkpoint=checkpoint, uri=uri, bytes=sent, seconds=round(seconds, 3))
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    """One parsed event."""
+
+    type: str
+    rank: int
+    time: str
+    fields: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field, or ``default``."""
+        return self.fields.get(key, default)
+
+
+def parse_line(line: str) -> RuntimeEvent | None:
+    """The event on one line (stderr form with ``rtj-event``, or a bare file line), else None.
+
+    A line of another schema version, or that is not an event at all, is None: readers skip it.
+    """
+    text = line.strip()
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX) :]
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("v") != SCHEMA_VERSION or "type" not in data:
+        return None
+    meta = {k: data.pop(k) for k in ("v", "type", "rank", "time") if k in data}
+    return RuntimeEvent(str(meta["type"]), int(meta.get("rank", -1)), str(meta.get("time")), data)
+
+
+def read_events(text: str | Iterable[str], kind: str | None = None) -> list[RuntimeEvent]:
+    """Every event in a log or events file, in order (of one ``kind`` when given)."""
+    lines = text.splitlines() if isinstance(text, str) else text
+    found = [e for e in (parse_line(line) for line in lines) if e is not None]
+    return [e for e in found if kind is None or e.type == kind]
