@@ -7,6 +7,7 @@ Without torch.distributed the coordinator degenerates to a single rank and every
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from datetime import timedelta
@@ -26,6 +27,12 @@ class Coordinator:
             self.rank = dist.get_rank()
             self.world_size = dist.get_world_size()
             self._group: Any = dist.new_group(backend="gloo", timeout=timeout)
+            # A group still open when the interpreter finalizes can abort the process (see
+            # close()). The exit hook runs after the save threads are joined and before
+            # finalizing; it holds the group itself, since a coordinator that nobody closed
+            # may be gone long before while the group stays registered with torch.
+            self._open: list[Any] = [self._group]
+            atexit.register(_destroy_at_exit, self._open)
         elif env_world > 1:
             raise ConfigError(
                 f"{envvars.WORLD_SIZE}={env_world} but torch.distributed is not initialized: "
@@ -84,6 +91,18 @@ class Coordinator:
         destroyed (``dist.destroy_process_group()``) the subgroup is already gone.
         """
         group, self._group = self._group, None
-        if group is not None and dist.is_initialized():
-            with contextlib.suppress(ValueError):  # already destroyed by the caller
-                dist.destroy_process_group(group)
+        if group is not None:
+            self._open.clear()
+            _destroy(group)
+
+
+def _destroy(group: Any) -> None:
+    if dist.is_initialized():
+        with contextlib.suppress(ValueError):  # already destroyed by the caller
+            dist.destroy_process_group(group)
+
+
+def _destroy_at_exit(still_open: list[Any]) -> None:
+    """Destroy a group the program never closed (an exception ended it, or no close())."""
+    while still_open:
+        _destroy(still_open.pop())

@@ -1,0 +1,53 @@
+"""A rank that leaves the runtime's coordination group to the end of the program.
+
+``--close`` calls ``Coordinator.close()`` itself; otherwise the program ends with the group open
+(as when an exception ends training before ``CheckpointManager.close()``), with the world group
+destroyed (``--destroy-world``) or not. A hook registered before the coordinator exists runs
+after the runtime's own exit hook (atexit runs in reverse order) and records how many gloo worker
+threads are still alive: a gloo group whose threads outlive the interpreter can abort the
+process at finalization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+from pathlib import Path
+
+import torch.distributed as dist
+
+from trainer_runtime.dist import Coordinator
+
+GLOO_THREAD = "pt_gloo_runloop"
+
+
+def gloo_threads() -> int:
+    tasks = Path("/proc/self/task")
+    return sum((t / "comm").read_text().strip() == GLOO_THREAD for t in tasks.iterdir())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--close", action="store_true")
+    ap.add_argument("--destroy-world", action="store_true")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    record: dict[str, int] = {}
+    out = Path(args.out) / f"rank{rank}.json"
+    atexit.register(lambda: out.write_text(json.dumps({**record, "at_exit": gloo_threads()})))
+    dist.barrier()
+    record["world_only"] = gloo_threads()
+    coordinator = Coordinator()
+    assert coordinator.all_gather(rank) == list(range(dist.get_world_size()))
+    record["with_group"] = gloo_threads()
+    if args.close:
+        coordinator.close()
+    if args.destroy_world:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
