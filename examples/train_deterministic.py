@@ -209,6 +209,9 @@ def main() -> None:
         torch.save(model.state_dict(), Path(args.out))
         print(f"final weights written to {args.out} at step {ckpt.timestamp.batch}")
     if world > 1:
+        # Last collective without tensors of ours: no gloo thread frees one after exit begins
+        # (docs/runtime.md, "End of training").
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -82,6 +82,7 @@ def main() -> None:
             "groups_released": released,
         }
         (out / f"{args.tag}.rank{rank}.json").write_text(json.dumps(info))
+    dist.barrier()  # the last collective holds no tensor of ours (docs/runtime.md)
     dist.destroy_process_group()
 
 

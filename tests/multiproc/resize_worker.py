@@ -70,6 +70,7 @@ def main() -> None:
         torch.save(full, out / f"{args.tag}.pt")
         info = {"resumed_from": resumed.path, "source": resumed.source, "world": world}
         (out / f"{args.tag}.json").write_text(json.dumps(info))
+    dist.barrier()  # the last collective holds no tensor of ours (docs/runtime.md)
     dist.destroy_process_group()
 
 
