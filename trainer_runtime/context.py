@@ -13,22 +13,25 @@ which let resume replace a timestamp the saver still held.)
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config import Settings, locate_run
+from .dist import Coordinator
+from .layout import RunFolder
+from .progress import ProgressReporter
+from .sharded.engine import ShardedEngine
+from .state import Components, unwrap
 from .timestamp import Timestamp
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .dist import Coordinator
-    from .layout import RunFolder
-    from .progress import ProgressReporter
     from .remote import RemoteBackend
     from .sampler import ResumableSampler
-    from .sharded.engine import ShardedEngine
-    from .state import Components
 
 RUNTIME_KEY = "_trainer_runtime"
 """Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
@@ -96,3 +99,57 @@ class RunContext:
     @property
     def world_size(self) -> int:
         return self.coord.world_size
+
+
+def open_run(
+    settings: Settings,
+    components: Components,
+    *,
+    sampler: ResumableSampler | None,
+    remote: RemoteBackend | None,
+    local_folder: str | os.PathLike[str] | None,
+    keep_local: int | None,
+    keep_remote: int,
+    coordination_timeout: timedelta,
+) -> RunContext:
+    """Join the ranks, agree on the run's name, locate its folder (and object store) and
+    build the engine: everything the manager's parts share, in that order."""
+    # Two channels: the training thread's (resume, per-step preemption agreement) and the
+    # commit channel, used by whichever thread persists a save. Sharing one gloo group
+    # between threads would interleave collectives differently on different ranks.
+    coord = Coordinator(coordination_timeout)
+    commit_coord = Coordinator(coordination_timeout)
+    run_name = settings.run_name
+    if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
+        run_name = coord.broadcast(f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}")
+    run_dir, remote = locate_run(
+        settings.templates.render_folder(run_name),
+        remote=remote,
+        local_folder=local_folder,
+        rank=coord.rank,
+        world_size=coord.world_size,
+        keep_local=keep_local,
+        keep_remote=keep_remote,
+    )
+    model = components.model
+    engine = ShardedEngine(
+        # DDP/compile wrappers off: keys are the plain model's (FSDP2 adds no wrapper)
+        dataclasses.replace(components, model=None if model is None else unwrap(model)),
+        coord,
+        commit_coord=commit_coord,
+        trusted_pickle=settings.trusted_pickle,
+    )
+    return RunContext(
+        settings=settings,
+        coord=coord,
+        commit_coord=commit_coord,
+        run_name=run_name,
+        run_dir=run_dir,
+        folder=RunFolder(run_dir),
+        remote=remote,
+        engine=engine,
+        components=components,
+        sampler=sampler,
+        progress=ProgressReporter() if coord.rank == 0 else None,
+        position=Position(last_global_batch=settings.global_batch_size),
+    )

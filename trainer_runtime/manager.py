@@ -17,37 +17,41 @@ touched and no part of which could be tested alone.)
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from torch import nn
 
 from . import naming
 from . import state as state_mod
-from .config import AsyncPolicy, Settings, check_run_folder, locate_run
-from .context import Position, RunContext
-from .dist import Coordinator
+from .config import AsyncPolicy, Settings, check_run_folder
+from .context import open_run
 from .emergency import PreemptionResponse
 from .errors import ConfigError
-from .layout import RunFolder
 from .loading import Loader
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
-from .progress import ProgressReporter
 from .remote import RemoteBackend
 from .resuming import Resumer, ResumeResult
 from .sampler import ResumableSampler
 from .saving import SavedCheckpoint, Saver
-from .sharded.engine import ShardedEngine
 from .timestamp import Event, IntervalFn, Timestamp
 
 __all__ = ["CheckpointManager", "ResumeResult", "SavedCheckpoint"]
 
 log = logging.getLogger("trainer_runtime")
+
+
+def _position_field(name: str, doc: str) -> Any:
+    """A manager attribute that lives in the run's shared ``Position`` (resume replaces it)."""
+    return property(
+        lambda self: getattr(self._ctx.position, name),
+        lambda self, value: setattr(self._ctx.position, name, value),
+        doc=doc,
+    )
 
 
 class CheckpointManager:
@@ -148,54 +152,22 @@ class CheckpointManager:
             stateful={**(stateful or {}), **({"sampler": sampler} if sampler else {})},
         )
         self.sampler = sampler
-        # Two channels: the training thread's (resume, per-step preemption agreement) and the
-        # commit channel, used by whichever thread persists a save. Sharing one gloo group
-        # between threads would interleave collectives differently on different ranks.
-        self.coord = Coordinator(coordination_timeout)
-        self.commit_coord = Coordinator(coordination_timeout)
-        self.rank, self.world_size = self.coord.rank, self.coord.world_size
-        run_name = cfg.run_name
-        if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
-            run_name = self.coord.broadcast(
-                f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
-            )
-        self.run_name: str = run_name
-        self.run_dir, self.remote = locate_run(
-            cfg.templates.render_folder(run_name),
+        ctx = self._ctx = open_run(
+            cfg,
+            self.components,
+            sampler=sampler,
             remote=remote,
             local_folder=local_folder,
-            rank=self.rank,
-            world_size=self.world_size,
             keep_local=num_local_checkpoints_to_keep,
             keep_remote=num_remote_checkpoints_to_keep,
+            coordination_timeout=coordination_timeout,
         )
-        self.folder = RunFolder(self.run_dir)
+        self.coord, self.commit_coord = ctx.coord, ctx.commit_coord
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.run_name, self.run_dir, self.folder = ctx.run_name, ctx.run_dir, ctx.folder
+        self.remote, self.engine, self.progress = ctx.remote, ctx.engine, ctx.progress
         self.preemption = PreemptionWatcher(
             notice_file=cfg.notice_file, handle_sigterm=handle_sigterm
-        )
-        self.progress = ProgressReporter() if self.rank == 0 else None
-        self.engine = ShardedEngine(
-            # DDP/compile wrappers off: keys are the plain model's (FSDP2 adds no wrapper)
-            dataclasses.replace(
-                self.components, model=None if model is None else state_mod.unwrap(model)
-            ),
-            self.coord,
-            commit_coord=self.commit_coord,
-            trusted_pickle=trusted_pickle,
-        )
-        self._ctx = RunContext(
-            settings=cfg,
-            coord=self.coord,
-            commit_coord=self.commit_coord,
-            run_name=run_name,
-            run_dir=self.run_dir,
-            folder=self.folder,
-            remote=self.remote,
-            engine=self.engine,
-            components=self.components,
-            sampler=sampler,
-            progress=self.progress,
-            position=Position(last_global_batch=global_batch_size),
         )
         self.saver = Saver(self._ctx)
         self.loader = Loader(self._ctx)
@@ -207,32 +179,12 @@ class CheckpointManager:
             upload_flush_timeout_s=cfg.upload_flush_timeout_s,
         )
         self._closed = False
-        check_run_folder(self.folder, run_name=run_name, rank=self.rank, overwrite=cfg.overwrite)
+        check_run_folder(ctx.folder, run_name=ctx.run_name, rank=ctx.rank, overwrite=cfg.overwrite)
 
     # ------------------------------------------------------------------ live position
-    @property
-    def timestamp(self) -> Timestamp:
-        return self._ctx.position.timestamp
-
-    @timestamp.setter
-    def timestamp(self, value: Timestamp) -> None:
-        self._ctx.position.timestamp = value
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return self._ctx.position.metrics
-
-    @metrics.setter
-    def metrics(self, value: dict[str, Any]) -> None:
-        self._ctx.position.metrics = value
-
-    @property
-    def extras(self) -> dict[str, Any]:
-        return self._ctx.position.extras
-
-    @extras.setter
-    def extras(self, value: dict[str, Any]) -> None:
-        self._ctx.position.extras = value
+    timestamp = _position_field("timestamp", "The training position (resume restores it).")
+    metrics = _position_field("metrics", "Saved with every checkpoint, restored by resume.")
+    extras = _position_field("extras", "Anything picklable to save and restore with the run.")
 
     @property
     def saved(self) -> list[SavedCheckpoint]:
