@@ -62,8 +62,8 @@ class Location(Protocol):
     listing_may_lag: bool
     """True: a folder the pointer names is a candidate even when the listing lacks it."""
 
-    def describe(self, rel: str = "") -> str:
-        """A path or URI for messages."""
+    def describe(self) -> str:
+        """The folder's path or URI, for messages."""
 
     def folder_names(self) -> list[str]:
         """Names of the sub-folders (dot-names excluded)."""
@@ -86,8 +86,8 @@ class LocalLocation:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
-    def describe(self, rel: str = "") -> str:
-        return str(self.root / rel) if rel else str(self.root)
+    def describe(self) -> str:
+        return str(self.root)
 
     def folder_names(self) -> list[str]:
         if not self.root.is_dir():
@@ -132,10 +132,6 @@ class RunFolder:
         if isinstance(where, str | os.PathLike):
             where = LocalLocation(Path(where))
         self.location: Location = where
-
-    @property
-    def is_local(self) -> bool:
-        return isinstance(self.location, LocalLocation)
 
     @property
     def root(self) -> Path:

@@ -2,7 +2,8 @@
 
 Layers, each its own module: ``uri`` (what a valid location is), ``store`` (one boto3 client plus
 verified parallel transfers), ``uploader`` (background upload in commit order: data, manifest,
-pointer), ``resolver`` (newest remote checkpoint that verifies, downloaded and checked).
+pointer), ``folder`` (a bucket prefix as a ``layout.RunFolder``, the same model as a local run
+folder), ``resolver`` (newest remote checkpoint that verifies, downloaded and checked).
 boto3 is imported only when a store is built, so ``trainer_runtime`` imports without it.
 See docs/object-store.md.
 """

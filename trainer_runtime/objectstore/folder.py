@@ -33,8 +33,8 @@ class StorePrefix:
         self.store = store
         self.run_uri = run_uri if isinstance(run_uri, S3Uri) else parse_s3_uri(run_uri)
 
-    def describe(self, rel: str = "") -> str:
-        return str(self.run_uri.join(rel)) if rel else str(self.run_uri)
+    def describe(self) -> str:
+        return str(self.run_uri)
 
     def folder_names(self) -> list[str]:
         return [n for n in self.store.list_folders(self.run_uri) if not n.startswith(".")]
