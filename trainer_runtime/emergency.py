@@ -7,8 +7,8 @@ The SIGTERM sequence works against ``shutdown.ShutdownDeadline``: wait for a sav
 save, move that checkpoint to the front of the upload queue, close with what is left of the
 grace period, exit with the preemption exit code (``os._exit`` when a transfer thread is stuck).
 It lives apart from the manager so the order of those steps reads in one place. (Rejected:
-saving from the signal handler, which runs between any two bytecodes of the training step,
-mid-update.)
+saving from the signal handler: heavy I/O there can deadlock, it runs mid-step, and a save needs
+every rank at the same step; see ``preemption.py``.)
 """
 
 from __future__ import annotations
