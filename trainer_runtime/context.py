@@ -6,9 +6,9 @@ The manager is a facade over a saver (``saving.py``), a loader (``loading.py``) 
 object store, engine, settings) and reads or replaces the same live position (timestamp,
 metrics, extras). They get them here, as one ``RunContext`` object, rather than as references
 back to the manager: a part can be built and tested without a manager, and what it may touch
-is spelled out. (Rejected: passing the manager itself to every part, which made every
+is spelled out. (Rejected: passing the manager itself to every part, which makes every
 attribute of it part of every part's interface; and copying the position into each part,
-which let resume replace a timestamp the saver still held.)
+which would let resume replace a timestamp the saver still held.)
 """
 
 from __future__ import annotations
