@@ -19,6 +19,7 @@ from .errors import (
     ObjectStoreConfigError,
     ObjectStoreError,
 )
+from .folder import StorePrefix, remote_run_folder, verify_remote
 from .resolver import (
     RemoteCheckpoint,
     download_checkpoint,
@@ -30,7 +31,7 @@ from .resolver import (
 )
 from .retry import Backoff
 from .store import ObjectInfo, S3Store, TransferSettings, open_store, resolve_endpoint
-from .uploader import CheckpointUploader, UploadStats, prune_remote, verify_remote
+from .uploader import CheckpointUploader, UploadStats, prune_remote
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "S3Backend",
     "S3Store",
     "S3Uri",
+    "StorePrefix",
     "TransferSettings",
     "UploadStats",
     "download_checkpoint",
@@ -58,6 +60,7 @@ __all__ = [
     "parse_s3_uri",
     "prune_remote",
     "remote_pointer",
+    "remote_run_folder",
     "resolve_endpoint",
     "resume_from_remote",
     "verify_remote",

@@ -33,9 +33,8 @@ from .errors import (
     ObjectNotFoundError,
     ObjectStoreError,
 )
-from .folder import remote_run_folder
+from .folder import remote_run_folder, verify_remote
 from .store import S3Store
-from .uploader import verify_remote
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
