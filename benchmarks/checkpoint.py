@@ -271,7 +271,7 @@ def op_async_save(b: Bench, r: int) -> dict[str, float]:
     t0 = time.perf_counter()
     b.async_ck.save()
     call = time.perf_counter() - t0
-    pending = b.async_ck._pending
+    pending = b.async_ck.saver.pending
     first = timed(lambda: train_step(b.model, b.opt))
     busy_sps = 0.0
     if pending is not None and not pending.done():

@@ -53,7 +53,7 @@ def _export(folder: Path, out: Path, *, trusted: bool) -> int:
 
 def _list(root: Path, *, verify: bool) -> int:
     folder = RunFolder(root)
-    pointer = (folder.read_pointer() or {}).get("checkpoint")
+    pointer = folder.pointer_name()
     bad = 0
     for cand in folder.candidates():
         m = cand.manifest

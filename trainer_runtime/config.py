@@ -3,21 +3,30 @@
 ``CheckpointManager`` used to check its arguments and read ``RTJ_*`` variables at whatever
 point it first needed each one, so a bad value could surface mid-run. ``Settings.resolve``
 does it all at construction; every error names the argument or environment variable and what
-was expected. Explicit arguments win over the environment. (Rejected: a pydantic model; the
-runtime keeps its dependencies to torch, xxhash and, for s3://, boto3.)
+was expected. Explicit arguments win over the environment. Where the run lives is settled here
+too (``locate_run``: a local folder, or an ``s3://`` one staged locally and uploaded;
+``check_run_folder``: writable and not another run's), before the first step. (Rejected: a
+pydantic model; the runtime keeps its dependencies to torch, xxhash and, for s3://, boto3.)
 """
 
 from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import envvars, naming
-from .errors import ConfigError
+from .atomic import makedirs_durable, write_bytes_atomic
+from .errors import ConfigError, OverwriteError
 from .timestamp import IntervalFn, SaveInterval
+
+if TYPE_CHECKING:
+    from .layout import RunFolder
+    from .remote import RemoteBackend
 
 AsyncPolicy = Literal["wait", "skip"]
 DEFAULT_GRACE_PERIOD_S = 30.0
@@ -178,3 +187,93 @@ def _grace_period(given: float | None) -> float:
             "terminationGracePeriodSeconds)"
         )
     return value
+
+
+# ---------------------------------------------------------------------- the run's location
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def locate_run(
+    rendered_folder: str,
+    *,
+    remote: RemoteBackend | None,
+    local_folder: str | os.PathLike[str] | None,
+    rank: int,
+    world_size: int,
+    keep_local: int | None,
+    keep_remote: int,
+) -> tuple[Path, RemoteBackend | None]:
+    """The local run folder and the object store behind it (``folder="s3://..."`` builds
+    one; a bad URI, bucket or credentials fail here, at once)."""
+    if not is_remote(rendered_folder):
+        return Path(rendered_folder), remote
+    if remote is not None:
+        raise ConfigError("pass either an s3:// folder or remote=..., not both")
+    run_dir = _staging_dir(rendered_folder, local_folder)
+    root, _, leaf = rendered_folder.rstrip("/").rpartition("/")
+    if not leaf or root.endswith(":/"):
+        raise ConfigError(
+            f"folder={rendered_folder!r}: expected s3://bucket/prefix/{{run_name}} (a run "
+            "folder inside a bucket)"
+        )
+    from .objectstore.backend import S3Backend  # noqa: PLC0415 - boto3 only for s3://
+
+    try:
+        backend = S3Backend(
+            root,
+            leaf,
+            arg="folder",
+            rank=rank,
+            world_size=world_size,
+            keep_local=keep_local,
+            keep_remote=keep_remote,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return run_dir, backend
+
+
+def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> Path:
+    """Where checkpoints of an s3:// run are committed locally before upload."""
+    if local_folder is not None:
+        return Path(local_folder)
+    base = env(envvars.LOCAL_CHECKPOINT_DIR) or os.path.join(
+        tempfile.gettempdir(), "rtj-checkpoints"
+    )
+    scheme, _, rest = run_uri.partition("://")
+    return Path(base) / scheme / rest.strip("/")
+
+
+def check_run_folder(folder: RunFolder, *, run_name: str, rank: int, overwrite: bool) -> None:
+    """Fail now, not at the first save, if the folder is unusable or someone else's."""
+    run_dir = folder.root
+    try:
+        makedirs_durable(run_dir)
+        probe = run_dir / f".write-probe-{rank}-{os.getpid()}"
+        write_bytes_atomic(probe, b"ok")
+        probe.unlink()
+    except OSError as exc:
+        blocker = _file_in_the_way(run_dir)
+        if blocker is not None:
+            raise ConfigError(
+                f"checkpoint folder {str(run_dir)!r} cannot be created: "
+                f"{str(blocker)!r} is a file, not a folder; pass folder= a folder path"
+            ) from exc
+        raise ConfigError(
+            f"checkpoint folder {str(run_dir)!r} is not writable: {exc.strerror or exc}"
+        ) from exc
+    foreign = sorted({m.run_name for m in folder.committed()} - {run_name})
+    if foreign and not overwrite:
+        raise OverwriteError(
+            f"checkpoint folder {str(run_dir)!r} holds checkpoints of other run(s) "
+            f"{', '.join(foreign)}; use another folder or run_name, or pass overwrite=True"
+        )
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing non-folder on the way to ``path`` (itself included), if any."""
+    for p in [path, *path.parents]:
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None

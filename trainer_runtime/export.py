@@ -30,11 +30,14 @@ def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder as given, or a run folder's newest checkpoint that verifies."""
     if (path / MANIFEST_NAME).exists():
         return path
-    folder = RunFolder(path)
-    for manifest in folder.committed():
-        if folder.verify(manifest, _needed_ranks(manifest)) is None:
-            return path / manifest.name
-    raise NoCheckpointError(f"{str(path)!r} holds no checkpoint whose weights verify")
+    walk = RunFolder(path).newest_valid(_needed_ranks)
+    if walk.chosen is None:
+        reasons = "; ".join(walk.reasons(lambda m: m.name))
+        raise NoCheckpointError(
+            f"{str(path)!r} holds no checkpoint whose weights verify"
+            + (f" ({reasons})" if reasons else "")
+        )
+    return path / walk.chosen.name
 
 
 def _needed_ranks(manifest: Manifest) -> list[int]:

@@ -1,8 +1,16 @@
-"""One run's checkpoint folder on a local or shared filesystem (docs/runtime.md).
+"""One run's checkpoint folder, local or in an object store: one model for both (docs/runtime.md).
 
-``<run_dir>/<checkpoint>/rank{r}.pt ... manifest.json``, ``<run_dir>/latest.json`` and the
+``<run>/<checkpoint>/... manifest.json``, ``<run>/latest.json`` and, locally, the
 ``latest-rank{r}`` links. A checkpoint folder without a manifest that parses is not a
-checkpoint; it is either being written or left over from a crash.
+checkpoint; it is either being written or left over from a crash. ``RunFolder`` lists the
+candidates newest first (training progress, then creation time; a tie goes to the one the
+pointer names), reads manifests and the pointer, and verifies a checkpoint's files, the same
+way for a local path and for an ``s3://`` prefix; only the ``Location`` differs (a local
+folder here; ``objectstore.folder.StorePrefix`` wraps the object-store backend). The writes
+(commit, retention, set-aside) are the local commit protocol's and need a local folder; the
+object store is written only by the uploader, in its own order. (Rejected: a separate remote
+listing with its own ordering and manifest checks, which is what the resolver had, and which
+disagreed with the local one on ties and on what counts as committed.)
 """
 
 from __future__ import annotations
@@ -12,11 +20,14 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from . import atomic
 from .errors import ManifestError
+from .fallback import Walk, first_valid
 from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
 
 log = logging.getLogger(__name__)
@@ -37,46 +48,138 @@ class Candidate:
     def sort_key(self) -> tuple:
         if self.manifest is None:
             return ((-1,), "")
-        return (self.manifest.timestamp.sort_key(), self.manifest.created_at)
+        return progress_key(self.manifest)
+
+
+def progress_key(manifest: Manifest) -> tuple:
+    """Order of checkpoints: training progress, then creation time."""
+    return (manifest.timestamp.sort_key(), manifest.created_at)
+
+
+class Location(Protocol):
+    """Where a run folder's bytes are: what ``RunFolder`` needs to read them."""
+
+    listing_may_lag: bool
+    """True: a folder the pointer names is a candidate even when the listing lacks it."""
+
+    def describe(self) -> str:
+        """The folder's path or URI, for messages."""
+
+    def folder_names(self) -> list[str]:
+        """Names of the sub-folders (dot-names excluded)."""
+
+    def manifests(self, names: list[str]) -> dict[str, Manifest | str]:
+        """Each folder's manifest, or why it has none that parses."""
+
+    def read_pointer(self) -> dict | None:
+        """``latest.json`` parsed, or None (absent or unreadable)."""
+
+    def verify(self, manifest: Manifest, ranks: list[int] | None) -> str | None:
+        """None when the files of ``ranks`` (all: None) match the manifest, else why not."""
+
+
+class LocalLocation:
+    """A run folder on a local or shared filesystem; files are checked by full checksum."""
+
+    listing_may_lag = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def folder_names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return [
+            e.name
+            for e in os.scandir(self.root)
+            if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        ]
+
+    def manifests(self, names: list[str]) -> dict[str, Manifest | str]:
+        found: dict[str, Manifest | str] = {}
+        for name in names:
+            try:
+                found[name] = Manifest.read(self.root / name)
+            except ManifestError as exc:
+                found[name] = str(exc)
+        return found
+
+    def read_pointer(self) -> dict | None:
+        try:
+            body = json.loads((self.root / POINTER_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
+    def verify(self, manifest: Manifest, ranks: list[int] | None) -> str | None:
+        folder = self.root / manifest.name
+        for entry in manifest.files:
+            if ranks is None or entry.rank in ranks:
+                reason = verify_entry(folder, entry)
+                if reason:
+                    return reason
+        return None
 
 
 class RunFolder:
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    """One run's checkpoints: ``RunFolder(path)`` locally, ``RunFolder(StorePrefix(...))``
+    in an object store."""
+
+    def __init__(self, where: Path | str | os.PathLike[str] | Location) -> None:
+        if isinstance(where, str | os.PathLike):
+            where = LocalLocation(Path(where))
+        self.location: Location = where
+
+    @property
+    def root(self) -> Path:
+        """The local folder (the commit protocol's writes need one)."""
+        if not isinstance(self.location, LocalLocation):
+            raise TypeError(f"{self.location.describe()} is not a local folder")
+        return self.location.root
 
     def path(self, name: str) -> Path:
         return self.root / name
 
     def candidates(self) -> list[Candidate]:
         """Every checkpoint-like folder, committed ones newest first, then the rest."""
-        if not self.root.is_dir():
-            return []
-        found: list[Candidate] = []
-        for entry in os.scandir(self.root):
-            if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("."):
-                continue
-            if entry.name == REJECTED_DIR:
-                continue
-            try:
-                found.append(Candidate(entry.name, Manifest.read(Path(entry.path))))
-            except ManifestError as exc:
-                found.append(Candidate(entry.name, None, str(exc)))
-        found.sort(key=lambda c: c.sort_key, reverse=True)
+        loc = self.location
+        names = [n for n in loc.folder_names() if n != REJECTED_DIR]
+        pointer = self.pointer_name()
+        if loc.listing_may_lag and pointer and pointer not in names:
+            names.append(pointer)  # trust the pointer even if the listing lags behind it
+        found = [
+            Candidate(name, got, None) if isinstance(got, Manifest) else Candidate(name, None, got)
+            for name, got in loc.manifests(names).items()
+        ]
+        found.sort(key=lambda c: (c.sort_key, c.name == pointer), reverse=True)
         return found
 
     def committed(self) -> list[Manifest]:
+        """Manifests of the committed checkpoints, newest first."""
         return [c.manifest for c in self.candidates() if c.manifest is not None]
 
-    def verify(self, manifest: Manifest, ranks: list[int]) -> str | None:
-        """Check the files of ``ranks`` against the manifest; None when all verify."""
-        folder = self.path(manifest.name)
-        for rank in ranks:
-            for entry in manifest.files_for_rank(rank):
-                reason = verify_entry(folder, entry)
-                if reason:
-                    return reason
-        return None
+    def newest_valid(self, ranks_for: Callable[[Manifest], list[int] | None]) -> Walk[Manifest]:
+        """The newest committed checkpoint whose files (of ``ranks_for(manifest)``) verify,
+        with every newer one passed over and why (``fallback.first_valid``)."""
+        return first_valid(self.committed(), lambda m: self.verify(m, ranks_for(m)))
 
+    def verify(self, manifest: Manifest, ranks: list[int] | None) -> str | None:
+        """Check the files of ``ranks`` (all: None) against the manifest; None when all
+        verify (locally by checksum; in an object store by size and recorded digest)."""
+        return self.location.verify(manifest, ranks)
+
+    def read_pointer(self) -> dict | None:
+        return self.location.read_pointer()
+
+    def pointer_name(self) -> str | None:
+        """The checkpoint ``latest.json`` names (a hint: resume lists the folder)."""
+        name = (self.read_pointer() or {}).get("checkpoint")
+        return name if isinstance(name, str) and name else None
+
+    # ------------------------------------------------------------------ local writes
     def write_manifest(self, manifest: Manifest) -> None:
         atomic.write_bytes_atomic(
             self.path(manifest.name) / MANIFEST_NAME, manifest.to_json().encode()
@@ -92,12 +195,6 @@ class RunFolder:
         atomic.write_bytes_atomic(
             self.root / POINTER_NAME, (json.dumps(body, indent=2) + "\n").encode()
         )
-
-    def read_pointer(self) -> dict | None:
-        try:
-            return json.loads((self.root / POINTER_NAME).read_text())
-        except (OSError, ValueError):
-            return None
 
     def link_latest(self, link_name: str, target: str) -> None:
         atomic.symlink_atomic(target, self.root / link_name)

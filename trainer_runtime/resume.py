@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .fallback import first_valid
 from .layout import RunFolder
 
 QUARANTINE_REASON = "quarantined by the operator (repeated failures after it)"
@@ -88,6 +89,14 @@ def merge(views: list[dict[str, Listed]]) -> list[Merged]:
     return merged
 
 
+class _WorldSizeConflictError(Exception):
+    """Stops the walk: the newest usable checkpoint needs another world size."""
+
+    def __init__(self, cand: Merged) -> None:
+        super().__init__(cand.name)
+        self.cand = cand
+
+
 def decide(
     merged: list[Merged],
     world_size: int,
@@ -95,25 +104,32 @@ def decide(
     *,
     elastic: bool = False,
 ) -> Decision:
-    """Walk candidates newest first; ``verify_everywhere`` checksums one on every rank."""
+    """Walk candidates newest first (``fallback.first_valid``); ``verify_everywhere``
+    checksums one on every rank. A candidate some rank already faults (quarantined, missing
+    on a rank) is passed over without a read; a format-version-1 one saved at another world
+    size stops the walk (``world_size_conflict``) unless ``elastic``, since an older one
+    would silently lose progress."""
     decision = Decision(chosen=None)
     # Folders without a usable manifest have no known position: report them all up front.
     decision.leftovers = [(c.name, str(c.reason)) for c in merged if c.world_size is None]
     decision.fallbacks = [f"{name}: {why}" for name, why in decision.leftovers]
-    for cand in merged:
-        if cand.world_size is None:
-            continue
+
+    def check(cand: Merged) -> str | None:
         if cand.reason is not None:
-            decision.fallbacks.append(f"{cand.name}: {cand.reason}")
-            decision.rejected.append((cand.name, cand.reason))
-            continue
+            return cand.reason
         if cand.world_size != world_size and not elastic and not cand.any_world_size:
-            decision.world_size_conflict = (cand.name, int(cand.world_size or 0))
-            return decision
-        reason = verify_everywhere(cand.name)
-        if reason is None:
-            decision.chosen = cand.name
-            return decision
-        decision.fallbacks.append(f"{cand.name}: {reason}")
-        decision.rejected.append((cand.name, reason))
+            raise _WorldSizeConflictError(cand)
+        return verify_everywhere(cand.name)
+
+    def reject(cand: Merged, why: str) -> None:
+        decision.fallbacks.append(f"{cand.name}: {why}")
+        decision.rejected.append((cand.name, why))
+
+    committed = (c for c in merged if c.world_size is not None)
+    try:
+        walk = first_valid(committed, check, on_reject=reject)
+    except _WorldSizeConflictError as stop:
+        decision.world_size_conflict = (stop.cand.name, int(stop.cand.world_size or 0))
+        return decision
+    decision.chosen = None if walk.chosen is None else walk.chosen.name
     return decision

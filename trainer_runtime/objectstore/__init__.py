@@ -2,7 +2,8 @@
 
 Layers, each its own module: ``uri`` (what a valid location is), ``store`` (one boto3 client plus
 verified parallel transfers), ``uploader`` (background upload in commit order: data, manifest,
-pointer), ``resolver`` (newest remote checkpoint that verifies, downloaded and checked).
+pointer), ``folder`` (a bucket prefix as a ``layout.RunFolder``, the same model as a local run
+folder), ``resolver`` (newest remote checkpoint that verifies, downloaded and checked).
 boto3 is imported only when a store is built, so ``trainer_runtime`` imports without it.
 See docs/object-store.md.
 """
@@ -18,6 +19,7 @@ from .errors import (
     ObjectStoreConfigError,
     ObjectStoreError,
 )
+from .folder import StorePrefix, remote_run_folder, verify_remote
 from .resolver import (
     RemoteCheckpoint,
     download_checkpoint,
@@ -29,7 +31,7 @@ from .resolver import (
 )
 from .retry import Backoff
 from .store import ObjectInfo, S3Store, TransferSettings, open_store, resolve_endpoint
-from .uploader import CheckpointUploader, UploadStats, prune_remote, verify_remote
+from .uploader import CheckpointUploader, UploadStats, prune_remote
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "S3Backend",
     "S3Store",
     "S3Uri",
+    "StorePrefix",
     "TransferSettings",
     "UploadStats",
     "download_checkpoint",
@@ -57,6 +60,7 @@ __all__ = [
     "parse_s3_uri",
     "prune_remote",
     "remote_pointer",
+    "remote_run_folder",
     "resolve_endpoint",
     "resume_from_remote",
     "verify_remote",

@@ -8,14 +8,16 @@ configuration fails before training starts, not at the first upload an hour late
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..fallback import first_valid
 from ..manifest import Manifest
 from ..timestamp import Timestamp
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
 from .rejected import reject_remote
-from .resolver import download_checkpoint, find_remote_checkpoint
+from .resolver import RemoteCheckpoint, download_checkpoint, find_remote_checkpoint
 from .retry import Backoff, retry_call
 from .store import S3Store, TransferSettings, open_store
 from .uploader import CheckpointUploader
@@ -95,24 +97,40 @@ class S3Backend:
         (``resume_attempts``, about a minute) and then raised: starting from scratch while
         the store holds the run's progress would silently throw it away.
         """
-        while True:
-            found = retry_call(
-                lambda skip=exclude: find_remote_checkpoint(self.store, self.run_uri, exclude=skip),
-                attempts=self.resume_attempts,
-                backoff=Backoff(initial=2.0, maximum=30.0),
-                retryable=is_transient,
-                what=f"listing remote checkpoints of {self.run_uri}",
-            )
-            if found is None:
-                return None
+
+        def newest_first() -> Iterator[RemoteCheckpoint]:
+            skip = set(exclude)
+            while True:
+                found = retry_call(
+                    lambda: find_remote_checkpoint(self.store, self.run_uri, exclude=skip),
+                    attempts=self.resume_attempts,
+                    backoff=Backoff(initial=2.0, maximum=30.0),
+                    retryable=is_transient,
+                    what=f"listing remote checkpoints of {self.run_uri}",
+                )
+                if found is None:
+                    return
+                yield found
+                skip.add(found.name)
+
+        fetched: dict[str, Path] = {}
+
+        def fetch(found: RemoteCheckpoint) -> str | None:
             ranks = [rank] if found.manifest.world_size == world_size else None
             try:
-                return download_checkpoint(self.store, found, run_dir, ranks=ranks)
+                fetched[found.name] = download_checkpoint(self.store, found, run_dir, ranks=ranks)
             except (ChecksumMismatchError, ObjectNotFoundError) as exc:  # broken: use older
-                log.warning(
-                    "object store: cannot fetch %s (%s); trying an older checkpoint", found.uri, exc
-                )
-                exclude = {*exclude, found.name}
+                return str(exc)
+            return None
+
+        walk = first_valid(
+            newest_first(),
+            fetch,
+            on_reject=lambda found, why: log.warning(
+                "object store: cannot fetch %s (%s); trying an older checkpoint", found.uri, why
+            ),
+        )
+        return None if walk.chosen is None else fetched[walk.chosen.name]
 
     def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
         """(name, world size) of the newest remote checkpoint whose objects verify by HEAD.

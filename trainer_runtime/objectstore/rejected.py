@@ -18,8 +18,9 @@ from ..errors import ManifestError
 from ..layout import REJECTED_DIR
 from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
 from ..timestamp import Timestamp
+from .folder import remote_run_folder
 from .store import S3Store
-from .uploader import pointer_body, progress_key, remote_manifests
+from .uploader import pointer_body
 from .uri import S3Uri
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,8 @@ def _repoint_after(store: S3Store, run_uri: S3Uri, removed: str) -> None:
         current = store.get_json(pointer_uri)
     if not isinstance(current, dict) or current.get("checkpoint") != removed:
         return
-    names = [n for n in store.list_folders(run_uri) if n not in (REJECTED_DIR, removed)]
-    committed = [
-        m for m in remote_manifests(store, run_uri, names).values() if isinstance(m, Manifest)
-    ]
+    committed = [m for m in remote_run_folder(store, run_uri).committed() if m.name != removed]
     if committed:
-        store.put_json(pointer_uri, pointer_body(max(committed, key=progress_key)))
+        store.put_json(pointer_uri, pointer_body(committed[0]))  # newest first
     else:
         store.delete(pointer_uri)

@@ -2,10 +2,12 @@
 
 Order of trust: ``latest.json`` names the checkpoint the leader last committed, but it is only a
 hint. Every checkpoint folder under the run is considered (the pointer's own target included,
-even if a listing were stale), newest first by the training progress its manifest records; the
-first whose every file is present with the manifest's size and xxh3 metadata is chosen, and its
-download is verified byte by byte. When the newest is torn (no manifest), missing a rank, or
-fails a checksum, the next older one is tried, with a log line saying why.
+even if a listing were stale), newest first by the training progress its manifest records
+(``layout.RunFolder`` over ``folder.StorePrefix``: the same listing as a local run folder);
+the first whose every file is present with the manifest's size and xxh3 metadata is chosen
+(``fallback.first_valid``), and its download is verified byte by byte. When the newest is torn
+(no manifest), missing a rank, or fails a checksum, the next older one is tried, with a log
+line saying why.
 
 Downloads follow the local commit protocol: each file appears under its name only once its bytes
 are verified and durable, and the manifest is written last, so a crash mid-download leaves a
@@ -23,16 +25,16 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import ManifestError
-from ..layout import REJECTED_DIR
-from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
+from ..fallback import first_valid
+from ..manifest import MANIFEST_NAME, Manifest, verify_entry
 from .errors import (
     ChecksumMismatchError,
     NoValidCheckpointError,
     ObjectNotFoundError,
     ObjectStoreError,
 )
+from .folder import remote_run_folder, verify_remote
 from .store import S3Store
-from .uploader import progress_key, remote_manifests, verify_remote
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -56,16 +58,7 @@ def _uri(value: S3Uri | str, arg: str) -> S3Uri:
 
 def remote_pointer(store: S3Store, run_uri: S3Uri | str) -> str | None:
     """The checkpoint name ``latest.json`` gives, or None (absent or unreadable)."""
-    run = _uri(run_uri, "run_uri")
-    try:
-        body = store.get_json(run.join(POINTER_NAME))
-    except ValueError as exc:
-        log.warning(
-            "object store: %s does not parse (%s); ignoring it", run.join(POINTER_NAME), exc
-        )
-        return None
-    name = body.get("checkpoint") if isinstance(body, dict) else None
-    return name if isinstance(name, str) and name else None
+    return remote_run_folder(store, _uri(run_uri, "run_uri")).pointer_name()
 
 
 def list_remote_checkpoints(
@@ -73,29 +66,30 @@ def list_remote_checkpoints(
 ) -> list[RemoteCheckpoint]:
     """Committed checkpoints of the run (manifest parses), newest first; no file is checked.
 
-    Ties in progress go to the one ``latest.json`` names. Folders without a valid manifest
+    The listing and order are ``layout.RunFolder``'s (ties go to the one ``latest.json``
+    names, which is a candidate even if the listing lags). Folders without a valid manifest
     and names in ``exclude`` (quarantined) are skipped with a log line.
     """
     run = _uri(run_uri, "run_uri")
-    pointer = remote_pointer(store, run)
-    names = [n for n in store.list_folders(run) if n != REJECTED_DIR]
-    if pointer and pointer not in names:
-        names.append(pointer)  # trust the pointer even if the listing lags behind it
-    found = remote_manifests(store, run, names)
+    folder = remote_run_folder(store, run)
+    pointer = folder.pointer_name()
     result: list[RemoteCheckpoint] = []
-    for name, manifest in found.items():
-        if name in exclude:
-            log.info("object store: skipping quarantined remote checkpoint %s", run.join(name))
-        elif isinstance(manifest, str):
-            if name == pointer:
+    for cand in folder.candidates():
+        if cand.name in exclude:
+            log.info("object store: skipping quarantined remote checkpoint %s", run.join(cand.name))
+        elif cand.manifest is None:
+            if cand.name == pointer:
                 log.warning(
-                    "object store: latest.json names %s, but %s; falling back", name, manifest
+                    "object store: latest.json names %s, but %s; falling back",
+                    cand.name,
+                    cand.reason,
                 )
             else:
-                log.info("object store: %s is not a checkpoint: %s", run.join(name), manifest)
+                log.info(
+                    "object store: %s is not a checkpoint: %s", run.join(cand.name), cand.reason
+                )
         else:
-            result.append(RemoteCheckpoint(run.join(name), manifest))
-    result.sort(key=lambda c: (progress_key(c.manifest), c.name == pointer), reverse=True)
+            result.append(RemoteCheckpoint(run.join(cand.name), cand.manifest))
     return result
 
 
@@ -111,18 +105,17 @@ def find_remote_checkpoint(
     Only metadata is checked here (size and the xxh3 recorded at upload); the bytes are checked
     when downloaded. Returns None when the run has no remote checkpoint at all.
     """
-    for ckpt in list_remote_checkpoints(store, run_uri, exclude=exclude):
-        reason = verify_remote(
-            store, _uri(run_uri, "run_uri"), ckpt.manifest, None if ranks is None else list(ranks)
-        )
-        if reason is None:
-            return ckpt
-        log.warning(
+    run = _uri(run_uri, "run_uri")
+    rank_list = None if ranks is None else list(ranks)
+    return first_valid(
+        list_remote_checkpoints(store, run, exclude=exclude),
+        lambda ckpt: verify_remote(store, run, ckpt.manifest, rank_list),
+        on_reject=lambda ckpt, why: log.warning(
             "object store: remote checkpoint %s does not verify (%s); trying an older one",
             ckpt.uri,
-            reason,
-        )
-    return None
+            why,
+        ),
+    ).chosen
 
 
 def download_checkpoint(
@@ -204,23 +197,32 @@ def resume_from_remote(
     """
     run = _uri(run_uri, "run_uri")
     candidates = list_remote_checkpoints(store, run, exclude=exclude)
-    reasons: list[str] = []
     rank_list = None if ranks is None else list(ranks)
-    for ckpt in candidates:
+    fetched: dict[str, Path] = {}
+
+    def fetch(ckpt: RemoteCheckpoint) -> str | None:
         reason = verify_remote(store, run, ckpt.manifest, rank_list)
-        if reason is None:
-            try:
-                return ckpt, download_checkpoint(store, ckpt, local_run_dir, ranks=ranks)
-            except (ChecksumMismatchError, ObjectNotFoundError) as exc:
-                reason = str(exc)  # this checkpoint is broken; a store outage propagates
-        reasons.append(f"{ckpt.name}: {reason}")
-        log.warning(
-            "object store: cannot resume from %s (%s); trying an older checkpoint", ckpt.uri, reason
-        )
+        if reason is not None:
+            return reason
+        try:
+            fetched[ckpt.name] = download_checkpoint(store, ckpt, local_run_dir, ranks=ranks)
+        except (ChecksumMismatchError, ObjectNotFoundError) as exc:
+            return str(exc)  # this checkpoint is broken; a store outage propagates
+        return None
+
+    walk = first_valid(
+        candidates,
+        fetch,
+        on_reject=lambda ckpt, why: log.warning(
+            "object store: cannot resume from %s (%s); trying an older checkpoint", ckpt.uri, why
+        ),
+    )
+    if walk.chosen is not None:
+        return walk.chosen, fetched[walk.chosen.name]
     if not candidates:
         return None
     raise NoValidCheckpointError(
-        f"no remote checkpoint under {run} verifies: " + "; ".join(reasons)
+        f"no remote checkpoint under {run} verifies: " + "; ".join(walk.reasons(lambda c: c.name))
     )
 
 

@@ -25,17 +25,18 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import atomic, events
 from ..errors import ManifestError
+from ..layout import RunFolder, progress_key
 from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
 from ..retention import select_for_deletion
 from ..timestamp import Timestamp
 from .errors import LocalDataError, ObjectStoreError
+from .folder import remote_run_folder, verify_remote
 from .retry import Backoff
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
@@ -73,11 +74,6 @@ class _Job:
     @property
     def name(self) -> str:
         return self.manifest.name
-
-
-def progress_key(manifest: Manifest) -> tuple:
-    """Order of checkpoints: training progress, then creation time."""
-    return (manifest.timestamp.sort_key(), manifest.created_at)
 
 
 def pointer_body(manifest: Manifest) -> dict:
@@ -199,24 +195,17 @@ class CheckpointUploader:
         if isinstance(current, dict) and isinstance(current.get("timestamp"), dict):
             with contextlib.suppress(TypeError, ValueError):
                 floor = Timestamp.from_dict(current["timestamp"]).sort_key()
-        manifests = []
-        root = Path(local_run_dir)
-        for folder in sorted(root.iterdir()) if root.is_dir() else []:
-            if not folder.is_dir() or folder.name.startswith("."):
-                continue
-            try:
-                manifest = Manifest.read(folder)
-            except ManifestError:
-                continue
-            if manifest.files_for_rank(self.rank) and (
-                floor is None or manifest.timestamp.sort_key() > floor
-            ):
-                manifests.append((progress_key(manifest), folder, manifest))
-        newest_first = sorted(manifests, key=lambda m: m[0], reverse=True)
-        for _, folder, manifest in newest_first:
+        local = RunFolder(Path(local_run_dir))
+        newest_first = [
+            m
+            for m in local.committed()
+            if m.files_for_rank(self.rank) and (floor is None or m.timestamp.sort_key() > floor)
+        ]
+        for manifest in newest_first:
+            folder = local.path(manifest.name)
             log.info("object store: resubmitting %s (not yet committed remotely)", folder)
             self.submit(folder, manifest, resumed=True)
-        return [m.name for _, _, m in newest_first]
+        return [m.name for m in newest_first]
 
     def is_pending(self, name: str) -> bool:
         """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
@@ -536,59 +525,6 @@ def _matches(info: object, entry: FileEntry) -> bool:
     )
 
 
-def remote_manifests(
-    store: S3Store, run_uri: S3Uri, names: list[str] | None = None
-) -> dict[str, Manifest | str]:
-    """Each checkpoint folder's manifest, or the reason it has none that parses."""
-    if names is None:
-        names = store.list_folders(run_uri)
-
-    def load(name: str) -> Manifest | str:
-        uri = run_uri.join(name, MANIFEST_NAME)
-        try:
-            data = store.get_bytes(uri)
-        except ObjectStoreError as exc:
-            return f"cannot read {uri}: {exc}"
-        if data is None:
-            return f"{uri} does not exist (not committed)"
-        try:
-            manifest = Manifest.from_json(data, source=str(uri))
-        except ManifestError as exc:
-            return str(exc)
-        if manifest.name != name:
-            return f"{uri} names checkpoint {manifest.name!r}, not {name!r}"
-        return manifest
-
-    if not names:
-        return {}
-    with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="rtj-s3-list") as pool:
-        return dict(zip(names, pool.map(load, names), strict=True))
-
-
-def verify_remote(
-    store: S3Store, run_uri: S3Uri, manifest: Manifest, ranks: list[int] | None = None
-) -> str | None:
-    """None when every file (of ``ranks``) is remote with the manifest's size and digest."""
-    ckpt = run_uri.join(manifest.name)
-    for entry in manifest.files:
-        if ranks is not None and entry.rank not in ranks:
-            continue
-        info = store.head(ckpt.join(entry.path))
-        if info is None:
-            return f"{entry.path} (rank {entry.rank}) is missing remotely"
-        if info.size != entry.size:
-            return (
-                f"{entry.path} (rank {entry.rank}) has {info.size} bytes remotely, "
-                f"manifest says {entry.size}"
-            )
-        if info.xxh3 != entry.xxh3_128:
-            return (
-                f"{entry.path} (rank {entry.rank}) carries checksum {info.xxh3}, "
-                f"manifest says {entry.xxh3_128}"
-            )
-    return None
-
-
 def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
     """Delete committed remote checkpoints older than the newest ``keep`` that verify.
 
@@ -598,13 +534,11 @@ def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
     """
     if keep < 1:
         raise ValueError(f"keep={keep}: expected >= 1")
-    found = remote_manifests(store, run_uri)
-    committed = sorted(
-        (m for m in found.values() if isinstance(m, Manifest)), key=progress_key, reverse=True
-    )
+    folder = remote_run_folder(store, run_uri)
+    committed = folder.committed()
     pointer = None
-    with contextlib.suppress(ValueError, ObjectStoreError):
-        pointer = (store.get_json(run_uri.join(POINTER_NAME)) or {}).get("checkpoint")
+    with contextlib.suppress(ObjectStoreError):
+        pointer = folder.pointer_name()
     by_name = {m.name: m for m in committed}
     doomed = select_for_deletion(
         [m.name for m in committed],

@@ -1,0 +1,155 @@
+"""What the parts of ``CheckpointManager`` share: the run (where, who, with what) and its
+live position.
+
+The manager is a facade over a saver (``saving.py``), a loader (``loading.py``) and a resumer
+(``resuming.py``). Each needs the same few facts (rank, coordination channels, run folder,
+object store, engine, settings) and reads or replaces the same live position (timestamp,
+metrics, extras). They get them here, as one ``RunContext`` object, rather than as references
+back to the manager: a part can be built and tested without a manager, and what it may touch
+is spelled out. (Rejected: passing the manager itself to every part, which makes every
+attribute of it part of every part's interface; and copying the position into each part,
+which would let resume replace a timestamp the saver still held.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import Settings, locate_run
+from .dist import Coordinator
+from .layout import RunFolder
+from .progress import ProgressReporter
+from .sharded.engine import ShardedEngine
+from .state import Components, unwrap
+from .timestamp import Timestamp
+
+if TYPE_CHECKING:
+    from .remote import RemoteBackend
+    from .sampler import ResumableSampler
+
+RUNTIME_KEY = "_trainer_runtime"
+"""Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
+
+
+@dataclass
+class Position:
+    """The live training position and the user's metrics and extras.
+
+    Resume replaces the timestamp object; everyone reads it through this holder, so nobody
+    keeps a stale one.
+    """
+
+    timestamp: Timestamp = field(default_factory=Timestamp)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    last_global_batch: int | None = None
+    """The global batch size the last ``batch_end`` reported (saved for resume's rescaling)."""
+    last_saved_key: tuple | None = None
+    _clock_start: float = field(default_factory=time.monotonic)
+    _wall_base: float = 0.0
+
+    def key(self) -> tuple:
+        """What makes two saves the same save: epoch, batch and sample."""
+        ts = self.timestamp
+        return (ts.epoch, ts.batch, ts.sample)
+
+    def mark_saved(self) -> None:
+        """The live state equals a checkpoint on disk: a save now would only copy it."""
+        self.last_saved_key = self.key()
+
+    def wall_time(self) -> float:
+        """Training seconds so far, across attempts (resume restores the saved total)."""
+        return self._wall_base + (time.monotonic() - self._clock_start)
+
+    def restart_clock(self) -> None:
+        """Continue the wall clock from the (just restored) timestamp's total."""
+        self._wall_base = self.timestamp.wall_time
+        self._clock_start = time.monotonic()
+
+
+@dataclass
+class RunContext:
+    """One run as every part of the manager sees it (built once, by the manager)."""
+
+    settings: Settings
+    coord: Coordinator
+    """The training thread's channel (resume, per-step preemption agreement)."""
+    commit_coord: Coordinator
+    """The channel of whichever thread persists a save (never shared between threads)."""
+    run_name: str
+    run_dir: Path
+    folder: RunFolder
+    remote: RemoteBackend | None
+    engine: ShardedEngine
+    components: Components
+    sampler: ResumableSampler | None
+    progress: ProgressReporter | None
+    position: Position = field(default_factory=Position)
+
+    @property
+    def rank(self) -> int:
+        return self.coord.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.coord.world_size
+
+
+def open_run(
+    settings: Settings,
+    components: Components,
+    *,
+    sampler: ResumableSampler | None,
+    remote: RemoteBackend | None,
+    local_folder: str | os.PathLike[str] | None,
+    keep_local: int | None,
+    keep_remote: int,
+    coordination_timeout: timedelta,
+) -> RunContext:
+    """Join the ranks, agree on the run's name, locate its folder (and object store) and
+    build the engine: everything the manager's parts share, in that order."""
+    # Two channels: the training thread's (resume, per-step preemption agreement) and the
+    # commit channel, used by whichever thread persists a save. Sharing one gloo group
+    # between threads would interleave collectives differently on different ranks.
+    coord = Coordinator(coordination_timeout)
+    commit_coord = Coordinator(coordination_timeout)
+    run_name = settings.run_name
+    if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
+        run_name = coord.broadcast(f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}")
+    run_dir, remote = locate_run(
+        settings.templates.render_folder(run_name),
+        remote=remote,
+        local_folder=local_folder,
+        rank=coord.rank,
+        world_size=coord.world_size,
+        keep_local=keep_local,
+        keep_remote=keep_remote,
+    )
+    model = components.model
+    engine = ShardedEngine(
+        # DDP/compile wrappers off: keys are the plain model's (FSDP2 adds no wrapper)
+        dataclasses.replace(components, model=None if model is None else unwrap(model)),
+        coord,
+        commit_coord=commit_coord,
+        trusted_pickle=settings.trusted_pickle,
+    )
+    return RunContext(
+        settings=settings,
+        coord=coord,
+        commit_coord=commit_coord,
+        run_name=run_name,
+        run_dir=run_dir,
+        folder=RunFolder(run_dir),
+        remote=remote,
+        engine=engine,
+        components=components,
+        sampler=sampler,
+        progress=ProgressReporter() if coord.rank == 0 else None,
+        position=Position(last_global_batch=settings.global_batch_size),
+    )

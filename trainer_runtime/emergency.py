@@ -1,0 +1,128 @@
+"""The preemption response at a step boundary: agree with every rank, then save and go on
+(a notice) or save, flush and exit inside the grace period (SIGTERM).
+
+Both signals arrive on one rank at a time and at different steps, so every rank first agrees
+(one ``max_ints`` collective per step) and all act at the same step: a save is collective.
+The SIGTERM sequence works against ``shutdown.ShutdownDeadline``: wait for a save in flight,
+save, move that checkpoint to the front of the upload queue, close with what is left of the
+grace period, exit with the preemption exit code (``os._exit`` when a transfer thread is stuck).
+It lives apart from the manager so the order of those steps reads in one place. (Rejected:
+saving from the signal handler: heavy I/O there can deadlock, it runs mid-step, and a save needs
+every rank at the same step; see ``preemption.py``.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+from . import events
+from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
+
+log = logging.getLogger("trainer_runtime")
+
+
+class _Manager(Protocol):
+    """The part of ``CheckpointManager`` the emergency path drives."""
+
+    remote: Any
+    preemption: Any
+    coord: Any
+
+    def save(self, *, blocking: bool | None = None) -> Any: ...
+
+    def wait(self) -> None: ...
+
+    def close(self, *, save: bool | None = None, upload_timeout_s: float | None = None) -> None: ...
+
+
+class PreemptionResponse:
+    """Checks for SIGTERM and notices at each step boundary and acts on them."""
+
+    def __init__(
+        self,
+        manager: _Manager,
+        *,
+        grace_period_s: float,
+        exit_code: int,
+        upload_flush_timeout_s: float | None,
+    ) -> None:
+        self.manager = manager
+        self.grace_period_s = grace_period_s
+        self.exit_code = exit_code
+        self.upload_flush_timeout_s = upload_flush_timeout_s
+        self._notices_handled = 0
+
+    def at_step_boundary(self, batch: int) -> Any:
+        """Agree with every rank on SIGTERM / notices, then act; the notice save, if any."""
+        watcher = self.manager.preemption
+        local = [1 if watcher.terminating else 0, watcher.poll_notice()]
+        terminating, notices = self.manager.coord.max_ints(local)
+        if terminating:
+            self.emergency_exit(batch)
+        if notices > self._notices_handled:
+            self._notices_handled = notices
+            log.warning("preemption notice: saving now and training on")
+            events.notice(rank=self.manager.coord.rank, content=watcher.last_notice, step=batch)
+            return self.manager.save(blocking=True)
+        return None
+
+    def emergency_exit(self, batch: int) -> None:
+        """Save, give uploads what is left of the grace period, exit 143 before the SIGKILL."""
+        mgr = self.manager
+        deadline = ShutdownDeadline(
+            mgr.preemption.sigterm_at or time.monotonic(), self.grace_period_s
+        )
+        watchdog = ExitWatchdog(deadline, self.exit_code)
+        log.warning(
+            "SIGTERM: saving at batch %d before exiting (exit within %.1fs of the signal: "
+            "grace period %.0fs minus a %.1fs margin)",
+            batch,
+            deadline.exit_by - deadline.signalled_at,
+            deadline.grace_period_s,
+            deadline.margin_s,
+        )
+        events.sigterm(rank=mgr.coord.rank, step=batch, grace_period_s=deadline.grace_period_s)
+        saved = None
+        saved_after = None
+        try:
+            mgr.wait()
+            saved = mgr.save(blocking=True)
+            saved_after = deadline.since_signal()
+            upload_first = getattr(mgr.remote, "upload_first", None)
+            if saved is not None and upload_first is not None:
+                upload_first(saved.name)
+        finally:
+            budget = deadline.upload_budget()
+            if self.upload_flush_timeout_s is not None:
+                budget = min(budget, self.upload_flush_timeout_s)
+            mgr.close(save=False, upload_timeout_s=budget)
+        where = saved.name if saved else "the checkpoint already saved at this step"
+        log.warning(
+            "emergency save %s done %.2fs after SIGTERM (grace period %.0fs)",
+            where,
+            saved_after if saved_after is not None else 0.0,
+            deadline.grace_period_s,
+        )
+        events.emergency_saved(
+            rank=mgr.coord.rank,
+            checkpoint=saved.name if saved else None,
+            step=batch,
+            seconds=saved_after,
+            grace_period_s=deadline.grace_period_s,
+        )
+        log.warning(
+            "exiting %.2fs after SIGTERM (uploads flushed or left for the next attempt)",
+            deadline.since_signal(),
+        )
+        if saved_after is not None and saved_after > 0.8 * deadline.grace_period_s:
+            log.warning(
+                "the emergency save took %.0f%% of the grace period: raise "
+                "terminationGracePeriodSeconds or save more often",
+                100 * saved_after / deadline.grace_period_s,
+            )
+        watchdog.cancel()
+        if getattr(mgr.remote, "transfers_stuck", lambda: False)():
+            exit_now(self.exit_code)  # SystemExit would wait for the stuck thread
+        raise SystemExit(self.exit_code)

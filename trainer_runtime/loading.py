@@ -1,0 +1,280 @@
+"""Loading: put a verified checkpoint's state into the live model, optimizer and position.
+
+Every load path (resume's chosen checkpoint, ``load()`` of a checkpoint folder, a run folder,
+a single file or an ``s3://`` location) ends here, so a checkpoint is verified before the first
+tensor of it touches the live state, whichever way it was named. Format version 2 is verified
+while DCP reads it (every chunk against its digest; a failure leaves the live state as it was);
+version 1 reads each rank file once, checked against the manifest, and deserializes from that
+buffer. After the tensors, the runtime's own part is applied: position, metrics, extras, and
+the data overrides (``ignore_data_position``, ``data_skip_steps``, a changed global batch size,
+an epoch that ended in the checkpoint). Choosing *which* checkpoint is ``resuming.py``'s job.
+(Rejected: loading inside the resume code, which left ``load()`` with its own, weaker copy of
+the verification.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import state as state_mod
+from .context import RUNTIME_KEY, RunContext
+from .errors import CorruptCheckpointError, NoCheckpointError, WorldSizeMismatchError
+from .fallback import first_valid
+from .layout import RunFolder
+from .manifest import MANIFEST_NAME, Manifest
+from .sharded.checkpointer import check_files_present
+from .timestamp import Timestamp
+from .verified_load import VerifiedFile, read_verified, read_whole
+
+log = logging.getLogger("trainer_runtime")
+
+
+class Loader:
+    """Verified loads into one run's live state (collective for format version 2)."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def load(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        weights_only: bool = False,
+        strict: bool = True,
+        ignore_keys: Sequence[str] = (),
+    ) -> None:
+        opts = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
+        if "://" in str(path):
+            path = self._fetch_remote_load_path(str(path))
+        p = Path(path)
+        if p.is_file():
+            whole = read_whole(p)
+            self.restore_v1(whole.load(trusted=self.ctx.settings.trusted_pickle), **opts)
+            whole.release_unused()
+            return
+        if (p / MANIFEST_NAME).exists():
+            self.load_checkpoint_dir(p, **opts)
+            return
+        if p.is_dir():
+            folder = RunFolder(p)
+            walk = first_valid(
+                folder.committed(),
+                lambda m: self.try_load(folder.path(m.name), m, **opts),
+                on_reject=lambda m, why: log.warning("load path: skipping %s: %s", m.name, why),
+            )
+            if walk.chosen is not None:
+                return
+        raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
+
+    def try_load(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> str | None:
+        """Load one checkpoint if it verifies; else the reason (the live state untouched)."""
+        opts = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
+        if manifest.sharded:
+            return self.try_load_sharded(folder, manifest, **opts)
+        files = self.read_rank_files(folder, manifest, weights_only=weights_only)
+        if isinstance(files, str):
+            return files
+        self.load_checkpoint_dir(folder, files=files, **opts)
+        return None
+
+    def _fetch_remote_load_path(self, uri: str) -> Path:
+        from .objectstore.resolver import fetch_load_path  # noqa: PLC0415 - boto3 on use
+        from .objectstore.store import open_store  # noqa: PLC0415
+
+        store, _ = open_store(uri, arg="load_path", write=False)
+        local = self.ctx.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
+        # Every file: a version-2 checkpoint's state is spread over all its files.
+        return fetch_load_path(store, uri, local, ranks=None)
+
+    def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
+        """Which saved rank's file this rank loads (format version 1)."""
+        ctx = self.ctx
+        if manifest.world_size == ctx.world_size:
+            return ctx.rank
+        if weights_only:
+            return 0  # model weights are replicated across data-parallel ranks
+        if ctx.settings.elastic:
+            # Data-parallel state is replicated; the data position is global (sampler.py).
+            return ctx.rank % manifest.world_size
+        raise WorldSizeMismatchError(
+            f"checkpoint {manifest.name} was saved by {manifest.world_size} rank(s) but "
+            f"{ctx.world_size} are loading it; pass elastic=True (data-parallel training with "
+            f"ResumableSampler), load it with weights_only=True, or resume with "
+            f"WORLD_SIZE={manifest.world_size}"
+        )
+
+    def read_rank_files(
+        self, folder: Path, manifest: Manifest, *, weights_only: bool
+    ) -> list[VerifiedFile] | str:
+        """This rank's files of a version-1 checkpoint, each read once and checked against the
+        manifest; a reason instead when one does not verify (then nothing is deserialized)."""
+        rank = self._source_rank(manifest, weights_only)
+        files: list[VerifiedFile] = []
+        for entry in manifest.files_for_rank(rank):
+            got = read_verified(folder, entry)
+            if isinstance(got, str):
+                return got
+            files.append(got)
+        return files
+
+    def load_checkpoint_dir(
+        self,
+        folder: Path,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+        files: list[VerifiedFile] | None = None,
+    ) -> None:
+        """``files``: this rank's files the caller has already read and verified (resume
+        does, while choosing the checkpoint); otherwise they are read and verified here. Every
+        file verifies before the first one touches the live state."""
+        manifest = Manifest.read(folder)
+        opts = {"strict": strict, "ignore_keys": ignore_keys}
+        if manifest.sharded:
+            reason = self.try_load_sharded(folder, manifest, weights_only=weights_only, **opts)
+            if reason is not None:
+                raise NoCheckpointError(f"checkpoint {folder} does not load: {reason}")
+            return
+        if files is None:
+            got = self.read_rank_files(folder, manifest, weights_only=weights_only)
+            if isinstance(got, str):
+                raise NoCheckpointError(f"checkpoint {folder} does not verify: {got}")
+            files = got
+        for verified in files:
+            self.restore_v1(
+                verified.load(trusted=self.ctx.settings.trusted_pickle),
+                weights_only=weights_only or manifest.weights_only,
+                **opts,
+            )
+            # Module weights now live in the parameters; their pages in the buffer are unused.
+            verified.release_unused()
+
+    def try_load_sharded(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> str | None:
+        """Load a version-2 checkpoint on every rank (collective); the reason when it cannot
+        be used, the same on every rank (then the live state is untouched).
+
+        Every rank first checks that every file is present with its recorded size (no read:
+        content is verified chunk by chunk during the load); a rank that lacks a file (node-
+        local disks without an object store) names it in the reason.
+        """
+        ctx = self.ctx
+        problems = ctx.coord.all_gather(check_files_present(folder, manifest))
+        missing = [f"rank {r} lacks {why}" for r, why in enumerate(problems) if why]
+        if missing:
+            return "; ".join(missing)
+        keys = self._ignored_keys(ignore_keys)
+        try:
+            saved, report = ctx.engine.load(
+                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
+            )
+        except CorruptCheckpointError as exc:
+            return str(exc)
+        log.info(
+            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs",
+            folder,
+            report.saved_world_size,
+            report.source_rank,
+            report.rng,
+            report.seconds,
+        )
+        self._apply_saved(saved, weights_only=weights_only or manifest.weights_only)
+        return None
+
+    def _ignored_keys(self, ignore_keys: Sequence[str]) -> list[str]:
+        keys = list(ignore_keys)
+        if self.ctx.settings.ignore_data_position and self.ctx.sampler is not None:
+            keys.append("state/stateful/sampler")
+        return keys
+
+    def restore_v1(
+        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> None:
+        """Restore one version-1 rank file's contents."""
+        saved = state_mod.restore(
+            self.ctx.components,
+            data,
+            weights_only=weights_only,
+            strict=strict,
+            ignore_keys=self._ignored_keys(ignore_keys),
+        )
+        self._apply_saved(saved, weights_only=weights_only)
+
+    def _apply_saved(self, saved: dict[str, Any], *, weights_only: bool) -> None:
+        """The runtime's own part of a restored state: position, metrics, extras."""
+        if weights_only:
+            return
+        pos = self.ctx.position
+        if "timestamp" in saved:
+            pos.timestamp = Timestamp.from_dict(saved["timestamp"])
+        pos.metrics = dict(saved.get("metrics", {}))
+        pos.extras = dict(saved.get("extras", {}))
+        runtime = pos.extras.pop(RUNTIME_KEY, None) or {}
+        self._apply_data_overrides(runtime.get("global_batch_size"))
+        self._roll_over_finished_epoch()
+        pos.mark_saved()
+
+    def _roll_over_finished_epoch(self) -> None:
+        """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
+        the start of the next epoch: the rest of the saved epoch holds no batch, and loops
+        that expect at least one batch per epoch would fail on every relaunch."""
+        sampler = self.ctx.sampler
+        if sampler is None or len(sampler) > 0:
+            return
+        ts = self.ctx.position.timestamp
+        finished = ts.epoch
+        ts.epoch += 1
+        ts.batch_in_epoch = ts.sample_in_epoch = 0
+        sampler.set_epoch(ts.epoch)
+        log.info(
+            "the checkpoint ends epoch %d (no data left in it): resuming at the start of epoch %d",
+            finished,
+            ts.epoch,
+        )
+
+    def _apply_data_overrides(self, saved_global_batch: int | None) -> None:
+        """Changed dataset or batch size: MindSpore-style overrides of the data position."""
+        settings, sampler = self.ctx.settings, self.ctx.sampler
+        ts = self.ctx.position.timestamp
+        if settings.ignore_data_position:
+            ts.batch_in_epoch = ts.sample_in_epoch = 0
+            if sampler is not None:
+                sampler.epoch, sampler.offset = ts.epoch, 0
+            log.info(
+                "ignore_data_position: data restarts at the start of epoch %d, "
+                "weights and step kept",
+                ts.epoch,
+            )
+        if settings.data_skip_steps and sampler is not None:
+            sampler.advance(settings.data_skip_steps * sampler.batch_size * sampler.num_replicas)
+            log.info("data_skip_steps: skipped %d steps of data", settings.data_skip_steps)
+        new = settings.global_batch_size
+        if new and saved_global_batch and new != saved_global_batch:
+            ts.batch = ts.sample // new
+            ts.batch_in_epoch = ts.sample_in_epoch // new
+            log.info(
+                "global batch size %d -> %d: step counter rescaled to %d",
+                saved_global_batch,
+                new,
+                ts.batch,
+            )

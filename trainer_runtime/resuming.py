@@ -1,0 +1,280 @@
+"""Autoresume: choose the checkpoint every rank continues from, clear what was passed over,
+and load it.
+
+Order: the newest checkpoint in the local run folder that verifies on every rank, then the
+newest in the object store that downloads intact on every rank, then ``load_path``, else a
+fresh start. The pure choice over the ranks' views is ``resume.decide``; the walk newest first
+is ``fallback.first_valid``; loading is ``loading.Loader``. This module is the sequence and its
+side effects, in crash order: rejected checkpoints are moved aside (``rejection.py``) and the
+pointer repointed before training goes on, so a relaunch never trips over them. (Rejected:
+loading first and cleaning up after, which let a crash in between leave a pointer to a
+checkpoint resume had refused.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from . import events, rejection, resume
+from .context import RunContext
+from .errors import NoCheckpointError, WorldSizeMismatchError
+from .fallback import first_valid
+from .loading import Loader
+from .manifest import Manifest
+from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError
+from .resume import QUARANTINE_REASON, Decision
+from .timestamp import Timestamp
+from .verified_load import VerifiedFile
+
+log = logging.getLogger("trainer_runtime")
+
+
+@dataclass
+class ResumeResult:
+    """What ``resume()`` did: where the state came from and the restored position."""
+
+    source: Literal["fresh", "checkpoint", "remote", "load_path"]
+    path: str | None
+    timestamp: Timestamp
+    fallbacks: list[str] = field(default_factory=list)
+    """One line per newer checkpoint that was passed over, with the reason."""
+
+
+class Resumer:
+    """``CheckpointManager.resume()``: one call per run, on every rank."""
+
+    def __init__(self, ctx: RunContext, loader: Loader) -> None:
+        self.ctx = ctx
+        self.loader = loader
+        self._verified: tuple[str, list[VerifiedFile]] | None = None
+        """(checkpoint, this rank's files) read while choosing it, kept for the load."""
+        self._loaded: str | None = None
+        """Version-2 checkpoint loaded while choosing it (verification is the load)."""
+
+    def resume(self) -> ResumeResult:
+        ctx, settings = self.ctx, self.ctx.settings
+        opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
+        fallbacks: list[str] = []
+        if settings.autoresume:
+            if settings.resume_from:
+                log.info(
+                    "resume hint %s (the newest valid checkpoint of %s is used)",
+                    settings.resume_from,
+                    ctx.run_dir,
+                )
+            decision = self._agree()
+            fallbacks = decision.fallbacks
+            self._set_aside(decision)
+            if decision.chosen is not None:
+                path = ctx.folder.path(decision.chosen)
+                verified, self._verified = self._verified, None
+                if self._loaded == decision.chosen:  # version 2: loaded while choosing
+                    self._loaded = None
+                    return self._resumed("checkpoint", str(path), fallbacks)
+                files = verified[1] if verified and verified[0] == decision.chosen else None
+                self.loader.load_checkpoint_dir(path, weights_only=False, files=files, **opts)
+                return self._resumed("checkpoint", str(path), fallbacks)
+            if ctx.remote is not None:
+                fetched, rejected = self._fetch_remote_agreed()
+                if ctx.rank == 0:
+                    chosen = None if fetched is None else Manifest.read(fetched).timestamp
+                    self._reject_remote(rejected, chosen)
+                if fetched is not None:
+                    self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
+                    return self._resumed("remote", str(fetched), fallbacks)
+        if settings.load_path:
+            self.loader.load(settings.load_path, weights_only=settings.load_weights_only, **opts)
+            if settings.load_weights_only:
+                ctx.position.timestamp = Timestamp()
+            return self._resumed("load_path", settings.load_path, fallbacks)
+        log.info("starting run %s from scratch (no checkpoint to resume)", ctx.run_name)
+        events.fresh(rank=ctx.rank, run=ctx.run_name, world_size=ctx.world_size)
+        self._resubmit_unsynced()
+        return ResumeResult("fresh", None, ctx.position.timestamp, fallbacks)
+
+    # ------------------------------------------------------------------ local choice
+    def _agree(self) -> Decision:
+        ctx, settings = self.ctx, self.ctx.settings
+        views = ctx.coord.all_gather(resume.list_view(ctx.folder, set(settings.quarantined)))
+        opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
+
+        def verify_everywhere(name: str) -> str | None:
+            path = ctx.folder.path(name)
+            manifest = Manifest.read(path)
+            if manifest.sharded:  # verified while loading: a failure leaves the state as it was
+                reason = self.loader.try_load_sharded(path, manifest, weights_only=False, **opts)
+                self._loaded = name if reason is None else None
+                return reason
+            # Version 1: the verifying read is also the loading read (buffers kept for it).
+            files = self.loader.read_rank_files(path, manifest, weights_only=False)
+            self._verified = (name, files) if not isinstance(files, str) else None
+            reasons = ctx.coord.all_gather(files if isinstance(files, str) else None)
+            bad = [why for why in reasons if why]
+            if bad:
+                self._verified = None
+            return "; ".join(bad) or None
+
+        decision = resume.decide(
+            resume.merge(views), ctx.world_size, verify_everywhere, elastic=settings.elastic
+        )
+        if ctx.rank == 0:
+            for line in decision.fallbacks:
+                log.warning("not resuming from %s", line)
+        if decision.world_size_conflict is not None:
+            name, saved_ws = decision.world_size_conflict
+            raise WorldSizeMismatchError(
+                f"newest checkpoint {name} in {str(ctx.run_dir)!r} was saved by {saved_ws} "
+                f"rank(s) but {ctx.world_size} are resuming it; restart with WORLD_SIZE="
+                f"{saved_ws}, or start a new run"
+            )
+        return decision
+
+    def _set_aside(self, decision: Decision) -> None:
+        """Move the checkpoints resume passed over into ``rejected/`` and delete leftovers
+        (``rejection.py``), locally and in the bucket, so they do not block the run. Rank 0
+        first (a shared folder), then each other rank on its own disk; every rank takes part
+        in the barriers, since the decision is the same everywhere."""
+        ctx = self.ctx
+        chosen = (
+            None if decision.chosen is None else Manifest.read(ctx.folder.path(decision.chosen))
+        )
+        for turn in ("rank 0", "others"):
+            if (ctx.rank == 0) == (turn == "rank 0"):
+                for name, why in decision.rejected:
+                    rejection.move_aside(ctx.folder, name, why)
+                for name, why in decision.leftovers:
+                    rejection.remove_leftover(ctx.folder, name, why)
+                if ctx.rank == 0:
+                    self._repoint(chosen, {n for n, _ in decision.rejected})
+                if ctx.rank == 0 and chosen is not None:
+                    # Without a local choice the bucket decides (_fetch_remote_agreed), and
+                    # rejects what it passes over itself.
+                    self._reject_remote(
+                        [*decision.rejected, *self._quarantined()], chosen.timestamp
+                    )
+            ctx.coord.barrier()
+
+    def _quarantined(self) -> list[tuple[str, str]]:
+        return [(q, QUARANTINE_REASON) for q in sorted(self.ctx.settings.quarantined)]
+
+    def _repoint(self, chosen: Manifest | None, rejected: set[str]) -> None:
+        stale = rejection.repoint(self.ctx.folder, chosen)
+        if stale is not None and stale not in rejected:
+            log.warning(
+                "latest.json named %s, which is not a valid checkpoint in %s; it now names %s "
+                "(resume lists the folder and does not trust the pointer)",
+                stale,
+                self.ctx.run_dir,
+                chosen.name if chosen is not None else "nothing",
+            )
+
+    # ------------------------------------------------------------------ remote choice
+    def _fetch_remote_agreed(self) -> tuple[Path | None, list[tuple[str, str]]]:
+        """Rank 0 names the newest remote checkpoint that verifies by HEAD; every rank
+        fetches it; one broken anywhere is passed over for the next older one. Returns the
+        local folder (None: the store has none) and every checkpoint passed over."""
+        ctx = self.ctx
+        remote = ctx.remote
+        assert remote is not None
+        fetched: dict[str, Path] = {}
+
+        def newest_first() -> Iterator[tuple[str, int]]:
+            exclude = set(ctx.settings.quarantined)
+            while True:
+                found = ctx.coord.broadcast(
+                    remote.find_newest(exclude=exclude) if ctx.rank == 0 else None
+                )
+                if found is None:
+                    return
+                yield found
+                exclude.add(found[0])
+
+        def fetch_everywhere(found: tuple[str, int]) -> str | None:
+            name, saved_world = found
+            path, problem = None, None
+            try:  # every file: version 2 spreads each rank's state over all of them
+                path = remote.fetch(name, ctx.run_dir, None)
+            except (ObjectNotFoundError, ChecksumMismatchError) as exc:
+                problem = ("broken", str(exc))
+            except Exception as exc:  # the store failed: no silent fresh start
+                problem = ("fatal", f"{type(exc).__name__}: {exc}")
+            problems = [p for p in ctx.coord.all_gather(problem) if p is not None]
+            fatal = [why for kind, why in problems if kind == "fatal"]
+            if fatal:
+                raise NoCheckpointError(f"cannot fetch remote checkpoint {name}: {fatal[0]}")
+            if problems:
+                return str(problems[0][1])
+            assert path is not None
+            wrong_size = saved_world != ctx.world_size and not ctx.settings.elastic
+            if wrong_size and not Manifest.read(path).sharded:
+                raise WorldSizeMismatchError(
+                    f"newest remote checkpoint {name} was saved by {saved_world} rank(s) "
+                    f"but {ctx.world_size} are resuming it; pass elastic=True or restart "
+                    f"with WORLD_SIZE={saved_world}"
+                )
+            fetched[name] = path
+            return None
+
+        walk = first_valid(
+            newest_first(),
+            fetch_everywhere,
+            on_reject=lambda found, why: log.warning(
+                "remote checkpoint %s is broken (%s); trying an older one", found[0], why
+            ),
+        )
+        rejected = [*self._quarantined(), *((c[0], why) for c, why in walk.passed_over)]
+        return (None if walk.chosen is None else fetched[walk.chosen[0]]), rejected
+
+    def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
+        """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""
+        reject = getattr(self.ctx.remote, "reject", None)
+        if reject is None or not rejected:
+            return
+        for name, why in dict(rejected).items():
+            try:
+                reject(name, why, newer_than=chosen or Timestamp())
+            except Exception as exc:  # the store is down: the run still goes on
+                log.warning(
+                    "object store: could not set rejected checkpoint %s aside: %s", name, exc
+                )
+
+    # ------------------------------------------------------------------ after the choice
+    def _resubmit_unsynced(self) -> None:
+        """Queue local checkpoints a killed attempt committed but never uploaded."""
+        resubmit = getattr(self.ctx.remote, "resubmit_unsynced", None)
+        if resubmit is not None:
+            queued = resubmit(self.ctx.run_dir)
+            if queued:
+                log.info("re-uploading local checkpoints the store lacks: %s", ", ".join(queued))
+
+    def _resumed(
+        self, source: Literal["checkpoint", "remote", "load_path"], path: str, fallbacks: list[str]
+    ) -> ResumeResult:
+        ctx, pos = self.ctx, self.ctx.position
+        self._resubmit_unsynced()
+        pos.restart_clock()
+        pos.mark_saved()
+        log.info(
+            "resumed run %s from %s at epoch %d batch %d",
+            ctx.run_name,
+            path,
+            pos.timestamp.epoch,
+            pos.timestamp.batch,
+        )
+        remote_uri = ctx.remote.uri_for(Path(path).name) if ctx.remote is not None else path
+        events.resumed(
+            rank=ctx.rank,
+            run=ctx.run_name,
+            source=source,
+            path=path,
+            uri=remote_uri if source == "remote" else path,
+            step=pos.timestamp.batch,
+            epoch=pos.timestamp.epoch,
+            fallbacks=fallbacks,
+            world_size=ctx.world_size,
+        )
+        return ResumeResult(source, path, pos.timestamp.copy(), fallbacks)

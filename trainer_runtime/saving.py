@@ -1,0 +1,307 @@
+"""Saving: capture the state, stage it for an async save, persist it in the background, and
+raise a background failure at the next call.
+
+A sync save writes straight from the live tensors (training waits anyway). An async save, in
+the manner of DCP's ``async_save`` with a stager, returns at once: a background thread copies
+the state into reused host buffers (``engine.stage``) and then writes and commits it. The one
+thing that must not happen meanwhile is an optimizer step changing tensors mid-copy, so an
+optimizer pre-step hook waits for the copy (not the write); module buffers, which the forward
+pass changes before any step, are cloned at the call. A failed background save is logged at
+once and raised as ``SaveFailedError`` by the next call into the manager, never lost. The
+commit itself is ``commit.write_and_commit``, the one commit path; retention after it is
+``retention.select_for_deletion``. (Rejected: staging on the training thread, which makes the
+stall the copy time; and a background process, which would first have to receive the staged
+state through shared memory and set up its own process group, while file writes and hashing
+release the GIL anyway: docs/sharded-checkpoints.md.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from . import events
+from . import state as state_mod
+from .commit import write_and_commit
+from .config import env
+from .context import RUNTIME_KEY, RunContext
+from .envvars import ATTEMPT
+from .errors import OverwriteError, SaveFailedError
+from .reporting import report_commit
+from .retention import select_for_deletion
+from .sharded.engine import MODEL_KEY
+from .timestamp import Timestamp
+
+log = logging.getLogger("trainer_runtime")
+
+
+@dataclass
+class SavedCheckpoint:
+    name: str
+    path: Path
+    timestamp: Timestamp
+    duration_s: float
+
+
+class Saver:
+    """Sync and async saves of one run; at most one save persists at a time."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.saved: list[SavedCheckpoint] = []
+        self.skipped_saves = 0
+        self.pending: Future[SavedCheckpoint] | None = None
+        """The background save in flight (or finished but not yet collected)."""
+        self._pending_name: str | None = None
+        self._snapshot_done: threading.Event | None = None
+        self._hook: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._checked_newer = False
+
+    # ------------------------------------------------------------------ the save
+    def save(self, *, blocking: bool | None, closed: bool) -> SavedCheckpoint | None:
+        """Save now; an async save returns None at once and commits in the background."""
+        ctx, settings, pos = self.ctx, self.ctx.settings, self.ctx.position
+        self.raise_background_failure()
+        if closed:
+            raise SaveFailedError("save() called after close()")
+        pos.timestamp.wall_time = pos.wall_time()
+        key = pos.key()
+        if key == pos.last_saved_key:
+            return None  # nothing new since the last save
+        use_async = settings.async_save if blocking is None else not blocking
+        if self.pending is not None and not self.pending.done():
+            if use_async and settings.async_policy == "skip":
+                self.skipped_saves += 1
+                log.info(
+                    "save at batch %d skipped: previous save %s still persisting",
+                    pos.timestamp.batch,
+                    self._pending_name,
+                )
+                return None
+            self.wait()
+        self._check_newer_checkpoints()
+        started = time.monotonic()
+        values = self.template_values()
+        checkpoint, _ = settings.templates.render_checkpoint(values)
+        if checkpoint in settings.quarantined:
+            # Same position as a quarantined checkpoint: a new name, or resume would skip it.
+            checkpoint = f"{checkpoint}-a{env(ATTEMPT) or os.getpid()}"
+        latest = settings.templates.render_latest(values)
+        # Live tensor references plus this rank's small state, already serialized.
+        data = ctx.engine.capture(
+            timestamp=pos.timestamp.to_dict(),
+            run_name=ctx.run_name,
+            metrics=dict(pos.metrics),
+            extras={**pos.extras, RUNTIME_KEY: {"global_batch_size": pos.last_global_batch}},
+            weights_only=settings.weights_only,
+        )
+        ts = pos.timestamp.copy()
+        pos.last_saved_key = key
+        if not use_async:  # written before training continues: no copy needed
+            return self._persist(data, None, ts, checkpoint, latest, started)
+        data = self._copy_buffers(data)
+        done = threading.Event()
+        self._snapshot_done = done
+        self._hook = register_optimizer_step_pre_hook(lambda *_: _wait_quietly(done))
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-save")
+
+        def background() -> SavedCheckpoint:
+            try:  # at full priority: the next optimizer step may be waiting for this copy
+                snapshot, keys = ctx.engine.stage(data)
+            finally:
+                done.set()
+            _yield_cpu_to_training()
+            return self._persist(snapshot, keys, ts, checkpoint, latest, started)
+
+        self._pending_name = checkpoint
+        self.pending = self._executor.submit(background)
+        self.pending.add_done_callback(_log_failure)
+        return None
+
+    def template_values(self) -> dict[str, Any]:
+        """What the name templates may use (docs/runtime.md)."""
+        ctx, ts = self.ctx, self.ctx.position.timestamp
+        return {
+            "run_name": ctx.run_name,
+            "world_size": ctx.world_size,
+            "rank": ctx.rank,
+            "local_rank": ctx.coord.local_rank,
+            "epoch": ts.epoch,
+            "batch": ts.batch,
+            "sample": ts.sample,
+            "batch_in_epoch": ts.batch_in_epoch,
+            "sample_in_epoch": ts.sample_in_epoch,
+        }
+
+    def _copy_buffers(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Copy the model's buffers now: the forward pass (BatchNorm statistics) changes them
+        before the next ``optimizer.step()``, the point where staging is waited for."""
+        model = self.ctx.components.model
+        if model is None or MODEL_KEY not in data:
+            return data
+        ptrs = {_storage(b) for b in model.buffers()}
+        if not ptrs:
+            return data
+        tree = dict(data)
+        tree[MODEL_KEY] = {
+            k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
+            for k, v in data[MODEL_KEY].items()
+        }
+        return tree
+
+    # ------------------------------------------------------------------ waiting, failures
+    def raise_background_failure(self) -> None:
+        fut = self.pending
+        if fut is None or not fut.done():
+            return
+        self.pending = None
+        exc = fut.exception()
+        if exc is not None:
+            raise SaveFailedError(f"a background save failed: {exc}") from exc
+
+    def release_hook_if_done(self) -> None:
+        if (
+            self._hook is not None
+            and self._snapshot_done is not None
+            and self._snapshot_done.is_set()
+        ):
+            self._hook.remove()
+            self._hook = None
+
+    def wait_for_snapshot(self) -> None:
+        if self._snapshot_done is not None:
+            self._snapshot_done.wait()
+        self.release_hook_if_done()
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.exception()  # waits without raising
+        self.release_hook_if_done()
+        self.raise_background_failure()
+
+    def persisting(self) -> bool:
+        """A background save of this rank is still running (it may use the commit channel)."""
+        return self.pending is not None and not self.pending.done()
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ persist
+    def _check_newer_checkpoints(self) -> None:
+        """Before the first save: refuse to write under checkpoints newer than the position
+        (or, with ``overwrite=True``, uncommit them)."""
+        if self._checked_newer:
+            return
+        ctx, ts = self.ctx, self.ctx.position.timestamp
+        newer = [
+            m for m in ctx.folder.committed() if m.timestamp.sort_key()[:3] > ts.sort_key()[:3]
+        ]
+        if newer and not ctx.settings.overwrite:
+            top = newer[0]
+            raise OverwriteError(
+                f"{str(ctx.run_dir)!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
+                f"newer than the current position (batch {ts.batch}); resume from "
+                "it (autoresume=True) or pass overwrite=True to discard newer checkpoints"
+            )
+        ctx.coord.barrier()
+        if newer and ctx.rank == 0:
+            for m in newer:
+                log.warning("overwrite=True: uncommitting newer checkpoint %s", m.name)
+                ctx.folder.uncommit(m.name)
+        ctx.coord.barrier()
+        self._checked_newer = True
+
+    def _persist(  # noqa: PLR0917 - one call site, in save()
+        self,
+        state: dict[str, Any],
+        staged_keys: set[str] | None,
+        ts: Timestamp,
+        checkpoint: str,
+        latest: str | None,
+        started: float,
+    ) -> SavedCheckpoint:
+        ctx = self.ctx
+        manifest = write_and_commit(
+            ctx.engine,
+            ctx.folder,
+            state=state,
+            staged_keys=staged_keys,
+            name=checkpoint,
+            run_name=ctx.run_name,
+            timestamp=ts,
+            weights_only=ctx.settings.weights_only,
+            latest_link=latest,
+            started=started,
+        )
+        saved = SavedCheckpoint(
+            checkpoint, ctx.folder.path(checkpoint), ts, manifest.save_duration_s
+        )
+        self.saved.append(saved)
+        if ctx.remote is not None:
+            ctx.remote.submit(ctx.run_dir, manifest, ctx.rank)
+        if ctx.rank == 0:
+            uri = ctx.remote.uri_for(checkpoint) if ctx.remote else str(ctx.run_dir / checkpoint)
+            record = report_commit(manifest, uri)
+            if ctx.progress is not None:
+                ctx.progress.committed(record)
+            events.committed(manifest, str(record["uri"]), rank=ctx.rank)
+        self._apply_retention()
+        return saved
+
+    def _apply_retention(self) -> None:
+        """Rank 0's listing and every rank's protected names decide; every rank deletes."""
+        ctx = self.ctx
+        keep = ctx.settings.num_checkpoints_to_keep
+        if keep == -1:
+            return
+        protected = set() if ctx.remote is None else ctx.remote.pending()
+        if self._pending_name is not None and self.persisting():
+            protected.add(self._pending_name)
+        views = ctx.commit_coord.all_gather((protected, [m.name for m in ctx.folder.committed()]))
+        keep_out = set().union(*(p for p, _ in views))
+        listing = views[0][1]  # rank 0's view, newest first, decides for everyone
+        doomed = select_for_deletion(listing, keep=keep, protected=keep_out)
+        if not doomed:
+            return
+        for name in doomed:
+            ctx.folder.uncommit(name)
+        ctx.commit_coord.barrier()
+        for name in doomed:
+            ctx.folder.remove_tree(name)
+        log.info("retention removed %s", ", ".join(doomed))
+
+
+def _log_failure(fut: Future[SavedCheckpoint]) -> None:
+    """Log at once; the error itself is raised by the next call into the manager."""
+    exc = fut.exception()
+    if exc is not None:
+        log.error("background save failed (raised at the next call): %s", exc)
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's CPU priority (Linux: per-thread nice) for the rest of its life:
+    after the snapshot, writing and hashing should not slow training down."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+def _wait_quietly(event: threading.Event) -> None:
+    """Optimizer pre-step hooks must return None."""
+    event.wait()
+
+
+def _storage(t: torch.Tensor) -> int:
+    return state_mod.local_tensor(t).untyped_storage().data_ptr()
