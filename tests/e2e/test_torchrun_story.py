@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tools.localstack import (
+    RESUMED,
     LocalStack,
     ReferenceRun,
     StoryResult,
@@ -119,7 +120,8 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
     # Both local ranks of each new pod resumed at the same step as rank 0.
     for pod in (f"{result.job}-a1-r0", f"{result.job}-a1-r1"):
         log = stack.pod_log(pod)
-        assert log.count(f"batch {resumed}") >= 2 and resumed_step(log) == resumed, log[-2000:]
+        steps = [int(m.group(3)) for m in RESUMED.finditer(log)]
+        assert steps == [resumed, resumed], (pod, steps, log[-2000:])
     objects = stack.s3.client().list_objects_v2(
         Bucket=stack.cfg.bucket, Prefix=f"runs/{result.job}/{source.rsplit('/', 1)[1]}/"
     )
