@@ -5,6 +5,14 @@ starts, the way a container's cgroup does) with ``PR_SET_PDEATHSIG=SIGKILL``, an
 registered with the watchdog process (``_watchdog``), which SIGKILLs every registered group when
 the agent dies. Together they make "SIGKILL the agent" behave like a node losing power: nothing
 the pods started survives it.
+
+A process group is not a cgroup: a child may start a session of its own (torchrun starts each
+worker with ``start_new_session``) and leave the group. Every container process therefore also
+carries a token in its environment (``CONTAINER_TOKEN``), inherited by its descendants; every
+SIGKILL of a container (its main process ended, the grace period ran out, the agent died) also
+reaches the processes carrying its token, as the teardown of a container's cgroup would.
+A SIGTERM goes to the group only: a container runtime signals the container's first process,
+and it is up to that process (torchrun) to pass the signal on to its workers.
 """
 
 from __future__ import annotations
@@ -17,8 +25,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from ._watchdog import CONTAINER_TOKEN, kill_tokens
 
 log = logging.getLogger("podrunner")
 
@@ -60,9 +71,9 @@ class Watchdog:
             except OSError as err:
                 log.error("watchdog pipe broken (%s): children may outlive a crash", err)
 
-    def add(self, pgid: int) -> None:
-        """Kill this group when the agent dies."""
-        self._send(f"+{pgid}")
+    def add(self, pgid: int, token: str = "") -> None:
+        """Kill this group, and the processes carrying ``token``, when the agent dies."""
+        self._send(f"+{pgid} {token}".rstrip())
 
     def remove(self, pgid: int) -> None:
         """The group has ended; forget it."""
@@ -106,10 +117,11 @@ class ContainerProcess:
     ) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._watchdog = watchdog
+        self.token = uuid.uuid4().hex
         with open(log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 argv,
-                env=env,
+                env={**env, CONTAINER_TOKEN: self.token},
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -119,7 +131,7 @@ class ContainerProcess:
                 preexec_fn=_die_with_parent,  # noqa: PLW1509
             )
         self.pid = self.proc.pid
-        watchdog.add(self.pid)
+        watchdog.add(self.pid, self.token)
         self.exit: Exit | None = None
 
     def poll(self) -> Exit | None:
@@ -135,8 +147,13 @@ class ContainerProcess:
 
     def _reap_group(self) -> None:
         # Like a container's cgroup being torn down: nothing outlives the main process.
-        signal_group(self.pid, signal.SIGKILL)
+        self.kill()
         self._watchdog.remove(self.pid)
+
+    def kill(self) -> None:
+        """SIGKILL the group and every process carrying this container's token."""
+        signal_group(self.pid, signal.SIGKILL)
+        kill_tokens([self.token])
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -160,7 +177,7 @@ def stop_all(procs: list[ContainerProcess], grace_s: float) -> None:
         if running:
             time.sleep(0.05)
     for proc in running:
-        signal_group(proc.pid, signal.SIGKILL)
+        proc.kill()
     for proc in running:
         proc.proc.wait()
         proc.poll()

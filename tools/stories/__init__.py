@@ -1,0 +1,1 @@
+"""Stories on the local stack (``tools/localstack.py``) beyond its own: one module each."""
