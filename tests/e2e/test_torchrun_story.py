@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 from tools.localstack import (
-    RESUMED,
     LocalStack,
     ReferenceRun,
     StoryResult,
@@ -39,6 +38,7 @@ from tools.localstack import (
     training_command,
     weights_equal,
 )
+from trainer_runtime import events
 from tools.stories.torchrun import TorchrunStory, container_exit, start_reference_run, world_size
 
 from .conftest import say
@@ -105,7 +105,7 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
     # as a failure (above).
     lost_pod = f"{result.job}-a0-r1"
     old_pod1 = stack.pod_log(lost_pod)
-    assert old_pod1.count("emergency save ") >= 2, old_pod1[-3000:]
+    assert len(events.read_events(old_pod1, events.EMERGENCY_SAVED)) >= 2, old_pod1[-3000:]
     assert "SignalException" in old_pod1 or "Received 15 death signal" in old_pod1, old_pod1[-3000:]
     assert container_exit(stack, result.lost_node, lost_pod) == TORCHRUN_AFTER_SIGTERM
 
@@ -121,7 +121,7 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
     # Both local ranks of each new pod resumed at the same step as rank 0.
     for pod in (f"{result.job}-a1-r0", f"{result.job}-a1-r1"):
         log = stack.pod_log(pod)
-        steps = [int(m.group(3)) for m in RESUMED.finditer(log)]
+        steps = [int(e["step"]) for e in events.read_events(log, events.RESUMED)]
         assert steps == [resumed, resumed], (pod, steps, log[-2000:])
     objects = stack.s3.client().list_objects_v2(
         Bucket=stack.cfg.bucket, Prefix=f"runs/{result.job}/{source.rsplit('/', 1)[1]}/"
@@ -179,7 +179,7 @@ def test_notice_then_shutdown_through_torchrun_loses_no_steps(
     # No step lost in fact: the old gang saved on SIGTERM at the step it had reached; the new
     # gang resumed at exactly that step.
     old = committed_steps(result.logs[0])
-    assert "emergency save" in result.logs[0], result.logs[0][-2000:]
+    assert events.read_events(result.logs[0], events.EMERGENCY_SAVED), result.logs[0][-2000:]
     assert resumed_step(result.logs[1]) == old[-1][1] >= step, (old, result.logs[1][-1500:])
     check_weights(result, reference)
 
