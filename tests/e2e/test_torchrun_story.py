@@ -38,8 +38,8 @@ from tools.localstack import (
     training_command,
     weights_equal,
 )
-from trainer_runtime import events
 from tools.stories.torchrun import TorchrunStory, container_exit, start_reference_run, world_size
+from trainer_runtime import events
 
 from .conftest import say
 
