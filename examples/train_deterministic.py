@@ -116,7 +116,11 @@ def main() -> None:
     )
     dataset = Synthetic(args.dataset_size)
     model = build_model(dataset.dim)
-    ddp = DistributedDataParallel(model) if world > 1 else model
+    # find_unused_parameters=True keeps DDP's first gradient-bucket layout for the whole run. By
+    # default DDP re-lays its buckets out after its first step, so the first step after a resume
+    # would all-reduce in another order: at more than 2 ranks, weights then differ from an
+    # uninterrupted run in the last bits (docs/runtime.md, "Exact resume at more than two ranks").
+    ddp = DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
     sampler = ResumableSampler(dataset, shuffle=True, seed=17, batch_size=split.per_rank_samples)
