@@ -318,6 +318,8 @@ class Controller:
                 if plan.interruption.cause is Cause.SUSPENDED
                 else "grow"
                 if plan.interruption.cause is Cause.GROW
+                else "reshrink"
+                if plan.interruption.cause is Cause.UNSCHEDULABLE
                 else "failure"
             )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()

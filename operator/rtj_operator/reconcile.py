@@ -330,7 +330,7 @@ def _watch_gang(ctx: _Context) -> None:
             )
         _report_scheduling(ctx, current)
         plan.requeue(verdict.recheck_after)
-        if job.spec.elastic is not None:
+        if job.spec.elastic is not None and not _reshrink(ctx, current):
             _watch_for_grow(ctx, verdict.all_running, current)
 
 
@@ -674,6 +674,8 @@ def _create_gang(ctx: _Context) -> None:
             if last.cause is Cause.FAILURE
             else "grow"
             if last.cause is Cause.GROW
+            else "reshrink"
+            if last.cause is Cause.UNSCHEDULABLE
             else "resume"
         )
     if not plan.creations:
@@ -767,6 +769,80 @@ def _choose_size(ctx: _Context) -> bool:
             f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
             f"{st.world_size}): {decision.message}",
         )
+    return True
+
+
+def _reshrink(ctx: _Context, current: Mapping[int, dict[str, Any]]) -> bool:
+    """End a gang whose pods were not all scheduled within the wait and resubmit it at the
+    smaller size that fits (elastic.reshrink_step); whether it did."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    live = _live(current)
+    scheduled = sum(1 for p in live if (p.get("spec") or {}).get("nodeName"))
+    # Pods of an earlier attempt still hold their nodes until they are gone: the wait starts
+    # once they are, so a gang is never shrunk for room its own predecessor still occupies.
+    lingering = any(pod_attempt(p) != st.attempt and not _finished(p) for p in ctx.owned)
+    minimum = job.spec.elastic.min_replicas if job.spec.elastic is not None else ctx.size
+    if ctx.size <= minimum or scheduled >= ctx.size or lingering:
+        st.capacity_wait_since = None
+        return False
+    if st.capacity_wait_since is None:
+        st.capacity_wait_since = ctx.now
+    decision = elastic.reshrink_step(
+        job.spec,
+        size=ctx.size,
+        fit=ctx.fit(),
+        scheduled=scheduled,
+        waiting_since=st.capacity_wait_since,
+        now=ctx.now,
+    )
+    if decision.size is None:
+        plan.requeue(decision.recheck_after)
+        return False
+    previous = ctx.size
+    _record(
+        ctx,
+        Interruption(
+            time=ctx.now,
+            attempt=st.attempt,
+            cause=Cause.UNSCHEDULABLE,
+            preemption=False,
+            message=decision.message,
+            last_committed_step=_last_step(st),
+            steps_lost=0,
+        ),
+    )
+    for pod in live:
+        plan.deletions.append(_deletion(pod, f"shrinking to {decision.size} pods"))
+    _next_attempt(ctx, 0.0, "Reshrinking", decision.message)
+    st.capacity_wait_since = None
+    # The size is decided here, from what could be scheduled, not again from the capacity count
+    # that was just proven too high.
+    st.gang_size = decision.size
+    st.world_size = decision.size * job.spec.processes_per_pod
+    cond.set_condition(
+        st,
+        cond.CAPACITY,
+        True,
+        reason=elastic.StartReason.SHRUNK,
+        message=decision.message,
+        now=ctx.now,
+        generation=ctx.generation,
+    )
+    elastic.record_size(
+        st,
+        size=decision.size,
+        world_size=st.world_size,
+        reason=elastic.StartReason.SHRUNK.value,
+        message=decision.message,
+        now=ctx.now,
+        steps_lost=0,
+    )
+    plan.event(
+        "Warning",
+        "Shrunk",
+        f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
+        f"{st.world_size}): {decision.message}",
+    )
     return True
 
 
