@@ -362,3 +362,80 @@ def read_transitions(folder: Path, run: str, ranks: int) -> list[Transition]:
 def resumed_steps(result: ElasticResult) -> dict[int, int | None]:
     """The step rank 0 of each attempt resumed at, from its log."""
     return {a: resumed_step(log) for a, log in result.logs.items()}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One claim of the story and whether it held."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def verdicts(result: ElasticResult, folder: Path, manifest: Path = MANIFEST) -> list[Check]:
+    """The story's claims, each checked from the ranks' records (the demo's summary; the e2e test
+    asserts the same facts one by one)."""
+    spec, args = elastic_spec(manifest), manifest_args(manifest)
+    replicas, minimum = int(spec["replicas"]), int(spec["elastic"]["minReplicas"])
+    wait = float(spec["elastic"]["shrinkAfterSeconds"])
+    dataset, epochs = int(args["dataset-size"]), int(args["epochs"])
+    ledger = read_ledger(folder, result.job, replicas)
+    counts = ledger.consumption(dataset)
+    expected = {(e, i) for e in range(epochs) for i in range(dataset)}
+    twice = sum(1 for v in counts.values() if v > 1)
+    sizes = [h["size"] for h in result.status.get("sizeHistory") or []]
+    interruptions = result.status.get("interruptions") or []
+    checks = [
+        Check(
+            "sizes",
+            sizes == [replicas, minimum, replicas],
+            " -> ".join(str(s) for s in sizes) + " pods",
+        ),
+        Check(
+            "shrink",
+            result.shrink_running_s <= wait + 5,
+            f"{minimum} ranks Running {result.shrink_running_s:.1f}s after the loss "
+            f"(limit: shrinkAfterSeconds {wait:.0f} + 5 s); rank 0 resumed after "
+            f"{result.shrink_resumed_s or float('nan'):.1f}s",
+        ),
+        Check(
+            "grow",
+            result.status.get("gangSize") == replicas,
+            f"{replicas} ranks Running {result.grow_running_s:.1f}s after the nodes were Ready "
+            f"(notice, checkpoint, resubmission); rank 0 resumed after "
+            f"{result.grow_resumed_s or float('nan'):.1f}s",
+        ),
+        Check(
+            "samples",
+            set(counts) == expected and twice == 0,
+            f"{len(counts)} of {len(expected)} (epoch, sample) pairs consumed, "
+            f"{len(expected - set(counts))} missed, {twice} twice",
+        ),
+        Check(
+            "global batch",
+            set(ledger.samples_per_step().values()) == {int(args["global-batch-size"])},
+            "samples per step: "
+            + ", ".join(str(v) for v in sorted(set(ledger.samples_per_step().values()))),
+        ),
+    ]
+    for item in read_transitions(folder, result.job, replicas):
+        if item.rank != 0:
+            continue
+        ended = interruptions[item.attempt - 1] if len(interruptions) >= item.attempt else {}
+        ok = (
+            item.saved is not None
+            and item.saved["digest"] == item.loaded_digest
+            and item.resumed_step == ended.get("lastCommittedStep")
+        )
+        checks.append(
+            Check(
+                f"attempt {item.attempt}",
+                ok,
+                f"resumed at {item.world} ranks at step {item.resumed_step} (the newest "
+                f"checkpoint when attempt {item.attempt - 1} ended: "
+                f"{ended.get('lastCommittedStep')}); state loaded "
+                + ("== saved, bitwise" if ok else "!= saved"),
+            )
+        )
+    return checks
