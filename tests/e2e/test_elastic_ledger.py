@@ -112,6 +112,6 @@ def test_a_resume_is_matched_with_the_earlier_save_of_the_same_checkpoint(tmp_pa
     )
     first, second = read_transitions(tmp_path, "run", 2)
     assert (first.attempt, first.rank, first.saved["digest"]) == (1, 0, "d4")
-    assert first.loaded_digest == first.saved["digest"]
+    assert first.loaded_digest == first.saved["digest"] and first.newest_saved_step == 4
     assert (second.attempt, second.rank, second.saved["step"]) == (2, 1, 6)
-    assert second.loaded_digest != second.saved["digest"]
+    assert second.loaded_digest != second.saved["digest"] and second.newest_saved_step == 6

@@ -12,9 +12,9 @@ The proof is in what the ranks themselves recorded (``examples/train_determinist
 * every sample of every epoch is consumed exactly once over the whole story, once the steps that
   a later resume rolled back are taken out (a rank that sat out a shrunk attempt never saw that
   attempt's resume, so the roll-back is decided over all ranks' files together, by attempt);
-* at each transition the new gang resumed at the step of the checkpoint it was given, which is the
-  newest one the old gang had committed when the operator ended it, and the state digest it loaded
-  equals, bit for bit, the digest the old gang wrote when it saved that checkpoint.
+* at each transition the new gang resumed at the newest checkpoint any earlier gang saved (the
+  runtime takes the newest valid one, an emergency save on SIGTERM included), and the state digest
+  it loaded equals, bit for bit, the digest the old gang wrote when it saved that checkpoint.
 
 The alternative, timing the story from the operator's events alone, would pass with a trainer
 that silently restarted from scratch; the ranks' own records cannot.
@@ -326,6 +326,8 @@ class Transition:
     loaded_digest: str
     saved: Obj | None
     """An earlier attempt's save of that checkpoint (rank 0), or None if none matches."""
+    newest_saved_step: int
+    """The step of the newest checkpoint any earlier attempt saved (rank 0's record)."""
 
 
 def read_transitions(folder: Path, run: str, ranks: int) -> list[Transition]:
@@ -354,6 +356,7 @@ def read_transitions(folder: Path, run: str, ranks: int) -> list[Transition]:
                     resumed_path=str(entry["path"]),
                     loaded_digest=str(entry["digest"]),
                     saved=match,
+                    newest_saved_step=max((int(s["step"]) for s in earlier), default=-1),
                 )
             )
     return found
@@ -385,7 +388,6 @@ def verdicts(result: ElasticResult, folder: Path, manifest: Path = MANIFEST) -> 
     expected = {(e, i) for e in range(epochs) for i in range(dataset)}
     twice = sum(1 for v in counts.values() if v > 1)
     sizes = [h["size"] for h in result.status.get("sizeHistory") or []]
-    interruptions = result.status.get("interruptions") or []
     checks = [
         Check(
             "sizes",
@@ -422,20 +424,15 @@ def verdicts(result: ElasticResult, folder: Path, manifest: Path = MANIFEST) -> 
     for item in read_transitions(folder, result.job, replicas):
         if item.rank != 0:
             continue
-        ended = interruptions[item.attempt - 1] if len(interruptions) >= item.attempt else {}
-        ok = (
-            item.saved is not None
-            and item.saved["digest"] == item.loaded_digest
-            and item.resumed_step == ended.get("lastCommittedStep")
-        )
+        same = item.saved is not None and item.saved["digest"] == item.loaded_digest
+        newest = item.resumed_step == item.newest_saved_step
         checks.append(
             Check(
                 f"attempt {item.attempt}",
-                ok,
-                f"resumed at {item.world} ranks at step {item.resumed_step} (the newest "
-                f"checkpoint when attempt {item.attempt - 1} ended: "
-                f"{ended.get('lastCommittedStep')}); state loaded "
-                + ("== saved, bitwise" if ok else "!= saved"),
+                same and newest,
+                f"resumed at {item.world} ranks at step {item.resumed_step} (newest checkpoint "
+                f"saved before: step {item.newest_saved_step}); state loaded "
+                + ("== saved, bitwise" if same else "!= saved"),
             )
         )
     return checks
