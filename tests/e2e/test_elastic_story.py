@@ -67,8 +67,9 @@ def story(elastic_stack: LocalStack) -> ElasticResult:
     result = ElasticStory(elastic_stack, "elastic", say=say).run()
     say(
         f"shrink: {result.shrink_running_s:.1f}s to {MINIMUM} ranks Running, "
-        f"{result.shrink_resumed_s}s to resumed; grow: {result.grow_running_s:.1f}s to "
-        f"{REPLICAS} ranks Running, {result.grow_resumed_s}s to resumed; "
+        f"{result.shrink_resumed_s or float('nan'):.1f}s to rank 0's resume; grow: "
+        f"{result.grow_running_s:.1f}s to {REPLICAS} ranks Running, "
+        f"{result.grow_resumed_s or float('nan'):.1f}s to rank 0's resume; "
         f"story {result.seconds:.0f}s"
     )
     return result
@@ -93,9 +94,10 @@ def test_shrinks_within_the_wait_and_grows_back_after_a_checkpoint(story: Elasti
         assert reason in reasons, reasons
     # The grow was preceded by a checkpoint of the shrunk gang taken on the operator's request.
     assert grow["lastCommittedStep"] > shrink["lastCommittedStep"]
-    # The new gangs ran where they could: the shrunk one on the survivors, the grown one also on
-    # the new nodes.
-    say(f"lost {story.lost_nodes}, added {story.added_nodes}")
+    # The shrunk gang ran on the two survivors, the grown one on them and the two new nodes.
+    survivors = set(story.placements[0]) - set(story.lost_nodes)
+    assert len(survivors) == MINIMUM and set(story.placements[1]) == survivors, story.placements
+    assert set(story.placements[2]) == survivors | set(story.added_nodes), story.placements
 
 
 def test_every_sample_is_consumed_exactly_once_at_a_constant_global_batch(

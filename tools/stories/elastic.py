@@ -77,8 +77,20 @@ class SizeNarrator(Narrator):
         self._events: set[str] = set()
 
     def _poll(self) -> None:
-        super()._poll()
         status = self.stack.job(self.job).get("status") or {}
+        # The interruptions an elastic job adds (a grow, a re-shrink) are neither preemptions nor
+        # failures and have no rank: say them here, so the stack's narrator skips them.
+        for item in (status.get("interruptions") or [])[self._interruptions :]:
+            if item.get("cause") in ("Grow", "Unschedulable"):
+                self.say(
+                    f"operator: attempt {item.get('attempt')} ended by the operator "
+                    f"({item.get('cause')}: {item.get('message')}); last committed step "
+                    f"{item.get('lastCommittedStep')}"
+                )
+            else:
+                self._say_interruption(item, status)
+        self._interruptions = len(status.get("interruptions") or [])
+        super()._poll()
         size = status.get("gangSize")
         if size and size != self._size:
             self.say(
@@ -91,6 +103,15 @@ class SizeNarrator(Narrator):
             if event.get("reason") in SIZE_EVENTS and uid not in self._events:
                 self._events.add(uid)
                 self.say(f"event {event['reason']}: {event.get('message')}")
+
+    def _say_interruption(self, item: Obj, status: Obj) -> None:
+        kind = "preemption" if item.get("preemption") else "failure"
+        self.say(
+            f"operator: attempt {item.get('attempt')} interrupted: {item.get('cause')} of rank "
+            f"{item.get('rank')} on {item.get('node')} ({kind}; {status.get('preemptions', 0)} "
+            f"preemption(s), {status.get('failures', 0)} failure(s) so far); last committed "
+            f"step {item.get('lastCommittedStep')}, steps lost {item.get('stepsLost')}"
+        )
 
 
 @dataclass
@@ -112,6 +133,8 @@ class ElasticResult:
     grow_resumed_s: float | None
     logs: dict[int, str]
     """Rank 0's log of every attempt."""
+    placements: dict[int, list[str | None]]
+    """The node of every rank, by attempt (of the pods still there at the end)."""
     seconds: float
     lines: list[str] = field(default_factory=list)
 
@@ -238,6 +261,10 @@ class ElasticStory:
         status = self._status()
         attempts = int(status.get("attempt", 0))
         logs = {a: self.stack.pod_log(f"{self.job}-a{a}-r0") for a in range(attempts + 1)}
+        placements = {
+            a: [p["spec"].get("nodeName") for p in self.stack.pods(self.job, a)]
+            for a in range(attempts + 1)
+        }
         return ElasticResult(
             job=self.job,
             status=status,
@@ -250,6 +277,7 @@ class ElasticStory:
             grow_running_s=grow_running,
             grow_resumed_s=self._resumed_after(2, back_wall),
             logs=logs,
+            placements=placements,
             seconds=time.monotonic() - start,
             lines=list(n.lines),
         )
