@@ -95,7 +95,7 @@ def test_shrinks_within_the_wait_and_grows_back_after_a_checkpoint(story: Elasti
     # The grow was preceded by a checkpoint of the shrunk gang taken on the operator's request.
     assert grow["lastCommittedStep"] > shrink["lastCommittedStep"]
     # The shrunk gang ran on the two survivors, the grown one on them and the two new nodes.
-    survivors = set(story.placements[0]) - set(story.lost_nodes)
+    survivors = set(story.start_nodes) - set(story.lost_nodes)
     assert len(survivors) == MINIMUM and set(story.placements[1]) == survivors, story.placements
     assert set(story.placements[2]) == survivors | set(story.added_nodes), story.placements
 

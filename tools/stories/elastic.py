@@ -121,6 +121,7 @@ class ElasticResult:
     job: str
     status: Obj
     events: list[Obj]
+    start_nodes: list[str]
     lost_nodes: list[str]
     added_nodes: list[str]
     committed_before_loss: int
@@ -134,7 +135,7 @@ class ElasticResult:
     logs: dict[int, str]
     """Rank 0's log of every attempt."""
     placements: dict[int, list[str | None]]
-    """The node of every rank, by attempt (of the pods still there at the end)."""
+    """The node of every rank, by attempt (the pods still there at the end)."""
     seconds: float
     lines: list[str] = field(default_factory=list)
 
@@ -269,6 +270,7 @@ class ElasticStory:
             job=self.job,
             status=status,
             events=self.stack.events(self.job),
+            start_nodes=live,
             lost_nodes=[str(d) for d in doomed],
             added_nodes=added,
             committed_before_loss=committed,
