@@ -145,7 +145,6 @@ def reshrink(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bo
     for pod in live:
         plan.deletions.append(pod_deletion(pod, f"shrinking to {decision.size} pods"))
     next_attempt(ctx, 0.0, "Reshrinking", decision.message)
-    st.capacity_wait_since = None
     # The size is decided here, from what could be scheduled, not again from the capacity count
     # that was just proven too high.
     st.gang_size = decision.size

@@ -143,6 +143,7 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.current_step = None
     st.gang_size = None
     st.grow = None
+    st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
     point = resume_point(
         st.attempt,
         job.spec.checkpoint.dir,

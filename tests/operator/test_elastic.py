@@ -456,3 +456,21 @@ def test_a_gang_waiting_for_its_predecessors_pods_is_not_reshrunk():
     assert cluster.schedule_gang()
     cluster.step(1)
     assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 4
+
+
+def test_a_wait_for_scheduling_does_not_carry_over_to_the_next_attempt():
+    cluster = overcounted({"node-3"}, minReplicas=2, shrinkAfterSeconds=30)
+    cluster.step()
+    cluster.schedule_gang()
+    cluster.step(1)
+    assert "capacityWaitSince" in cluster.status
+    cluster.step(28)
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    del cluster.nodes["node-0"]
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(1)
+    # Room for 3 of 4 now: the new attempt waits its own shrinkAfterSeconds for the full gang.
+    assert not plan.creations and cluster.status["attempt"] == 1
+    capacity = {c["type"]: c for c in cluster.status["conditions"]}["CapacityAvailable"]
+    assert capacity["reason"] == "WaitingForFullGang"
