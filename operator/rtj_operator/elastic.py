@@ -13,7 +13,8 @@ rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gang
   resubmitted at the larger size only once that checkpoint committed, so a grow costs no work
   beyond the fresh checkpoint. A checkpoint that does not come within
   ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on;
-- a gang above ``minReplicas`` whose pods are not all scheduled ``shrinkAfterSeconds`` after
+- a gang above ``minReplicas`` whose pods are not all scheduled ``shrinkAfterSeconds`` (at least
+  ``SCHEDULING_GRACE_SECONDS``) after
   they were created and the previous attempt's pods were gone (the capacity count was too high:
   a node counted as free was not) is ended and resubmitted smaller, at what fits (never below
   ``minReplicas``).
@@ -34,6 +35,10 @@ from .status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
 POLL_SECONDS = 5.0
 """How often a job waiting for capacity or watching for more looks again (node events also
 wake it up at once)."""
+
+SCHEDULING_GRACE_SECONDS = 5.0
+"""The least time a created gang gets to be scheduled before a re-shrink, also when
+``shrinkAfterSeconds`` is shorter (0 included): the scheduler needs a moment to bind any gang."""
 
 GROW_REASON = "resumable.dev/grow"
 """The notice reason written into a gang's pods when the operator asks for a checkpoint to grow."""
@@ -231,14 +236,15 @@ def reshrink_step(
         return ReshrinkDecision(None)
     if scheduled >= size:
         return ReshrinkDecision(None)
+    wait = max(elastic.shrink_after_seconds, SCHEDULING_GRACE_SECONDS)
     waited = (now - waiting_since).total_seconds()
-    remaining = elastic.shrink_after_seconds - waited
+    remaining = wait - waited
     if remaining > 0:
         return ReshrinkDecision(None, recheck_after=min(remaining, POLL_SECONDS))
     target = max(elastic.min_replicas, min(fit, scheduled or size - 1, size - 1))
     return ReshrinkDecision(
         target,
-        f"only {scheduled} of {size} pods were scheduled within {elastic.shrink_after_seconds}s "
+        f"only {scheduled} of {size} pods were scheduled within {wait:g}s "
         f"(the capacity count was too high); resubmitting {target} pods",
     )
 

@@ -179,7 +179,7 @@ def test_a_gang_that_does_not_fit_after_all_is_resubmitted_smaller(kube, ns, poo
         },
     )
     name = unique("overcount")
-    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 3}
+    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 5}
     kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), elastic=elastic))
     pods = wait_for(
         "3 ranks running",
@@ -193,7 +193,7 @@ def test_a_gang_that_does_not_fit_after_all_is_resubmitted_smaller(kube, ns, poo
     assert status["gangSize"] == 3 and status["preemptions"] == 0 and status["failures"] == 0
     (interruption,) = status["interruptions"]
     assert interruption["cause"] == "Unschedulable" and interruption["preemption"] is False
-    assert "only 0 of 4 pods were scheduled within 3s" in interruption["message"]
+    assert "only 0 of 4 pods were scheduled within 5s" in interruption["message"]
     history = [(h["size"], h["reason"]) for h in status["sizeHistory"]]
     assert history == [(4, "FullSize"), (3, "Shrunk")], history
     assert not [p for p in kube.pods(ns, name, 0) if p["spec"].get("nodeName")]

@@ -11,6 +11,7 @@ from rtj_operator import names
 from rtj_operator.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
 from rtj_operator.elastic import (
     GROW_REASON,
+    SCHEDULING_GRACE_SECONDS,
     GrowAction,
     StartReason,
     grow_step,
@@ -187,6 +188,12 @@ def test_reshrink_waits_the_shrink_wait_for_the_gang_to_be_scheduled():
     assert reshrink(scheduled=4).size is None
     assert reshrink(waiting_since=None).size is None
     assert reshrink_step(spec(), size=4, fit=4, scheduled=0, waiting_since=T0, now=T0).size is None
+    # A shrinkAfterSeconds of 0 still gives the scheduler its grace to bind the gang.
+    no_wait = spec(minReplicas=2, shrinkAfterSeconds=0)
+    soon = reshrink_step(no_wait, size=4, fit=4, scheduled=0, waiting_since=T0, now=T0)
+    assert soon.size is None and soon.recheck_after == pytest.approx(SCHEDULING_GRACE_SECONDS)
+    later = T0 + timedelta(seconds=SCHEDULING_GRACE_SECONDS)
+    assert reshrink_step(no_wait, size=4, fit=4, scheduled=0, waiting_since=T0, now=later).size == 3
 
 
 def test_reshrink_goes_to_what_the_evidence_says_fits_never_below_min_replicas():
