@@ -95,7 +95,7 @@ def test_shrinks_within_the_wait_and_grows_back_after_a_checkpoint(story: Elasti
     # The grow ended the shrunk gang only after it committed a checkpoint of its own (the one the
     # notice asked for, or an interval one that landed first: either is past the request's).
     assert grow["lastCommittedStep"] > shrink["lastCommittedStep"]
-    assert grow["attempt"] == 1 and grow["stepsLost"] == 0
+    assert grow["attempt"] == 1 and status["sizeHistory"][-1]["stepsLost"] == 0
     # The shrunk gang ran on the two survivors, the grown one on them and the two new nodes.
     survivors = set(story.start_nodes) - set(story.lost_nodes)
     assert len(survivors) == MINIMUM and set(story.placements[1]) == survivors, story.placements
