@@ -181,6 +181,11 @@ class ElasticStory:
             and st.get("phase") == "Running"
         )
 
+    def _placement(self, attempt: int) -> list[str | None]:
+        """The node of each rank of an attempt, by rank (read while that gang runs: an ended
+        attempt's pods are deleted)."""
+        return [p["spec"].get("nodeName") for p in self.stack.pods(self.job, attempt)]
+
     def _resumed_after(self, attempt: int, start_wall: float) -> float | None:
         when = _resumed_at(self.stack.pod_log(f"{self.job}-a{attempt}-r0"))
         return None if when is None else when - start_wall
@@ -207,6 +212,7 @@ class ElasticStory:
                 self.timeout,
             )
             committed = int(self._status()["lastCommittedCheckpoint"]["step"])
+            placements = {0: self._placement(0)}
             doomed = [
                 (self.stack.pod(f"{self.job}-a0-r{r}") or {}).get("spec", {}).get("nodeName")
                 for r in range(minimum, replicas)
@@ -227,6 +233,7 @@ class ElasticStory:
                 self.timeout,
             )
             shrink_running = time.monotonic() - lost
+            placements[1] = self._placement(1)
             n.say(f"shrunk: {minimum} ranks Running {shrink_running:.1f}s after the loss")
             self._wait(
                 "attempt 1's rank 0 resumed",
@@ -251,6 +258,7 @@ class ElasticStory:
                 self.timeout,
             )
             grow_running = time.monotonic() - back
+            placements[2] = self._placement(2)
             n.say(f"grown: {replicas} ranks Running {grow_running:.1f}s after the nodes were Ready")
             final = self._wait(
                 "the job to end",
@@ -262,10 +270,6 @@ class ElasticStory:
         status = self._status()
         attempts = int(status.get("attempt", 0))
         logs = {a: self.stack.pod_log(f"{self.job}-a{a}-r0") for a in range(attempts + 1)}
-        placements = {
-            a: [p["spec"].get("nodeName") for p in self.stack.pods(self.job, a)]
-            for a in range(attempts + 1)
-        }
         return ElasticResult(
             job=self.job,
             status=status,
