@@ -13,9 +13,7 @@ from . import gang, support
 from .manifests import build_pod, checkpoint_root, owner_reference
 from .reconcile_context import ReconcileContext
 from .sizing import choose_size
-from .status_types import (
-    Cause,
-)
+from .status_types import Cause
 
 BLOCKED_RECHECK_SECONDS = 10.0
 """How often a job blocked by a foreign object looks again (its deletion sends no event)."""

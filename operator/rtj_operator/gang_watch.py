@@ -21,9 +21,7 @@ from .plan_types import NoticeWrite
 from .podstate import as_deleted, is_deleting, unschedulable_message
 from .reconcile_context import ReconcileContext
 from .sizing import reshrink, watch_for_grow
-from .status_types import (
-    Phase,
-)
+from .status_types import Phase
 from .transitions import interrupted
 
 

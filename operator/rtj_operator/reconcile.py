@@ -29,10 +29,7 @@ from .plan_types import Plan
 from .podstate import is_deleting, is_finished, owned_by, pod_attempt, pod_deletion
 from .progress import Report, highest_current_step, merge_checkpoints, pod_reports
 from .reconcile_context import ReconcileContext
-from .status_types import (
-    TERMINAL_PHASES,
-    Phase,
-)
+from .status_types import TERMINAL_PHASES, Phase
 from .transitions import suspend, unsuspend
 
 KEEP_FINISHED_ATTEMPTS = 2

@@ -20,10 +20,7 @@ from .capacity import fitting_pods
 from .nodes import NodeView
 from .plan_types import Plan
 from .podstate import pod_attempt, pod_rank
-from .status_types import (
-    JobStatus,
-    Phase,
-)
+from .status_types import JobStatus, Phase
 
 
 @dataclass
