@@ -35,8 +35,9 @@ format: setup
 	$(RUN) ruff format .
 	$(RUN) ruff check --fix .
 
-demo: setup tools  ## local cluster + S3 + pod runner + operator: a node is lost, the job resumes
-	$(RUN) python examples/demo_cluster.py
+SCENARIO ?= reclaim
+demo: setup tools  ## local cluster + S3 + pod runner + operator: a node is lost, the job resumes (SCENARIO=reclaim|notice|elastic)
+	$(RUN) python examples/demo_cluster.py --scenario $(SCENARIO)
 
 demo-local: setup  ## no cluster: a 2-rank run is SIGTERMed and SIGKILLed and still ends bitwise equal
 	$(RUN) python examples/demo_local.py

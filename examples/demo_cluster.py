@@ -2,6 +2,7 @@
 
     python examples/demo_cluster.py                 # make demo
     python examples/demo_cluster.py --scenario notice
+    python examples/demo_cluster.py --scenario elastic
 
 On this machine, with nothing but Go and this repository: builds (once) or reuses the local
 Kubernetes control plane and MinIO, starts the cluster, installs the operator's Helm chart, runs
@@ -11,6 +12,11 @@ what the operator and the runtime do about it. It ends with a summary and exit c
 Succeeded with the same final weights, bit for bit, as an uninterrupted run of the same script.
 Everything it started is stopped again, also on Ctrl-C or a failure. What each line means:
 docs/demo.md.
+
+``--scenario elastic`` runs a 4-rank elastic job (minReplicas 2) on exactly four nodes instead:
+two nodes are lost with no spare, the job shrinks to 2 ranks, two nodes return and it grows back
+to 4 after a checkpoint; it exits 0 when every sample was consumed exactly once and each new gang
+loaded, bit for bit, the state the old one saved (tools/stories/elastic.py).
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ from tools.localstack import (  # noqa: E402
     start_reference_run,
     weights_equal,
 )
+from tools.stories import elastic  # noqa: E402
 from tools.waiting import WaitTimeoutError  # noqa: E402
 
 MANIFEST = REPO / "tests" / "e2e" / "manifests" / "spot-job.yaml"
 JOB = "spot-demo"
+ELASTIC_JOB = "elastic-demo"
 
 
 def say(line: str) -> None:
@@ -62,10 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--scenario",
-        choices=("reclaim", "notice"),
+        choices=("reclaim", "notice", "elastic"),
         default="reclaim",
         help="reclaim: the node goes without notice (default); notice: a "
-        "termination taint first, then a graceful shutdown",
+        "termination taint first, then a graceful shutdown; elastic: a 4-rank elastic job "
+        "shrinks to 2 when 2 of its 4 nodes go and grows back when they return",
     )
     ap.add_argument(
         "--s3",
@@ -82,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lose-after-step",
         type=int,
         default=12,
-        help="take the node away once a checkpoint at this step is committed",
+        help="take the node(s) away once a checkpoint at this step is committed",
     )
     ap.add_argument(
         "--keep-logs",
@@ -149,40 +158,51 @@ def summary(result: StoryResult, equal: bool, why: str, total_s: float, stack_s:
         say(f"  {key:<{width}}  {value}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; 0 when the job Succeeded with the uninterrupted run's weights."""
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
-    ok = False
-    reference: ReferenceRun | None = None
+def elastic_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None) -> bool:
+    """The elastic scenario on a stack of exactly 4 nodes; whether every check held."""
+    section("2. the local cluster: control plane, chart, S3, operator, 4 spot nodes")
+    cfg = StackConfig(
+        workdir=workdir / "stack",
+        cluster_name=args.cluster_name,
+        namespace="rtj-demo",
+        s3_kind=s3_kind,
+        nodes=4,
+        say=say,
+    )
+    with LocalStack(cfg) as stack:
+        section(
+            f"3. the job ({elastic.MANIFEST.relative_to(REPO)}): 4 ranks, minReplicas 2, "
+            "8 samples per step at any size, a checkpoint every 4 steps to S3"
+        )
+        result = elastic.ElasticStory(
+            stack, ELASTIC_JOB, say=say, lose_after_step=args.lose_after_step
+        ).run()
+        checks = elastic.verdicts(result, stack.results_dir)
+        section("summary (from the ranks' own traces and state digests)")
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            say(f"  {'ok ' if check.ok else 'BAD'} {check.name:<{width}}  {check.detail}")
+        say(f"  job {result.job}: {result.status.get('phase')} in {result.seconds:.0f} s")
+        section("cleaning up (operator, nodes, S3 server, cluster)")
+    return all(c.ok for c in checks) and result.status.get("phase") == "Succeeded"
+
+
+def spot_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None, started: float) -> bool:
+    """The reclaim and notice scenarios; whether the job ended with the reference's weights."""
+    section("2. the local cluster: control plane, chart, S3, operator, 3 spot nodes")
+    reference: ReferenceRun = start_reference_run(MANIFEST, workdir / "reference")
     say(
-        "resumable-training demo: a 2-rank PyTorch job on spot nodes loses a node midway and "
-        f"finishes by itself (work folder {workdir})"
+        "meanwhile: the same script runs uninterrupted as two plain processes, for the "
+        "final comparison"
+    )
+    cfg = StackConfig(
+        workdir=workdir / "stack",
+        cluster_name=args.cluster_name,
+        namespace="rtj-demo",
+        s3_kind=s3_kind,
+        say=say,
     )
     try:
-        section("1. binaries (built once into ~/.cache/rtj, then reused)")
-        localstack.build_cluster_binaries(say)
-        s3_kind = None if args.s3 == "auto" else args.s3
-        if args.s3 in ("auto", "minio") and not localstack.build_minio(say):
-            if args.s3 == "minio":
-                raise StackError("MinIO could not be built (see above); try --s3 moto")
-            s3_kind = "moto"
-
-        section("2. the local cluster: control plane, chart, S3, operator, 3 spot nodes")
-        reference = start_reference_run(MANIFEST, workdir / "reference")
-        say(
-            "meanwhile: the same script runs uninterrupted as two plain processes, for the "
-            "final comparison"
-        )
-        cfg = StackConfig(
-            workdir=workdir / "stack",
-            cluster_name=args.cluster_name,
-            namespace="rtj-demo",
-            s3_kind=s3_kind,
-            say=say,
-        )
         stack_start = time.monotonic()
         with LocalStack(cfg) as stack:
             stack_s = time.monotonic() - stack_start
@@ -197,8 +217,41 @@ def main(argv: list[str] | None = None) -> int:
             equal, why = weights_equal(reference.wait(), result.weights)
             say(f"{'equal' if equal else 'DIFFERENT'}: {why}")
             summary(result, equal, why, time.monotonic() - started, stack_s)
-            ok = equal and result.status.get("phase") == "Succeeded"
             section("cleaning up (operator, nodes, S3 server, cluster)")
+    finally:
+        reference.kill()
+    return equal and result.status.get("phase") == "Succeeded"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; 0 when the job Succeeded with the uninterrupted run's weights (elastic:
+    when every check of the story held)."""
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
+    if args.scenario == "elastic":
+        say(
+            "resumable-training demo: a 4-rank elastic PyTorch job on spot nodes shrinks to 2 "
+            f"ranks when 2 nodes go and grows back when they return (work folder {workdir})"
+        )
+    else:
+        say(
+            "resumable-training demo: a 2-rank PyTorch job on spot nodes loses a node midway and "
+            f"finishes by itself (work folder {workdir})"
+        )
+    try:
+        section("1. binaries (built once into ~/.cache/rtj, then reused)")
+        localstack.build_cluster_binaries(say)
+        s3_kind = None if args.s3 == "auto" else args.s3
+        if args.s3 in ("auto", "minio") and not localstack.build_minio(say):
+            if args.s3 == "minio":
+                raise StackError("MinIO could not be built (see above); try --s3 moto")
+            s3_kind = "moto"
+        if args.scenario == "elastic":
+            ok = elastic_demo(args, workdir, s3_kind)
+        else:
+            ok = spot_demo(args, workdir, s3_kind, started)
     except KeyboardInterrupt:
         say("\ninterrupted: everything it started has been stopped")
         shutil.rmtree(workdir, ignore_errors=True)
@@ -207,14 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         say(f"\nFAILED: {err}")
         say(f"logs of every component are kept in {workdir} (docs/demo.md, Troubleshooting)")
         return 1
-    finally:
-        if reference is not None:
-            reference.kill()
     if ok and not args.keep_logs:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         say(f"logs kept in {workdir}")
-    say("done: the job survived losing a node" if ok else "the demo did not end as expected")
+    done = (
+        "the job shrank and grew back"
+        if args.scenario == "elastic"
+        else "the job survived losing a node"
+    )
+    say(f"done: {done}" if ok else "the demo did not end as expected")
     return 0 if ok else 1
 
 

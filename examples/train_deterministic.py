@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from trainer_runtime import CheckpointManager, batching
+from trainer_runtime.envvars import ATTEMPT
 from trainer_runtime.sampler import ResumableSampler
 
 
@@ -100,6 +101,8 @@ def main() -> None:
     )
     ap.add_argument("--digests", help="append state digests at commits and resumes to FILE.rank<r>")
     args = ap.parse_args()
+    # Under the operator, trace and digest records name their attempt (absent when run by hand).
+    attempt = {"attempt": int(os.environ[ATTEMPT])} if os.environ.get(ATTEMPT) else {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -158,6 +161,7 @@ def main() -> None:
                     "step": ckpt.timestamp.batch,
                     "world": world,
                     "digest": state_digest(model, opt),
+                    **attempt,
                 }
             )
             + "\n"
@@ -165,7 +169,7 @@ def main() -> None:
         digests.flush()
     trace = open(f"{args.trace}.rank{rank}", "a") if args.trace else None  # noqa: SIM115
     if trace:
-        marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world}
+        marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world, **attempt}
         trace.write(json.dumps(marker) + "\n")
         trace.flush()
     for _ in range(ckpt.timestamp.epoch, args.epochs):
@@ -202,6 +206,7 @@ def main() -> None:
                         "step": ckpt.timestamp.batch,
                         "world": world,
                         "digest": state_digest(model, opt),
+                        **attempt,
                     }
                     digests.write(json.dumps(entry) + "\n")
                     digests.flush()

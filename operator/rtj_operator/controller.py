@@ -22,7 +22,8 @@ from .executor import Applied, Executor
 from .kube import ApiError, KubeApi
 from .nodes import NodeView, node_view
 from .plan_types import Plan
-from .reconcile import owned_by, pod_attempt, reconcile
+from .podstate import owned_by, pod_attempt
+from .reconcile import reconcile
 from .status_types import TERMINAL_PHASES, Cause
 from .timeutil import utcnow
 from .workqueue import Key, WorkQueue
@@ -318,6 +319,8 @@ class Controller:
                 if plan.interruption.cause is Cause.SUSPENDED
                 else "grow"
                 if plan.interruption.cause is Cause.GROW
+                else "reshrink"
+                if plan.interruption.cause is Cause.UNSCHEDULABLE
                 else "failure"
             )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()

@@ -12,7 +12,12 @@ rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gang
   ``grow.minIntervalSeconds`` old: the gang is told to checkpoint now (the notice path) and is
   resubmitted at the larger size only once that checkpoint committed, so a grow costs no work
   beyond the fresh checkpoint. A checkpoint that does not come within
-  ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on.
+  ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on;
+- a gang above ``minReplicas`` whose pods are not all scheduled ``shrinkAfterSeconds`` (at least
+  ``SCHEDULING_GRACE_SECONDS``) after
+  they were created and the previous attempt's pods were gone (the capacity count was too high:
+  a node counted as free was not) is ended and resubmitted smaller, at what fits (never below
+  ``minReplicas``).
 
 Resizing in place (torchrun rendezvous restarts) was rejected: a new world size needs the
 checkpoint resharded and the data position re-dealt, which the runtime does on resume.
@@ -30,6 +35,10 @@ from .status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
 POLL_SECONDS = 5.0
 """How often a job waiting for capacity or watching for more looks again (node events also
 wake it up at once)."""
+
+SCHEDULING_GRACE_SECONDS = 5.0
+"""The least time a created gang gets to be scheduled before a re-shrink, also when
+``shrinkAfterSeconds`` is shorter (0 included): the scheduler needs a moment to bind any gang."""
 
 GROW_REASON = "resumable.dev/grow"
 """The notice reason written into a gang's pods when the operator asks for a checkpoint to grow."""
@@ -192,6 +201,51 @@ def grow_step(
         target,
         f"room for {target} of {spec.replicas} pods; asked the {size} running pods to "
         "checkpoint now",
+    )
+
+
+@dataclass(frozen=True)
+class ReshrinkDecision:
+    """The smaller size to resubmit a gang that could not be scheduled at, or None to wait."""
+
+    size: int | None
+    message: str = ""
+    recheck_after: float | None = None
+
+
+def reshrink_step(
+    spec: JobSpec,
+    *,
+    size: int,
+    fit: int,
+    scheduled: int,
+    waiting_since: datetime | None,
+    now: datetime,
+) -> ReshrinkDecision:
+    """Whether a created gang of ``size`` pods, ``scheduled`` of them bound to a node, should be
+    resubmitted smaller because the capacity count that chose its size was too high.
+    ``waiting_since``: since when the gang's pods wait to be scheduled (the previous attempt's
+    pods gone).
+
+    The new size is what the evidence says fits: the pods that did bind (the operator's own
+    wait-then-shrink binds them one by one), else one fewer than now when nothing bound (a
+    native gang binds all or none), never more than ``fit`` and never below ``minReplicas``.
+    """
+    elastic = spec.elastic
+    if elastic is None or waiting_since is None or size <= elastic.min_replicas:
+        return ReshrinkDecision(None)
+    if scheduled >= size:
+        return ReshrinkDecision(None)
+    wait = max(elastic.shrink_after_seconds, SCHEDULING_GRACE_SECONDS)
+    waited = (now - waiting_since).total_seconds()
+    remaining = wait - waited
+    if remaining > 0:
+        return ReshrinkDecision(None, recheck_after=min(remaining, POLL_SECONDS))
+    target = max(elastic.min_replicas, min(fit, scheduled or size - 1, size - 1))
+    return ReshrinkDecision(
+        target,
+        f"only {scheduled} of {size} pods were scheduled within {wait:g}s "
+        f"(the capacity count was too high); resubmitting {target} pods",
     )
 
 

@@ -63,9 +63,17 @@ class Cause(StrEnum):
     GROW = "Grow"
     """The operator ended the attempt itself, right after the checkpoint it asked for, to
     resubmit the gang at a larger size (neither a preemption nor a failure)."""
+    UNSCHEDULABLE = "Unschedulable"
+    """An elastic gang's pods were not all scheduled within ``shrinkAfterSeconds``: the operator
+    ended the attempt itself to resubmit the gang smaller (neither a preemption nor a failure)."""
 
 
-PREEMPTION_CAUSES = frozenset(Cause) - {Cause.FAILURE, Cause.SUSPENDED, Cause.GROW}
+PREEMPTION_CAUSES = frozenset(Cause) - {
+    Cause.FAILURE,
+    Cause.SUSPENDED,
+    Cause.GROW,
+    Cause.UNSCHEDULABLE,
+}
 
 
 class ApiModel(BaseModel):
@@ -217,7 +225,8 @@ class JobStatus(ApiModel):
     """How the current attempt's gang is kept all-or-nothing: PodGroup (native gang scheduling),
     Kueue (spec.queueName) or Operator (the operator's own capacity check)."""
     capacity_wait_since: Time | None = None
-    """While an elastic job's attempt waits for room for its full gang: since when."""
+    """While an elastic job's attempt waits for room for its full gang (before its pods exist), or
+    its pods wait to be scheduled once the previous attempt's pods are gone: since when."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
     size_history: list[SizeRecord] = Field(default_factory=list)

@@ -159,3 +159,42 @@ def test_the_api_server_refuses_an_impossible_range(kube, ns, pool, operator):
     assert "must not exceed replicas" in message
     assert "spec.elastic.minReplicas" in refused(elastic={"minReplicas": 0})
     assert "spec.queueName" in refused(queueName="Not A Queue")
+
+
+def test_a_gang_that_does_not_fit_after_all_is_resubmitted_smaller(kube, ns, pool, operator):
+    nodes = pool.add(4, cpu="4")
+    # Another workload fills one node: the operator's capacity count (which does not subtract
+    # foreign pods) still says 4 ranks fit, so the gang starts at 4 and its PodGroup binds none.
+    kube.req(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "another-workload"},
+            "spec": {
+                "nodeName": nodes[3],
+                "containers": [{"name": "c", "image": "registry.local/other:1", "resources": CPU}],
+            },
+        },
+    )
+    name = unique("overcount")
+    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 5}
+    kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), elastic=elastic))
+    pods = wait_for(
+        "3 ranks running",
+        lambda: gang_on(kube, ns, name, 1, 3),
+        60,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert env_of(pods[0])["WORLD_SIZE"] == "3"
+    assert nodes[3] not in {p["spec"]["nodeName"] for p in pods}
+    status = kube.status(ns, name)
+    assert status["gangSize"] == 3 and status["preemptions"] == 0 and status["failures"] == 0
+    (interruption,) = status["interruptions"]
+    assert interruption["cause"] == "Unschedulable" and interruption["preemption"] is False
+    assert "only 0 of 4 pods were scheduled within 5s" in interruption["message"]
+    history = [(h["size"], h["reason"]) for h in status["sizeHistory"]]
+    assert history == [(4, "FullSize"), (3, "Shrunk")], history
+    assert not [p for p in kube.pods(ns, name, 0) if p["spec"].get("nodeName")]
+    wait_events(kube, ns, name, {"Shrunk"})

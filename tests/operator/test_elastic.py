@@ -9,7 +9,15 @@ import pytest
 
 from rtj_operator import names
 from rtj_operator.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
-from rtj_operator.elastic import GROW_REASON, GrowAction, StartReason, grow_step, start_size
+from rtj_operator.elastic import (
+    GROW_REASON,
+    SCHEDULING_GRACE_SECONDS,
+    GrowAction,
+    StartReason,
+    grow_step,
+    reshrink_step,
+    start_size,
+)
 from rtj_operator.envvars import NOTICE_ANNOTATION
 from rtj_operator.nodes import node_view
 from rtj_operator.plan_types import Plan
@@ -162,6 +170,44 @@ def test_grow_without_the_checkpoint_is_abandoned_after_the_timeout():
     assert grow(request=request, now=late).action is GrowAction.ABANDON
 
 
+def reshrink(**kw: Any):
+    args: dict[str, Any] = {
+        "size": 4,
+        "fit": 4,
+        "scheduled": 0,
+        "waiting_since": T0,
+        "now": T0 + timedelta(seconds=30),
+    }
+    args.update(kw)
+    return reshrink_step(spec(minReplicas=2, shrinkAfterSeconds=30), **args)
+
+
+def test_reshrink_waits_the_shrink_wait_for_the_gang_to_be_scheduled():
+    early = reshrink(now=T0 + timedelta(seconds=29))
+    assert early.size is None and early.recheck_after == pytest.approx(1.0)
+    assert reshrink(scheduled=4).size is None
+    assert reshrink(waiting_since=None).size is None
+    assert reshrink_step(spec(), size=4, fit=4, scheduled=0, waiting_since=T0, now=T0).size is None
+    # A shrinkAfterSeconds of 0 still gives the scheduler its grace to bind the gang.
+    no_wait = spec(minReplicas=2, shrinkAfterSeconds=0)
+    soon = reshrink_step(no_wait, size=4, fit=4, scheduled=0, waiting_since=T0, now=T0)
+    assert soon.size is None and soon.recheck_after == pytest.approx(SCHEDULING_GRACE_SECONDS)
+    later = T0 + timedelta(seconds=SCHEDULING_GRACE_SECONDS)
+    assert reshrink_step(no_wait, size=4, fit=4, scheduled=0, waiting_since=T0, now=later).size == 3
+
+
+def test_reshrink_goes_to_what_the_evidence_says_fits_never_below_min_replicas():
+    # A native gang binds nothing: one fewer than now, at most what the capacity count says.
+    assert reshrink().size == 3
+    assert reshrink(fit=2).size == 2
+    # The operator's own fallback binds pod by pod: the pods that bound fit.
+    assert reshrink(scheduled=3).size == 3
+    assert reshrink(scheduled=1).size == 2
+    assert reshrink(size=3, fit=1).size == 2
+    assert reshrink(size=2).size is None  # already at minReplicas: it waits there
+    assert "only 0 of 4 pods were scheduled within 30s" in reshrink().message
+
+
 # -- the story through the state machine ----------------------------------------------------
 
 
@@ -307,3 +353,131 @@ def test_a_real_notice_overwrites_a_grow_notice():
     cluster.step(1)
     assert "karpenter.sh/disrupted" in cluster.pod(0)["metadata"]["annotations"][NOTICE_ANNOTATION]
     assert names.pod_name("train", 0, 0) == pod["metadata"]["name"]
+
+
+class OvercountedCluster(SpotCluster):
+    """Nodes in ``occupied`` count as free (capacity does not subtract foreign pods) but take no
+    pod; the gang binds all or nothing, like a native PodGroup."""
+
+    occupied: frozenset[str] = frozenset()
+
+    def schedule_gang(self) -> bool:
+        pending = [p for p in self.current_pods() if p["status"].get("phase") == "Pending"]
+        used = {p["spec"].get("nodeName") for p in self.pods.values()}
+        free = [n for n in self.nodes if n not in used and n not in self.occupied]
+        if len(free) < len(pending):
+            for pod in pending:
+                pod["status"]["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": f"0/{len(self.nodes)} nodes are available",
+                    }
+                ]
+            return False
+        for pod in pending:
+            pod["spec"]["nodeName"] = free.pop(0)
+            pod["status"] = {
+                "phase": "Running",
+                "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+            }
+        return True
+
+
+def overcounted(occupied: set[str], **elastic: Any) -> OvercountedCluster:
+    cluster = OvercountedCluster(body=spot(**elastic).body, nodes=spot(**elastic).nodes)
+    cluster.occupied = frozenset(occupied)
+    return cluster
+
+
+def test_a_gang_that_cannot_be_scheduled_within_the_wait_is_resubmitted_smaller():
+    cluster = overcounted({"node-3"}, minReplicas=2, shrinkAfterSeconds=30)
+    plan = cluster.step()
+    assert len(plan.creations) == 4  # the capacity count says all 4 fit
+    assert not cluster.schedule_gang()
+    cluster.step(1)
+    assert not cluster.step(29).deletions  # still within the wait
+    plan = cluster.step(1)
+    assert {d.name for d in plan.deletions} == {f"train-a0-r{r}" for r in range(4)}
+    assert len(plan.creations) == 3 and "Shrunk" in reasons(plan)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 3 and st["worldSize"] == 3
+    assert st["preemptions"] == 0 and st["failures"] == 0
+    (interruption,) = st["interruptions"]
+    assert interruption["cause"] == "Unschedulable" and interruption["preemption"] is False
+    assert "only 0 of 4 pods were scheduled within 30s" in interruption["message"]
+    history = [(h["size"], h["reason"]) for h in st["sizeHistory"]]
+    assert history == [(4, "FullSize"), (3, "Shrunk")]
+    assert cluster.env(2)["WORLD_SIZE"] == "3"
+    assert cluster.schedule_gang()
+    cluster.step(1)
+    assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 3
+
+
+def test_a_reshrink_never_goes_below_min_replicas():
+    cluster = overcounted({"node-2", "node-3"}, minReplicas=3, shrinkAfterSeconds=10)
+    cluster.step()
+    cluster.schedule_gang()
+    for _ in range(10):
+        cluster.step(10)
+        cluster.schedule_gang()
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 3  # 4 -> 3, then it waits at minReplicas
+    assert st["preemptions"] == 0 and st["failures"] == 0
+    scheduled = {c["type"]: c for c in st["conditions"]}["PodsScheduled"]
+    assert scheduled["status"] == "False"
+
+
+class TerminatingCluster(OvercountedCluster):
+    """Deleted pods stay, holding their nodes, until ``finish_terminating`` (a grace period)."""
+
+    def apply(self, plan: Plan, *, crash_after_creations: int | None = None) -> None:
+        doomed = {d.name: self.pods[d.name] for d in plan.deletions if d.name in self.pods}
+        super().apply(plan, crash_after_creations=crash_after_creations)
+        for name, pod in doomed.items():
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            self.pods[name] = pod
+
+    def finish_terminating(self) -> None:
+        for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")]:
+            del self.pods[name]
+
+
+def test_a_gang_waiting_for_its_predecessors_pods_is_not_reshrunk():
+    base = spot(minReplicas=2, shrinkAfterSeconds=5, nodes=5)
+    cluster = TerminatingCluster(body=base.body, nodes=base.nodes)
+    cluster.step()
+    assert cluster.schedule_gang()
+    cluster.step()
+    del cluster.nodes[cluster.pod(3)["spec"]["nodeName"]]  # rank 3's node is reclaimed
+    plan = cluster.step(1)
+    assert len(plan.creations) == 4  # 4 nodes left: the full gang at once
+    # The old ranks are still terminating on their nodes: the new gang cannot bind yet, and its
+    # wait for scheduling has not begun.
+    for _ in range(6):
+        assert not cluster.schedule_gang()
+        assert not cluster.step(5).deletions
+    assert cluster.status["attempt"] == 1 and "capacityWaitSince" not in cluster.status
+    cluster.finish_terminating()
+    assert cluster.schedule_gang()
+    cluster.step(1)
+    assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 4
+
+
+def test_a_wait_for_scheduling_does_not_carry_over_to_the_next_attempt():
+    cluster = overcounted({"node-3"}, minReplicas=2, shrinkAfterSeconds=30)
+    cluster.step()
+    cluster.schedule_gang()
+    cluster.step(1)
+    assert "capacityWaitSince" in cluster.status
+    cluster.step(28)
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    del cluster.nodes["node-0"]
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(1)
+    # Room for 3 of 4 now: the new attempt waits its own shrinkAfterSeconds for the full gang.
+    assert not plan.creations and cluster.status["attempt"] == 1
+    capacity = {c["type"]: c for c in cluster.status["conditions"]}["CapacityAvailable"]
+    assert capacity["reason"] == "WaitingForFullGang"

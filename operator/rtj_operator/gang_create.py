@@ -1,0 +1,123 @@
+"""The plan that creates an attempt's gang: support objects first, then the pods.
+
+The support objects (ServiceAccount, Role, RoleBinding, headless Service) must be the job's own
+before any pod exists; then the size is chosen (sizing.py), and the pods are planned with their
+PodGroup or Kueue labels (gang.py). ``gangCreated`` is marked only after every pod exists, so an
+operator restarted mid-creation finishes this attempt instead of starting another.
+"""
+
+from __future__ import annotations
+
+from . import conditions as cond
+from . import gang, support
+from .manifests import build_pod, checkpoint_root, owner_reference
+from .reconcile_context import ReconcileContext
+from .sizing import choose_size
+from .status_types import Cause
+
+BLOCKED_RECHECK_SECONDS = 10.0
+"""How often a job blocked by a foreign object looks again (its deletion sends no event)."""
+
+
+def ensure_support(ctx: ReconcileContext) -> bool:
+    """Plan the writes that bring the support objects to the current attempt's desired state;
+    whether the gang may be created (no name is taken by an object the job does not own)."""
+    st, job = ctx.status, ctx.job
+    decision = support.decide(job, st.attempt, ctx.observed_support)
+    ctx.plan.support = decision.writes
+    had = cond.condition(st, cond.BLOCKED)
+    if decision.conflicts:
+        message = support.conflict_message(job, decision.conflicts)
+        if had is None or had.status != "True" or had.message != message:
+            ctx.plan.event("Warning", "NameConflict", message)
+        cond.set_condition(
+            st,
+            cond.BLOCKED,
+            True,
+            reason="NameConflict",
+            message=message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+        ctx.plan.requeue(BLOCKED_RECHECK_SECONDS)
+        return False
+    if had is not None and had.status == "True":
+        cond.set_condition(
+            st,
+            cond.BLOCKED,
+            False,
+            reason="NamesAvailable",
+            message="every support object is controlled by this job",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    return True
+
+
+def create_gang(ctx: ReconcileContext) -> None:
+    """Create the current attempt's missing pods (after its backoff, if any)."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    if st.restart_after is not None and ctx.now < st.restart_after:
+        plan.requeue((st.restart_after - ctx.now).total_seconds())
+        return
+    st.restart_after = None
+    if st.resume_from is None:
+        st.resume_from = ""
+    existing = ctx.current_pods()
+    if st.gang_size is None and not choose_size(ctx):
+        return
+    mechanism = gang.choose(job, ctx.native_gang)
+    st.gang_scheduling = mechanism.value
+    plan.creations = [
+        gang.link_pod(
+            build_pod(
+                job,
+                st.attempt,
+                rank,
+                size=ctx.size,
+                resume_from=st.resume_from,
+                quarantined=list(st.quarantined_checkpoints),
+            ),
+            job,
+            st.attempt,
+            ctx.size,
+            mechanism,
+        )
+        for rank in range(ctx.size)
+        if rank not in existing
+    ]
+    if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
+        plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
+    created = st.model_copy(deep=True)
+    created.gang_created = True
+    created.attempt_start_time = ctx.now
+    plan.after_creation = created
+    if st.attempt > 0 and st.interruptions:
+        last = st.interruptions[-1]
+        plan.resubmission = (
+            "preemption"
+            if last.preemption
+            else "failure"
+            if last.cause is Cause.FAILURE
+            else "grow"
+            if last.cause is Cause.GROW
+            else "reshrink"
+            if last.cause is Cause.UNSCHEDULABLE
+            else "resume"
+        )
+    if not plan.creations:
+        return  # all exist (an operator restart mid-creation): only the mark is missing
+    source = st.resume_from or "scratch"
+    if st.resume_from and st.resume_checkpoint is None:
+        source = f"the newest valid checkpoint under {checkpoint_root(job)}"
+    plan.event(
+        "Normal",
+        "Resubmitted" if st.attempt else "Started",
+        f"attempt {st.attempt}: creating {ctx.size} pods, resuming from {source}"
+        + (
+            f" (quarantined: {','.join(st.quarantined_checkpoints)})"
+            if st.quarantined_checkpoints
+            else ""
+        ),
+        with_creation=True,
+    )

@@ -1,0 +1,183 @@
+"""Watching a running gang: classify every rank, act on the gang's verdict, report scheduling.
+
+A gang is all or nothing: one rank preempted or failed ends the attempt for all of them
+(classify.py decides per rank, ``gang_verdict`` for the gang). While the gang is active this module
+also passes termination notices on to the ranks, says why ranks cannot be scheduled, and for an
+elastic job hands over to sizing.py (re-shrink, grow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import conditions as cond
+from . import elastic, gang, names
+from .api_types import Job
+from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
+from .envvars import NOTICE_ANNOTATION
+from .notice import notice_payload
+from .plan_types import NoticeWrite
+from .podstate import as_deleted, is_deleting, unschedulable_message
+from .reconcile_context import ReconcileContext
+from .sizing import reshrink, watch_for_grow
+from .status_types import Phase
+from .transitions import interrupted
+
+
+def _signals(job: Job) -> Signals:
+    ps = job.spec.preemption_signals
+    return Signals(
+        termination_taints=ps.termination_taints,
+        node_not_ready_seconds=ps.node_not_ready_seconds,
+        container_name=job.spec.container_name,
+    )
+
+
+def watch_gang(ctx: ReconcileContext) -> None:
+    """Classify the current attempt's ranks and act on the gang's verdict."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    current = ctx.current_pods()
+    signals = _signals(job)
+    outcomes: list[RankOutcome] = []
+    for rank in range(ctx.size):
+        expected = names.pod_name(job.ref.name, st.attempt, rank)
+        pod = current.get(rank) or as_deleted(ctx.departed.get(expected))
+        node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+        outcomes.append(
+            classify_rank(
+                rank,
+                pod,
+                ctx.nodes.get(node_name) if node_name else None,
+                signals=signals,
+                now=ctx.now,
+                expected_pod=expected,
+            )
+        )
+    _deliver_notices(ctx, outcomes, current)
+    verdict = gang_verdict(outcomes)
+    if verdict.outcome is Outcome.PREEMPTED:
+        interrupted(ctx, verdict, current, preemption=True)
+    elif verdict.outcome is Outcome.FAILED:
+        interrupted(ctx, verdict, current, preemption=False)
+    elif verdict.outcome is Outcome.SUCCEEDED:
+        st.completion_time = ctx.now
+        ctx.phase(
+            Phase.SUCCEEDED,
+            "AllRanksSucceeded",
+            f"all {ctx.size} ranks of attempt {st.attempt} exited 0",
+        )
+        plan.event("Normal", "Succeeded", f"all {ctx.size} ranks exited 0")
+    else:
+        if verdict.all_running and st.phase is not Phase.RUNNING:
+            ctx.phase(
+                Phase.RUNNING,
+                "AllRanksRunning",
+                f"all {ctx.size} ranks of attempt {st.attempt} are running",
+            )
+        _report_scheduling(ctx, current)
+        plan.requeue(verdict.recheck_after)
+        if job.spec.elastic is not None and not reshrink(ctx, current):
+            watch_for_grow(ctx, verdict.all_running, current)
+
+
+def _report_scheduling(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> None:
+    """PodsScheduled=False with the scheduler's reason while a rank cannot be placed, so a gang
+    that waits for capacity says why instead of showing Pending or Restarting alone."""
+    stuck = [
+        (rank, pod, message)
+        for rank, pod in sorted(current.items())
+        if not is_deleting(pod) and (message := unschedulable_message(pod)) is not None
+    ]
+    had = cond.condition(ctx.status, cond.PODS_SCHEDULED)
+    if stuck:
+        # Under a gang, most ranks only say they wait for the others; show one that says why.
+        rank, pod, message = next(
+            (entry for entry in stuck if "nodes are available" in entry[2]), stuck[0]
+        )
+        cond.set_condition(
+            ctx.status,
+            cond.PODS_SCHEDULED,
+            False,
+            reason="Unschedulable",
+            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled{_gang_note(ctx)}; "
+            f"rank {rank} ({pod['metadata'].get('name')}): {message}",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    elif (
+        had is not None
+        and had.status == "False"
+        and all((p.get("spec") or {}).get("nodeName") for p in current.values())
+    ):
+        cond.set_condition(
+            ctx.status,
+            cond.PODS_SCHEDULED,
+            True,
+            reason="AllRanksScheduled",
+            message=f"every rank of attempt {ctx.status.attempt} is bound to a node",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+
+
+def _gang_note(ctx: ReconcileContext) -> str:
+    """How the gang is held back, for the PodsScheduled message."""
+    st = ctx.status
+    if st.gang_scheduling == gang.Mechanism.POD_GROUP:
+        return (
+            f" (all-or-nothing: PodGroup {gang.group_name(ctx.job.ref.name, st.attempt)} binds "
+            f"no pod until all {ctx.size} fit)"
+        )
+    if st.gang_scheduling == gang.Mechanism.KUEUE:
+        return f" (Kueue pod group, queue {ctx.job.spec.queue_name})"
+    return ""
+
+
+def _deliver_notices(
+    ctx: ReconcileContext, outcomes: list[RankOutcome], current: Mapping[int, dict[str, Any]]
+) -> None:
+    """Write the notice into every running rank whose node has a termination taint."""
+    noticed = []
+    for outcome in outcomes:
+        pod = current.get(outcome.rank)
+        if pod is None or outcome.outcome is not Outcome.ACTIVE or outcome.notice is None:
+            continue
+        noticed.append(outcome)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(NOTICE_ANNOTATION) and elastic.GROW_REASON not in str(
+            annotations.get(NOTICE_ANNOTATION)
+        ):
+            continue  # already told (a grow's notice is overwritten by a real one)
+        payload = notice_payload(outcome.notice, outcome.node or "", ctx.now)
+        ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=payload))
+        ctx.plan.event(
+            "Warning",
+            "PreemptionNotice",
+            f"attempt {ctx.status.attempt}: node {outcome.node} of rank "
+            f"{outcome.rank} has taint {outcome.notice.get('key')}; "
+            "told the rank to checkpoint now",
+        )
+    had = cond.condition(ctx.status, cond.PREEMPTION_NOTICE)
+    if noticed:
+        first = noticed[0]
+        cond.set_condition(
+            ctx.status,
+            cond.PREEMPTION_NOTICE,
+            True,
+            reason="TerminationTaint",
+            message=f"node {first.node} of rank {first.rank} is about to go "
+            f"({(first.notice or {}).get('key')})",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    elif had is not None and had.status == "True":
+        cond.set_condition(
+            ctx.status,
+            cond.PREEMPTION_NOTICE,
+            False,
+            reason="NoNotice",
+            message="no rank's node is announced for termination",
+            now=ctx.now,
+            generation=ctx.generation,
+        )

@@ -1,0 +1,76 @@
+"""The state of one reconcile pass, shared by the state machine's modules.
+
+The job, the copy of its status being decided, the plan being built, the clock and what was
+observed (its pods, their nodes, the cluster's nodes, the support objects). One object passed to
+every step keeps their signatures short and makes it impossible for two steps to decide from
+different observations; passing each piece separately was rejected for exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import conditions as cond
+from . import support
+from .api_types import Job
+from .capacity import fitting_pods
+from .nodes import NodeView
+from .plan_types import Plan
+from .podstate import pod_attempt, pod_rank
+from .status_types import JobStatus, Phase
+
+
+@dataclass
+class ReconcileContext:
+    """One reconcile pass: the job, the status being decided, the plan, the clock, what was
+    seen."""
+
+    job: Job
+    status: JobStatus
+    plan: Plan
+    now: datetime
+    owned: list[dict[str, Any]]
+    nodes: Mapping[str, NodeView]
+    departed: Mapping[str, dict[str, Any]]
+    observed_support: support.Observed
+    cluster_nodes: Sequence[NodeView] | None = None
+    native_gang: bool = False
+
+    @property
+    def generation(self) -> int:
+        return self.job.ref.generation
+
+    @property
+    def size(self) -> int:
+        """Pods in the current attempt's gang."""
+        return self.status.gang_size or self.job.spec.replicas
+
+    def fit(self) -> int:
+        """How many of the job's pods the cluster's nodes could take now (all of them when the
+        caller passed no node list)."""
+        if self.cluster_nodes is None:
+            return self.job.spec.replicas
+        return fitting_pods(
+            self.cluster_nodes, self.job.raw_template.get("spec") or {}, self.job.spec.replicas
+        )
+
+    def phase(self, phase: Phase, reason: str, message: str) -> None:
+        cond.set_phase(
+            self.status,
+            phase,
+            reason=reason,
+            message=message,
+            now=self.now,
+            generation=self.generation,
+        )
+
+    def current_pods(self) -> dict[int, dict[str, Any]]:
+        found: dict[int, dict[str, Any]] = {}
+        for pod in self.owned:
+            rank = pod_rank(pod)
+            if pod_attempt(pod) == self.status.attempt and rank is not None:
+                found[rank] = pod
+        return found

@@ -1,0 +1,238 @@
+"""Elastic gang sizes applied to a job: the size an attempt starts at, re-shrink and grow.
+
+``elastic.py`` holds the pure rules (which size, when to grow, when to re-shrink); this module
+applies their decisions to the job's status and plan: conditions, the size history, events, the
+grow's notices, and ending the attempt when a grow or re-shrink resubmits the gang. Keeping the
+rules apart from their bookkeeping lets each rule be tested on its own, without a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import conditions as cond
+from . import elastic
+from .notice import notice_payload
+from .plan_types import NoticeWrite
+from .podstate import is_finished, live_pods, pod_attempt, pod_deletion
+from .reconcile_context import ReconcileContext
+from .status_types import (
+    Cause,
+    GrowRequest,
+    Interruption,
+    JobStatus,
+    Phase,
+)
+from .transitions import newest_committed_step, next_attempt, record_interruption
+
+
+def _grown_from(st: JobStatus) -> int | None:
+    """The size of the gang a grow just ended (the next attempt starts larger at once)."""
+    last = st.interruptions[-1] if st.interruptions else None
+    if last is None or last.cause is not Cause.GROW or last.attempt != st.attempt - 1:
+        return None
+    return st.size_history[-1].size if st.size_history else None
+
+
+def choose_size(ctx: ReconcileContext) -> bool:
+    """Decide the current attempt's gang size before its pods exist; False while it waits."""
+    st, job = ctx.status, ctx.job
+    grown_from = _grown_from(st)
+    decision = elastic.start_size(
+        job.spec,
+        ctx.fit(),
+        waiting_since=st.capacity_wait_since,
+        now=ctx.now,
+        grown_from=grown_from,
+    )
+    capacity = cond.condition(st, cond.CAPACITY)
+    if decision.size is None:
+        if st.capacity_wait_since is None:
+            st.capacity_wait_since = ctx.now
+        if capacity is None or capacity.reason != decision.reason:
+            ctx.plan.event("Warning", "WaitingForCapacity", decision.message)
+        cond.set_condition(
+            st,
+            cond.CAPACITY,
+            False,
+            reason=decision.reason,
+            message=decision.message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+        ctx.phase(Phase.PENDING, decision.reason, f"attempt {st.attempt}: {decision.message}")
+        ctx.plan.requeue(decision.recheck_after)
+        return False
+    st.capacity_wait_since = None
+    st.gang_size = decision.size
+    st.world_size = decision.size * job.spec.processes_per_pod
+    if job.spec.elastic is not None or capacity is not None:
+        cond.set_condition(
+            st,
+            cond.CAPACITY,
+            True,
+            reason=decision.reason,
+            message=decision.message,
+            now=ctx.now,
+            generation=ctx.generation,
+        )
+    previous = st.size_history[-1].size if st.size_history else None
+    last = st.interruptions[-1] if st.interruptions else None
+    lost = 0 if grown_from is not None else (last.steps_lost if last else None)
+    reason = decision.reason.value
+    if previous is not None and decision.size == job.spec.replicas and previous < decision.size:
+        reason = elastic.StartReason.GROWN.value if grown_from else "Restored"
+    changed = elastic.record_size(
+        st,
+        size=decision.size,
+        world_size=st.world_size,
+        reason=reason,
+        message=decision.message,
+        now=ctx.now,
+        steps_lost=lost if previous is not None else None,
+    )
+    if changed and previous is not None:
+        verb = "Shrunk" if decision.size < previous else "Grown"
+        ctx.plan.event(
+            "Warning" if verb == "Shrunk" else "Normal",
+            verb,
+            f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
+            f"{st.world_size}): {decision.message}",
+        )
+    return True
+
+
+def reshrink(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bool:
+    """End a gang whose pods were not all scheduled within the wait and resubmit it at the
+    smaller size that fits (elastic.reshrink_step); whether it did."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    live = live_pods(current)
+    scheduled = sum(1 for p in live if (p.get("spec") or {}).get("nodeName"))
+    # Pods of an earlier attempt still hold their nodes until they are gone: the wait starts
+    # once they are, so a gang is never shrunk for room its own predecessor still occupies.
+    lingering = any(pod_attempt(p) != st.attempt and not is_finished(p) for p in ctx.owned)
+    minimum = job.spec.elastic.min_replicas if job.spec.elastic is not None else ctx.size
+    if ctx.size <= minimum or scheduled >= ctx.size or lingering:
+        st.capacity_wait_since = None
+        return False
+    if st.capacity_wait_since is None:
+        st.capacity_wait_since = ctx.now
+    decision = elastic.reshrink_step(
+        job.spec,
+        size=ctx.size,
+        fit=ctx.fit(),
+        scheduled=scheduled,
+        waiting_since=st.capacity_wait_since,
+        now=ctx.now,
+    )
+    if decision.size is None:
+        plan.requeue(decision.recheck_after)
+        return False
+    previous = ctx.size
+    record_interruption(
+        ctx,
+        Interruption(
+            time=ctx.now,
+            attempt=st.attempt,
+            cause=Cause.UNSCHEDULABLE,
+            preemption=False,
+            message=decision.message,
+            last_committed_step=newest_committed_step(st),
+            steps_lost=0,
+        ),
+    )
+    for pod in live:
+        plan.deletions.append(pod_deletion(pod, f"shrinking to {decision.size} pods"))
+    next_attempt(ctx, 0.0, "Reshrinking", decision.message)
+    # The size is decided here, from what could be scheduled, not again from the capacity count
+    # that was just proven too high.
+    st.gang_size = decision.size
+    st.world_size = decision.size * job.spec.processes_per_pod
+    cond.set_condition(
+        st,
+        cond.CAPACITY,
+        True,
+        reason=elastic.StartReason.SHRUNK,
+        message=decision.message,
+        now=ctx.now,
+        generation=ctx.generation,
+    )
+    elastic.record_size(
+        st,
+        size=decision.size,
+        world_size=st.world_size,
+        reason=elastic.StartReason.SHRUNK.value,
+        message=decision.message,
+        now=ctx.now,
+        steps_lost=0,
+    )
+    plan.event(
+        "Warning",
+        "Shrunk",
+        f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
+        f"{st.world_size}): {decision.message}",
+    )
+    return True
+
+
+def _committed_step_of_attempt(st: JobStatus) -> int | None:
+    last = st.last_committed_checkpoint
+    return last.step if last is not None and last.attempt == st.attempt else None
+
+
+def watch_for_grow(
+    ctx: ReconcileContext, all_running: bool, current: Mapping[int, dict[str, Any]]
+) -> None:
+    """Grow a gang below full size: notice, wait for the commit, then resubmit larger."""
+    st, plan, job = ctx.status, ctx.plan, ctx.job
+    if ctx.size >= job.spec.replicas and st.grow is None:
+        return
+    decision = elastic.grow_step(
+        job.spec,
+        size=ctx.size,
+        fit=ctx.fit(),
+        all_running=all_running,
+        last_resize=elastic.last_resize_time(st),
+        request=st.grow,
+        committed_step=_committed_step_of_attempt(st),
+        now=ctx.now,
+    )
+    plan.requeue(decision.recheck_after)
+    if decision.action is elastic.GrowAction.REQUEST:
+        st.grow = GrowRequest(
+            requested_at=ctx.now, target_size=decision.target, after_step=newest_committed_step(st)
+        )
+        for pod in live_pods(current):
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            taint = {"key": elastic.GROW_REASON}
+            plan.notices.append(
+                NoticeWrite(
+                    pod=pod["metadata"].get("name", ""),
+                    payload=notice_payload(taint, node, ctx.now),
+                )
+            )
+        plan.event("Normal", "GrowRequested", f"attempt {st.attempt}: {decision.message}")
+        plan.requeue(elastic.POLL_SECONDS)
+    elif decision.action is elastic.GrowAction.ABANDON:
+        st.grow = None
+        plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
+    elif decision.action is elastic.GrowAction.RESTART:
+        last = newest_committed_step(st)
+        lost = max(st.current_step - last, 0) if st.current_step is not None and last else None
+        record_interruption(
+            ctx,
+            Interruption(
+                time=ctx.now,
+                attempt=st.attempt,
+                cause=Cause.GROW,
+                preemption=False,
+                message=decision.message,
+                last_committed_step=last,
+                steps_lost=lost,
+            ),
+        )
+        for pod in live_pods(current):
+            plan.deletions.append(pod_deletion(pod, f"growing to {decision.target} pods"))
+        plan.event("Normal", "Growing", f"attempt {st.attempt}: {decision.message}")
+        next_attempt(ctx, 0.0, "Growing", decision.message)

@@ -1,0 +1,200 @@
+"""Status bookkeeping when an attempt ends: the interruption record, the budgets, the next attempt.
+
+Every way an attempt can end (preemption, failure, suspend, a grow or re-shrink of an elastic gang)
+goes through ``record_interruption`` and ``next_attempt`` here, so the history, the counters and
+the resume point are kept by one set of rules. The next attempt's number and resume point are
+persisted in status before its pods exist (reconcile.py explains why that order matters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from .backoff import failure_delay
+from .classify import GangVerdict
+from .podstate import live_pods, pod_deletion
+from .reconcile_context import ReconcileContext
+from .resume import after_failure, resume_point
+from .status_types import (
+    MAX_INTERRUPTIONS,
+    Cause,
+    Interruption,
+    JobStatus,
+    Phase,
+)
+
+
+def newest_committed_step(st: JobStatus) -> int | None:
+    """The step of the newest committed checkpoint, if any."""
+    return st.last_committed_checkpoint.step if st.last_committed_checkpoint else None
+
+
+def record_interruption(ctx: ReconcileContext, interruption: Interruption) -> None:
+    """Append to the bounded interruption history and tell the plan (metrics)."""
+    st = ctx.status
+    st.interruptions = [*st.interruptions, interruption][-MAX_INTERRUPTIONS:]
+    ctx.plan.interruption = interruption
+
+
+def interrupted(
+    ctx: ReconcileContext,
+    verdict: GangVerdict,
+    current: Mapping[int, dict[str, Any]],
+    preemption: bool,
+) -> None:
+    """An attempt ended early: record it, stop the rest of its gang, start the next one."""
+    st, plan, policy = ctx.status, ctx.plan, ctx.job.spec.resume_policy
+    trigger = verdict.trigger
+    assert trigger is not None
+    last = newest_committed_step(st)
+    lost = None
+    if st.current_step is not None and last is not None:
+        lost = max(st.current_step - last, 0)
+    record_interruption(
+        ctx,
+        Interruption(
+            time=ctx.now,
+            attempt=st.attempt,
+            cause=trigger.cause or Cause.DISRUPTION,
+            preemption=preemption,
+            rank=trigger.rank,
+            pod=trigger.pod,
+            node=trigger.node,
+            exit_code=trigger.exit_code,
+            message=trigger.message,
+            last_committed_step=last,
+            steps_lost=lost,
+        ),
+    )
+    for pod in live_pods(current):
+        plan.deletions.append(pod_deletion(pod, f"attempt {st.attempt} was interrupted"))
+    where = f"rank {trigger.rank} (pod {trigger.pod}" + (
+        f" on node {trigger.node})" if trigger.node else ")"
+    )
+    if preemption:
+        st.preemptions += 1
+        plan.event(
+            "Warning",
+            "Preempted",
+            f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}",
+        )
+        if policy.max_preemptions is not None and st.preemptions > policy.max_preemptions:
+            fail_job(
+                ctx,
+                "PreemptionLimitExceeded",
+                f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}",
+            )
+            return
+        next_attempt(ctx, 0.0, "Preempted", f"{trigger.cause} of {where}")
+        return
+
+    st.failures += 1
+    plan.event("Warning", "RankFailed", f"attempt {st.attempt}: {where}: {trigger.message}")
+    decision = after_failure(
+        policy,
+        resumed_from=st.resume_checkpoint,
+        committed_this_attempt=st.attempt_checkpoint,
+        attempt_started=st.attempt_start_time,
+        failed_at=ctx.now,
+        previous=st.resume_failures,
+    )
+    st.resume_failures = decision.resume_failures
+    if decision.quarantine and decision.quarantine not in st.quarantined_checkpoints:
+        st.quarantined_checkpoints = [*st.quarantined_checkpoints, decision.quarantine]
+        st.quarantined = len(st.quarantined_checkpoints)
+        plan.event(
+            "Warning",
+            "CheckpointQuarantined",
+            f"checkpoint {decision.quarantine}: {policy.quarantine_threshold} attempts "
+            "in a row failed soon after resuming from it; resuming from the one before",
+        )
+    if st.failures > policy.backoff_limit:
+        fail_job(
+            ctx,
+            "BackoffLimitExceeded",
+            f"{st.failures} failures exceed backoffLimit={policy.backoff_limit}; "
+            f"last: {where}: {trigger.message}",
+        )
+        return
+    delay = failure_delay(st.failures, policy.backoff_base_seconds, policy.backoff_max_seconds)
+    next_attempt(ctx, delay, "Failed", f"{where}: {trigger.message}")
+
+
+def fail_job(ctx: ReconcileContext, reason: str, message: str) -> None:
+    """End the job Failed and stop its current gang."""
+    st = ctx.status
+    st.completion_time = ctx.now
+    st.restart_after = None
+    ctx.phase(Phase.FAILED, reason, message)
+    ctx.plan.event("Warning", "JobFailed", f"{reason}: {message}")
+    for pod in live_pods(ctx.current_pods()):
+        ctx.plan.deletions.append(pod_deletion(pod, "job failed"))
+
+
+def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str) -> None:
+    """Advance to the next attempt (persisted before its pods exist)."""
+    st, job = ctx.status, ctx.job
+    st.attempt += 1
+    st.gang_created = False
+    st.attempt_start_time = None
+    st.attempt_checkpoint = None
+    st.current_step = None
+    st.gang_size = None
+    st.grow = None
+    st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
+    point = resume_point(
+        st.attempt,
+        job.spec.checkpoint.dir,
+        job.run_name,
+        st.known_checkpoints,
+        st.quarantined_checkpoints,
+    )
+    st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
+    if delay > 0:
+        st.restart_after = ctx.now + timedelta(seconds=delay)
+        ctx.plan.event(
+            "Normal",
+            "BackingOff",
+            f"attempt {st.attempt} starts in {delay:.0f}s (failure {st.failures})",
+        )
+    else:
+        st.restart_after = None
+    ctx.phase(Phase.RESTARTING, reason, f"attempt {st.attempt} after {message}")
+
+
+def suspend(ctx: ReconcileContext) -> None:
+    """spec.suspend: record the interruption once, delete every live pod."""
+    st, plan = ctx.status, ctx.plan
+    if st.phase is not Phase.SUSPENDED:
+        if st.gang_created:
+            record_interruption(
+                ctx,
+                Interruption(
+                    time=ctx.now,
+                    attempt=st.attempt,
+                    cause=Cause.SUSPENDED,
+                    preemption=False,
+                    message="spec.suspend set",
+                    last_committed_step=newest_committed_step(st),
+                ),
+            )
+        ctx.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true; the gang is deleted")
+        plan.event("Normal", "Suspended", f"attempt {st.attempt}: deleting the gang")
+    for pod in live_pods(ctx.owned):
+        plan.deletions.append(pod_deletion(pod, "job suspended"))
+
+
+def unsuspend(ctx: ReconcileContext) -> None:
+    """spec.suspend cleared: a created gang is resubmitted as the next attempt."""
+    st = ctx.status
+    ctx.plan.event("Normal", "Resumed", "spec.suspend cleared")
+    if st.gang_created:
+        next_attempt(ctx, 0.0, "Resumed", "resuming after suspend")
+    else:
+        ctx.phase(
+            Phase.PENDING if st.attempt == 0 else Phase.RESTARTING,
+            "Resumed",
+            "spec.suspend cleared",
+        )
