@@ -365,12 +365,18 @@ class VerifyingReader(FileSystemReader):
         done: list[tuple[ReadItem, torch.Tensor]] = []
         for items in per_file.values():
             items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
+        # Resolved once (DCP's lookup is not cheap), in reading order.
+        direct = {
+            id(item): self._direct_target(item, planner)
+            for items in per_file.values()
+            for item in items
+        }
         prefault = Prefaulter() if self.prefault else None
         try:
             if prefault is not None:  # in reading order, so the toucher stays ahead
                 for items in per_file.values():
                     for item in items:
-                        target = self._direct_target(item, planner)
+                        target = direct[id(item)]
                         if target is not None:
                             prefault.submit(item, target)
             for rel, items in per_file.items():
@@ -379,7 +385,14 @@ class VerifyingReader(FileSystemReader):
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
                     for item in items:
                         self._read_item(
-                            fd, rel, item, planner, hashing=hashing, done=done, prefault=prefault
+                            fd,
+                            rel,
+                            item,
+                            planner,
+                            hashing=hashing,
+                            done=done,
+                            direct=direct[id(item)],
+                            prefault=prefault,
                         )
                 finally:
                     os.close(fd)
@@ -403,8 +416,10 @@ class VerifyingReader(FileSystemReader):
         *,
         hashing: HashPipeline,
         done: list[tuple[ReadItem, torch.Tensor]],
+        direct: torch.Tensor | None,
         prefault: Prefaulter | None = None,
     ) -> None:
+        """``direct``: ``_direct_target(item)``, the tensor to read straight into (or None)."""
         info: RawChunk = self.storage_data[item.storage_index]
         if not isinstance(info, RawChunk):
             raise ChunkDigestError(f"{rel}: not written by this runtime's sharded writer")
@@ -415,7 +430,6 @@ class VerifyingReader(FileSystemReader):
             return
         assert info.dtype is not None and info.shape is not None
         dtype = getattr(torch, info.dtype)
-        direct = self._direct_target(item, planner)
         if direct is not None:
             # Straight into the load target (staging or a fresh optimizer tensor, never live
             # state); its digest is checked on the hashing thread while the next chunk reads.
