@@ -95,9 +95,13 @@ class HostStager:
         return obj
 
     def synchronize(self) -> None:
-        """Wait for non-blocking device-to-host copies (no-op without CUDA)."""
+        """Wait for non-blocking device-to-host copies (no-op without CUDA).
+
+        Every device: staging runs on a thread of its own, whose current device is not the
+        rank's (``torch.cuda.synchronize()`` alone would wait for device 0 only)."""
         if self.pin_memory and torch.cuda.is_available():
-            torch.cuda.synchronize()
+            for device in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(device)
 
 
 def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
