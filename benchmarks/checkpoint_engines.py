@@ -1,12 +1,12 @@
 """Checkpoint engines compared: the sharded runtime engine vs plain DCP vs torch.save.
 
-    python benchmarks/checkpoint_engines.py --json OUT [--quick] [--rounds 5] [--dir FOLDER]
-        [--configs single,ddp4,fsdp4]
+    python benchmarks/checkpoint_engines.py --json OUT [--quick | --size-mib N] [--rounds 5]
+        [--dir FOLDER] [--configs single,ddp4,fsdp4]
 
 For one state (a Linear/LayerNorm stack plus Adam, about 1 GiB in total; 96 MiB with --quick)
 and each configuration (1 process; 4-rank DDP, where the state is replicated; 4-rank FSDP2,
-where it is sharded) it starts real gloo processes and measures, in interleaved rounds (the
-engine order rotates each round):
+where it is sharded) it starts real gloo processes and measures, in interleaved rounds (at
+least 3; the engine order rotates each round):
 
 - save: a synchronous durable save (the runtime's includes its manifest commit), page cache
   dropped first; against ``raw.write_s``: each rank writes and fdatasyncs as many bytes as its
@@ -76,6 +76,10 @@ from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
 from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
+MIN_ENGINE_ROUNDS = 3
+"""Fewer than ``harness.MIN_ROUNDS``: three 4-rank configurations of 1 GiB at 5 rounds each do
+not fit the 15 minutes a benchmark may hold the shared machine; 3 rounds still give a median
+that one outlier cannot move."""
 CONFIGS = {"single": ("single", 1), "ddp4": ("ddp", 4), "fsdp4": ("fsdp", 4)}
 ENGINES = ("runtime", "dcp", "torch")
 
@@ -450,6 +454,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="a 96 MiB state instead of 1 GiB")
+    ap.add_argument("--size-mib", type=int, help="state size in MiB (overrides --quick)")
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--dir", type=Path, default=Path("out/bench-engines"))
     ap.add_argument("--configs", default="single,ddp4,fsdp4")
@@ -463,9 +468,11 @@ def main() -> None:
         return
     if not args.json:
         ap.error("--json OUT is required")
-    if args.rounds < MIN_ROUNDS:
-        ap.error(f"--rounds={args.rounds}: at least {MIN_ROUNDS} rounds for a median to mean much")
-    total = (96 if args.quick else 1024) * MiB
+    if args.rounds < MIN_ENGINE_ROUNDS:
+        ap.error(
+            f"--rounds={args.rounds}: at least {MIN_ENGINE_ROUNDS} rounds for a median to mean much"
+        )
+    total = (args.size_mib or (96 if args.quick else 1024)) * MiB
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
     dropped = drop_whole_page_cache()
@@ -474,6 +481,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "benchmark": "checkpoint_engines",
         "quick": args.quick,
+        "size_mib": total // MiB,
         "rounds": args.rounds,
         "conditions": conditions(page_cache_dropped=dropped),
     }

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,31 @@ def test_manifest_reads_version_1_and_2_and_rejects_others(tmp_path):
         else:
             with pytest.raises(ManifestError, match="format_version 3"):
                 Manifest.from_json(json.dumps(data))
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
+def test_every_async_save_copies_at_full_priority_though_persisting_yields(tmp_path):
+    """The persisting thread lowers its own priority after the copy and is reused by the next
+    save; the copy the next ``optimizer.step()`` waits for must not inherit that."""
+
+    _, _, _, engine = make()
+    seen: list[tuple[int, int]] = []
+    stage = engine.stager.stage
+
+    def recording_stage(*args, **kwargs):
+        tid = threading.get_native_id()
+        seen.append((tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        return stage(*args, **kwargs)
+
+    engine.stager.stage = recording_stage
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    persisting: list[int] = []
+    for batch in (1, 2, 3):
+        ck.save_async(f"ep0-ba{batch}", timestamp=Timestamp(batch=batch))
+        ck.wait()
+        persisting.append(ck._executor._threads.copy().pop().native_id)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    lowered = os.getpriority(os.PRIO_PROCESS, persisting[-1])
+    ck.close()
+    assert lowered > main, "the persisting thread was expected to yield (the premise)"
+    assert [p for _, p in seen] == [main] * 3, seen

@@ -29,6 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,7 @@ class ShardedEngine:
         self.stager = HostStager(pin_memory=pin_memory)
         self._cache: tuple[tuple, dict[str, Any]] | None = None
         self._written: tuple[tuple, set[str]] | None = None
+        self._stage_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ state
     def _tensor_state(self, *, weights_only: bool) -> dict[str, Any]:
@@ -215,9 +217,27 @@ class ShardedEngine:
         if only_keys is not None:
             _, mappings = flatten_state_dict(state)
             only = {"/" + "/".join(map(str, mappings[k])) for k in only_keys if k in mappings}
+        staged = self._staging_thread().submit(self._copy, state, only).result()
+        return staged, only_keys
+
+    def _copy(self, state: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
         staged = self.stager.stage(state, only=only)
         self.stager.synchronize()
-        return staged, only_keys
+        return staged
+
+    def _staging_thread(self) -> ThreadPoolExecutor:
+        """The copy runs on a thread of its own, never lowered in priority.
+
+        Save schedulers persist on a background thread and lower that thread's priority once
+        its copy is done (writing and hashing should yield to training). The thread is reused
+        by the next save, and an unprivileged thread cannot raise its priority back, so a copy
+        made there would run at the lowered priority from the second save on, and the next
+        ``optimizer.step()``, which waits for the copy, would wait behind every busy thread of
+        the machine.
+        """
+        if self._stage_pool is None:
+            self._stage_pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-stage")
+        return self._stage_pool
 
     # ------------------------------------------------------------------ save
     def write(

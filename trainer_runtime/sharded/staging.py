@@ -29,6 +29,7 @@ class HostStager:
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._buffers: dict[str, torch.Tensor] = {}
         self._only: set[str] | None = None
+        self._devices: set[torch.device] = set()
 
     @property
     def nbytes(self) -> int:
@@ -73,6 +74,7 @@ class HostStager:
             local = obj.to_local()
             buf = self._buffer(path, local)
             if copy:
+                self._note_device(local)
                 buf.copy_(local.detach(), non_blocking=self.pin_memory)
             return DTensor.from_local(
                 buf,
@@ -85,6 +87,7 @@ class HostStager:
         if isinstance(obj, torch.Tensor):
             buf = self._buffer(path, obj)
             if copy:
+                self._note_device(obj)
                 buf.copy_(obj.detach(), non_blocking=self.pin_memory)
             return buf
         if isinstance(obj, dict):
@@ -94,10 +97,20 @@ class HostStager:
             return items if isinstance(obj, list) else tuple(items)
         return obj
 
+    def _note_device(self, t: torch.Tensor) -> None:
+        if t.device.type == "cuda":
+            self._devices.add(t.device)
+
     def synchronize(self) -> None:
-        """Wait for non-blocking device-to-host copies (no-op without CUDA)."""
+        """Wait for non-blocking device-to-host copies (no-op without CUDA).
+
+        Every device copied from: staging runs on a thread of its own, whose current device
+        is not the rank's (``torch.cuda.synchronize()`` alone would wait for device 0 only,
+        and synchronizing devices the rank does not use would create contexts on them)."""
         if self.pin_memory and torch.cuda.is_available():
-            torch.cuda.synchronize()
+            for device in self._devices:
+                torch.cuda.synchronize(device)
+        self._devices.clear()
 
 
 def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
