@@ -67,7 +67,13 @@ from .facts import (
 )
 from .narrator import Narrator
 from .process import Proc
-from .reference import ReferenceRun, start_reference_run, weights_equal
+from .reference import (
+    ReferenceRun,
+    script_command,
+    start_reference_run,
+    weights_equal,
+    world_size,
+)
 from .stack import LocalStack
 from .story import Story, StoryResult
 
@@ -110,8 +116,10 @@ __all__ = [
     "notice_checkpoint",
     "resumed_step",
     "run_streaming",
+    "script_command",
     "start_reference_run",
     "started_fresh",
     "training_command",
     "weights_equal",
+    "world_size",
 ]

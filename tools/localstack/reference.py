@@ -53,28 +53,47 @@ class ReferenceRun:
                 proc.wait(5)
 
 
+LAUNCHERS = ("torchrun",)
+"""``argv[0]`` names that start ``torch.distributed.run`` (as the pod runner maps them)."""
+
+
+def world_size(manifest: Path) -> int:
+    """``replicas * processesPerPod`` of the manifest's ResumableTrainingJob."""
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    spec = next(d for d in docs if d.get("kind") == "ResumableTrainingJob")["spec"]
+    return int(spec["replicas"]) * int(spec.get("processesPerPod", 1))
+
+
+def script_command(manifest: Path) -> list[str]:
+    """The training command with its launcher replaced by this interpreter: ``torchrun x.py``
+    and ``python x.py`` both become ``<python> x.py`` (paths under ``/app`` mapped here)."""
+    argv = training_command(manifest)
+    if Path(argv[0]).name in LAUNCHERS or Path(argv[0]).name.startswith("python"):
+        argv = [sys.executable, *argv[1:]]
+    else:
+        raise ValueError(f"{manifest}: command {argv[0]!r}: expected torchrun or python")
+    return [a.replace("/app/", f"{REPO}/") for a in argv]
+
+
 def start_reference_run(manifest: Path, workdir: Path) -> ReferenceRun:
-    """Run the manifest's training command with WORLD_SIZE ranks as local processes.
+    """The manifest's training, uninterrupted, as ``world_size`` plain local processes.
 
     Same script and arguments, except what cannot change the weights: no ``--step-sleep``, a
-    local checkpoint folder instead of the operator's environment, ``--out`` here.
+    local checkpoint folder instead of the operator's environment, ``--out`` here. A torchrun
+    job runs as its ``replicas * processesPerPod`` processes with ``RANK``/``WORLD_SIZE`` set:
+    torchrun only starts processes, it does not change what they compute.
     """
-    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
-    job = next(d for d in docs if d.get("kind") == "ResumableTrainingJob")
-    world = int(job["spec"]["replicas"])
-    argv = training_command(manifest)
-    if Path(argv[0]).name.startswith("python"):
-        argv = [sys.executable, *argv[1:]]
-    argv = [a.replace("/app/", f"{REPO}/") for a in argv]
-    argv = [a for a in argv if not a.startswith(("--out=", "--step-sleep="))]
+    world = world_size(manifest)
+    argv = [a for a in script_command(manifest) if not a.startswith(("--out=", "--step-sleep="))]
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "reference.pt"
     argv += ["--folder", str(workdir / "checkpoints"), "--run-name", "reference", "--out", str(out)]
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("RTJ_", "AWS_", "KUBERNETES_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        if not k.startswith(("RTJ_", "AWS_", "KUBERNETES_", "PET_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        and k not in ("MASTER_ADDR", "MASTER_PORT")
     }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     port = str(free_port())
