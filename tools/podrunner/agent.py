@@ -6,9 +6,10 @@ lists and watches the pods bound to it. Per pod, a ``PodWorker`` thread does the
 Restart: the agent's processes die with it (see ``processes``), so on start a pod that an
 earlier agent had running is reported lost (exit 137, ``ContainerStatusUnknown``, Failed for
 ``restartPolicy: Never``) rather than silently started twice, and a pod already being deleted
-is removed at once. A clean stop (SIGTERM/SIGINT) is a graceful node shutdown: every pod gets a
+is removed at once. A clean stop (SIGTERM/SIGINT) is a graceful node shutdown: the Node is reported
+NotReady ("node is shutting down") at once, then every pod gets a
 ``DisruptionTarget`` condition, its containers SIGTERM and their grace period, the pod is
-reported Failed, and the Node is reported NotReady.
+reported Failed.
 """
 
 from __future__ import annotations
@@ -117,21 +118,27 @@ class Agent:
         with self._lock:
             self.stopping = True
             alive = [w for w in self._started if w.is_alive()]
+        # As the kubelet does, the node turns NotReady when the shutdown begins, before its
+        # pods learn of it: the node controller's not-ready taint then keeps the scheduler from
+        # placing the replacement gang on a node that is going away.
+        self._report_not_ready("node is shutting down")
         for worker in alive:
             worker.shutdown()
         deadline = time.monotonic() + self.ctx.shutdown_grace_s + 15.0
         for worker in alive:
             worker.join(max(0.0, deadline - time.monotonic()))
+        self._report_not_ready("podrunner agent stopped")
         for name in self._nodes:
-            try:
-                nodes.set_ready(
-                    self.kube, name, False, "KubeletNotReady", "podrunner agent stopped"
-                )
-            except (ApiError, OSError) as err:
-                log.warning("node %s: could not report NotReady: %s", name, err)
             agent_file(self.ctx.state_dir, name, "pid").unlink(missing_ok=True)
         self.ctx.watchdog.close()
         log.info("stopped")
+
+    def _report_not_ready(self, message: str) -> None:
+        for name in self._nodes:
+            try:
+                nodes.set_ready(self.kube, name, False, "KubeletNotReady", message)
+            except (ApiError, OSError) as err:
+                log.warning("node %s: could not report NotReady: %s", name, err)
 
     def _heartbeat(self) -> None:
         next_status = time.monotonic() + self.status_s
