@@ -15,6 +15,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,12 +69,19 @@ def stack(
     reference: ReferenceRun, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
     """Control plane, chart, S3, operator and three pod-runner nodes; always torn down."""
-    cfg = StackConfig(
-        workdir=tmp_path_factory.mktemp("stack"),
+    with LocalStack(stack_config(control_plane, tmp_path_factory.mktemp("stack"))) as running:
+        yield running
+
+
+def stack_config(
+    control_plane: ControlPlane, workdir: Path, prefix: str = "rtj-story", **extra: Any
+) -> StackConfig:
+    """A stack on the session's shared control plane, in a namespace of its own."""
+    return StackConfig(
+        workdir=workdir,
         cluster_name=control_plane.name,
         kubeconfig=Path(control_plane.kubeconfig),
-        namespace=f"rtj-story-{uuid.uuid4().hex[:6]}",
+        namespace=f"{prefix}-{uuid.uuid4().hex[:6]}",
         say=say,
+        **extra,
     )
-    with LocalStack(cfg) as running:
-        yield running

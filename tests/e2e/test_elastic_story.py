@@ -14,14 +14,12 @@ bit for bit to the state saved there.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tools.controlplane import ControlPlane
-from tools.localstack import LocalStack, StackConfig
+from tools.localstack import LocalStack
 from tools.stories.elastic import (
     MANIFEST,
     ElasticResult,
@@ -33,7 +31,7 @@ from tools.stories.elastic import (
     resumed_steps,
 )
 
-from .conftest import say
+from .conftest import say, stack_config
 
 pytestmark = pytest.mark.cluster
 
@@ -50,14 +48,8 @@ def elastic_stack(
     prerequisites: None, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
     """The stack with exactly 4 nodes: no spare capacity once 2 go."""
-    cfg = StackConfig(
-        workdir=tmp_path_factory.mktemp("elastic-stack"),
-        cluster_name=control_plane.name,
-        kubeconfig=Path(control_plane.kubeconfig),
-        namespace=f"rtj-elastic-{uuid.uuid4().hex[:6]}",
-        nodes=REPLICAS,
-        say=say,
-    )
+    workdir = tmp_path_factory.mktemp("elastic-stack")
+    cfg = stack_config(control_plane, workdir, "rtj-elastic", nodes=REPLICAS)
     with LocalStack(cfg) as running:
         yield running
 

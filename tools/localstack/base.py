@@ -117,18 +117,34 @@ class StackBase:
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
         """Run kubectl against the stack's cluster; its output (StackError when it fails)."""
+        return self._cluster_tool(
+            "kubectl", args, what=" ".join(args), stdin=stdin, timeout=timeout
+        )
+
+    def _cluster_tool(
+        self,
+        tool: str,
+        args: tuple[str, ...],
+        *,
+        what: str,
+        timeout: float,
+        stdin: str | None = None,
+        cwd: Path | None = None,
+    ) -> str:
+        """Run kubectl or helm from the stack's binaries against its cluster; its output."""
         assert self.bindir is not None and self.kubeconfig is not None
         out = subprocess.run(
-            [str(self.bindir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            [str(self.bindir / tool), "--kubeconfig", str(self.kubeconfig), *args],
             input=stdin,
             env=self._env(),
             capture_output=True,
             text=True,
             check=False,
             timeout=timeout,
+            cwd=cwd,
         )
         if out.returncode != 0:
-            raise StackError(f"kubectl {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+            raise StackError(f"{tool} {what} failed:\n{out.stderr[-3000:]}")
         return out.stdout
 
     def _create(self, path: str, body: Obj) -> None:

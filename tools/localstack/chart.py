@@ -8,7 +8,6 @@ the chart's RBAC and flags are what the story runs on, not the admin's credentia
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -44,19 +43,7 @@ class ChartPart(StackBase):
     """The Helm release and the operator process."""
 
     def _helm(self, *args: str, timeout: float = 180) -> str:
-        assert self.bindir is not None and self.kubeconfig is not None
-        out = subprocess.run(
-            [str(self.bindir / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
-            env=self._env(),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            cwd=REPO,
-        )
-        if out.returncode != 0:
-            raise StackError(f"helm {' '.join(args[:2])} failed:\n{out.stderr[-3000:]}")
-        return out.stdout
+        return self._cluster_tool("helm", args, what=" ".join(args[:2]), timeout=timeout, cwd=REPO)
 
     def _install_chart(self) -> None:
         key, value = NOT_SCHEDULABLE.split("=")
