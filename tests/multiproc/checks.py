@@ -10,18 +10,25 @@ from trainer_runtime.layout import RunFolder
 
 
 def committed_and_valid(run_dir: Path) -> list[str]:
-    """Names of committed checkpoints, newest first; fails if any committed one is broken."""
+    """Names of committed checkpoints, newest first; fails if any committed one is broken.
+
+    Safe to call while the gang is still saving: the pointer is read before the listing
+    (rank 0 writes the manifest, then the pointer, so whatever the pointer names is listed
+    after it), and a checkpoint that retention removes while it is being checked is skipped.
+    """
     folder = RunFolder(run_dir)
+    pointer = folder.read_pointer()
     names = []
     for m in folder.committed():
         reason = folder.verify(m, list(range(m.world_size)))
+        if reason is not None and not (run_dir / m.name).exists():
+            continue  # pruned by retention between the listing and the check
         assert reason is None, f"committed checkpoint {m.name} does not verify: {reason}"
         names.append(m.name)
-    pointer = folder.read_pointer()
-    if names:
-        assert pointer is not None, "checkpoints committed but latest.json is missing"
-    if pointer is not None:
+    if pointer is not None and (run_dir / pointer["checkpoint"]).exists():
         assert pointer["checkpoint"] in names, f"latest.json names uncommitted {pointer}"
+    if names:
+        assert folder.read_pointer() is not None, "checkpoints committed but latest.json is missing"
     return names
 
 
