@@ -18,7 +18,7 @@ import time
 from typing import Any, Protocol
 
 from . import events
-from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now
+from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now, raise_emergency_exit
 
 log = logging.getLogger("trainer_runtime")
 
@@ -125,4 +125,4 @@ class PreemptionResponse:
         watchdog.cancel()
         if getattr(mgr.remote, "transfers_stuck", lambda: False)():
             exit_now(self.exit_code)  # SystemExit would wait for the stuck thread
-        raise SystemExit(self.exit_code)
+        raise_emergency_exit(self.exit_code)  # SystemExit, without the heap's teardown

@@ -20,13 +20,17 @@ was rejected: boto3's read timeout times its retries can exceed any grace period
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dis
 import logging
 import os
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from types import FrameType
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,80 @@ def exit_now(exit_code: int) -> None:
     """
     _flush_output()
     os._exit(exit_code)
+
+
+class EmergencyExit(SystemExit):
+    """The ``SystemExit`` the emergency path raises: ``code`` is the preemption exit code.
+
+    ``stack`` is where it was raised from: each calling frame and the instruction it was at,
+    so that the exit can tell later whether anything caught it (``propagated_to_the_top``).
+    """
+
+    def __init__(self, code: int, stack: list[tuple[FrameType, int]]) -> None:
+        super().__init__(code)
+        self.stack = stack
+
+    def propagated_to_the_top(self) -> bool:
+        """True when every frame it was raised through ended right there (or re-raised it at
+        the end of a ``finally``/``with``, or with a bare ``raise``): nothing caught it and
+        went on. A frame that caught it and carried on ended at another instruction."""
+        return all(
+            frame.f_lasti == at or frame.f_code.co_code[frame.f_lasti] == _RERAISE
+            for frame, at in self.stack
+        )
+
+    def release_frames(self) -> None:
+        """Free what the recorded frames still hold (a DataLoader iterator holds worker
+        processes that the exit would otherwise wait for, forever: they ignore SIGTERM)."""
+        for frame, _ in self.stack:
+            with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+                frame.clear()
+        self.stack = []
+
+
+_RERAISE = dis.opmap.get("RERAISE", -1)
+
+
+def raise_emergency_exit(exit_code: int) -> NoReturn:
+    """Raise ``SystemExit(exit_code)``, and end the process without tearing down its heap once
+    that exit has run every ``finally`` block and ``atexit`` handler.
+
+    Interpreter shutdown after the emergency save is mostly tearing down the heap: freeing the
+    few hundred thousand objects torch and the trainer hold, by the cyclic collector while
+    modules are cleared (about 1.2 s for a bare ``import torch`` and 1.8 s for a small trainer
+    on a quiet 2-core VM; 7-10 s on a loaded one, past the deadline). Nothing in that teardown
+    matters to a process whose checkpoint is committed and whose logs are flushed, so an
+    ``atexit`` handler, registered now and therefore run first, runs every other handler
+    itself and then ends the process with ``os._exit(exit_code)``.
+
+    It does so only when this exception really ended the program: raised on the main thread,
+    and nothing caught it (``EmergencyExit.propagated_to_the_top``). A harness that caught it
+    (pytest, a notebook) exits later with its own code through the ordinary shutdown.
+    (Rejected: ``gc.freeze()`` before the exit: it skips the teardown too, but extension
+    modules that check for leaked objects at shutdown then print warnings into the job's log;
+    reading the exception's traceback: CPython 3.11 attaches it only as far as the last
+    ``except``/``finally``/``with`` it passed.)
+    """
+    stack = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        stack.append((frame, frame.f_lasti))
+        frame = frame.f_back
+    exc = EmergencyExit(exit_code, stack)
+    if threading.current_thread() is threading.main_thread():
+        atexit.register(_end_without_teardown, exc)
+    raise exc
+
+
+def _end_without_teardown(exc: EmergencyExit) -> None:
+    atexit.unregister(_end_without_teardown)
+    uncaught = exc.propagated_to_the_top()
+    exc.release_frames()
+    run_others = getattr(atexit, "_run_exitfuncs", None)
+    if run_others is None or not uncaught or not isinstance(exc.code, int):
+        return  # the ordinary shutdown: slower, still correct
+    run_others()  # this handler ran first, so every other one runs exactly once
+    exit_now(exc.code)
 
 
 def _flush_output() -> None:

@@ -1,0 +1,151 @@
+"""After the emergency save, the process ends without tearing down its heap, but only when the
+runtime's ``SystemExit`` really ended the program.
+
+Real processes, a real SIGTERM. Whether the heap was torn down shows in a module-level object
+whose ``__del__`` writes a marker: the ordinary interpreter shutdown runs it, ``os._exit`` does
+not. ``atexit`` handlers must run either way.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .checks import committed_and_valid
+
+pytestmark = pytest.mark.multiproc
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import atexit, os, signal, sys
+from pathlib import Path
+import torch
+from trainer_runtime import CheckpointManager
+
+out = Path(sys.argv[1])
+
+class TornDown:
+    def __del__(self):
+        (out / "torn-down").write_text("yes")
+
+keep = TornDown()
+atexit.register(lambda: (out / "atexit").write_text("yes"))
+model = torch.nn.Linear(4, 4)
+ck = CheckpointManager(model=model, folder=out / "ck", run_name="r", interval="100ba")
+ck.batch_end(4)
+os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
+{body}
+"""
+
+
+def run(tmp: Path, body: str) -> int:
+    script = tmp / "job.py"
+    script.write_text(SCRIPT.format(body=textwrap.dedent(body)))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp)],
+        check=False,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "RTJ_GRACE_PERIOD_SECONDS": "20"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode
+
+
+def test_an_uncaught_emergency_exit_skips_the_teardown_after_the_atexit_handlers(tmp_path):
+    code = run(tmp_path, "ck.batch_end(4)")
+    assert code == 143
+    assert committed_and_valid(tmp_path / "ck") == ["ep0-ba2"]
+    assert (tmp_path / "atexit").exists(), "an atexit handler of the program did not run"
+    assert not (tmp_path / "torn-down").exists(), "the heap was torn down after the save"
+
+
+def test_a_caught_emergency_exit_leaves_the_ordinary_shutdown_and_exit_code(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        try:
+            ck.batch_end(4)
+        except SystemExit as exc:
+            assert exc.code == 143
+        sys.exit(3)
+        """,
+    )
+    assert code == 3
+    assert committed_and_valid(tmp_path / "ck") == ["ep0-ba2"]
+    assert (tmp_path / "atexit").exists()
+    assert (tmp_path / "torn-down").exists(), "a caught exit must not skip the teardown"
+
+
+def test_a_reraised_emergency_exit_still_ends_the_process_with_143(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        try:
+            ck.batch_end(4)
+        finally:
+            (out / "finally").write_text("yes")
+        """,
+    )
+    assert code == 143
+    assert (tmp_path / "finally").exists()
+    assert (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn-down").exists()
+
+
+def test_an_emergency_exit_caught_at_the_top_level_ends_with_the_scripts_own_code(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        try:
+            ck.batch_end(4)
+        except SystemExit:
+            pass
+        (out / "went-on").write_text("yes")
+        """,
+    )
+    assert code == 0
+    assert (tmp_path / "went-on").exists()
+    assert (tmp_path / "torn-down").exists()
+
+
+def test_an_emergency_exit_replaced_by_another_exit_ends_with_that_code(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        try:
+            ck.batch_end(4)
+        finally:
+            sys.exit(5)
+        """,
+    )
+    assert code == 5
+    assert (tmp_path / "torn-down").exists()
+
+
+def test_an_emergency_exit_through_a_main_function_and_a_with_block_skips_the_teardown(
+    tmp_path,
+):
+    code = run(
+        tmp_path,
+        """
+        import contextlib
+
+        def main():
+            with contextlib.ExitStack():
+                for _ in range(3):
+                    ck.batch_end(4)
+
+        if __name__ == "__main__":
+            main()
+        """,
+    )
+    assert code == 143
+    assert (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn-down").exists()
