@@ -23,7 +23,7 @@ from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore import S3Store
-from trainer_runtime.objectstore.uploader import verify_remote
+from trainer_runtime.objectstore.folder import verify_remote
 from trainer_runtime.objectstore.uri import S3Uri
 
 REPO = Path(__file__).resolve().parents[2]

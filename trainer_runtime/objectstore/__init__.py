@@ -20,6 +20,7 @@ from .errors import (
     ObjectStoreError,
 )
 from .folder import StorePrefix, remote_run_folder, verify_remote
+from .remote_commit import prune_remote
 from .resolver import (
     RemoteCheckpoint,
     download_checkpoint,
@@ -31,7 +32,7 @@ from .resolver import (
 )
 from .retry import Backoff
 from .store import ObjectInfo, S3Store, TransferSettings, open_store, resolve_endpoint
-from .uploader import CheckpointUploader, UploadStats, prune_remote
+from .uploader import CheckpointUploader, UploadStats
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
 __all__ = [

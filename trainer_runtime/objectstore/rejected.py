@@ -19,8 +19,8 @@ from ..layout import REJECTED_DIR
 from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
 from ..timestamp import Timestamp
 from .folder import remote_run_folder
+from .remote_commit import pointer_body
 from .store import S3Store
-from .uploader import pointer_body
 from .uri import S3Uri
 
 log = logging.getLogger(__name__)

@@ -1,42 +1,31 @@
-"""Background upload of committed checkpoints, in the order that keeps the remote copy valid.
-
-The rule that Composer broke (its latest pointer could be uploaded before the data it names) is
-enforced here by construction: for one checkpoint, every rank first uploads its own data files;
-the leader rank (0) then waits until *every* rank's objects are present with the manifest's size
-and xxh3 digest (HEAD requests, bounded, with backoff), and only then uploads ``manifest.json``,
-and only after that ``latest.json``, which never moves back to an older checkpoint. A reader of
-the bucket can therefore trust any manifest it finds, and the pointer always names a checkpoint
-whose manifest is already there.
+"""Background upload of committed checkpoints: a queue, retries, and the local copies.
 
 Training is never blocked: ``submit`` only queues. One worker thread per process uploads the
-queue in order (each file with parallel parts); a failure is logged as a warning, counted, and
-retried with backoff for as long as the process lives, and the checkpoint stays *pending*, so
-local retention must keep it (``is_pending``). ``flush`` at exit waits a bounded time and logs
-what is still pending.
+queue in order, one checkpoint at a time, each in the order that keeps the remote copy valid
+(``remote_commit.py``: every rank's data, then the manifest, then ``latest.json``); a failure is
+logged as a warning, counted, and retried with backoff for as long as the process lives, and
+the checkpoint stays *pending*, so local retention must keep it (``is_pending``). ``flush`` at
+exit waits a bounded time and logs what is still pending.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import atomic, events
+from .. import events
 from ..errors import ManifestError
 from ..layout import RunFolder, progress_key
-from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
-from ..retention import select_for_deletion
-from ..timestamp import Timestamp
-from .errors import LocalDataError, ObjectStoreError
-from .folder import remote_run_folder, verify_remote
+from ..manifest import Manifest
+from .errors import LocalDataError
+from .local_copies import UploadedLocalCopies
+from .remote_commit import RemoteCommitter, not_committed_remotely
 from .retry import Backoff
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
@@ -74,16 +63,6 @@ class _Job:
     @property
     def name(self) -> str:
         return self.manifest.name
-
-
-def pointer_body(manifest: Manifest) -> dict:
-    """The ``latest.json`` contents for a checkpoint (same shape as the local pointer)."""
-    return {
-        "checkpoint": manifest.name,
-        "manifest": f"{manifest.name}/{MANIFEST_NAME}",
-        "timestamp": manifest.timestamp.to_dict(),
-        "updated_at": datetime.now(UTC).isoformat(),
-    }
 
 
 class CheckpointUploader:
@@ -136,10 +115,14 @@ class CheckpointUploader:
         self._cond = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._pending: dict[str, int] = {}  # name -> number of queued/in-flight jobs
-        # Checkpoints this uploader has uploaded and still keeps locally (for keep_local).
-        self._uploaded_local: list[tuple[tuple, Path, Manifest]] = []
+        self.local_copies = (
+            None if keep_local is None else UploadedLocalCopies(keep_local, leader_rank)
+        )
         self._stop = threading.Event()
         self._inflight: tuple[str, float] | None = None  # (checkpoint, attempt start)
+        self.committer = RemoteCommitter(
+            store, self.run_uri, leader_rank, peer_timeout_s, keep_remote, self._stop
+        )
         self._thread = threading.Thread(target=self._run, name=f"rtj-uploader-r{rank}", daemon=True)
         self._thread.start()
 
@@ -188,19 +171,8 @@ class CheckpointUploader:
         check. Call it once at
         start-up, after building the uploader. Returns the names queued.
         """
-        current = None
-        with contextlib.suppress(ValueError):
-            current = self.store.get_json(self.run_uri.join(POINTER_NAME))
-        floor = None
-        if isinstance(current, dict) and isinstance(current.get("timestamp"), dict):
-            with contextlib.suppress(TypeError, ValueError):
-                floor = Timestamp.from_dict(current["timestamp"]).sort_key()
         local = RunFolder(Path(local_run_dir))
-        newest_first = [
-            m
-            for m in local.committed()
-            if m.files_for_rank(self.rank) and (floor is None or m.timestamp.sort_key() > floor)
-        ]
+        newest_first = not_committed_remotely(self.store, self.run_uri, local, self.rank)
         for manifest in newest_first:
             folder = local.path(manifest.name)
             log.info("object store: resubmitting %s (not yet committed remotely)", folder)
@@ -341,7 +313,12 @@ class CheckpointUploader:
             job.attempts += 1
             self._inflight = (job.name, time.monotonic())
             try:
-                sent = self._upload(job)
+                # A first attempt skips the HEAD per file (the object is new; a stray one is
+                # simply overwritten); a retry or a resubmission asks first, sends what is missing.
+                retrying = job.attempts > 1 or job.resumed
+                sent = self.committer.upload(
+                    job.manifest, job.local_dir, job.rank, check_first=retrying
+                )
             except LocalDataError as exc:
                 self.stats.abandoned += 1
                 self.stats.last_error = str(exc)
@@ -388,171 +365,21 @@ class CheckpointUploader:
             self._after_upload(job)
             return
 
-    def _upload(self, job: _Job) -> int:
-        """One attempt; returns the bytes sent. Skips objects already present and verified."""
-        ckpt = self.run_uri.join(job.name)
-        sent = 0
-        # A first attempt skips the HEAD per file (the object is new; a stray one is simply
-        # overwritten); a retry or a resubmission asks first and sends only what is missing.
-        check_first = job.attempts > 1 or job.resumed
-        for entry in job.manifest.files_for_rank(job.rank):
-            remote = ckpt.join(entry.path)
-            if check_first and _matches(self.store.head(remote), entry):
-                continue
-            self.store.upload_file(
-                job.local_dir / entry.path,
-                remote,
-                size=entry.size,
-                xxh3=entry.xxh3_128,
-                stop=self._stop,
-            )
-            sent += entry.size
-        if job.rank == self.leader_rank:
-            self._wait_for_peers(job, ckpt)
-            self._commit(job, ckpt)
-        return sent
-
-    def _wait_for_peers(self, job: _Job, ckpt: S3Uri) -> None:
-        """Poll until every file of every rank is remote and matches; bounded by the timeout."""
-        missing = [e for e in job.manifest.files if e.rank != job.rank]
-        deadline = time.monotonic() + self.peer_timeout_s
-        poll = Backoff(initial=0.2, maximum=5.0)
-        attempt = 0
-        while missing:
-            missing = [e for e in missing if not _matches(self.store.head(ckpt.join(e.path)), e)]
-            if not missing:
-                return
-            if time.monotonic() >= deadline:
-                ranks = sorted({e.rank for e in missing})
-                raise ObjectStoreError(
-                    f"ranks {ranks} have not uploaded their files of {job.name} within "
-                    f"{self.peer_timeout_s:.0f}s; not committing it remotely"
-                )
-            if self._stop.wait(min(poll.delay(attempt), max(0.0, deadline - time.monotonic()))):
-                raise ObjectStoreError("uploader stopped while waiting for other ranks")
-            attempt += 1
-
-    def _commit(self, job: _Job, ckpt: S3Uri) -> None:
-        """Manifest, then pointer (only forward): the two steps that make it visible."""
-        local_manifest = job.local_dir / MANIFEST_NAME
-        try:
-            body = local_manifest.read_bytes()
-            Manifest.from_json(body, source=str(local_manifest))
-        except (OSError, ManifestError):
-            body = job.manifest.to_json().encode()
-        self.store.put_bytes(ckpt.join(MANIFEST_NAME), body, content_type="application/json")
-        pointer_uri = self.run_uri.join(POINTER_NAME)
-        current = None
-        with contextlib.suppress(ValueError):
-            current = self.store.get_json(pointer_uri)
-        if (
-            isinstance(current, dict)
-            and isinstance(current.get("timestamp"), dict)
-            and current.get("checkpoint") != job.name
-        ):
-            try:
-                theirs = Timestamp.from_dict(current["timestamp"]).sort_key()
-            except (TypeError, ValueError):
-                theirs = None
-            if theirs is not None and theirs > job.manifest.timestamp.sort_key():
-                log.info(
-                    "object store: %s is committed remotely; latest.json stays on the newer %s",
-                    job.name,
-                    current.get("checkpoint"),
-                )
-                return
-        self.store.put_json(pointer_uri, pointer_body(job.manifest))
-        if self.keep_remote > 0:
-            try:
-                prune_remote(self.store, self.run_uri, keep=self.keep_remote)
-            except ObjectStoreError as exc:  # retention is best effort; the upload succeeded
-                log.warning(
-                    "object store: pruning old checkpoints under %s failed: %s", self.run_uri, exc
-                )
-
     def _after_upload(self, job: _Job) -> None:
         if self.on_uploaded is not None:
             try:
                 self.on_uploaded(job.name)
             except Exception:
                 log.exception("object store: on_uploaded callback failed for %s", job.name)
-        if self.keep_local is None:
-            return
-        kept = [e for e in self._uploaded_local if e[1] != job.local_dir]
-        kept.append((progress_key(job.manifest), job.local_dir, job.manifest))
-        kept.sort(key=lambda e: e[0], reverse=True)
-        self._uploaded_local = kept[: self.keep_local]
-        for entry in kept[self.keep_local :]:
-            if self.is_pending_other(entry[2].name, job):
-                self._uploaded_local.append(entry)  # re-submitted meanwhile: not yet
-                continue
-            self._delete_local(entry[1], entry[2], job.rank)
+        if self.local_copies is not None:
+            self.local_copies.uploaded(
+                job.manifest,
+                job.local_dir,
+                job.rank,
+                still_pending=lambda n: self.is_pending_other(n, job),
+            )
 
     def is_pending_other(self, name: str, current: _Job) -> bool:
         """Pending for a job other than the one just finished (a re-submission)."""
         with self._cond:
             return self._pending.get(name, 0) > (1 if name == current.name else 0)
-
-    def _delete_local(self, folder: Path, manifest: Manifest, rank: int) -> None:
-        """Leader: the whole folder (all ranks' files are remote); others: their own files."""
-        try:
-            if rank == self.leader_rank:
-                with contextlib.suppress(FileNotFoundError):
-                    (folder / MANIFEST_NAME).unlink()  # uncommit first: a half-deleted
-                    atomic.fsync_dir(folder)  # folder is then no checkpoint
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
-                for entry in manifest.files_for_rank(rank):
-                    with contextlib.suppress(FileNotFoundError):
-                        (folder / entry.path).unlink()
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            log.info(
-                "object store: deleted local copy %s (uploaded; keep_local=%d)",
-                folder,
-                self.keep_local,
-            )
-        except OSError as exc:
-            log.warning("object store: could not delete local copy %s: %s", folder, exc)
-
-
-def _matches(info: object, entry: FileEntry) -> bool:
-    """True when a HEAD result is the manifest entry's object (size and xxh3 metadata)."""
-    return (
-        info is not None
-        and getattr(info, "size", None) == entry.size
-        and getattr(info, "xxh3", None) == entry.xxh3_128
-    )
-
-
-def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
-    """Delete committed remote checkpoints older than the newest ``keep`` that verify.
-
-    Never touches folders without a manifest (another rank may be uploading them), nor the
-    checkpoint ``latest.json`` names, nor anything newer than the last one kept. Deletes the
-    manifest first, so a half-pruned checkpoint is simply not a checkpoint.
-    """
-    if keep < 1:
-        raise ValueError(f"keep={keep}: expected >= 1")
-    folder = remote_run_folder(store, run_uri)
-    committed = folder.committed()
-    pointer = None
-    with contextlib.suppress(ObjectStoreError):
-        pointer = folder.pointer_name()
-    by_name = {m.name: m for m in committed}
-    doomed = select_for_deletion(
-        [m.name for m in committed],
-        keep=keep,
-        protected={pointer} if pointer else set(),
-        counts=lambda name: verify_remote(store, run_uri, by_name[name]) is None,
-    )
-    deleted: list[str] = []
-    for manifest in (by_name[name] for name in doomed):
-        store.delete_prefix(run_uri.join(manifest.name), first=(MANIFEST_NAME,))
-        deleted.append(manifest.name)
-        log.info(
-            "object store: pruned remote checkpoint %s (keep_remote=%d)",
-            run_uri.join(manifest.name),
-            keep,
-        )
-    return deleted
