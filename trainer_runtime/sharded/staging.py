@@ -55,6 +55,17 @@ class HostStager:
         """Same structure, host buffers with unspecified contents (a load target)."""
         return self._map(tree, "", copy=False)
 
+    def preallocate(self, tree: Any) -> int:
+        """Allocate the buffers ``stage(tree)`` will copy into and touch every page of the new
+        ones, so a later copy does not pay the first touch of fresh memory. Returns the bytes
+        newly allocated (buffers that already exist, e.g. a load's, are kept as they are)."""
+        before = dict(self._buffers)
+        self._map(tree, "", copy=False)
+        fresh = [b for k, b in self._buffers.items() if before.get(k) is not b]
+        for buf in fresh:
+            buf.zero_()
+        return sum(b.numel() * b.element_size() for b in fresh)
+
     def release(self) -> None:
         self._buffers.clear()
 
