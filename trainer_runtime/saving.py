@@ -80,6 +80,7 @@ class Saver:
         if ctx.settings.async_save and ctx.components.model is not None:
             weights_only = ctx.settings.weights_only
             self.prewarm = StagingPrewarm(
+                list(ctx.components.optimizers.values()),
                 lambda: ctx.engine.prepare_staging(weights_only=weights_only),
                 ctx.engine.on_staging_thread,
             )

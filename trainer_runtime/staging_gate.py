@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 @dataclass
@@ -86,30 +84,35 @@ class StagingGate:
 
 
 class StagingPrewarm:
-    """Once, after the first ``optimizer.step()``: allocate and touch the staging buffers.
+    """Once every optimizer of the run has stepped (so has its state): allocate and touch the
+    staging buffers.
 
-    ``prepare`` runs on the training thread (it takes the state dict, which must not race a
-    step) and returns the work for the staging thread; ``submit`` queues that work there, ahead
-    of any save's copy, which then reuses the buffers.
+    ``prepare`` runs on the training thread right after a step (it takes the state dict, which
+    must not race a step) and returns the work for the staging thread; ``submit`` queues that
+    work there, ahead of any save's copy, which then reuses the buffers.
     """
 
     def __init__(
         self,
+        optimizers: Sequence[torch.optim.Optimizer],
         prepare: Callable[[], Callable[[], int]],
         submit: Callable[[Callable[[], int]], Future[int]],
     ) -> None:
+        self._optimizers = list(optimizers)
         self._prepare = prepare
         self._submit = submit
         self.done: Future[int] | None = None
         """Bytes newly allocated, once the staging thread has touched them."""
-        self._hook: Any = register_optimizer_step_post_hook(lambda *_: self._fire())
+        self._hooks: list[Any] = [
+            opt.register_step_post_hook(lambda *_: self._after_step()) for opt in self._optimizers
+        ]
 
-    def _fire(self) -> None:
-        self.cancel()
-        if self.done is None:
+    def _after_step(self) -> None:
+        if self.done is None and all(opt.state for opt in self._optimizers):
+            self.cancel()
             self.done = self._submit(self._prepare())
 
     def cancel(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
