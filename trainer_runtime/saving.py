@@ -77,6 +77,7 @@ class Saver:
         self._executor: ThreadPoolExecutor | None = None
         self._pruner: ThreadPoolExecutor | None = None
         """Deletes the files of checkpoints retention has already uncommitted."""
+        self._deleting: Future[None] | None = None
         self._checked_newer = False
         self.prewarm: StagingPrewarm | None = None
         """With async saves on: staging buffers allocated after the first optimizer step."""
@@ -208,6 +209,9 @@ class Saver:
         if self.pending is not None:
             self.pending.exception()  # waits without raising
         self.release_hook_if_done()
+        if self._deleting is not None:  # retention's deletions queued so far (never raise)
+            self._deleting.result()
+            self._deleting = None
         self.raise_background_failure()
 
     def persisting(self) -> bool:
@@ -313,7 +317,7 @@ class Saver:
         # synchronous save need not wait for it; close() does.
         if self._pruner is None:
             self._pruner = ThreadPoolExecutor(1, thread_name_prefix="rtj-prune")
-        self._pruner.submit(_delete_uncommitted, ctx.folder, doomed)
+        self._deleting = self._pruner.submit(_delete_uncommitted, ctx.folder, doomed)
 
 
 def _log_failure(fut: Future[SavedCheckpoint]) -> None:

@@ -254,9 +254,12 @@ def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
     ck.batch_end(1)  # a sync save: returns once ep0-ba2 is committed and ep0-ba1 uncommitted
     assert not (tmp_path / "ck" / "ep0-ba1" / "manifest.json").exists()
     assert [m.name for m in ck.folder.committed()] == ["ep0-ba2"]
-    ck.close()  # waits for the deletion
+    ck.wait()  # waits for the deletion too
     assert not (tmp_path / "ck" / "ep0-ba1").exists()
-    assert (tmp_path / "ck" / "ep0-ba2" / "manifest.json").exists()
+    ck.batch_end(1)
+    ck.close()
+    assert not (tmp_path / "ck" / "ep0-ba2").exists()
+    assert (tmp_path / "ck" / "ep0-ba3" / "manifest.json").exists()
 
 
 def test_retention_spares_checkpoints_still_uploading(tmp_path):
