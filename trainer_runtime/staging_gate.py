@@ -9,8 +9,8 @@ inferring it from how much slower a step was: a step while the checkpoint persis
 slower because writing and hashing share the CPUs and memory bus (a throughput cost, not a
 hold). Inferring the hold from step times was the alternative, and it mixes the two.
 
-``StagingPrewarm`` allocates and touches the host staging buffers on the staging thread right
-after the first ``optimizer.step()`` (when Adam-like optimizers have created their state), so
+``StagingPrewarm`` allocates and touches the host staging buffers on the staging thread once
+every optimizer of the run has stepped (Adam-like optimizers create their state then), so
 the first async save copies into memory that is already mapped instead of faulting in a fresh
 copy of the state while the next step waits (first touch of fresh memory costs 0.4-1.8 s/GiB
 on some VMs). The alternative, allocating at the first save, puts that cost into the hold.

@@ -1,8 +1,9 @@
 """Host buffers for a state dict, kept from one checkpoint to the next.
 
 Staging is what makes an async save safe: the persisting thread writes a copy, so training may
-change the live tensors as soon as the copy is done. The copy goes into buffers allocated on
-the first save and reused by every later one (pinned when CUDA is in use, so device-to-host
+change the live tensors as soon as the copy is done. The copy goes into buffers allocated
+before the first save (``preallocate``, after the first optimizer step) or by it, and reused by
+every later one (pinned when CUDA is in use, so device-to-host
 copies run at full bus speed and need no page faults), the way DCP's ``DefaultStager`` caches
 its storages. The same buffers are the target of a load: a checkpoint is read and verified into
 them, and only a verified, complete read is copied into the live tensors.
