@@ -8,9 +8,13 @@ filesystem, in one process:
 
 - save: the runtime's synchronous durable save, against a raw write of the same byte count
   with fdatasync and against ``torch.save`` + fsync of the same state;
-- async save: the stall it puts on training (the ``save()`` call plus what the next step takes
-  beyond an idle step), its background persist time, and steps per second while it persists
-  against idle steps per second measured just before;
+- async save: how long it holds training (the stall as DCP defines it: the ``save()`` call plus
+  the next ``optimizer.step()``'s wait for the staging copy, as the manager records it in
+  ``SavedCheckpoint.timing``), the copy's duration, and, kept from earlier runs, the "stall"
+  inferred from step times (the call plus how much longer the first step after it takes than
+  an idle step, which also counts that step slowing down because persisting shares the CPUs);
+  its background persist time, and steps per second while it persists against idle steps per
+  second measured just before (the throughput cost of persisting);
 - resume: the runtime's ``load`` of a checkpoint into a freshly built model and optimizer, and
   the *effective* resume time (load plus what the first training step takes beyond a steady
   step, which is where state left mapped from the file would be paid for), against
@@ -207,7 +211,11 @@ def op_raw_write(b: Bench, r: int) -> dict[str, float]:
 
 def op_sync_save(b: Bench, r: int) -> dict[str, float]:
     b.sync_ck.timestamp.batch = b.next_batch()
-    return {"sync_save_s": timed(lambda: b.sync_ck.save(blocking=True))}
+    took = timed(lambda: b.sync_ck.save(blocking=True))
+    # Retention deletes the previous checkpoint's files in the background once the save has
+    # returned; let it finish, untimed, so it does not slow the next contender down.
+    b.sync_ck.wait()
+    return {"sync_save_s": took}
 
 
 def op_torch_save(b: Bench, r: int) -> dict[str, float]:
@@ -236,8 +244,9 @@ def op_dcp_save(b: Bench, r: int) -> dict[str, float]:
 
 
 def op_dcp_async_save(b: Bench, r: int) -> dict[str, float]:
-    """``dcp.async_save`` stages inside its call; the stall is the call plus the first step's
-    extra time, measured like the runtime's."""
+    """``dcp.async_save`` stages inside its call (its default stager, no cached buffers), so
+    the time it holds training is the call; the step-time "stall" is the call plus the first
+    step's extra time, measured like the runtime's."""
     path = b.dir / "dcp-async"
     idle_step = statistics.median(timed(lambda: train_step(b.model, b.opt)) for _ in range(3))
     t0 = time.perf_counter()
@@ -249,6 +258,7 @@ def op_dcp_async_save(b: Bench, r: int) -> dict[str, float]:
     shutil.rmtree(path)
     return {
         "dcp_async_call_s": call,
+        "dcp_async_held_s": call,
         "dcp_async_stall_s": call + max(0.0, first - idle_step),
         "dcp_async_persist_s": persist,
     }
@@ -277,8 +287,13 @@ def op_async_save(b: Bench, r: int) -> dict[str, float]:
     if pending is not None and not pending.done():
         busy_sps = steps_per_second(b, 0, until=pending.done)
     b.async_ck.wait()
+    timing = b.async_ck.saved[-1].timing  # what the manager recorded for this save
     figures = {
         "async_save_call_s": call,
+        "async_held_s": timing.held_s,
+        "async_hook_wait_s": timing.waited_s,
+        "async_staging_copy_s": timing.staging_s,
+        "async_first_step_slowdown_s": max(0.0, first - idle_step - timing.waited_s),
         "async_stall_s": call + max(0.0, first - idle_step),
         "async_persist_s": time.perf_counter() - t0,
         "idle_steps_per_s": idle_sps,
@@ -389,12 +404,14 @@ def ratios(s: Samples, file_bytes: int) -> dict[str, float]:
         "raw_read_MBps": file_bytes / MiB / m("raw_read_s"),
         "ratio_sync_save_vs_raw_write": m("raw_write_s") / m("sync_save_s"),
         "ratio_torch_save_vs_raw_write": m("raw_write_s") / m("torch_save_fsync_s"),
+        "ratio_async_held_vs_sync_save": m("async_held_s") / m("sync_save_s"),
         "ratio_async_stall_vs_sync_save": m("async_stall_s") / m("sync_save_s"),
         "ratio_resume_load_vs_raw_read": m("raw_read_s") / m("resume_load_s"),
         "ratio_effective_resume_vs_torch_load": m("resume_effective_s")
         / m("torchload_effective_s"),
         "ratio_sync_save_vs_dcp_save": m("sync_save_s") / m("dcp_save_s"),
         "ratio_effective_resume_vs_dcp_load": m("resume_effective_s") / m("dcpload_effective_s"),
+        "ratio_dcp_async_held_vs_dcp_save": m("dcp_async_held_s") / m("dcp_save_s"),
         "ratio_dcp_async_stall_vs_dcp_save": m("dcp_async_stall_s") / m("dcp_save_s"),
     }
     if s.values.get("persisting_steps_per_s"):
@@ -408,7 +425,8 @@ TARGETS = {
     "ratio_sync_save_vs_raw_write": (">=", 0.90),
     "ratio_sync_save_vs_dcp_save": ("<=", 1.10),
     "ratio_effective_resume_vs_dcp_load": ("<=", 1.10),
-    "ratio_async_stall_vs_sync_save": ("<=", 0.02),
+    "ratio_async_held_vs_sync_save": ("<=", 0.02),  # the stall as DCP defines it
+    "ratio_async_stall_vs_sync_save": ("<=", 0.02),  # the earlier, step-time definition
     "ratio_resume_load_vs_raw_read": (">=", 0.80),
     "ratio_effective_resume_vs_torch_load": ("<=", 1.00),
     "ratio_throughput_persisting_vs_idle": (">=", 0.85),

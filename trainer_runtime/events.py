@@ -66,7 +66,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "world_size",
         "saved_world_size",
     ),
-    COMMITTED: ("checkpoint", "step", "epoch", "bytes", "seconds", "uri", "world_size"),
+    COMMITTED: (
+        "checkpoint",
+        "step",
+        "epoch",
+        "bytes",
+        "seconds",
+        "held_s",
+        "uri",
+        "world_size",
+    ),
     NOTICE: ("reason", "step"),
     SIGTERM: ("step", "grace_period_s"),
     EMERGENCY_SAVED: ("checkpoint", "step", "seconds", "grace_period_s"),
@@ -203,8 +212,9 @@ def _saved_world_size(path: str) -> int | None:
         return None
 
 
-def committed(manifest: Manifest, uri: str, *, rank: int) -> None:
-    """A checkpoint is committed (rank 0 emits it: its manifest is the commit)."""
+def committed(manifest: Manifest, uri: str, *, rank: int, held_s: float) -> None:
+    """A checkpoint is committed (rank 0 emits it: its manifest is the commit). ``held_s``:
+    how long this save blocked rank 0's training (``SavedCheckpoint.held_s``)."""
     emit(
         COMMITTED,
         rank=rank,
@@ -213,6 +223,7 @@ def committed(manifest: Manifest, uri: str, *, rank: int) -> None:
         epoch=manifest.timestamp.epoch,
         bytes=sum(f.size for f in manifest.files),
         seconds=round(manifest.save_duration_s, 3),
+        held_s=round(held_s, 3),
         uri=uri,
         world_size=manifest.world_size,
     )

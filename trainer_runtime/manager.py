@@ -252,7 +252,8 @@ class CheckpointManager:
         self.saver.wait_for_snapshot()
 
     def wait(self) -> None:
-        """Block until any background save has committed; raise if it failed."""
+        """Block until any background save has committed and retention has deleted the
+        checkpoints it uncommitted; raise if the save failed."""
         self.saver.wait()
 
     # ------------------------------------------------------------------ loading

@@ -63,12 +63,12 @@ def first_attempt(capsys: pytest.CaptureFixture[str]) -> list[str]:
         capsys,
         [
             lambda: events.fresh(rank=0, run="notice", world_size=2),
-            lambda: events.committed(c[0], "s3://b/ep0-ba8", rank=0),
-            lambda: events.committed(c[1], "s3://b/ep0-ba12", rank=0),
+            lambda: events.committed(c[0], "s3://b/ep0-ba8", rank=0, held_s=0.01),
+            lambda: events.committed(c[1], "s3://b/ep0-ba12", rank=0, held_s=0.01),
             lambda: events.notice(rank=0, content='{"reason": "spot"}', step=15),
-            lambda: events.committed(c[2], "s3://b/ep1-ba15", rank=0),
+            lambda: events.committed(c[2], "s3://b/ep1-ba15", rank=0, held_s=0.01),
             lambda: events.sigterm(rank=0, step=16, grace_period_s=20),
-            lambda: events.committed(c16, "s3://b/ep1-ba16", rank=0),
+            lambda: events.committed(c16, "s3://b/ep1-ba16", rank=0, held_s=0.01),
             lambda: events.emergency_saved(
                 rank=0, checkpoint="ep1-ba16", step=16, seconds=0.4312, grace_period_s=20
             ),

@@ -247,6 +247,21 @@ def test_retention_keeps_newest_n(tmp_path):
     assert names == ["ep0-ba4", "ep0-ba5"]
 
 
+def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=1)
+    ck.batch_end(1)
+    ck.batch_end(1)  # a sync save: returns once ep0-ba2 is committed and ep0-ba1 uncommitted
+    assert not (tmp_path / "ck" / "ep0-ba1" / "manifest.json").exists()
+    assert [m.name for m in ck.folder.committed()] == ["ep0-ba2"]
+    ck.wait()  # waits for the deletion too
+    assert not (tmp_path / "ck" / "ep0-ba1").exists()
+    ck.batch_end(1)
+    ck.close()
+    assert not (tmp_path / "ck" / "ep0-ba2").exists()
+    assert (tmp_path / "ck" / "ep0-ba3" / "manifest.json").exists()
+
+
 def test_retention_spares_checkpoints_still_uploading(tmp_path):
     class Uploading:
         """Stands in for the object-store seam: it reports ep0-ba1 as still uploading."""

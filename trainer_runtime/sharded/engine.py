@@ -28,8 +28,8 @@ import io
 import logging
 import random
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,16 @@ class ShardedEngine:
             only = {"/" + "/".join(map(str, mappings[k])) for k in only_keys if k in mappings}
         staged = self._staging_thread().submit(self._copy, state, only).result()
         return staged, only_keys
+
+    def prepare_staging(self, *, weights_only: bool) -> Callable[[], int]:
+        """Take the state's structure now (on the training thread, between steps) and return
+        the work that allocates and touches its staging buffers; run that with
+        ``on_staging_thread`` so it is queued ahead of any copy and never races one."""
+        tree = self._cached_tensor_state(weights_only=weights_only)
+        return lambda: self.stager.preallocate(tree)
+
+    def on_staging_thread(self, fn: Callable[[], int]) -> Future[int]:
+        return self._staging_thread().submit(fn)
 
     def _copy(self, state: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
         staged = self.stager.stage(state, only=only)

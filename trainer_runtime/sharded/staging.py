@@ -1,8 +1,9 @@
 """Host buffers for a state dict, kept from one checkpoint to the next.
 
 Staging is what makes an async save safe: the persisting thread writes a copy, so training may
-change the live tensors as soon as the copy is done. The copy goes into buffers allocated on
-the first save and reused by every later one (pinned when CUDA is in use, so device-to-host
+change the live tensors as soon as the copy is done. The copy goes into buffers allocated
+before the first save (``preallocate``, after the first optimizer step) or by it, and reused by
+every later one (pinned when CUDA is in use, so device-to-host
 copies run at full bus speed and need no page faults), the way DCP's ``DefaultStager`` caches
 its storages. The same buffers are the target of a load: a checkpoint is read and verified into
 them, and only a verified, complete read is copied into the live tensors.
@@ -54,6 +55,17 @@ class HostStager:
     def empty_like(self, tree: Any) -> Any:
         """Same structure, host buffers with unspecified contents (a load target)."""
         return self._map(tree, "", copy=False)
+
+    def preallocate(self, tree: Any) -> int:
+        """Allocate the buffers ``stage(tree)`` will copy into and touch every page of the new
+        ones, so a later copy does not pay the first touch of fresh memory. Returns the bytes
+        newly allocated (buffers that already exist, e.g. a load's, are kept as they are)."""
+        before = dict(self._buffers)
+        self._map(tree, "", copy=False)
+        fresh = [b for k, b in self._buffers.items() if before.get(k) is not b]
+        for buf in fresh:
+            buf.zero_()
+        return sum(b.numel() * b.element_size() for b in fresh)
 
     def release(self) -> None:
         self._buffers.clear()

@@ -1,0 +1,116 @@
+"""How long an async save holds training, as recorded per save, and staging memory prepared
+after the first step (``trainer_runtime.staging_gate``), on a real model and filesystem."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer_runtime import CheckpointManager, events
+
+from .trainkit import make, params, saved_weights, step
+
+
+def manager(tmp_path, comps, **kw):
+    model, opt, sched, scaler = comps[:4]
+    return CheckpointManager(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        folder=tmp_path / "ck",
+        run_name="run",
+        interval="1000ba",
+        **kw,
+    )
+
+
+def state_bytes(model, opt) -> int:
+    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return n + sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    )
+
+
+def test_the_wait_of_the_next_step_for_the_copy_is_recorded_as_held_time(tmp_path, capsys):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, async_save=True)
+    step(model, opt, sched)
+    ck.engine.on_staging_thread(lambda: time.sleep(0.4) or 0)  # the copy queues behind this
+    ck.timestamp.batch = 1
+    at_save = params(model)
+    ck.save()
+    t0 = time.perf_counter()
+    step(model, opt, sched)  # waits at the pre-step hook until the copy is done
+    step_s = time.perf_counter() - t0
+    ck.wait()
+    saved = ck.saved[-1]
+    ck.close(save=False)
+    timing = saved.timing
+    assert 0.2 < timing.waited_s <= step_s, (timing, step_s)
+    assert timing.call_s < 0.2 and timing.staging_s > 0
+    assert abs(saved.held_s - (timing.call_s + timing.waited_s)) < 1e-9
+    got = saved_weights(saved.path)  # the held step did not leak into the save
+    assert all(torch.equal(got[k], b) for k, b in zip(model.state_dict(), at_save, strict=True))
+    (event,) = events.read_events(capsys.readouterr().err, "committed")
+    assert event.fields["held_s"] == round(saved.held_s, 3)
+
+
+def test_a_step_after_the_copy_is_not_held(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, async_save=True)
+    step(model, opt, sched)
+    ck.timestamp.batch = 1
+    ck.save()
+    ck.wait_for_snapshot()  # an explicit wait is not a hold of training by the save
+    step(model, opt, sched)
+    ck.wait()
+    assert ck.saved[-1].timing.waited_s == 0.0
+    ck.close(save=False)
+
+
+def test_a_sync_save_holds_training_for_the_whole_call(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps)
+    step(model, opt, sched)
+    ck.timestamp.batch = 1
+    t0 = time.perf_counter()
+    saved = ck.save(blocking=True)
+    call_s = time.perf_counter() - t0
+    ck.close(save=False)
+    assert saved is not None
+    assert saved.timing.waited_s == 0.0 and 0 < saved.held_s <= call_s
+
+
+def test_staging_buffers_are_allocated_after_the_first_step_and_reused_by_the_save(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, async_save=True)
+    assert ck.engine.stager.nbytes == 0
+    step(model, opt, sched)  # creates AdamW's state, then queues the allocation
+    assert ck.saver.prewarm is not None and ck.saver.prewarm.done is not None
+    allocated = ck.saver.prewarm.done.result(timeout=30)
+    assert allocated == state_bytes(model, opt) == ck.engine.stager.nbytes
+    buffers = {k: b.data_ptr() for k, b in ck.engine.stager._buffers.items()}
+    step(model, opt, sched)  # the hook fired once: no second allocation
+    ck.timestamp.batch = 2
+    ck.save()
+    ck.wait()
+    assert {k: b.data_ptr() for k, b in ck.engine.stager._buffers.items()} == buffers
+    ck.close(save=False)
+
+
+def test_no_staging_memory_without_async_saves(tmp_path):
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps)
+    step(model, opt, sched)
+    assert ck.saver.prewarm is None and ck.engine.stager.nbytes == 0
+    ck.close(save=False)
