@@ -4,7 +4,7 @@
                                    [--threads N]
 
 Builds a state like a real model plus Adam (1 GiB; 96 MiB with --quick), then measures on one
-filesystem, in one process:
+filesystem, in one process (resumes in fresh ones):
 
 - save: the runtime's synchronous durable save, against a raw write of the same byte count
   with fdatasync and against ``torch.save`` + fsync of the same state;
@@ -15,7 +15,10 @@ filesystem, in one process:
   the *effective* resume time (load plus what the first training step takes beyond a steady
   step, which is where state left mapped from the file would be paid for), against
   ``torch.load`` + ``load_state_dict`` and DCP's resume (``get_*_state_dict``, ``dcp.load``,
-  ``set_*_state_dict``) of the same state measured the same way; plus a raw read;
+  ``set_*_state_dict``) of the same state measured the same way, each in a fresh interpreter
+  of its own (``relaunched_resume.py``: a relaunched process, which has no heap memory that
+  earlier operations touched and freed); plus a raw read into a touched buffer (the disk) and
+  one into fresh memory in a fresh interpreter (what any reader of a relaunched process pays);
 - DCP: ``dcp.save`` and ``dcp.async_save`` (its stall measured like the runtime's) of the
   same state, the baselines of the sharded format's targets.
 
