@@ -4,7 +4,7 @@
                                    [--threads N]
 
 Builds a state like a real model plus Adam (1 GiB; 96 MiB with --quick), then measures on one
-filesystem, in one process:
+filesystem, in one process (resumes in fresh ones):
 
 - save: the runtime's synchronous durable save, against a raw write of the same byte count
   with fdatasync and against ``torch.save`` + fsync of the same state;
@@ -19,7 +19,10 @@ filesystem, in one process:
   the *effective* resume time (load plus what the first training step takes beyond a steady
   step, which is where state left mapped from the file would be paid for), against
   ``torch.load`` + ``load_state_dict`` and DCP's resume (``get_*_state_dict``, ``dcp.load``,
-  ``set_*_state_dict``) of the same state measured the same way; plus a raw read;
+  ``set_*_state_dict``) of the same state measured the same way, each in a fresh interpreter
+  of its own (``relaunched_resume.py``: a relaunched process, which has no heap memory that
+  earlier operations touched and freed); plus a raw read into a touched buffer (the disk) and
+  one into fresh memory in a fresh interpreter (what any reader of a relaunched process pays);
 - DCP: ``dcp.save`` and ``dcp.async_save`` (its stall measured like the runtime's) of the
   same state, the baselines of the sharded format's targets.
 
@@ -49,9 +52,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -64,13 +69,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import (
     MIN_ROUNDS,
+    RESUME_MARK,
     PageCache,
     Samples,
     conditions,
@@ -107,11 +111,14 @@ def build_state(total_bytes: int, seed: int = 0) -> tuple[nn.Module, torch.optim
     return model, opt
 
 
-def build_empty(like: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+def model_shape(model: nn.Module) -> tuple[int, int]:
+    """(width, blocks) of a ``build_state`` model: all ``build_empty`` needs to rebuild it."""
+    return model[0].in_features, len(model) // 2
+
+
+def build_empty(width: int, blocks: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A freshly built model (initialised, so touched) and an optimizer without state yet:
     what a relaunched process has before it resumes."""
-    width = like[0].in_features
-    blocks = len(like) // 2
     layers: list[nn.Module] = []
     for _ in range(blocks):
         layers += [nn.Linear(width, width), nn.LayerNorm(width)]
@@ -317,66 +324,48 @@ def op_raw_read(b: Bench, r: int) -> dict[str, float]:
     return {"raw_read_s": timed(read)}
 
 
-def measure_resume(
-    b: Bench,
-    prepare: Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None]],
-    prefix: str,
-) -> dict[str, float]:
-    """Build the target and prepare the loader untimed, drop the cache, then time the load and
-    the first steps."""
-    model, opt = build_empty(b.model)
-    load = prepare(model, opt)
-    b.cache.drop()
-    took = timed(load)
-    first = timed(lambda: train_step(model, opt))
-    steady = statistics.median(timed(lambda: train_step(model, opt)) for _ in range(3))
-    extra = max(0.0, first - steady)
-    return {
-        f"{prefix}_load_s": took,
-        f"{prefix}_first_step_extra_s": extra,
-        f"{prefix}_effective_s": took + extra,
-    }
+RELAUNCHED = Path(__file__).resolve().parent / "relaunched_resume.py"
+
+
+def run_relaunched(b: Bench, contender: str) -> dict[str, float]:
+    """One resume contender timed in a fresh interpreter (``relaunched_resume.py``): a
+    relaunched process, with none of the memory this process already touched and freed."""
+    width, blocks = model_shape(b.model)
+    ckpt = {"torch.load": b.torch_file, "dcp.load": b.dcp_ckpt}.get(contender, b.runtime_ckpt)
+    cmd = [
+        sys.executable,
+        str(RELAUNCHED),
+        contender,
+        f"--ckpt={ckpt}",
+        f"--width={width}",
+        f"--blocks={blocks}",
+        f"--dir={b.dir}",
+        f"--threads={torch.get_num_threads()}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESUME_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"resume contender {contender!r} failed (exit {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout)[-2000:]}"
+        )
+    return json.loads(lines[-1][len(RESUME_MARK) :])
 
 
 def op_resume_runtime(b: Bench, r: int) -> dict[str, float]:
-    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
-        ck = CheckpointManager(  # built before the clock starts, like the user's own objects
-            model=model,
-            optimizer=opt,
-            folder=b.dir / "resume-target",
-            run_name="resume",
-            autoresume=False,
-            handle_sigterm=False,
-            final_save=False,
-        )
-        return lambda: ck.load(b.runtime_ckpt)
-
-    return measure_resume(b, prepare, "resume")
+    return run_relaunched(b, "runtime")
 
 
 def op_resume_torch_load(b: Bench, r: int) -> dict[str, float]:
-    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
-        def load() -> None:
-            data = torch.load(b.torch_file, map_location="cpu", weights_only=True)
-            model.load_state_dict(data["model"])
-            opt.load_state_dict(data["optim"])
-
-        return load
-
-    return measure_resume(b, prepare, "torchload")
+    return run_relaunched(b, "torch.load")
 
 
 def op_resume_dcp(b: Bench, r: int) -> dict[str, float]:
-    def prepare(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
-        def load() -> None:  # DCP's documented resume: state dicts, load, set
-            state = dcp_state(model, opt)
-            dcp.load(state, checkpoint_id=b.dcp_ckpt)
-            set_model_state_dict(model, state["model"])
-            set_optimizer_state_dict(model, opt, state["optim"])
+    return run_relaunched(b, "dcp.load")
 
-        return load
 
-    return measure_resume(b, prepare, "dcpload")
+def op_raw_read_fresh(b: Bench, r: int) -> dict[str, float]:
+    return run_relaunched(b, "raw read (fresh memory)")
 
 
 OPERATIONS: list[tuple[str, Operation]] = [
@@ -387,6 +376,7 @@ OPERATIONS: list[tuple[str, Operation]] = [
     ("dcp.async_save", op_dcp_async_save),
     ("async save", op_async_save),
     ("raw read", op_raw_read),
+    ("raw read (fresh memory)", op_raw_read_fresh),
     ("resume (runtime)", op_resume_runtime),
     ("resume (torch.load)", op_resume_torch_load),
     ("resume (dcp.load)", op_resume_dcp),
@@ -402,11 +392,13 @@ def ratios(s: Samples, file_bytes: int) -> dict[str, float]:
         "sync_save_MBps": file_bytes / MiB / m("sync_save_s"),
         "raw_write_MBps": file_bytes / MiB / m("raw_write_s"),
         "raw_read_MBps": file_bytes / MiB / m("raw_read_s"),
+        "raw_read_fresh_memory_MBps": file_bytes / MiB / m("raw_read_fresh_s"),
         "ratio_sync_save_vs_raw_write": m("raw_write_s") / m("sync_save_s"),
         "ratio_torch_save_vs_raw_write": m("raw_write_s") / m("torch_save_fsync_s"),
         "ratio_async_held_vs_sync_save": m("async_held_s") / m("sync_save_s"),
         "ratio_async_stall_vs_sync_save": m("async_stall_s") / m("sync_save_s"),
         "ratio_resume_load_vs_raw_read": m("raw_read_s") / m("resume_load_s"),
+        "ratio_resume_load_vs_raw_read_fresh_memory": m("raw_read_fresh_s") / m("resume_load_s"),
         "ratio_effective_resume_vs_torch_load": m("resume_effective_s")
         / m("torchload_effective_s"),
         "ratio_sync_save_vs_dcp_save": m("sync_save_s") / m("dcp_save_s"),

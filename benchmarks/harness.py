@@ -35,6 +35,8 @@ import torch
 
 MiB = 1 << 20
 MIN_ROUNDS = 5
+RESUME_MARK = "RESUME_FIGURES "
+"""Prefixes the one line of figures a ``relaunched_resume.py`` child prints."""
 T = TypeVar("T")
 
 
