@@ -7,23 +7,9 @@ import time
 
 import torch
 
-from trainer_runtime import CheckpointManager, events
+from trainer_runtime import events
 
-from .trainkit import make, params, saved_weights, step
-
-
-def manager(tmp_path, comps, **kw):
-    model, opt, sched, scaler = comps[:4]
-    return CheckpointManager(
-        model=model,
-        optimizer=opt,
-        scheduler=sched,
-        scaler=scaler,
-        folder=tmp_path / "ck",
-        run_name="run",
-        interval="1000ba",
-        **kw,
-    )
+from .trainkit import make, manager, params, saved_weights, step
 
 
 def state_bytes(model, opt) -> int:
@@ -39,7 +25,7 @@ def state_bytes(model, opt) -> int:
 def test_the_wait_of_the_next_step_for_the_copy_is_recorded_as_held_time(tmp_path, capsys):
     comps = make()
     model, opt, sched, _ = comps
-    ck = manager(tmp_path, comps, async_save=True)
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
     step(model, opt, sched)
     ck.engine.on_staging_thread(lambda: time.sleep(0.4) or 0)  # the copy queues behind this
     ck.timestamp.batch = 1
@@ -64,7 +50,7 @@ def test_the_wait_of_the_next_step_for_the_copy_is_recorded_as_held_time(tmp_pat
 def test_a_step_after_the_copy_is_not_held(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
-    ck = manager(tmp_path, comps, async_save=True)
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
     step(model, opt, sched)
     ck.timestamp.batch = 1
     ck.save()
@@ -78,7 +64,7 @@ def test_a_step_after_the_copy_is_not_held(tmp_path):
 def test_a_sync_save_holds_training_for_the_whole_call(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
-    ck = manager(tmp_path, comps)
+    ck = manager(tmp_path, comps, interval="1000ba")
     step(model, opt, sched)
     ck.timestamp.batch = 1
     t0 = time.perf_counter()
@@ -92,7 +78,7 @@ def test_a_sync_save_holds_training_for_the_whole_call(tmp_path):
 def test_staging_buffers_are_allocated_after_the_first_step_and_reused_by_the_save(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
-    ck = manager(tmp_path, comps, async_save=True)
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
     assert ck.engine.stager.nbytes == 0
     step(model, opt, sched)  # creates AdamW's state, then queues the allocation
     assert ck.saver.prewarm is not None and ck.saver.prewarm.done is not None
@@ -110,7 +96,7 @@ def test_staging_buffers_are_allocated_after_the_first_step_and_reused_by_the_sa
 def test_no_staging_memory_without_async_saves(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
-    ck = manager(tmp_path, comps)
+    ck = manager(tmp_path, comps, interval="1000ba")
     step(model, opt, sched)
     assert ck.saver.prewarm is None and ck.engine.stager.nbytes == 0
     ck.close(save=False)

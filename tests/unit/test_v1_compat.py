@@ -12,14 +12,14 @@ from datetime import UTC, datetime
 import pytest
 import torch
 
-from trainer_runtime import CheckpointManager, Manifest, WorldSizeMismatchError
+from trainer_runtime import Manifest, WorldSizeMismatchError
 from trainer_runtime import state as state_mod
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import FORMAT_VERSION_PER_RANK
 from trainer_runtime.serialization import save_rank_file
 from trainer_runtime.timestamp import Timestamp
 
-from .trainkit import make, params, step
+from .trainkit import make, manager, params, step
 
 
 def write_v1(root, comps, *, batch: int, world_size: int = 1):
@@ -58,20 +58,6 @@ def write_v1(root, comps, *, batch: int, world_size: int = 1):
     RunFolder(root).write_manifest(manifest)
     RunFolder(root).write_pointer(manifest)
     return params(model)
-
-
-def manager(tmp_path, comps, **kw):
-    model, opt, sched, scaler = comps[:4]
-    return CheckpointManager(
-        model=model,
-        optimizer=opt,
-        scheduler=sched,
-        scaler=scaler,
-        folder=tmp_path / "ck",
-        run_name="run",
-        interval="1ba",
-        **kw,
-    )
 
 
 def test_a_v1_checkpoint_resumes_and_the_next_save_is_v2(tmp_path):

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainer_runtime import CheckpointManager
+
 
 class Counter:
     """A user object with state, like a dataset cursor."""
@@ -66,3 +68,18 @@ def saved_keys(checkpoint) -> list[str]:
 
 def params(model) -> list[torch.Tensor]:
     return [t.detach().clone() for t in model.state_dict().values()]
+
+
+def manager(tmp_path, comps, *, interval: str = "1ba", **kw):
+    """A ``CheckpointManager`` over every component of ``make()``, in ``tmp_path / "ck"``."""
+    model, opt, sched, scaler = comps[:4]
+    return CheckpointManager(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        folder=tmp_path / "ck",
+        run_name="run",
+        interval=interval,
+        **kw,
+    )
