@@ -15,7 +15,10 @@ answering), the process ends with ``os._exit`` instead of ``SystemExit``: interp
 would wait for that thread (``concurrent.futures`` joins its workers at exit). Local
 checkpoints are already committed (fsynced) by then, so ending the process loses nothing; the
 next attempt re-uploads what the store lacks. (Relying on the store client's timeouts instead
-was rejected: boto3's read timeout times its retries can exceed any grace period.)
+was rejected: boto3's read timeout times its retries can exceed any grace period.) Otherwise
+the path raises ``EmergencyExit`` (a ``SystemExit``), and once that has run the program's
+``finally`` blocks and ``atexit`` handlers, the process ends without the interpreter's heap
+teardown, which alone could outlast the margin (``raise_emergency_exit``).
 """
 
 from __future__ import annotations
