@@ -102,9 +102,8 @@ class Executor:
             await self._apply_support(ns, plan.support)
             invalid = None
             if plan.after_creation is not None:
+                await self._apply_pod_group(ns, plan)
                 invalid = await self._create_pods(job, plan)
-                if invalid is None:
-                    await self._apply_pod_group(ns, plan)
         except BaseException:
             # The status written above records the transitions these events describe, so the
             # retry will not plan them again: they go out now (the creation's own event waits).
@@ -147,16 +146,8 @@ class Executor:
         )
 
     async def _apply_pod_group(self, namespace: str, plan: Plan) -> None:
-        """Create the attempt's PodGroup once all its pods exist (409: it exists) and delete
-        the previous attempt's one (best effort: the job's deletion collects any left).
-
-        After the pods, not before: the scheduler admits a gang's pod to its queue only when
-        it counts ``minCount`` pods of the group, and parks one it turned away until another
-        pod of the group or the group itself is added. A pod created last, or alone by an
-        operator restarted mid-creation, could be counted short and parked for good while its
-        siblings bound (seen once in about four runs of the operator-restart test). Created
-        last, the PodGroup's own arrival requeues every pod of the gang with all of them there.
-        """
+        """Create the attempt's PodGroup before its pods (409: it exists) and delete the
+        previous attempt's one (best effort: the job's deletion collects any left)."""
         if plan.pod_group is None:
             return
         attempt = plan.after_creation.attempt if plan.after_creation else 0

@@ -86,7 +86,7 @@ def create_gang(ctx: ReconcileContext) -> None:
         for rank in range(ctx.size)
         if rank not in existing
     ]
-    if mechanism is gang.Mechanism.POD_GROUP:  # also when only the group is missing
+    if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
         plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
     created = st.model_copy(deep=True)
     created.gang_created = True

@@ -39,13 +39,11 @@ def test_discovery_picks_the_mechanism_and_a_queue_name_wins():
     assert not gang.serves_pod_groups(None)
 
 
-def test_native_gang_creates_the_pod_group_after_the_pods_and_links_them():
+def test_native_gang_creates_the_pod_group_before_the_pods_and_links_them():
     ctrl, api = controller(native=True)
     sync(ctrl)
     creates = [c for c in api.calls if c.startswith("create")]
-    assert creates.index("create PodGroup") > max(
-        i for i, c in enumerate(creates) if c.startswith("create Pod ") or c == "create Pod"
-    )
+    assert creates.index("create PodGroup") < creates.index("create Pod")
     group = api.objects[api.pod_group_path("ns", "train-a0")]
     assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
     assert group["metadata"]["ownerReferences"][0]["name"] == "train"
@@ -74,16 +72,3 @@ def test_a_queue_name_labels_the_pods_for_kueue_pod_groups():
         assert meta["annotations"][gang.KUEUE_TOTAL_ANNOTATION] == "3"
         assert "schedulingGroup" not in pod["spec"]
     assert api.job()["status"]["gangScheduling"] == "Kueue"
-
-
-def test_an_operator_restarted_after_the_pods_but_before_the_pod_group_creates_the_group():
-    ctrl, api = controller(native=True)
-    sync(ctrl)
-    group = api.pod_group_path("ns", "train-a0")
-    del api.objects[group]  # killed between the last pod and the PodGroup
-    api.job()["status"]["gangCreated"] = False
-    api.calls.clear()
-    sync(Controller(api, resync_seconds=0))  # type: ignore[arg-type]
-    assert "create Pod" not in api.calls  # every rank exists already
-    assert group in api.objects
-    assert len(api.pods()) == 3
