@@ -54,6 +54,21 @@ def choose(job: Job, native_available: bool) -> Mechanism:
     return Mechanism.POD_GROUP if native_available else Mechanism.OPERATOR
 
 
+def mechanism_of(pod: dict[str, Any]) -> Mechanism:
+    """The mechanism an existing pod of an attempt was created under.
+
+    An operator restarted while it was creating a gang must finish it the same way: if the
+    previous instance chose ``Operator`` (API discovery failed or lagged) and this one chose
+    ``PodGroup``, the pods it adds would belong to a group the first pods never joined, and
+    the scheduler would hold them until ``minCount`` pods of that group exist: forever.
+    """
+    if (pod.get("spec") or {}).get("schedulingGroup"):
+        return Mechanism.POD_GROUP
+    if KUEUE_GROUP_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+        return Mechanism.KUEUE
+    return Mechanism.OPERATOR
+
+
 def group_name(job: str, attempt: int) -> str:
     """Name of an attempt's PodGroup (and Kueue pod group): ``<job>-a<attempt>``."""
     return f"{job}-a{attempt}"

@@ -66,7 +66,12 @@ def create_gang(ctx: ReconcileContext) -> None:
     existing = ctx.current_pods()
     if st.gang_size is None and not choose_size(ctx):
         return
-    mechanism = gang.choose(job, ctx.native_gang)
+    # Mid-creation (an operator restart), the pods that exist decide: one gang, one mechanism.
+    mechanism = (
+        gang.mechanism_of(next(iter(existing.values())))
+        if existing
+        else gang.choose(job, ctx.native_gang)
+    )
     st.gang_scheduling = mechanism.value
     plan.creations = [
         gang.link_pod(

@@ -72,3 +72,19 @@ def test_a_queue_name_labels_the_pods_for_kueue_pod_groups():
         assert meta["annotations"][gang.KUEUE_TOTAL_ANNOTATION] == "3"
         assert "schedulingGroup" not in pod["spec"]
     assert api.job()["status"]["gangScheduling"] == "Kueue"
+
+
+def test_an_operator_restarted_mid_creation_finishes_the_gang_under_the_same_mechanism():
+    """The first instance created pods without a PodGroup (it did not see the API); the next
+    one sees it, but must not put the missing pods into a group the others never joined."""
+    ctrl, api = controller(native=False)
+    sync(ctrl)
+    last = next(path for path in sorted(api.objects) if path.endswith("/pods/train-a0-r2"))
+    del api.objects[last]  # killed before its last pod
+    api.job()["status"]["gangCreated"] = False
+    api.serves_pod_group_api = True
+    api.calls.clear()
+    sync(Controller(api, resync_seconds=0))  # type: ignore[arg-type]
+    assert api.calls.count("create Pod") == 1
+    assert "create PodGroup" not in api.calls
+    assert not any(p["spec"].get("schedulingGroup") for p in api.pods().values())
