@@ -1,9 +1,8 @@
-"""The sharded storage layer's I/O helpers: write-behind on save, prefaulting on load.
+"""The sharded storage layer's I/O: write-behind on save, block-wise verified reads on load.
 
-Both only change when work happens, never what is written or read: these tests pin that down
-(the same bytes and digests either way, an exact load either way) and the one ordering rule the
-prefault thread must keep (it never writes into a target after the reader was told to go on).
-Their speed is measured in benchmarks/, not here.
+Write-behind only changes when the disk write starts, never what is written: these tests pin
+that down (the same bytes and digests either way), and that a load read in blocks smaller than
+its chunks is exact and checks every chunk. Their speed is measured in benchmarks/, not here.
 """
 
 from __future__ import annotations
@@ -14,17 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+from torch.distributed.checkpoint.api import CheckpointException
 
+from trainer_runtime.sharded import storage
 from trainer_runtime.sharded.storage import (
+    ChunkDigestError,
     HashingWriter,
-    Prefaulter,
     VerifyingReader,
     start_writeback,
 )
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -65,35 +62,27 @@ def test_start_writeback_ignores_what_it_cannot_do(tmp_path):
     assert (tmp_path / "f").read_bytes() == b"x" * 100
 
 
-@pytest.mark.parametrize("prefault", [True, False])
-def test_a_load_is_exact_with_and_without_prefaulting(tmp_path, prefault):
+def test_a_load_read_in_blocks_smaller_than_its_chunks_is_exact(tmp_path):
+    assert state()["big"].numel() * 4 > storage._READ_BLOCK  # the big chunk spans blocks
     save(tmp_path, write_behind=True)
     target = {k: torch.empty_like(v) for k, v in state().items()}
-    reader = VerifyingReader(tmp_path, prefault=prefault)
+    reader = VerifyingReader(tmp_path)
     dcp.load(target, storage_reader=reader, no_dist=True)
     for key, value in state().items():
         assert torch.equal(target[key], value), key
     assert reader.bytes_read >= sum(v.numel() * v.element_size() for v in state().values())
 
 
-def _item(name: str) -> ReadItem:
-    index = MetadataIndex(name, (0,), 0)
-    return ReadItem(LoadItemType.TENSOR, index, (0,), index, (0,), (1,))
-
-
-def test_the_prefaulter_touches_every_page_and_is_done_before_the_reader_goes_on():
-    targets = {f"t{i}": torch.full((5 * PAGE + 3,), 7, dtype=torch.uint8) for i in range(4)}
-    items = {name: _item(name) for name in targets}
-    prefault = Prefaulter()
-    try:
-        for name, t in targets.items():
-            prefault.submit(items[name], t)
-        for name, t in targets.items():
-            prefault.wait(items[name])
-            touched = [*t[::PAGE].tolist(), int(t[-1])]
-            assert touched == [0] * len(touched), name  # one write per page, and the tail
-            t.fill_(9)  # the reader's data: nothing may overwrite it now
-    finally:
-        prefault.close()
-    for name, t in targets.items():
-        assert bool((t == 9).all()), f"{name} was written after its wait() returned"
+def test_a_flipped_byte_in_a_later_block_of_a_chunk_fails_the_load(tmp_path):
+    writer = save(tmp_path, write_behind=True)
+    data = next(e for e in writer.written if e.path.endswith(".distcp"))
+    path = tmp_path / data.path
+    raw = bytearray(path.read_bytes())
+    at = len(raw) - storage._READ_BLOCK // 2  # inside the last block the reader reads
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    with pytest.raises(CheckpointException) as failure:
+        dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
+    ((cause, _trace),) = failure.value.failures.values()
+    assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
