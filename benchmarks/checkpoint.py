@@ -29,7 +29,7 @@ filesystem, in one process (resumes in fresh ones):
 Why the figures can be trusted:
 
 - Every operation is measured in each of ``--rounds`` (at least 5) interleaved rounds, in an
-  order rotated each round, and reported as the median with min and max: a one-off stall of a
+  order changed each round, and reported as the median with min and max: a one-off stall of a
   busy machine moves one sample, not the figure, and slow drift hits every side alike.
 - The page cache is dropped (``/proc/sys/vm/drop_caches``, needs root) before every timed
   operation, so no side reads what another left cached, and torch's code is warmed again right
@@ -81,7 +81,7 @@ from harness import (
     judge,
     load_average,
     print_report,
-    rotated,
+    round_order,
     timed,
     write_json,
 )
@@ -165,11 +165,11 @@ Operation = Callable[["Bench", int], dict[str, float]]
 def run_interleaved(
     bench: Bench, operations: list[tuple[str, Operation]], rounds: int, samples: Samples
 ) -> None:
-    """Each round runs every operation once; the order rotates from round to round, so no
+    """Each round runs every operation once; the order changes from round to round, so no
     operation always runs right after the same neighbour. The page cache is dropped first."""
     for r in range(rounds):
         samples.add({"load_average_1m": load_average()})
-        for name, op in rotated(operations, r):
+        for name, op in round_order(operations, r):
             bench.cache.drop()
             figures = op(bench, r)
             samples.add(figures)

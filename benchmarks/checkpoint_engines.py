@@ -14,12 +14,17 @@ least 3; the engine order rotates each round):
 - stall: how long an async save holds training up: the save call plus the time the next
   optimizer step waits for staging (``dcp.async_save`` stages inside the call);
 - persist: from the async save call until it is durable;
-- load: a relaunched process's load: into a freshly built model and an optimizer without state
-  (built and initialised before the clock starts), page cache dropped, then the load call (the
-  runtime's verifies every chunk; DCP's includes ``get_*_state_dict``/``set_*_state_dict``;
-  torch's is ``torch.load`` + ``load_state_dict``);
+- load: a relaunched job's load, timed in a fresh set of rank processes started for it (one
+  child per rank, on a gloo group of their own, so no load reuses heap memory that earlier
+  operations touched): into a freshly built model and an optimizer without state (built and
+  initialised before the clock starts), page cache dropped and torch's code re-warmed, then
+  the load call (the runtime's verifies every chunk; DCP's includes
+  ``get_*_state_dict``/``set_*_state_dict``; torch's is ``torch.load`` + ``load_state_dict``);
 - resume: load plus the first training step's extra time over a steady step of the same model;
-- raw read: page cache dropped, each rank reads as many bytes of the same files as its load;
+- raw read: page cache dropped, each rank reads as many bytes of the same files as its load,
+  into a touched 64 MiB buffer; and ``raw.read_fresh``: the same bytes read by relaunched
+  ranks into one newly allocated buffer each, what any loader of a relaunched job pays at
+  least;
 - bytes written per checkpoint; the 1-minute load average at the start of every round.
 
 Times are the slowest rank's. The rounds, medians, cache drops, conditions (CPUs, load average,
@@ -56,6 +61,7 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import (
     MIN_ROUNDS,
+    RESUME_MARK,
     MiB,
     Samples,
     Targets,
@@ -64,11 +70,12 @@ from harness import (
     judge,
     load_average,
     print_report,
-    rotated,
+    round_order,
     timed,
     write_json,
 )
 
+from tools.ports import free_port
 from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
@@ -242,52 +249,35 @@ class Rank:
         return self.slowest(call), self.slowest(call + waited), self.slowest(persist)
 
     # -- resumes -------------------------------------------------------------
-    def loader(self, engine: str, round_: int, model: nn.Module, opt: Any) -> Any:
-        """The load of a relaunched process into ``model``/``opt`` (fresh, optimizer without
-        state); returns a function doing it that returns the bytes this rank read."""
-        path = self.name(engine, round_)
-        if engine == "runtime":
-            target = ShardedEngine(Components(model=model, optimizers={"adam": opt}), self.coord)
-            return lambda: target.load(path, Manifest.read(path))[1].bytes_read
-
-        if engine == "dcp":
-
-            def load_dcp() -> int:  # DCP's documented resume
-                state = {
-                    "model": get_model_state_dict(model),
-                    "optim": get_optimizer_state_dict(model, opt),
-                }
-                dcp.load(state, checkpoint_id=path)
-                set_model_state_dict(model, state["model"])
-                set_optimizer_state_dict(model, opt, state["optim"])
-                return 0
-
-            return load_dcp
-
-        def load_torch() -> int:
-            file = path / f"rank{self.rank}.pt"
-            data = torch.load(file, map_location="cpu", weights_only=True)
-            if self.layout == "fsdp":
-                torch_load_sharded(model, opt, data)
-            else:
-                model.load_state_dict(data["model"])
-                opt.load_state_dict(data["optim"])
-            return file.stat().st_size
-
-        return load_torch
-
     def resume(self, engine: str, round_: int) -> tuple[float, float, int]:
-        """(load, first step's extra time, bytes read) into a freshly built model."""
-        model, wrapped, opt = build(self.layout, self.total, self.world)  # untimed, touched
-        load = self.loader(engine, round_, model, opt)
-        self.cold()
-        took, nread = self.timed(load)
-        first = timed(lambda: train_step(wrapped, opt, self.width))
-        steady = statistics.median(
-            timed(lambda: train_step(wrapped, opt, self.width)) for _ in range(2)
+        """(load, first step's extra time, bytes read), timed in relaunched rank processes."""
+        return self.relaunched(engine, round_, 0)
+
+    def raw_read_fresh(self, round_: int, nbytes: int) -> float:
+        """Each rank reads its share of the runtime's bytes into fresh memory, relaunched."""
+        return self.relaunched("raw-fresh", round_, nbytes)[0]
+
+    def relaunched(self, what: str, round_: int, nbytes: int) -> tuple[float, float, int]:
+        """Run one resume contender in a fresh set of rank processes, one child per rank, on
+        a gloo group of their own: a relaunched job's memory is memory it never touched.
+        Timing it inside these long-lived ranks instead hands the load the heap that earlier
+        operations touched and freed (see relaunched_resume.py)."""
+        port = self.coord.broadcast(free_port() if self.rank == 0 else 0)
+        env = {**os.environ, "MASTER_PORT": str(port)}
+        cmd = [sys.executable, __file__, "--resume-worker", what, "--layout", self.layout]
+        cmd += ["--bytes", str(self.total), "--dir", str(self.root), "--round", str(round_)]
+        cmd += ["--read-bytes", str(nbytes)]
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=600, check=False
         )
-        extra = max(0.0, self.slowest(first) - self.slowest(steady))
-        return took, extra, nread
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESUME_MARK)]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(
+                f"relaunched {what} on rank {self.rank} failed (exit {proc.returncode}): "
+                f"{(proc.stderr or proc.stdout)[-2000:]}"
+            )
+        fig = json.loads(lines[-1][len(RESUME_MARK) :])
+        return self.slowest(fig["load_s"]), self.slowest(fig["extra_s"]), int(fig["bytes_read"])
 
     def raw_read(self, engine: str, round_: int, nbytes: int) -> None:
         path = self.name(engine, round_)
@@ -316,7 +306,7 @@ class Rank:
         return time.perf_counter() - t, out
 
     def round(self, round_: int) -> dict[str, float]:
-        order = rotated(ENGINES, round_)
+        order = round_order(ENGINES, round_)
         fig: dict[str, float] = {"load_average_1m": load_average()}
         for e in order:
             self.cold()
@@ -342,6 +332,7 @@ class Rank:
                 nread = got
         self.cold()
         fig["raw.read_s"], _ = self.timed(self.raw_read, "runtime", round_, nread)
+        fig["raw.read_fresh_s"] = self.raw_read_fresh(round_, nread)
         self.barrier()
         if self.rank == 0:
             for e in ENGINES:
@@ -349,6 +340,114 @@ class Rank:
                 shutil.rmtree(self.name(e, round_).with_name(f"a{round_}"), ignore_errors=True)
             shutil.rmtree(self.root / "raw", ignore_errors=True)
         return fig
+
+
+def make_loader(
+    engine: str,
+    path: Path,
+    *,
+    layout: str,
+    rank: int,
+    coord: Coordinator,
+    model: nn.Module,
+    opt: Any,
+) -> Any:
+    """The load of a relaunched process into ``model``/``opt`` (fresh, optimizer without
+    state); returns a function doing it that returns the bytes this rank read."""
+    if engine == "runtime":
+        target = ShardedEngine(Components(model=model, optimizers={"adam": opt}), coord)
+        return lambda: target.load(path, Manifest.read(path))[1].bytes_read
+
+    if engine == "dcp":
+
+        def load_dcp() -> int:  # DCP's documented resume
+            state = {
+                "model": get_model_state_dict(model),
+                "optim": get_optimizer_state_dict(model, opt),
+            }
+            dcp.load(state, checkpoint_id=path)
+            set_model_state_dict(model, state["model"])
+            set_optimizer_state_dict(model, opt, state["optim"])
+            return 0
+
+        return load_dcp
+
+    def load_torch() -> int:
+        file = path / f"rank{rank}.pt"
+        data = torch.load(file, map_location="cpu", weights_only=True)
+        if layout == "fsdp":
+            torch_load_sharded(model, opt, data)
+        else:
+            model.load_state_dict(data["model"])
+            opt.load_state_dict(data["optim"])
+        return file.stat().st_size
+
+    return load_torch
+
+
+def resume_worker(args: argparse.Namespace) -> None:
+    """One rank of a relaunched job: build the model, then time one contender's load and the
+    first step's extra time (or, for ``raw-fresh``, a raw read into fresh memory)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    coord = Coordinator()
+    model, wrapped, opt = build(args.layout, args.bytes, world)  # untimed, touched
+    width = model[0].in_features
+    tiny, _, tiny_opt = build("single", MiB, 1)  # for warming torch's code, local only
+    engine_dir = "runtime" if args.resume_worker == "raw-fresh" else args.resume_worker
+    path = Path(args.dir) / engine_dir / f"r{args.round}"
+
+    def cold() -> None:
+        coord.barrier()
+        if rank == 0:
+            drop_whole_page_cache()
+        train_step(tiny, tiny_opt, tiny[0].in_features)  # torch's code back in memory
+        coord.barrier()
+
+    extra = 0.0
+    if args.resume_worker == "raw-fresh":
+        read = lambda: raw_read_into_fresh(path, rank, args.read_bytes)  # noqa: E731
+    else:
+        read = make_loader(
+            args.resume_worker,
+            path,
+            layout=args.layout,
+            rank=rank,
+            coord=coord,
+            model=model,
+            opt=opt,
+        )
+    cold()
+    coord.barrier()
+    t = time.perf_counter()
+    nread = read()
+    coord.barrier()
+    took = time.perf_counter() - t
+    if args.resume_worker != "raw-fresh":
+        first = timed(lambda: train_step(wrapped, opt, width))
+        steady = statistics.median(timed(lambda: train_step(wrapped, opt, width)) for _ in range(2))
+        extra = max(0.0, first - steady)
+    fig = {"load_s": took, "extra_s": extra, "bytes_read": nread}
+    print(RESUME_MARK + json.dumps(fig), flush=True)
+    coord.barrier()
+    os._exit(0)  # nothing to tear down; skip freeing the state
+
+
+def raw_read_into_fresh(folder: Path, rank: int, nbytes: int) -> int:
+    """``nbytes`` of the runtime's data files (this rank's first), into one new buffer."""
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".distcp")
+    files = files[rank % len(files) :] + files[: rank % len(files)]
+    view = memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy())
+    at = 0
+    for file in files:
+        with open(file, "rb", buffering=0) as f:
+            while at < nbytes and (n := f.readinto(view[at : at + 16 * MiB])):
+                at += n
+        if at >= nbytes:
+            break
+    return at
 
 
 def torch_load_sharded(model: nn.Module, opt: Any, data: dict[str, Any]) -> None:
@@ -433,6 +532,8 @@ def ratios(raw: dict[str, Any]) -> dict[str, float]:
         "runtime_resume_vs_dcp": m("runtime.resume_s") / m("dcp.resume_s"),
         "runtime_stall_vs_runtime_sync": m("runtime.stall_s") / m("runtime.save_s"),
         "runtime_load_speed_vs_raw_read": m("raw.read_s") / m("runtime.load_s"),
+        "runtime_load_speed_vs_raw_read_fresh": m("raw.read_fresh_s") / m("runtime.load_s"),
+        "torch_load_speed_vs_raw_read_fresh": m("raw.read_fresh_s") / m("torch.load_s"),
         "dcp_async_stall_vs_dcp_sync": m("dcp.stall_s") / m("dcp.save_s"),
         "torch_save_vs_runtime_save": m("torch.save_s") / m("runtime.save_s"),
     }
@@ -459,12 +560,18 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("out/bench-engines"))
     ap.add_argument("--configs", default="single,ddp4,fsdp4")
     ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--resume-worker", choices=[*ENGINES, "raw-fresh"])
+    ap.add_argument("--round", type=int, default=0)
+    ap.add_argument("--read-bytes", type=int, default=0)
     ap.add_argument("--layout", default="single")
     ap.add_argument("--bytes", type=int, default=0)
     ap.add_argument("--result", default="")
     args = ap.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.resume_worker:
+        resume_worker(args)
         return
     if not args.json:
         ap.error("--json OUT is required")

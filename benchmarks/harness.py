@@ -5,7 +5,7 @@ sharded engine against plain DCP and torch.save, 1 and 4 ranks) must measure the
 their figures cannot be compared; this module is that way, written once:
 
 - ``Samples``: every sample of every figure; reported as median, min, max and count;
-- ``rotated``: the order of the contenders in round r, so none always follows the same one;
+- ``round_order``: the order of the contenders in round r, so none always follows the same one;
 - ``PageCache``: drops the page cache before a timed operation (root: the whole cache; else
   each benchmark file with ``posix_fadvise(DONTNEED)``), and says so when it cannot;
 - ``pretouch``: fills a new tensor so the first touch of fresh memory (about 1.8 s/GiB on some
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from collections import defaultdict
@@ -46,10 +47,16 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def rotated(items: Sequence[T], round_: int) -> list[T]:
-    """The contenders' order in round ``round_``: rotated by one each round."""
-    shift = round_ % len(items)
-    return list(items[shift:]) + list(items[:shift])
+def round_order(items: Sequence[T], round_: int) -> list[T]:
+    """The contenders' order in round ``round_``: as given in round 0, then a permutation
+    seeded by the round number (reproducible from the round's printed lines). Rotating by one
+    each round, as this did before, kept every contender behind the same neighbour in all but
+    one round; a contender that runs right after a heavy one (a process that just freed a GiB,
+    a delete still trimming the disk) then paid for it in nearly every sample."""
+    order = list(items)
+    if round_:
+        random.Random(round_).shuffle(order)
+    return order
 
 
 def load_average() -> float:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .manifest import FileEntry, new_hasher
+from .pages import populate_for_write
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def _read_hashing(f: io.RawIOBase, size: int) -> tuple[VerifiedFile, str]:
             if data + length > size or not read_into(view[pos:data], pos, data):
                 break
             storage = torch.empty(length, dtype=torch.uint8)
+            populate_for_write(storage)  # its pages mapped in one call, not one fault each
             if not read_into(memoryview(storage.numpy()), data, data + length):
                 break
             records[data] = storage.untyped_storage()

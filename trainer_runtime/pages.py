@@ -1,0 +1,67 @@
+"""Making a load target's memory present before a read fills it.
+
+A relaunched process loads into memory it has never touched: the new optimizer tensors and the
+staging copy of the model. A read into such memory takes one page fault per 4 KiB page inside
+the copy. Linux 5.14+ can populate a whole range in one call instead
+(``madvise(MADV_POPULATE_WRITE)``): the kernel allocates and maps every page in a loop, with no
+trap per page, and leaves the contents alone, so it is safe on memory that already holds data.
+On the 2-core VM measured (1 GiB, relaunched processes, page cache dropped, medians of 6) a
+load with it took 0.71 s against 0.84 s without (``torch.load``: 0.74 s);
+docs/sharded-checkpoints.md has the figures. Huge pages (``MADV_HUGEPAGE``) on top of it made
+the same load 1.21 s (the kernel compacts memory to find 2 MiB blocks), so they are not used.
+
+Where the call is missing (another OS, an older kernel, a libc without ``madvise``) it does
+nothing, and the read faults the pages in as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+
+_MADV_POPULATE_WRITE = 23  # linux/mman.h, since 5.14
+
+
+def _load_madvise() -> Callable[[int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _load_madvise()
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_supported = _MADVISE is not None
+
+
+def populate_for_write(tensor: torch.Tensor) -> bool:
+    """Make the whole pages inside ``tensor``'s memory present and writable, in one call.
+
+    Only the pages wholly inside the tensor are touched (never a neighbour's); its contents
+    are not changed. Returns False when nothing was done: not a CPU tensor, too small to
+    hold a whole page, or the kernel lacks the call (then it is not tried again).
+    """
+    global _supported  # noqa: PLW0603 - remembered once the kernel said no
+    if not _supported or tensor.device.type != "cpu" or _MADVISE is None:
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    lo = -(-start // _PAGE) * _PAGE
+    hi = (end // _PAGE) * _PAGE
+    if hi <= lo:
+        return False
+    if _MADVISE(lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
+        if ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14
+            _supported = False
+        return False
+    return True
