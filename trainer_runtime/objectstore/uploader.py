@@ -106,11 +106,8 @@ class CheckpointUploader:
         self.rank = rank
         self.world_size = world_size
         self.keep_local = keep_local
-        self.keep_remote = keep_remote
-        self.peer_timeout_s = peer_timeout_s
         self.backoff = backoff or Backoff(initial=1.0, maximum=60.0)
         self.on_uploaded = on_uploaded
-        self.leader_rank = leader_rank
         self.stats = UploadStats()
         self._cond = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
@@ -120,6 +117,7 @@ class CheckpointUploader:
         )
         self._stop = threading.Event()
         self._inflight: tuple[str, float] | None = None  # (checkpoint, attempt start)
+        # The committer owns the cross-rank commit settings (leader, peer wait, remote keep).
         self.committer = RemoteCommitter(
             store, self.run_uri, leader_rank, peer_timeout_s, keep_remote, self._stop
         )
