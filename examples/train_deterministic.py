@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -172,6 +173,27 @@ def main() -> None:
         marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world, **attempt}
         trace.write(json.dumps(marker) + "\n")
         trace.flush()
+
+    def recording_saves(call: Callable[[], object]) -> None:
+        """Run a manager call; record the digest of a checkpoint it saved (batch_end's interval
+        save, epoch_end's save at an epoch boundary, close()'s final save, or the emergency save
+        on SIGTERM, which ends in SystemExit and is recorded too)."""
+        saves = len(ckpt.saved)
+        try:
+            call()
+        finally:
+            if digests and len(ckpt.saved) > saves:
+                entry = {
+                    "event": "save",
+                    "checkpoint": ckpt.saved[-1].name,
+                    "step": ckpt.timestamp.batch,
+                    "world": world,
+                    "digest": state_digest(model, opt),
+                    **attempt,
+                }
+                digests.write(json.dumps(entry) + "\n")
+                digests.flush()
+
     for _ in range(ckpt.timestamp.epoch, args.epochs):
         micro = iter(loader)
         while True:
@@ -195,25 +217,11 @@ def main() -> None:
                 record = {"batch": ckpt.timestamp.batch + 1, "sample": done, "ids": ids.tolist()}
                 trace.write(json.dumps(record) + "\n")
                 trace.flush()
-            saves = len(ckpt.saved)
-            try:
-                ckpt.batch_end(num_samples=split.global_batch_size)
-            finally:  # the emergency save on SIGTERM ends in SystemExit: record it too
-                if digests and len(ckpt.saved) > saves:
-                    entry = {
-                        "event": "save",
-                        "checkpoint": ckpt.saved[-1].name,
-                        "step": ckpt.timestamp.batch,
-                        "world": world,
-                        "digest": state_digest(model, opt),
-                        **attempt,
-                    }
-                    digests.write(json.dumps(entry) + "\n")
-                    digests.flush()
+            recording_saves(lambda: ckpt.batch_end(num_samples=split.global_batch_size))
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-        ckpt.epoch_end()
-    ckpt.close()
+        recording_saves(ckpt.epoch_end)
+    recording_saves(ckpt.close)
     if rank == 0 and args.out:
         torch.save(model.state_dict(), Path(args.out))
         print(f"final weights written to {args.out} at step {ckpt.timestamp.batch}")
