@@ -419,8 +419,7 @@ def resume_worker(args: argparse.Namespace) -> None:
             model=model,
             opt=opt,
         )
-    cold()
-    coord.barrier()
+    cold()  # ends at a barrier: every rank starts the clock together
     t = time.perf_counter()
     nread = read()
     coord.barrier()

@@ -72,9 +72,6 @@ class StagingGate:
         """Block until the copy is done (an explicit wait, not counted as a hold)."""
         self._done.wait()
 
-    def is_open(self) -> bool:
-        return self._done.is_set()
-
     def remove_hook_if_open(self) -> bool:
         """Drop the hook once the copy is done; True when there is no hook left."""
         if self._hook is not None and self._done.is_set():

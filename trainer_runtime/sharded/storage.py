@@ -89,11 +89,12 @@ class RawChunk(_StorageInfo):
 
 
 class HashPipeline:
-    """Hashes blocks on one background thread, in submission order, while the caller does I/O.
+    """Hashes a save's blocks on one background thread, in submission order, while the caller
+    writes.
 
-    ``xxhash`` and ``os.pwrite``/``os.preadv`` release the GIL, so hashing the block just read
-    (or written) overlaps reading (writing) the next one: a chunk costs max(I/O, hash) instead
-    of their sum. One thread keeps the order, which streaming digests need.
+    ``xxhash`` and ``os.pwrite`` release the GIL, so hashing the block just written overlaps
+    writing the next one: a chunk costs max(write, hash) instead of their sum. One thread keeps
+    the order, which streaming digests need. (Loads hash in line: see ``_READ_BLOCK``.)
     """
 
     def __init__(self) -> None:
@@ -102,10 +103,6 @@ class HashPipeline:
 
     def update(self, *hashers: Any, view: memoryview) -> None:
         self._pending.append(self._pool.submit(_update_all, hashers, view))
-
-    def then(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the hashing thread once everything submitted so far is hashed."""
-        self._pending.append(self._pool.submit(fn))
 
     def drain(self) -> None:
         """Wait for every block; re-raise the first failure (a digest that did not match)."""
