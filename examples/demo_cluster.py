@@ -13,6 +13,14 @@ Succeeded with the same final weights, bit for bit, as an uninterrupted run of t
 Everything it started is stopped again, also on Ctrl-C or a failure. What each line means:
 docs/demo.md.
 
+``--nodes real`` (``make demo NODES=real``, as root) runs the job on real nodes instead: three
+kubelets, each with its own containerd and network namespace, CNI networking, kube-proxy and
+CoreDNS; the operator as the chart's Deployment pod from the operator image, the rank from the
+runtime image, both built by buildah without a registry (tools/realnodes.py). ``reclaim`` loses
+the rank's node (kubelet and containerd SIGKILLed, Node deleted); ``notice`` taints it first,
+then shuts the pod down gracefully (tools/stories/realnodes.py). Cold, the images take about 15
+minutes more to build than the control plane alone.
+
 ``--scenario elastic`` runs a 4-rank elastic job (minReplicas 2) on exactly four nodes instead:
 two nodes are lost with no spare, the job shrinks to 2 ranks, two nodes return and it grows back
 to 4 after a checkpoint; it exits 0 when every sample was consumed exactly once and each new gang
@@ -22,6 +30,7 @@ loaded, bit for bit, the state the old one saved (tools/stories/elastic.py).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -47,7 +56,15 @@ from tools.localstack import (  # noqa: E402
     start_reference_run,
     weights_equal,
 )
+from tools.realnodes import (  # noqa: E402
+    RealNodes,
+    RealNodesError,
+    build_all,
+    install_tools,
+    missing_prerequisites,
+)
 from tools.stories import elastic  # noqa: E402
+from tools.stories import realnodes as real_story  # noqa: E402
 from tools.waiting import WaitTimeoutError  # noqa: E402
 
 MANIFEST = REPO / "tests" / "e2e" / "manifests" / "spot-job.yaml"
@@ -75,6 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="reclaim: the node goes without notice (default); notice: a "
         "termination taint first, then a graceful shutdown; elastic: a 4-rank elastic job "
         "shrinks to 2 when 2 of its 4 nodes go and grows back when they return",
+    )
+    ap.add_argument(
+        "--nodes",
+        choices=("simulated", "real"),
+        default="simulated",
+        help="simulated: pods run as local processes (the pod runner; default); real: real "
+        "kubelets and containerd run the project's images (root; reclaim and notice only)",
     )
     ap.add_argument(
         "--s3",
@@ -223,10 +247,53 @@ def spot_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None, star
     return equal and result.status.get("phase") == "Succeeded"
 
 
+REAL_INTERRUPTIONS = {"reclaim": ["lost"], "notice": ["notice"]}
+"""--scenario -> the real-node story's interruptions (tools/stories/realnodes.py)."""
+
+
+def real_demo(args: argparse.Namespace, workdir: Path) -> bool:
+    """The reclaim or notice scenario on real nodes; whether every check of the story held."""
+    missing = missing_prerequisites()
+    if missing and os.geteuid() == 0:
+        say(
+            "installing Debian packages: mmdebstrap, buildah, containerd, ... (hack/images/deps.sh)"
+        )
+        install_tools()
+        missing = missing_prerequisites()
+    if missing:
+        raise RealNodesError(f"real nodes need {', '.join(missing)}")
+    archives = build_all(say=say)
+    section("2. the local cluster: control plane, 3 real nodes, CoreDNS, the images imported")
+    with RealNodes(args.cluster_name, say=say).up(archives) as cluster:
+        ns = "rtj-demo"
+        cluster.create_namespace(ns)
+        section(
+            f"3. the job: 1 rank of examples/train_deterministic.py, {real_story.TOTAL_STEPS} "
+            "steps, a checkpoint every 4 steps to a folder every node mounts"
+        )
+        with real_story.shared_folder(ns) as shared:
+            story = real_story.RealNodeStory(cluster, ns, shared, workdir / "story", say=say)
+            result = story.run(REAL_INTERRUPTIONS[args.scenario])
+            checks = real_story.verdicts(result)
+        section("summary (from the job's status and the runtime's events in kubectl logs)")
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            say(f"  {'ok ' if check.ok else 'BAD'} {check.name:<{width}}  {check.detail}")
+        say(f"  time: {result.seconds:.0f} s for the story")
+        section("cleaning up (nodes, cluster)")
+    return all(c.ok for c in checks)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; 0 when the job Succeeded with the uninterrupted run's weights (elastic:
     when every check of the story held)."""
     args = parse_args(argv)
+    if args.nodes == "real" and args.scenario not in REAL_INTERRUPTIONS:
+        say(
+            f"--scenario {args.scenario} runs on --nodes simulated only: expected one of "
+            f"{', '.join(REAL_INTERRUPTIONS)} with --nodes real"
+        )
+        return 2
     signal.signal(signal.SIGTERM, on_sigterm)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="rtj-demo-"))
@@ -235,12 +302,22 @@ def main(argv: list[str] | None = None) -> int:
             "resumable-training demo: a 4-rank elastic PyTorch job on spot nodes shrinks to 2 "
             f"ranks when 2 nodes go and grows back when they return (work folder {workdir})"
         )
+    elif args.nodes == "real":
+        say(
+            "resumable-training demo on real nodes: a PyTorch job's node "
+            f"{'announces its end' if args.scenario == 'notice' else 'is lost'} midway and the "
+            f"job finishes by itself (work folder {workdir})"
+        )
     else:
         say(
             "resumable-training demo: a 2-rank PyTorch job on spot nodes loses a node midway and "
             f"finishes by itself (work folder {workdir})"
         )
     try:
+        if args.nodes == "real":
+            section("1. binaries and images (built once into ~/.cache/rtj, then reused)")
+            ok = real_demo(args, workdir)
+            return finish(args, workdir, ok)
         section("1. binaries (built once into ~/.cache/rtj, then reused)")
         localstack.build_cluster_binaries(say)
         s3_kind = None if args.s3 == "auto" else args.s3
@@ -256,10 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         say("\ninterrupted: everything it started has been stopped")
         shutil.rmtree(workdir, ignore_errors=True)
         return 130
-    except (StackError, WaitTimeoutError) as err:
+    except (StackError, WaitTimeoutError, RealNodesError) as err:
         say(f"\nFAILED: {err}")
         say(f"logs of every component are kept in {workdir} (docs/demo.md, Troubleshooting)")
         return 1
+    return finish(args, workdir, ok)
+
+
+def finish(args: argparse.Namespace, workdir: Path, ok: bool) -> int:
+    """The last lines and the exit code: 0 when every check held."""
     if ok and not args.keep_logs:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
