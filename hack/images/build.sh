@@ -25,6 +25,7 @@
 #   hack/images/build.sh [base|uv|pause|operator|runtime|all]...   build, print archive paths
 #   hack/images/build.sh --path NAME    print the archive path NAME would have (builds nothing)
 #   hack/images/build.sh --ref NAME     print the image reference inside that archive
+#   hack/images/build.sh --context-files  print the build context's files (what the keys hash)
 #
 # Environment:
 #   RTJ_CACHE_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/rtj)
@@ -65,15 +66,19 @@ sha() { sha256sum | cut -c1-16; }
 # whole script, so editing one image's recipe rebuilds only that image and those on top.
 recipe() { declare -f "$@" | sha; }
 
-# The build context as the Dockerfile sees it (.dockerignore's allow-list), hashed by content.
-context_hash() {
+# The build context as the Dockerfile sees it (.dockerignore's allow-list and exclusions; the
+# delivery tests check that the two lists agree), then hashed by content.
+context_files() {
   (
     cd "${root}"
     find pyproject.toml uv.lock README.md operator trainer_runtime examples .dockerignore \
-      -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
-      ! -path '*.egg-info/*' ! -path 'operator/deploy/*' -print0 \
-      | sort -z | xargs -0 sha256sum
-  ) | sha
+      -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*/.pytest_cache/*' \
+      ! -path '*/.ruff_cache/*' ! -path '*.egg-info/*' ! -path 'operator/deploy/*' \
+      ! -path 'examples/demo_*.py' -print
+  ) | LC_ALL=C sort
+}
+context_hash() {
+  context_files | (cd "${root}" && tr '\n' '\0' | xargs -0 sha256sum) | sha
 }
 
 # The Dockerfile lines a target is built from: the global ARGs and the stages it needs
@@ -268,6 +273,7 @@ main() {
   case "${1:-all}" in
     --path) key_of "${2:?--path NAME}" >/dev/null; archive_of "$2"; return ;;
     --ref) key_of "${2:?--ref NAME}" >/dev/null; ref_of "$2"; return ;;
+    --context-files) context_files; return ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
   esac
   [[ $(id -u) -eq 0 ]] || die "needs root (mmdebstrap and buildah write as root)"

@@ -92,6 +92,26 @@ def test_dockerignore_sends_what_the_dockerfile_copies() -> None:
         assert not dockerfile.is_ignored(path, patterns), f"{path} would be left out"
 
 
+def test_the_image_cache_key_covers_exactly_what_docker_sends() -> None:
+    """hack/images/build.sh hashes a file list of its own: it must be the context Docker sends,
+    or an edit would reuse a stale image (a file missing) or rebuild 6 GB for nothing (extra)."""
+    listed = subprocess.run(
+        [str(ROOT / "hack" / "images" / "build.sh"), "--context-files"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    patterns = dockerfile.ignore_patterns()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    sent = sorted(p for p in tracked if not dockerfile.is_ignored(p, patterns))
+    # .dockerignore itself is hashed too (it decides what is sent), though it is not sent.
+    assert sorted(p for p in listed if p in tracked and p != ".dockerignore") == sent
+    assert "examples/train_deterministic.py" in sent
+    assert not any(p.startswith("examples/demo_") for p in sent)
+
+
 def _interpreter() -> str:
     """A Python of the Dockerfile's PYTHON_VERSION (the replay must not use another one)."""
     wanted = GLOBAL_ARGS["PYTHON_VERSION"]
