@@ -265,6 +265,9 @@ build_one() {
   if [[ "${name}" == operator || "${name}" == runtime ]] && [[ "${RTJ_IMAGES_KEEP_LAYERS:-0}" != 1 ]]; then
     buildah rmi "$(ref_of "${name}")" >/dev/null 2>&1 || true
   fi
+  # Older archives of this image (other inputs) go: the runtime's is 6 GB, and every edit of
+  # the build context makes a new one.
+  find "${image_dir}" -maxdepth 1 -name "${name}-*.tar" ! -path "${out}" -delete
   log "${name}: $(ref_of "${name}") in $((SECONDS - start))s -> ${out}"
   echo "${out}"
 }
