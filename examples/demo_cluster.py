@@ -63,7 +63,7 @@ from tools.realnodes import (  # noqa: E402
     install_tools,
     missing_prerequisites,
 )
-from tools.stories import elastic  # noqa: E402
+from tools.stories import elastic, print_checks  # noqa: E402
 from tools.stories import realnodes as real_story  # noqa: E402
 from tools.waiting import WaitTimeoutError  # noqa: E402
 
@@ -203,9 +203,7 @@ def elastic_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None) -
         ).run()
         checks = elastic.verdicts(result, stack.results_dir)
         section("summary (from the ranks' own traces and state digests)")
-        width = max(len(c.name) for c in checks)
-        for check in checks:
-            say(f"  {'ok ' if check.ok else 'BAD'} {check.name:<{width}}  {check.detail}")
+        print_checks(checks, say)
         say(f"  job {result.job}: {result.status.get('phase')} in {result.seconds:.0f} s")
         section("cleaning up (operator, nodes, S3 server, cluster)")
     return all(c.ok for c in checks) and result.status.get("phase") == "Succeeded"
@@ -276,12 +274,10 @@ def real_demo(args: argparse.Namespace, workdir: Path) -> bool:
             result = story.run(REAL_INTERRUPTIONS[args.scenario])
             checks = real_story.verdicts(result)
         section("summary (from the job's status and the runtime's events in kubectl logs)")
-        width = max(len(c.name) for c in checks)
-        for check in checks:
-            say(f"  {'ok ' if check.ok else 'BAD'} {check.name:<{width}}  {check.detail}")
+        ok = print_checks(checks, say)
         say(f"  time: {result.seconds:.0f} s for the story")
         section("cleaning up (nodes, cluster)")
-    return all(c.ok for c in checks)
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ from tools.localstack import (
     resumed_step,
     training_command,
 )
+from tools.stories import Check
 from tools.waiting import wait_for
 
 Obj = dict[str, Any]
@@ -396,15 +397,6 @@ def read_transitions(folder: Path, run: str, ranks: int) -> list[Transition]:
 def resumed_steps(result: ElasticResult) -> dict[int, int | None]:
     """The step rank 0 of each attempt resumed at, from its log."""
     return {a: resumed_step(log) for a, log in result.logs.items()}
-
-
-@dataclass(frozen=True)
-class Check:
-    """One claim of the story and whether it held."""
-
-    name: str
-    ok: bool
-    detail: str
 
 
 def verdicts(result: ElasticResult, folder: Path, manifest: Path = MANIFEST) -> list[Check]:

@@ -38,6 +38,7 @@ from typing import Any
 
 from tools.localstack import start_reference_run, weights_equal
 from tools.realnodes import NODES_DIR, RealCluster, Say, operator_release
+from tools.stories import Check
 from tools.waiting import wait_for
 from trainer_runtime.events import RuntimeEvent, read_events
 
@@ -327,13 +328,6 @@ class RealNodeStory:
             ref,
             time.monotonic() - started,
         )
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 def verdicts(result: StoryResult) -> list[Check]:
