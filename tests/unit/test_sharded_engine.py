@@ -5,6 +5,8 @@ Multi-rank behaviour (dedup, resharding, FSDP2) is in tests/multiproc/test_shard
 
 from __future__ import annotations
 
+import enum
+import io
 import json
 import os
 import pickle
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint.metadata as dcp_metadata
 
 from trainer_runtime.dist import Coordinator
 from trainer_runtime.errors import (
@@ -295,6 +298,56 @@ def test_metadata_pickle_cannot_run_code(tmp_path):
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
         read_metadata_bytes(blob, trusted=False)
     assert not (tmp_path / "pwned").exists()
+
+
+ENUM_IN_METADATA = dcp_metadata._MEM_FORMAT_ENCODING
+"""The Enum DCP's metadata holds (a tensor's memory format)."""
+
+
+class _EnumsByName(pickle.Pickler):
+    """Pickles Enum members as Python 3.11.0-3.11.4 do: ``getattr(cls, name)``."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def _pickle_by_name(obj) -> bytes:
+    out = io.BytesIO()
+    _EnumsByName(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
+def test_metadata_written_by_a_python_that_pickles_enums_by_name_loads(tmp_path):
+    # A checkpoint saved inside a container with Debian 12's python3 (3.11.2): its .metadata
+    # refers to builtins.getattr for every Enum member (the write item types).
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    blob = (folder / ".metadata").read_bytes()
+    metadata = read_metadata_bytes(blob, trusted=False)
+    by_name = _pickle_by_name(metadata)
+    assert b"getattr" in by_name and b"getattr" not in blob
+    again = read_metadata_bytes(by_name, trusted=False)
+    assert again.state_dict_metadata == metadata.state_dict_metadata
+    assert again.storage_data == metadata.storage_data
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        ((getattr, (torch.Size, "__reduce__")), "only Enum members"),
+        ((getattr, (ENUM_IN_METADATA, "__class__")), "not a member"),
+        ((getattr, (ENUM_IN_METADATA, 7)), "not a member"),
+    ],
+)
+def test_getattr_in_metadata_reaches_nothing_but_enum_members(target, why):
+    class Probe:
+        def __reduce__(self):
+            return target
+
+    with pytest.raises(pickle.UnpicklingError, match=why):
+        read_metadata_bytes(pickle.dumps(Probe()), trusted=False)
 
 
 def test_a_model_that_does_not_fit_is_a_clear_error_before_anything_is_copied(tmp_path):

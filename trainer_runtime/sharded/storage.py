@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import enum
 import io
 import os
 import pickle
@@ -286,12 +287,29 @@ _ALLOWED_FUNCTIONS = {
 }
 
 
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """``getattr(cls, name)`` limited to one use: how Python 3.11.0 to 3.11.4 pickle an Enum
+    member (by name; Debian 12's python3 is 3.11.2). ``cls`` comes from ``find_class``, so it
+    is already one of the allowed classes; it must be an Enum and ``name`` one of its members."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+        raise pickle.UnpicklingError(
+            f"checkpoint metadata calls getattr on {cls!r}: only Enum members are allowed"
+        )
+    if not isinstance(name, str) or name not in cls.__members__:
+        raise pickle.UnpicklingError(
+            f"checkpoint metadata names {cls.__name__}.{name}: not a member of that Enum"
+        )
+    return cls[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP metadata and nothing else: no arbitrary callables from the file."""
 
     def find_class(self, module: str, name: str) -> Any:
         if "." in name:
             raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}")
+        if module == "builtins" and name == "getattr":
+            return _enum_member
         if module == __name__ and name == "RawChunk":
             return RawChunk
         if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
