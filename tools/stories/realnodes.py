@@ -139,12 +139,29 @@ def job_manifest(ns: str, image: str, shared: Path, nodes: list[str]) -> dict[st
 
 @dataclass
 class Attempt:
-    """One gang of the job: where it ran and where it resumed (its ``resumed`` event)."""
+    """One gang of the job: where it ran and how its rank started (its ``resumed`` or ``fresh``
+    event)."""
 
     number: int
     node: str
     pod: str
-    resumed: RuntimeEvent | None = None
+    start: RuntimeEvent | None = None
+
+    @property
+    def resumed_step(self) -> int | None:
+        """The step it resumed at; None when it started fresh (or was not seen starting)."""
+        return (
+            self.start["step"] if self.start is not None and self.start.type == "resumed" else None
+        )
+
+
+def describe(attempt: Attempt) -> str:
+    """How an attempt started, in words, from its event."""
+    if attempt.start is None:
+        return "not seen starting"
+    if attempt.start.type == "fresh":
+        return "started FRESH, from step 0"
+    return f"resumed at step {attempt.start['step']} ({attempt.start['checkpoint']})"
 
 
 @dataclass
@@ -219,8 +236,8 @@ class RealNodeStory:
             interval=1,
         )
 
-    def events(self, pod: str, kind: str) -> list[RuntimeEvent]:
-        """The runtime's events of ``kind`` in ``kubectl logs`` of ``pod``."""
+    def events(self, pod: str, kind: str | None) -> list[RuntimeEvent]:
+        """The runtime's events (of ``kind``, or all) in ``kubectl logs`` of ``pod``."""
         proc = self.k("logs", pod, "-n", self.ns, check=False)
         return read_events(proc.stdout + proc.stderr, kind) if proc.returncode == 0 else []
 
@@ -256,11 +273,17 @@ class RealNodeStory:
         self.cluster.kill_node(index)
         return Interruption("lost", current.node, before)
 
-    def _resumed(self, attempt: Attempt) -> RuntimeEvent:
-        """The new attempt's ``resumed`` event, as ``kubectl logs`` shows it."""
+    def _started(self, attempt: Attempt) -> RuntimeEvent:
+        """How the new attempt's rank started, ``resumed`` or ``fresh``: its first such event
+        as ``kubectl logs`` shows it."""
+
+        def first_start() -> RuntimeEvent | None:
+            found = self.events(attempt.pod, None)
+            return next((e for e in found if e.type in ("resumed", "fresh")), None)
+
         return wait_for(
-            f"the resumed event of attempt {attempt.number} in kubectl logs",
-            lambda: next(iter(self.events(attempt.pod, "resumed")), None),
+            f"attempt {attempt.number}'s resumed (or fresh) event in kubectl logs",
+            first_start,
             120,
             interval=2,
         )
@@ -290,17 +313,18 @@ class RealNodeStory:
                     self.k("uncordon", other[current.node])
                     done.append(self._notice(current) if kind == "notice" else self._lose(current))
                     current = self.wait_running(current.number + 1)
-                    current.resumed = self._resumed(current)
+                    current.start = self._started(current)
                     attempts.append(current)
                     self.say(
-                        f"attempt {current.number} runs on {current.node}, resumed at step "
-                        f"{current.resumed['step']} ({current.resumed['checkpoint']})"
+                        f"attempt {current.number} runs on {current.node}: {describe(current)}"
                     )
                     if kind == "notice":
                         self.k(
                             "taint", "node", done[-1].node, "karpenter.sh/disrupted-", check=False
                         )
                         self.k("uncordon", done[-1].node)
+                    if current.resumed_step is None:
+                        break  # a fresh start: the verdicts say so; interrupting on shows nothing
                 wait_for(
                     "the job to end",
                     lambda: self.status().get("phase") in ("Succeeded", "Failed"),
@@ -351,8 +375,7 @@ def verdicts(result: StoryResult) -> list[Check]:
     ]
     for i, (seen, after) in enumerate(zip(result.interruptions, result.attempts[1:], strict=True)):
         record = records[i] if i < len(records) else {}
-        resumed = after.resumed
-        step = resumed["step"] if resumed is not None else None
+        step = after.resumed_step
         checks.append(
             Check(
                 f"{seen.kind} of {seen.node}: operator's record",
@@ -379,7 +402,8 @@ def verdicts(result: StoryResult) -> list[Check]:
             Check(
                 f"attempt {after.number} resumed on another node (kubectl logs)",
                 after.node != seen.node and step is not None and step >= seen.committed_before,
-                f"on {after.node} at step {step}, last committed before: {seen.committed_before}",
+                f"on {after.node}, {describe(after)}; "
+                f"last committed before: {seen.committed_before}",
             )
         )
     equal, why = (
