@@ -1,6 +1,8 @@
 # One entry point per thing a person wants to do. Every target installs what it needs first.
 # uv runs everything; hack/bootstrap-uv.sh installs a private copy when the machine has none.
 UV ?= $(shell hack/bootstrap-uv.sh)
+# The scripts make runs (hack/images/build.sh) use it too, also when uv is not on PATH.
+export UV
 RUN := $(UV) run --frozen --all-extras
 
 .PHONY: setup tools images realnode-images test test-fast test-realnodes lint format crds demo demo-local bench clean
