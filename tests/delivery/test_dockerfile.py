@@ -7,6 +7,7 @@ or a dependency that sneaks torch into the operator fails here although no image
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -112,12 +113,18 @@ def test_the_image_cache_key_covers_exactly_what_docker_sends() -> None:
     assert not any(p.startswith("examples/demo_") for p in sent)
 
 
+def _uv() -> str | None:
+    """The uv that runs this session (``uv run`` and make export ``UV``), else uv on PATH: on a
+    fresh machine make's private copy is not on PATH."""
+    return os.environ.get("UV") or shutil.which("uv")
+
+
 def _interpreter() -> str:
     """A Python of the Dockerfile's PYTHON_VERSION (the replay must not use another one)."""
     wanted = GLOBAL_ARGS["PYTHON_VERSION"]
     if f"{sys.version_info.major}.{sys.version_info.minor}" == wanted:
         return sys.executable
-    uv = shutil.which("uv")
+    uv = _uv()
     found = ""
     if uv:
         proc = subprocess.run(
@@ -133,7 +140,7 @@ def _interpreter() -> str:
 
 
 def _replay(tmp_path: Path, target: str, *, compile_bytecode: bool) -> Path:
-    uv = shutil.which("uv")
+    uv = _uv()
     require(uv is not None, "uv not installed (the Dockerfile installs with uv)")
     assert uv is not None
     replay = dockerfile.Replay(
