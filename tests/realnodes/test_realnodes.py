@@ -201,14 +201,15 @@ def test_operator_chart_runs_non_root_read_only_without_capabilities(
         assert "NoNewPrivs:\t1" in status, status
         # PID 1 is the operator itself, and it writes to the API server from inside the pod
         # (through the kubernetes Service, with its service-account token): kopf's peering
-        # object lists it as a live peer.
+        # object lists it as a live peer, under its pod name (the chart's POD_ID: the identity
+        # survives a container restart).
         cmdline = real_cluster.exec(pod, ns, "cat", "/proc/1/cmdline").stdout
         assert "rtj-operator" in cmdline, cmdline
         wait_for(
-            "the operator in its peering object",
-            lambda: any(
-                peer.startswith(f"rtj-operator@{pod}/")
-                for peer in (
+            f"the operator {pod} in its peering object",
+            lambda: (
+                pod
+                in (
                     (real_cluster.get("clusterkopfpeering", f"rtj-{ns}", "") or {}).get("status")
                     or {}
                 )
