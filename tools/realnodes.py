@@ -136,6 +136,14 @@ class RealCluster:
     """Image references by target: operator, runtime."""
     runtime_nodes: tuple[int, ...] = (1, 3)
     """Nodes (1-based) that hold the runtime image; training pods may run there only."""
+    nodes: int = 3
+
+    @property
+    def steady_node(self) -> str:
+        """The name of a node without the runtime image: no training runs there and no story
+        loses it, so the operator runs there, as it would on on-demand capacity."""
+        index = next(i for i in range(1, self.nodes + 1) if i not in self.runtime_nodes)
+        return self.node(index)
 
     @property
     def helm(self) -> str:
@@ -291,6 +299,7 @@ class RealNodes:
                 env=self.env,
                 images=refs,
                 runtime_nodes=self.runtime_nodes,
+                nodes=self.nodes,
             )
         finally:
             if not self.keep:
@@ -299,16 +308,17 @@ class RealNodes:
 
 @contextmanager
 def operator_release(
-    cluster: RealCluster, ns: str, release: str = "rtj"
+    cluster: RealCluster, ns: str, release: str = "rtj", node: str | None = None
 ) -> Iterator[list[dict[str, Any]]]:
     """The chart installed in ``ns`` from the built operator image, as a user installs it.
 
-    Yields the release's pods once ``helm install --wait`` says the Deployment is ready (an
-    install that fails raises RealNodesError with the operator's last log lines); uninstalls
-    afterwards.
+    ``node``: pin the operator's pod there (the chart's ``nodeSelector``). Yields the release's
+    pods once ``helm install --wait`` says the Deployment is ready (an install that fails raises
+    RealNodesError with the operator's last log lines); uninstalls afterwards.
     """
     repo, _, tag = cluster.images["operator"].rpartition(":")
     base = [cluster.helm, "--kubeconfig", cluster.kubeconfig]
+    pin = ["--set-string", f"nodeSelector.kubernetes\\.io/hostname={node}"] if node else []
     try:
         install = _run(
             [
@@ -316,6 +326,7 @@ def operator_release(
                 *("install", release, str(CHART), "-n", ns),
                 *("--set", f"image.repository={repo}", "--set", f"image.tag={tag}"),
                 *("--set", "image.pullPolicy=Never", "--set", f"peering.name=rtj-{ns}"),
+                *pin,
                 *("--wait", "--timeout", "180s"),
             ],
             cluster.env,

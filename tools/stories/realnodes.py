@@ -3,8 +3,11 @@
 Shared by the real-node e2e test (``tests/realnodes/test_job_story.py``) and ``make demo
 NODES=real`` (``examples/demo_cluster.py --nodes real``).
 
-The operator runs as the chart's Deployment pod (operator image); the job's rank runs from the
-runtime image under a real kubelet, which delivers SIGTERM, waits out the grace period and
+The operator runs as the chart's Deployment pod (operator image), pinned to the node without the
+runtime image, which no story loses (as one runs it on on-demand capacity: an operator lost with
+the rank's node comes back by itself, but never sees the rank pod's last state, so its record of
+the interruption cannot name the node); the job's rank runs from the runtime image under a real
+kubelet, which delivers SIGTERM, waits out the grace period and
 SIGKILLs. Checkpoints go to a hostPath folder that every node of this one-machine cluster sees
 at the same place (a shared filesystem, as NFS or a ReadWriteMany volume would be).
 
@@ -301,8 +304,12 @@ class RealNodeStory:
         reference = start_reference_run(job_file, self.workdir / "reference")
         done: list[Interruption] = []
         try:
-            with operator_release(self.cluster, self.ns):
-                self.say(f"operator installed by helm; job {JOB} applied, pinned to {a} and {b}")
+            steady = self.cluster.steady_node
+            with operator_release(self.cluster, self.ns, node=steady):
+                self.say(
+                    f"operator installed by helm on {steady} (never lost); job {JOB} applied, "
+                    f"pinned to {a} and {b}"
+                )
                 self.k("cordon", b)
                 self.cluster.apply(manifest)
                 current = self.wait_running(0)
