@@ -30,11 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.controlplane import ControlPlane, ControlPlaneError
+from tools.controlplane import (
+    BUILD_SH,
+    ControlPlane,
+    ControlPlaneError,
+    binaries_ready,
+    bindir,
+)
 from tools.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD_SH = REPO / "hack" / "cluster" / "build.sh"
 NODES_SH = REPO / "hack" / "cluster" / "nodes.sh"
 COREDNS_SH = REPO / "hack" / "cluster" / "build-coredns.sh"
 IMAGES_SH = REPO / "hack" / "images" / "build.sh"
@@ -103,7 +108,7 @@ def artifacts(env: dict[str, str] | None = None) -> Artifacts:
     missing = [f"image {t}" for t, path in archives.items() if not Path(path).exists()]
     if _run([str(COREDNS_SH), "--check"], env, 60).returncode != 0:
         missing.append("CoreDNS")
-    if _run([str(BUILD_SH), "--check"], env, 120).returncode != 0:
+    if not binaries_ready():
         missing.append("control-plane binaries")
     return Artifacts(archives=archives, missing=missing)
 
@@ -290,9 +295,7 @@ class RealNodes:
                 t: _must(f"{IMAGES_SH} --ref {t}", _run([str(IMAGES_SH), "--ref", t], self.env, 60))
                 for t in ("operator", "runtime")
             }
-            bin_dir = _must(
-                "build.sh --print-bindir", _run([str(BUILD_SH), "--print-bindir"], self.env, 60)
-            )
+            bin_dir = bindir()
             yield RealCluster(
                 kubeconfig=self.plane.kubeconfig_path(),
                 kubectl=f"{bin_dir}/kubectl",
