@@ -5,7 +5,7 @@ UV ?= $(shell hack/bootstrap-uv.sh)
 export UV
 RUN := $(UV) run --frozen --all-extras
 
-.PHONY: setup tools images realnode-images test test-fast test-realnodes lint format crds demo demo-local bench clean
+.PHONY: setup tools images realnode-images test test-fast test-realnodes test-gpu lint format crds demo demo-local bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
 	@test -n "$(UV)" || { echo "uv is required and could not be installed (see above)" >&2; exit 1; }
@@ -33,6 +33,9 @@ images: setup  ## the operator and runtime images, built by buildah without a re
 
 test-realnodes: setup tools images  ## only the real-node suite: real kubelets + containerd run the images (root)
 	$(RUN) python -m pytest tests/realnodes
+
+test-gpu: setup  ## on a machine with a CUDA GPU: GPU suite, runtime suites, engines benchmark on the GPU
+	PYTHON=.venv/bin/python hack/gpu-check.sh out/gpu-check
 
 test-fast: setup  ## pure unit and single-process tests only
 	$(RUN) python -m pytest tests/unit

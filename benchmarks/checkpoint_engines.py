@@ -1,7 +1,7 @@
 """Checkpoint engines compared: the sharded runtime engine vs plain DCP vs torch.save.
 
     python benchmarks/checkpoint_engines.py --json OUT [--quick | --size-mib N] [--rounds 5]
-        [--dir FOLDER] [--configs single,ddp4,fsdp4]
+        [--dir FOLDER] [--configs single,ddp4,fsdp4] [--device cpu|cuda]
 
 For one state (a Linear/LayerNorm stack plus Adam, about 1 GiB in total; 96 MiB with --quick)
 and each configuration (1 process; 4-rank DDP, where the state is replicated; 4-rank FSDP2,
@@ -26,6 +26,11 @@ least 3; the engine order rotates each round):
   ranks into one newly allocated buffer each, what any loader of a relaunched job pays at
   least;
 - bytes written per checkpoint; the 1-minute load average at the start of every round.
+
+``--device cuda`` keeps the model and optimizer state on GPU ``LOCAL_RANK`` (a configuration
+needs a GPU per rank: one GPU runs ``single``): saves copy device to host, loads host to
+device, and every timed step ends with a device synchronize. The raw read and write stay host
+I/O, the disk's bandwidth.
 
 Times are the slowest rank's. The rounds, medians, cache drops, conditions (CPUs, load average,
 versions) and target checks are ``harness.py``'s, shared with ``checkpoint.py``. The JSON has,
@@ -89,9 +94,32 @@ not fit the 15 minutes a benchmark may hold the shared machine; 3 rounds still g
 that one outlier cannot move."""
 CONFIGS = {"single": ("single", 1), "ddp4": ("ddp", 4), "fsdp4": ("fsdp", 4)}
 ENGINES = ("runtime", "dcp", "torch")
+DEVICE = torch.device("cpu")
+"""Where the state lives: ``--device`` in every benchmark process, GPU ``LOCAL_RANK`` for cuda."""
+
+
+def use_device(kind: str) -> None:
+    global DEVICE  # noqa: PLW0603 - one per process, set once from its arguments
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is available here")
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(DEVICE)
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 # ---------------------------------------------------------------------------- the state
+def init_group() -> None:
+    if DEVICE.type == "cuda":
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=DEVICE)
+    else:
+        dist.init_process_group("gloo")
+
+
 def build(layout: str, total_bytes: int, world: int) -> tuple[nn.Module, nn.Module, Any]:
     width = 2048 if total_bytes >= 512 * MiB else 512
     blocks = max(1, total_bytes // 3 // ((width * width + 3 * width) * 4))
@@ -99,7 +127,7 @@ def build(layout: str, total_bytes: int, world: int) -> tuple[nn.Module, nn.Modu
     layers: list[nn.Module] = []
     for _ in range(blocks):
         layers += [nn.Linear(width, width), nn.LayerNorm(width)]
-    model = nn.Sequential(*layers)
+    model = nn.Sequential(*layers).to(DEVICE)
     wrapped: nn.Module = model
     if layout == "ddp":
         wrapped = nn.parallel.DistributedDataParallel(model)
@@ -107,7 +135,7 @@ def build(layout: str, total_bytes: int, world: int) -> tuple[nn.Module, nn.Modu
         from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(DEVICE.type, (world,))
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
@@ -117,13 +145,14 @@ def build(layout: str, total_bytes: int, world: int) -> tuple[nn.Module, nn.Modu
 
 
 def forward_backward(wrapped: nn.Module, width: int) -> None:
-    wrapped(torch.randn(8, width)).square().mean().backward()
+    wrapped(torch.randn(8, width, device=DEVICE)).square().mean().backward()
 
 
 def train_step(wrapped: nn.Module, opt: Any, width: int) -> None:
     forward_backward(wrapped, width)
     opt.step()
     opt.zero_grad(set_to_none=False)
+    sync()
 
 
 def local_tree(tree: Any) -> Any:
@@ -156,7 +185,7 @@ class Rank:
     def __init__(self, args: argparse.Namespace) -> None:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.world > 1:
-            dist.init_process_group("gloo")
+            init_group()
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.coord = Coordinator()
         self.root = Path(args.dir)
@@ -265,6 +294,7 @@ class Rank:
         port = self.coord.broadcast(free_port() if self.rank == 0 else 0)
         env = {**os.environ, "MASTER_PORT": str(port)}
         cmd = [sys.executable, __file__, "--resume-worker", what, "--layout", self.layout]
+        cmd += ["--device", DEVICE.type]
         cmd += ["--bytes", str(self.total), "--dir", str(self.root), "--round", str(round_)]
         cmd += ["--read-bytes", str(nbytes)]
         proc = subprocess.run(
@@ -302,6 +332,7 @@ class Rank:
         self.barrier()
         t = time.perf_counter()
         out = fn(*a)
+        sync()
         self.barrier()
         return time.perf_counter() - t, out
 
@@ -390,7 +421,7 @@ def resume_worker(args: argparse.Namespace) -> None:
     first step's extra time (or, for ``raw-fresh``, a raw read into fresh memory)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        dist.init_process_group("gloo")
+        init_group()
     rank = dist.get_rank() if world > 1 else 0
     coord = Coordinator()
     model, wrapped, opt = build(args.layout, args.bytes, world)  # untimed, touched
@@ -422,6 +453,7 @@ def resume_worker(args: argparse.Namespace) -> None:
     cold()  # ends at a barrier: every rank starts the clock together
     t = time.perf_counter()
     nread = read()
+    sync()
     coord.barrier()
     took = time.perf_counter() - t
     if args.resume_worker != "raw-fresh":
@@ -498,6 +530,7 @@ def run_config(name: str, args: argparse.Namespace, total: int) -> dict[str, Any
     layout, world = CONFIGS[name]
     result = args.dir / f"{name}.json"
     base = [sys.executable, __file__, "--worker", "--layout", layout, "--bytes", str(total)]
+    base += ["--device", args.device]
     base += ["--rounds", str(args.rounds), "--dir", str(args.dir / name), "--result", str(result)]
     port = 29500 + os.getpid() % 1000
     procs = []
@@ -550,6 +583,10 @@ TARGETS: Targets = {
 }
 
 
+def device_name(kind: str) -> str:
+    return torch.cuda.get_device_name(0) if kind == "cuda" else "cpu"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
@@ -558,6 +595,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--dir", type=Path, default=Path("out/bench-engines"))
     ap.add_argument("--configs", default="single,ddp4,fsdp4")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the state lives (cuda: a GPU per rank)",
+    )
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--resume-worker", choices=[*ENGINES, "raw-fresh"])
     ap.add_argument("--round", type=int, default=0)
@@ -566,6 +609,7 @@ def main() -> None:
     ap.add_argument("--bytes", type=int, default=0)
     ap.add_argument("--result", default="")
     args = ap.parse_args()
+    use_device(args.device)
     if args.worker:
         worker(args)
         return
@@ -578,6 +622,17 @@ def main() -> None:
         ap.error(
             f"--rounds={args.rounds}: at least {MIN_ENGINE_ROUNDS} rounds for a median to mean much"
         )
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(
+            f"--configs: unknown {unknown}; expected a comma-separated subset of {list(CONFIGS)}"
+        )
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count()
+        short = [c for c in configs if CONFIGS[c][1] > gpus]
+        if short:
+            ap.error(f"--device cuda: {short} need a GPU per rank; this machine has {gpus}")
     total = (args.size_mib or (96 if args.quick else 1024)) * MiB
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
@@ -589,9 +644,10 @@ def main() -> None:
         "quick": args.quick,
         "size_mib": total // MiB,
         "rounds": args.rounds,
+        "device": device_name(args.device),
         "conditions": conditions(page_cache_dropped=dropped),
     }
-    for name in args.configs.split(","):
+    for name in configs:
         print(f"[bench] {name}: {total / MiB:.0f} MiB state, {args.rounds} rounds", flush=True)
         raw = run_config(name, args, total)
         samples = Samples()

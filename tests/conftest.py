@@ -15,12 +15,14 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tools.controlplane import CLUSTER_SH, ControlPlane, ControlPlaneError, binaries_ready
-from tools.kubeapi import ApiError, Kube
 from tools.waiting import wait_for
+
+if TYPE_CHECKING:
+    from tools.controlplane import ControlPlane
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEST_CLUSTER_NAME = os.environ.get("RTJ_TEST_CLUSTER_NAME", "rtj-test")
@@ -47,6 +49,15 @@ def control_plane() -> Iterator[ControlPlane]:
 
     ``RTJ_TEST_KEEP_CLUSTER=1`` leaves it up at the end (and the next session reuses it).
     """
+    # Imported here, not at the top: the runtime's suites (tests/unit, tests/multiproc) run
+    # with the runtime extra alone, without the operator's Kubernetes client.
+    from tools.controlplane import (
+        CLUSTER_SH,
+        ControlPlane,
+        ControlPlaneError,
+        binaries_ready,
+    )
+
     require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
     if not IN_CI:
         # Locally, never start a tens-of-minutes build from a test run.
@@ -86,6 +97,8 @@ def make_namespace(kubeconfig: str) -> Iterator[NamespaceFactory]:
     ``make_namespace(prefix, labels=None)`` waits for the namespace's default ServiceAccount
     (pods need it) and returns the name.
     """
+    from tools.kubeapi import ApiError, Kube
+
     kube = Kube(kubeconfig)
     made: list[str] = []
 

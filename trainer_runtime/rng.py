@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import torch
+import xxhash
 
 try:
     import numpy as np
@@ -55,6 +56,39 @@ def restore(state: dict[str, Any]) -> None:
             )
         )
     if "cuda" in state and torch.cuda.is_available():
-        states = state["cuda"]
-        if len(states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(states)
+        # One state per device the saving process saw. A pod with another number of GPUs
+        # restores the devices both have; a device the checkpoint lacks keeps its seed.
+        for index, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)
+
+
+def derived(saved: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Generator state for a rank that did not exist when the checkpoint was saved.
+
+    Seeded from rank 0's saved torch generator state and the new rank, so the stream is
+    reproducible (same checkpoint, same rank: same numbers) and differs from every other rank.
+    CUDA generators, when the checkpoint has them and this process has CUDA, are seeded the
+    same way, one per device, each device differently.
+    """
+    seed_src = saved["torch"].numpy().tobytes() + f"/rank{rank}".encode()
+    seed = xxhash.xxh3_64_intdigest(seed_src) & ((1 << 63) - 1)
+    version, internal, gauss = random.Random(seed).getstate()
+    out: dict[str, Any] = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
+    out["torch"] = torch.Generator().manual_seed(seed).get_state()
+    if "numpy" in saved and np is not None:
+        kind, keys, pos, has_gauss, cached = np.random.RandomState(seed % (1 << 32)).get_state(
+            legacy=True
+        )
+        out["numpy"] = {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    if "cuda" in saved and torch.cuda.is_available():
+        out["cuda"] = [
+            torch.Generator(device=f"cuda:{index}").manual_seed(seed + 1 + index).get_state()
+            for index in range(min(len(saved["cuda"]), torch.cuda.device_count()))
+        ]
+    return out

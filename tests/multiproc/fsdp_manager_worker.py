@@ -5,12 +5,15 @@ each batch's input drawn from a generator seeded by batch and rank (so a resumed
 same data), and closes the manager (twice: close is idempotent). With ``--out`` every rank
 writes the gathered full model and optimizer state to ``<out>/<tag>.rank<r>.pt`` and what it
 resumed, saved and released to ``<out>/<tag>.rank<r>.json``, so the tests can compare a
-resumed run with an uninterrupted one."""
+resumed run with an uninterrupted one. ``--device cuda`` puts each rank's shards on GPU
+``LOCAL_RANK`` (NCCL for CUDA tensors, gloo for the rest); the data is drawn on the CPU either
+way, so a CUDA run and a CPU run see the same batches."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -37,13 +40,21 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--tag", default="run")
     ap.add_argument("--load-path", help="start from this checkpoint (full state)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(3)])
-    mesh = init_device_mesh("cpu", (world,))
+    model.to(device)
+    mesh = init_device_mesh(device.type, (world,))
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -60,7 +71,7 @@ def main() -> None:
     resumed = ckpt.resume()
     while ckpt.timestamp.batch < args.steps:
         gen = torch.Generator().manual_seed(1000 * ckpt.timestamp.batch + rank)
-        x = torch.randn(8, args.width, generator=gen)
+        x = torch.randn(8, args.width, generator=gen).to(device)
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()

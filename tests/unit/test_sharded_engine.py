@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 
+from trainer_runtime import rng
 from trainer_runtime.dist import Coordinator
 from trainer_runtime.errors import (
     CorruptCheckpointError,
@@ -28,7 +29,6 @@ from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
 from trainer_runtime.sampler import ResumableSampler
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, check_files_present
-from trainer_runtime.sharded.engine import derived_rng
 from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import read_metadata_bytes
 from trainer_runtime.state import Components
@@ -373,7 +373,7 @@ def test_staging_buffers_are_reused_between_saves():
 
 def test_derived_rng_is_reproducible_and_distinct_per_rank():
     saved = {"torch": torch.get_rng_state()}
-    a1, a2, b = derived_rng(saved, 1), derived_rng(saved, 1), derived_rng(saved, 2)
+    a1, a2, b = rng.derived(saved, 1), rng.derived(saved, 1), rng.derived(saved, 2)
     assert torch.equal(a1["torch"], a2["torch"])
     assert not torch.equal(a1["torch"], b["torch"])
     assert not torch.equal(a1["torch"], saved["torch"])

@@ -26,7 +26,6 @@ from __future__ import annotations
 import fnmatch
 import io
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -341,7 +340,7 @@ class ShardedEngine:
         )
         rng_mode = "none" if weights_only or "rng" not in data else "restored"
         if rng_mode != "none" and saved_ws != self.world_size and self.rank >= saved_ws:
-            data["rng"] = derived_rng(data["rng"], self.rank)
+            data["rng"] = rng.derived(data["rng"], self.rank)
             rng_mode = "derived"
         small = state_mod.Components(
             schedulers=self.components.schedulers,
@@ -428,32 +427,6 @@ def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]
         {**{k: v for k, v in live.items() if k != "params"}, "params": old["params"]}
         for old, live in zip(cached, opt.param_groups, strict=True)
     ]
-
-
-def derived_rng(saved: dict[str, Any], rank: int) -> dict[str, Any]:
-    """RNG state for a rank that did not exist when the checkpoint was saved.
-
-    Seeded from rank 0's saved torch generator state and the new rank, so the stream is
-    reproducible (same checkpoint, same rank: same numbers) and differs from every other rank.
-    """
-    seed_src = saved["torch"].numpy().tobytes() + f"/rank{rank}".encode()
-    seed = xxhash.xxh3_64_intdigest(seed_src) & ((1 << 63) - 1)
-    gen = torch.Generator().manual_seed(seed)
-    py = random.Random(seed)
-    version, internal, gauss = py.getstate()
-    out = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
-    out["torch"] = gen.get_state()
-    if "numpy" in saved and rng.np is not None:
-        np_state = rng.np.random.RandomState(seed % (1 << 32)).get_state(legacy=True)
-        kind, keys, pos, has_gauss, cached = np_state
-        out["numpy"] = {
-            "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype("int64")),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
-    return out
 
 
 def _failures(exc: CheckpointException) -> str:

@@ -3,10 +3,12 @@
 Staging is what makes an async save safe: the persisting thread writes a copy, so training may
 change the live tensors as soon as the copy is done. The copy goes into buffers allocated
 before the first save (``preallocate``, after the first optimizer step) or by it, and reused by
-every later one (pinned when CUDA is in use, so device-to-host
-copies run at full bus speed and need no page faults), the way DCP's ``DefaultStager`` caches
-its storages. The same buffers are the target of a load: a checkpoint is read and verified into
-them, and only a verified, complete read is copied into the live tensors.
+every later one (pinned for tensors that live on a GPU, so device-to-host copies run at full
+bus speed, asynchronously, and need no page faults), the way DCP's ``DefaultStager`` caches
+its storages. A CPU tensor gets an ordinary buffer even where CUDA is available: pinning it
+would buy nothing and cost every rank process a CUDA context. The same buffers are the target
+of a load: a checkpoint is read and verified into them, and only a verified, complete read is
+copied into the live tensors.
 
 DTensors (FSDP2, tensor parallel) are staged by their local shard and re-wrapped with the same
 mesh and placements, so DCP plans the staged copy exactly as it would the live state.
@@ -27,7 +29,8 @@ class HostStager:
     """Copies (or allocates) a nested state dict into reused host buffers, keyed by path."""
 
     def __init__(self, *, pin_memory: bool | None = None) -> None:
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        """``pin_memory``: None pins the buffers of CUDA tensors only; True or False all."""
+        self.pin_memory = pin_memory
         self._buffers: dict[str, torch.Tensor] = {}
         self._only: set[str] | None = None
         self._devices: set[torch.device] = set()
@@ -73,9 +76,8 @@ class HostStager:
     def _buffer(self, path: str, like: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(path)
         if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
-            buf = torch.empty(
-                like.shape, dtype=like.dtype, device="cpu", pin_memory=self.pin_memory
-            )
+            pin = like.device.type == "cuda" if self.pin_memory is None else self.pin_memory
+            buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pin)
             self._buffers[path] = buf
         return buf
 
@@ -86,8 +88,7 @@ class HostStager:
             local = obj.to_local()
             buf = self._buffer(path, local)
             if copy:
-                self._note_device(local)
-                buf.copy_(local.detach(), non_blocking=self.pin_memory)
+                self._copy(buf, local)
             return DTensor.from_local(
                 buf,
                 obj.device_mesh,
@@ -99,8 +100,7 @@ class HostStager:
         if isinstance(obj, torch.Tensor):
             buf = self._buffer(path, obj)
             if copy:
-                self._note_device(obj)
-                buf.copy_(obj.detach(), non_blocking=self.pin_memory)
+                self._copy(buf, obj)
             return buf
         if isinstance(obj, dict):
             return type(obj)((k, self._map(v, f"{path}/{k}", copy=copy)) for k, v in obj.items())
@@ -109,9 +109,13 @@ class HostStager:
             return items if isinstance(obj, list) else tuple(items)
         return obj
 
-    def _note_device(self, t: torch.Tensor) -> None:
-        if t.device.type == "cuda":
-            self._devices.add(t.device)
+    def _copy(self, buf: torch.Tensor, live: torch.Tensor) -> None:
+        """Device-to-host into a pinned buffer runs asynchronously (``synchronize`` waits)."""
+        if live.device.type == "cuda" and buf.is_pinned():
+            self._devices.add(live.device)
+            buf.copy_(live.detach(), non_blocking=True)
+        else:
+            buf.copy_(live.detach())
 
     def synchronize(self) -> None:
         """Wait for non-blocking device-to-host copies (no-op without CUDA).
@@ -119,9 +123,8 @@ class HostStager:
         Every device copied from: staging runs on a thread of its own, whose current device
         is not the rank's (``torch.cuda.synchronize()`` alone would wait for device 0 only,
         and synchronizing devices the rank does not use would create contexts on them)."""
-        if self.pin_memory and torch.cuda.is_available():
-            for device in self._devices:
-                torch.cuda.synchronize(device)
+        for device in self._devices:
+            torch.cuda.synchronize(device)
         self._devices.clear()
 
 
