@@ -19,8 +19,12 @@ GPU_TESTS_S=${GPU_TESTS_S:-180}
 RUNTIME_TESTS_S=${RUNTIME_TESTS_S:-240}
 BENCH_GPU_S=${BENCH_GPU_S:-200}
 BENCH_CPU_S=${BENCH_CPU_S:-0}        # 0: skip the CPU configurations
+BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"
+# The suites start training processes of their own: they import the runtime from this checkout
+# whether or not it is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 failed=()
 
@@ -60,7 +64,7 @@ step bench-gpu "$BENCH_GPU_S" "$PYTHON" benchmarks/checkpoint_engines.py --devic
     --json "$OUT_DIR/engines-gpu.json" --dir /tmp/rtj-bench-gpu
 if [ "$BENCH_CPU_S" -gt 0 ]; then
     step bench-cpu "$BENCH_CPU_S" "$PYTHON" benchmarks/checkpoint_engines.py \
-        --configs single,fsdp4,ddp4 --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
+        --configs "$BENCH_CPU_CONFIGS" --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
         --json "$OUT_DIR/engines-cpu.json" --dir /tmp/rtj-bench-cpu
 fi
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -22,6 +22,7 @@ the kernel (``release_unused``).
 
 from __future__ import annotations
 
+import inspect
 import io
 import logging
 import mmap
@@ -41,6 +42,13 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 64 << 20
 _OWN_STORAGE_MIN = 1 << 20  # smaller records stay in the shared buffer
+
+
+def _takes_weights_only(private_load: Any) -> bool:
+    try:
+        return "weights_only" in inspect.signature(private_load).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class VerifiedFile:
@@ -67,13 +75,16 @@ class VerifiedFile:
         self._records = {}  # from here on the loaded tree alone keeps them alive
         if trusted:
             return private_load(zip_file, "cpu", pickle, overall_storage=slices)
+        # Newer torch also takes weights_only here; before it (2.11 and older), the restricted
+        # unpickler module alone is what torch.load's weights_only passes.
+        extra = {"weights_only": True} if _takes_weights_only(private_load) else {}
         try:
             return private_load(
                 zip_file,
                 "cpu",
                 torch.serialization._weights_only_unpickler,
                 overall_storage=slices,
-                weights_only=True,
+                **extra,
             )
         except pickle.UnpicklingError as exc:
             raise pickle.UnpicklingError(torch.serialization._get_wo_message(str(exc))) from None

@@ -29,8 +29,12 @@ from trainer_runtime import CheckpointManager
 out = Path(sys.argv[1])
 
 class TornDown:
-    def __del__(self):
-        (out / "torn-down").write_text("yes")
+    # Late in shutdown, module globals and builtins may be gone, and pathlib may need an import
+    # (Python 3.12): everything __del__ uses is bound when the class is made.
+    def __del__(self, marker=str(out / "torn-down"), os=os):
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"yes")
+        os.close(fd)
 
 keep = TornDown()
 atexit.register(lambda: (out / "atexit").write_text("yes"))
