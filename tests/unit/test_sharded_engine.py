@@ -6,6 +6,7 @@ Multi-rank behaviour (dedup, resharding, FSDP2) is in tests/multiproc/test_shard
 from __future__ import annotations
 
 import enum
+import gc
 import io
 import json
 import os
@@ -418,3 +419,23 @@ def test_every_async_save_copies_at_full_priority_though_persisting_yields(tmp_p
     ck.close()
     assert lowered > main, "the persisting thread was expected to yield (the premise)"
     assert [p for _, p in seen] == [main] * 3, seen
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_load_runs_without_cyclic_gc_and_leaves_the_collector_as_it_found_it(
+    tmp_path, enabled_before
+):
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    _, _, _, target = make(seed=1)
+    seen: list[bool] = []
+    empty_like = target.stager.empty_like
+    target.stager.empty_like = lambda tree: seen.append(gc.isenabled()) or empty_like(tree)
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        target.load(folder, Manifest.read(folder))
+        after = gc.isenabled()
+    finally:
+        gc.enable()
+    assert seen == [False]
+    assert after is enabled_before
