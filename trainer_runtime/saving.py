@@ -132,9 +132,9 @@ class Saver:
         pos.last_saved_key = key
         timing = SaveTiming()
         if not use_async:  # written before training continues: no copy needed
-            saved = self._persist(data, None, ts, checkpoint, latest, started, timing, called)
-            timing.call_s = time.perf_counter() - called
-            return saved
+            # _persist records the hold (the whole call) before it reports the commit, so the
+            # event's held_s and SavedCheckpoint.held_s are one figure.
+            return self._persist(data, None, ts, checkpoint, latest, started, timing, called)
         data = self._copy_buffers(data)
         gate = self._gate = StagingGate(timing)
         if self._executor is None:

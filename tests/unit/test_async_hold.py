@@ -61,7 +61,7 @@ def test_a_step_after_the_copy_is_not_held(tmp_path):
     ck.close(save=False)
 
 
-def test_a_sync_save_holds_training_for_the_whole_call(tmp_path):
+def test_a_sync_save_holds_training_for_the_whole_call(tmp_path, capsys):
     comps = make()
     model, opt, sched, _ = comps
     ck = manager(tmp_path, comps, interval="1000ba")
@@ -73,6 +73,8 @@ def test_a_sync_save_holds_training_for_the_whole_call(tmp_path):
     ck.close(save=False)
     assert saved is not None
     assert saved.timing.waited_s == 0.0 and 0 < saved.held_s <= call_s
+    (event,) = events.read_events(capsys.readouterr().err, "committed")
+    assert event.fields["held_s"] == round(saved.held_s, 3)  # one figure, reported and kept
 
 
 def test_staging_buffers_are_allocated_after_the_first_step_and_reused_by_the_save(tmp_path):
