@@ -18,21 +18,30 @@ except ImportError:  # numpy is optional for users; the runtime works without it
     np = None  # type: ignore[assignment]
 
 
+def _python_state(generator_state: tuple) -> dict[str, Any]:
+    version, internal, gauss = generator_state
+    return {"version": version, "state": list(internal), "gauss": gauss}
+
+
+def _numpy_state(legacy_state: tuple) -> dict[str, Any]:
+    """numpy's legacy generator state as plain values and a tensor (weights_only-safe)."""
+    kind, keys, pos, has_gauss, cached = legacy_state
+    return {
+        "kind": str(kind),
+        "keys": torch.from_numpy(keys.astype("int64")),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+
+
 def capture() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "python": _python_state(random.getstate()),
         "torch": torch.get_rng_state(),
     }
     if np is not None:
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        state["numpy"] = {
-            "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype("int64")),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
+        state["numpy"] = _numpy_state(np.random.get_state(legacy=True))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -72,20 +81,13 @@ def derived(saved: dict[str, Any], rank: int) -> dict[str, Any]:
     """
     seed_src = saved["torch"].numpy().tobytes() + f"/rank{rank}".encode()
     seed = xxhash.xxh3_64_intdigest(seed_src) & ((1 << 63) - 1)
-    version, internal, gauss = random.Random(seed).getstate()
-    out: dict[str, Any] = {"python": {"version": version, "state": list(internal), "gauss": gauss}}
-    out["torch"] = torch.Generator().manual_seed(seed).get_state()
+    out: dict[str, Any] = {
+        "python": _python_state(random.Random(seed).getstate()),
+        "torch": torch.Generator().manual_seed(seed).get_state(),
+    }
     if "numpy" in saved and np is not None:
-        kind, keys, pos, has_gauss, cached = np.random.RandomState(seed % (1 << 32)).get_state(
-            legacy=True
-        )
-        out["numpy"] = {
-            "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype("int64")),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
+        seeded = np.random.RandomState(seed % (1 << 32))
+        out["numpy"] = _numpy_state(seeded.get_state(legacy=True))
     if "cuda" in saved and torch.cuda.is_available():
         out["cuda"] = [
             torch.Generator(device=f"cuda:{index}").manual_seed(seed + 1 + index).get_state()
