@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tools.ports import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 class Gang:
     def __init__(
@@ -38,6 +40,10 @@ class Gang:
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
+                # The runtime of this checkout, whether or not it is installed.
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+                ),
                 # A rank that aborts (SIGABRT, SIGSEGV) leaves every thread's Python stack in
                 # its log, which names the thread still running at exit.
                 "PYTHONFAULTHANDLER": "1",
