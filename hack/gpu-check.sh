@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runtime on a machine with a CUDA GPU, in one run: the GPU suite (tests/gpu), the runtime's
-# own suites (tests/unit, tests/multiproc: with CUDA present, staging buffers are pinned), and
-# the checkpoint-engines benchmark with the state on the GPU, then on the CPUs.
+# own suites (tests/unit, tests/multiproc) in a process where CUDA is available, and the
+# checkpoint-engines benchmark with the state on the GPU, then on the CPUs.
 #
 #   hack/gpu-check.sh [OUT_DIR]        (default out/gpu-check)
 #
@@ -22,9 +22,6 @@ BENCH_CPU_S=${BENCH_CPU_S:-0}        # 0: skip the CPU configurations
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"
-# The suites start training processes of their own: they import the runtime from this checkout
-# whether or not it is installed.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 failed=()
 
