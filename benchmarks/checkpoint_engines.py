@@ -539,6 +539,7 @@ def run_config(name: str, args: argparse.Namespace, total: int) -> dict[str, Any
             **os.environ,
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),  # as torchrun sets it: all ranks share this node
             "WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),

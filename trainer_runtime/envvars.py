@@ -11,6 +11,9 @@ from __future__ import annotations
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"
+# Set by torchrun (the processes it started on this node); the operator does not inject it.
+# The load splits its reading threads over the node's processes by it.
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 

@@ -8,20 +8,18 @@ its chunks is exact and checks every chunk. Their speed is measured in benchmark
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from trainer_runtime.sharded import storage
-from trainer_runtime.sharded.storage import (
-    ChunkDigestError,
-    HashingWriter,
-    VerifyingReader,
-    start_writeback,
-)
+from trainer_runtime.sharded import reading
+from trainer_runtime.sharded.reading import VerifyingReader
+from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -63,7 +61,7 @@ def test_start_writeback_ignores_what_it_cannot_do(tmp_path):
 
 
 def test_a_load_read_in_blocks_smaller_than_its_chunks_is_exact(tmp_path):
-    assert state()["big"].numel() * 4 > storage._READ_BLOCK  # the big chunk spans blocks
+    assert state()["big"].numel() * 4 > reading.READ_BLOCK  # the big chunk spans blocks
     save(tmp_path, write_behind=True)
     target = {k: torch.empty_like(v) for k, v in state().items()}
     reader = VerifyingReader(tmp_path)
@@ -78,7 +76,7 @@ def test_a_flipped_byte_in_a_later_block_of_a_chunk_fails_the_load(tmp_path):
     data = next(e for e in writer.written if e.path.endswith(".distcp"))
     path = tmp_path / data.path
     raw = bytearray(path.read_bytes())
-    at = len(raw) - storage._READ_BLOCK // 2  # inside the last block the reader reads
+    at = len(raw) - reading.READ_BLOCK // 2  # inside the last block the reader reads
     raw[at] ^= 0x01
     path.write_bytes(bytes(raw))
     target = {k: torch.empty_like(v) for k, v in state().items()}
@@ -86,3 +84,72 @@ def test_a_flipped_byte_in_a_later_block_of_a_chunk_fails_the_load(tmp_path):
         dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
     ((cause, _trace),) = failure.value.failures.values()
     assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
+
+
+def flip_byte_in_last_chunk(folder: Path, writer: HashingWriter) -> None:
+    data = next(e for e in writer.written if e.path.endswith(".distcp"))
+    path = folder / data.path
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_a_load_is_exact_with_and_without_the_page_mapping_thread(tmp_path, prefault):
+    save(tmp_path, write_behind=True)
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    dcp.load(target, storage_reader=VerifyingReader(tmp_path, prefault=prefault), no_dist=True)
+    for key, value in state().items():
+        assert torch.equal(target[key], value), key
+
+
+def test_every_target_is_mapped_once_whichever_thread_gets_there_first(monkeypatch):
+    mapped: list[int] = []
+    monkeypatch.setattr(reading, "populate_for_write", lambda t: mapped.append(t.data_ptr()))
+    targets = [torch.empty(1 << 16) for _ in range(64)]
+    pages = reading._Prefaulter([*targets, None], helper=True)
+    for index in range(len(targets) + 1):  # the reader, racing the helper
+        pages.before_read(index)
+    pages.close()
+    assert sorted(mapped) == sorted(t.data_ptr() for t in targets)
+
+
+def test_a_failed_load_stops_the_mapping_thread_and_unpickles_nothing(tmp_path):
+    torch.manual_seed(0)
+    saved = {"meta": {"step": 7}, "first": torch.randn(1 << 20), "last": torch.randn(1 << 20)}
+    writer = HashingWriter(tmp_path)
+    dcp.save(saved, storage_writer=writer, no_dist=True)
+    flip_byte_in_last_chunk(tmp_path, writer)
+
+    unpickled: list[str] = []
+
+    class Recording(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            unpickled.append(read_item.dest_index.fqn)
+            super().load_bytes(read_item, value)
+
+    target = {"meta": {"step": 0}, "first": torch.zeros(1 << 20), "last": torch.zeros(1 << 20)}
+    with pytest.raises(CheckpointException):
+        dcp.load(
+            target,
+            storage_reader=VerifyingReader(tmp_path, prefault=True),
+            planner=Recording(),
+            no_dist=True,
+        )
+    assert unpickled == [] and target["meta"] == {"step": 0}
+    assert not [t for t in threading.enumerate() if t.name == "rtj-prefault"]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "local_world_size", "expected"),
+    [(16, None, True), (16, "8", True), (16, "16", False), (1, None, False), (4, "bad", True)],
+)
+def test_the_mapping_thread_runs_only_with_a_spare_cpu_per_local_process(
+    monkeypatch, cpus, local_world_size, expected
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    assert reading.prefault_thread() is expected

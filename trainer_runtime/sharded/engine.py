@@ -55,8 +55,9 @@ from ..dist import Coordinator
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
 from . import optim_target
+from .reading import VerifyingReader
 from .staging import HostStager, copy_into_live
-from .storage import METADATA_NAME, HashingWriter, VerifyingReader, read_metadata_bytes
+from .storage import METADATA_NAME, HashingWriter, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
 

@@ -39,15 +39,10 @@ from typing import Any
 
 import torch
 import xxhash
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItemType,
@@ -57,22 +52,11 @@ from torch.futures import Future
 
 from .. import atomic
 from ..manifest import FileEntry
-from ..pages import populate_for_write
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
 _IO_BLOCK = 16 << 20
 """Writes go in blocks this size; the hashing thread hashes one while the next is written."""
-_READ_BLOCK = 1 << 20
-"""Reads go in blocks this size, each hashed on the reading thread as soon as it lands, while
-it is still in the CPU cache. Measured in relaunched processes (1 GiB, page cache dropped,
-medians of 6, interleaved): 1 MiB blocks hashed in line loaded in 0.75 s, 16 MiB 0.82 s,
-64 MiB 0.80 s; 16 MiB hashed on a second thread with a page-touching thread ahead of the reader
-(the earlier design) 1.03 s. On 2 cores the extra threads only competed with the read's own
-page faults; the target's pages are now made present in one call first
-(``pages.populate_for_write``). Hashing on a second thread with 1 MiB blocks measured the same
-as hashing in line (0.76 s against 0.76 s), so the simpler one stays.
-docs/sharded-checkpoints.md has the figures."""
 
 
 class ChunkDigestError(OSError):
@@ -95,7 +79,7 @@ class HashPipeline:
 
     ``xxhash`` and ``os.pwrite`` release the GIL, so hashing the block just written overlaps
     writing the next one: a chunk costs max(write, hash) instead of their sum. One thread keeps
-    the order, which streaming digests need. (Loads hash in line: see ``_READ_BLOCK``.)
+    the order, which streaming digests need. (Loads hash in line: see ``reading.READ_BLOCK``.)
     """
 
     def __init__(self) -> None:
@@ -333,161 +317,6 @@ def read_metadata_bytes(blob: bytes, *, trusted: bool) -> Metadata:
     if trusted:
         return pickle.loads(blob)  # noqa: S301 - the caller trusts this checkpoint's source
     return _MetadataUnpickler(io.BytesIO(blob)).load()
-
-
-class VerifyingReader(FileSystemReader):
-    """DCP storage reader for ``HashingWriter`` folders: checks every chunk's digest as read.
-
-    With ``expected_metadata`` (size, digest) from the manifest, the ``.metadata`` file itself is
-    verified before anything in it is trusted.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        expected_metadata: FileEntry | None = None,
-        trusted: bool = False,
-        metadata: Metadata | None = None,
-    ) -> None:
-        """``metadata``: already read and verified by the caller (saves a second parse)."""
-        super().__init__(path)
-        self.expected_metadata = expected_metadata
-        self._metadata = metadata
-        self.trusted = trusted
-        self.bytes_read = 0
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if self._metadata is not None:
-            metadata = self._metadata
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-        path = Path(self.path) / METADATA_NAME
-        blob = path.read_bytes()
-        expected = self.expected_metadata
-        if expected is not None and (
-            len(blob) != expected.size or xxhash.xxh3_128_hexdigest(blob) != expected.xxh3_128
-        ):
-            raise ChunkDigestError(f"{path} does not match its manifest entry (size or checksum)")
-        metadata = read_metadata_bytes(blob, trusted=self.trusted)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
-                item
-            )
-        done: list[tuple[ReadItem, torch.Tensor]] = []
-        for rel, items in per_file.items():
-            items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
-            fd = os.open(Path(self.path) / rel, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-                for item in items:
-                    self._read_item(fd, rel, item, planner, done=done)
-            finally:
-                os.close(fd)
-        for item, target in done:
-            planner.commit_tensor(item, target)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-    def _read_item(
-        self,
-        fd: int,
-        rel: str,
-        item: ReadItem,
-        planner: LoadPlanner,
-        *,
-        done: list[tuple[ReadItem, torch.Tensor]],
-    ) -> None:
-        info: RawChunk = self.storage_data[item.storage_index]
-        if not isinstance(info, RawChunk):
-            raise ChunkDigestError(f"{rel}: not written by this runtime's sharded writer")
-        if item.type == LoadItemType.BYTE_IO:  # verified before it is unpickled
-            buf = bytearray(info.length)
-            self._read_verified(fd, rel, info, memoryview(buf))
-            planner.load_bytes(item, io.BytesIO(buf))
-            return
-        assert info.dtype is not None and info.shape is not None
-        dtype = getattr(torch, info.dtype)
-        direct = self._direct_target(item, planner)
-        if direct is not None:
-            # Straight into the load target: staging or a fresh optimizer tensor, never live
-            # state, so a chunk that fails its digest has changed nothing the caller keeps.
-            populate_for_write(direct)  # its pages mapped in one call, not one fault each
-            self._read_verified(fd, rel, info, _tensor_bytes_writable(direct))
-            target = direct
-        else:  # part of a chunk (resharding): verify the whole chunk before using any of it
-            target = planner.resolve_tensor(item).detach()
-            buf = bytearray(info.length)
-            self._read_verified(fd, rel, info, memoryview(buf))
-            stored = (
-                torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
-                if info.length
-                else torch.empty(info.shape, dtype=dtype)
-            )
-            target.copy_(narrow_tensor_by_index(stored, item.storage_offsets, item.lengths))
-        done.append((item, target))
-
-    def _direct_target(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor | None:
-        """The tensor a whole stored chunk is read straight into, or None (a tensor item that
-        needs part of a chunk, another dtype or layout, or a pickled object)."""
-        if item.type == LoadItemType.BYTE_IO:
-            return None
-        info = self.storage_data[item.storage_index]
-        if not isinstance(info, RawChunk) or info.dtype is None or info.shape is None:
-            return None
-        target = planner.resolve_tensor(item).detach()
-        whole = tuple(item.lengths) == tuple(info.shape) and not any(item.storage_offsets)
-        if (
-            whole
-            and target.device.type == "cpu"
-            and target.dtype == getattr(torch, info.dtype, None)
-            and target.is_contiguous()
-            and target.numel() > 0
-        ):
-            return target
-        return None
-
-    def _read_verified(self, fd: int, rel: str, info: RawChunk, view: memoryview) -> None:
-        """Read one chunk into ``view``, hashing each block right after it lands (while it is
-        still in the CPU cache), and check the chunk's digest."""
-        if len(view) != info.length:
-            raise ChunkDigestError(
-                f"{rel}@{info.offset}: target holds {len(view)} bytes, chunk {info.length}"
-            )
-        digest = xxhash.xxh3_128()
-        done = 0
-        while done < info.length:
-            block = view[done : done + _READ_BLOCK]
-            got = 0
-            while got < len(block):
-                n = os.preadv(fd, [block[got:]], info.offset + done + got)
-                if n == 0:
-                    raise ChunkDigestError(
-                        f"{rel} ends at byte {info.offset + done + got}; the chunk needs "
-                        f"{info.offset + info.length}"
-                    )
-                got += n
-            digest.update(block)
-            done += got
-        self.bytes_read += done
-        if digest.hexdigest() != info.xxh3_128:
-            raise ChunkDigestError(
-                f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
-            )
-
-
-def _tensor_bytes_writable(t: torch.Tensor) -> memoryview:
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
 def chunk_files(metadata: Metadata) -> Sequence[str]:
