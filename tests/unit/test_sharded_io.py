@@ -142,7 +142,7 @@ def test_a_failed_load_stops_the_mapping_thread_and_unpickles_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     ("cpus", "local_world_size", "expected"),
-    [(16, None, True), (16, "8", True), (16, "16", False), (1, None, False), (4, "bad", True)],
+    [(16, None, True), (16, "8", True), (16, "16", False), (1, None, False), (4, "0", True)],
 )
 def test_the_mapping_thread_runs_only_with_a_spare_cpu_per_local_process(
     monkeypatch, cpus, local_world_size, expected
@@ -153,3 +153,11 @@ def test_the_mapping_thread_runs_only_with_a_spare_cpu_per_local_process(
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     assert reading.prefault_thread() is expected
+
+
+def test_a_malformed_local_world_size_is_named_in_a_warning_and_counts_one(monkeypatch, caplog):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with caplog.at_level("WARNING", logger="trainer_runtime"):
+        assert reading.prefault_thread() is True
+    assert "LOCAL_WORLD_SIZE='two': expected a positive integer" in caplog.text

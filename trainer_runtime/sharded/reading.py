@@ -17,6 +17,7 @@ every chunk has passed its digest.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from ..manifest import FileEntry
 from ..pages import populate_for_write
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
+log = logging.getLogger("trainer_runtime")
+
 READ_BLOCK = 1 << 20
 """Reads go in blocks this size, each hashed on the reading thread as soon as it lands, while
 it is still in the CPU cache. Measured in relaunched processes (1 GiB, page cache dropped,
@@ -51,9 +54,18 @@ def prefault_thread() -> bool:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
+    raw = os.environ.get(envvars.LOCAL_WORLD_SIZE, "1")
     try:
-        local = max(1, int(os.environ.get(envvars.LOCAL_WORLD_SIZE, "1")))
+        local = int(raw)
     except ValueError:
+        local = 0
+    if local < 1:
+        log.warning(
+            "%s=%r: expected a positive integer (the processes torchrun started on this "
+            "node); counting 1",
+            envvars.LOCAL_WORLD_SIZE,
+            raw,
+        )
         local = 1
     return cpus // local >= 2
 
