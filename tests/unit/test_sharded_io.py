@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from trainer_runtime.sharded import reading
+from trainer_runtime.sharded import reading, storage
 from trainer_runtime.sharded.reading import VerifyingReader
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
@@ -161,3 +161,11 @@ def test_a_malformed_local_world_size_is_named_in_a_warning_and_counts_one(monke
     with caplog.at_level("WARNING", logger="trainer_runtime"):
         assert reading.prefault_thread() is True
     assert "LOCAL_WORLD_SIZE='two': expected a positive integer" in caplog.text
+
+
+def test_the_reader_is_importable_from_the_package_and_from_its_old_module():
+    from trainer_runtime import sharded
+
+    assert sharded.VerifyingReader is VerifyingReader is storage.VerifyingReader
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        _ = storage.Nothing

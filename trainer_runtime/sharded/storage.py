@@ -321,3 +321,13 @@ def read_metadata_bytes(blob: bytes, *, trusted: bool) -> Metadata:
 
 def chunk_files(metadata: Metadata) -> Sequence[str]:
     return sorted({info.relative_path for info in metadata.storage_data.values()})
+
+
+def __getattr__(name: str) -> Any:
+    """``storage.VerifyingReader``, where the reader lived before ``reading`` (imported lazily:
+    ``reading`` imports this module)."""
+    if name == "VerifyingReader":
+        from .reading import VerifyingReader  # noqa: PLC0415
+
+        return VerifyingReader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
