@@ -6,8 +6,8 @@ kernel's readahead sees one sequential stream). A relaunched process loads into 
 touched, and mapping those pages costs about as much CPU as reading the bytes; where the process
 has a second CPU to itself (``prefault_thread``), a helper thread maps the next targets' pages
 (``pages.populate_for_write``) while the reader waits on the disk. Whichever thread reaches a
-target first maps it, so a helper that falls behind costs nothing. Reading on several threads
-at once was measured too and was slower: docs/sharded-checkpoints.md has the figures.
+target first maps it, so a helper that falls behind costs nothing. Several reading threads
+were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md).
 
 Nothing a failed load reads reaches the caller's live state: every chunk goes into a load target
 (staging, or a fresh optimizer tensor), and pickled objects are handed to the planner only after
