@@ -463,8 +463,8 @@ RAW_READS = ("raw-touched", "raw-fresh")
 
 def raw_reader(folder: Path, rank: int, nbytes: int, *, fresh: bool) -> Callable[[], int]:
     """A plain read of ``nbytes`` of the runtime's data files (this rank's first): into one
-    buffer of that size allocated inside the timed call (``fresh``), or over and over into one
-    64 MiB buffer touched now, before the clock."""
+    buffer of that size allocated inside the timed call, 16 MiB a call (``fresh``), or over and
+    over into one 64 MiB buffer touched now, before the clock, a whole buffer a call."""
     files = sorted(p for p in folder.iterdir() if p.suffix == ".distcp")
     files = files[rank % len(files) :] + files[: rank % len(files)]
     touched = None if fresh else memoryview(bytearray(64 * MiB))  # zero-filled: touched
@@ -476,9 +476,10 @@ def raw_reader(folder: Path, rank: int, nbytes: int, *, fresh: bool) -> Callable
         at = 0
         for file in files:
             with open(file, "rb", buffering=0) as f:
-                while at < nbytes:
-                    start = at % len(view) if touched is not None else at
-                    n = f.readinto(view[start : start + min(16 * MiB, nbytes - at)])
+                while at < nbytes:  # the touched buffer: 64 MiB a call, as `dd bs=64M` reads
+                    start = 0 if touched is not None else at
+                    step = len(view) if touched is not None else 16 * MiB
+                    n = f.readinto(view[start : start + min(step, nbytes - at)])
                     if not n:
                         break
                     at += n
