@@ -470,15 +470,15 @@ def raw_reader(folder: Path, rank: int, nbytes: int, *, fresh: bool) -> Callable
     touched = None if fresh else memoryview(bytearray(64 * MiB))  # zero-filled: touched
 
     def read() -> int:
-        view = touched
-        if view is None:
-            view = memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy())
+        if touched is not None:  # 64 MiB a call, always into the same buffer (`dd bs=64M`)
+            view, step = touched, len(touched)
+        else:  # 16 MiB a call, each into the next part of one buffer of nbytes
+            view, step = memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()), 16 * MiB
         at = 0
         for file in files:
             with open(file, "rb", buffering=0) as f:
-                while at < nbytes:  # the touched buffer: 64 MiB a call, as `dd bs=64M` reads
-                    start = 0 if touched is not None else at
-                    step = len(view) if touched is not None else 16 * MiB
+                while at < nbytes:
+                    start = 0 if view is touched else at
                     n = f.readinto(view[start : start + min(step, nbytes - at)])
                     if not n:
                         break

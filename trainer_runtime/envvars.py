@@ -12,7 +12,7 @@ RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"
 # Set by torchrun (the processes it started on this node); the operator does not inject it.
-# The load splits its reading threads over the node's processes by it.
+# The load runs its page-mapping helper thread only when a process has a CPU to spare by it.
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"

@@ -37,6 +37,15 @@ def save(folder: Path, *, write_behind: bool) -> HashingWriter:
     return writer
 
 
+def flip_byte(folder: Path, writer: HashingWriter, *, from_end: int) -> None:
+    """Flip one bit of the byte ``from_end`` bytes before the end of the first data file."""
+    data = next(e for e in writer.written if e.path.endswith(".distcp"))
+    path = folder / data.path
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) - from_end] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
 def test_write_behind_writes_the_same_bytes_and_digests_as_a_plain_write(tmp_path):
     plain = save(tmp_path / "plain", write_behind=False)
     behind = save(tmp_path / "behind", write_behind=True)
@@ -73,25 +82,12 @@ def test_a_load_read_in_blocks_smaller_than_its_chunks_is_exact(tmp_path):
 
 def test_a_flipped_byte_in_a_later_block_of_a_chunk_fails_the_load(tmp_path):
     writer = save(tmp_path, write_behind=True)
-    data = next(e for e in writer.written if e.path.endswith(".distcp"))
-    path = tmp_path / data.path
-    raw = bytearray(path.read_bytes())
-    at = len(raw) - reading.READ_BLOCK // 2  # inside the last block the reader reads
-    raw[at] ^= 0x01
-    path.write_bytes(bytes(raw))
+    flip_byte(tmp_path, writer, from_end=reading.READ_BLOCK // 2)  # in the last block read
     target = {k: torch.empty_like(v) for k, v in state().items()}
     with pytest.raises(CheckpointException) as failure:
         dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
     ((cause, _trace),) = failure.value.failures.values()
     assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
-
-
-def flip_byte_in_last_chunk(folder: Path, writer: HashingWriter) -> None:
-    data = next(e for e in writer.written if e.path.endswith(".distcp"))
-    path = folder / data.path
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0x01
-    path.write_bytes(bytes(raw))
 
 
 @pytest.mark.parametrize("prefault", [True, False])
@@ -119,7 +115,7 @@ def test_a_failed_load_stops_the_mapping_thread_and_unpickles_nothing(tmp_path):
     saved = {"meta": {"step": 7}, "first": torch.randn(1 << 20), "last": torch.randn(1 << 20)}
     writer = HashingWriter(tmp_path)
     dcp.save(saved, storage_writer=writer, no_dist=True)
-    flip_byte_in_last_chunk(tmp_path, writer)
+    flip_byte(tmp_path, writer, from_end=1)  # in the last chunk
 
     unpickled: list[str] = []
 

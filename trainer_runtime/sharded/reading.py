@@ -241,9 +241,8 @@ class VerifyingReader(FileSystemReader):
         populate_for_write(stored)
         self._read_verified(fd, task.rel, info, _writable_bytes(stored))
         assert info.dtype is not None and info.shape is not None
-        dtype = getattr(torch, info.dtype)
-        whole = stored.view(dtype).reshape(info.shape) if info.length else stored.view(dtype)
-        part = narrow_tensor_by_index(whole, task.item.storage_offsets, task.item.lengths)
+        chunk = stored.view(getattr(torch, info.dtype)).reshape(info.shape)
+        part = narrow_tensor_by_index(chunk, task.item.storage_offsets, task.item.lengths)
         task.target.copy_(part)
         return None
 
