@@ -44,6 +44,37 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _supported = _MADVISE is not None
 
 
+def whole_pages(tensor: torch.Tensor) -> tuple[int, int]:
+    """The address range ``[lo, hi)`` of the whole pages inside a CPU tensor's memory (never a
+    neighbour's); ``hi <= lo`` when there are none, or the tensor is not on the CPU."""
+    if tensor.device.type != "cpu":
+        return 0, 0
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    return -(-start // _PAGE) * _PAGE, (end // _PAGE) * _PAGE
+
+
+def page_spans(tensor: torch.Tensor, most: int) -> list[tuple[int, int]]:
+    """The whole pages inside ``tensor`` as ``(address, length)`` spans of at most ``most``
+    bytes (rounded down to whole pages, at least one), in address order."""
+    lo, hi = whole_pages(tensor)
+    step = max(_PAGE, most // _PAGE * _PAGE)
+    return [(at, min(step, hi - at)) for at in range(lo, hi, step)]
+
+
+def populate_pages(address: int, length: int) -> bool:
+    """Make the pages in ``[address, address + length)`` (page-aligned) present and writable,
+    in one call; their contents are not changed. False when nothing was done."""
+    global _supported  # noqa: PLW0603 - remembered once the kernel said no
+    if not _supported or _MADVISE is None or length <= 0:
+        return False
+    if _MADVISE(address, length, _MADV_POPULATE_WRITE) != 0:
+        if ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14
+            _supported = False
+        return False
+    return True
+
+
 def populate_for_write(tensor: torch.Tensor) -> bool:
     """Make the whole pages inside ``tensor``'s memory present and writable, in one call.
 
@@ -51,17 +82,5 @@ def populate_for_write(tensor: torch.Tensor) -> bool:
     are not changed. Returns False when nothing was done: not a CPU tensor, too small to
     hold a whole page, or the kernel lacks the call (then it is not tried again).
     """
-    global _supported  # noqa: PLW0603 - remembered once the kernel said no
-    if not _supported or tensor.device.type != "cpu" or _MADVISE is None:
-        return False
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    lo = -(-start // _PAGE) * _PAGE
-    hi = (end // _PAGE) * _PAGE
-    if hi <= lo:
-        return False
-    if _MADVISE(lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
-        if ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14
-            _supported = False
-        return False
-    return True
+    lo, hi = whole_pages(tensor)
+    return populate_pages(lo, hi - lo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import resource
 import sys
 
@@ -45,3 +46,17 @@ def test_populating_changes_no_byte_and_stays_inside_the_tensor():
 def test_what_cannot_be_populated_is_left_alone():
     assert not pages.populate_for_write(torch.empty(10, dtype=torch.uint8))  # no whole page
     assert not pages.populate_for_write(torch.empty(MiB, device="meta"))
+
+
+def test_page_spans_cover_exactly_the_whole_pages_inside_the_tensor():
+    whole = torch.empty(3 * MiB + 5000, dtype=torch.uint8)
+    inner = whole[1001:]  # starts inside a page shared with its neighbour
+    spans = pages.page_spans(inner, MiB + 1)  # rounded down to whole pages
+    page = pages._PAGE
+    lo, hi = pages.whole_pages(inner)
+    assert lo >= inner.data_ptr() and lo - inner.data_ptr() < page
+    assert hi <= inner.data_ptr() + inner.numel() and inner.data_ptr() + inner.numel() - hi < page
+    assert spans[0][0] == lo and sum(n for _, n in spans) == hi - lo
+    for (a, n), (b, _) in itertools.pairwise(spans):
+        assert a % page == 0 and n == MiB and a + n == b  # contiguous, in order, none larger
+    assert pages.page_spans(torch.empty(MiB, device="meta"), MiB) == []

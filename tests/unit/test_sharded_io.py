@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from trainer_runtime import pages
 from trainer_runtime.sharded import reading, storage
 from trainer_runtime.sharded.reading import VerifyingReader
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
@@ -99,15 +101,51 @@ def test_a_load_is_exact_with_and_without_the_page_mapping_thread(tmp_path, pref
         assert torch.equal(target[key], value), key
 
 
-def test_every_target_is_mapped_once_whichever_thread_gets_there_first(monkeypatch):
-    mapped: list[int] = []
-    monkeypatch.setattr(reading, "populate_for_write", lambda t: mapped.append(t.data_ptr()))
-    targets = [torch.empty(1 << 16) for _ in range(64)]
-    pages = reading._Prefaulter([*targets, None], helper=True)
-    for index in range(len(targets) + 1):  # the reader, racing the helper
-        pages.before_read(index)
-    pages.close()
-    assert sorted(mapped) == sorted(t.data_ptr() for t in targets)
+def record_mapping(monkeypatch) -> list[tuple[int, int]]:
+    mapped: list[tuple[int, int]] = []
+    monkeypatch.setattr(reading, "populate_pages", lambda a, n: mapped.append((a, n)) or True)
+    return mapped
+
+
+def test_every_page_is_mapped_once_whichever_thread_gets_there_first(monkeypatch):
+    mapped = record_mapping(monkeypatch)
+    targets = [torch.empty(1 << 16) for _ in range(64)]  # 256 KiB each
+    mapper = reading._PageMapper([*targets, None], helper=True, lead=1 << 20, span=64 << 10)
+    for index, target in enumerate(targets):  # the reader, racing the helper, 96 KiB blocks
+        size = target.numel() * target.element_size()
+        for begin in range(0, size, 96 << 10):
+            mapper.before_block(index, begin, min(size, begin + (96 << 10)))
+    mapper.close()
+    expected = sorted(span for t in targets for span in pages.page_spans(t, 64 << 10))
+    assert sorted(mapped) == expected  # every span once: none missed, none twice
+
+
+def test_the_helper_maps_no_further_than_its_lead_ahead_of_the_reader(monkeypatch):
+    mapped = record_mapping(monkeypatch)
+    targets = [torch.empty(1 << 18, dtype=torch.uint8) for _ in range(16)]  # 256 KiB each
+    spans = {
+        span: (i, span[0] - t.data_ptr())
+        for i, t in enumerate(targets)
+        for span in pages.page_spans(t, 64 << 10)
+    }
+    lead = 1 << 20
+
+    def ahead_of(reached: int) -> set[tuple[int, int]]:
+        return {s for s, (i, off) in spans.items() if (i << 18) + off < reached + lead}
+
+    mapper = reading._PageMapper(targets, helper=True, lead=lead, span=64 << 10)
+    try:
+        for reached_target in (0, 5, 9):  # the reader stands still at each of these
+            mapper.before_block(reached_target, 0, 4096)
+            allowed = ahead_of(reached_target << 18)
+            deadline = time.monotonic() + 10
+            while set(mapped) != allowed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # long enough for a helper that ignores its lead to overrun it
+            assert set(mapped) == allowed, f"reader at target {reached_target}"
+    finally:
+        mapper.close()
+    assert len(mapped) == len(set(mapped))
 
 
 def test_a_failed_load_stops_the_mapping_thread_and_unpickles_nothing(tmp_path):

@@ -4,9 +4,10 @@
 thread reads the chunks this rank needs, in file order, on one descriptor per file (so the
 kernel's readahead sees one sequential stream). A relaunched process loads into memory it never
 touched, and mapping those pages costs about as much CPU as reading the bytes; where the process
-has a second CPU to itself (``prefault_thread``), a helper thread maps the next targets' pages
-(``pages.populate_for_write``) while the reader waits on the disk. Whichever thread reaches a
-target first maps it, so a helper that falls behind costs nothing. Several reading threads
+has a second CPU to itself (``prefault_thread``), a helper thread maps the pages just ahead of
+the reader (``pages.populate_pages``, at most ``MAP_LEAD`` ahead) while the reader waits on the
+disk. Whichever thread reaches a span of pages first maps it, so a helper that falls behind costs
+nothing. Several reading threads
 were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md).
 
 Nothing a failed load reads reaches the caller's live state: every chunk goes into a load target
@@ -20,7 +21,9 @@ import io
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from torch.futures import Future
 
 from .. import envvars
 from ..manifest import FileEntry
-from ..pages import populate_for_write
+from ..pages import page_spans, populate_for_write, populate_pages
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
@@ -44,6 +47,15 @@ READ_BLOCK = 1 << 20
 it is still in the CPU cache. Measured in relaunched processes (1 GiB, page cache dropped,
 medians of 6, interleaved): 1 MiB blocks hashed in line loaded in 0.75 s, 16 MiB 0.82 s,
 64 MiB 0.80 s. docs/sharded-checkpoints.md has the figures."""
+
+MAP_LEAD = 16 << 20
+"""How far ahead of the reader the helper thread maps pages: within the CPU's last-level cache
+(32 MiB on the VM measured), so the pages it zeroes are still cached when the reader fills them.
+Measured on the 2-core VM (reads of 1 GiB into fresh memory, page cache dropped, 10 runs
+each): no limit 0.50-1.71 s (4 runs over 0.85 s), about 18 MiB 0.49-0.57 s."""
+
+MAP_SPAN = 4 << 20
+"""The most the helper maps in one call, so that it stops close to the lead."""
 
 
 def prefault_thread() -> bool:
@@ -70,46 +82,99 @@ def prefault_thread() -> bool:
     return cpus // local >= 2
 
 
-class _Prefaulter:
-    """Maps load targets' pages, in read order, on a helper thread ahead of the reader.
+@dataclass(frozen=True)
+class _Span:
+    """Pages of one load target that are mapped in one call."""
 
-    A target is mapped once, by whichever thread claims it first: the reader claims the one it
-    is about to read (and maps it itself if the helper has not got there), so the helper only
-    ever works ahead. Mapping leaves the contents alone, so a read that overlaps the helper's
-    call on the same pages is still exact.
+    target: int
+    offset: int
+    """Of the span's first byte, from the target's first byte."""
+    address: int
+    length: int
+
+
+class _PageMapper:
+    """Maps load targets' pages in read order, on a helper thread that stays a short way ahead
+    of the reader.
+
+    The reader reports where it is before each block it reads (``before_block``) and maps, itself,
+    whatever pages of that block the helper has not claimed; each span is mapped once, by
+    whichever thread claims it first. The helper maps no further than ``lead`` bytes ahead of the
+    reader: pages it mapped far ahead, zeroed long before the reader filled them, made one load
+    in three on the 2-core VM run at a third of the disk's speed, the reader's copies out of the
+    page cache taking seven times their usual CPU (docs/sharded-checkpoints.md). Mapping leaves
+    the contents alone, so a read that overlaps the helper's call on the same pages is still
+    exact.
     """
 
-    def __init__(self, targets: list[torch.Tensor | None], *, helper: bool) -> None:
-        self._targets = targets
-        self._claimed = [t is None for t in targets]
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+    def __init__(
+        self,
+        targets: list[torch.Tensor | None],
+        *,
+        helper: bool,
+        lead: int = MAP_LEAD,
+        span: int = MAP_SPAN,
+    ) -> None:
+        self._spans: list[_Span] = []
+        self._by_target: list[range] = []
+        self._starts: list[int] = []  # each target's first byte, counted along the read
+        at = 0
+        for index, target in enumerate(targets):
+            first = len(self._spans)
+            self._starts.append(at)
+            if target is not None:
+                base = target.data_ptr()
+                for address, length in page_spans(target, span):
+                    self._spans.append(_Span(index, address - base, address, length))
+                at += target.numel() * target.element_size()
+            self._by_target.append(range(first, len(self._spans)))
+        self._cursor = [r.start for r in self._by_target]
+        self._claimed = [False] * len(self._spans)
+        self._reached = 0
+        self._lead = lead
+        self._cv = threading.Condition()
+        self._stopped = False
         self._thread: threading.Thread | None = None
-        if helper and not all(self._claimed):
+        if helper and self._spans:
             self._thread = threading.Thread(target=self._run, name="rtj-prefault", daemon=True)
             self._thread.start()
 
-    def _claim(self, index: int) -> bool:
-        with self._lock:
-            if self._claimed[index]:
-                return False
-            self._claimed[index] = True
-            return True
-
     def _run(self) -> None:
-        for index, target in enumerate(self._targets):
-            if self._stop.is_set():
-                return
-            if target is not None and self._claim(index):
-                populate_for_write(target)
+        for index, span in enumerate(self._spans):
+            begin = self._starts[span.target] + span.offset
+            with self._cv:
+                self._cv.wait_for(lambda b=begin: self._stopped or b < self._reached + self._lead)
+                if self._stopped:
+                    return
+                if self._claimed[index]:
+                    continue
+                self._claimed[index] = True
+            populate_pages(span.address, span.length)
 
-    def before_read(self, index: int) -> None:
-        target = self._targets[index]
-        if target is not None and self._claim(index):
-            populate_for_write(target)
+    def before_block(self, target: int, begin: int, end: int) -> None:
+        """The reader is about to fill bytes ``[begin, end)`` of ``target`` (blocks of one target
+        come in order): map the spans under them that the helper has not claimed."""
+        mine: list[_Span] = []
+        with self._cv:
+            self._reached = self._starts[target] + begin
+            spans = self._by_target[target]
+            k = self._cursor[target]
+            while k < spans.stop and self._spans[k].offset + self._spans[k].length <= begin:
+                k += 1
+            self._cursor[target] = k
+            while k < spans.stop and self._spans[k].offset < end:
+                if not self._claimed[k]:
+                    self._claimed[k] = True
+                    mine.append(self._spans[k])
+                k += 1
+            self._cv.notify()
+        for span in mine:
+            populate_pages(span.address, span.length)
 
     def close(self) -> None:
-        self._stop.set()
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
         if self._thread is not None:
             self._thread.join()
 
@@ -175,7 +240,7 @@ class VerifyingReader(FileSystemReader):
             (self._task(item, planner) for item in plan.items),
             key=lambda t: (t.rel, t.info.offset),
         )
-        pages = _Prefaulter(
+        pages = _PageMapper(
             [t.target if t.whole and t.target is not None else None for t in tasks],
             helper=self.prefault,
         )
@@ -187,8 +252,7 @@ class VerifyingReader(FileSystemReader):
                 if fd is None:
                     fd = fds[task.rel] = os.open(Path(self.path) / task.rel, os.O_RDONLY)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-                pages.before_read(index)
-                blob = self._read_task(fd, task)
+                blob = self._read_task(fd, task, partial(pages.before_block, index))
                 if blob is not None:
                     pickled.append((task.item, blob))
         finally:
@@ -224,7 +288,9 @@ class VerifyingReader(FileSystemReader):
         )
         return _Task(rel, item, info, target, whole=whole)
 
-    def _read_task(self, fd: int, task: _Task) -> bytearray | None:
+    def _read_task(
+        self, fd: int, task: _Task, before_block: Callable[[int, int], None]
+    ) -> bytearray | None:
         """Read and verify one chunk into its target; a pickled object's bytes are returned."""
         info = task.info
         if task.target is None:  # a pickled object: verified before it is unpickled
@@ -234,7 +300,8 @@ class VerifyingReader(FileSystemReader):
         if task.whole:
             # Straight into the load target: staging or a fresh optimizer tensor, never live
             # state, so a chunk that fails its digest has changed nothing the caller keeps.
-            self._read_verified(fd, task.rel, info, _writable_bytes(task.target))
+            view = _writable_bytes(task.target)
+            self._read_verified(fd, task.rel, info, view, before_block)
             return None
         # Part of a chunk (resharding): verify the whole chunk before using any of it.
         stored = torch.empty(info.length, dtype=torch.uint8)
@@ -246,9 +313,17 @@ class VerifyingReader(FileSystemReader):
         task.target.copy_(part)
         return None
 
-    def _read_verified(self, fd: int, rel: str, info: RawChunk, view: memoryview) -> None:
+    def _read_verified(
+        self,
+        fd: int,
+        rel: str,
+        info: RawChunk,
+        view: memoryview,
+        before_block: Callable[[int, int], None] | None = None,
+    ) -> None:
         """Read one chunk into ``view``, hashing each block right after it lands (while it is
-        still in the CPU cache), and check the chunk's digest."""
+        still in the CPU cache), and check the chunk's digest. ``before_block(begin, end)`` is
+        told of each block before it is read."""
         if len(view) != info.length:
             raise ChunkDigestError(
                 f"{rel}@{info.offset}: target holds {len(view)} bytes, chunk {info.length}"
@@ -257,6 +332,8 @@ class VerifyingReader(FileSystemReader):
         done = 0
         while done < info.length:
             block = view[done : done + READ_BLOCK]
+            if before_block is not None:
+                before_block(done, done + len(block))
             got = 0
             while got < len(block):
                 n = os.preadv(fd, [block[got:]], info.offset + done + got)
