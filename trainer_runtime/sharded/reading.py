@@ -86,9 +86,8 @@ def prefault_thread() -> bool:
 class _Span:
     """Pages of one load target that are mapped in one call."""
 
-    target: int
-    offset: int
-    """Of the span's first byte, from the target's first byte."""
+    begin: int
+    """Where the span's first byte falls in the read: bytes of earlier targets plus its offset."""
     address: int
     length: int
 
@@ -119,13 +118,13 @@ class _PageMapper:
         self._by_target: list[range] = []
         self._starts: list[int] = []  # each target's first byte, counted along the read
         at = 0
-        for index, target in enumerate(targets):
+        for target in targets:
             first = len(self._spans)
             self._starts.append(at)
             if target is not None:
-                base = target.data_ptr()
+                shift = at - target.data_ptr()
                 for address, length in page_spans(target, span):
-                    self._spans.append(_Span(index, address - base, address, length))
+                    self._spans.append(_Span(address + shift, address, length))
                 at += target.numel() * target.element_size()
             self._by_target.append(range(first, len(self._spans)))
         self._cursor = [r.start for r in self._by_target]
@@ -141,9 +140,10 @@ class _PageMapper:
 
     def _run(self) -> None:
         for index, span in enumerate(self._spans):
-            begin = self._starts[span.target] + span.offset
             with self._cv:
-                self._cv.wait_for(lambda b=begin: self._stopped or b < self._reached + self._lead)
+                self._cv.wait_for(
+                    lambda b=span.begin: self._stopped or b < self._reached + self._lead
+                )
                 if self._stopped:
                     return
                 if self._claimed[index]:
@@ -155,14 +155,15 @@ class _PageMapper:
         """The reader is about to fill bytes ``[begin, end)`` of ``target`` (blocks of one target
         come in order): map the spans under them that the helper has not claimed."""
         mine: list[_Span] = []
+        begin, end = self._starts[target] + begin, self._starts[target] + end  # along the read
         with self._cv:
-            self._reached = self._starts[target] + begin
+            self._reached = begin
             spans = self._by_target[target]
             k = self._cursor[target]
-            while k < spans.stop and self._spans[k].offset + self._spans[k].length <= begin:
+            while k < spans.stop and self._spans[k].begin + self._spans[k].length <= begin:
                 k += 1
             self._cursor[target] = k
-            while k < spans.stop and self._spans[k].offset < end:
+            while k < spans.stop and self._spans[k].begin < end:
                 if not self._claimed[k]:
                     self._claimed[k] = True
                     mine.append(self._spans[k])
@@ -300,8 +301,7 @@ class VerifyingReader(FileSystemReader):
         if task.whole:
             # Straight into the load target: staging or a fresh optimizer tensor, never live
             # state, so a chunk that fails its digest has changed nothing the caller keeps.
-            view = _writable_bytes(task.target)
-            self._read_verified(fd, task.rel, info, view, before_block)
+            self._read_verified(fd, task.rel, info, _writable_bytes(task.target), before_block)
             return None
         # Part of a chunk (resharding): verify the whole chunk before using any of it.
         stored = torch.empty(info.length, dtype=torch.uint8)
