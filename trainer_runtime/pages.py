@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -42,6 +43,24 @@ def _load_madvise() -> Callable[[int, int, int], int] | None:
 _MADVISE = _load_madvise()
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _supported = _MADVISE is not None
+_probed: bool | None = None
+
+
+def can_populate() -> bool:
+    """Whether ``populate_pages`` does anything here: the call exists and the kernel takes it
+    (tried once, on one page of scratch memory, then remembered)."""
+    global _probed  # noqa: PLW0603 - the kernel's answer does not change
+    if _probed is None:
+        _probed = False
+        if _supported and _MADVISE is not None:
+            scratch = mmap.mmap(-1, _PAGE)
+            anchor = ctypes.c_char.from_buffer(scratch)
+            try:
+                _probed = populate_pages(ctypes.addressof(anchor), _PAGE)
+            finally:
+                del anchor  # the mmap cannot close while a view of it exists
+                scratch.close()
+    return _probed
 
 
 def whole_pages(tensor: torch.Tensor) -> tuple[int, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import resource
 import sys
@@ -41,6 +43,30 @@ def test_populating_changes_no_byte_and_stays_inside_the_tensor():
     expected = whole.clone()
     pages.populate_for_write(inner)
     assert torch.equal(whole, expected)
+
+
+def test_whether_pages_can_be_populated_is_asked_of_the_kernel_once(monkeypatch):
+    calls = []
+
+    def kernel_without_the_call(address, length, advice):
+        calls.append((length, advice))
+        ctypes.set_errno(errno.EINVAL)
+        return -1
+
+    monkeypatch.setattr(pages, "_MADVISE", kernel_without_the_call)
+    monkeypatch.setattr(pages, "_supported", True)
+    monkeypatch.setattr(pages, "_probed", None)
+    assert pages.can_populate() is False
+    assert pages.can_populate() is False
+    assert calls == [(pages._PAGE, pages._MADV_POPULATE_WRITE)]  # one probe, one page
+    assert not pages.populate_for_write(torch.empty(4 * MiB, dtype=torch.uint8))
+    assert len(calls) == 1  # remembered: the kernel is not asked again
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux")
+def test_this_kernel_can_populate_pages(monkeypatch):
+    monkeypatch.setattr(pages, "_probed", None)
+    assert pages.can_populate() is True
 
 
 def test_what_cannot_be_populated_is_left_alone():

@@ -189,6 +189,13 @@ def test_the_mapping_thread_runs_only_with_a_spare_cpu_per_local_process(
     assert reading.prefault_thread() is expected
 
 
+def test_no_mapping_thread_where_the_kernel_cannot_map_pages_in_one_call(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(reading, "can_populate", lambda: False)
+    assert reading.prefault_thread() is False
+
+
 def test_a_malformed_local_world_size_is_named_in_a_warning_and_counts_one(monkeypatch, caplog):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")

@@ -37,7 +37,7 @@ from torch.futures import Future
 
 from .. import envvars
 from ..manifest import FileEntry
-from ..pages import page_spans, populate_for_write, populate_pages
+from ..pages import can_populate, page_spans, populate_for_write, populate_pages
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
@@ -59,9 +59,11 @@ MAP_SPAN = 4 << 20
 
 
 def prefault_thread() -> bool:
-    """Whether a load maps its targets' pages on a helper thread: when this process has at
-    least two CPUs to itself (its affinity divided by ``LOCAL_WORLD_SIZE``, the processes
-    torchrun started on this node)."""
+    """Whether a load maps its targets' pages on a helper thread: when the kernel can map them
+    in one call (``pages.can_populate``) and this process has at least two CPUs to itself (its
+    affinity divided by ``LOCAL_WORLD_SIZE``, the processes torchrun started on this node)."""
+    if not can_populate():
+        return False
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
