@@ -7,8 +7,9 @@ the copy. Linux 5.14+ can populate a whole range in one call instead
 trap per page, and leaves the contents alone, so it is safe on memory that already holds data.
 On the 2-core VM measured (1 GiB, relaunched processes, page cache dropped, medians of 6) a
 load with it took 0.71 s against 0.84 s without (``torch.load``: 0.74 s);
-docs/sharded-checkpoints.md has the figures. Huge pages (``MADV_HUGEPAGE``) on top of it made
-the same load 1.21 s (the kernel compacts memory to find 2 MiB blocks), so they are not used.
+docs/sharded-checkpoints-history.md has the figures. Huge pages (``MADV_HUGEPAGE``) on top of it
+made the same load 1.21 s (the kernel compacts memory to find 2 MiB blocks), so they are not
+used.
 
 Where the call is missing (another OS, an older kernel, a libc without ``madvise``) it does
 nothing, and the read faults the pages in as before.

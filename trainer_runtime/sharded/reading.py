@@ -8,7 +8,8 @@ has a second CPU to itself (``prefault_thread``), a helper thread maps the pages
 the reader (``pages.populate_pages``, at most ``MAP_LEAD`` ahead) while the reader waits on the
 disk. Whichever thread reaches a span of pages first maps it, so a helper that falls behind costs
 nothing. Several reading threads
-were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md).
+were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md,
+"Loading").
 
 Nothing a failed load reads reaches the caller's live state: every chunk goes into a load target
 (staging, or a fresh optimizer tensor), and pickled objects are handed to the planner only after
@@ -46,7 +47,7 @@ READ_BLOCK = 1 << 20
 """Reads go in blocks this size, each hashed on the reading thread as soon as it lands, while
 it is still in the CPU cache. Measured in relaunched processes (1 GiB, page cache dropped,
 medians of 6, interleaved): 1 MiB blocks hashed in line loaded in 0.75 s, 16 MiB 0.82 s,
-64 MiB 0.80 s. docs/sharded-checkpoints.md has the figures."""
+64 MiB 0.80 s. docs/sharded-checkpoints-history.md has the figures."""
 
 MAP_LEAD = 16 << 20
 """How far ahead of the reader the helper thread maps pages: within the CPU's last-level cache
