@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,9 @@ from .fallback import first_valid
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
 from .sharded.checkpointer import check_files_present
+from .single_file import ACCEPTED, read_single_file
 from .timestamp import Timestamp
-from .verified_load import VerifiedFile, read_verified, read_whole
+from .verified_load import VerifiedFile, read_verified
 
 log = logging.getLogger("trainer_runtime")
 
@@ -46,15 +47,16 @@ class Loader:
         weights_only: bool = False,
         strict: bool = True,
         ignore_keys: Sequence[str] = (),
+        arg: str = "load path",
     ) -> None:
+        """``arg``: how errors name ``path`` (the argument the user set)."""
         opts = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
-        if "://" in str(path):
-            path = self._fetch_remote_load_path(str(path))
+        shown = str(path)
+        if "://" in shown:
+            path = self._fetch_remote_load_path(shown, arg=arg)
         p = Path(path)
         if p.is_file():
-            whole = read_whole(p)
-            self.restore_v1(whole.load(trusted=self.ctx.settings.trusted_pickle), **opts)
-            whole.release_unused()
+            self._load_file(p, shown=shown, arg=arg, **opts)
             return
         if (p / MANIFEST_NAME).exists():
             self.load_checkpoint_dir(p, **opts)
@@ -68,7 +70,41 @@ class Loader:
             )
             if walk.chosen is not None:
                 return
-        raise NoCheckpointError(f"load path {str(path)!r} holds no checkpoint that verifies")
+        raise NoCheckpointError(f"{arg} {shown!r} holds no checkpoint that verifies")
+
+    def _load_file(
+        self,
+        path: Path,
+        *,
+        shown: str,
+        arg: str,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> None:
+        """A single file: a format-1 rank file, or a plain model state_dict (weights only)."""
+        found = read_single_file(
+            path, shown=shown, arg=arg, trusted=self.ctx.settings.trusted_pickle
+        )
+        if found.weights_only:
+            self._check_any_model_key(found.data["state"]["model"], shown=shown, arg=arg)
+        self.restore_v1(
+            found.data,
+            weights_only=weights_only or found.weights_only,
+            strict=strict,
+            ignore_keys=ignore_keys,
+        )
+        found.buffer.release_unused()
+
+    def _check_any_model_key(self, weights: Mapping[str, Any], *, shown: str, arg: str) -> None:
+        """A state_dict that shares no key with the model would load nothing, even when keys
+        need not all match (``strict=False``): that is never what was meant."""
+        model = self.ctx.components.model_state()
+        if model and not set(model) & set(weights):
+            raise NoCheckpointError(
+                f"{arg} {shown!r} is a state_dict with no key of the model (its keys: "
+                f"{_some(weights)}; the model's: {_some(model)}); expected {ACCEPTED}"
+            )
 
     def try_load(
         self,
@@ -89,14 +125,20 @@ class Loader:
         self.load_checkpoint_dir(folder, files=files, **opts)
         return None
 
-    def _fetch_remote_load_path(self, uri: str) -> Path:
+    def _fetch_remote_load_path(self, uri: str, *, arg: str) -> Path:
+        from .objectstore.errors import NoValidCheckpointError  # noqa: PLC0415
         from .objectstore.resolver import fetch_load_path  # noqa: PLC0415 - boto3 on use
         from .objectstore.store import open_store  # noqa: PLC0415
 
         store, _ = open_store(uri, arg="load_path", write=False)
         local = self.ctx.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
-        # Every file: a version-2 checkpoint's state is spread over all its files.
-        return fetch_load_path(store, uri, local, ranks=None)
+        try:
+            # Every file: a version-2 checkpoint's state is spread over all its files.
+            return fetch_load_path(store, uri, local, ranks=None)
+        except NoValidCheckpointError as exc:
+            raise NoCheckpointError(
+                f"{arg} {uri!r} holds no checkpoint that verifies: {exc}"
+            ) from exc
 
     def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
         """Which saved rank's file this rank loads (format version 1)."""
@@ -278,3 +320,10 @@ class Loader:
                 new,
                 ts.batch,
             )
+
+
+def _some(keys: Mapping[str, Any], shown: int = 4) -> str:
+    names = list(keys)
+    return ", ".join(names[:shown]) + (
+        f" and {len(names) - shown} more" if len(names) > shown else ""
+    )

@@ -87,7 +87,12 @@ class Resumer:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
                     return self._resumed("remote", str(fetched), fallbacks)
         if settings.load_path:
-            self.loader.load(settings.load_path, weights_only=settings.load_weights_only, **opts)
+            self.loader.load(
+                settings.load_path,
+                weights_only=settings.load_weights_only,
+                arg="load_path",
+                **opts,
+            )
             if settings.load_weights_only:
                 ctx.position.timestamp = Timestamp()
             return self._resumed("load_path", settings.load_path, fallbacks)
