@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomic
-from ..errors import ManifestError
+from ..errors import ManifestError, NoCheckpointError
 from ..fallback import first_valid
 from ..manifest import MANIFEST_NAME, Manifest, verify_entry
 from .errors import (
@@ -238,7 +238,8 @@ def fetch_load_path(
 
     ``location`` may be a checkpoint folder (has ``manifest.json``: downloaded and verified),
     a run folder (its newest verifying checkpoint, with fallback), or a single object (e.g.
-    ``.../rank0.pt``, verified against its xxh3 metadata when it has one).
+    ``.../rank0.pt``, verified against its xxh3 metadata when it has one). Nothing there:
+    ``NoCheckpointError``, as for a local load path that holds nothing.
     """
     uri = _uri(location, "load_path")
     local = Path(local_dir)
@@ -251,7 +252,7 @@ def fetch_load_path(
         return dest
     found = resume_from_remote(store, uri, local, exclude=exclude, ranks=ranks)
     if found is None:
-        raise ObjectStoreError(
+        raise NoCheckpointError(
             f"load_path {uri} is neither a checkpoint, a run folder with checkpoints, nor an object"
         )
     return found[1]
