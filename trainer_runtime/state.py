@@ -9,6 +9,7 @@ dropped on load with slash paths such as ``state/optimizers`` or ``state/model/h
 from __future__ import annotations
 
 import fnmatch
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from . import rng
 from .errors import IncompatibleCheckpointError
+
+log = logging.getLogger("trainer_runtime")
 
 FILE_FORMAT_VERSION = 1
 _MAX_LISTED = 12
@@ -210,16 +213,26 @@ def check_model_fits(
     *,
     strict: bool,
     ignored: Iterable[str] = (),
-) -> None:
-    """Raise one error that names every missing, unexpected and mis-shaped key."""
+) -> list[str]:
+    """Raise one error that names every missing, unexpected and mis-shaped key; not
+    ``strict``, the mis-shaped keys are returned instead (with a warning), to be skipped."""
     ignored = set(ignored)
     missing = sorted(k for k in model_state if k not in saved and f"state/model/{k}" not in ignored)
     unexpected = sorted(k for k in saved if k not in model_state)
-    shapes = sorted(
-        f"{k}: checkpoint {_shape(saved[k])} vs model {_shape(v)}"
-        for k, v in model_state.items()
-        if k in saved and _shape(saved[k]) != _shape(v)
+    mis_shaped = sorted(
+        k for k, v in model_state.items() if k in saved and _shape(saved[k]) != _shape(v)
     )
+    shapes = [
+        f"{k}: checkpoint {_shape(saved[k])} vs model {_shape(model_state[k])}" for k in mis_shaped
+    ]
+    if shapes and not strict:
+        log.warning(
+            "load_strict=False: not loading %d model key(s) whose shape differs (they keep "
+            "their current values, their optimizer state too): %s",
+            len(shapes),
+            _listing(shapes),
+        )
+        return mis_shaped
     problems: list[str] = []
     if shapes:
         problems.append("shape mismatch: " + _listing(shapes))
@@ -232,6 +245,7 @@ def check_model_fits(
         raise IncompatibleCheckpointError(
             "checkpoint does not fit the model; " + "; ".join(problems) + hint
         )
+    return []
 
 
 def _listing(items: list[str]) -> str:
@@ -254,7 +268,10 @@ def restore(
     if comps.model is not None and "model" in state:
         target = unwrap(comps.model)
         saved = state["model"]
-        check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
+        skipped = check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
+        if skipped:
+            saved = {k: v for k, v in saved.items() if k not in skipped}
+            _keep_live_optimizer_state(comps, state.get("optimizers", {}), skipped)
         target.load_state_dict(saved, strict=strict and not dropped)
     if weights_only:
         return state
@@ -272,3 +289,27 @@ def restore(
     if "rng" in data:
         rng.restore(data["rng"])
     return state
+
+
+def _keep_live_optimizer_state(
+    comps: Components, saved_optimizers: Mapping[str, Any], skipped: Iterable[str]
+) -> None:
+    """Put the live optimizer state of the parameters named in ``skipped`` (their shape
+    changed) in place of their saved state, so loading keeps it. Saved state is keyed by
+    position: the n-th parameter of the saved groups is the n-th of the live ones, as
+    ``Optimizer.load_state_dict`` pairs them."""
+    by_name = dict(unwrap(comps.model).named_parameters()) if comps.model is not None else {}
+    skipped_ids = {id(by_name[k]) for k in skipped if k in by_name}
+    for name, opt in comps.optimizers.items():
+        saved = saved_optimizers.get(name)
+        if not saved or not skipped_ids:
+            continue
+        live = [p for group in opt.param_groups for p in group["params"]]
+        saved_ids = [i for group in saved.get("param_groups", []) for i in group["params"]]
+        saved_state = saved.setdefault("state", {})
+        for param, saved_id in zip(live, saved_ids, strict=False):
+            if id(param) not in skipped_ids:
+                continue
+            saved_state.pop(saved_id, None)
+            if opt.state.get(param):
+                saved_state[saved_id] = dict(opt.state[param])

@@ -316,18 +316,24 @@ class ShardedEngine:
         saved_ws = manifest.world_size
         source = self.rank if self.rank < saved_ws else 0
         patterns = [p.strip("/") for p in ignore_keys]
+        live = self._tensor_state(weights_only=True)  # the model; the optimizer below
+        self._drop_ignored(live, patterns)
+        skipped: list[str] = []  # mis-shaped model keys, not loaded (strict=False)
+        if MODEL_KEY in live:
+            skipped = self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
         fresh_optim = None
         # An ignored optimizer is not even initialised (taking its state dict would).
         skip_optim = _optimizers_ignored(patterns)
         if not weights_only and not skip_optim and self.components.model:
             fresh_optim = optim_target.plan(
-                self.components.model, self.components.optimizers, metadata, OPTIM_KEY
+                self.components.model,
+                self.components.optimizers,
+                metadata,
+                OPTIM_KEY,
+                skip=set(skipped),
             )
-        no_optim = weights_only or skip_optim or fresh_optim is not None
-        live = self._tensor_state(weights_only=no_optim)
-        self._drop_ignored(live, patterns)
-        if MODEL_KEY in live:
-            self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
+        if not (weights_only or skip_optim or fresh_optim is not None):
+            live.update(self._optim_state(skip=set(skipped)))
         target = self.stager.empty_like(live)
         if fresh_optim is not None:  # read into new tensors, adopted below once verified
             target[OPTIM_KEY] = fresh_optim
@@ -407,9 +413,25 @@ class ShardedEngine:
             if any(fnmatch.fnmatchcase(f"state/model/{key}", p) for p in patterns):
                 del model[key]
 
+    def _optim_state(self, *, skip: set[str]) -> dict[str, Any]:
+        """The live optimizers' state to load into, without the parameters in ``skip``."""
+        comps = self.components
+        if comps.model is None or not comps.optimizers:
+            return {}
+        tree = {
+            name: get_optimizer_state_dict(comps.model, opt, options=StateDictOptions())
+            for name, opt in comps.optimizers.items()
+        }
+        for osd in tree.values():
+            for fqn in skip:
+                osd.get(optim_target.STATE, {}).pop(fqn, None)
+        return {OPTIM_KEY: tree}
+
     def _check_model(
         self, model: dict[str, Any], metadata: Metadata, *, strict: bool, ignored: list[str]
-    ) -> None:
+    ) -> list[str]:
+        """Raise when the model does not fit; not ``strict``, drop from ``model`` the keys the
+        checkpoint lacks and those whose shape differs, and return the latter."""
         prefix = f"{MODEL_KEY}."
         saved = {
             k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
@@ -418,10 +440,11 @@ class ShardedEngine:
             and isinstance(md, TensorStorageMetadata)
             and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
         }  # an ignored key is neither loaded nor expected
-        state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
+        skipped = state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
         if not strict:
-            for key in [k for k in model if k not in saved]:
+            for key in [k for k in model if k not in saved or k in skipped]:
                 del model[key]
+        return skipped
 
     def _restore_param_groups(self, loaded: dict[str, Any]) -> None:
         """Hyperparameters (lr, betas...) per group, as ``Optimizer.load_state_dict`` does."""

@@ -50,8 +50,11 @@ def plan(
     optimizers: dict[str, torch.optim.Optimizer],
     metadata: Metadata,
     optim_key: str,
+    *,
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
-    """The ``optim`` subtree to load into (fresh tensors), or None to take the copy path."""
+    """The ``optim`` subtree to load into (fresh tensors), or None to take the copy path.
+    Parameters named in ``skip`` (model keys not loaded) get no state from the checkpoint."""
     if not optimizers or any(opt.state for opt in optimizers.values()):
         return None
     mappings = metadata.planner_data
@@ -71,6 +74,8 @@ def plan(
             return None
         if path[2] == GROUPS:
             set_element(tree, path[1:], None)  # hyperparameters: restored from their bytes
+            continue
+        if len(path) > 3 and str(path[3]) in skip:
             continue
         if not isinstance(md, TensorStorageMetadata):
             set_element(tree, path[1:], None)  # a plain value (a float step count)

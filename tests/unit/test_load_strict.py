@@ -1,0 +1,85 @@
+"""``load_strict=False`` loads the model keys that fit and skips those whose shape changed
+(docs/runtime.md), in both checkpoint formats; training goes on from there."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from trainer_runtime import CheckpointManager, IncompatibleCheckpointError
+
+from .test_v1_compat import write_v1
+from .trainkit import make, manager, step
+
+
+def with_new_head(seed: int = 7):
+    """``make()``'s model with a two-output last layer, and a fresh optimizer over it."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def saved_v2(tmp_path):
+    comps = make()
+    ck = manager(tmp_path, comps)
+    step(*comps[:3])
+    ck.batch_end(16)
+    ck.close()
+    return {k: v.clone() for k, v in comps[0].state_dict().items()}
+
+
+def saved_v1(tmp_path):
+    comps = make()
+    write_v1(tmp_path / "ck", comps, batch=2)
+    return {k: v.clone() for k, v in comps[0].state_dict().items()}
+
+
+def resume_into(tmp_path, model, opt, **kw):
+    ck = CheckpointManager(model=model, optimizer=opt, folder=tmp_path / "ck", run_name="run", **kw)
+    res = ck.resume()
+    ck.close(save=False)
+    return res
+
+
+def train_one_step(model, opt):
+    model(torch.randn(16, 4)).pow(2).mean().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])
+@pytest.mark.parametrize("optimizer_has_state", [False, True])
+def test_keys_that_fit_load_and_the_changed_layer_is_skipped(
+    tmp_path, caplog, saved_by, optimizer_has_state
+):
+    saved = saved_by(tmp_path)
+    model, opt = with_new_head()
+    if optimizer_has_state:
+        train_one_step(model, opt)
+    head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("3.")}
+    head_moments = {k: v.clone() for k, v in opt.state.get(model[3].weight, {}).items()}
+    with caplog.at_level(logging.WARNING, logger="trainer_runtime"):
+        assert resume_into(tmp_path, model, opt, load_strict=False).source == "checkpoint"
+    for key, value in model.state_dict().items():
+        expected = head[key] if key.startswith("3.") else saved[key]
+        assert torch.equal(value, expected), key
+    assert "3.weight: checkpoint (1, 8) vs model (2, 8)" in caplog.text
+    # The loaded parameters got their optimizer state; the skipped ones kept theirs (or none).
+    loaded_state = opt.state[model[0].weight]
+    assert loaded_state and loaded_state["exp_avg"].shape == (8, 4)
+    kept = opt.state.get(model[3].weight, {})
+    assert kept.keys() == head_moments.keys()
+    assert all(torch.equal(kept[k], v) for k, v in head_moments.items())
+    train_one_step(model, opt)  # no optimizer state of the wrong shape
+
+
+@pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])
+def test_strict_load_still_refuses_a_changed_layer(tmp_path, saved_by):
+    saved_by(tmp_path)
+    model, opt = with_new_head()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(IncompatibleCheckpointError, match=r"3\.weight.*load_strict=False"):
+        resume_into(tmp_path, model, opt)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
