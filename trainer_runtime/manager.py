@@ -275,7 +275,8 @@ class CheckpointManager:
         ignore_keys: Sequence[str] = (),
     ) -> None:
         """Load a checkpoint folder (verified against its manifest), a run folder (its newest
-        valid checkpoint) or a single checkpoint file (unverified)."""
+        valid checkpoint) or a single file (unverified): a format-1 rank file, or a plain model
+        ``state_dict`` (weights only); any other file raises ``NoCheckpointError``."""
         self.loader.load(path, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ shutdown
