@@ -13,6 +13,7 @@ from trainer_runtime.objectstore import (
     ChecksumMismatchError,
     LocalDataError,
     ObjectStoreConfigError,
+    ObjectStoreError,
     S3Store,
     S3Uri,
     open_store,
@@ -173,3 +174,16 @@ def test_botocore_checksums_off_unless_configured(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
     config = S3Store(endpoint_url="http://127.0.0.1:9").client.meta.config
     assert config.request_checksum_calculation == "when_supported"  # the user's choice wins
+
+
+def test_one_request_makes_five_attempts_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/object-store.md: "5 attempts per request", the first try included."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "rtj-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rtj-test")
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every attempt is refused
+    store = S3Store(endpoint_url=url, region="us-east-1", connect_timeout=0.5)
+    sent: list[object] = []
+    store.client.meta.events.register("before-send.s3.*", lambda **kw: sent.append(kw["request"]))
+    with pytest.raises(ObjectStoreError, match="cannot reach"):
+        store.head(S3Uri("rtj-test", "x"))
+    assert len(sent) == 5, sent

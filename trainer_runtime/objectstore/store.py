@@ -126,8 +126,9 @@ class S3Store:
     ) -> None:
         """Build the client; no request is made here (``check_access`` is the first one).
 
-        ``max_attempts`` is botocore's per-request retry budget (standard mode: connection
-        errors, 5xx, throttling); callers retry whole transfers on top of it.
+        ``max_attempts`` is how many times botocore sends one request in all, the first try
+        included (standard mode retries connection errors, 5xx and throttling); callers retry
+        whole transfers on top of it.
         ``addressing_style`` ("path" or "virtual") overrides boto3's choice; left None, the
         shared config file's ``s3 = addressing_style = ...`` still applies.
         """
@@ -430,7 +431,7 @@ def _make_client(
         ) from exc
     core = botocore.session.get_session()
     config = Config(
-        retries={"mode": "standard", "max_attempts": max_attempts},
+        retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
         max_pool_connections=pool,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
