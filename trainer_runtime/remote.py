@@ -6,10 +6,22 @@ core do not depend on a store being up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from .manifest import Manifest
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """What ``find_newest`` found: the newest remote checkpoint that verifies (``name`` None:
+    none does) and, newest first, each newer one it passed over with the reason."""
+
+    name: str | None
+    world_size: int = 0
+    passed_over: list[tuple[str, str]] = field(default_factory=list)
 
 
 class RemoteBackend(Protocol):
@@ -19,8 +31,12 @@ class RemoteBackend(Protocol):
     def pending(self) -> set[str]:
         """Checkpoint names whose upload has not completed (local retention keeps them)."""
 
-    def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
-        """(name, world size) of the newest remote checkpoint that verifies, or None."""
+    def find_newest(
+        self, *, exclude: set[str], pass_over: Mapping[str, str] | None = None
+    ) -> RemoteChoice:
+        """The newest remote checkpoint that verifies, not in ``exclude`` (names already tried,
+        skipped silently); those in ``pass_over`` (name: reason, e.g. quarantined) are passed
+        over with that reason, like the ones that do not verify."""
 
     def fetch(self, name: str, run_dir: Path, ranks: list[int] | None) -> Path:
         """Download and verify the files of ``ranks`` (all when None) of one checkpoint into

@@ -79,10 +79,11 @@ class Resumer:
                 self.loader.load_checkpoint_dir(path, weights_only=False, files=files, **opts)
                 return self._resumed("checkpoint", str(path), fallbacks)
             if ctx.remote is not None:
-                fetched, rejected = self._fetch_remote_agreed()
+                fetched, passed = self._fetch_remote_agreed()
+                fallbacks = fallbacks + _lines_not_named(passed, decision)
                 if ctx.rank == 0:
                     chosen = None if fetched is None else Manifest.read(fetched).timestamp
-                    self._reject_remote(rejected, chosen)
+                    self._reject_remote([*self._quarantined(), *passed], chosen)
                 if fetched is not None:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
                     return self._resumed("remote", str(fetched), fallbacks)
@@ -181,22 +182,30 @@ class Resumer:
     def _fetch_remote_agreed(self) -> tuple[Path | None, list[tuple[str, str]]]:
         """Rank 0 names the newest remote checkpoint that verifies by HEAD; every rank
         fetches it; one broken anywhere is passed over for the next older one. Returns the
-        local folder (None: the store has none) and every checkpoint passed over."""
+        local folder (None: the store has none) and, newest first, every newer checkpoint
+        passed over with the reason (quarantined, not verifying by HEAD, broken on download),
+        the same on every rank."""
         ctx = self.ctx
         remote = ctx.remote
         assert remote is not None
         fetched: dict[str, Path] = {}
+        passed: dict[str, str] = {}  # in the order met: newest first
+        quarantined = dict(self._quarantined())
 
         def newest_first() -> Iterator[tuple[str, int]]:
-            exclude = set(ctx.settings.quarantined)
+            tried: set[str] = set()
             while True:
-                found = ctx.coord.broadcast(
-                    remote.find_newest(exclude=exclude) if ctx.rank == 0 else None
+                choice = ctx.coord.broadcast(
+                    remote.find_newest(exclude=tried, pass_over=quarantined)
+                    if ctx.rank == 0
+                    else None
                 )
-                if found is None:
+                for name, why in choice.passed_over:
+                    passed.setdefault(name, why)
+                if choice.name is None:
                     return
-                yield found
-                exclude.add(found[0])
+                yield choice.name, choice.world_size
+                tried.add(choice.name)
 
         def fetch_everywhere(found: tuple[str, int]) -> str | None:
             name, saved_world = found
@@ -224,15 +233,12 @@ class Resumer:
             fetched[name] = path
             return None
 
-        walk = first_valid(
-            newest_first(),
-            fetch_everywhere,
-            on_reject=lambda found, why: log.warning(
-                "remote checkpoint %s is broken (%s); trying an older one", found[0], why
-            ),
-        )
-        rejected = [*self._quarantined(), *((c[0], why) for c, why in walk.passed_over)]
-        return (None if walk.chosen is None else fetched[walk.chosen[0]]), rejected
+        def broken(found: tuple[str, int], why: str) -> None:
+            log.warning("remote checkpoint %s is broken (%s); trying an older one", found[0], why)
+            passed.setdefault(found[0], why)
+
+        walk = first_valid(newest_first(), fetch_everywhere, on_reject=broken)
+        return (None if walk.chosen is None else fetched[walk.chosen[0]]), list(passed.items())
 
     def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
         """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""
@@ -283,3 +289,10 @@ class Resumer:
             world_size=ctx.world_size,
         )
         return ResumeResult(source, path, pos.timestamp.copy(), fallbacks)
+
+
+def _lines_not_named(passed: list[tuple[str, str]], local: Decision) -> list[str]:
+    """``"<name>: <reason>"`` for each remote checkpoint passed over that the local decision
+    has not already reported."""
+    named = {name for name, _ in (*local.rejected, *local.leftovers)}
+    return [f"{name}: {why}" for name, why in passed if name not in named]

@@ -127,3 +127,40 @@ def test_malformed_uri_is_a_config_error(tmp_path, s3_env):
         CheckpointManager(
             model=make()[0], folder="s3:///nobucket/{run_name}", local_folder=tmp_path, run_name="r"
         )
+
+
+def test_remote_fallbacks_are_reported_in_the_result_and_the_event(
+    tmp_path, s3_env, s3_root, monkeypatch
+):
+    """docs/runtime.md: every newer checkpoint resume passed over is in
+    ``ResumeResult.fallbacks`` and the ``resumed`` event, when it came from the bucket too."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    for _ in range(5):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    client = s3_env.client()
+    prefix = f"{s3_root.key}/s3run"
+    client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/ep0-ba5/.metadata")  # missing
+    damaged = f"{prefix}/ep0-ba4/__0_0.distcp"  # same size and digest metadata, other bytes
+    head = client.head_object(Bucket=s3_root.bucket, Key=damaged)
+    body = bytearray(client.get_object(Bucket=s3_root.bucket, Key=damaged)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    client.put_object(
+        Bucket=s3_root.bucket, Key=damaged, Body=bytes(body), Metadata=head["Metadata"]
+    )
+    monkeypatch.setenv(envvars.QUARANTINED, "ep0-ba3")
+    target = tmp_path / "events.jsonl"
+    monkeypatch.setenv(envvars.EVENTS_FILE, str(target))
+
+    ck2 = manager(s3_root, tmp_path / "node-b", make(seed=9))  # an empty disk
+    res = ck2.resume()
+    ck2.close(save=False)
+
+    assert res.source == "remote" and res.path.endswith("ep0-ba2")
+    passed = [line.split(":", 1)[0] for line in res.fallbacks]
+    assert passed == ["ep0-ba5", "ep0-ba4", "ep0-ba3"], res.fallbacks
+    assert ".metadata" in res.fallbacks[0] and "quarantined" in res.fallbacks[2]
+    (resumed,) = [e for e in events.read_events(target.read_text()) if e.type == "resumed"]
+    assert resumed["fallbacks"] == res.fallbacks

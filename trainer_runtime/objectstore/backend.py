@@ -8,16 +8,22 @@ configuration fails before training starts, not at the first upload an hour late
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..fallback import first_valid
 from ..manifest import Manifest
+from ..remote import RemoteChoice
 from ..timestamp import Timestamp
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
 from .rejected import reject_remote
-from .resolver import RemoteCheckpoint, download_checkpoint, find_remote_checkpoint
+from .resolver import (
+    RemoteCheckpoint,
+    download_checkpoint,
+    find_remote_checkpoint,
+    walk_remote_checkpoints,
+)
 from .retry import Backoff, retry_call
 from .store import S3Store, TransferSettings, open_store
 from .uploader import CheckpointUploader
@@ -132,20 +138,29 @@ class S3Backend:
         )
         return None if walk.chosen is None else fetched[walk.chosen.name]
 
-    def find_newest(self, *, exclude: set[str]) -> tuple[str, int] | None:
-        """(name, world size) of the newest remote checkpoint whose objects verify by HEAD.
+    def find_newest(
+        self, *, exclude: set[str], pass_over: Mapping[str, str] | None = None
+    ) -> RemoteChoice:
+        """The newest remote checkpoint whose objects verify by HEAD, and every newer one
+        passed over with the reason (not verifying, or named in ``pass_over``); names in
+        ``exclude`` (already tried) are skipped.
 
         Rank 0 calls this and broadcasts the answer, so every rank fetches the same checkpoint.
         A store outage is retried (``resume_attempts``) and then raised.
         """
-        found = retry_call(
-            lambda: find_remote_checkpoint(self.store, self.run_uri, exclude=exclude),
+        walk = retry_call(
+            lambda: walk_remote_checkpoints(
+                self.store, self.run_uri, exclude=exclude, pass_over=pass_over
+            ),
             attempts=self.resume_attempts,
             backoff=Backoff(initial=2.0, maximum=30.0),
             retryable=is_transient,
             what=f"listing remote checkpoints of {self.run_uri}",
         )
-        return None if found is None else (found.name, found.manifest.world_size)
+        passed = [(ckpt.name, why) for ckpt, why in walk.passed_over]
+        if walk.chosen is None:
+            return RemoteChoice(None, passed_over=passed)
+        return RemoteChoice(walk.chosen.name, walk.chosen.manifest.world_size, passed)
 
     def fetch(self, name: str, run_dir: Path, ranks: list[int] | None) -> Path:
         """Download one checkpoint (the files of ``ranks``; all when None) and verify them.

@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomic
 from ..errors import ManifestError, NoCheckpointError
-from ..fallback import first_valid
+from ..fallback import Walk, first_valid
 from ..manifest import MANIFEST_NAME, Manifest, verify_entry
 from .errors import (
     ChecksumMismatchError,
@@ -105,17 +105,32 @@ def find_remote_checkpoint(
     Only metadata is checked here (size and the xxh3 recorded at upload); the bytes are checked
     when downloaded. Returns None when the run has no remote checkpoint at all.
     """
+    return walk_remote_checkpoints(store, run_uri, exclude=exclude, ranks=ranks).chosen
+
+
+def walk_remote_checkpoints(
+    store: S3Store,
+    run_uri: S3Uri | str,
+    *,
+    exclude: Collection[str] = (),
+    pass_over: Mapping[str, str] | None = None,
+    ranks: Collection[int] | None = None,
+) -> Walk[RemoteCheckpoint]:
+    """``find_remote_checkpoint``, with every newer committed checkpoint passed over and why:
+    those that do not verify by HEAD, and those named in ``pass_over`` (name: reason, without a
+    request). Names in ``exclude`` are skipped with a log line only."""
     run = _uri(run_uri, "run_uri")
     rank_list = None if ranks is None else list(ranks)
+    given = pass_over or {}
     return first_valid(
         list_remote_checkpoints(store, run, exclude=exclude),
-        lambda ckpt: verify_remote(store, run, ckpt.manifest, rank_list),
+        lambda ckpt: given.get(ckpt.name) or verify_remote(store, run, ckpt.manifest, rank_list),
         on_reject=lambda ckpt, why: log.warning(
-            "object store: remote checkpoint %s does not verify (%s); trying an older one",
+            "object store: passing over remote checkpoint %s (%s); trying an older one",
             ckpt.uri,
             why,
         ),
-    ).chosen
+    )
 
 
 def download_checkpoint(
