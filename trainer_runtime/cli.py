@@ -1,17 +1,51 @@
 """``rtj-checkpoints``: look at a run folder from a shell (what exists, what verifies), and
-export a checkpoint's weights as a plain ``state_dict`` file."""
+export a checkpoint's weights as a plain ``state_dict`` file.
+
+Each folder argument may be local or ``s3://BUCKET/PREFIX/...``. A bucket prefix is read through
+the runtime's own remote run-folder model (``objectstore.folder``) and verified downloads
+(``objectstore.resolver``), with the endpoint and credentials from the same environment
+variables as training (docs/object-store.md), so the tool sees what a resume would see.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import CheckpointError
 from .layout import RunFolder
+from .manifest import Manifest
+
+if TYPE_CHECKING:
+    from .objectstore import S3Store, S3Uri
+
+Check = Callable[[Manifest], str | None]
+"""None when every file of a committed checkpoint verifies, else why not."""
+
+_S3_NOTE = "; s3://BUCKET/PREFIX/... works too (downloaded to a temporary folder, then checked)"
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if _is_s3(args.folder):
+        return _main_remote(args)
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"rtj-checkpoints: {folder} is not a folder", file=sys.stderr)
+        return 2
+    if args.cmd == "export":
+        return _export(folder, args.out, trusted=args.trusted_pickle)
+    run = RunFolder(folder)
+    if args.cmd == "verify":
+        return _list(run, lambda m: run.verify(m, list(range(m.world_size))))
+    return _list(run, None)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rtj-checkpoints", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, text in (
@@ -19,27 +53,27 @@ def main(argv: list[str] | None = None) -> int:
         ("verify", "check every file of every committed checkpoint"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("folder", type=Path, help="a run folder (holds latest.json)")
+        p.add_argument("folder", help="a run folder (holds latest.json)" + _S3_NOTE)
     exp = sub.add_parser(
         "export",
         help="write a checkpoint's model weights as a plain state_dict file "
         "(torch.load(path, weights_only=True) reads it)",
     )
-    exp.add_argument("folder", type=Path, help="a checkpoint folder, or a run folder (its newest)")
+    exp.add_argument("folder", help="a checkpoint folder, or a run folder (its newest)" + _S3_NOTE)
     exp.add_argument("out", type=Path, help="the .pt file to write")
     exp.add_argument(
         "--trusted-pickle", action="store_true", help="the checkpoint was saved with trusted_pickle"
     )
-    args = ap.parse_args(argv)
-    if not args.folder.is_dir():
-        print(f"rtj-checkpoints: {args.folder} is not a folder", file=sys.stderr)
-        return 2
-    if args.cmd == "export":
-        return _export(args.folder, args.out, trusted=args.trusted_pickle)
-    return _list(args.folder, verify=args.cmd == "verify")
+    return ap
 
 
-def _export(folder: Path, out: Path, *, trusted: bool) -> int:
+def _is_s3(text: str) -> bool:
+    from .objectstore.uri import is_s3_uri  # noqa: PLC0415 - no object-store import otherwise
+
+    return is_s3_uri(text)
+
+
+def _export(folder: Path, out: Path, *, trusted: bool, shown: str | None = None) -> int:
     from .export import export_weights  # noqa: PLC0415 - torch only for this command
 
     try:
@@ -47,12 +81,12 @@ def _export(folder: Path, out: Path, *, trusted: bool) -> int:
     except CheckpointError as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 1
-    print(f"exported the model weights of {ckpt} to {out}")
+    print(f"exported the model weights of {shown or ckpt} to {out}")
     return 0
 
 
-def _list(root: Path, *, verify: bool) -> int:
-    folder = RunFolder(root)
+def _list(folder: RunFolder, check: Check | None) -> int:
+    """Print the run folder's checkpoints, newest first; with ``check``, whether each verifies."""
     pointer = folder.pointer_name()
     bad = 0
     for cand in folder.candidates():
@@ -62,8 +96,8 @@ def _list(root: Path, *, verify: bool) -> int:
             continue
         ts = m.timestamp
         status = ""
-        if verify:
-            reason = folder.verify(m, list(range(m.world_size)))
+        if check is not None:
+            reason = check(m)
             status = "ok" if reason is None else f"BROKEN: {reason}"
             bad += reason is not None
         mark = "*" if cand.name == pointer else " "
@@ -72,6 +106,75 @@ def _list(root: Path, *, verify: bool) -> int:
             f"ranks {m.world_size} {m.created_at} {status}".rstrip()
         )
     return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------- s3://
+
+
+def _main_remote(args: argparse.Namespace) -> int:
+    """The same commands on a bucket prefix. Exit 2: unusable location (malformed URI,
+    missing bucket, refused credentials, unreachable endpoint); 1: a broken checkpoint, none
+    to export, or a store failure midway."""
+    from .objectstore import ObjectStoreConfigError, ObjectStoreError, open_store  # noqa: PLC0415
+
+    try:
+        store, uri = open_store(args.folder, arg="folder", write=False)
+    except (ValueError, ObjectStoreConfigError) as exc:
+        print(f"rtj-checkpoints: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.cmd == "export":
+            return _export_remote(store, uri, args.out, trusted=args.trusted_pickle)
+        return _list_remote(store, uri, verify=args.cmd == "verify")
+    except ObjectStoreError as exc:
+        print(f"rtj-checkpoints: {exc}", file=sys.stderr)
+        return 1
+
+
+def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool) -> int:
+    from .objectstore import remote_run_folder  # noqa: PLC0415
+
+    folder = remote_run_folder(store, run_uri)
+    if not verify:
+        return _list(folder, None)
+    return _list(folder, lambda m: folder.verify(m, None) or _download_check(store, run_uri, m))
+
+
+def _download_check(store: S3Store, run_uri: S3Uri, manifest: Manifest) -> str | None:
+    """Every byte of the checkpoint checked by a verified download into a temporary folder
+    (deleted after): the object metadata a HEAD shows cannot reveal damaged bytes."""
+    from .objectstore import (  # noqa: PLC0415
+        ChecksumMismatchError,
+        ObjectNotFoundError,
+        RemoteCheckpoint,
+        download_checkpoint,
+    )
+
+    remote = RemoteCheckpoint(run_uri.join(manifest.name), manifest)
+    with tempfile.TemporaryDirectory(prefix="rtj-verify-") as scratch:
+        try:
+            download_checkpoint(store, remote, scratch)
+        except (ChecksumMismatchError, ObjectNotFoundError) as exc:
+            return str(exc)
+    return None
+
+
+def _export_remote(store: S3Store, uri: S3Uri, out: Path, *, trusted: bool) -> int:
+    """Download the checkpoint ``uri`` (or the newest of the run folder ``uri`` that downloads
+    intact), verified, into a temporary folder, and export that."""
+    from .manifest import MANIFEST_NAME  # noqa: PLC0415
+    from .objectstore import download_checkpoint, resume_from_remote  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="rtj-export-") as scratch:
+        if uri.key and store.head(uri.join(MANIFEST_NAME)) is not None:
+            ckpt, local = uri, download_checkpoint(store, uri, scratch)
+        else:
+            found = resume_from_remote(store, uri, scratch)  # raises if none downloads intact
+            if found is None:
+                print(f"rtj-checkpoints: folder {uri} holds no checkpoint", file=sys.stderr)
+                return 1
+            ckpt, local = found[0].uri, found[1]
+        return _export(local, out, trusted=trusted, shown=str(ckpt))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""``rtj-checkpoints ls|verify|export`` on an ``s3://`` run folder, as a real process against the
+suite's S3 server, configured only by the environment training uses (docs/object-store.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer_runtime import CheckpointManager
+
+from ..unit.trainkit import make, saved_weights, step
+
+pytestmark = pytest.mark.objectstore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def save_two(tmp_path: Path, run_uri: str) -> Path:
+    """ep0-ba1 and ep0-ba2 in the bucket; returns the local run folder that saved them."""
+    model, opt, sched, _ = make()
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=run_uri,
+        local_folder=tmp_path / "local",
+        run_name="run",
+        interval="1ba",
+    )
+    for _ in range(2):
+        step(model, opt, sched)
+        ck.batch_end(4)
+    ck.close()
+    return tmp_path / "local"
+
+
+def damage(client, bucket: str, key: str) -> None:
+    """Other bytes, same size and digest metadata: only a byte-level check sees it."""
+    head = client.head_object(Bucket=bucket, Key=key)
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body), Metadata=head["Metadata"])
+
+
+def test_ls_verify_and_export_take_an_s3_run_folder(tmp_path, s3_env, s3_root):
+    run_uri = str(s3_root.join("run"))
+    local = save_two(tmp_path, run_uri)
+
+    listed = cli("ls", run_uri)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith("* ep0-ba2") and lines[1].startswith("  ep0-ba1"), listed.stdout
+
+    assert cli("verify", run_uri).returncode == 0
+    damage(s3_env.client(), s3_root.bucket, f"{s3_root.key}/run/ep0-ba2/__0_0.distcp")
+    verified = cli("verify", run_uri)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    ba2, ba1 = verified.stdout.splitlines()
+    assert ba2.startswith("* ep0-ba2") and "BROKEN" in ba2 and "__0_0.distcp" in ba2
+    assert ba1.startswith("  ep0-ba1") and ba1.endswith(" ok")
+
+    # The run folder's newest that downloads intact (ep0-ba1), and a named checkpoint.
+    out = tmp_path / "weights.pt"
+    exported = cli("export", run_uri, str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert f"{run_uri}/ep0-ba1" in exported.stdout
+    expected = saved_weights(local / "ep0-ba1")
+    got = torch.load(out, weights_only=True)
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+    named = cli("export", f"{run_uri}/ep0-ba2", str(out))
+    assert named.returncode == 1 and "ep0-ba2" in named.stderr, named.stderr
+
+
+def test_a_bad_s3_location_names_the_argument_and_keeps_the_uri(s3_env):
+    bad = cli("ls", "s3://Not_A_Bucket/x")
+    assert bad.returncode == 2
+    assert "folder='s3://Not_A_Bucket/x'" in bad.stderr and "s3:/N" not in bad.stderr
+    missing = cli("verify", "s3://no-such-bucket-rtj/run")
+    assert missing.returncode == 2 and "no-such-bucket-rtj" in missing.stderr, missing.stderr
