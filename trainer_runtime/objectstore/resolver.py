@@ -22,10 +22,11 @@ import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import atomic
 from ..errors import ManifestError, NoCheckpointError
-from ..fallback import Walk, first_valid
+from ..fallback import first_valid
 from ..manifest import MANIFEST_NAME, Manifest, verify_entry
 from .errors import (
     ChecksumMismatchError,
@@ -36,6 +37,9 @@ from .errors import (
 from .folder import remote_run_folder, verify_remote
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
+
+if TYPE_CHECKING:
+    from ..fallback import Walk
 
 log = logging.getLogger(__name__)
 
