@@ -229,6 +229,8 @@ def locate_run(
             keep_local=keep_local,
             keep_remote=keep_remote,
         )
+    except ConfigError:
+        raise  # ObjectStoreConfigError: bucket, credentials, endpoint (named in the message)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return run_dir, backend

@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
+from tools.ports import free_port
 from trainer_runtime import CheckpointManager, ConfigError, Manifest, envvars, events
-from trainer_runtime.objectstore import S3Store, remote_pointer
+from trainer_runtime.objectstore import ObjectStoreConfigError, S3Store, remote_pointer
 
 from ..unit.trainkit import make, params, step
 
@@ -111,15 +112,19 @@ def test_load_path_from_the_store(tmp_path, s3_root):
     ft.close()
 
 
-def test_bad_bucket_fails_at_construction(tmp_path, s3_env):
-    with pytest.raises(Exception, match="no-such-bucket-rtj") as err:
-        CheckpointManager(
-            model=make()[0],
-            folder="s3://no-such-bucket-rtj/p/{run_name}",
-            local_folder=tmp_path,
-            run_name="r",
-        )
-    assert "bucket" in str(err.value).lower()
+@pytest.mark.parametrize("fault", ["missing-bucket", "unreachable-endpoint"])
+def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypatch, fault):
+    """docs/object-store.md promises ``ObjectStoreConfigError``, docs/runtime.md a
+    ``ConfigError``: either ``except`` catches it, and the message is the store's own."""
+    folder = f"{s3_root}/{{run_name}}"
+    if fault == "missing-bucket":
+        folder, reason = "s3://no-such-bucket-rtj/p/{run_name}", "'no-such-bucket-rtj' does not"
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
+        reason = "unreachable"
+    with pytest.raises(ObjectStoreConfigError, match=reason) as err:
+        CheckpointManager(model=make()[0], folder=folder, local_folder=tmp_path, run_name="r")
+    assert isinstance(err.value, ConfigError)
 
 
 def test_malformed_uri_is_a_config_error(tmp_path, s3_env):

@@ -2,19 +2,26 @@
 
 ``ObjectStoreConfigError`` is raised at construction (bad URI, missing bucket, denied or missing
 credentials, unreachable endpoint): the user must fix the configuration, so training must not
-start. ``LocalDataError`` means the local copy cannot be uploaded as it is (missing or corrupt
-file): retrying cannot help. Everything else that is an ``ObjectStoreError`` is worth retrying.
+start. It is also a ``trainer_runtime.errors.ConfigError`` (what ``CheckpointManager`` raises
+for every other bad setting), so ``except ConfigError`` and ``except ObjectStoreConfigError``
+both catch it. ``LocalDataError`` means the local copy cannot be uploaded as it is (missing or
+corrupt file): retrying cannot help. Everything else that is an ``ObjectStoreError`` is worth
+retrying.
 """
 
 from __future__ import annotations
+
+from ..errors import ConfigError
 
 
 class ObjectStoreError(RuntimeError):
     """Base class; a plain instance is a transient failure worth retrying."""
 
 
-class ObjectStoreConfigError(ObjectStoreError, ValueError):
-    """The configuration is wrong (bucket, credentials, endpoint): fail before training starts."""
+class ObjectStoreConfigError(ObjectStoreError, ConfigError):
+    """The configuration is wrong (bucket, credentials, endpoint): fail before training starts.
+
+    A ``ConfigError`` (and so a ``ValueError``) as well as an ``ObjectStoreError``."""
 
 
 class ObjectNotFoundError(ObjectStoreError):
