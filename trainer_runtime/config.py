@@ -11,22 +11,27 @@ pydantic model; the runtime keeps its dependencies to torch, xxhash and, for s3:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import envvars, naming
+from . import arguments, envvars, naming
 from .atomic import makedirs_durable, write_bytes_atomic
 from .errors import ConfigError, OverwriteError
+from .preemption import DEFAULT_EXIT_CODE
 from .timestamp import IntervalFn, SaveInterval
 
 if TYPE_CHECKING:
     from .layout import RunFolder
     from .remote import RemoteBackend
+
+log = logging.getLogger(__name__)
 
 AsyncPolicy = Literal["wait", "skip"]
 DEFAULT_GRACE_PERIOD_S = 30.0
@@ -43,9 +48,13 @@ class Settings:
 
     interval: SaveInterval
     templates: naming.NameTemplates
+    folder_arg: str
+    """Where the folder came from, for messages: ``folder`` or ``RTJ_CHECKPOINT_DIR``."""
     run_name: str | None
     """None: not given (a throwaway run gets a generated, agreed name)."""
     num_checkpoints_to_keep: int
+    num_local_checkpoints_to_keep: int | None
+    num_remote_checkpoints_to_keep: int
     weights_only: bool
     overwrite: bool
     autoresume: bool
@@ -62,10 +71,13 @@ class Settings:
     ignore_data_position: bool
     elastic: bool
     global_batch_size: int | None
+    handle_sigterm: bool
     notice_file: str | None
     grace_period_s: float
+    preemption_exit_code: int
     upload_flush_timeout_s: float | None
     final_save: bool
+    coordination_timeout: timedelta
 
     @classmethod
     def resolve(
@@ -77,11 +89,13 @@ class Settings:
         run_name: str | None,
         interval: int | str | IntervalFn,
         num_checkpoints_to_keep: int,
+        num_local_checkpoints_to_keep: int | None,
+        num_remote_checkpoints_to_keep: int,
         weights_only: bool,
         overwrite: bool,
         autoresume: bool,
         resume_from: str | None,
-        load_path: str | None,
+        load_path: str | os.PathLike[str] | None,
         load_weights_only: bool,
         load_strict: bool,
         load_ignore_keys: Sequence[str],
@@ -95,85 +109,197 @@ class Settings:
         ignore_data_position: bool,
         elastic: bool,
         global_batch_size: int | None,
+        handle_sigterm: bool,
         notice_file: str | None,
         grace_period_s: float | None,
+        preemption_exit_code: int,
         upload_flush_timeout_s: float | None,
         final_save: bool,
+        coordination_timeout: timedelta,
     ) -> Settings:
-        if num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
-            raise ConfigError(
-                f"num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected -1 (keep all) "
-                "or a positive count"
-            )
-        if data_skip_steps < 0:
-            raise ConfigError(f"data_skip_steps={data_skip_steps!r}: expected >= 0")
+        flags = {
+            "weights_only": weights_only,
+            "overwrite": overwrite,
+            "autoresume": autoresume,
+            "load_weights_only": load_weights_only,
+            "load_strict": load_strict,
+            "async_save": async_save,
+            "trusted_pickle": trusted_pickle,
+            "ignore_data_position": ignore_data_position,
+            "elastic": elastic,
+            "handle_sigterm": handle_sigterm,
+            "final_save": final_save,
+        }
+        for flag_name, value in flags.items():
+            arguments.flag(flag_name, value)
+        data_skip_steps = arguments.integer(
+            "data_skip_steps", data_skip_steps, "a number of steps >= 0", lambda n: n >= 0
+        )
         if data_skip_steps and (not has_sampler or sampler_batch_size is None):
             raise ConfigError(
                 "data_skip_steps needs sampler=ResumableSampler(..., batch_size=per-rank size)"
             )
-        if global_batch_size is not None and global_batch_size < 1:
-            raise ConfigError(f"global_batch_size={global_batch_size!r}: expected >= 1")
-        if upload_flush_timeout_s is not None and not upload_flush_timeout_s >= 0:
-            raise ConfigError(
-                f"upload_flush_timeout_s={upload_flush_timeout_s!r}: expected seconds >= 0 "
-                "(or None for the default)"
-            )
         if async_policy not in ("wait", "skip"):
             raise ConfigError(f"async_policy={async_policy!r}: expected 'wait' or 'skip'")
-        root = env(envvars.CHECKPOINT_DIR)
-        if folder is None and root:
-            folder_template = f"{root.rstrip('/')}/{{run_name}}"
-        else:
-            folder_template = naming.DEFAULT_FOLDER if folder is None else str(folder)
-        templates = naming.NameTemplates(
-            folder=folder_template, filename=filename, latest_filename=latest_filename
+        folder_template, folder_arg = _folder_template(folder)
+        keep_local, keep_remote = _object_store_retention(
+            num_local_checkpoints_to_keep, num_remote_checkpoints_to_keep, folder_template
         )
-        name = run_name or env(envvars.RUN_NAME)
-        if name is None and autoresume:
-            raise ConfigError(
-                "autoresume needs a stable run_name: pass run_name=... or set "
-                f"{envvars.RUN_NAME} (or autoresume=False for a throwaway run)"
-            )
-        if name is not None and ("/" in name or not name.strip()):
-            raise ConfigError(f"run_name={name!r} must be a non-empty name without '/'")
-        env_quarantine = (env(envvars.QUARANTINED) or "").split(",")
+        name = _run_name(run_name, autoresume=autoresume)
         return cls(
             interval=SaveInterval.parse(interval),
-            templates=templates,
+            templates=naming.NameTemplates(
+                folder=folder_template, filename=filename, latest_filename=latest_filename
+            ),
+            folder_arg=folder_arg,
             run_name=name,
-            num_checkpoints_to_keep=num_checkpoints_to_keep,
+            num_checkpoints_to_keep=arguments.integer(
+                "num_checkpoints_to_keep",
+                num_checkpoints_to_keep,
+                "-1 (keep all) or a positive count",
+                lambda n: n == -1 or n >= 1,
+            ),
+            num_local_checkpoints_to_keep=keep_local,
+            num_remote_checkpoints_to_keep=keep_remote,
             weights_only=weights_only,
             overwrite=overwrite,
             autoresume=autoresume,
             resume_from=resume_from or env(envvars.RESUME_FROM),
-            load_path=load_path,
+            load_path=_load_path(load_path),
             load_weights_only=load_weights_only,
             load_strict=load_strict,
-            load_ignore_keys=tuple(load_ignore_keys),
+            load_ignore_keys=arguments.names("load_ignore_keys", load_ignore_keys, "key prefixes"),
             async_save=async_save,
             async_policy=async_policy,  # type: ignore[arg-type]
             trusted_pickle=trusted_pickle,
-            quarantined=frozenset(
-                q.strip().rstrip("/").rsplit("/", 1)[-1]
-                for q in [*(quarantined or ()), *env_quarantine]
-                if q.strip()
-            ),
+            quarantined=_quarantined(quarantined),
             data_skip_steps=data_skip_steps,
             ignore_data_position=ignore_data_position,
             elastic=elastic,
-            global_batch_size=global_batch_size,
+            global_batch_size=arguments.optional_integer(
+                "global_batch_size", global_batch_size, "a batch size >= 1", lambda n: n >= 1
+            ),
+            handle_sigterm=handle_sigterm,
             notice_file=notice_file or env(envvars.NOTICE_FILE),
             grace_period_s=_grace_period(grace_period_s),
-            upload_flush_timeout_s=upload_flush_timeout_s,
+            preemption_exit_code=arguments.integer(
+                "preemption_exit_code",
+                preemption_exit_code,
+                f"an exit status 0-255 (default {DEFAULT_EXIT_CODE}: 128 + SIGTERM)",
+                lambda n: 0 <= n <= 255,
+            ),
+            upload_flush_timeout_s=_upload_flush_timeout(upload_flush_timeout_s),
             final_save=final_save,
+            coordination_timeout=arguments.duration("coordination_timeout", coordination_timeout),
         )
+
+
+def _folder_template(folder: Any) -> tuple[str, str]:
+    """The run folder's template and the name of what gave it (argument or variable)."""
+    if folder is not None:
+        return str(folder), "folder"
+    root = env(envvars.CHECKPOINT_DIR)
+    if root is None:
+        return naming.DEFAULT_FOLDER, "folder"
+    if is_remote(root):
+        check_object_store_uri(root, arg=envvars.CHECKPOINT_DIR)
+    return f"{root.rstrip('/')}/{{run_name}}", envvars.CHECKPOINT_DIR
+
+
+def _run_name(given: str | None, *, autoresume: bool) -> str | None:
+    arg, name = ("run_name", given) if given else (envvars.RUN_NAME, env(envvars.RUN_NAME))
+    if name is None:
+        if autoresume:
+            raise ConfigError(
+                "autoresume needs a stable run_name: pass run_name=... or set "
+                f"{envvars.RUN_NAME} (or autoresume=False for a throwaway run)"
+            )
+        return None
+    if not isinstance(name, str) or "/" in name or not name.strip():
+        raise ConfigError(f"{arg}={name!r} must be a non-empty name without '/'")
+    return name
+
+
+def _object_store_retention(
+    keep_local: object, keep_remote: object, folder_template: str
+) -> tuple[int | None, int]:
+    """Both counts, checked; they only act on an ``s3://`` folder, so elsewhere a value that
+    is not the default is logged as ignored (not refused: one script may run with a local
+    folder and, in a pod, with an ``s3://`` ``RTJ_CHECKPOINT_DIR``)."""
+    local = arguments.optional_integer(
+        "num_local_checkpoints_to_keep", keep_local, "a count >= 0", lambda n: n >= 0
+    )
+    remote = arguments.integer(
+        "num_remote_checkpoints_to_keep",
+        keep_remote,
+        "-1 (keep all) or a positive count",
+        lambda n: n == -1 or n >= 1,
+    )
+    if not is_remote(folder_template):
+        given = [f"num_local_checkpoints_to_keep={local}"] if local is not None else []
+        given += [f"num_remote_checkpoints_to_keep={remote}"] if remote != -1 else []
+        if given:
+            log.warning(
+                "%s: ignored, the folder %r is not an s3:// folder (num_checkpoints_to_keep "
+                "is the retention of a local folder)",
+                ", ".join(given),
+                folder_template,
+            )
+    return local, remote
+
+
+def _load_path(given: str | os.PathLike[str] | None) -> str | None:
+    if given is None:
+        return None
+    if not isinstance(given, str | os.PathLike):
+        raise ConfigError(
+            f"load_path={given!r}: expected a path or an s3:// URI, got a {type(given).__name__}"
+        )
+    path = os.fspath(given)
+    if is_remote(path):
+        check_object_store_uri(path, arg="load_path")
+    return path or None
+
+
+def check_object_store_uri(uri: str, *, arg: str) -> None:
+    """A ``ConfigError`` naming ``arg`` unless ``uri`` is a well-formed ``s3://`` location
+    (other schemes get a hint: gs://, oci://, s3a://, https://); nothing is contacted."""
+    from .objectstore.uri import parse_s3_uri  # noqa: PLC0415 - the object store on use only
+
+    try:
+        parse_s3_uri(uri, arg=arg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _quarantined(given: Iterable[str] | None) -> frozenset[str]:
+    """Checkpoint names never to resume from: the argument, else ``RTJ_QUARANTINED``. Each may
+    be a name or a path or URI ending in one."""
+    if given is None:
+        entries: Sequence[str] = (env(envvars.QUARANTINED) or "").split(",")
+    else:
+        entries = arguments.names("quarantined", given, "checkpoint names")
+    return frozenset(
+        entry.strip().rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.strip()
+    )
+
+
+def _upload_flush_timeout(given: float | None) -> float | None:
+    if given is None:
+        return None
+    return arguments.seconds(
+        "upload_flush_timeout_s",
+        given,
+        "seconds >= 0 (or None for the default)",
+        lambda s: s >= 0,
+    )
 
 
 def _grace_period(given: float | None) -> float:
     if given is not None:
-        if not (isinstance(given, int | float) and math.isfinite(given) and given > 0):
-            raise ConfigError(f"grace_period_s={given!r}: expected seconds > 0")
-        return float(given)
+        return arguments.seconds(
+            "grace_period_s", given, "seconds > 0", lambda s: math.isfinite(s) and s > 0
+        )
     raw = env(envvars.GRACE_PERIOD_SECONDS)
     if raw is None:
         return DEFAULT_GRACE_PERIOD_S
@@ -203,18 +329,20 @@ def locate_run(
     world_size: int,
     keep_local: int | None,
     keep_remote: int,
+    arg: str = "folder",
 ) -> tuple[Path, RemoteBackend | None]:
     """The local run folder and the object store behind it (``folder="s3://..."`` builds
-    one; a bad URI, bucket or credentials fail here, at once)."""
+    one; a bad URI, bucket or credentials fail here, at once). ``arg`` names where the folder
+    came from in messages (``folder``, or ``RTJ_CHECKPOINT_DIR``)."""
     if not is_remote(rendered_folder):
         return Path(rendered_folder), remote
     if remote is not None:
-        raise ConfigError("pass either an s3:// folder or remote=..., not both")
+        raise ConfigError(f"pass either an s3:// {arg} or remote=..., not both")
     run_dir = _staging_dir(rendered_folder, local_folder)
     root, _, leaf = rendered_folder.rstrip("/").rpartition("/")
     if not leaf or root.endswith(":/"):
         raise ConfigError(
-            f"folder={rendered_folder!r}: expected s3://bucket/prefix/{{run_name}} (a run "
+            f"{arg}={rendered_folder!r}: expected s3://bucket/prefix/{{run_name}} (a run "
             "folder inside a bucket)"
         )
     from .objectstore.backend import S3Backend  # noqa: PLC0415 - boto3 only for s3://
@@ -223,7 +351,7 @@ def locate_run(
         backend = S3Backend(
             root,
             leaf,
-            arg="folder",
+            arg=arg,
             rank=rank,
             world_size=world_size,
             keep_local=keep_local,

@@ -130,6 +130,7 @@ def open_run(
         world_size=coord.world_size,
         keep_local=keep_local,
         keep_remote=keep_remote,
+        arg=settings.folder_arg,
     )
     model = components.model
     engine = ShardedEngine(

@@ -119,6 +119,8 @@ class CheckpointManager:
             run_name=run_name,
             interval=interval,
             num_checkpoints_to_keep=num_checkpoints_to_keep,
+            num_local_checkpoints_to_keep=num_local_checkpoints_to_keep,
+            num_remote_checkpoints_to_keep=num_remote_checkpoints_to_keep,
             weights_only=weights_only,
             overwrite=overwrite,
             autoresume=autoresume,
@@ -137,10 +139,13 @@ class CheckpointManager:
             ignore_data_position=ignore_data_position,
             elastic=elastic,
             global_batch_size=global_batch_size,
+            handle_sigterm=handle_sigterm,
             notice_file=notice_file,
             grace_period_s=grace_period_s,
+            preemption_exit_code=preemption_exit_code,
             upload_flush_timeout_s=upload_flush_timeout_s,
             final_save=final_save,
+            coordination_timeout=coordination_timeout,
         )
         self.settings = cfg
         self.interval = cfg.interval
@@ -158,16 +163,16 @@ class CheckpointManager:
             sampler=sampler,
             remote=remote,
             local_folder=local_folder,
-            keep_local=num_local_checkpoints_to_keep,
-            keep_remote=num_remote_checkpoints_to_keep,
-            coordination_timeout=coordination_timeout,
+            keep_local=cfg.num_local_checkpoints_to_keep,
+            keep_remote=cfg.num_remote_checkpoints_to_keep,
+            coordination_timeout=cfg.coordination_timeout,
         )
         self.coord, self.commit_coord = ctx.coord, ctx.commit_coord
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.run_name, self.run_dir, self.folder = ctx.run_name, ctx.run_dir, ctx.folder
         self.remote, self.engine, self.progress = ctx.remote, ctx.engine, ctx.progress
         self.preemption = PreemptionWatcher(
-            notice_file=cfg.notice_file, handle_sigterm=handle_sigterm
+            notice_file=cfg.notice_file, handle_sigterm=cfg.handle_sigterm
         )
         self.saver = Saver(self._ctx)
         self.loader = Loader(self._ctx)
@@ -175,7 +180,7 @@ class CheckpointManager:
         self._response = PreemptionResponse(
             self,
             grace_period_s=cfg.grace_period_s,
-            exit_code=preemption_exit_code,
+            exit_code=cfg.preemption_exit_code,
             upload_flush_timeout_s=cfg.upload_flush_timeout_s,
         )
         self._closed = False

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import threading
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -290,6 +291,148 @@ def test_retention_spares_checkpoints_still_uploading(tmp_path):
 def test_bad_retention_value(tmp_path, keep):
     with pytest.raises(ConfigError, match="num_checkpoints_to_keep"):
         manager(tmp_path, make(), num_checkpoints_to_keep=keep)
+
+
+BAD_ARGUMENTS = {
+    # wrong type: a ConfigError naming the argument and the type, never a bare TypeError
+    "num_checkpoints_to_keep='3'": (
+        {"num_checkpoints_to_keep": "3"},
+        "num_checkpoints_to_keep='3': expected an int, -1 (keep all) or a positive count; got a",
+    ),
+    "num_checkpoints_to_keep=True": ({"num_checkpoints_to_keep": True}, "expected an int"),
+    "data_skip_steps=1.0": ({"data_skip_steps": 1.0}, "data_skip_steps=1.0: expected an int"),
+    "global_batch_size='8'": ({"global_batch_size": "8"}, "global_batch_size='8': expected an int"),
+    "grace_period_s=True": ({"grace_period_s": True}, "grace_period_s=True: expected seconds"),
+    "upload_flush_timeout_s='5'": (
+        {"upload_flush_timeout_s": "5"},
+        "upload_flush_timeout_s='5': expected seconds >= 0",
+    ),
+    "overwrite='yes'": ({"overwrite": "yes"}, "overwrite='yes': expected True or False, got a str"),
+    "final_save=1": ({"final_save": 1}, "final_save=1: expected True or False, got an int"),
+    "handle_sigterm=None": ({"handle_sigterm": None}, "handle_sigterm=None: expected True or"),
+    # object-store retention: the public names, and checked even with a local folder
+    "num_local_checkpoints_to_keep=-5": (
+        {"num_local_checkpoints_to_keep": -5},
+        "num_local_checkpoints_to_keep=-5: expected None or a count >= 0",
+    ),
+    "num_local_checkpoints_to_keep='1'": (
+        {"num_local_checkpoints_to_keep": "1"},
+        "num_local_checkpoints_to_keep='1': expected an int",
+    ),
+    "num_remote_checkpoints_to_keep=0": (
+        {"num_remote_checkpoints_to_keep": 0},
+        "num_remote_checkpoints_to_keep=0: expected -1 (keep all) or a positive count",
+    ),
+    "num_remote_checkpoints_to_keep=0 (s3)": (
+        {"num_remote_checkpoints_to_keep": 0, "folder": "s3://bucket/p/{run_name}"},
+        "num_remote_checkpoints_to_keep=0: expected -1",
+    ),
+    "num_local_checkpoints_to_keep=-5 (s3)": (
+        {"num_local_checkpoints_to_keep": -5, "folder": "s3://bucket/p/{run_name}"},
+        "num_local_checkpoints_to_keep=-5: expected None or a count >= 0",
+    ),
+    # preemption: checked now, not at SIGTERM
+    "preemption_exit_code='x'": (
+        {"preemption_exit_code": "x"},
+        "preemption_exit_code='x': expected an int, an exit status 0-255",
+    ),
+    "preemption_exit_code=300": (
+        {"preemption_exit_code": 300},
+        "preemption_exit_code=300: expected an exit status 0-255",
+    ),
+    "preemption_exit_code=-1": ({"preemption_exit_code": -1}, "expected an exit status 0-255"),
+    "preemption_exit_code=True": ({"preemption_exit_code": True}, "expected an int"),
+    "coordination_timeout=5": (
+        {"coordination_timeout": 5},
+        "coordination_timeout=5: expected a datetime.timedelta > 0",
+    ),
+    "coordination_timeout=0s": ({"coordination_timeout": timedelta(0)}, "expected a datetime"),
+    # names: a plain string would be split into characters
+    "quarantined='ep1-ba2'": (
+        {"quarantined": "ep1-ba2"},
+        "quarantined='ep1-ba2': expected a list of checkpoint names, e.g. ['ep1-ba2']",
+    ),
+    "quarantined=[1]": ({"quarantined": [1]}, "quarantined=[1]: expected a list of"),
+    "load_ignore_keys='optimizer'": (
+        {"load_ignore_keys": "optimizer"},
+        "load_ignore_keys='optimizer': expected a list of key prefixes",
+    ),
+    "run_name=5": ({"run_name": 5}, "run_name=5 must be a non-empty name"),
+    # load_path: the same URI checks as the folder, at construction rather than at resume()
+    "load_path='gs://x/y'": (
+        {"load_path": "gs://x/y"},
+        "load_path='gs://x/y': unsupported scheme gs://; expected s3://BUCKET/PREFIX "
+        "(Google Cloud Storage",
+    ),
+    "load_path='oci://b/p'": ({"load_path": "oci://b/p"}, "(OCI Object Storage: use s3://"),
+    "load_path='s3a://b/p'": ({"load_path": "s3a://b/p"}, "s3a:// is Hadoop's spelling"),
+    "load_path='https://h/b'": (
+        {"load_path": "https://h/b"},
+        "load_path='https://h/b': unsupported scheme https://",
+    ),
+    "load_path=5": ({"load_path": 5}, "load_path=5: expected a path or an s3:// URI"),
+}
+
+
+@pytest.mark.parametrize("kw, message", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_bad_argument_is_a_config_error_naming_it(tmp_path, kw, message):
+    args = {"folder": tmp_path / "ck", "run_name": "run", **kw}
+    with pytest.raises(ConfigError) as err:
+        CheckpointManager(model=make()[0], **args)
+    assert message in str(err.value)
+    assert not (tmp_path / "ck").exists(), "refused before anything was created"
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        (
+            "RTJ_CHECKPOINT_DIR",
+            "gs://x/envroot",
+            "RTJ_CHECKPOINT_DIR='gs://x/envroot': unsupported scheme gs://; expected "
+            "s3://BUCKET/PREFIX (Google Cloud Storage",
+        ),
+        ("RTJ_CHECKPOINT_DIR", "s3://", "RTJ_CHECKPOINT_DIR='s3://' names no bucket"),
+        ("RTJ_CHECKPOINT_DIR", "s3://Bad_Bucket/p", "RTJ_CHECKPOINT_DIR='s3://Bad_Bucket/p'"),
+        ("RTJ_RUN_NAME", "a/b", "RTJ_RUN_NAME='a/b' must be a non-empty name without '/'"),
+    ],
+)
+def test_bad_environment_value_is_a_config_error_naming_the_variable(
+    tmp_path, monkeypatch, variable, value, message
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RTJ_RUN_NAME", "envrun")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as err:
+        CheckpointManager(model=make()[0])
+    assert message in str(err.value)
+
+
+def test_object_store_retention_with_a_local_folder_is_ignored_with_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trainer_runtime"):
+        ck = manager(
+            tmp_path, make(), num_local_checkpoints_to_keep=0, num_remote_checkpoints_to_keep=2
+        )
+    ck.close()
+    assert (
+        "num_local_checkpoints_to_keep=0, num_remote_checkpoints_to_keep=2: ignored, the "
+        f"folder {str(tmp_path / 'ck')!r} is not an s3:// folder" in caplog.text
+    )
+
+
+def test_explicit_quarantined_replaces_the_environment(tmp_path, monkeypatch):
+    write_two(tmp_path)
+    monkeypatch.setenv("RTJ_QUARANTINED", "ep0-ba2")
+    ck = manager(tmp_path, make(), quarantined=["ep0-ba1"])
+    assert ck.settings.quarantined == {"ep0-ba1"}
+    assert ck.resume().path.endswith("ep0-ba2"), "the variable's name is not quarantined"
+    ck.close()
+    ck = manager(tmp_path, make(), quarantined=[])
+    assert ck.settings.quarantined == frozenset()
+    ck.close()
+    ck = manager(tmp_path, make())  # no argument: the variable
+    assert ck.settings.quarantined == {"ep0-ba2"}
+    ck.close()
 
 
 def test_overwrite_protection_other_run(tmp_path):
