@@ -375,9 +375,26 @@ def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> P
     return Path(base) / scheme / rest.strip("/")
 
 
-def check_run_folder(folder: RunFolder, *, run_name: str, rank: int, overwrite: bool) -> None:
-    """Fail now, not at the first save, if the folder is unusable or someone else's."""
+def run_folder_source(settings: Settings, local_folder: object) -> str:
+    """What chose the run's local folder, for messages: an argument or an environment variable
+    (an ``s3://`` run's folder is its staging folder)."""
+    if not is_remote(settings.templates.folder):
+        return settings.folder_arg
+    if local_folder is None and env(envvars.LOCAL_CHECKPOINT_DIR):
+        return envvars.LOCAL_CHECKPOINT_DIR
+    return "local_folder"
+
+
+def check_run_folder(
+    folder: RunFolder, *, run_name: str, rank: int, overwrite: bool, source: str = "folder"
+) -> None:
+    """Fail now, not at the first save, if the folder is unusable or someone else's. ``source``
+    (see ``run_folder_source``) is what the message tells the user to change."""
     run_dir = folder.root
+    if source in (envvars.CHECKPOINT_DIR, envvars.LOCAL_CHECKPOINT_DIR):
+        fix = f"set {source} to a writable folder"
+    else:
+        fix = f"pass {source}= a writable folder"
     try:
         makedirs_durable(run_dir)
         probe = run_dir / f".write-probe-{rank}-{os.getpid()}"
@@ -388,10 +405,10 @@ def check_run_folder(folder: RunFolder, *, run_name: str, rank: int, overwrite: 
         if blocker is not None:
             raise ConfigError(
                 f"checkpoint folder {str(run_dir)!r} cannot be created: "
-                f"{str(blocker)!r} is a file, not a folder; pass folder= a folder path"
+                f"{str(blocker)!r} is a file, not a folder; {fix}"
             ) from exc
         raise ConfigError(
-            f"checkpoint folder {str(run_dir)!r} is not writable: {exc.strerror or exc}"
+            f"checkpoint folder {str(run_dir)!r} is not writable: {exc.strerror or exc}; {fix}"
         ) from exc
     foreign = sorted({m.run_name for m in folder.committed()} - {run_name})
     if foreign and not overwrite:

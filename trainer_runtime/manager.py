@@ -28,7 +28,7 @@ from torch import nn
 
 from . import naming
 from . import state as state_mod
-from .config import AsyncPolicy, Settings, check_run_folder
+from .config import AsyncPolicy, Settings, check_run_folder, run_folder_source
 from .context import open_run
 from .emergency import PreemptionResponse
 from .errors import ConfigError
@@ -184,7 +184,13 @@ class CheckpointManager:
             upload_flush_timeout_s=cfg.upload_flush_timeout_s,
         )
         self._closed = False
-        check_run_folder(ctx.folder, run_name=ctx.run_name, rank=ctx.rank, overwrite=cfg.overwrite)
+        check_run_folder(
+            ctx.folder,
+            run_name=ctx.run_name,
+            rank=ctx.rank,
+            overwrite=cfg.overwrite,
+            source=run_folder_source(cfg, local_folder),
+        )
 
     # ------------------------------------------------------------------ live position
     timestamp = _position_field("timestamp", "The training position (resume restores it).")

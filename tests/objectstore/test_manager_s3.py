@@ -127,6 +127,19 @@ def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypa
     assert isinstance(err.value, ConfigError)
 
 
+def test_unusable_staging_folder_names_where_it_came_from(tmp_path, s3_root, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RTJ_LOCAL_CHECKPOINT_DIR", str(blocker / "staging"))
+    folder = f"{s3_root}/{{run_name}}"
+    with pytest.raises(ConfigError) as err:
+        CheckpointManager(model=make()[0], folder=folder, run_name="r")
+    assert "set RTJ_LOCAL_CHECKPOINT_DIR to a writable folder" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        CheckpointManager(model=make()[0], folder=folder, local_folder=blocker / "l", run_name="r")
+    assert "pass local_folder= a writable folder" in str(err.value)
+
+
 def test_malformed_uri_is_a_config_error(tmp_path, s3_env):
     with pytest.raises(ConfigError, match="folder"):
         CheckpointManager(

@@ -408,6 +408,18 @@ def test_bad_environment_value_is_a_config_error_naming_the_variable(
     assert message in str(err.value)
 
 
+def test_unusable_folder_from_the_environment_names_the_variable(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RTJ_CHECKPOINT_DIR", str(blocker / "root"))
+    with pytest.raises(ConfigError) as err:
+        CheckpointManager(model=make()[0], run_name="r")
+    assert "is a file, not a folder; set RTJ_CHECKPOINT_DIR to a writable folder" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # an explicit folder wins, and is what is named
+        CheckpointManager(model=make()[0], run_name="r", folder=blocker / "ck")
+    assert "is a file, not a folder; pass folder= a writable folder" in str(err.value)
+
+
 def test_object_store_retention_with_a_local_folder_is_ignored_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trainer_runtime"):
         ck = manager(
