@@ -28,6 +28,18 @@ def test_sigterm_saves_at_the_next_step_then_exits_143(tmp_path, caplog):
     assert signal.getsignal(signal.SIGTERM) is not ck.preemption._on_sigterm  # restored
 
 
+def test_sigterm_exits_with_the_configured_exit_code(tmp_path):
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path, run_name="r", interval="100ba", preemption_exit_code=7
+    )
+    ck.batch_end(4)
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        ck.batch_end(4)
+    assert exc.value.code == 7
+    assert Manifest.read(tmp_path / "ep0-ba2").timestamp.batch == 2
+
+
 def test_notice_file_triggers_one_save_and_training_goes_on(tmp_path):
     notice = tmp_path / "notice"
     notice.write_text("")
