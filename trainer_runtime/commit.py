@@ -14,13 +14,15 @@ alternative: each saver keeping its own commit).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+from .dist import describe_failures
 from .errors import SaveFailedError
 from .layout import RunFolder
 from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, FileEntry, Manifest
@@ -56,19 +58,17 @@ def write_and_commit(
     coord = engine.commit_coord
     path = folder.path(name)
     outcome: list[FileEntry] | str
+    failure: BaseException | None = None
     try:  # the folder is made inside the collective save, so a failure there is shared
         outcome = engine.write(state, path, staged=staged_keys)
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-        # reported to every rank below, then raised
-        outcome = f"rank {engine.rank}: {type(exc).__name__}: {exc}"
+        # reported to every rank below, then raised (with this one as its cause)
+        failure, outcome = exc, describe_write_failure(exc, engine.rank)
     duration = time.monotonic() - started
     gathered = coord.all_gather((outcome, duration))
     errors = [o for o, _ in gathered if isinstance(o, str)]
     if errors:
-        folder.remove_tree(name)  # every rank: on node-local disks each has a copy
-        raise SaveFailedError(
-            f"checkpoint {name} not committed ({'; '.join(errors)}); earlier checkpoints are intact"
-        )
+        _abandon(folder, name, errors, failure)
     manifest = Manifest(
         name=name,
         run_name=run_name,
@@ -81,17 +81,65 @@ def write_and_commit(
         format_version=FORMAT_VERSION_SHARDED,
         extra={"engine": ENGINE_NAME},
     )
+    problem = None
     if engine.rank == 0:
-        folder.write_manifest(manifest)
-        folder.write_pointer(manifest)
-    # One collective serves as the barrier (rank 0 has committed) and shares its time.
-    manifest.created_at = coord.broadcast(manifest.created_at)
+        failure, problem = _commit_on_rank0(folder, manifest)
+    # One collective serves as the barrier (rank 0 has committed, or failed to) and shares
+    # its time.
+    manifest.created_at, problem = coord.broadcast((manifest.created_at, problem))
+    if problem is not None:
+        _abandon(folder, name, [problem], failure)
     if engine.rank != 0 and not (path / MANIFEST_NAME).exists():
         # Node-local disk: this node holds only its own shard files; it records the commit
         # so retention and listing agree, but resuming needs a shared folder or the store.
         folder.write_manifest(manifest)
-        folder.write_pointer(manifest)
+        _write_pointer(folder, manifest)
     if latest_link is not None:
         folder.link_latest(latest_link, name)
     log.info("committed checkpoint %s in %.2fs", name, manifest.save_duration_s)
     return manifest
+
+
+def describe_write_failure(exc: BaseException, rank: int) -> str:
+    """The cause in one line: DCP wraps each rank's error in a ``CheckpointException``
+    whose text is a full traceback per rank; the traceback stays in the chained cause."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return describe_failures(exc)
+    return f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _commit_on_rank0(folder: RunFolder, manifest: Manifest) -> tuple[Exception | None, str | None]:
+    """Write the manifest (the commit), then the pointer; the failure and its one-line
+    description when the manifest could not be written."""
+    try:
+        folder.write_manifest(manifest)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            folder.uncommit(manifest.name)  # written, but its folder's sync failed
+        return exc, describe_write_failure(exc, 0)
+    _write_pointer(folder, manifest)
+    return None, None
+
+
+def _write_pointer(folder: RunFolder, manifest: Manifest) -> None:
+    """Point ``latest.json`` at a committed checkpoint. Failing to is not a failed save: the
+    pointer is replaced atomically, so it still names the previous committed checkpoint."""
+    try:
+        folder.write_pointer(manifest)
+    except OSError as exc:
+        log.warning(
+            "checkpoint %s committed, but latest.json still names the previous one: %s",
+            manifest.name,
+            exc,
+        )
+
+
+def _abandon(
+    folder: RunFolder, name: str, errors: list[str], cause: BaseException | None
+) -> NoReturn:
+    """Remove the partial checkpoint on every rank and raise the failure everywhere."""
+    folder.remove_tree(name)  # every rank: on node-local disks each has a copy
+    reasons = "; ".join(dict.fromkeys(errors))
+    raise SaveFailedError(
+        f"checkpoint {name} not committed ({reasons}); earlier checkpoints are intact"
+    ) from cause

@@ -56,12 +56,17 @@ class Position:
 
     def key(self) -> tuple:
         """What makes two saves the same save: epoch, batch and sample."""
-        ts = self.timestamp
+        return self.key_of(self.timestamp)
+
+    @staticmethod
+    def key_of(ts: Timestamp) -> tuple:
         return (ts.epoch, ts.batch, ts.sample)
 
-    def mark_saved(self) -> None:
-        """The live state equals a checkpoint on disk: a save now would only copy it."""
-        self.last_saved_key = self.key()
+    def mark_saved(self, committed: Timestamp | None = None) -> None:
+        """A checkpoint of ``committed`` (default: the live position) is on disk: a save at
+        that position would only copy it. Only a commit (or a resume) marks a position saved,
+        so a failed save is retried by the next ``save()`` or ``close()``."""
+        self.last_saved_key = self.key_of(self.timestamp if committed is None else committed)
 
     def wall_time(self) -> float:
         """Training seconds so far, across attempts (resume restores the saved total)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from . import envvars
 from .errors import ConfigError
@@ -106,3 +107,12 @@ def _destroy_at_exit(still_open: list[Any]) -> None:
     """Destroy a group the program never closed (an exception ended it, or no close())."""
     while still_open:
         _destroy(still_open.pop())
+
+
+def describe_failures(exc: CheckpointException) -> str:
+    """One line per failed rank, ``rank r: Type: message``, without DCP's tracebacks."""
+    parts = []
+    for r, wrapped in sorted(exc.failures.items()):
+        e = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        parts.append(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}")
+    return "; ".join(parts)[:2000]

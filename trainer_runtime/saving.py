@@ -73,6 +73,8 @@ class Saver:
         self.pending: Future[SavedCheckpoint] | None = None
         """The background save in flight (or finished but not yet collected)."""
         self._pending_name: str | None = None
+        self._pending_key: tuple | None = None
+        """The position the background save in flight is saving."""
         self._gate: StagingGate | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pruner: ThreadPoolExecutor | None = None
@@ -99,8 +101,8 @@ class Saver:
             raise SaveFailedError("save() called after close()")
         pos.timestamp.wall_time = pos.wall_time()
         key = pos.key()
-        if key == pos.last_saved_key:
-            return None  # nothing new since the last save
+        if key == pos.last_saved_key or self._persisting_key(key):
+            return None  # nothing new since the last committed save (or the one in flight)
         use_async = settings.async_save if blocking is None else not blocking
         if self.pending is not None and not self.pending.done():
             if use_async and settings.async_policy == "skip":
@@ -128,8 +130,7 @@ class Saver:
             extras={**pos.extras, RUNTIME_KEY: {"global_batch_size": pos.last_global_batch}},
             weights_only=settings.weights_only,
         )
-        ts = pos.timestamp.copy()
-        pos.last_saved_key = key
+        ts = pos.timestamp.copy()  # the position counts as saved once this commits (_persist)
         timing = SaveTiming()
         if not use_async:  # written before training continues: no copy needed
             # _persist records the hold (the whole call) before it reports the commit, so the
@@ -149,7 +150,7 @@ class Saver:
             _yield_cpu_to_training()
             return self._persist(snapshot, keys, ts, checkpoint, latest, started, timing, None)
 
-        self._pending_name = checkpoint
+        self._pending_name, self._pending_key = checkpoint, key
         timing.call_s = time.perf_counter() - called  # the rest is the submit, microseconds
         self.pending = self._executor.submit(background)
         self.pending.add_done_callback(_log_failure)
@@ -185,6 +186,10 @@ class Saver:
             for k, v in data[MODEL_KEY].items()
         }
         return tree
+
+    def _persisting_key(self, key: tuple) -> bool:
+        """A background save of this very position is still in flight."""
+        return self.persisting() and key == self._pending_key
 
     # ------------------------------------------------------------------ waiting, failures
     def raise_background_failure(self) -> None:
@@ -277,6 +282,7 @@ class Saver:
             latest_link=latest,
             started=started,
         )
+        ctx.position.mark_saved(ts)
         if sync_called is not None:
             timing.call_s = time.perf_counter() - sync_called
         saved = SavedCheckpoint(

@@ -6,6 +6,7 @@ child process with RLIMIT_FSIZE, where the kernel fails the write part-way throu
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from trainer_runtime import CheckpointManager, SaveFailedError
 from trainer_runtime.layout import RunFolder
 
 from ..conftest import require
-from .trainkit import make
+from .trainkit import make, step
 
 
 def assert_only_first_committed(run_dir):
@@ -42,9 +43,73 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path):
         with pytest.raises(SaveFailedError, match="No space left on device") as err:
             ck.batch_end(1)
         assert "earlier checkpoints are intact" in str(err.value)
+        assert "\n" not in str(err.value), "one line: DCP's traceback belongs in the cause"
+        assert "OSError: [Errno 28]" in str(err.value)
+        assert "Traceback" in str(err.value.__cause__)
         assert_only_first_committed(mnt / "ck")
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 600 KiB tmpfs and a way to fill it up (``fill()``) and free it (``free()``)."""
+    require(os.geteuid() == 0, "mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mnt)], check=True)
+    filler = mnt / "filler"
+
+    def fill() -> None:
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+
+    try:
+        yield mnt, fill, filler.unlink
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_save_that_failed_for_lack_of_space_is_retried(full_disk, async_save):
+    """A failed save is not a saved position: once space is freed, ``save()`` and ``close()``
+    save it. Until then the pointer and the link name the last committed checkpoint."""
+    mnt, fill, free = full_disk
+    model, opt, sched, _ = make()
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=mnt / "ck",
+        run_name="r",
+        interval="100ba",
+        async_save=async_save,
+    )
+    ck.resume()
+    step(model, opt, sched)
+    ck.batch_end(1)
+    ck.save(blocking=True)
+    step(model, opt, sched)
+    ck.batch_end(1)
+    fill()
+    with pytest.raises(SaveFailedError, match="No space left on device"):
+        ck.save()
+        ck.wait()
+    assert_only_first_committed(mnt / "ck")
+    assert os.readlink(mnt / "ck" / "latest-rank0") == "ep0-ba1"
+    with pytest.raises(SaveFailedError, match="No space left on device"):
+        ck.save(blocking=True)  # tried again, not taken for saved: the disk is still full
+    free()
+    ck.close()
+    folder = RunFolder(mnt / "ck")
+    assert [m.name for m in folder.committed()] == ["ep0-ba2", "ep0-ba1"]
+    assert folder.read_pointer()["checkpoint"] == "ep0-ba2"
+    assert os.readlink(mnt / "ck" / "latest-rank0") == "ep0-ba2"
 
 
 def torch_linear(n):
@@ -79,3 +144,28 @@ def test_file_size_limit_mid_write(tmp_path):
     assert "FAILED-AS-EXPECTED" in out.stdout, out.stderr
     assert "File too large" in out.stdout
     assert_only_first_committed(tmp_path / "ck")
+
+
+def test_a_manifest_that_cannot_be_written_commits_nothing(tmp_path, monkeypatch):
+    """The disk fills between the data files and the manifest: the save fails like any
+    other (no folder left, the pointer still on the last commit) and is retried."""
+    model, opt, sched, _ = make()
+    ck = CheckpointManager(model=model, optimizer=opt, folder=tmp_path / "ck", run_name="r")
+    ck.resume()
+    step(model, opt, sched)
+    ck.batch_end(1)
+    ck.save()
+    step(model, opt, sched)
+    ck.batch_end(1)
+    real_write = RunFolder.write_manifest
+
+    def disk_full(self, manifest):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path(manifest.name)))
+
+    monkeypatch.setattr(RunFolder, "write_manifest", disk_full)
+    with pytest.raises(SaveFailedError, match=r"rank 0: OSError: \[Errno 28\] No space left"):
+        ck.save()
+    assert_only_first_committed(tmp_path / "ck")
+    monkeypatch.setattr(RunFolder, "write_manifest", real_write)
+    assert ck.save().name == "ep0-ba2"
+    ck.close()

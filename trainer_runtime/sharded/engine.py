@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import rng
 from .. import state as state_mod
-from ..dist import Coordinator
+from ..dist import Coordinator, describe_failures
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
 from . import optim_target
@@ -352,8 +352,9 @@ class ShardedEngine:
                 no_dist=not self.coord.distributed,
             )
         except CheckpointException as exc:
+            why = describe_failures(exc)
             raise CorruptCheckpointError(
-                f"checkpoint {folder} failed to load, live state untouched: {_failures(exc)}"
+                f"checkpoint {folder} failed to load, live state untouched: {why}"
             ) from exc
         problems: list[str] = []
         copy_into_live(live, target, on_mismatch=lambda p, why: problems.append(f"{p}: {why}"))
@@ -472,11 +473,3 @@ def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]
         {**{k: v for k, v in live.items() if k != "params"}, "params": old["params"]}
         for old, live in zip(cached, opt.param_groups, strict=True)
     ]
-
-
-def _failures(exc: CheckpointException) -> str:
-    parts = []
-    for r, wrapped in sorted(exc.failures.items()):
-        e = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-        parts.append(f"rank {r}: {type(e).__name__}: {e}")
-    return "; ".join(parts)[:2000]
