@@ -198,7 +198,8 @@ class Loader:
         for verified in files:
             self.restore_v1(
                 verified.load(trusted=self.ctx.settings.trusted_pickle),
-                weights_only=weights_only or manifest.weights_only,
+                weights_only=weights_only,
+                saved_weights_only=manifest.weights_only,
                 **opts,
             )
             # Module weights now live in the parameters; their pages in the buffer are unused.
@@ -240,7 +241,9 @@ class Loader:
             report.rng,
             report.seconds,
         )
-        self._apply_saved(saved, weights_only=weights_only or manifest.weights_only)
+        self._apply_saved(
+            saved, weights_only=weights_only, saved_weights_only=manifest.weights_only
+        )
         return None
 
     def _ignored_keys(self, ignore_keys: Sequence[str]) -> list[str]:
@@ -250,9 +253,16 @@ class Loader:
         return keys
 
     def restore_v1(
-        self, data: dict[str, Any], *, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+        self,
+        data: dict[str, Any],
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+        saved_weights_only: bool = False,
     ) -> None:
-        """Restore one version-1 rank file's contents."""
+        """Restore one version-1 rank file's contents (``saved_weights_only``: the file was
+        saved with ``weights_only=True``)."""
         saved = state_mod.restore(
             self.ctx.components,
             data,
@@ -260,10 +270,18 @@ class Loader:
             strict=strict,
             ignore_keys=self._ignored_keys(ignore_keys),
         )
-        self._apply_saved(saved, weights_only=weights_only)
+        self._apply_saved(saved, weights_only=weights_only, saved_weights_only=saved_weights_only)
 
-    def _apply_saved(self, saved: dict[str, Any], *, weights_only: bool) -> None:
-        """The runtime's own part of a restored state: position, metrics, extras."""
+    def _apply_saved(
+        self, saved: dict[str, Any], *, weights_only: bool, saved_weights_only: bool = False
+    ) -> None:
+        """The runtime's own part of a restored state: position, metrics, extras.
+
+        ``weights_only``: the caller wants the model alone (fine-tuning), so the position
+        stays as it is. ``saved_weights_only``: the checkpoint holds the model, the timestamp
+        and the run name only; its timestamp is restored (a re-run of a ``weights_only=True``
+        job continues where it stopped) and the sampler is placed where the timestamp says.
+        """
         if weights_only:
             return
         pos = self.ctx.position
@@ -272,9 +290,35 @@ class Loader:
         pos.metrics = dict(saved.get("metrics", {}))
         pos.extras = dict(saved.get("extras", {}))
         runtime = pos.extras.pop(RUNTIME_KEY, None) or {}
+        if saved_weights_only:
+            log.info(
+                "weights-only checkpoint: model and timestamp restored; optimizer, schedulers "
+                "and RNG start fresh"
+            )
+            self._place_sampler_at_timestamp()
         self._apply_data_overrides(runtime.get("global_batch_size"))
         self._roll_over_finished_epoch()
         pos.mark_saved()
+
+    def _place_sampler_at_timestamp(self) -> None:
+        """A ``weights_only`` checkpoint holds no sampler state: the data position is the
+        timestamp's (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()``
+        was not given sample counts), in the sampler's order for the timestamp's epoch."""
+        sampler, ts = self.ctx.sampler, self.ctx.position.timestamp
+        if sampler is None:
+            return
+        sampler.epoch, sampler.offset = ts.epoch, 0
+        if ts.sample_in_epoch:
+            sampler.advance(ts.sample_in_epoch)
+        elif ts.batch_in_epoch and sampler.batch_size:
+            sampler.advance(ts.batch_in_epoch * sampler.batch_size * sampler.num_replicas)
+        elif ts.batch_in_epoch:
+            log.warning(
+                "the weights-only checkpoint records %d batches of epoch %d but no sample "
+                "count, and the sampler has no batch_size: its data restarts at the epoch start",
+                ts.batch_in_epoch,
+                ts.epoch,
+            )
 
     def _roll_over_finished_epoch(self) -> None:
         """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at

@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import random
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
@@ -600,3 +602,61 @@ def test_a_quarantined_name_is_never_reused(tmp_path, monkeypatch):
     assert Manifest.read(aside).created_at != Manifest.read(root / "ep0-ba2-a3").created_at
     ck2 = manager(tmp_path, make(), interval="1ba")
     assert ck2.resume().path.endswith("ep0-ba2-a3")
+
+
+WEIGHTS_ONLY_RUN = """
+import json, sys, torch
+from trainer_runtime import CheckpointManager, ResumableSampler
+folder, stop_after = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.Adam(model.parameters())
+sampler = ResumableSampler(12, num_replicas=1, rank=0, seed=3)
+ck = CheckpointManager(model=model, optimizer=opt, sampler=sampler, folder=folder, run_name="w",
+                       interval="1ba", weights_only=True)
+ck.resume()
+out = {"batch": ck.timestamp.batch, "adam_state": len(opt.state),
+       "weight": model.weight.tolist(), "seen": []}
+for epoch in range(ck.timestamp.epoch, 2):
+    batch = []
+    for i in sampler:
+        batch.append(i)
+        if len(batch) < 2:
+            continue
+        opt.zero_grad(); model(torch.ones(2, 2)).sum().backward(); opt.step()
+        out["seen"].append([epoch, *batch]); batch = []
+        ck.batch_end(num_samples=2)
+        if len(out["seen"]) == stop_after:  # killed here: no close()
+            out["weight"] = model.weight.tolist()
+            print(json.dumps(out)); sys.exit(0)
+    ck.epoch_end()
+ck.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_weights_only_run_resumes_its_model_timestamp_and_data_on_a_rerun(tmp_path):
+    """``weights_only=True`` saves the model, the timestamp and the run name: a re-run of the
+    job continues from them (the optimizer starts fresh) instead of restarting at batch 0
+    and then refusing to save under its own newer checkpoints."""
+
+    def run(stop_after):
+        done = subprocess.run(
+            [sys.executable, "-c", WEIGHTS_ONLY_RUN, str(tmp_path / "ck"), str(stop_after)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = run(stop_after=4)
+    second = run(stop_after=100)
+    assert second["batch"] == 4, "the re-run restarted instead of resuming"
+    assert second["weight"] == first["weight"], "the model was not restored"
+    assert second["adam_state"] == 0, "a weights-only checkpoint holds no optimizer state"
+    epoch0 = [i for seen in first["seen"] + second["seen"] if seen[0] == 0 for i in seen[1:]]
+    assert sorted(epoch0) == list(range(12)), "epoch 0's data repeated or skipped samples"
+    assert len(second["seen"]) == 2 + 6  # the rest of epoch 0, then all of epoch 1
+    assert Manifest.read(tmp_path / "ck" / "ep2-ba12").weights_only
