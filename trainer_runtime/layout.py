@@ -199,6 +199,18 @@ class RunFolder:
     def link_latest(self, link_name: str, target: str) -> None:
         atomic.symlink_atomic(target, self.root / link_name)
 
+    def latest_links(self) -> dict[Path, str]:
+        """The links in the run folder that name a checkpoint folder of it, and that name."""
+        if not self.root.is_dir():
+            return {}
+        links = {}
+        for entry in os.scandir(self.root):
+            if entry.is_symlink() and not atomic.is_temp(Path(entry.path)):
+                target = os.readlink(entry.path)
+                if target and "/" not in target and not target.startswith("."):
+                    links[Path(entry.path)] = target
+        return links
+
     def uncommit(self, name: str) -> None:
         """Remove the manifest first: from then on the folder is no longer a checkpoint."""
         with contextlib.suppress(FileNotFoundError):

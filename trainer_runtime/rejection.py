@@ -27,7 +27,7 @@ from pathlib import Path
 from . import atomic
 from .errors import ManifestError
 from .layout import REJECTED_DIR, RunFolder
-from .manifest import POINTER_NAME, Manifest
+from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest
 
 log = logging.getLogger("trainer_runtime")
 REASON_FILE = "REJECTED.txt"
@@ -72,8 +72,9 @@ def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:
 
 
 def repoint(folder: RunFolder, chosen: Manifest | None) -> str | None:
-    """Make ``latest.json`` name the checkpoint resume chose (or remove it when there is none);
-    returns the name it held before when that was a different checkpoint.
+    """Make ``latest.json`` name the checkpoint resume chose (or remove it when there is none),
+    and the ``latest-rank{r}`` links with it; returns the name the pointer held before when
+    that was a different checkpoint.
 
     Resume itself does not trust the pointer: it lists the folder, because a crash between a
     manifest and its pointer leaves the pointer one checkpoint behind. Tools and people read it.
@@ -85,4 +86,19 @@ def repoint(folder: RunFolder, chosen: Manifest | None) -> str | None:
     elif named is not None:
         with contextlib.suppress(FileNotFoundError):
             (folder.root / POINTER_NAME).unlink()
+    relink(folder, None if chosen is None else chosen.name)
     return None if named is None or (chosen is not None and named == chosen.name) else str(named)
+
+
+def relink(folder: RunFolder, chosen: str | None) -> None:
+    """Point every latest link that names no committed checkpoint (one moved aside, deleted or
+    uncommitted) at ``chosen``; remove it when there is none."""
+    for link, target in folder.latest_links().items():
+        if (folder.path(target) / MANIFEST_NAME).is_file():
+            continue
+        if chosen is None:
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+        else:
+            atomic.symlink_atomic(chosen, link)
+        log.info("%s named %s, no longer a checkpoint; now %s", link.name, target, chosen)

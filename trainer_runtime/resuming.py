@@ -154,8 +154,8 @@ class Resumer:
                     rejection.move_aside(ctx.folder, name, why)
                 for name, why in decision.leftovers:
                     rejection.remove_leftover(ctx.folder, name, why)
-                if ctx.rank == 0:
-                    self._repoint(chosen, {n for n, _ in decision.rejected})
+                # Every rank: on node-local disks each has its own pointer and link.
+                self._repoint(chosen, {n for n, _ in decision.rejected})
                 if ctx.rank == 0 and chosen is not None:
                     # Without a local choice the bucket decides (_fetch_remote_agreed), and
                     # rejects what it passes over itself.

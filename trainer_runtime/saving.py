@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import events
+from . import events, rejection
 from . import state as state_mod
 from .commit import write_and_commit
 from .config import env
@@ -253,6 +253,9 @@ class Saver:
             for m in newer:
                 log.warning("overwrite=True: uncommitting newer checkpoint %s", m.name)
                 ctx.folder.uncommit(m.name)
+            # Should this save fail, no pointer or link may name what was just uncommitted.
+            still = ctx.folder.committed()
+            rejection.repoint(ctx.folder, still[0] if still else None)
         ctx.coord.barrier()
         self._checked_newer = True
 

@@ -169,3 +169,25 @@ def test_a_manifest_that_cannot_be_written_commits_nothing(tmp_path, monkeypatch
     monkeypatch.setattr(RunFolder, "write_manifest", real_write)
     assert ck.save().name == "ep0-ba2"
     ck.close()
+
+
+def test_overwrite_then_a_failed_save_leaves_no_pointer_to_what_it_uncommitted(full_disk):
+    """``overwrite=True`` uncommits the newer checkpoints before the first save; when that save
+    then fails, neither latest.json nor the latest link may name them."""
+    mnt, fill, _ = full_disk
+    comps = make()
+    ck = CheckpointManager(model=comps[0], folder=mnt / "ck", run_name="r", interval="2ba")
+    ck.resume()
+    ck.batch_end(1)
+    ck.batch_end(1)
+    ck.close()
+    assert os.readlink(mnt / "ck" / "latest-rank0") == "ep0-ba2"
+    again = CheckpointManager(
+        model=comps[0], folder=mnt / "ck", run_name="r", interval="1ba", overwrite=True
+    )
+    fill()
+    with pytest.raises(SaveFailedError, match="No space left on device"):
+        again.batch_end(1)
+    assert RunFolder(mnt / "ck").committed() == []
+    assert not (mnt / "ck" / "latest.json").exists()
+    assert not os.path.lexists(mnt / "ck" / "latest-rank0")

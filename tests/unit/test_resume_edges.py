@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import threading
 import zipfile
 from pathlib import Path
@@ -70,6 +71,7 @@ def test_a_fallback_past_two_rejected_checkpoints_does_not_block_the_next_save(
         assert not (root / name).exists()
         assert f"moved rejected checkpoint {name} aside" in caplog.text
     assert ck2.folder.read_pointer()["checkpoint"] == "ep0-ba2"
+    assert os.readlink(root / "latest-rank0") == "ep0-ba2", "the link follows the pointer"
     train(ck2, comps2, 4)  # saves ep0-ba4-a<pid> and ep0-ba6: no OverwriteError
     ck2.close()
     assert ck2.saved[-1].name == "ep0-ba6"
