@@ -195,7 +195,9 @@ class CheckpointManager:
     # ------------------------------------------------------------------ live position
     timestamp = _position_field("timestamp", "The training position (resume restores it).")
     metrics = _position_field("metrics", "Saved with every checkpoint, restored by resume.")
-    extras = _position_field("extras", "Anything picklable to save and restore with the run.")
+    extras = _position_field(
+        "extras", "Tensors and plain Python values to save and restore with the run."
+    )
 
     @property
     def saved(self) -> list[SavedCheckpoint]:

@@ -15,7 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from trainer_runtime import CheckpointManager, Manifest, OverwriteError, ResumableSampler
+from trainer_runtime import (
+    CheckpointManager,
+    ConfigError,
+    Manifest,
+    OverwriteError,
+    ResumableSampler,
+)
 from trainer_runtime.cli import main as cli_main
 from trainer_runtime.serialization import save_rank_file, torch_save_no_crc
 
@@ -279,3 +285,53 @@ def test_export_writes_a_plain_state_dict(tmp_path, capsys):
     model.load_state_dict(weights)
     assert all(torch.equal(weights[k], v) for k, v in comps[0].state_dict().items())
     assert cli_main(["export", str(tmp_path), str(out)]) == 1  # no checkpoint there
+
+
+# ---------------------------------------------------------------- extras the unpickler refuses
+
+
+class NotPlain:
+    """A user object put in extras: pickles, but the weights-only unpickler refuses it."""
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_extras_the_unpickler_would_refuse_are_refused_at_save(tmp_path, async_save):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="100ba", async_save=async_save)
+    ck.resume()
+    train(ck, comps, 1)
+    ck.extras["obj"] = NotPlain()
+    with pytest.raises(ConfigError, match=r"ckpt\.extras\['obj'\] holds .*NotPlain.*plain Python"):
+        ck.save()
+    ck.wait()
+    assert not (tmp_path / "ck" / "ep0-ba1").exists(), "nothing is written"
+    ck.extras["obj"] = {"plain": [1, 2.5, "x"]}
+    ck.close()  # the position was not taken for saved: the final save writes it
+    assert [s.name for s in ck.saved] == ["ep0-ba1"]
+    ck2 = manager(tmp_path, make())
+    ck2.resume()
+    assert ck2.extras == {"obj": {"plain": [1, 2.5, "x"]}}
+    ck2.close()
+
+
+def test_a_checkpoint_whose_state_the_unpickler_refuses_is_passed_over(tmp_path):
+    """Written by a trusting run (or before the save-time check): resume falls back with the
+    reason instead of raising torch's UnpicklingError, and the live state is the older one's."""
+    comps = make()
+    ck = manager(tmp_path, comps, trusted_pickle=True)
+    ck.resume()
+    train(ck, comps, 1)
+    kept = {k: v.clone() for k, v in comps[0].state_dict().items()}
+    ck.extras["obj"] = NotPlain()
+    train(ck, comps, 1)
+    ck.close()
+    comps2 = make(seed=7)
+    ck2 = manager(tmp_path, comps2)
+    res = ck2.resume()
+    assert res.path.endswith("ep0-ba1") and ck2.timestamp.batch == 1
+    assert "ep0-ba2" in res.fallbacks[0] and "NotPlain" in res.fallbacks[0]
+    assert "refuses" in res.fallbacks[0]
+    live = comps2[0].state_dict()
+    assert all(torch.equal(live[k], v) for k, v in kept.items())
+    assert (tmp_path / "ck" / "rejected" / "ep0-ba2").is_dir()
+    ck2.close()

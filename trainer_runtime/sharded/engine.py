@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from .. import rng
+from .. import rng, safe_state
 from .. import state as state_mod
 from ..dist import Coordinator, describe_failures
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
@@ -209,10 +209,9 @@ class ShardedEngine:
             weights_only=weights_only,
         )
         del data["state"]["model"]
-        buf = io.BytesIO()
-        torch.save(data, buf)
+        blob = safe_state.serialize(data, trusted=self.trusted_pickle)  # refused: nothing written
         out = self._cached_tensor_state(weights_only=weights_only)
-        out[RANKS_KEY] = {str(self.rank): buf.getvalue()}
+        out[RANKS_KEY] = {str(self.rank): blob}
         return out
 
     def stage(self, state: dict[str, Any]) -> tuple[dict[str, Any], set[str] | None]:
@@ -356,6 +355,8 @@ class ShardedEngine:
             raise CorruptCheckpointError(
                 f"checkpoint {folder} failed to load, live state untouched: {why}"
             ) from exc
+        # Unpickled before anything live changes: one that fails fails every rank alike.
+        data = self._agreed_rank_state(folder, target[RANKS_KEY][str(source)])
         problems: list[str] = []
         copy_into_live(live, target, on_mismatch=lambda p, why: problems.append(f"{p}: {why}"))
         if problems:
@@ -364,9 +365,6 @@ class ShardedEngine:
             self._restore_param_groups(target[OPTIM_KEY])
         if fresh_optim is not None:
             optim_target.adopt(self.components.model, self.components.optimizers, fresh_optim)
-        data = torch.load(
-            io.BytesIO(target[RANKS_KEY][str(source)]), weights_only=not self.trusted_pickle
-        )
         rng_mode = "none" if weights_only or "rng" not in data else "restored"
         if rng_mode != "none" and saved_ws != self.world_size and self.rank >= saved_ws:
             data["rng"] = rng.derived(data["rng"], self.rank)
@@ -403,6 +401,23 @@ class ShardedEngine:
             raise CorruptCheckpointError(f"checkpoint {folder}: {problems[0]}")
         assert metadata is not None
         return metadata
+
+    def _agreed_rank_state(self, folder: Path, blob: bytes) -> dict[str, Any]:
+        """The saved rank's small state, unpickled on every rank; a failure on any rank is a
+        ``CorruptCheckpointError`` on all (resume passes the checkpoint over)."""
+        data, problem = None, None
+        try:
+            data = torch.load(io.BytesIO(blob), weights_only=not self.trusted_pickle)
+        except Exception as exc:  # UnpicklingError, or a truncated or foreign blob
+            why = safe_state.describe_unloadable(blob, exc, trusted=self.trusted_pickle)
+            problem = f"rank {self.rank}'s saved state does not load: {why}"
+        problems = [p for p in self.coord.all_gather(problem) if p]
+        if problems:
+            raise CorruptCheckpointError(
+                f"checkpoint {folder} failed to load, live state untouched: {problems[0]}"
+            )
+        assert data is not None
+        return data
 
     def _drop_ignored(self, live: dict[str, Any], patterns: list[str]) -> None:
         if not patterns:
