@@ -330,8 +330,8 @@ class CheckpointManager:
 
     def _save_final(self) -> None:
         ts = self.timestamp
-        if ts.batch == 0 and ts.epoch == 0 and ts.sample == 0:
-            return  # nothing trained: no checkpoint of the initial state
+        if ts.batch == 0 and ts.sample == 0:
+            return  # no step trained (epoch_end() alone counts none): no checkpoint of it
         saved = self.save(blocking=True)
         if saved is not None:
             log.info("final checkpoint %s at epoch %d batch %d", saved.name, ts.epoch, ts.batch)

@@ -154,6 +154,16 @@ def test_close_saves_the_final_state_once_and_a_rerun_trains_no_step(tmp_path):
     assert ck3.saved == []
 
 
+def test_close_does_not_save_when_epochs_ended_but_no_step_was_trained(tmp_path):
+    ck = manager(tmp_path, make(), interval="100ba")
+    ck.resume()
+    ck.epoch_end()
+    ck.epoch_end()
+    ck.close()
+    assert ck.saved == []
+    assert not list((tmp_path / "ck").glob("ep*"))
+
+
 # ---------------------------------------------------------------- item 6: torch.compile
 
 
