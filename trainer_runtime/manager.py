@@ -31,7 +31,7 @@ from . import state as state_mod
 from .config import AsyncPolicy, Settings, check_run_folder, run_folder_source
 from .context import open_run
 from .emergency import PreemptionResponse
-from .errors import ConfigError
+from .errors import ConfigError, SaveFailedError
 from .loading import Loader
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .remote import RemoteBackend
@@ -332,6 +332,10 @@ class CheckpointManager:
         ts = self.timestamp
         if ts.batch == 0 and ts.sample == 0:
             return  # no step trained (epoch_end() alone counts none): no checkpoint of it
+        try:
+            self.saver.wait()  # a background save still in flight or failed
+        except SaveFailedError as exc:  # logged when it failed; the save below covers it
+            log.warning("the final save retries what a failed background save left: %s", exc)
         saved = self.save(blocking=True)
         if saved is not None:
             log.info("final checkpoint %s at epoch %d batch %d", saved.name, ts.epoch, ts.batch)

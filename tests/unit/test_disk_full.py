@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -191,3 +192,30 @@ def test_overwrite_then_a_failed_save_leaves_no_pointer_to_what_it_uncommitted(f
     assert RunFolder(mnt / "ck").committed() == []
     assert not (mnt / "ck" / "latest.json").exists()
     assert not os.path.lexists(mnt / "ck" / "latest-rank0")
+
+
+def test_close_saves_what_a_failed_background_save_left_unsaved(full_disk):
+    """An async save fails and nothing collects the error before ``close()``: the final save
+    still writes the state once there is space (the failure was logged when it happened)."""
+    mnt, fill, free = full_disk
+    model, opt, sched, _ = make()
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=mnt / "ck",
+        run_name="r",
+        interval="1ba",
+        async_save=True,
+    )
+    ck.resume()
+    step(model, opt, sched)
+    ck.batch_end(1)
+    ck.wait()
+    step(model, opt, sched)
+    fill()
+    ck.batch_end(1)  # the async save of ep0-ba2 starts, and fails in the background
+    while ck.saver.persisting():
+        time.sleep(0.01)
+    free()
+    ck.close()
+    assert [m.name for m in RunFolder(mnt / "ck").committed()] == ["ep0-ba2", "ep0-ba1"]
