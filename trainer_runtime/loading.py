@@ -168,6 +168,12 @@ class Loader:
             got = read_verified(folder, entry)
             if isinstance(got, str):
                 return got
+            refused = [] if self.ctx.settings.trusted_pickle else got.refused_globals()
+            if refused:
+                return (
+                    f"{entry.path} holds {', '.join(refused)}, which the weights-only "
+                    "unpickler refuses (trusted_pickle=True loads it, if you trust the checkpoint)"
+                )
             files.append(got)
         return files
 

@@ -89,6 +89,12 @@ class VerifiedFile:
         except pickle.UnpicklingError as exc:
             raise pickle.UnpicklingError(torch.serialization._get_wo_message(str(exc))) from None
 
+    def refused_globals(self) -> list[str]:
+        """The classes in the file's pickle the weights-only unpickler refuses (the pickle
+        is scanned, nothing is loaded)."""
+        view = _MemoryFile(memoryview(self.buffer)[: self.size])
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(view))
+
     def _load_copying(self, *, trusted: bool) -> dict[str, Any]:
         log.debug("this torch has no zero-copy load; copying out of the verified buffer")
         data = bytearray(self.buffer[: self.size])

@@ -22,7 +22,7 @@ from trainer_runtime.timestamp import Timestamp
 from .trainkit import make, manager, params, step
 
 
-def write_v1(root, comps, *, batch: int, world_size: int = 1):
+def write_v1(root, comps, *, batch: int, world_size: int = 1, extras=None):
     model, opt, sched, scaler = comps[:4]
     for _ in range(batch):
         step(model, opt, sched)
@@ -37,7 +37,7 @@ def write_v1(root, comps, *, batch: int, world_size: int = 1):
         timestamp=ts.to_dict(),
         run_name="run",
         metrics={"loss": 0.5},
-        extras={},
+        extras=extras or {},
         weights_only=False,
     )
     name = f"ep0-ba{batch}"
@@ -74,6 +74,22 @@ def test_a_v1_checkpoint_resumes_and_the_next_save_is_v2(tmp_path):
     ck.close()
     assert Manifest.read(tmp_path / "ck" / "ep0-ba4").format_version == 2
     assert Manifest.read(tmp_path / "ck" / "ep0-ba3").format_version == 1
+
+
+class NotPlain:
+    """Pickles, but the weights-only unpickler refuses it."""
+
+
+def test_a_v1_checkpoint_the_unpickler_refuses_is_passed_over(tmp_path):
+    saved = write_v1(tmp_path / "ck", make(), batch=2)
+    write_v1(tmp_path / "ck", make(), batch=3, extras={"obj": NotPlain()})
+    comps = make(seed=7)
+    ck = manager(tmp_path, comps)
+    res = ck.resume()
+    assert res.path.endswith("ep0-ba2") and ck.timestamp.batch == 2
+    assert "NotPlain" in res.fallbacks[0] and "refuses" in res.fallbacks[0]
+    assert all(torch.equal(a, b) for a, b in zip(params(comps[0]), saved, strict=True))
+    ck.close()
 
 
 def test_a_v1_checkpoint_from_another_world_size_needs_elastic(tmp_path):
