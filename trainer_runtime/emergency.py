@@ -18,6 +18,7 @@ import time
 from typing import Any, Protocol
 
 from . import events
+from .errors import SaveFailedError
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now, raise_emergency_exit
 
 log = logging.getLogger("trainer_runtime")
@@ -87,7 +88,10 @@ class PreemptionResponse:
         saved = None
         saved_after = None
         try:
-            mgr.wait()
+            try:
+                mgr.wait()
+            except SaveFailedError as exc:  # logged when it failed; the save below retries it
+                log.warning("SIGTERM: the emergency save retries what a failed save left: %s", exc)
             saved = mgr.save(blocking=True)
             saved_after = deadline.since_signal()
             upload_first = getattr(mgr.remote, "upload_first", None)

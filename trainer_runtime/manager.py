@@ -215,7 +215,7 @@ class CheckpointManager:
 
         ``num_samples`` is the *global* batch size: the samples all ranks consumed together.
         """
-        self.saver.raise_background_failure()
+        self._collect_background_failure()
         self.saver.release_hook_if_done()
         if num_samples is None and self.interval.needs_samples:
             raise ConfigError(
@@ -237,7 +237,7 @@ class CheckpointManager:
         return self._loop_point(before, Event.BATCH_END)
 
     def epoch_end(self) -> SavedCheckpoint | None:
-        self.saver.raise_background_failure()
+        self._collect_background_failure()
         before = self.timestamp.copy()
         ts = self.timestamp
         ts.epoch += 1
@@ -247,6 +247,17 @@ class CheckpointManager:
         if self.sampler is not None:
             self.sampler.set_epoch(ts.epoch)
         return self._loop_point(before, Event.EPOCH_END)
+
+    def _collect_background_failure(self) -> None:
+        """Raise a background save's failure; after SIGTERM, log it instead: the emergency
+        save this step makes writes the same state, and raising would skip it."""
+        if not self.preemption.terminating:
+            self.saver.raise_background_failure()
+            return
+        try:
+            self.saver.raise_background_failure()
+        except SaveFailedError as exc:
+            log.warning("SIGTERM: the emergency save retries what a failed save left: %s", exc)
 
     def _loop_point(self, before: Timestamp, event: Event) -> SavedCheckpoint | None:
         """Shared tail of batch_end/epoch_end: preemption first, then the save schedule."""

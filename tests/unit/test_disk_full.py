@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -219,3 +220,35 @@ def test_close_saves_what_a_failed_background_save_left_unsaved(full_disk):
     free()
     ck.close()
     assert [m.name for m in RunFolder(mnt / "ck").committed()] == ["ep0-ba2", "ep0-ba1"]
+
+
+def test_sigterm_after_a_failed_background_save_still_saves_and_exits(full_disk, caplog):
+    """The failure of an async save reaches ``batch_end`` with SIGTERM pending: the emergency
+    save still runs (raising the old failure would skip it and lose every step since)."""
+    mnt, fill, free = full_disk
+    model, opt, sched, _ = make()
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=mnt / "ck",
+        run_name="r",
+        interval="1ba",
+        async_save=True,
+    )
+    ck.resume()
+    step(model, opt, sched)
+    ck.batch_end(1)
+    ck.wait()
+    step(model, opt, sched)
+    fill()
+    ck.batch_end(1)  # the async save of ep0-ba2 starts, and fails in the background
+    while ck.saver.persisting():
+        time.sleep(0.01)
+    free()
+    step(model, opt, sched)
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
+    with pytest.raises(SystemExit) as exc:
+        ck.batch_end(1)
+    assert exc.value.code == 143
+    assert [m.name for m in RunFolder(mnt / "ck").committed()] == ["ep0-ba3", "ep0-ba1"]
+    assert "the emergency save retries what a failed save left" in caplog.text
