@@ -233,20 +233,22 @@ class Saver:
 
     # ------------------------------------------------------------------ persist
     def _check_newer_checkpoints(self) -> None:
-        """Before the first save: refuse to write under checkpoints newer than the position
-        (or, with ``overwrite=True``, uncommit them)."""
+        """Before the first save: refuse to write under checkpoints at or after the position
+        (or, with ``overwrite=True``, uncommit them). One at the very position would have its
+        files rewritten in place by this save, a committed checkpoint destroyed before the new
+        one commits; a resumed run never gets here with one (it saved nothing new yet)."""
         if self._checked_newer:
             return
         ctx, ts = self.ctx, self.ctx.position.timestamp
         newer = [
-            m for m in ctx.folder.committed() if m.timestamp.sort_key()[:3] > ts.sort_key()[:3]
+            m for m in ctx.folder.committed() if m.timestamp.sort_key()[:3] >= ts.sort_key()[:3]
         ]
         if newer and not ctx.settings.overwrite:
             top = newer[0]
             raise OverwriteError(
                 f"{str(ctx.run_dir)!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
-                f"newer than the current position (batch {ts.batch}); resume from "
-                "it (autoresume=True) or pass overwrite=True to discard newer checkpoints"
+                f"at or after the current position (batch {ts.batch}); resume from "
+                "it (autoresume=True) or pass overwrite=True to discard those checkpoints"
             )
         ctx.coord.barrier()
         if newer and ctx.rank == 0:

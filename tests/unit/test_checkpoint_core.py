@@ -460,7 +460,7 @@ def test_overwrite_protection_newer_checkpoints(tmp_path):
     root = write_two(tmp_path)
     ck = manager(tmp_path, make(), autoresume=False, interval="1ba")
     with pytest.raises(
-        OverwriteError, match=r"ep0-ba2 \(batch 2\) newer than the current position"
+        OverwriteError, match=r"ep0-ba2 \(batch 2\) at or after the current position"
     ):
         ck.batch_end(1)
     assert Manifest.read(root / "ep0-ba2").timestamp.batch == 2  # nothing touched
@@ -469,6 +469,32 @@ def test_overwrite_protection_newer_checkpoints(tmp_path):
     ck2.close()
     committed = sorted(p.parent.name for p in root.glob("ep*/manifest.json"))
     assert committed == ["ep0-ba1"]
+
+
+def test_a_first_save_on_a_committed_checkpoints_name_is_refused_or_replaces_it(tmp_path):
+    """A run that did not resume reaches the position of a committed checkpoint: its save would
+    rewrite that checkpoint's files in place. Refused; with overwrite=True, uncommitted first."""
+    root = write_two(tmp_path)
+    before = {p.name: p.read_bytes() for p in (root / "ep0-ba2").iterdir()}
+    comps = make()
+    ck = manager(tmp_path, comps, autoresume=False, interval="2ba")
+    ck.batch_end(1)
+    with pytest.raises(OverwriteError, match=r"ep0-ba2 \(batch 2\) at or after"):
+        ck.batch_end(1)
+    assert {p.name: p.read_bytes() for p in (root / "ep0-ba2").iterdir()} == before
+    ck.close(save=False)
+    with torch.no_grad():
+        comps[0][0].weight.add_(1.0)  # a state the old ep0-ba2 does not hold
+    ck2 = manager(tmp_path, comps, autoresume=False, interval="2ba", overwrite=True)
+    ck2.batch_end(1)
+    assert ck2.batch_end(1).name == "ep0-ba2"
+    ck2.close()
+    assert sorted(p.parent.name for p in root.glob("ep*/manifest.json")) == ["ep0-ba1", "ep0-ba2"]
+    fresh = make()
+    again = manager(tmp_path, fresh)
+    assert again.resume().path.endswith("ep0-ba2")
+    again.close(save=False)
+    assert torch.equal(fresh[0][0].weight, comps[0][0].weight)
 
 
 def test_unwritable_folder_is_a_construction_error(tmp_path):
