@@ -68,7 +68,7 @@ def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = Fals
     )
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # noqa: PLC0415
 
-    from .sharded.engine import MODEL_KEY  # noqa: PLC0415
+    from .sharded.keys import MODEL_KEY  # noqa: PLC0415
     from .sharded.reading import VerifyingReader  # noqa: PLC0415
     from .sharded.storage import METADATA_NAME  # noqa: PLC0415
 

@@ -39,7 +39,7 @@ from .errors import OverwriteError, SaveFailedError
 from .layout import RunFolder
 from .reporting import report_commit
 from .retention import select_for_deletion
-from .sharded.engine import MODEL_KEY
+from .sharded.keys import MODEL_KEY
 from .staging_gate import SaveTiming, StagingGate, StagingPrewarm
 from .timestamp import Timestamp
 

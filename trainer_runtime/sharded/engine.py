@@ -24,7 +24,6 @@ alternative; it writes every replica in full and cannot change world size for sh
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import gc
 import io
 import logging
@@ -41,7 +40,7 @@ import xxhash
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -54,16 +53,13 @@ from .. import state as state_mod
 from ..dist import Coordinator, describe_failures
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
-from . import optim_target
+from . import fitting, optim_target
+from .keys import MODEL_KEY, OPTIM_KEY, RANKS_KEY
 from .reading import VerifyingReader
 from .staging import HostStager, copy_into_live
 from .storage import METADATA_NAME, HashingWriter, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
-
-RANKS_KEY = "ranks"
-MODEL_KEY = "model"
-OPTIM_KEY = "optim"
 
 
 @contextlib.contextmanager
@@ -316,13 +312,13 @@ class ShardedEngine:
         source = self.rank if self.rank < saved_ws else 0
         patterns = [p.strip("/") for p in ignore_keys]
         live = self._tensor_state(weights_only=True)  # the model; the optimizer below
-        self._drop_ignored(live, patterns)
+        fitting.drop_ignored(live, patterns)
         skipped: list[str] = []  # mis-shaped model keys, not loaded (strict=False)
         if MODEL_KEY in live:
-            skipped = self._check_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
+            skipped = fitting.fit_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
         fresh_optim = None
         # An ignored optimizer is not even initialised (taking its state dict would).
-        skip_optim = _optimizers_ignored(patterns)
+        skip_optim = fitting.optimizers_ignored(patterns)
         if not weights_only and not skip_optim and self.components.model:
             fresh_optim = optim_target.plan(
                 self.components.model,
@@ -332,7 +328,7 @@ class ShardedEngine:
                 skip=set(skipped),
             )
         if not (weights_only or skip_optim or fresh_optim is not None):
-            live.update(self._optim_state(skip=set(skipped)))
+            live.update(fitting.optimizer_state(self.components, skip=set(skipped)))
         target = self.stager.empty_like(live)
         if fresh_optim is not None:  # read into new tensors, adopted below once verified
             target[OPTIM_KEY] = fresh_optim
@@ -362,7 +358,7 @@ class ShardedEngine:
         if problems:
             raise IncompatibleCheckpointError("loaded state does not fit: " + "; ".join(problems))
         if OPTIM_KEY in live or fresh_optim is not None:
-            self._restore_param_groups(target[OPTIM_KEY])
+            fitting.restore_param_groups(self.components.optimizers, target[OPTIM_KEY])
         if fresh_optim is not None:
             optim_target.adopt(self.components.model, self.components.optimizers, fresh_optim)
         rng_mode = "none" if weights_only or "rng" not in data else "restored"
@@ -418,69 +414,6 @@ class ShardedEngine:
             )
         assert data is not None
         return data
-
-    def _drop_ignored(self, live: dict[str, Any], patterns: list[str]) -> None:
-        if not patterns:
-            return
-        if _optimizers_ignored(patterns):
-            live.pop(OPTIM_KEY, None)
-        model = live.get(MODEL_KEY, {})
-        for key in list(model):
-            if any(fnmatch.fnmatchcase(f"state/model/{key}", p) for p in patterns):
-                del model[key]
-
-    def _optim_state(self, *, skip: set[str]) -> dict[str, Any]:
-        """The live optimizers' state to load into, without the parameters in ``skip``."""
-        comps = self.components
-        if comps.model is None or not comps.optimizers:
-            return {}
-        tree = {
-            name: get_optimizer_state_dict(comps.model, opt, options=StateDictOptions())
-            for name, opt in comps.optimizers.items()
-        }
-        for osd in tree.values():
-            for fqn in skip:
-                osd.get(optim_target.STATE, {}).pop(fqn, None)
-        return {OPTIM_KEY: tree}
-
-    def _check_model(
-        self, model: dict[str, Any], metadata: Metadata, *, strict: bool, ignored: list[str]
-    ) -> list[str]:
-        """Raise when the model does not fit; not ``strict``, drop from ``model`` the keys the
-        checkpoint lacks and those whose shape differs, and return the latter."""
-        prefix = f"{MODEL_KEY}."
-        saved = {
-            k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
-            for k, md in metadata.state_dict_metadata.items()
-            if k.startswith(prefix)
-            and isinstance(md, TensorStorageMetadata)
-            and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
-        }  # an ignored key is neither loaded nor expected
-        skipped = state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
-        if not strict:
-            for key in [k for k in model if k not in saved or k in skipped]:
-                del model[key]
-        return skipped
-
-    def _restore_param_groups(self, loaded: dict[str, Any]) -> None:
-        """Hyperparameters (lr, betas...) per group, as ``Optimizer.load_state_dict`` does."""
-        for name, opt in self.components.optimizers.items():
-            groups = loaded.get(name, {}).get("param_groups")
-            if not groups:
-                continue
-            if len(groups) != len(opt.param_groups):
-                raise IncompatibleCheckpointError(
-                    f"optimizer {name!r} has {len(opt.param_groups)} param groups, the "
-                    f"checkpoint {len(groups)}"
-                )
-            for live_group, saved_group in zip(opt.param_groups, groups, strict=True):
-                for key, value in saved_group.items():
-                    if key != "params":
-                        live_group[key] = value
-
-
-def _optimizers_ignored(patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
 
 
 def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,89 @@
+"""Fitting a checkpoint to the live components before a load: what to read, and into what.
+
+``load_ignore_keys`` patterns drop keys from the load target; ``fit_model`` checks the live
+model against the checkpoint's metadata (strictly, or skipping missing and mis-shaped keys);
+``optimizer_state`` gives the live optimizers' state as a target without the skipped
+parameters; ``restore_param_groups`` puts back the hyperparameters once the load verified.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from .. import state as state_mod
+from ..errors import IncompatibleCheckpointError
+from . import optim_target
+from .keys import MODEL_KEY, OPTIM_KEY
+
+
+def optimizers_ignored(patterns: list[str]) -> bool:
+    """Whether the ``load_ignore_keys`` patterns leave out every optimizer."""
+    return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
+
+
+def drop_ignored(live: dict[str, Any], patterns: list[str]) -> None:
+    """Remove from the load target what the ``load_ignore_keys`` patterns leave out."""
+    if not patterns:
+        return
+    if optimizers_ignored(patterns):
+        live.pop(OPTIM_KEY, None)
+    model = live.get(MODEL_KEY, {})
+    for key in list(model):
+        if any(fnmatch.fnmatchcase(f"state/model/{key}", p) for p in patterns):
+            del model[key]
+
+
+def fit_model(
+    model: dict[str, Any], metadata: Metadata, *, strict: bool, ignored: list[str]
+) -> list[str]:
+    """Raise when the model does not fit; not ``strict``, drop from ``model`` the keys the
+    checkpoint lacks and those whose shape differs, and return the latter."""
+    prefix = f"{MODEL_KEY}."
+    saved = {
+        k[len(prefix) :]: torch.empty(tuple(md.size), device="meta")
+        for k, md in metadata.state_dict_metadata.items()
+        if k.startswith(prefix)
+        and isinstance(md, TensorStorageMetadata)
+        and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
+    }  # an ignored key is neither loaded nor expected
+    skipped = state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
+    if not strict:
+        for key in [k for k in model if k not in saved or k in skipped]:
+            del model[key]
+    return skipped
+
+
+def optimizer_state(components: state_mod.Components, *, skip: set[str]) -> dict[str, Any]:
+    """The live optimizers' state to load into, without the parameters in ``skip``."""
+    if components.model is None or not components.optimizers:
+        return {}
+    tree = {
+        name: get_optimizer_state_dict(components.model, opt, options=StateDictOptions())
+        for name, opt in components.optimizers.items()
+    }
+    for osd in tree.values():
+        for fqn in skip:
+            osd.get(optim_target.STATE, {}).pop(fqn, None)
+    return {OPTIM_KEY: tree}
+
+
+def restore_param_groups(optimizers: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """Hyperparameters (lr, betas...) per group, as ``Optimizer.load_state_dict`` does."""
+    for name, opt in optimizers.items():
+        groups = loaded.get(name, {}).get("param_groups")
+        if not groups:
+            continue
+        if len(groups) != len(opt.param_groups):
+            raise IncompatibleCheckpointError(
+                f"optimizer {name!r} has {len(opt.param_groups)} param groups, the "
+                f"checkpoint {len(groups)}"
+            )
+        for live_group, saved_group in zip(opt.param_groups, groups, strict=True):
+            for key, value in saved_group.items():
+                if key != "params":
+                    live_group[key] = value
