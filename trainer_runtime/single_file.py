@@ -15,6 +15,7 @@ and what it accepts. Files are unpickled with ``weights_only`` unless ``trusted_
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,12 @@ def read_single_file(path: Path, *, shown: str, arg: str, trusted: bool) -> Sing
     whole = read_whole(path)
     try:
         loaded = whole.load(trusted=trusted)
+    except pickle.UnpicklingError as exc:  # a class outside the weights-only allow-list
+        reason = str(exc).strip().splitlines()[0]
+        raise pickle.UnpicklingError(
+            f"{arg} {shown!r} holds objects the weights-only unpickler refuses ({reason}); "
+            "if you trust the file, pass trusted_pickle=True to CheckpointManager"
+        ) from exc
     except RuntimeError as exc:  # torch's zip reader: not one torch.save archive
         reason = str(exc).split(". ")[0]
         raise NoCheckpointError(

@@ -87,7 +87,8 @@ class VerifiedFile:
                 **extra,
             )
         except pickle.UnpicklingError as exc:
-            raise pickle.UnpicklingError(torch.serialization._get_wo_message(str(exc))) from None
+            explain = getattr(torch.serialization, "_get_wo_message", None)  # gone in 2.15
+            raise pickle.UnpicklingError(explain(str(exc)) if explain else str(exc)) from None
 
     def refused_globals(self) -> list[str]:
         """The classes in the file's pickle the weights-only unpickler refuses (the pickle

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -92,3 +94,28 @@ def test_a_state_dict_of_another_model_never_loads_nothing_silently(tmp_path):
     _, ck = fine_tune(tmp_path, tmp_path / "other.pt", load_strict=False)
     with pytest.raises(NoCheckpointError, match=r"no key of the model"):
         ck.resume()
+
+
+class NotAllowed:
+    """A class the weights-only unpickler does not know."""
+
+    def __init__(self) -> None:
+        self.value = 3
+
+
+def test_a_file_the_weights_only_unpickler_refuses_names_load_path_and_the_way_out(tmp_path):
+    comps = make()
+    path = tmp_path / "odd.pt"
+    torch.save({**comps[0].state_dict(), "_extra": NotAllowed()}, path)
+    before = {k: v.clone() for k, v in make(seed=7)[0].state_dict().items()}
+    tuned, ck = fine_tune(tmp_path, path, load_weights_only=True)
+    with pytest.raises(pickle.UnpicklingError, match=r"load_path .*odd\.pt.* trusted_pickle=True"):
+        ck.resume()
+    ck.close(save=False)
+    assert all(torch.equal(v, before[k]) for k, v in tuned[0].state_dict().items())
+    trusted_comps, trusted = fine_tune(
+        tmp_path, path, load_weights_only=True, trusted_pickle=True, load_strict=False
+    )
+    assert trusted.resume().source == "load_path"
+    trusted.close(save=False)
+    assert torch.equal(trusted_comps[0][0].weight, comps[0][0].weight)
