@@ -195,9 +195,9 @@ def test_overwrite_then_a_failed_save_leaves_no_pointer_to_what_it_uncommitted(f
     assert not os.path.lexists(mnt / "ck" / "latest-rank0")
 
 
-def test_close_saves_what_a_failed_background_save_left_unsaved(full_disk):
-    """An async save fails and nothing collects the error before ``close()``: the final save
-    still writes the state once there is space (the failure was logged when it happened)."""
+def a_failed_background_save(full_disk):
+    """An async run whose save of ep0-ba2 failed in the background for lack of space, with
+    nothing having collected the error yet, and the space freed again."""
     mnt, fill, free = full_disk
     model, opt, sched, _ = make()
     ck = CheckpointManager(
@@ -218,37 +218,25 @@ def test_close_saves_what_a_failed_background_save_left_unsaved(full_disk):
     while ck.saver.persisting():
         time.sleep(0.01)
     free()
+    return ck, (model, opt, sched)
+
+
+def test_close_saves_what_a_failed_background_save_left_unsaved(full_disk):
+    """An async save fails and nothing collects the error before ``close()``: the final save
+    still writes the state once there is space (the failure was logged when it happened)."""
+    ck, _ = a_failed_background_save(full_disk)
     ck.close()
-    assert [m.name for m in RunFolder(mnt / "ck").committed()] == ["ep0-ba2", "ep0-ba1"]
+    assert [m.name for m in RunFolder(full_disk[0] / "ck").committed()] == ["ep0-ba2", "ep0-ba1"]
 
 
 def test_sigterm_after_a_failed_background_save_still_saves_and_exits(full_disk, caplog):
     """The failure of an async save reaches ``batch_end`` with SIGTERM pending: the emergency
     save still runs (raising the old failure would skip it and lose every step since)."""
-    mnt, fill, free = full_disk
-    model, opt, sched, _ = make()
-    ck = CheckpointManager(
-        model=model,
-        optimizer=opt,
-        folder=mnt / "ck",
-        run_name="r",
-        interval="1ba",
-        async_save=True,
-    )
-    ck.resume()
-    step(model, opt, sched)
-    ck.batch_end(1)
-    ck.wait()
-    step(model, opt, sched)
-    fill()
-    ck.batch_end(1)  # the async save of ep0-ba2 starts, and fails in the background
-    while ck.saver.persisting():
-        time.sleep(0.01)
-    free()
-    step(model, opt, sched)
+    ck, training = a_failed_background_save(full_disk)
+    step(*training)
     os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
     with pytest.raises(SystemExit) as exc:
         ck.batch_end(1)
     assert exc.value.code == 143
-    assert [m.name for m in RunFolder(mnt / "ck").committed()] == ["ep0-ba3", "ep0-ba1"]
+    assert [m.name for m in RunFolder(full_disk[0] / "ck").committed()] == ["ep0-ba3", "ep0-ba1"]
     assert "the emergency save retries what a failed save left" in caplog.text
