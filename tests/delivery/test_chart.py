@@ -384,6 +384,16 @@ def test_admission_policy_is_the_generated_one(helm: str) -> None:
     )
 
 
+def test_a_1_29_cluster_installs_without_the_admission_policy(helm: str) -> None:
+    """The chart supports 1.29 (its kubeVersion), where the policy's kind does not exist yet:
+    rendering it there would fail the whole install."""
+    on_1_29 = render(helm, "--kube-version", "1.29.3")
+    assert not by_kind(on_1_29, "ValidatingAdmissionPolicy")
+    assert not by_kind(on_1_29, "ValidatingAdmissionPolicyBinding")
+    assert by_kind(on_1_29, "Deployment")
+    assert one(render(helm, "--kube-version", "1.30.0"), "ValidatingAdmissionPolicy")
+
+
 def test_deployment_passes_a_stable_peering_identity(helm: str) -> None:
     operator = container(render(helm))
     env = {e["name"]: e for e in operator["env"]}

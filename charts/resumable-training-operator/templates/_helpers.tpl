@@ -73,3 +73,15 @@ Checks the JSON schema cannot express; each fails the install with the value's n
 {{- fail "watch.namespaces is set but watch.mode is all-namespaces: set watch.mode: namespaces to serve only those namespaces, or empty watch.namespaces" }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the ValidatingAdmissionPolicy is rendered: enabled, and the cluster is Kubernetes
+1.30 or newer (admissionregistration.k8s.io/v1 has the kind from 1.30 on). On 1.29 the chart
+installs without it and NOTES.txt says so; `helm template` renders it unless --kube-version
+says 1.29.
+*/}}
+{{- define "rtj.admissionPolicyInstalled" -}}
+{{- if and .Values.admissionPolicy.enabled (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end }}
