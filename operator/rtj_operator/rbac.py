@@ -111,7 +111,7 @@ USER_VIEW_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
 AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-{role}"
 
 TRAINER_VERBS = ["get", "patch"]
-"""What a job's own ServiceAccount may do, on its current attempt's pods only."""
+"""What a job's own ServiceAccount may do, on its current and previous attempt's pods only."""
 
 
 def _rules(rules: tuple[tuple[list[str], list[str], list[str], str], ...]) -> list[dict[str, Any]]:

@@ -222,8 +222,9 @@ class PodSpecTemplate(ApiModel):
     86400); also passed to the runtime as RTJ_GRACE_PERIOD_SECONDS."""
     service_account_name: str | None = None
     """When omitted the operator runs the ranks as ``<job>-trainer``, a ServiceAccount it creates
-    that may patch only the current attempt's pods (the runtime's progress annotation). When set,
-    the user grants that account ``get`` and ``patch`` on pods (see docs/operator.md)."""
+    that may patch only the current and the previous attempt's pods (the runtime's progress
+    annotation). When set, the user grants that account ``get`` and ``patch`` on pods (see
+    docs/operator.md)."""
 
 
 class PodTemplate(ApiModel):
@@ -242,8 +243,9 @@ class GrowPolicy(ApiModel):
     enabled: bool = True
     """Grow back when capacity returns. Default true."""
     min_interval_seconds: int = Field(default=300, ge=0, le=604800)
-    """At least this long between two size changes of the job (a shrink or a grow), so a
-    flapping node pool does not restart the gang over and over. Default 300."""
+    """At least this long between the job's last size change (a shrink or a grow) and a grow,
+    so a flapping node pool does not restart the gang over and over; a shrink never waits for it.
+    Default 300."""
     checkpoint_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """How long the running gang has to commit the checkpoint the grow asked for. Without that
     commit the grow is abandoned (the gang keeps training at its size) and tried again after
@@ -325,7 +327,8 @@ class JobSpec(ApiModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
     )
     """Name of the training run, stable across attempts: checkpoints go under
-    ``<checkpoint.dir>/<runName>/``. Default: the job's name. Immutable once set."""
+    ``<checkpoint.dir>/<runName>/``. Default: the job's name. Set at creation or never: it cannot
+    be added, changed or removed afterwards."""
     checkpoint: CheckpointLocation = Field(
         json_schema_extra={
             "x-kubernetes-validations": [cel("self == oldSelf", "checkpoint is immutable")]
@@ -344,8 +347,8 @@ class JobSpec(ApiModel):
     Omitted: a fixed-size gang."""
     queue_name: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL)
     """A Kueue LocalQueue: the pods get Kueue's pod-group labels (``kueue.x-k8s.io/queue-name``,
-    ``kueue.x-k8s.io/pod-group-name``, ``kueue.x-k8s.io/pod-group-total-count``) so Kueue admits
-    the gang as one workload. See docs/operator.md, All-or-nothing scheduling."""
+    ``kueue.x-k8s.io/pod-group-name``) and annotation (``kueue.x-k8s.io/pod-group-total-count``)
+    so Kueue admits the gang as one workload. See docs/operator.md, All-or-nothing scheduling."""
     suspend: bool = False
     """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
     is kept; setting it back to false starts the next attempt from the last checkpoint."""

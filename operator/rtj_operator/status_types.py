@@ -118,7 +118,8 @@ class Interruption(ApiModel):
     cause: Cause
     """Classified cause (docs/operator.md, Classification)."""
     preemption: bool
-    """Whether it counted as a preemption (otherwise a failure or a suspend)."""
+    """Whether it counted as a preemption (otherwise a failure, a suspend, or a Grow or
+    Unschedulable restart of an elastic gang)."""
     rank: int | None = None
     """The first rank that showed the signal."""
     pod: str | None = None
@@ -143,7 +144,8 @@ class SizeRecord(ApiModel):
     world_size: int
     """Training processes: ``size * processesPerPod``."""
     reason: str
-    """Why this size was chosen: Started, Shrunk, Grown or Restored."""
+    """Why this size was chosen: Fixed (a job without ``elastic``), FullSize, Shrunk, Grown or
+    Restored."""
     message: str | None = None
     """Human-readable detail (the capacity that was found)."""
     attempt: int
@@ -183,7 +185,8 @@ class Condition(ApiModel):
     """A standard Kubernetes condition."""
 
     type: str
-    """Running, Restarting, Suspended, Succeeded, Failed or PreemptionNotice."""
+    """Running, Restarting, Suspended, Succeeded, Failed, PreemptionNotice, Blocked,
+    CapacityAvailable or PodsScheduled."""
     status: Literal["True", "False", "Unknown"]
     """Condition status."""
     reason: str | None = None
