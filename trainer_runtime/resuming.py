@@ -133,9 +133,10 @@ class Resumer:
         if decision.world_size_conflict is not None:
             name, saved_ws = decision.world_size_conflict
             raise WorldSizeMismatchError(
-                f"newest checkpoint {name} in {str(ctx.run_dir)!r} was saved by {saved_ws} "
-                f"rank(s) but {ctx.world_size} are resuming it; restart with WORLD_SIZE="
-                f"{saved_ws}, or start a new run"
+                f"newest checkpoint {name} in {str(ctx.run_dir)!r} (format version 1) was "
+                f"saved by {saved_ws} rank(s) but {ctx.world_size} are resuming it; pass "
+                "elastic=True (data-parallel training with ResumableSampler), restart with "
+                f"WORLD_SIZE={saved_ws}, or start a new run"
             )
         return decision
 

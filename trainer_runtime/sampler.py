@@ -31,19 +31,20 @@ class DataPositionError(CheckpointError):
 
 
 class ResumableSampler(Sampler[int]):
-    def __init__(
+    def __init__(  # noqa: PLR0917 - DistributedSampler's positional order, as a drop-in
         self,
         dataset: Sized | int,
-        *,
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
         batch_size: int | None = None,
     ) -> None:
-        """``batch_size`` is the per-rank batch size; only needed for ``advance()`` without
-        an argument and for ``data_skip_steps``."""
+        """The arguments of ``DistributedSampler``, in its order (positional or by name), plus
+        ``batch_size``, by name only: the per-rank batch size, needed only for ``advance()``
+        without an argument and for ``data_skip_steps``."""
         self.num_samples_total = dataset if isinstance(dataset, int) else len(dataset)
         if self.num_samples_total <= 0:
             raise ConfigError(f"dataset has {self.num_samples_total} samples; expected at least 1")

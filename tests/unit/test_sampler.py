@@ -39,6 +39,16 @@ def test_same_order_as_distributed_sampler(n, drop_last, shuffle):
             assert list(ours) == list(ref) and len(ours) == len(ref)
 
 
+def test_takes_distributed_samplers_arguments_positionally_too():
+    """A drop-in: ``DistributedSampler(ds, 3, 1, False, 5, True)`` becomes ours unchanged."""
+    ds = Ids(23)
+    ref = DistributedSampler(ds, 3, 1, False, 5, True)
+    ours = ResumableSampler(ds, 3, 1, False, 5, True)
+    assert list(ours) == list(ref) and len(ours) == len(ref) == 7
+    with pytest.raises(TypeError):
+        ResumableSampler(ds, 3, 1, False, 5, True, 4)  # batch_size is by name only
+
+
 def test_reshuffles_every_epoch_deterministically():
     s = ResumableSampler(50, num_replicas=1, rank=0, seed=1)
     first = list(s)
