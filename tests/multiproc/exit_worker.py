@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -24,7 +26,23 @@ GLOO_THREAD = "pt_gloo_runloop"
 
 def gloo_threads() -> int:
     tasks = Path("/proc/self/task")
-    return sum((t / "comm").read_text().strip() == GLOO_THREAD for t in tasks.iterdir())
+    count = 0
+    for task in tasks.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that finished meanwhile
+            count += (task / "comm").read_text().strip() == GLOO_THREAD
+    return count
+
+
+def gloo_threads_settled(at_most: int, within_s: float = 2.0) -> int:
+    """The gloo threads left, given a moment to leave ``/proc``: ``pthread_join`` returns
+    once a thread has exited, and its task entry can linger for a moment after that on a
+    loaded machine. A thread that still runs does not leave within the moment."""
+    deadline = time.monotonic() + within_s
+    count = gloo_threads()
+    while count > at_most and time.monotonic() < deadline:
+        time.sleep(0.05)
+        count = gloo_threads()
+    return count
 
 
 def main() -> None:
@@ -37,7 +55,13 @@ def main() -> None:
     rank = dist.get_rank()
     record: dict[str, int] = {}
     out = Path(args.out) / f"rank{rank}.json"
-    atexit.register(lambda: out.write_text(json.dumps({**record, "at_exit": gloo_threads()})))
+    expected = 0 if args.destroy_world else None  # None: the world group's own, below
+
+    def write_at_exit() -> None:
+        at_most = record["world_only"] if expected is None else expected
+        out.write_text(json.dumps({**record, "at_exit": gloo_threads_settled(at_most)}))
+
+    atexit.register(write_at_exit)
     dist.barrier()
     record["world_only"] = gloo_threads()
     coordinator = Coordinator()
