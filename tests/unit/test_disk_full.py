@@ -78,21 +78,27 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_a_save_that_failed_for_lack_of_space_is_retried(full_disk, async_save):
-    """A failed save is not a saved position: once space is freed, ``save()`` and ``close()``
-    save it. Until then the pointer and the link name the last committed checkpoint."""
-    mnt, fill, free = full_disk
+def resumed_run(mnt, *, interval: str, async_save: bool):
+    """A manager with model, optimizer and scheduler over ``mnt/ck``, resumed (fresh)."""
     model, opt, sched, _ = make()
     ck = CheckpointManager(
         model=model,
         optimizer=opt,
         folder=mnt / "ck",
         run_name="r",
-        interval="100ba",
+        interval=interval,
         async_save=async_save,
     )
     ck.resume()
+    return ck, (model, opt, sched)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_save_that_failed_for_lack_of_space_is_retried(full_disk, async_save):
+    """A failed save is not a saved position: once space is freed, ``save()`` and ``close()``
+    save it. Until then the pointer and the link name the last committed checkpoint."""
+    mnt, fill, free = full_disk
+    ck, (model, opt, sched) = resumed_run(mnt, interval="100ba", async_save=async_save)
     step(model, opt, sched)
     ck.batch_end(1)
     ck.save(blocking=True)
@@ -199,16 +205,7 @@ def a_failed_background_save(full_disk):
     """An async run whose save of ep0-ba2 failed in the background for lack of space, with
     nothing having collected the error yet, and the space freed again."""
     mnt, fill, free = full_disk
-    model, opt, sched, _ = make()
-    ck = CheckpointManager(
-        model=model,
-        optimizer=opt,
-        folder=mnt / "ck",
-        run_name="r",
-        interval="1ba",
-        async_save=True,
-    )
-    ck.resume()
+    ck, (model, opt, sched) = resumed_run(mnt, interval="1ba", async_save=True)
     step(model, opt, sched)
     ck.batch_end(1)
     ck.wait()
