@@ -18,7 +18,6 @@ import time
 from typing import Any, Protocol
 
 from . import events
-from .errors import SaveFailedError
 from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now, raise_emergency_exit
 
 log = logging.getLogger("trainer_runtime")
@@ -30,10 +29,9 @@ class _Manager(Protocol):
     remote: Any
     preemption: Any
     coord: Any
+    saver: Any
 
     def save(self, *, blocking: bool | None = None) -> Any: ...
-
-    def wait(self) -> None: ...
 
     def close(self, *, save: bool | None = None, upload_timeout_s: float | None = None) -> None: ...
 
@@ -88,10 +86,7 @@ class PreemptionResponse:
         saved = None
         saved_after = None
         try:
-            try:
-                mgr.wait()
-            except SaveFailedError as exc:  # logged when it failed; the save below retries it
-                log.warning("SIGTERM: the emergency save retries what a failed save left: %s", exc)
+            mgr.saver.retry_after_failure("SIGTERM: the emergency save")
             saved = mgr.save(blocking=True)
             saved_after = deadline.since_signal()
             upload_first = getattr(mgr.remote, "upload_first", None)

@@ -26,6 +26,7 @@ from .errors import CorruptCheckpointError, NoCheckpointError, WorldSizeMismatch
 from .fallback import first_valid
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
+from .safe_state import refusal
 from .sharded.checkpointer import check_files_present
 from .single_file import ACCEPTED, read_single_file
 from .timestamp import Timestamp
@@ -170,10 +171,7 @@ class Loader:
                 return got
             refused = [] if self.ctx.settings.trusted_pickle else got.refused_globals()
             if refused:
-                return (
-                    f"{entry.path} holds {', '.join(refused)}, which the weights-only "
-                    "unpickler refuses (trusted_pickle=True loads it, if you trust the checkpoint)"
-                )
+                return f"{entry.path} {refusal(refused)}"
             files.append(got)
         return files
 

@@ -31,7 +31,7 @@ from . import state as state_mod
 from .config import AsyncPolicy, Settings, check_run_folder, run_folder_source
 from .context import open_run
 from .emergency import PreemptionResponse
-from .errors import ConfigError, SaveFailedError
+from .errors import ConfigError
 from .loading import Loader
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .remote import RemoteBackend
@@ -251,13 +251,10 @@ class CheckpointManager:
     def _collect_background_failure(self) -> None:
         """Raise a background save's failure; after SIGTERM, log it instead: the emergency
         save this step makes writes the same state, and raising would skip it."""
-        if not self.preemption.terminating:
+        if self.preemption.terminating:
+            self.saver.retry_after_failure("SIGTERM: the emergency save", block=False)
+        else:
             self.saver.raise_background_failure()
-            return
-        try:
-            self.saver.raise_background_failure()
-        except SaveFailedError as exc:
-            log.warning("SIGTERM: the emergency save retries what a failed save left: %s", exc)
 
     def _loop_point(self, before: Timestamp, event: Event) -> SavedCheckpoint | None:
         """Shared tail of batch_end/epoch_end: preemption first, then the save schedule."""
@@ -343,10 +340,7 @@ class CheckpointManager:
         ts = self.timestamp
         if ts.batch == 0 and ts.sample == 0:
             return  # no step trained (epoch_end() alone counts none): no checkpoint of it
-        try:
-            self.saver.wait()  # a background save still in flight or failed
-        except SaveFailedError as exc:  # logged when it failed; the save below covers it
-            log.warning("the final save retries what a failed background save left: %s", exc)
+        self.saver.retry_after_failure("the final save")  # one in flight, or one that failed
         saved = self.save(blocking=True)
         if saved is not None:
             log.info("final checkpoint %s at epoch %d batch %d", saved.name, ts.epoch, ts.batch)

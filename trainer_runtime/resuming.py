@@ -83,7 +83,7 @@ class Resumer:
                 fallbacks = fallbacks + _lines_not_named(passed, decision)
                 if ctx.rank == 0:
                     chosen = None if fetched is None else Manifest.read(fetched).timestamp
-                    self._reject_remote([*self._quarantined(), *passed], chosen)
+                    self._reject_remote(passed, chosen)  # quarantined ones met included
                 if fetched is not None:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
                     return self._resumed("remote", str(fetched), fallbacks)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -37,10 +37,20 @@ _WHERE = {
 }
 
 
-def refused_globals(blob: bytes) -> list[str]:
-    """The classes and functions in ``torch.save``'s ``blob`` that the weights-only
-    unpickler refuses (those registered with ``add_safe_globals`` are allowed)."""
-    return list(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(blob)))
+def refused_globals(blob: bytes | BinaryIO) -> list[str]:
+    """The classes and functions in ``torch.save``'s ``blob`` (bytes, or a file open on them)
+    that the weights-only unpickler refuses (those registered with ``add_safe_globals`` are
+    allowed). The pickle is scanned; nothing is loaded."""
+    source = io.BytesIO(blob) if isinstance(blob, bytes) else blob
+    return list(torch.serialization.get_unsafe_globals_in_checkpoint(source))
+
+
+def refusal(refused: list[str]) -> str:
+    """Why a saved state with the ``refused`` globals does not load, for a resume's reasons."""
+    return (
+        f"holds {', '.join(refused)}, which the weights-only unpickler refuses "
+        "(trusted_pickle=True loads it, if you trust the checkpoint)"
+    )
 
 
 def serialize(data: dict[str, Any], *, trusted: bool) -> bytes:
@@ -86,10 +96,7 @@ def describe_unloadable(blob: bytes, exc: Exception, *, trusted: bool) -> str:
     except Exception:  # not a torch.save blob at all
         refused = []
     if refused:
-        return (
-            f"it holds {', '.join(refused)}, which the weights-only unpickler refuses "
-            "(trusted_pickle=True loads it, if you trust the checkpoint)"
-        )
+        return f"it {refusal(refused)}"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"
 

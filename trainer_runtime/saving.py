@@ -201,6 +201,18 @@ class Saver:
         if exc is not None:
             raise SaveFailedError(f"a background save failed: {exc}") from exc
 
+    def retry_after_failure(self, by: str, *, block: bool = True) -> None:
+        """Collect the background save without raising its failure, logged instead: ``by``
+        (the save about to run: the final or the emergency one) writes the same state again.
+        ``block``: wait for a save still persisting (else collect only one already done)."""
+        try:
+            if block:
+                self.wait()
+            else:
+                self.raise_background_failure()
+        except SaveFailedError as exc:
+            log.warning("%s retries what a failed save left: %s", by, exc)
+
     def release_hook_if_done(self) -> None:
         if self._gate is not None and self._gate.remove_hook_if_open():
             self._gate = None

@@ -37,6 +37,7 @@ import torch
 
 from .manifest import FileEntry, new_hasher
 from .pages import populate_for_write
+from .safe_state import refused_globals
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,7 @@ class VerifiedFile:
     def refused_globals(self) -> list[str]:
         """The classes in the file's pickle the weights-only unpickler refuses (the pickle
         is scanned, nothing is loaded)."""
-        view = _MemoryFile(memoryview(self.buffer)[: self.size])
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(view))
+        return refused_globals(_MemoryFile(memoryview(self.buffer)[: self.size]))
 
     def _load_copying(self, *, trusted: bool) -> dict[str, Any]:
         log.debug("this torch has no zero-copy load; copying out of the verified buffer")
