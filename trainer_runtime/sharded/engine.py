@@ -392,9 +392,7 @@ class ShardedEngine:
                 metadata = read_metadata_bytes(blob, trusted=self.trusted_pickle)
         except Exception as exc:  # unreadable or disallowed pickle: the checkpoint is unusable
             problem = f".metadata unreadable: {type(exc).__name__}: {exc}"
-        problems = [p for p in self.coord.all_gather(problem) if p]
-        if problems:
-            raise CorruptCheckpointError(f"checkpoint {folder}: {problems[0]}")
+        self._fail_everywhere(problem, f"checkpoint {folder}")
         assert metadata is not None
         return metadata
 
@@ -407,13 +405,16 @@ class ShardedEngine:
         except Exception as exc:  # UnpicklingError, or a truncated or foreign blob
             why = safe_state.describe_unloadable(blob, exc, trusted=self.trusted_pickle)
             problem = f"rank {self.rank}'s saved state does not load: {why}"
-        problems = [p for p in self.coord.all_gather(problem) if p]
-        if problems:
-            raise CorruptCheckpointError(
-                f"checkpoint {folder} failed to load, live state untouched: {problems[0]}"
-            )
+        self._fail_everywhere(problem, f"checkpoint {folder} failed to load, live state untouched")
         assert data is not None
         return data
+
+    def _fail_everywhere(self, problem: str | None, context: str) -> None:
+        """Collective: ``CorruptCheckpointError`` on every rank when any rank had a problem
+        (the first rank's, after ``context``)."""
+        problems = [p for p in self.coord.all_gather(problem) if p]
+        if problems:
+            raise CorruptCheckpointError(f"{context}: {problems[0]}")
 
 
 def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:
