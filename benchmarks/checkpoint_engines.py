@@ -89,6 +89,7 @@ from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
+from trainer_runtime.sharded import engine as engine_module
 from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
@@ -98,6 +99,9 @@ not fit the 15 minutes a benchmark may hold the shared machine; 3 rounds still g
 that one outlier cannot move."""
 CONFIGS = {"single": ("single", 1), "ddp4": ("ddp", 4), "fsdp4": ("fsdp", 4)}
 ENGINES = ("runtime", "dcp", "torch")
+VIA_HOST = "runtime-host"
+"""With ``--device cuda``, also the runtime's load of the same files through host staging
+buffers, as every load took before loads went straight to the GPU (``device_ring``)."""
 DEVICE = torch.device("cpu")
 """Where the state lives: ``--device`` in every benchmark process, GPU ``LOCAL_RANK`` for cuda."""
 
@@ -353,6 +357,9 @@ class Rank:
             fig[f"{e}.load_s"], fig[f"{e}.resume_s"] = load_s, load_s + extra
             if e == "runtime":
                 nread = got
+        if DEVICE.type == "cuda":
+            load_s, extra, _ = self.resume(VIA_HOST, round_)
+            fig[f"{VIA_HOST}.load_s"], fig[f"{VIA_HOST}.resume_s"] = load_s, load_s + extra
         fig["raw.read_s"] = self.raw_read("raw-touched", round_, nread)
         fig["raw.read_fresh_s"] = self.raw_read("raw-fresh", round_, nread)
         self.barrier()
@@ -376,7 +383,9 @@ def make_loader(
 ) -> Any:
     """The load of a relaunched process into ``model``/``opt`` (fresh, optimizer without
     state); returns a function doing it that returns the bytes this rank read."""
-    if engine == "runtime":
+    if engine in ("runtime", VIA_HOST):
+        if engine == VIA_HOST:  # this process only: every target made on the host
+            engine_module.load_targets = lambda make: make(False)
         target = ShardedEngine(Components(model=model, optimizers={"adam": opt}), coord)
         return lambda: target.load(path, Manifest.read(path))[1].bytes_read
 
@@ -419,7 +428,7 @@ def resume_worker(args: argparse.Namespace) -> None:
     width = model[0].in_features
     tiny, _, tiny_opt = build("single", MiB, 1)  # for warming torch's code, local only
     raw = args.resume_worker in RAW_READS
-    engine_dir = "runtime" if raw else args.resume_worker
+    engine_dir = "runtime" if raw or args.resume_worker == VIA_HOST else args.resume_worker
     path = Path(args.dir) / engine_dir / f"r{args.round}"
 
     def cold() -> None:
@@ -565,7 +574,13 @@ def ratios(raw: dict[str, Any]) -> dict[str, float]:
     samples = Samples()
     samples.values.update(raw["samples"])
     m = samples.median
-    return {
+    via_host = {}
+    if f"{VIA_HOST}.load_s" in raw["samples"]:
+        via_host = {
+            "runtime_host_load_speed_vs_raw_read": m("raw.read_s") / m(f"{VIA_HOST}.load_s"),
+            "runtime_load_vs_runtime_host": m("runtime.load_s") / m(f"{VIA_HOST}.load_s"),
+        }
+    return via_host | {
         "runtime_bytes_vs_state": m("runtime.bytes") / raw["state_bytes"],
         "runtime_save_speed_vs_raw_write": m("raw.write_s") / m("runtime.save_s"),
         "runtime_save_vs_dcp": m("runtime.save_s") / m("dcp.save_s"),
@@ -612,7 +627,7 @@ def main() -> None:
         help="where the state lives (cuda: a GPU per rank)",
     )
     ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--resume-worker", choices=[*ENGINES, *RAW_READS])
+    ap.add_argument("--resume-worker", choices=[*ENGINES, VIA_HOST, *RAW_READS])
     ap.add_argument("--round", type=int, default=0)
     ap.add_argument("--read-bytes", type=int, default=0)
     ap.add_argument("--layout", default="single")

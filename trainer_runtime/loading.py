@@ -238,12 +238,13 @@ class Loader:
         except CorruptCheckpointError as exc:
             return str(exc)
         log.info(
-            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs",
+            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs%s",
             folder,
             report.saved_world_size,
             report.source_rank,
             report.rng,
             report.seconds,
+            ", straight onto the GPU" if report.onto_gpu else "",
         )
         self._apply_saved(
             saved, weights_only=weights_only, saved_weights_only=manifest.weights_only

@@ -187,3 +187,69 @@ def test_a_rank_new_after_a_resize_gets_cuda_generators_of_its_own_reproducibly(
     assert torch.equal(draws(first), draws(again))
     assert not torch.equal(draws(first), draws(other))
     assert not torch.equal(draws(first), draws(saved))
+
+
+def big_model(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.Linear(2048, 2048)).to(CUDA)  # 32 MiB
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def saved_big_run(folder: Path) -> list[torch.Tensor]:
+    """A run of ``big_model`` saved at step 2; returns its model and optimizer tensors."""
+    model, opt = big_model(0)
+    ckpt = manager(folder, model, opt, interval="2ba")
+    for _ in range(2):
+        model(torch.randn(16, 2048, device=CUDA)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ckpt.batch_end(num_samples=16)
+    ckpt.wait()
+    at_save = snapshot(model, opt)
+    ckpt.close(save=False)
+    return at_save
+
+
+def test_a_resume_reads_gpu_tensors_straight_onto_the_gpu_through_a_few_pinned_slots(
+    tmp_path, caplog
+):
+    at_save = saved_big_run(tmp_path)
+    fresh, fresh_opt = big_model(1)
+    resumed = manager(tmp_path, fresh, fresh_opt, interval="2ba")
+    with caplog.at_level("INFO", logger="trainer_runtime"):
+        result = resumed.resume()
+    assert result.path is not None and result.path.rstrip("/").endswith("ep0-ba2"), result
+    assert "straight onto the GPU" in caplog.text
+    # No host copy of the state: the load made no staging buffer (the ring's slots are 16 MiB
+    # in all, against 96 MiB of state here).
+    assert resumed.engine.stager.nbytes == 0
+    for state in fresh_opt.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                assert value.device == CUDA, (key, value.device)
+    got = snapshot(fresh, fresh_opt)
+    resumed.close(save=False)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, at_save, strict=True))
+
+
+def test_a_gpu_without_room_for_a_copy_of_the_model_loads_it_through_host_memory(tmp_path, caplog):
+    at_save = saved_big_run(tmp_path)
+    fresh, fresh_opt = big_model(1)
+    resumed = manager(tmp_path, fresh, fresh_opt, interval="2ba")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(CUDA).total_memory
+    # Room for 8 MiB more than the process holds: not for a 32 MiB copy of the model.
+    room = torch.cuda.memory_reserved(CUDA) + (8 << 20)
+    torch.cuda.set_per_process_memory_fraction(room / total)
+    try:
+        with caplog.at_level("INFO", logger="trainer_runtime"):
+            resumed.load(tmp_path / "ep0-ba2", weights_only=True)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert "do not fit on the GPU" in caplog.text
+    assert "straight onto the GPU" not in caplog.text
+    got = [t.detach().cpu() for t in fresh.state_dict().values()]
+    resumed.close(save=False)
+    want = at_save[: len(got)]
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(got, want, strict=True))

@@ -430,7 +430,9 @@ def test_a_load_runs_without_cyclic_gc_and_leaves_the_collector_as_it_found_it(
     _, _, _, target = make(seed=1)
     seen: list[bool] = []
     empty_like = target.stager.empty_like
-    target.stager.empty_like = lambda tree: seen.append(gc.isenabled()) or empty_like(tree)
+    target.stager.empty_like = lambda tree, **kw: (
+        seen.append(gc.isenabled()) or empty_like(tree, **kw)
+    )
     (gc.enable if enabled_before else gc.disable)()
     try:
         target.load(folder, Manifest.read(folder))

@@ -7,6 +7,7 @@ its chunks is exact and checks every chunk. Their speed is measured in benchmark
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from trainer_runtime import pages
 from trainer_runtime.sharded import reading, storage
+from trainer_runtime.sharded.device_ring import DeviceRing, load_targets
 from trainer_runtime.sharded.reading import VerifyingReader
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
@@ -210,3 +212,89 @@ def test_the_reader_is_importable_from_the_package_and_from_its_old_module():
     assert sharded.VerifyingReader is VerifyingReader is storage.VerifyingReader
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         _ = storage.Nothing
+
+
+# -- loads onto a GPU, through pinned slots (device_ring); here with a CPU device ------------
+
+
+def test_a_ring_carries_chunks_larger_and_smaller_than_its_slots_exactly():
+    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=1000)
+    torch.manual_seed(1)
+    sources = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in (4321, 7, 1000, 999)]
+    targets = [torch.zeros_like(s) for s in sources]
+    sizes = itertools.cycle((300, 700, 1, 999, 1000))  # blocks that fill slots unevenly
+    for src, dst in zip(sources, targets, strict=True):
+        ring.begin(dst)
+        at = 0
+        while at < src.numel():
+            n = min(next(sizes), src.numel() - at)
+            ring.block(n)[:] = src[at : at + n].numpy().tobytes()
+            at += n
+        ring.end()
+    ring.close()
+    for src, dst in zip(sources, targets, strict=True):
+        assert torch.equal(src, dst)
+    assert ring.copies > len(sources)  # chunks larger than a slot took several
+
+
+def test_a_ring_refuses_a_block_larger_than_a_slot_and_a_chunk_that_falls_short():
+    ring = DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64)
+    ring.begin(torch.zeros(100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="exceeds"):
+        ring.block(65)
+    ring.block(64)
+    with pytest.raises(ValueError, match="64 bytes to a 100-byte target"):
+        ring.end()
+
+
+@pytest.fixture
+def through_the_ring(monkeypatch):
+    """Targets count as off the host, so whole chunks take the GPU path (with a CPU ring)."""
+    made: list[DeviceRing] = []
+
+    class Recorded(DeviceRing):
+        def __init__(self, device, **kw):
+            super().__init__(device, slots=2, slot_bytes=2 * reading.READ_BLOCK)
+            made.append(self)
+
+    monkeypatch.setattr(reading._Task, "on_host", property(lambda self: False))
+    monkeypatch.setattr(reading, "DeviceRing", Recorded)
+    return made
+
+
+def test_a_load_through_the_ring_is_exact(tmp_path, through_the_ring):
+    save(tmp_path, write_behind=True)
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    reader = VerifyingReader(tmp_path)
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    for key, value in state().items():
+        assert torch.equal(target[key], value), key
+    (ring,) = through_the_ring  # one ring per device, reused for every chunk
+    assert ring.copies >= 6 + 2  # 12 MiB in 2 MiB slots, then the two small chunks
+    assert reader.ring_copies == ring.copies
+
+
+def test_a_flipped_byte_fails_a_load_through_the_ring(tmp_path, through_the_ring):
+    writer = save(tmp_path, write_behind=True)
+    flip_byte(tmp_path, writer, from_end=reading.READ_BLOCK // 2)
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    with pytest.raises(CheckpointException) as failure:
+        dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
+    ((cause, _trace),) = failure.value.failures.values()
+    assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
+
+
+def test_targets_that_do_not_fit_on_the_gpu_are_made_on_the_host(caplog):
+    asked: list[bool] = []
+
+    def make(gpu_on_gpu: bool):
+        asked.append(gpu_on_gpu)
+        if gpu_on_gpu:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"model": "host"}, None
+
+    with caplog.at_level("INFO", logger="trainer_runtime"):
+        assert load_targets(make) == ({"model": "host"}, None)
+    assert asked == [True, False]
+    assert "do not fit on the GPU" in caplog.text and "2.00 GiB" in caplog.text
+    assert load_targets(lambda gpu: ({"gpu": gpu}, None)) == ({"gpu": True}, None)

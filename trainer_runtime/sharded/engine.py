@@ -54,6 +54,7 @@ from ..dist import Coordinator, describe_failures
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
 from . import fitting, optim_target
+from .device_ring import load_targets
 from .keys import MODEL_KEY, OPTIM_KEY, RANKS_KEY
 from .reading import VerifyingReader
 from .staging import HostStager, copy_into_live
@@ -104,6 +105,8 @@ class LoadReport:
     """'restored' (same rank's stream), 'derived' (new rank on a larger world) or 'none'."""
     bytes_read: int
     seconds: float
+    onto_gpu: bool = False
+    """GPU tensors were read straight onto the GPU (``device_ring``), not via host memory."""
 
 
 class ShardedEngine:
@@ -316,22 +319,29 @@ class ShardedEngine:
         skipped: list[str] = []  # mis-shaped model keys, not loaded (strict=False)
         if MODEL_KEY in live:
             skipped = fitting.fit_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
-        fresh_optim = None
         # An ignored optimizer is not even initialised (taking its state dict would).
         skip_optim = fitting.optimizers_ignored(patterns)
-        if not weights_only and not skip_optim and self.components.model:
-            fresh_optim = optim_target.plan(
-                self.components.model,
-                self.components.optimizers,
-                metadata,
-                OPTIM_KEY,
-                skip=set(skipped),
-            )
-        if not (weights_only or skip_optim or fresh_optim is not None):
-            live.update(fitting.optimizer_state(self.components, skip=set(skipped)))
-        target = self.stager.empty_like(live)
-        if fresh_optim is not None:  # read into new tensors, adopted below once verified
-            target[OPTIM_KEY] = fresh_optim
+        with_optim = not weights_only and not skip_optim and bool(self.components.model)
+
+        def make_targets(gpu_on_gpu: bool) -> tuple[dict[str, Any], Any]:
+            fresh = None
+            if with_optim:
+                fresh = optim_target.plan(
+                    self.components.model,
+                    self.components.optimizers,
+                    metadata,
+                    OPTIM_KEY,
+                    skip=set(skipped),
+                    gpu_on_gpu=gpu_on_gpu,
+                )
+            if not (weights_only or skip_optim or fresh is not None or OPTIM_KEY in live):
+                live.update(fitting.optimizer_state(self.components, skip=set(skipped)))
+            tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
+            if fresh is not None:  # read into new tensors, adopted below once verified
+                tree[OPTIM_KEY] = fresh
+            return tree, fresh
+
+        target, fresh_optim = load_targets(make_targets)
         target[RANKS_KEY] = {str(source): b""}
         reader = VerifyingReader(
             folder, expected_metadata=meta_entry, trusted=self.trusted_pickle, metadata=metadata
@@ -375,7 +385,12 @@ class ShardedEngine:
             small, data, weights_only=weights_only, strict=strict, ignore_keys=small_patterns
         )
         report = LoadReport(
-            saved_ws, source, rng_mode, reader.bytes_read, time.monotonic() - started
+            saved_ws,
+            source,
+            rng_mode,
+            reader.bytes_read,
+            time.monotonic() - started,
+            onto_gpu=reader.ring_copies > 0,
         )
         return saved, report
 

@@ -52,9 +52,12 @@ def plan(
     optim_key: str,
     *,
     skip: set[str] | frozenset[str] = frozenset(),
+    gpu_on_gpu: bool = False,
 ) -> dict[str, Any] | None:
     """The ``optim`` subtree to load into (fresh tensors), or None to take the copy path.
-    Parameters named in ``skip`` (model keys not loaded) get no state from the checkpoint."""
+    Parameters named in ``skip`` (model keys not loaded) get no state from the checkpoint.
+    With ``gpu_on_gpu`` the state of a parameter on a GPU is made on that GPU (the load reads
+    it there through ``device_ring``); otherwise every tensor is made on the host."""
     if not optimizers or any(opt.state for opt in optimizers.values()):
         return None
     mappings = metadata.planner_data
@@ -85,18 +88,23 @@ def plan(
         param = params.get(str(path[3]))
         if param is None or id(param) not in owned[path[1]]:
             return None
-        tensor = _target(param, md)
+        tensor = _target(param, md, gpu_on_gpu=gpu_on_gpu)
         if tensor is None:
             return None
         set_element(tree, path[1:], tensor)
     return tree or None
 
 
-def _target(param: torch.Tensor, md: TensorStorageMetadata) -> torch.Tensor | None:
+def _target(
+    param: torch.Tensor, md: TensorStorageMetadata, *, gpu_on_gpu: bool
+) -> torch.Tensor | None:
     size, dtype = tuple(md.size), md.properties.dtype
+    local_param = param.to_local() if isinstance(param, DTensor) else param
+    on_gpu = gpu_on_gpu and local_param.device.type == "cuda" and size != ()
+    device = local_param.device if on_gpu else torch.device("cpu")
     if isinstance(param, DTensor):
         if size == tuple(param.shape):
-            local = torch.empty(param.to_local().shape, dtype=dtype)
+            local = torch.empty(local_param.shape, dtype=dtype, device=device)
             return DTensor.from_local(
                 local,
                 param.device_mesh,
@@ -107,7 +115,7 @@ def _target(param: torch.Tensor, md: TensorStorageMetadata) -> torch.Tensor | No
             )
         if size != ():
             return None  # a factored or otherwise reshaped state of a sharded parameter
-    return torch.empty(size, dtype=dtype)
+    return torch.empty(size, dtype=dtype, device=device)
 
 
 def adopt(

@@ -39,6 +39,7 @@ from torch.futures import Future
 from .. import envvars
 from ..manifest import FileEntry
 from ..pages import can_populate, page_spans, populate_for_write, populate_pages
+from .device_ring import DeviceRing
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
@@ -194,6 +195,12 @@ class _Task:
     """The whole chunk's destination, the region of the destination this item fills (part of
     a chunk: resharding), or ``None`` for a pickled object."""
     whole: bool
+    """The target is the whole chunk, contiguous, of the stored dtype: read straight into it
+    (through a ``DeviceRing`` when it lives on a GPU)."""
+
+    @property
+    def on_host(self) -> bool:
+        return self.target is not None and self.target.device.type == "cpu"
 
 
 class VerifyingReader(FileSystemReader):
@@ -220,6 +227,8 @@ class VerifyingReader(FileSystemReader):
         self.trusted = trusted
         self.prefault = prefault_thread() if prefault is None else prefault
         self.bytes_read = 0
+        self.ring_copies = 0
+        """Copies to a GPU through ``DeviceRing`` slots (0: nothing was read onto a GPU)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         metadata = self._metadata
@@ -245,10 +254,11 @@ class VerifyingReader(FileSystemReader):
             key=lambda t: (t.rel, t.info.offset),
         )
         pages = _PageMapper(
-            [t.target if t.whole and t.target is not None else None for t in tasks],
+            [t.target if t.whole and t.on_host else None for t in tasks],
             helper=self.prefault,
         )
         fds: dict[str, int] = {}
+        rings: dict[torch.device, DeviceRing] = {}
         pickled: list[tuple[ReadItem, bytearray]] = []
         try:
             for index, task in enumerate(tasks):
@@ -256,11 +266,14 @@ class VerifyingReader(FileSystemReader):
                 if fd is None:
                     fd = fds[task.rel] = os.open(Path(self.path) / task.rel, os.O_RDONLY)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-                blob = self._read_task(fd, task, partial(pages.before_block, index))
+                blob = self._read_task(fd, task, partial(pages.before_block, index), rings)
                 if blob is not None:
                     pickled.append((task.item, blob))
         finally:
             pages.close()
+            for ring in rings.values():
+                ring.close()
+                self.ring_copies += ring.copies
             for fd in fds.values():
                 os.close(fd)
         for item, blob in pickled:  # every chunk verified: only now are objects unpickled
@@ -285,7 +298,7 @@ class VerifyingReader(FileSystemReader):
         whole = (
             tuple(item.lengths) == tuple(info.shape)
             and not any(item.storage_offsets)
-            and target.device.type == "cpu"
+            and target.device.type in ("cpu", "cuda")
             and target.dtype == getattr(torch, info.dtype, None)
             and target.is_contiguous()
             and target.numel() > 0
@@ -293,23 +306,39 @@ class VerifyingReader(FileSystemReader):
         return _Task(rel, item, info, target, whole=whole)
 
     def _read_task(
-        self, fd: int, task: _Task, before_block: Callable[[int, int], None]
+        self,
+        fd: int,
+        task: _Task,
+        before_block: Callable[[int, int], None],
+        rings: dict[torch.device, DeviceRing],
     ) -> bytearray | None:
-        """Read and verify one chunk into its target; a pickled object's bytes are returned."""
+        """Read and verify one chunk into its target; a pickled object's bytes are returned.
+        Targets on a GPU are reached through that device's ring in ``rings`` (made here)."""
         info = task.info
         if task.target is None:  # a pickled object: verified before it is unpickled
             buf = bytearray(info.length)
-            self._read_verified(fd, task.rel, info, memoryview(buf))
+            self._read_verified(fd, task.rel, info, len(buf), _into(memoryview(buf)))
             return buf
+        # Whole chunks go straight into the load target: staging or a fresh tensor, never live
+        # state, so a chunk that fails its digest has changed nothing the caller keeps.
+        if task.whole and task.on_host:
+            view = _writable_bytes(task.target)
+            self._read_verified(fd, task.rel, info, len(view), _into(view, before_block))
+            return None
         if task.whole:
-            # Straight into the load target: staging or a fresh optimizer tensor, never live
-            # state, so a chunk that fails its digest has changed nothing the caller keeps.
-            self._read_verified(fd, task.rel, info, _writable_bytes(task.target), before_block)
+            device = task.target.device
+            ring = rings.get(device)
+            if ring is None:
+                ring = rings[device] = DeviceRing(device)
+            ring.begin(task.target)
+            size = task.target.numel() * task.target.element_size()
+            self._read_verified(fd, task.rel, info, size, lambda b, e: ring.block(e - b))
+            ring.end()
             return None
         # Part of a chunk (resharding): verify the whole chunk before using any of it.
         stored = torch.empty(info.length, dtype=torch.uint8)
         populate_for_write(stored)
-        self._read_verified(fd, task.rel, info, _writable_bytes(stored))
+        self._read_verified(fd, task.rel, info, info.length, _into(_writable_bytes(stored)))
         assert info.dtype is not None and info.shape is not None
         chunk = stored.view(getattr(torch, info.dtype)).reshape(info.shape)
         part = narrow_tensor_by_index(chunk, task.item.storage_offsets, task.item.lengths)
@@ -321,22 +350,20 @@ class VerifyingReader(FileSystemReader):
         fd: int,
         rel: str,
         info: RawChunk,
-        view: memoryview,
-        before_block: Callable[[int, int], None] | None = None,
+        size: int,
+        into: Callable[[int, int], memoryview],
     ) -> None:
-        """Read one chunk into ``view``, hashing each block right after it lands (while it is
-        still in the CPU cache), and check the chunk's digest. ``before_block(begin, end)`` is
-        told of each block before it is read."""
-        if len(view) != info.length:
+        """Read one chunk into a target of ``size`` bytes in blocks, each into
+        ``into(begin, end)`` (the chunk's bytes ``[begin, end)``), hashing each block right
+        after it lands (while it is still in the CPU cache), and check the chunk's digest."""
+        if size != info.length:
             raise ChunkDigestError(
-                f"{rel}@{info.offset}: target holds {len(view)} bytes, chunk {info.length}"
+                f"{rel}@{info.offset}: target holds {size} bytes, chunk {info.length}"
             )
         digest = xxhash.xxh3_128()
         done = 0
         while done < info.length:
-            block = view[done : done + READ_BLOCK]
-            if before_block is not None:
-                before_block(done, done + len(block))
+            block = into(done, min(done + READ_BLOCK, info.length))
             got = 0
             while got < len(block):
                 n = os.preadv(fd, [block[got:]], info.offset + done + got)
@@ -353,6 +380,19 @@ class VerifyingReader(FileSystemReader):
             raise ChunkDigestError(
                 f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
             )
+
+
+def _into(
+    view: memoryview, before_block: Callable[[int, int], None] | None = None
+) -> Callable[[int, int], memoryview]:
+    """Blocks of a host buffer; ``before_block(begin, end)`` is told of each first."""
+
+    def block(begin: int, end: int) -> memoryview:
+        if before_block is not None:
+            before_block(begin, end)
+        return view[begin:end]
+
+    return block
 
 
 def _writable_bytes(t: torch.Tensor) -> memoryview:

@@ -33,6 +33,7 @@ class HostStager:
         self.pin_memory = pin_memory
         self._buffers: dict[str, torch.Tensor] = {}
         self._only: set[str] | None = None
+        self._gpu_on_gpu = False
         self._devices: set[torch.device] = set()
 
     @property
@@ -55,9 +56,15 @@ class HostStager:
             self._buffers = {k: v for k, v in self._buffers.items() if k in only}
         return out
 
-    def empty_like(self, tree: Any) -> Any:
-        """Same structure, host buffers with unspecified contents (a load target)."""
-        return self._map(tree, "", copy=False)
+    def empty_like(self, tree: Any, *, gpu_on_gpu: bool = False) -> Any:
+        """Same structure, host buffers with unspecified contents (a load target). With
+        ``gpu_on_gpu``, a tensor on a GPU gets a fresh tensor on that GPU instead, not kept by
+        the stager (a load then reads through ``device_ring.DeviceRing``)."""
+        self._gpu_on_gpu = gpu_on_gpu
+        try:
+            return self._map(tree, "", copy=False)
+        finally:
+            self._gpu_on_gpu = False
 
     def preallocate(self, tree: Any) -> int:
         """Allocate the buffers ``stage(tree)`` will copy into and touch every page of the new
@@ -74,6 +81,8 @@ class HostStager:
         self._buffers.clear()
 
     def _buffer(self, path: str, like: torch.Tensor) -> torch.Tensor:
+        if self._gpu_on_gpu and like.device.type == "cuda":
+            return torch.empty_like(like, memory_format=torch.contiguous_format)
         buf = self._buffers.get(path)
         if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
             pin = like.device.type == "cuda" if self.pin_memory is None else self.pin_memory
