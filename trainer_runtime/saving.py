@@ -137,6 +137,7 @@ class Saver:
             # event's held_s and SavedCheckpoint.held_s are one figure.
             return self._persist(data, None, ts, checkpoint, latest, started, timing, called)
         data = self._copy_buffers(data)
+        ctx.engine.save_point(data)  # after the buffers' copies are queued
         gate = self._gate = StagingGate(timing)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-save")

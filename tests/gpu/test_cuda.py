@@ -17,6 +17,7 @@ from torch import nn
 from tests.multiproc.launch import Gang
 from tests.multiproc.sharded_worker import compare
 from trainer_runtime import CheckpointManager, rng
+from trainer_runtime.sharded.staging import HostStager
 
 pytestmark = pytest.mark.gpu
 
@@ -253,3 +254,18 @@ def test_a_gpu_without_room_for_a_copy_of_the_model_loads_it_through_host_memory
     resumed.close(save=False)
     want = at_save[: len(got)]
     assert all(torch.equal(a, b.cpu()) for a, b in zip(got, want, strict=True))
+
+
+def test_staging_copies_wait_for_the_work_queued_before_the_save_and_not_after():
+    stager = HostStager()
+    live = {"w": torch.zeros(1 << 20, device=CUDA)}
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time queued before the save point
+    live["w"].add_(1)  # queued before it too: the copy must see it
+    stager.mark_save_point(live)
+    torch.cuda._sleep(4_000_000_000)  # about 2 s queued after it: the copy must not wait
+    staged = stager.stage(live)
+    stager.synchronize()
+    still_running = not torch.cuda.current_stream(CUDA).query()
+    torch.cuda.synchronize(CUDA)
+    assert torch.equal(staged["w"], torch.ones(1 << 20)) and staged["w"].is_pinned()
+    assert still_running, "staging waited for work queued after the save point"

@@ -23,6 +23,7 @@ from trainer_runtime import pages
 from trainer_runtime.sharded import reading, storage
 from trainer_runtime.sharded.device_ring import DeviceRing, load_targets
 from trainer_runtime.sharded.reading import VerifyingReader
+from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
 
@@ -298,3 +299,13 @@ def test_targets_that_do_not_fit_on_the_gpu_are_made_on_the_host(caplog):
     assert asked == [True, False]
     assert "do not fit on the GPU" in caplog.text and "2.00 GiB" in caplog.text
     assert load_targets(lambda gpu: ({"gpu": gpu}, None)) == ({"gpu": True}, None)
+
+
+def test_a_save_point_without_cuda_records_nothing_and_staging_copies_as_before():
+    stager = HostStager()
+    live = {"w": torch.arange(10.0), "n": [torch.ones(3)]}
+    stager.mark_save_point(live)
+    staged = stager.stage(live)
+    stager.synchronize()
+    assert torch.equal(staged["w"], live["w"]) and staged["w"] is not live["w"]
+    assert stager._save_points == {} and stager._streams == {}

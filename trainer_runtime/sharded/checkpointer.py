@@ -105,6 +105,7 @@ class ShardedCheckpointer:
         self.wait()
         started = time.monotonic()
         state = self._capture(timestamp, metrics, extras, weights_only)
+        self.engine.save_point(state)
         staged = threading.Event()
         self._staged = staged
         self._hook = register_optimizer_step_pre_hook(lambda *_: _wait(staged))

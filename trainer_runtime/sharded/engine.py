@@ -242,6 +242,11 @@ class ShardedEngine:
     def on_staging_thread(self, fn: Callable[[], int]) -> Future[int]:
         return self._staging_thread().submit(fn)
 
+    def save_point(self, state: dict[str, Any]) -> None:
+        """Call on the training thread when an async save of ``state`` starts, before
+        ``stage`` (see ``HostStager.mark_save_point``)."""
+        self.stager.mark_save_point(state)
+
     def _copy(self, state: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
         staged = self.stager.stage(state, only=only)
         self.stager.synchronize()

@@ -35,6 +35,8 @@ class HostStager:
         self._only: set[str] | None = None
         self._gpu_on_gpu = False
         self._devices: set[torch.device] = set()
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._save_points: dict[torch.device, torch.cuda.Event] = {}
 
     @property
     def nbytes(self) -> int:
@@ -118,23 +120,64 @@ class HostStager:
             return items if isinstance(obj, list) else tuple(items)
         return obj
 
+    def mark_save_point(self, tree: Any) -> None:
+        """On the training thread, at the save: record where each GPU's queued work stands.
+
+        The next ``stage`` copies from a GPU on a side stream of its own, after this point and
+        after nothing queued later, so the next forward and backward run beside the copy
+        (the copy engine is not the GPU's compute units) and ``synchronize`` waits for the
+        copy alone, not for the training step queued behind it. Without a mark, the copies
+        start after whatever is queued when the staging thread reaches them."""
+        if not torch.cuda.is_initialized():
+            return
+        for device in _cuda_devices(tree):
+            point = torch.cuda.Event()
+            point.record(torch.cuda.current_stream(device))
+            self._save_points[device] = point
+
     def _copy(self, buf: torch.Tensor, live: torch.Tensor) -> None:
         """Device-to-host into a pinned buffer runs asynchronously (``synchronize`` waits)."""
         if live.device.type == "cuda" and buf.is_pinned():
-            self._devices.add(live.device)
-            buf.copy_(live.detach(), non_blocking=True)
+            with torch.cuda.stream(self._copy_stream(live.device)):
+                buf.copy_(live.detach(), non_blocking=True)
         else:
             buf.copy_(live.detach())
 
-    def synchronize(self) -> None:
-        """Wait for non-blocking device-to-host copies (no-op without CUDA).
+    def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The device's staging stream, ordered after the save point at its first copy."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        if device not in self._devices:
+            self._devices.add(device)
+            point = self._save_points.pop(device, None)
+            if point is not None:
+                stream.wait_event(point)
+            else:
+                stream.wait_stream(torch.cuda.current_stream(device))
+        return stream
 
-        Every device copied from: staging runs on a thread of its own, whose current device
-        is not the rank's (``torch.cuda.synchronize()`` alone would wait for device 0 only,
-        and synchronizing devices the rank does not use would create contexts on them)."""
+    def synchronize(self) -> None:
+        """Wait for non-blocking device-to-host copies (no-op without CUDA): the staging
+        streams of the devices copied from, so synchronizing creates no context on a device
+        the rank does not use."""
         for device in self._devices:
-            torch.cuda.synchronize(device)
+            self._streams[device].synchronize()
         self._devices.clear()
+        self._save_points.clear()
+
+
+def _cuda_devices(tree: Any) -> set[torch.device]:
+    if isinstance(tree, DTensor):
+        local = tree.to_local()
+        return {local.device} if local.device.type == "cuda" else set()
+    if isinstance(tree, torch.Tensor):
+        return {tree.device} if tree.device.type == "cuda" else set()
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, list | tuple):
+        return set().union(*(_cuda_devices(v) for v in tree)) if tree else set()
+    return set()
 
 
 def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
