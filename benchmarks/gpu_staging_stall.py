@@ -78,6 +78,8 @@ def main() -> None:
     root = args.dir or Path(tempfile.mkdtemp(prefix="rtj-stall-"))
     engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
     ckpt = ShardedCheckpointer(engine, RunFolder(root), run_name="stall")
+    ckpt.save_async("warm", timestamp=Timestamp(batch=0)).result()  # staging buffers made
+    shutil.rmtree(root / "warm", ignore_errors=True)
     dropped = drop_whole_page_cache()
     samples: dict[str, list[float]] = {m: [] for m in MODES}
     for round_ in range(args.rounds):
