@@ -34,7 +34,7 @@ images: setup  ## the operator and runtime images, built by buildah without a re
 test-realnodes: setup tools images  ## only the real-node suite: real kubelets + containerd run the images (root)
 	$(RUN) python -m pytest tests/realnodes
 
-test-gpu: setup  ## on a machine with a CUDA GPU: GPU suite, runtime suites, engines benchmark on the GPU
+test-gpu: setup  ## on a machine with a CUDA GPU: GPU suite, runtime suites, engines benchmark and staging stall on the GPU
 	PYTHON=.venv/bin/python hack/gpu-check.sh out/gpu-check
 
 test-fast: setup  ## pure unit and single-process tests only

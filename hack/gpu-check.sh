@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The runtime on a machine with a CUDA GPU, in one run: the GPU suite (tests/gpu), the runtime's
 # own suites (tests/unit, tests/multiproc) in a process where CUDA is available, and the
-# checkpoint-engines benchmark with the state on the GPU, then on the CPUs.
+# checkpoint-engines benchmark with the state on the GPU (then, if asked, on the CPUs), and the
+# async-save stall of GPU state (benchmarks/gpu_staging_stall.py).
 #
 #   hack/gpu-check.sh [OUT_DIR]        (default out/gpu-check)
 #
@@ -18,6 +19,7 @@ PYTHON=${PYTHON:-python3}
 GPU_TESTS_S=${GPU_TESTS_S:-180}
 RUNTIME_TESTS_S=${RUNTIME_TESTS_S:-240}
 BENCH_GPU_S=${BENCH_GPU_S:-330}
+BENCH_STALL_S=${BENCH_STALL_S:-120}
 BENCH_CPU_S=${BENCH_CPU_S:-0}        # 0: skip the CPU configurations
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
@@ -59,6 +61,8 @@ step runtime-tests "$RUNTIME_TESTS_S" "$PYTHON" -m pytest -p no:cacheprovider -q
 step bench-gpu "$BENCH_GPU_S" "$PYTHON" benchmarks/checkpoint_engines.py --device cuda \
     --configs single --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
     --json "$OUT_DIR/engines-gpu.json" --dir /tmp/rtj-bench-gpu
+step bench-stall "$BENCH_STALL_S" "$PYTHON" benchmarks/gpu_staging_stall.py --rounds 7 \
+    --size-mib "$BENCH_SIZE_MIB" --json "$OUT_DIR/staging-stall.json"
 if [ "$BENCH_CPU_S" -gt 0 ]; then
     step bench-cpu "$BENCH_CPU_S" "$PYTHON" benchmarks/checkpoint_engines.py \
         --configs "$BENCH_CPU_CONFIGS" --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
