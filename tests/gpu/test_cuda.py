@@ -76,12 +76,20 @@ def test_async_save_stages_cuda_tensors_in_pinned_buffers_and_resumes_onto_the_g
     result = resumed.resume()
     assert result.path is not None and result.path.rstrip("/").endswith("ep0-ba3"), result
     assert all(t.device == CUDA for t in fresh.state_dict().values())
-    for state in fresh_opt.state.values():
+    assert_resumed_on_the_gpu(fresh, fresh_opt, resumed, at_save)
+
+
+def assert_resumed_on_the_gpu(
+    model: nn.Module, opt: torch.optim.Optimizer, ckpt: CheckpointManager, at_save: list
+) -> None:
+    """The optimizer's state lives on the GPU and, with the model, equals ``at_save`` bitwise
+    (closes ``ckpt``)."""
+    for state in opt.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 assert value.device == CUDA, (key, value.device)
-    got = snapshot(fresh, fresh_opt)
-    resumed.close(save=False)
+    got = snapshot(model, opt)
+    ckpt.close(save=False)
     assert len(got) == len(at_save)
     assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, at_save, strict=True))
 
@@ -224,13 +232,7 @@ def test_a_resume_reads_gpu_tensors_straight_onto_the_gpu_through_a_few_pinned_s
     # No host copy of the state: the load made no staging buffer (the ring's slots are 16 MiB
     # in all, against 96 MiB of state here).
     assert resumed.engine.stager.nbytes == 0
-    for state in fresh_opt.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                assert value.device == CUDA, (key, value.device)
-    got = snapshot(fresh, fresh_opt)
-    resumed.close(save=False)
-    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, at_save, strict=True))
+    assert_resumed_on_the_gpu(fresh, fresh_opt, resumed, at_save)
 
 
 def test_a_gpu_without_room_for_a_copy_of_the_model_loads_it_through_host_memory(tmp_path, caplog):

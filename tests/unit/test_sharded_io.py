@@ -74,14 +74,20 @@ def test_start_writeback_ignores_what_it_cannot_do(tmp_path):
     assert (tmp_path / "f").read_bytes() == b"x" * 100
 
 
-def test_a_load_read_in_blocks_smaller_than_its_chunks_is_exact(tmp_path):
-    assert state()["big"].numel() * 4 > reading.READ_BLOCK  # the big chunk spans blocks
-    save(tmp_path, write_behind=True)
+def load_exactly(folder: Path) -> VerifyingReader:
+    """Load ``state()`` saved in ``folder`` and check it bitwise; returns the reader."""
     target = {k: torch.empty_like(v) for k, v in state().items()}
-    reader = VerifyingReader(tmp_path)
+    reader = VerifyingReader(folder)
     dcp.load(target, storage_reader=reader, no_dist=True)
     for key, value in state().items():
         assert torch.equal(target[key], value), key
+    return reader
+
+
+def test_a_load_read_in_blocks_smaller_than_its_chunks_is_exact(tmp_path):
+    assert state()["big"].numel() * 4 > reading.READ_BLOCK  # the big chunk spans blocks
+    save(tmp_path, write_behind=True)
+    reader = load_exactly(tmp_path)
     assert reader.bytes_read >= sum(v.numel() * v.element_size() for v in state().values())
 
 
@@ -265,11 +271,7 @@ def through_the_ring(monkeypatch):
 
 def test_a_load_through_the_ring_is_exact(tmp_path, through_the_ring):
     save(tmp_path, write_behind=True)
-    target = {k: torch.empty_like(v) for k, v in state().items()}
-    reader = VerifyingReader(tmp_path)
-    dcp.load(target, storage_reader=reader, no_dist=True)
-    for key, value in state().items():
-        assert torch.equal(target[key], value), key
+    reader = load_exactly(tmp_path)
     (ring,) = through_the_ring  # one ring per device, reused for every chunk
     assert ring.copies >= 6 + 2  # 12 MiB in 2 MiB slots, then the two small chunks
     assert reader.ring_copies == ring.copies
