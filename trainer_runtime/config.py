@@ -180,7 +180,7 @@ class Settings:
                 "global_batch_size", global_batch_size, "a batch size >= 1", lambda n: n >= 1
             ),
             handle_sigterm=handle_sigterm,
-            notice_file=notice_file or env(envvars.NOTICE_FILE),
+            notice_file=_notice_file(notice_file),
             grace_period_s=_grace_period(grace_period_s),
             preemption_exit_code=arguments.integer(
                 "preemption_exit_code",
@@ -282,6 +282,25 @@ def _quarantined(given: Iterable[str] | None) -> frozenset[str]:
     return frozenset(
         entry.strip().rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.strip()
     )
+
+
+def _notice_file(given: str | os.PathLike[str] | None) -> str | None:
+    """The notice file's path: the argument, else ``RTJ_NOTICE_FILE``. It may not exist yet
+    (the notice is written when the node is about to go), but it may not be a folder: a file
+    inside one is what gets written, and a folder would never be read as a notice."""
+    name = "notice_file" if given is not None else envvars.NOTICE_FILE
+    value = given if given is not None else env(envvars.NOTICE_FILE)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError(f"{name}={value!r}: expected a file path (str or os.PathLike)")
+    path = os.fspath(value)
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"{name}={path!r} is a folder: expected the notice file's path (the file the "
+            "operator's downward-API volume projects, e.g. /etc/resumable/preemption-notice)"
+        )
+    return path
 
 
 def _upload_flush_timeout(given: float | None) -> float | None:

@@ -373,6 +373,8 @@ BAD_ARGUMENTS = {
         "load_path='https://h/b': unsupported scheme https://",
     ),
     "load_path=5": ({"load_path": 5}, "load_path=5: expected a path or an s3:// URI"),
+    "notice_file=5": ({"notice_file": 5}, "notice_file=5: expected a file path"),
+    "notice_file='/'": ({"notice_file": "/"}, "notice_file='/' is a folder: expected the notice"),
 }
 
 
@@ -397,6 +399,7 @@ def test_bad_argument_is_a_config_error_naming_it(tmp_path, kw, message):
         ("RTJ_CHECKPOINT_DIR", "s3://", "RTJ_CHECKPOINT_DIR='s3://' names no bucket"),
         ("RTJ_CHECKPOINT_DIR", "s3://Bad_Bucket/p", "RTJ_CHECKPOINT_DIR='s3://Bad_Bucket/p'"),
         ("RTJ_RUN_NAME", "a/b", "RTJ_RUN_NAME='a/b' must be a non-empty name without '/'"),
+        ("RTJ_NOTICE_FILE", "/", "RTJ_NOTICE_FILE='/' is a folder: expected the notice file"),
     ],
 )
 def test_bad_environment_value_is_a_config_error_naming_the_variable(
