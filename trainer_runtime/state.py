@@ -276,7 +276,9 @@ def restore(
     if weights_only:
         return state
     for name, opt in comps.optimizers.items():
-        if name in state.get("optimizers", {}):
+        if name in state.get("optimizers", {}) and _optimizer_fits(
+            name, opt, state["optimizers"][name], strict=strict
+        ):
             opt.load_state_dict(state["optimizers"][name])
     for name, sched in comps.schedulers.items():
         if name in state.get("schedulers", {}):
@@ -289,6 +291,33 @@ def restore(
     if "rng" in data:
         rng.restore(data["rng"])
     return state
+
+
+def _optimizer_fits(
+    name: str, opt: torch.optim.Optimizer, saved: Mapping[str, Any], *, strict: bool
+) -> bool:
+    """Whether the saved optimizer state has the live optimizer's parameter groups, of the
+    same sizes (``Optimizer.load_state_dict`` pairs parameters by position and refuses
+    anything else). Otherwise strict: ``IncompatibleCheckpointError``; not strict: a warning,
+    and the optimizer keeps its current state."""
+    groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
+    if not isinstance(groups, list):
+        return True  # not a torch optimizer's state dict: its own load_state_dict judges
+    saved_sizes = [len(g.get("params", ())) for g in groups]
+    live_sizes = [len(g["params"]) for g in opt.param_groups]
+    if saved_sizes == live_sizes:
+        return True
+    why = (
+        f"optimizer {name!r}: the checkpoint's parameter groups hold {saved_sizes} "
+        f"parameters, the live optimizer's {live_sizes} (the model gained or lost parameters)"
+    )
+    if strict:
+        raise IncompatibleCheckpointError(
+            f"checkpoint does not fit the {why} (pass load_strict=False to load the model "
+            "and leave this optimizer's state as it is)"
+        )
+    log.warning("load_strict=False: not loading the state of %s; it keeps its current state", why)
+    return False
 
 
 def _keep_live_optimizer_state(

@@ -96,3 +96,24 @@ def test_a_v1_checkpoint_from_another_world_size_needs_elastic(tmp_path):
     write_v1(tmp_path / "ck", make(), batch=2, world_size=2)  # as if saved by 2 ranks
     with pytest.raises(WorldSizeMismatchError, match=r"saved by 2 rank.*pass elastic=True"):
         manager(tmp_path, make(seed=7)).resume()
+
+
+def test_a_v1_checkpoint_loads_into_a_model_that_gained_a_layer_with_load_strict_false(
+    tmp_path, caplog
+):
+    """Format 1 keeps optimizer state by position: when the groups no longer match, the
+    optimizer is left as it is, with a warning naming it, instead of a raw ValueError."""
+    saved = write_v1(tmp_path / "ck", make(), batch=3)
+    model, _, sched, scaler = make(seed=7)
+    model.add_module("gained", torch.nn.Linear(1, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ck = manager(tmp_path, (model, opt, sched, scaler), load_strict=False)
+    with caplog.at_level("WARNING", logger="trainer_runtime"):
+        res = ck.resume()
+    assert res.path.endswith("ep0-ba3") and ck.timestamp.batch == 3
+    assert "parameter groups hold [6] parameters, the live optimizer's [8]" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(params(model), saved, strict=False))
+    assert not opt.state, "the optimizer kept its (empty) state"
+    step(model, opt, sched)
+    assert len(opt.state) == 8
+    ck.close(save=False)
