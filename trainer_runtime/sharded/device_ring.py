@@ -25,8 +25,9 @@ log = logging.getLogger("trainer_runtime")
 
 RING_SLOTS = 4
 RING_SLOT = 4 << 20
-"""Four 4 MiB slots: a 1 MiB read takes about 0.5 ms at 2 GB/s and a 4 MiB copy to the GPU
-about 0.2 ms, so a slot is always free again before the reader needs it."""
+"""Four 4 MiB slots, sized by estimate, not tuned: a 1 MiB read takes about 0.5 ms at 2 GB/s
+and a 4 MiB copy to the GPU about 0.1-0.2 ms at 25-50 GB/s, so a slot should be free again
+well before the reader comes back to it."""
 
 
 class DeviceRing:
