@@ -288,8 +288,9 @@ def _notice_file(given: str | os.PathLike[str] | None) -> str | None:
     """The notice file's path: the argument, else ``RTJ_NOTICE_FILE``. It may not exist yet
     (the notice is written when the node is about to go), but it may not be a folder: a file
     inside one is what gets written, and a folder would never be read as a notice."""
-    name = "notice_file" if given not in (None, "") else envvars.NOTICE_FILE
-    value = given if given not in (None, "") else env(envvars.NOTICE_FILE)
+    from_argument = given not in (None, "")
+    name = "notice_file" if from_argument else envvars.NOTICE_FILE
+    value = given if from_argument else env(envvars.NOTICE_FILE)
     if value is None or value == "":
         return None
     if not isinstance(value, str | os.PathLike):

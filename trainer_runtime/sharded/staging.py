@@ -168,16 +168,14 @@ class HostStager:
 
 
 def _cuda_devices(tree: Any) -> set[torch.device]:
-    if isinstance(tree, DTensor):
-        local = tree.to_local()
-        return {local.device} if local.device.type == "cuda" else set()
-    if isinstance(tree, torch.Tensor):
-        return {tree.device} if tree.device.type == "cuda" else set()
-    if isinstance(tree, dict):
-        tree = list(tree.values())
-    if isinstance(tree, list | tuple):
-        return set().union(*(_cuda_devices(v) for v in tree)) if tree else set()
-    return set()
+    """The GPUs that hold a tensor of ``tree`` (a DTensor by its local shard)."""
+    devices = set()
+    for _, leaf, _ in tensor_pairs(tree, tree):
+        if isinstance(leaf, torch.Tensor):
+            local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
+            if local.device.type == "cuda":
+                devices.add(local.device)
+    return devices
 
 
 def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
