@@ -1,0 +1,337 @@
+"""Where a relaunched load's time goes: the phases of ``ShardedEngine.load`` and plain reads of
+the same file in several patterns, measured in the same rounds.
+
+    python benchmarks/load_phases.py --json OUT [--device cpu|cuda] [--size-mib 1024]
+        [--rounds 5] [--dir FOLDER]
+
+One process saves the benchmark state (``checkpoint_engines.build``: a Linear/LayerNorm stack
+plus Adam) once with the runtime. Then, in interleaved rounds, each contender runs in a fresh
+process of its own, page cache dropped first (as root):
+
+- ``load``: the runtime's load into a freshly built model and an optimizer without state, with
+  the time of each phase (metadata, making the targets, DCP's planning, the read loop and
+  within it ``pread``, hashing and the GPU ring, the commit into the live state);
+- ``load-plain``: the same load without the phase timers (what they cost);
+- ``read-<size>``: the data file read into one touched buffer in requests of that size
+  (``read-64m`` is ``checkpoint_engines``' raw touched read), ``-hash`` adding the xxh3-128
+  the load computes, ``-direct`` with ``O_DIRECT``;
+- ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
+  one tensor on the device (``ring-1m`` is the load's GPU path without DCP around it).
+
+Medians [min-max] of the rounds, seconds; the JSON has every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkpoint_engines as bench
+from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
+
+from trainer_runtime.dist import Coordinator
+from trainer_runtime.layout import RunFolder
+from trainer_runtime.manifest import Manifest
+from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, optim_target, reading
+from trainer_runtime.sharded import engine as engine_module
+from trainer_runtime.sharded.device_ring import DeviceRing
+from trainer_runtime.state import Components
+from trainer_runtime.timestamp import Timestamp
+
+MARK = "LOAD_PHASES "
+READS = {  # name: (request bytes, hash each request, O_DIRECT)
+    "read-64m": (64 * MiB, False, False),
+    "read-1m": (MiB, False, False),
+    "read-1m-hash": (MiB, True, False),
+    "read-4m-hash": (4 * MiB, True, False),
+    "read-16m-hash": (16 * MiB, True, False),
+    "read-16m-hash-direct": (16 * MiB, True, True),
+}
+
+
+class Phases:
+    """Seconds spent in wrapped functions, by name (nested calls are counted in both)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t
+
+    def wrap(self, owner: Any, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            with self.timing(name):
+                return inner(*a, **kw)
+
+        setattr(owner, attr, timed)
+
+
+class _TimedDigest:
+    def __init__(self, phases: Phases) -> None:
+        self._d = xxhash.xxh3_128()
+        self._phases = phases
+
+    def update(self, data: Any) -> None:
+        with self._phases.timing("read.hash"):
+            self._d.update(data)
+
+    def hexdigest(self) -> str:
+        return self._d.hexdigest()
+
+
+def instrument(phases: Phases) -> None:
+    """Phase timers around the load's steps (this process only)."""
+    phases.wrap(ShardedEngine, "_agreed_metadata", "metadata")
+    phases.wrap(engine_module, "load_targets", "targets")
+    phases.wrap(engine_module.dcp, "load", "dcp.load")
+    phases.wrap(reading.VerifyingReader, "read_data", "read")
+    phases.wrap(reading.os, "preadv", "read.pread")
+    phases.wrap(DeviceRing, "block", "read.ring_block")
+    phases.wrap(DeviceRing, "close", "read.ring_close")
+    phases.wrap(engine_module, "copy_into_live", "copy_into_live")
+    phases.wrap(optim_target, "adopt", "adopt")
+    phases.wrap(engine_module.state_mod, "restore", "small_state")
+    shim = type("xxhash_shim", (), {})()
+    shim.xxh3_128 = lambda: _TimedDigest(phases)  # type: ignore[attr-defined]
+    reading.xxhash = shim  # type: ignore[assignment]
+
+
+def data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix == ".distcp")
+
+
+def plain_read(files: list[Path], request: int, digest: bool, direct: bool) -> Callable[[], int]:
+    """Read ``files`` whole, ``request`` bytes a call, into one buffer touched now."""
+    buf = mmap.mmap(-1, request)  # page-aligned, for O_DIRECT
+    buf.write(b"\1" * request)
+    view = memoryview(buf)
+
+    def read() -> int:
+        total = 0
+        for file in files:
+            fd = os.open(file, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+            try:
+                if not direct:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                h = xxhash.xxh3_128() if digest else None
+                at = 0
+                while True:
+                    n = os.preadv(fd, [view], at)
+                    if n <= 0:
+                        break
+                    if h is not None:
+                        h.update(view[:n])
+                    at += n
+                total += at
+            finally:
+                os.close(fd)
+        return total
+
+    return read
+
+
+RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
+
+
+def ring_read(files: list[Path], block_bytes: int) -> Callable[[], int]:
+    """The load's GPU path without DCP: blocks through ``DeviceRing`` (slots of at least 4 MiB)
+    into one tensor on the device."""
+    import torch  # noqa: PLC0415
+
+    size = sum(f.stat().st_size for f in files)
+    dst = torch.empty(size, dtype=torch.uint8, device=bench.DEVICE)
+    ring = DeviceRing(bench.DEVICE, slot_bytes=max(block_bytes, 4 * MiB))
+
+    def read() -> int:
+        at = 0
+        for file in files:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                length = file.stat().st_size
+                ring.begin(dst[at : at + length])
+                h = xxhash.xxh3_128()
+                done = 0
+                while done < length:
+                    block = ring.block(min(block_bytes, length - done))
+                    n = os.preadv(fd, [block], done)
+                    h.update(block[:n])
+                    done += n
+                ring.end()
+                at += length
+            finally:
+                os.close(fd)
+        ring.close()
+        return at
+
+    return read
+
+
+def worker(args: argparse.Namespace) -> None:
+    bench.use_device(args.device)
+    folder = Path(args.dir) / "runtime" / "r0"
+    what = args.worker
+    phases = Phases()
+    if what in READS:
+        read = plain_read(data_files(folder), *READS[what])
+    elif what in RINGS:
+        read = ring_read(data_files(folder), RINGS[what])
+    else:
+        model, _, opt = bench.build("single", args.bytes, 1)  # untimed, touched
+        engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
+        if what == "load":
+            instrument(phases)
+
+        def read() -> int:
+            return engine.load(folder, Manifest.read(folder))[1].bytes_read
+
+    tiny, _, tiny_opt = bench.build("single", MiB, 1)
+    bench.train_step(tiny, tiny_opt, tiny[0].in_features)  # torch's code warm
+    t = time.perf_counter()
+    nbytes = read()
+    bench.sync()
+    took = time.perf_counter() - t
+    figures = {"seconds": took, "bytes": nbytes, **dict(phases.seconds)}
+    print(MARK + json.dumps(figures), flush=True)
+    os._exit(0)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Save the state once with the runtime (one training step first, so Adam has state)."""
+    bench.use_device(args.device)
+    model, wrapped, opt = bench.build("single", args.bytes, 1)
+    bench.train_step(wrapped, opt, model[0].in_features)
+    engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
+    ckpt = ShardedCheckpointer(engine, RunFolder(Path(args.dir) / "runtime"), run_name="b")
+    ckpt.save("r0", timestamp=Timestamp(batch=0))
+    os._exit(0)
+
+
+def run_child(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--dir",
+        args.dir,
+        "--device",
+        args.device,
+        "--size-mib",
+        str(args.size_mib),
+        *extra,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    if out.returncode:
+        raise SystemExit(f"{' '.join(extra)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default="")
+    ap.add_argument("--contenders", help="comma-separated subset (default: all)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.bytes = args.size_mib * MiB
+    if args.worker:
+        return worker(args)
+    if args.prepare:
+        return prepare(args)
+    own = not args.dir
+    if own:
+        args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
+    try:
+        run_child(args, "--prepare")
+        contenders = ["load", "load-plain", *READS, *RINGS]
+        if args.contenders:
+            picked = args.contenders.split(",")
+            unknown = sorted(set(picked) - set(contenders))
+            if unknown:
+                raise SystemExit(f"--contenders: unknown {unknown}; expected some of {contenders}")
+            contenders = picked
+        samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        dropped = True
+        for r in range(args.rounds):
+            for name in round_order(contenders, r):
+                dropped = drop_whole_page_cache() and dropped
+                fig = run_child(args, "--worker", name)
+                samples[name].append(fig)
+                print(f"[phases] round {r} {name}: {fig['seconds']:.3f} s", flush=True)
+        report = summarize(samples)
+        for name, figures in report["medians"].items():
+            cells = ", ".join(f"{k} {v[0]:.3f} [{v[1]:.3f}-{v[2]:.3f}]" for k, v in figures.items())
+            print(f"[phases] {name}: {cells}", flush=True)
+        if args.json:
+            write_json(
+                args.json,
+                {
+                    "conditions": conditions(page_cache_dropped=dropped),
+                    "device": args.device,
+                    "size_mib": args.size_mib,
+                    "read_ahead_kb": read_ahead(),
+                    **report,
+                    "samples": samples,
+                },
+            )
+    finally:
+        if own:
+            shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def read_ahead() -> dict[str, int]:
+    """Each block device's readahead window (KiB), loop and zram devices left out."""
+    out = {}
+    for f in Path("/sys/block").glob("*/queue/read_ahead_kb"):
+        name = f.parent.parent.name
+        if not name.startswith(("loop", "zram", "ram")):
+            out[name] = int(f.read_text())
+    return out
+
+
+def summarize(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    medians: dict[str, Any] = {}
+    for name, runs in samples.items():
+        keys = sorted({k for run in runs for k in run if k != "bytes"})
+        medians[name] = {
+            k: [
+                round(statistics.median(v), 4),
+                round(min(v), 4),
+                round(max(v), 4),
+            ]
+            for k in keys
+            if (v := [run.get(k, 0.0) for run in runs])
+        }
+    return {"medians": medians}
+
+
+if __name__ == "__main__":
+    main()
