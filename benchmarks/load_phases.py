@@ -12,6 +12,8 @@ process of its own, page cache dropped first (as root):
   the time of each phase (metadata, making the targets, DCP's planning, the read loop and
   within it ``pread``, hashing and the GPU ring, the commit into the live state);
 - ``load-plain``: the same load without the phase timers (what they cost);
+- ``load-serial``: the load without its reading thread, as before it: 1 MiB blocks, each read
+  then hashed on the loading thread;
 - ``read-<size>``: the data file read into one touched buffer in requests of that size
   (``read-64m`` is ``checkpoint_engines``' raw touched read), ``-hash`` adding the xxh3-128
   the load computes, ``-direct`` with ``O_DIRECT``;
@@ -203,6 +205,13 @@ def worker(args: argparse.Namespace) -> None:
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
         if what == "load":
             instrument(phases)
+        elif what == "load-serial":  # as before the read-ahead thread: 1 MiB, read then hash
+            serial = reading.VerifyingReader._read_verified
+
+            def read_verified(self: Any, *a: Any, **kw: Any) -> None:
+                serial(self, *a)
+
+            reading.VerifyingReader._read_verified = read_verified  # type: ignore[method-assign]
 
         def read() -> int:
             return engine.load(folder, Manifest.read(folder))[1].bytes_read
@@ -271,7 +280,7 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", *READS, *RINGS]
+        contenders = ["load", "load-plain", "load-serial", *READS, *RINGS]
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
@@ -286,25 +295,31 @@ def main() -> None:
                 fig = run_child(args, "--worker", name)
                 samples[name].append(fig)
                 print(f"[phases] round {r} {name}: {fig['seconds']:.3f} s", flush=True)
+            if args.json:  # after every round: a run stopped by a time limit keeps its rounds
+                write_report(args, samples, dropped)
         report = summarize(samples)
         for name, figures in report["medians"].items():
             cells = ", ".join(f"{k} {v[0]:.3f} [{v[1]:.3f}-{v[2]:.3f}]" for k, v in figures.items())
             print(f"[phases] {name}: {cells}", flush=True)
-        if args.json:
-            write_json(
-                args.json,
-                {
-                    "conditions": conditions(page_cache_dropped=dropped),
-                    "device": args.device,
-                    "size_mib": args.size_mib,
-                    "read_ahead_kb": read_ahead(),
-                    **report,
-                    "samples": samples,
-                },
-            )
     finally:
         if own:
             shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def write_report(
+    args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], dropped: bool
+) -> None:
+    write_json(
+        args.json,
+        {
+            "conditions": conditions(page_cache_dropped=dropped),
+            "device": args.device,
+            "size_mib": args.size_mib,
+            "read_ahead_kb": read_ahead(),
+            **summarize(samples),
+            "samples": samples,
+        },
+    )
 
 
 def read_ahead() -> dict[str, int]:

@@ -287,6 +287,51 @@ def test_a_flipped_byte_fails_a_load_through_the_ring(tmp_path, through_the_ring
     assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
 
 
+def test_reads_through_the_ring_run_on_a_reading_thread_a_slot_at_a_time(
+    tmp_path, through_the_ring, monkeypatch
+):
+    save(tmp_path, write_behind=True)
+    calls: list[tuple[str, int]] = []
+    preadv = os.preadv
+
+    def recorded(fd, buffers, offset):
+        calls.append((threading.current_thread().name, sum(len(b) for b in buffers)))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", recorded)
+    load_exactly(tmp_path)
+    data = [(name, n) for name, n in calls if n > 4096]  # not .metadata's small reads
+    assert data and all(name.startswith("rtj-read") for name, _ in data)
+    slot = through_the_ring[0].slot_bytes
+    assert max(n for _, n in data) == slot  # blocks as large as a slot, not READ_BLOCK
+    assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
+
+
+def test_a_file_cut_short_fails_a_load_through_the_ring_and_leaves_no_reader(
+    tmp_path, through_the_ring
+):
+    writer = save(tmp_path, write_behind=True)
+    data = next(e for e in writer.written if e.path.endswith(".distcp"))
+    os.truncate(tmp_path / data.path, data.size - 3 * reading.READ_BLOCK)
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    with pytest.raises(CheckpointException) as failure:
+        dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
+    ((cause, _trace),) = failure.value.failures.values()
+    assert isinstance(cause, ChunkDigestError) and "ends at byte" in str(cause)
+    assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
+
+
+def test_a_flipped_first_byte_fails_a_load_through_the_ring(tmp_path, through_the_ring):
+    writer = save(tmp_path, write_behind=True)
+    data = next(e for e in writer.written if e.path.endswith(".distcp"))
+    flip_byte(tmp_path, writer, from_end=data.size)  # the file's first byte: the first block
+    target = {k: torch.empty_like(v) for k, v in state().items()}
+    with pytest.raises(CheckpointException) as failure:
+        dcp.load(target, storage_reader=VerifyingReader(tmp_path), no_dist=True)
+    ((cause, _trace),) = failure.value.failures.values()
+    assert isinstance(cause, ChunkDigestError) and "fail their checksum" in str(cause)
+
+
 def test_targets_that_do_not_fit_on_the_gpu_are_made_on_the_host(caplog):
     asked: list[bool] = []
 
