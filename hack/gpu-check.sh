@@ -2,7 +2,9 @@
 # The runtime on a machine with a CUDA GPU, in one run: the GPU suite (tests/gpu), the runtime's
 # own suites (tests/unit, tests/multiproc) in a process where CUDA is available, and the
 # checkpoint-engines benchmark with the state on the GPU (then, if asked, on the CPUs), and the
-# async-save stall of GPU state (benchmarks/gpu_staging_stall.py).
+# async-save stall of GPU state (benchmarks/gpu_staging_stall.py), and, if asked, where a GPU
+# load's time goes (benchmarks/load_phases.py: the load against the same load read without its
+# reading thread and against the raw read).
 #
 #   hack/gpu-check.sh [OUT_DIR]        (default out/gpu-check)
 #
@@ -21,6 +23,7 @@ RUNTIME_TESTS_S=${RUNTIME_TESTS_S:-240}
 BENCH_GPU_S=${BENCH_GPU_S:-330}
 BENCH_STALL_S=${BENCH_STALL_S:-120}
 BENCH_CPU_S=${BENCH_CPU_S:-0}        # 0: skip the CPU configurations
+BENCH_PHASES_S=${BENCH_PHASES_S:-0}  # 0: skip load_phases.py
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"
@@ -63,6 +66,11 @@ step bench-gpu "$BENCH_GPU_S" "$PYTHON" benchmarks/checkpoint_engines.py --devic
     --json "$OUT_DIR/engines-gpu.json" --dir /tmp/rtj-bench-gpu
 step bench-stall "$BENCH_STALL_S" "$PYTHON" benchmarks/gpu_staging_stall.py --rounds 7 \
     --size-mib "$BENCH_SIZE_MIB" --json "$OUT_DIR/staging-stall.json"
+if [ "$BENCH_PHASES_S" -gt 0 ]; then
+    step bench-phases "$BENCH_PHASES_S" "$PYTHON" benchmarks/load_phases.py --device cuda \
+        --contenders load,load-serial,read-64m --rounds 6 --size-mib "$BENCH_SIZE_MIB" \
+        --json "$OUT_DIR/load-phases.json" --dir /tmp/rtj-phases
+fi
 if [ "$BENCH_CPU_S" -gt 0 ]; then
     step bench-cpu "$BENCH_CPU_S" "$PYTHON" benchmarks/checkpoint_engines.py \
         --configs "$BENCH_CPU_CONFIGS" --rounds 3 --size-mib "$BENCH_SIZE_MIB" \

@@ -307,6 +307,24 @@ def test_reads_through_the_ring_run_on_a_reading_thread_a_slot_at_a_time(
     assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
 
 
+def test_a_read_ahead_returns_only_once_its_read_has_begun():
+    """The hash after ``start`` holds the GIL; a read not yet begun would wait for it."""
+    reads = reading._ReadAhead()
+    began, release = threading.Event(), threading.Event()
+    try:
+        for _ in range(20):  # a thread that merely woke late would fail some of these
+            began.clear()
+            release.clear()
+            future = reads.start(lambda: (began.set(), release.wait(5)))
+            assert began.is_set()
+            assert not future.done()
+            release.set()
+            future.result(timeout=5)
+    finally:
+        release.set()
+        reads.close()
+
+
 def test_a_file_cut_short_fails_a_load_through_the_ring_and_leaves_no_reader(
     tmp_path, through_the_ring
 ):

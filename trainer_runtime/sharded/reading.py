@@ -7,7 +7,8 @@ touched, and mapping those pages costs about as much CPU as reading the bytes; w
 has a second CPU to itself (``prefault_thread``), a helper thread maps the pages just ahead of
 the reader (``pages.populate_pages``, at most ``MAP_LEAD`` ahead) while the reader waits on the
 disk. Whichever thread reaches a span of pages first maps it, so a helper that falls behind costs
-nothing. Several reading threads
+nothing. Chunks bound for a GPU go through ``DeviceRing`` slots instead, each block read on a
+reading thread while this one hashes the block before it. Several reading threads
 were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md,
 "Loading").
 
@@ -54,9 +55,9 @@ medians of 6, interleaved): 1 MiB blocks hashed in line loaded in 0.75 s, 16 MiB
 RING_BLOCK = 4 << 20
 """Reads of chunks bound for a GPU go in blocks this size (at most a ring slot), each read on a
 reading thread while the loading thread hashes the block before it. Measured on one H100 machine
-(relaunched processes, 1 GiB, page cache dropped): the file through the ring in 1 MiB blocks
-0.67-0.84 s, in 4 MiB blocks 0.71-0.82 s, against 0.57-0.67 s for a raw read in 64 MiB requests;
-benchmarks/load_phases.py."""
+(relaunched processes, 1 GiB, page cache dropped, 3 rounds, benchmarks/load_phases.py): the file
+hashed through the ring in 1 MiB blocks 0.84 s [0.67-0.84], in 4 MiB blocks 0.74 s [0.71-0.82],
+in 16 MiB blocks 0.81 s [0.80-0.82]."""
 
 MAP_LEAD = 16 << 20
 """How far ahead of the reader the helper thread maps pages: within the CPU's last-level cache
@@ -405,7 +406,7 @@ class VerifyingReader(FileSystemReader):
                     landing = None
                 if done < info.length:
                     view = into(done, min(done + block, info.length))
-                    landing = (view, reads.submit(_fill, fd, rel, view, info.offset + done, end))
+                    landing = (view, reads.start(_fill, fd, rel, view, info.offset + done, end))
                     done += len(view)
                 if landed is not None:
                     digest.update(landed)
@@ -422,10 +423,21 @@ class _ReadAhead:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> Any:
+    def start(self, fn: Callable[..., None], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the reading thread; return its future once it has begun. The
+        hash that follows holds the GIL for a whole block: the read must already be inside
+        ``pread`` (which lets go of the GIL) by then, or it would only start after the hash."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
-        return self._pool.submit(fn, *args)
+        begun = threading.Event()
+
+        def run() -> None:
+            begun.set()
+            fn(*args)
+
+        future = self._pool.submit(run)
+        begun.wait()
+        return future
 
     def close(self) -> None:
         if self._pool is not None:
