@@ -9,12 +9,15 @@ from tools.waiting import wait_for
 from trainer_runtime.layout import RunFolder
 
 
-def committed_and_valid(run_dir: Path) -> list[str]:
+def committed_and_valid(run_dir: Path, *, settled: bool = True) -> list[str]:
     """Names of committed checkpoints, newest first; fails if any committed one is broken.
 
     Safe to call while the gang is still saving: the pointer is read before the listing
     (rank 0 writes the manifest, then the pointer, so whatever the pointer names is listed
     after it), and a checkpoint that retention removes while it is being checked is skipped.
+    ``settled``: no save was under way when the gang stopped, so committed checkpoints must
+    have a pointer. Pass ``False`` while the gang runs or after it was killed at a random
+    moment: a first checkpoint is committed a moment before its pointer is written.
     """
     folder = RunFolder(run_dir)
     pointer = folder.read_pointer()
@@ -27,7 +30,7 @@ def committed_and_valid(run_dir: Path) -> list[str]:
         names.append(m.name)
     if pointer is not None and (run_dir / pointer["checkpoint"]).exists():
         assert pointer["checkpoint"] in names, f"latest.json names uncommitted {pointer}"
-    if names:
+    if names and settled:
         assert folder.read_pointer() is not None, "checkpoints committed but latest.json is missing"
     return names
 

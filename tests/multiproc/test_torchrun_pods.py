@@ -82,8 +82,9 @@ def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_pat
     pods = [start_pod(tmp_path, port, pod) for pod in range(2)]
     run = tmp_path / "ck" / "tr"
     try:
-        wait_for_gang(lambda: len(committed_and_valid(run)) >= 2, 240, "two interval checkpoints")
-        before = committed_and_valid(run)[0]
+        saving = lambda: committed_and_valid(run, settled=False)  # noqa: E731
+        wait_for_gang(lambda: len(saving()) >= 2, 240, "two interval checkpoints")
+        before = saving()[0]
         assert Manifest.read(run / before).world_size == 4
         for proc in pods:
             proc.send_signal(signal.SIGTERM)

@@ -282,6 +282,26 @@ def test_leftovers_are_cleaned_and_a_stale_pointer_is_reported(tmp_path, caplog)
     assert res.fallbacks == [] and "not resuming from" not in caplog.text  # reported once
 
 
+def test_a_checkpoint_committed_before_its_pointer_was_written_is_resumed(tmp_path):
+    """A crash between the manifest's commit and the pointer's write (the window a multi-
+    process test saw live) leaves a committed checkpoint and no latest.json."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.close(save=False)
+    (tmp_path / "ck" / "latest.json").unlink()
+    weights = saved_weights(tmp_path / "ck" / "ep0-ba2")
+
+    again = make()
+    ck2 = manager(tmp_path, again, interval="2ba")
+    res = ck2.resume()
+    assert res.path.endswith("ep0-ba2") and ck2.timestamp.batch == 2
+    assert all(torch.equal(weights[k], v) for k, v in again[0].state_dict().items())
+    train(ck2, again, 2)
+    ck2.close(save=False)
+    assert ck2.folder.read_pointer()["checkpoint"] == "ep0-ba4"
+
+
 def test_export_writes_a_plain_state_dict(tmp_path, capsys):
     comps = make()
     ck = manager(tmp_path, comps, interval="2ba")
