@@ -14,9 +14,10 @@ process of its own, page cache dropped first (as root):
 - ``load-plain``: the same load without the phase timers (what they cost);
 - ``load-serial``: the load without its reading thread, as before it: 1 MiB blocks, each read
   then hashed on the loading thread;
-- ``read-<size>``: the data file read into one touched buffer in requests of that size
-  (``read-64m`` is ``checkpoint_engines``' raw touched read), ``-hash`` adding the xxh3-128
-  the load computes, ``-direct`` with ``O_DIRECT``;
+- ``read-<size>``: the data file read into one touched buffer in requests of that size, with
+  ``POSIX_FADV_SEQUENTIAL`` as the load asks for (``read-64m`` is ``checkpoint_engines``' raw
+  touched read plus that advice), ``-hash`` adding the xxh3-128 the load computes, ``-direct``
+  with ``O_DIRECT`` (and no advice);
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
   one tensor on the device (``ring-1m`` is the load's GPU path without DCP around it).
 
@@ -178,9 +179,9 @@ def ring_read(files: list[Path], block_bytes: int) -> Callable[[], int]:
                 done = 0
                 while done < length:
                     block = ring.block(min(block_bytes, length - done))
-                    n = os.preadv(fd, [block], done)
-                    h.update(block[:n])
-                    done += n
+                    reading._fill(fd, file.name, block, done, length)
+                    h.update(block)
+                    done += len(block)
                 ring.end()
                 at += length
             finally:

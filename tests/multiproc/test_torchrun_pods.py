@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_pat
     pods = [start_pod(tmp_path, port, pod) for pod in range(2)]
     run = tmp_path / "ck" / "tr"
     try:
-        saving = lambda: committed_and_valid(run, settled=False)  # noqa: E731
+        saving = partial(committed_and_valid, run, settled=False)
         wait_for_gang(lambda: len(saving()) >= 2, 240, "two interval checkpoints")
         before = saving()[0]
         assert Manifest.read(run / before).world_size == 4

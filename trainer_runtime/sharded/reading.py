@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -397,7 +397,8 @@ class VerifyingReader(FileSystemReader):
                 digest.update(view)
                 done += len(view)
         else:
-            landing: tuple[memoryview, Any] | None = None  # the block being read, its future
+            # The block being read, and its read.
+            landing: tuple[memoryview, futures.Future[None]] | None = None
             while landing is not None or done < info.length:
                 landed = None
                 if landing is not None:
@@ -421,14 +422,14 @@ class _ReadAhead:
     """One reading thread for a load, started on first use; ``close`` waits for its reads."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: futures.ThreadPoolExecutor | None = None
 
-    def start(self, fn: Callable[..., None], *args: Any) -> Any:
+    def start(self, fn: Callable[..., None], *args: Any) -> futures.Future[None]:
         """Run ``fn(*args)`` on the reading thread; return its future once it has begun. The
         hash that follows holds the GIL for a whole block: the read must already be inside
         ``pread`` (which lets go of the GIL) by then, or it would only start after the hash."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
+            self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
         begun = threading.Event()
 
         def run() -> None:
