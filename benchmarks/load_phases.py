@@ -6,7 +6,10 @@ the same file in several patterns, measured in the same rounds.
 
 One process saves the benchmark state (``checkpoint_engines.build``: a Linear/LayerNorm stack
 plus Adam) once with the runtime. Then, in interleaved rounds, each contender runs in a fresh
-process of its own, page cache dropped first (as root):
+process of its own. Each process sets up (builds the model, and so on), then drops the page cache
+(as root) and warms torch's code with a tiny step, so every contender's clock starts the same
+few seconds after the drop: on a VM whose freed memory goes back to the host, the page cache a
+read fills costs more the longer after a drop it is filled.
 
 - ``load``: the runtime's load into a freshly built model and an optimizer without state, with
   the time of each phase (metadata, making the targets, DCP's planning, the read loop and
@@ -14,6 +17,12 @@ process of its own, page cache dropped first (as root):
 - ``load-plain``: the same load without the phase timers (what they cost);
 - ``load-serial``: the load without its reading thread, as before it: 1 MiB blocks, each read
   then hashed on the loading thread;
+- ``load-warm``: the load in a process whose state already exists (one training step, then one
+  untimed load of a second checkpoint of the same state, so no block of the timed one was read
+  last by this process): what a running job pays to
+  load a checkpoint (``CheckpointManager.load``), into memory it has touched;
+- ``read-fresh``: the data file read into one buffer of its size allocated inside the clock, 16
+  MiB a call (what any loader in a relaunched process pays: memory it never touched);
 - ``read-<size>``: the data file read into one touched buffer in requests of that size, with
   ``POSIX_FADV_SEQUENTIAL`` as the load asks for (``read-64m`` is ``checkpoint_engines``' raw
   touched read plus that advice), ``-hash`` adding the xxh3-128 the load computes, ``-direct``
@@ -155,6 +164,29 @@ def plain_read(files: list[Path], request: int, digest: bool, direct: bool) -> C
     return read
 
 
+def fresh_read(files: list[Path]) -> Callable[[], int]:
+    """Read ``files`` whole, 16 MiB a call, into one buffer of their size made inside the call."""
+    import torch  # noqa: PLC0415
+
+    size = sum(f.stat().st_size for f in files)
+
+    def read() -> int:
+        view = memoryview(torch.empty(size, dtype=torch.uint8).numpy())
+        at = 0
+        for file in files:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                start = at
+                while n := os.preadv(fd, [view[at : at + 16 * MiB]], at - start):
+                    at += n
+            finally:
+                os.close(fd)
+        return at
+
+    return read
+
+
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
 
 
@@ -199,11 +231,17 @@ def worker(args: argparse.Namespace) -> None:
     phases = Phases()
     if what in READS:
         read = plain_read(data_files(folder), *READS[what])
+    elif what == "read-fresh":
+        read = fresh_read(data_files(folder))
     elif what in RINGS:
         read = ring_read(data_files(folder), RINGS[what])
     else:
-        model, _, opt = bench.build("single", args.bytes, 1)  # untimed, touched
+        model, wrapped, opt = bench.build("single", args.bytes, 1)  # untimed, touched
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
+        if what == "load-warm":  # state and the load's staging buffers exist, page cache cold
+            bench.train_step(wrapped, opt, model[0].in_features)
+            other = folder.with_name("w0")
+            engine.load(other, Manifest.read(other))
         if what == "load":
             instrument(phases)
         elif what == "load-serial":  # as before the read-ahead thread: 1 MiB, read then hash
@@ -217,13 +255,14 @@ def worker(args: argparse.Namespace) -> None:
         def read() -> int:
             return engine.load(folder, Manifest.read(folder))[1].bytes_read
 
+    dropped = drop_whole_page_cache()
     tiny, _, tiny_opt = bench.build("single", MiB, 1)
     bench.train_step(tiny, tiny_opt, tiny[0].in_features)  # torch's code warm
     t = time.perf_counter()
     nbytes = read()
     bench.sync()
     took = time.perf_counter() - t
-    figures = {"seconds": took, "bytes": nbytes, **dict(phases.seconds)}
+    figures = {"seconds": took, "bytes": nbytes, "dropped": dropped, **dict(phases.seconds)}
     print(MARK + json.dumps(figures), flush=True)
     os._exit(0)
 
@@ -236,6 +275,7 @@ def prepare(args: argparse.Namespace) -> None:
     engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
     ckpt = ShardedCheckpointer(engine, RunFolder(Path(args.dir) / "runtime"), run_name="b")
     ckpt.save("r0", timestamp=Timestamp(batch=0))
+    ckpt.save("w0", timestamp=Timestamp(batch=1))  # load-warm's untimed load
     os._exit(0)
 
 
@@ -281,7 +321,8 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-serial", *READS, *RINGS]
+        contenders = ["load", "load-plain", "load-serial", "load-warm", "read-fresh", *READS]
+        contenders += list(RINGS)
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
@@ -292,8 +333,8 @@ def main() -> None:
         dropped = True
         for r in range(args.rounds):
             for name in round_order(contenders, r):
-                dropped = drop_whole_page_cache() and dropped
                 fig = run_child(args, "--worker", name)
+                dropped = bool(fig.pop("dropped", False)) and dropped
                 samples[name].append(fig)
                 print(f"[phases] round {r} {name}: {fig['seconds']:.3f} s", flush=True)
             if args.json:  # after every round: a run stopped by a time limit keeps its rounds
