@@ -242,7 +242,7 @@ def worker(args: argparse.Namespace) -> None:
             bench.train_step(wrapped, opt, model[0].in_features)
             other = folder.with_name("w0")
             engine.load(other, Manifest.read(other))
-        if what == "load":
+        if what in ("load", "load-warm"):
             instrument(phases)
         elif what == "load-serial":  # as before the read-ahead thread: 1 MiB, read then hash
             serial = reading.VerifyingReader._read_verified

@@ -23,25 +23,28 @@ import mmap
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 _MADV_POPULATE_WRITE = 23  # linux/mman.h, since 5.14
 
 
-def _load_madvise() -> Callable[[int, int, int], int] | None:
+def _load_libc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
 
 
-_MADVISE = _load_madvise()
+_MADVISE = _load_libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+_MINCORE = _load_libc("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+_LOW_BIT = bytes(i & 1 for i in range(256))
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _supported = _MADVISE is not None
 _probed: bool | None = None
@@ -104,3 +107,18 @@ def populate_for_write(tensor: torch.Tensor) -> bool:
     """
     lo, hi = whole_pages(tensor)
     return populate_pages(lo, hi - lo)
+
+
+def all_present(tensor: torch.Tensor) -> bool:
+    """Whether every whole page inside a CPU tensor's memory is present already (a buffer that
+    was written before: a reused staging buffer, live state), asked of the kernel in one call
+    (``mincore``). Such a target needs no mapping before a read fills it: on the 2-core VM,
+    mapping the already present pages of a 1 GiB load cost about 0.06 s of a 0.7 s load. False
+    where the kernel cannot say, or for a tensor with no whole page."""
+    lo, hi = whole_pages(tensor)
+    if _MINCORE is None or hi <= lo:
+        return False
+    vec = (ctypes.c_ubyte * ((hi - lo) // _PAGE))()
+    if _MINCORE(lo, hi - lo, vec) != 0:
+        return False
+    return b"\0" not in bytes(vec).translate(_LOW_BIT)  # bit 0: present; others reserved

@@ -37,6 +37,20 @@ def test_a_populated_fresh_tensor_is_written_without_a_fault_per_page():
     assert populated < faulted // 20
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is asked of Linux")
+def test_pages_are_present_only_once_every_whole_page_was_touched():
+    buf = torch.empty(64 * MiB, dtype=torch.uint8)  # above glibc's largest mmap threshold
+    assert not pages.all_present(buf)
+    buf[: 32 * MiB].fill_(1)
+    assert not pages.all_present(buf)  # half of it
+    assert pages.all_present(buf[: 32 * MiB])
+    buf[-1] = 1
+    assert not pages.all_present(buf)  # the last page alone does not make it whole
+    buf.fill_(1)
+    assert pages.all_present(buf)
+    assert not pages.all_present(torch.ones(8))  # no whole page inside
+
+
 def test_populating_changes_no_byte_and_stays_inside_the_tensor():
     whole = torch.arange(3 * MiB, dtype=torch.int32)
     inner = whole[1001 : 2 * MiB + 7]  # starts and ends inside pages shared with neighbours

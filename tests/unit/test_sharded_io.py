@@ -26,6 +26,8 @@ from trainer_runtime.sharded.reading import VerifyingReader
 from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
+MiB = 1 << 20
+
 
 def state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
@@ -110,10 +112,25 @@ def test_a_load_is_exact_with_and_without_the_page_mapping_thread(tmp_path, pref
         assert torch.equal(target[key], value), key
 
 
-def record_mapping(monkeypatch) -> list[tuple[int, int]]:
+def record_mapping(monkeypatch, *, present=lambda t: False) -> list[tuple[int, int]]:
+    """Record the spans mapped; by default every target counts as never touched (small tensors
+    come from the heap, whose pages may be present already)."""
     mapped: list[tuple[int, int]] = []
     monkeypatch.setattr(reading, "populate_pages", lambda a, n: mapped.append((a, n)) or True)
+    monkeypatch.setattr(reading, "all_present", present)
     return mapped
+
+
+def test_a_target_whose_pages_are_present_already_is_not_mapped_again(monkeypatch):
+    written = torch.ones(64 * MiB, dtype=torch.uint8)  # every page present
+    fresh = torch.empty(64 * MiB, dtype=torch.uint8)  # above glibc's mmap threshold: untouched
+    mapped = record_mapping(monkeypatch, present=pages.all_present)
+    mapper = reading._PageMapper([written, fresh], helper=False, span=4 * MiB)
+    for index in range(2):
+        for begin in range(0, 64 * MiB, MiB):
+            mapper.before_block(index, begin, begin + MiB)
+    mapper.close()
+    assert sorted(mapped) == pages.page_spans(fresh, 4 * MiB)
 
 
 def test_every_page_is_mapped_once_whichever_thread_gets_there_first(monkeypatch):

@@ -40,7 +40,13 @@ from torch.futures import Future
 
 from .. import envvars
 from ..manifest import FileEntry
-from ..pages import can_populate, page_spans, populate_for_write, populate_pages
+from ..pages import (
+    all_present,
+    can_populate,
+    page_spans,
+    populate_for_write,
+    populate_pages,
+)
 from .device_ring import DeviceRing
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
@@ -116,7 +122,8 @@ class _PageMapper:
     in three on the 2-core VM run at a third of the disk's speed, the reader's copies out of the
     page cache taking seven times their usual CPU (docs/sharded-checkpoints.md). Mapping leaves
     the contents alone, so a read that overlaps the helper's call on the same pages is still
-    exact.
+    exact. A target whose pages are all present already (a staging buffer that a save or an
+    earlier load wrote) is left out: mapping it again would only cost time.
     """
 
     def __init__(
@@ -134,7 +141,7 @@ class _PageMapper:
         for target in targets:
             first = len(self._spans)
             self._starts.append(at)
-            if target is not None:
+            if target is not None and not all_present(target):
                 shift = at - target.data_ptr()
                 for address, length in page_spans(target, span):
                     self._spans.append(_Span(address + shift, address, length))
