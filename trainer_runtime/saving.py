@@ -96,21 +96,27 @@ class Saver:
         """Save now; an async save returns None at once and commits in the background."""
         ctx, settings, pos = self.ctx, self.ctx.settings, self.ctx.position
         called = time.perf_counter()
-        self.raise_background_failure()
+        use_async = settings.async_save if blocking is None else not blocking
+        may_skip = use_async and settings.async_policy == "skip"
+        if may_skip:
+            busy = self._busy_on_any_rank()
+        else:
+            self.raise_background_failure()
+            busy = self.persisting()
         if closed:
             raise SaveFailedError("save() called after close()")
         pos.timestamp.wall_time = pos.wall_time()
         key = pos.key()
         if key == pos.last_saved_key or self._persisting_key(key):
             return None  # nothing new since the last committed save (or the one in flight)
-        use_async = settings.async_save if blocking is None else not blocking
-        if self.pending is not None and not self.pending.done():
-            if use_async and settings.async_policy == "skip":
+        if busy:
+            if may_skip:
                 self.skipped_saves += 1
                 log.info(
-                    "save at batch %d skipped: previous save %s still persisting",
+                    "save at batch %d skipped: previous save %s still persisting%s",
                     pos.timestamp.batch,
                     self._pending_name,
+                    "" if self.persisting() else " on another rank",
                 )
                 return None
             self.wait()
@@ -193,6 +199,24 @@ class Saver:
         return self.persisting() and key == self._pending_key
 
     # ------------------------------------------------------------------ waiting, failures
+    def _busy_on_any_rank(self) -> bool:
+        """Collective: whether any rank's background save is still persisting, so that every
+        rank skips the same saves (``async_policy="skip"``). Each rank's own view differs by
+        how long its part of the commit takes; a rank that saved while another skipped would
+        pair its save's collectives with the other's next save. A background failure on any
+        rank raises ``SaveFailedError`` on every rank, before anything else is saved."""
+        fut = self.pending
+        failed = fut is not None and fut.done() and fut.exception() is not None
+        views = self.ctx.coord.all_gather((self.persisting(), failed))
+        self.raise_background_failure()
+        failed_on = [rank for rank, (_, f) in enumerate(views) if f]
+        if failed_on:
+            raise SaveFailedError(
+                f"a background save failed on rank(s) {failed_on} (see their logs); "
+                "this rank does not save without them"
+            )
+        return any(busy for busy, _ in views)
+
     def raise_background_failure(self) -> None:
         fut = self.pending
         if fut is None or not fut.done():

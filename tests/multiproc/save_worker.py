@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from trainer_runtime import CheckpointManager
+from trainer_runtime import events as events_module
 
 
 def main() -> None:
@@ -24,12 +25,27 @@ def main() -> None:
     ap.add_argument("--async-save", action="store_true")
     ap.add_argument("--keep", type=int, default=-1)
     ap.add_argument("--events", required=True)
+    ap.add_argument("--async-policy", default="wait")
+    ap.add_argument(
+        "--slow-commit-report-s",
+        type=float,
+        default=0.0,
+        help="rank 0 reports each commit this much later: its background save ends last",
+    )
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
+    if args.slow_commit_report_s and rank == 0:
+        report = events_module.committed
+
+        def slow_report(*a, **kw):
+            time.sleep(args.slow_commit_report_s)
+            return report(*a, **kw)
+
+        events_module.committed = slow_report
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(4)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -40,6 +56,7 @@ def main() -> None:
         run_name="kill",
         interval="1ba",
         async_save=args.async_save,
+        async_policy=args.async_policy,
         num_checkpoints_to_keep=args.keep,
     )
     res = ckpt.resume()
@@ -72,7 +89,8 @@ def main() -> None:
         events.flush()
         time.sleep(0.01)
     ckpt.close()
-    events.write(json.dumps({"event": "done", "batch": ckpt.timestamp.batch}) + "\n")
+    done = {"event": "done", "batch": ckpt.timestamp.batch, "skipped": ckpt.skipped_saves}
+    events.write(json.dumps(done) + "\n")
     events.close()
     if world > 1:
         dist.destroy_process_group()

@@ -65,3 +65,24 @@ def test_resuming_with_another_world_size_continues_the_run(tmp_path):
     resumed = [e for e in read_events(tmp_path / "events", 0) if e["event"] == "resumed"]
     assert Path(resumed[-1]["path"]).name == "ep0-ba2"
     assert Manifest.read(tmp_path / "ck" / "ep0-ba3").world_size == 1
+
+
+def test_every_rank_skips_the_same_async_saves(tmp_path):
+    """``async_policy="skip"`` with rank 0's background save ending last (its commit report is
+    slowed): each rank used to decide from its own save alone, so rank 1 saved while rank 0
+    skipped, and the two ranks' collectives belonged to different checkpoints."""
+    codes = run(
+        tmp_path, 2, 8, "--async-save", "--async-policy", "skip", "--slow-commit-report-s", "0.3"
+    )
+    assert codes == [0, 0]
+    done = [
+        [e for e in read_events(tmp_path / "events", r) if e["event"] == "done"][-1]
+        for r in range(2)
+    ]
+    assert done[0]["skipped"] == done[1]["skipped"] > 0
+    names = committed_and_valid(tmp_path / "ck")
+    assert names[0] == "ep0-ba8"  # close()'s final save
+    for name in names:
+        m = Manifest.read(tmp_path / "ck" / name)
+        assert m.world_size == 2
+        assert name == f"ep0-ba{m.timestamp.batch}"
