@@ -112,9 +112,10 @@ def populate_for_write(tensor: torch.Tensor) -> bool:
 def all_present(tensor: torch.Tensor) -> bool:
     """Whether every whole page inside a CPU tensor's memory is present already (a buffer that
     was written before: a reused staging buffer, live state), asked of the kernel in one call
-    (``mincore``). Such a target needs no mapping before a read fills it: on the 2-core VM,
-    mapping the already present pages of a 1 GiB load cost about 0.06 s of a 0.7 s load. False
-    where the kernel cannot say, or for a tensor with no whole page."""
+    (``mincore``). Such a target needs no mapping before a read fills it (a load into a running
+    process: 0.67 s against 0.69 s with the mapping, 8 rounds on the 2-core VM, within the
+    noise; docs/sharded-checkpoints.md). False where the kernel cannot say, or for a tensor
+    with no whole page."""
     lo, hi = whole_pages(tensor)
     if _MINCORE is None or hi <= lo:
         return False
