@@ -66,13 +66,14 @@ from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 MARK = "LOAD_PHASES "
-READS = {  # name: (request bytes, hash each request, O_DIRECT)
-    "read-64m": (64 * MiB, False, False),
-    "read-1m": (MiB, False, False),
-    "read-1m-hash": (MiB, True, False),
-    "read-4m-hash": (4 * MiB, True, False),
-    "read-16m-hash": (16 * MiB, True, False),
-    "read-16m-hash-direct": (16 * MiB, True, True),
+READS = {  # name: (request bytes, hash each request, O_DIRECT, into fresh memory)
+    "read-64m": (64 * MiB, False, False, False),
+    "read-fresh": (16 * MiB, False, False, True),
+    "read-1m": (MiB, False, False, False),
+    "read-1m-hash": (MiB, True, False, False),
+    "read-4m-hash": (4 * MiB, True, False, False),
+    "read-16m-hash": (16 * MiB, True, False, False),
+    "read-16m-hash-direct": (16 * MiB, True, True, False),
 }
 
 
@@ -134,13 +135,24 @@ def data_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix == ".distcp")
 
 
-def plain_read(files: list[Path], request: int, digest: bool, direct: bool) -> Callable[[], int]:
-    """Read ``files`` whole, ``request`` bytes a call, into one buffer touched now."""
-    buf = mmap.mmap(-1, request)  # page-aligned, for O_DIRECT
-    buf.write(b"\1" * request)
-    view = memoryview(buf)
+def plain_read(
+    files: list[Path], request: int, digest: bool, direct: bool, fresh: bool
+) -> Callable[[], int]:
+    """Read ``files`` whole, ``request`` bytes a call: over and over into one buffer touched
+    now, or (``fresh``) each call into the next part of one buffer of the files' size, made
+    inside the timed call."""
+    import torch  # noqa: PLC0415
+
+    size = sum(f.stat().st_size for f in files)
+    touched = None
+    if not fresh:
+        buf = mmap.mmap(-1, request)  # page-aligned, for O_DIRECT
+        buf.write(b"\1" * request)
+        touched = memoryview(buf)
 
     def read() -> int:
+        fresh_buf = None if touched is not None else torch.empty(size, dtype=torch.uint8)
+        view = touched if fresh_buf is None else memoryview(fresh_buf.numpy())
         total = 0
         for file in files:
             fd = os.open(file, os.O_RDONLY | (os.O_DIRECT if direct else 0))
@@ -150,39 +162,17 @@ def plain_read(files: list[Path], request: int, digest: bool, direct: bool) -> C
                 h = xxhash.xxh3_128() if digest else None
                 at = 0
                 while True:
-                    n = os.preadv(fd, [view], at)
+                    into = view if fresh_buf is None else view[total + at :][:request]
+                    n = os.preadv(fd, [into], at)
                     if n <= 0:
                         break
                     if h is not None:
-                        h.update(view[:n])
+                        h.update(into[:n])
                     at += n
                 total += at
             finally:
                 os.close(fd)
         return total
-
-    return read
-
-
-def fresh_read(files: list[Path]) -> Callable[[], int]:
-    """Read ``files`` whole, 16 MiB a call, into one buffer of their size made inside the call."""
-    import torch  # noqa: PLC0415
-
-    size = sum(f.stat().st_size for f in files)
-
-    def read() -> int:
-        view = memoryview(torch.empty(size, dtype=torch.uint8).numpy())
-        at = 0
-        for file in files:
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                start = at
-                while n := os.preadv(fd, [view[at : at + 16 * MiB]], at - start):
-                    at += n
-            finally:
-                os.close(fd)
-        return at
 
     return read
 
@@ -231,8 +221,6 @@ def worker(args: argparse.Namespace) -> None:
     phases = Phases()
     if what in READS:
         read = plain_read(data_files(folder), *READS[what])
-    elif what == "read-fresh":
-        read = fresh_read(data_files(folder))
     elif what in RINGS:
         read = ring_read(data_files(folder), RINGS[what])
     else:
@@ -321,8 +309,7 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-serial", "load-warm", "read-fresh", *READS]
-        contenders += list(RINGS)
+        contenders = ["load", "load-plain", "load-serial", "load-warm", *READS, *RINGS]
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
