@@ -285,6 +285,7 @@ class CheckpointManager:
         when newer are torn, incomplete or quarantined), then the object store, then
         ``load_path``, else a fresh start.
         """
+        self.saver.release_staging_buffers()
         return self.resumer.resume()
 
     def load(
@@ -298,6 +299,7 @@ class CheckpointManager:
         """Load a checkpoint folder (verified against its manifest), a run folder (its newest
         valid checkpoint) or a single file (unverified): a format-1 rank file, or a plain model
         ``state_dict`` (weights only); any other file raises ``NoCheckpointError``."""
+        self.saver.release_staging_buffers()  # the load reads into them
         self.loader.load(path, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys)
 
     # ------------------------------------------------------------------ shutdown

@@ -256,6 +256,19 @@ class Saver:
             self._deleting = None
         self.raise_background_failure()
 
+    def release_staging_buffers(self) -> None:
+        """Wait until no background work uses the host staging buffers: the save persisting
+        from them, and the staging thread's first touch of them (``StagingPrewarm``). A load
+        reads into those buffers; one that ran beside a persisting save overwrote what that
+        save was writing, and the save committed the loaded state under its own name with
+        valid checksums. A failure of that save is not raised here: the next ``save()``,
+        ``wait()`` or ``batch_end`` raises it, as it would have without the load."""
+        if self.prewarm is not None and self.prewarm.done is not None:
+            self.prewarm.done.exception()  # waits without raising
+        if self.pending is not None:
+            self.pending.exception()
+        self.release_hook_if_done()
+
     def persisting(self) -> bool:
         """A background save of this rank is still running (it may use the commit channel)."""
         return self.pending is not None and not self.pending.done()

@@ -8,6 +8,9 @@ import time
 import torch
 
 from trainer_runtime import events
+from trainer_runtime.sharded.engine import ShardedEngine
+from trainer_runtime.sharded.staging import HostStager
+from trainer_runtime.sharded.storage import HashingWriter
 
 from .trainkit import make, manager, params, saved_weights, step
 
@@ -102,3 +105,77 @@ def test_no_staging_memory_without_async_saves(tmp_path):
     step(model, opt, sched)
     assert ck.saver.prewarm is None and ck.engine.stager.nbytes == 0
     ck.close(save=False)
+
+
+def _other_checkpoint(tmp_path):
+    """A committed checkpoint of another state (seed 5, three steps), and that state."""
+    model, opt, sched, _ = comps = make(seed=5)
+    for _ in range(3):
+        step(model, opt, sched)
+    ck = manager(tmp_path / "other", comps, interval="1000ba")
+    ck.timestamp.batch = 3
+    saved = ck.save(blocking=True)
+    ck.close(save=False)
+    assert saved is not None
+    return saved.path, params(model)
+
+
+def test_a_load_while_a_save_persists_waits_for_that_save(tmp_path, monkeypatch):
+    # The load reads into the staging buffers the persisting save writes from; before the
+    # wait, that save committed the loaded weights under its own name, checksums valid.
+    other, other_params = _other_checkpoint(tmp_path)
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
+    step(model, opt, sched)
+    writes = HashingWriter.write_data
+
+    def slow_write(self, plan, planner):
+        time.sleep(0.5)
+        return writes(self, plan, planner)
+
+    monkeypatch.setattr(HashingWriter, "write_data", slow_write)
+    ck.timestamp.batch = 1
+    at_save = params(model)
+    ck.save()
+    ck.wait_for_snapshot()
+    assert ck.saver.persisting()
+    ck.load(other)
+    assert not ck.saver.persisting()
+    ck.wait()
+    saved = ck.saved[-1]
+    ck.close(save=False)
+    got = saved_weights(saved.path)
+    assert all(torch.equal(got[k], b) for k, b in zip(model.state_dict(), at_save, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(params(model), other_params, strict=True))
+
+
+def test_a_load_waits_for_the_first_touch_of_the_staging_buffers(tmp_path, monkeypatch):
+    # The first touch zeroes buffers it allocated; a load reading into them meanwhile would
+    # lose what it read after its digests had passed.
+    other, other_params = _other_checkpoint(tmp_path)
+    comps = make()
+    model, opt, sched, _ = comps
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
+    touched, loading = [], []
+    preallocate, load = HostStager.preallocate, ShardedEngine.load
+
+    def slow_preallocate(self, tree):
+        time.sleep(0.5)
+        out = preallocate(self, tree)
+        touched.append(time.monotonic())
+        return out
+
+    def timed_load(self, *args, **kwargs):
+        loading.append(time.monotonic())
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(HostStager, "preallocate", slow_preallocate)
+    monkeypatch.setattr(ShardedEngine, "load", timed_load)
+    step(model, opt, sched)  # queues the first touch on the staging thread
+    ck.load(other)
+    assert ck.saver.prewarm is not None and ck.saver.prewarm.done is not None
+    ck.saver.prewarm.done.result(timeout=30)
+    ck.close(save=False)
+    assert touched[0] <= loading[0], "the load began before the staging buffers were touched"
+    assert all(torch.equal(a, b) for a, b in zip(params(model), other_params, strict=True))
