@@ -1,10 +1,12 @@
 """A rank that saves or loads sharded checkpoints, for the resharding tests.
 
-``--jobs`` is a comma-separated list of ``save:<layout>:<name>`` and ``load:<layout>:<name>``
-run in order in one process (starting processes is the slow part). Layouts: ``single`` (no
-wrapper), ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2 ``fully_shard``). A save trains a
-few steps first and writes, on rank 0, the full (gathered) model and optimizer state to
-``<out>/<name>.ref.pt``; a load writes what it found to ``<out>/<name>.<layout>.w<world>.json``.
+``--jobs`` is a comma-separated list of ``save:<layout>:<name>``, ``load:<layout>:<name>`` and
+``warmload:<layout>:<name>`` run in order in one process (starting processes is the slow part).
+Layouts: ``single`` (no wrapper), ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2
+``fully_shard``). A save trains a few steps first and writes, on rank 0, the full (gathered)
+model and optimizer state to ``<out>/<name>.ref.pt``; a load writes what it found to
+``<out>/<name>.<layout>.w<world>.json``. A warm load is a running process's: it trains one step
+first, so its optimizer has state (``<layout>-warm`` in the file name).
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ def compare(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def storages(tensors: Any) -> set[int]:
+    """Where the tensors' memory starts (a DTensor by its local shard)."""
+    out = set()
+    with torch.no_grad():
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                local = t.to_local() if hasattr(t, "to_local") else t
+                out.add(local.untyped_storage().data_ptr())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
@@ -128,6 +141,12 @@ def main() -> None:
             if rank == 0:
                 torch.save(ref, out / f"{name}.ref.pt")
         else:
+            if kind == "warmload":  # a running process: its optimizer has state
+                wrapped(torch.randn(4, args.width)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                layout += "-warm"
+            held = {id(v) for st in opt.state.values() for v in st.values()}
             before = full_state(model, opt)
             result: dict[str, Any] = {"rank": rank, "world": world}
             try:
@@ -137,6 +156,10 @@ def main() -> None:
             except CorruptCheckpointError as exc:
                 result["error"] = f"CorruptCheckpointError: {exc}"
             after = full_state(model, opt)
+            live = [v for st in opt.state.values() for v in st.values()]
+            result["handed_over"] = sum(id(v) not in held for v in live)
+            live += list(model.parameters())
+            result["aliased"] = len(storages(engine.stager._buffers.values()) & storages(live))
             result["sampler"] = [sampler.epoch, sampler.offset]
             result["lr"] = opt.param_groups[0]["lr"]
             if rank == 0:

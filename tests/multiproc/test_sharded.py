@@ -125,7 +125,8 @@ def _truncate(path: Path) -> None:
 def loaded_at_2(saved) -> Path:
     flip = torn_copy(saved, "ddp4", "flip", _flip_last_byte)
     cut = torn_copy(saved, "ddp4", "cut", _truncate)
-    gang(saved, 2, f"load:fsdp:fsdp4,load:ddp:{flip},load:ddp:{cut}", "load2")
+    jobs = f"load:fsdp:fsdp4,warmload:fsdp:fsdp4,load:ddp:{flip},load:ddp:{cut}"
+    gang(saved, 2, jobs, "load2")
     return saved
 
 
@@ -141,6 +142,17 @@ def test_fsdp2_saved_at_4_loads_bitwise_at_other_sizes(world, request):
     rows = results(base, "fsdp4", layout, world)
     assert_bitwise(rows)
     assert all(r["sampler"] == [0, 3 * 4 * 4] for r in rows)  # global position, re-dealt
+
+
+def test_a_running_fsdp2_process_takes_the_verified_optimizer_shards(loaded_at_2):
+    # Its optimizer already has state: the verified staging shards become that state (no
+    # copy), and the stager keeps the old shards; no buffer may stay live (an async save
+    # would then stage over the state training changes).
+    rows = results(loaded_at_2, "fsdp4", "fsdp-warm", 2)
+    assert_bitwise(rows)
+    for row in rows:
+        assert row["handed_over"] > 0, row
+        assert row["aliased"] == 0, row
 
 
 def test_ddp_4_to_1_and_1_to_3(loaded_at_1, loaded_at_3):

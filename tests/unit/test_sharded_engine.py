@@ -29,7 +29,12 @@ from trainer_runtime.errors import (
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
 from trainer_runtime.sampler import ResumableSampler
-from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, check_files_present
+from trainer_runtime.sharded import (
+    ShardedCheckpointer,
+    ShardedEngine,
+    check_files_present,
+    optim_target,
+)
 from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import read_metadata_bytes
 from trainer_runtime.state import Components
@@ -441,3 +446,55 @@ def test_a_load_runs_without_cyclic_gc_and_leaves_the_collector_as_it_found_it(
         gc.enable()
     assert seen == [False]
     assert after is enabled_before
+
+
+def _pointers(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def test_a_running_process_takes_the_verified_optimizer_buffers_and_no_buffer_stays_live(
+    tmp_path,
+):
+    model, opt, _, engine = make()
+    snap = snapshot(model, opt)
+    folder = save(tmp_path / "a", engine)
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()  # the live state moves on from the checkpoint
+    before = {id(v) for s in opt.state.values() for v in s.values()}
+    param_ptrs = [p.data_ptr() for p in model.parameters()]
+    engine.load(folder, Manifest.read(folder))
+    assert_equal_state(model, opt, snap)
+    after = {id(v) for s in opt.state.values() for v in s.values()}
+    assert not before & after  # every state tensor (step counts too) was handed over
+    assert [p.data_ptr() for p in model.parameters()] == param_ptrs  # the model is copied
+    buffers = _pointers(engine.stager._buffers.values())
+    assert len(buffers) == len(engine.stager._buffers)
+    assert not buffers & _pointers(_live_tensors(model, opt))
+    # An async save after the exchange stages a copy: training on does not reach the file.
+    at_save = snapshot(model, opt)
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path / "b"), run_name="run")
+    ck.save_async("ep0-ba2", timestamp=Timestamp(batch=2))
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    ck.close()
+    _, _, _, other = make(seed=5)
+    other.load(tmp_path / "b" / "ep0-ba2", Manifest.read(tmp_path / "b" / "ep0-ba2"))
+    assert_equal_state(other.components.model, other.components.optimizers["adam"], at_save)
+    engine.load(folder, Manifest.read(folder))  # and back again, from the swapped buffers
+    assert_equal_state(model, opt, snap)
+    assert not _pointers(engine.stager._buffers.values()) & _pointers(_live_tensors(model, opt))
+
+
+def test_optimizer_state_that_is_a_view_is_copied_into_not_handed_over():
+    stager = HostStager()
+    flat = torch.zeros(8)
+    view = flat[:4]
+    stager.empty_like({"optim": {"a": {"state": {"w": {"exp_avg": view}}}}})
+    path = "/optim/a/state/w/exp_avg"
+    buffer = stager._buffers[path]
+    assert stager.holds(path, buffer) and not stager.holds(path, torch.zeros(4))
+    held = optim_target._exchangeable(view, buffer, view, path, stager.holds)
+    assert held is None  # another object (flat) sees this memory: it is copied into
+    whole = torch.zeros(4)
+    assert optim_target._exchangeable(whole, buffer, whole, path, stager.holds) is whole
+    assert optim_target._exchangeable(whole, buffer, whole.clone(), path, stager.holds) is None

@@ -368,10 +368,18 @@ class ShardedEngine:
             ) from exc
         # Unpickled before anything live changes: one that fails fails every rank alike.
         data = self._agreed_rank_state(folder, target[RANKS_KEY][str(source)])
+        handed_over = self._optimizer_exchanges(live, target, fresh_optim)
         problems: list[str] = []
-        copy_into_live(live, target, on_mismatch=lambda p, why: problems.append(f"{p}: {why}"))
+        copy_into_live(
+            live,
+            target,
+            on_mismatch=lambda p, why: problems.append(f"{p}: {why}"),
+            skip={item.path for item in handed_over},
+        )
         if problems:
             raise IncompatibleCheckpointError("loaded state does not fit: " + "; ".join(problems))
+        optim_target.exchange(handed_over, self.stager.exchange)
+        self._cache = None  # the optimizer's state tensors are other objects now
         if OPTIM_KEY in live or fresh_optim is not None:
             fitting.restore_param_groups(self.components.optimizers, target[OPTIM_KEY])
         if fresh_optim is not None:
@@ -398,6 +406,22 @@ class ShardedEngine:
             onto_gpu=reader.ring_copies > 0,
         )
         return saved, report
+
+    def _optimizer_exchanges(
+        self, live: dict[str, Any], target: dict[str, Any], fresh_optim: Any
+    ) -> list[optim_target.Exchange]:
+        """A running process's optimizer state that the verified staging buffers replace
+        instead of being copied into (``optim_target.exchanges``)."""
+        if fresh_optim is not None or OPTIM_KEY not in live or self.components.model is None:
+            return []
+        return optim_target.exchanges(
+            self.components.model,
+            self.components.optimizers,
+            live[OPTIM_KEY],
+            target.get(OPTIM_KEY, {}),
+            prefix=f"/{OPTIM_KEY}",
+            holds=self.stager.holds,
+        )
 
     def _agreed_metadata(self, folder: Path, entry: FileEntry | None) -> Metadata:
         """Every rank reads and checks ``.metadata``; any failure fails all ranks alike."""

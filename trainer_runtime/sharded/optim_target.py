@@ -22,6 +22,8 @@ model lacks, a state entry whose size fits no rule here): that path reports mism
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -142,3 +144,97 @@ def _placed(param: torch.Tensor, group: dict[str, Any], key: str, value: Any) ->
     if param.is_floating_point():
         return value.to(dtype=param.dtype, device=param.device)
     return value.to(device=param.device)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One optimizer state tensor of a running process, to be replaced by its verified
+    staging buffer (``exchanges``)."""
+
+    path: str
+    """The stager's path for it (``/optim/<name>/state/<fqn>/<key>``)."""
+    slot: dict[str, Any]
+    """The optimizer's state of its parameter."""
+    key: str
+    loaded: torch.Tensor
+    """The staging buffer (a ``DTensor`` over it under FSDP2), holding the verified bytes."""
+    old_local: torch.Tensor
+    """The live tensor (its local shard) it replaces; the stager keeps it as the buffer."""
+
+
+def exchanges(
+    model: torch.nn.Module,
+    optimizers: dict[str, torch.optim.Optimizer],
+    live: dict[str, Any],
+    staged: dict[str, Any],
+    *,
+    prefix: str,
+    holds: Callable[[str, torch.Tensor], bool],
+) -> list[Exchange]:
+    """The optimizer state tensors a verified load may hand over instead of copying into.
+
+    ``live`` and ``staged`` are the ``optim`` subtrees of the load (live state dicts and the
+    stager's buffers); ``prefix`` their path; ``holds(path, tensor)`` tells a buffer of the
+    stager. A tensor qualifies only when the optimizer holds exactly that object, it lives on
+    the CPU, owns its whole storage (not a view into a larger one another object may hold),
+    and its buffer matches it in shape, dtype and strides: then nothing but the optimizer's
+    slot refers to either, and swapping them changes no other object's view of memory.
+    """
+    params = params_by_fqn(model)
+    found: list[Exchange] = []
+    with torch.no_grad():  # a DTensor's local shard itself, not an autograd view of it
+        for name, opt in optimizers.items():
+            mine, saved = live.get(name, {}), staged.get(name, {})
+            found += _exchanges_of(opt, params, mine, saved, prefix=f"{prefix}/{name}", holds=holds)
+    return found
+
+
+def _exchanges_of(
+    opt: torch.optim.Optimizer,
+    params: dict[str, torch.nn.Parameter],
+    live: dict[str, Any],
+    staged: dict[str, Any],
+    *,
+    prefix: str,
+    holds: Callable[[str, torch.Tensor], bool],
+) -> list[Exchange]:
+    found: list[Exchange] = []
+    saved_state = staged.get(STATE, {})
+    for fqn, entries in live.get(STATE, {}).items():
+        param = params.get(fqn)
+        slot = opt.state.get(param) if param is not None else None
+        if slot is None or fqn not in saved_state:
+            continue
+        for key, value in entries.items():
+            path = f"{prefix}/{STATE}/{fqn}/{key}"
+            loaded = saved_state[fqn].get(key)
+            old = _exchangeable(value, loaded, slot.get(key), path, holds)
+            if old is not None:
+                found.append(Exchange(path, slot, key, loaded, old))
+    return found
+
+
+def _exchangeable(
+    live: Any, loaded: Any, held: Any, path: str, holds: Callable[[str, torch.Tensor], bool]
+) -> torch.Tensor | None:
+    """The live local tensor when ``loaded`` may replace ``live`` (see ``exchanges``)."""
+    if not isinstance(live, torch.Tensor) or held is not live or type(loaded) is not type(live):
+        return None
+    old = live.to_local() if isinstance(live, DTensor) else live
+    new = loaded.to_local() if isinstance(loaded, DTensor) else loaded
+    if not holds(path, new) or old.device.type != "cpu" or old.requires_grad:
+        return None
+    if (old.shape, old.dtype, old.stride()) != (new.shape, new.dtype, new.stride()):
+        return None
+    whole = old.numel() * old.element_size()
+    if old.storage_offset() != 0 or old.untyped_storage().nbytes() != whole:
+        return None
+    return old
+
+
+def exchange(found: list[Exchange], keep: Callable[[str, torch.Tensor], None]) -> None:
+    """Make each verified buffer the optimizer's state, and hand what it replaces to ``keep``
+    (the stager, as the buffer for that path): after it, no buffer is live state."""
+    for item in found:
+        item.slot[item.key] = item.loaded
+        keep(item.path, item.old_local)

@@ -82,6 +82,25 @@ class HostStager:
     def release(self) -> None:
         self._buffers.clear()
 
+    def holds(self, path: str, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is this stager's unpinned buffer for ``path`` (the buffer, or a
+        view of all of it, as a DTensor's local shard may be)."""
+        buf = self._buffers.get(path)
+        if buf is None or buf.is_pinned():
+            return False
+        layout = (buf.data_ptr(), buf.shape, buf.stride(), buf.dtype)
+        return buf is tensor or layout == (
+            tensor.data_ptr(),
+            tensor.shape,
+            tensor.stride(),
+            tensor.dtype,
+        )
+
+    def exchange(self, path: str, tensor: torch.Tensor) -> None:
+        """Keep ``tensor`` as the buffer for ``path``: the old buffer became live state
+        (``optim_target.exchange``), and ``tensor`` is what that state was."""
+        self._buffers[path] = tensor
+
     def _buffer(self, path: str, like: torch.Tensor) -> torch.Tensor:
         if self._gpu_on_gpu and like.device.type == "cuda":
             return torch.empty_like(like, memory_format=torch.contiguous_format)
@@ -191,11 +210,18 @@ def tensor_pairs(live: Any, staged: Any, path: str = "") -> Iterator[tuple[str, 
         yield path, live, staged
 
 
-def copy_into_live(live: Any, staged: Any, *, on_mismatch: Callable[[str, str], None]) -> int:
-    """Copy every staged tensor into its live counterpart in place; returns bytes copied."""
+def copy_into_live(
+    live: Any,
+    staged: Any,
+    *,
+    on_mismatch: Callable[[str, str], None],
+    skip: frozenset[str] | set[str] = frozenset(),
+) -> int:
+    """Copy every staged tensor into its live counterpart in place, except at the paths in
+    ``skip``; returns bytes copied."""
     copied = 0
     for path, dst, src in tensor_pairs(live, staged):
-        if not isinstance(dst, torch.Tensor):
+        if not isinstance(dst, torch.Tensor) or path in skip:
             continue
         d = dst.to_local() if isinstance(dst, DTensor) else dst
         s = src.to_local() if isinstance(src, DTensor) else src
