@@ -21,6 +21,9 @@ read fills costs more the longer after a drop it is filled.
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
   load a checkpoint (``CheckpointManager.load``), into memory it has touched;
+- ``load-warm-copy``: ``load-warm`` with the optimizer state copied from the verified staging
+  buffers into the live tensors, as before the load handed the buffers over instead
+  (``optim_target.exchanges`` finds none);
 - ``read-fresh``: the data file read into one buffer of its size allocated inside the clock, 16
   MiB a call (what any loader in a relaunched process pays: memory it never touched);
 - ``read-<size>``: the data file read into one touched buffer in requests of that size, with
@@ -125,6 +128,7 @@ def instrument(phases: Phases) -> None:
     phases.wrap(DeviceRing, "close", "read.ring_close")
     phases.wrap(engine_module, "copy_into_live", "copy_into_live")
     phases.wrap(optim_target, "adopt", "adopt")
+    phases.wrap(optim_target, "exchange", "exchange")
     phases.wrap(engine_module.state_mod, "restore", "small_state")
     shim = type("xxhash_shim", (), {})()
     shim.xxh3_128 = lambda: _TimedDigest(phases)  # type: ignore[attr-defined]
@@ -226,11 +230,13 @@ def worker(args: argparse.Namespace) -> None:
     else:
         model, wrapped, opt = bench.build("single", args.bytes, 1)  # untimed, touched
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
-        if what == "load-warm":  # state and the load's staging buffers exist, page cache cold
+        if what == "load-warm-copy":
+            optim_target.exchanges = lambda *_, **__: []  # type: ignore[assignment]
+        if what.startswith("load-warm"):  # state and the load's staging buffers exist
             bench.train_step(wrapped, opt, model[0].in_features)
             other = folder.with_name("w0")
             engine.load(other, Manifest.read(other))
-        if what in ("load", "load-warm"):
+        if what in ("load", "load-warm", "load-warm-copy"):
             instrument(phases)
         elif what == "load-serial":  # as before the read-ahead thread: 1 MiB, read then hash
             serial = reading.VerifyingReader._read_verified
@@ -309,7 +315,8 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-serial", "load-warm", *READS, *RINGS]
+        contenders = ["load", "load-plain", "load-serial", "load-warm", "load-warm-copy"]
+        contenders += [*READS, *RINGS]
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
