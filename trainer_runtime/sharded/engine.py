@@ -12,10 +12,12 @@ A load reads into host staging buffers first (``staging.HostStager``), verifying
 it arrives; only when every rank has read and verified everything does it copy into the live
 tensors, in place. An optimizer without state yet (a relaunched process) is read into new
 tensors built from the checkpoint's metadata instead, which become its state once verified
-(``optim_target``): creating its state only to copy over it would touch that memory twice.
-Corrupt data therefore never half-overwrites live weights, and nothing live is left backed by a
-checkpoint file. The price is one host copy of the model (the same buffers async saves stage
-into), and one memcpy.
+(``optim_target``): creating its state only to copy over it would touch that memory twice. An
+optimizer with state takes the verified buffers as its state, and the stager keeps the tensors
+they replace (``optim_target.exchanges``). Corrupt data therefore never half-overwrites live
+weights, and nothing live is left backed by a checkpoint file. The price is one host copy of
+the model and optimizer state (the same buffers async saves stage into), and one memcpy of the
+model.
 
 Writing per-rank ``torch.save`` files (format version 1, ``serialization.py``) was the
 alternative; it writes every replica in full and cannot change world size for sharded state.

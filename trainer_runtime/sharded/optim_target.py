@@ -15,6 +15,13 @@ optimizer as its state (``adopt``). A failed load therefore leaves the optimizer
 empty. The tensors are never the stager's reused buffers, so a later async save cannot stage
 over the live state.
 
+An optimizer that already has state (a running process) is read into the stager's buffers like
+the model. Once everything verified, ``exchanges``/``exchange`` hand each buffer over as the
+optimizer's state and give the tensor it replaces to the stager as that path's buffer: a swap
+of two tensors of the same layout instead of a copy, so no buffer is ever live state and the
+memory in use stays the same. Only a CPU tensor that owns its whole storage is swapped (a view
+into a larger storage, as flattened optimizers keep, or GPU state is copied into in place).
+
 ``plan`` returns None, and the caller takes the copy-in-place path, whenever the checkpoint and
 the optimizer do not line up exactly (an optimizer that already has state, a parameter name the
 model lacks, a state entry whose size fits no rule here): that path reports mismatches clearly.
