@@ -223,12 +223,15 @@ def worker(args: argparse.Namespace) -> None:
     folder = Path(args.dir) / "runtime" / "r0"
     what = args.worker
     phases = Phases()
+    # Every contender's process builds the same model first (untimed, touched), the reads'
+    # too: on a VM that hands freed memory back to its host, which pages the page cache gets
+    # after a drop, and what they cost, depends on what the process allocated before.
+    model, wrapped, opt = bench.build("single", args.bytes, 1)
     if what in READS:
         read = plain_read(data_files(folder), *READS[what])
     elif what in RINGS:
         read = ring_read(data_files(folder), RINGS[what])
     else:
-        model, wrapped, opt = bench.build("single", args.bytes, 1)  # untimed, touched
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
         if what == "load-warm-copy":
             optim_target.exchanges = lambda *_, **__: []  # type: ignore[assignment]

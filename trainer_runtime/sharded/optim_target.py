@@ -191,33 +191,15 @@ def exchanges(
     found: list[Exchange] = []
     with torch.no_grad():  # a DTensor's local shard itself, not an autograd view of it
         for name, opt in optimizers.items():
-            mine, saved = live.get(name, {}), staged.get(name, {})
-            found += _exchanges_of(opt, params, mine, saved, prefix=f"{prefix}/{name}", holds=holds)
-    return found
-
-
-def _exchanges_of(
-    opt: torch.optim.Optimizer,
-    params: dict[str, torch.nn.Parameter],
-    live: dict[str, Any],
-    staged: dict[str, Any],
-    *,
-    prefix: str,
-    holds: Callable[[str, torch.Tensor], bool],
-) -> list[Exchange]:
-    found: list[Exchange] = []
-    saved_state = staged.get(STATE, {})
-    for fqn, entries in live.get(STATE, {}).items():
-        param = params.get(fqn)
-        slot = opt.state.get(param) if param is not None else None
-        if slot is None or fqn not in saved_state:
-            continue
-        for key, value in entries.items():
-            path = f"{prefix}/{STATE}/{fqn}/{key}"
-            loaded = saved_state[fqn].get(key)
-            old = _exchangeable(value, loaded, slot.get(key), path, holds)
-            if old is not None:
-                found.append(Exchange(path, slot, key, loaded, old))
+            saved_state = staged.get(name, {}).get(STATE, {})
+            for fqn, entries in live.get(name, {}).get(STATE, {}).items():
+                slot = opt.state.get(params[fqn]) if fqn in params else None
+                for key, value in entries.items() if slot and fqn in saved_state else ():
+                    path = f"{prefix}/{name}/{STATE}/{fqn}/{key}"
+                    loaded = saved_state[fqn].get(key)
+                    old = _exchangeable(value, loaded, slot.get(key), path, holds)
+                    if old is not None:
+                        found.append(Exchange(path, slot, key, loaded, old))
     return found
 
 
