@@ -83,3 +83,40 @@ def test_strict_load_still_refuses_a_changed_layer(tmp_path, saved_by):
     with pytest.raises(IncompatibleCheckpointError, match=r"3\.weight.*load_strict=False"):
         resume_into(tmp_path, model, opt)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def with_extra_layer(seed: int = 7):
+    """``make()``'s model with one more layer at the end (keys the checkpoint lacks), and an
+    AdamW over it."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1), nn.Linear(1, 1)
+    )
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+@pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])
+def test_a_layer_the_checkpoint_lacks_keeps_its_weights_and_optimizer_state(tmp_path, saved_by):
+    # A running process (its optimizer has state for every parameter); the checkpoint holds
+    # no state for the extra layer, so the load must leave that state as it is. It got the
+    # unread staging buffer's contents instead (a step count of 1e22, moments of 1e25).
+    saved = saved_by(tmp_path)
+    model, opt = with_extra_layer()
+    train_one_step(model, opt)
+    extra = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("4.")}
+    moments = {
+        name: {k: v.clone() for k, v in opt.state[p].items()}
+        for name, p in model.named_parameters()
+        if name.startswith("4.")
+    }
+    assert resume_into(tmp_path, model, opt, load_strict=False).source == "checkpoint"
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, extra[key] if key.startswith("4.") else saved[key]), key
+    for name, p in model.named_parameters():
+        if name.startswith("4."):
+            kept = opt.state[p]
+            assert kept.keys() == moments[name].keys()
+            assert all(torch.equal(kept[k], v) for k, v in moments[name].items()), name
+    assert opt.state[model[0].weight]["exp_avg"].shape == (8, 4)
+    train_one_step(model, opt)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -342,7 +342,7 @@ class ShardedEngine:
                     gpu_on_gpu=gpu_on_gpu,
                 )
             if not (weights_only or skip_optim or fresh is not None or OPTIM_KEY in live):
-                live.update(fitting.optimizer_state(self.components, skip=set(skipped)))
+                live.update(fitting.optimizer_state(self.components, metadata, skip=set(skipped)))
             tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
             if fresh is not None:  # read into new tensors, adopted below once verified
                 tree[OPTIM_KEY] = fresh

@@ -58,18 +58,41 @@ def fit_model(
     return skipped
 
 
-def optimizer_state(components: state_mod.Components, *, skip: set[str]) -> dict[str, Any]:
-    """The live optimizers' state to load into, without the parameters in ``skip``."""
+def optimizer_state(
+    components: state_mod.Components, metadata: Metadata, *, skip: set[str]
+) -> dict[str, Any]:
+    """The live optimizers' state to load into: without the parameters in ``skip``, and without
+    the state entries the checkpoint does not hold. Those stay as they are: a parameter that
+    ``strict=False`` leaves out of the load (the checkpoint lacks it) keeps its live value, and
+    its optimizer state with it. Read into, they would get whatever the unread buffer held."""
     if components.model is None or not components.optimizers:
         return {}
-    tree = {
-        name: get_optimizer_state_dict(components.model, opt, options=StateDictOptions())
-        for name, opt in components.optimizers.items()
-    }
-    for osd in tree.values():
-        for fqn in skip:
-            osd.get(optim_target.STATE, {}).pop(fqn, None)
+    saved = _saved_paths(metadata)
+    tree = {}
+    for name, opt in components.optimizers.items():
+        osd = get_optimizer_state_dict(components.model, opt, options=StateDictOptions())
+        state = osd.get(optim_target.STATE, {})
+        for fqn in list(state):
+            # A new dict: the entries' dict is the optimizer's own state of the parameter.
+            kept = {
+                k: v
+                for k, v in state[fqn].items()
+                if saved is None or (OPTIM_KEY, name, optim_target.STATE, fqn, str(k)) in saved
+            }
+            if fqn in skip or not kept:
+                del state[fqn]
+            else:
+                state[fqn] = kept
+        tree[name] = osd
     return {OPTIM_KEY: tree}
+
+
+def _saved_paths(metadata: Metadata) -> set[tuple[str, ...]] | None:
+    """Every state-dict path the checkpoint holds, or None where its metadata does not say."""
+    mappings = metadata.planner_data
+    if not isinstance(mappings, dict):
+        return None
+    return {tuple(map(str, path)) for path in mappings.values()}
 
 
 def restore_param_groups(optimizers: dict[str, Any], loaded: dict[str, Any]) -> None:
