@@ -380,8 +380,9 @@ class ShardedEngine:
         )
         if problems:
             raise IncompatibleCheckpointError("loaded state does not fit: " + "; ".join(problems))
+        # The optimizer's state tensors are other objects now: the next save's ``_signature``
+        # differs, so it takes a new state dict instead of the cached one.
         optim_target.exchange(handed_over, self.stager.exchange)
-        self._cache = None  # the optimizer's state tensors are other objects now
         if OPTIM_KEY in live or fresh_optim is not None:
             fitting.restore_param_groups(self.components.optimizers, target[OPTIM_KEY])
         if fresh_optim is not None:
