@@ -160,6 +160,7 @@ def conditions(*, page_cache_dropped: bool) -> dict[str, Any]:
         "load_average_1m_at_start": load_average(),
         "page_cache_dropped": page_cache_dropped,
         "torch": torch.__version__,
+        "xxhash": xxhash.VERSION,  # from 4.1 its hash lets go of the GIL
         "python": platform.python_version(),
         "kernel": platform.release(),
     }

@@ -330,7 +330,12 @@ def main() -> None:
         dropped = True
         for r in range(args.rounds):
             for name in round_order(contenders, r):
-                fig = run_child(args, "--worker", name)
+                try:
+                    fig = run_child(args, "--worker", name)
+                except SystemExit as failure:  # the others' rounds still count
+                    print(f"[phases] {name} dropped: {failure}", file=sys.stderr, flush=True)
+                    contenders.remove(name)
+                    continue
                 dropped = bool(fig.pop("dropped", False)) and dropped
                 samples[name].append(fig)
                 print(f"[phases] round {r} {name}: {fig['seconds']:.3f} s", flush=True)

@@ -11,9 +11,10 @@
 # Uses $PYTHON (default python3), which needs torch, numpy, xxhash, pytest and pytest-timeout:
 # the runtime's extra and the test tools, nothing of the operator's. pytest-xdist, when present,
 # spreads the runtime suites over the cores. Each step has a time limit (seconds, environment
-# variables below) so that one slow step cannot take the others' time; a step that fails or
-# times out is reported and the next one still runs. Exit status: 0 only if every step passed.
-# Every step's log and the benchmark's JSON land in OUT_DIR.
+# variables below) so that one slow step cannot take the others' time; a limit of 0 skips the
+# step. A step that fails or times out is reported and the next one still runs. The benchmarks
+# run before the runtime suites, whose leftover load would disturb them. Exit status: 0 only if
+# every step that ran passed. Every step's log and the benchmarks' JSON land in OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-out/gpu-check}
@@ -22,9 +23,11 @@ GPU_TESTS_S=${GPU_TESTS_S:-180}
 RUNTIME_TESTS_S=${RUNTIME_TESTS_S:-240}
 BENCH_GPU_S=${BENCH_GPU_S:-330}
 BENCH_STALL_S=${BENCH_STALL_S:-120}
-BENCH_CPU_S=${BENCH_CPU_S:-0}        # 0: skip the CPU configurations
-BENCH_PHASES_S=${BENCH_PHASES_S:-0}  # 0: skip load_phases.py
+BENCH_CPU_S=${BENCH_CPU_S:-0}        # the CPU configurations: skipped unless asked
+BENCH_PHASES_S=${BENCH_PHASES_S:-0}  # load_phases.py: skipped unless asked
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
+BENCH_PHASES_CONTENDERS=${BENCH_PHASES_CONTENDERS:-load,load-serial,read-64m}
+BENCH_PHASES_ROUNDS=${BENCH_PHASES_ROUNDS:-6}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -33,6 +36,10 @@ failed=()
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to OUT_DIR/NAME.log
     local name=$1 limit=$2 start rc
     shift 2
+    if [ "$limit" -le 0 ]; then
+        echo "[gpu-check] $name: skipped (limit 0)"
+        return
+    fi
     start=$(date +%s)
     echo "[gpu-check] $name: $* (limit ${limit}s)"
     timeout --kill-after=10 "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
@@ -59,23 +66,19 @@ fi
 not_runtime=(--ignore tests/unit/test_realnodes_story.py --ignore tests/multiproc/test_torchrun_pods.py)
 
 step gpu-tests "$GPU_TESTS_S" "$PYTHON" -m pytest -p no:cacheprovider -q tests/gpu
-step runtime-tests "$RUNTIME_TESTS_S" "$PYTHON" -m pytest -p no:cacheprovider -q "${parallel[@]}" \
-    tests/unit tests/multiproc "${not_runtime[@]}"
 step bench-gpu "$BENCH_GPU_S" "$PYTHON" benchmarks/checkpoint_engines.py --device cuda \
     --configs single --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
     --json "$OUT_DIR/engines-gpu.json" --dir /tmp/rtj-bench-gpu
 step bench-stall "$BENCH_STALL_S" "$PYTHON" benchmarks/gpu_staging_stall.py --rounds 7 \
     --size-mib "$BENCH_SIZE_MIB" --json "$OUT_DIR/staging-stall.json"
-if [ "$BENCH_PHASES_S" -gt 0 ]; then
-    step bench-phases "$BENCH_PHASES_S" "$PYTHON" benchmarks/load_phases.py --device cuda \
-        --contenders load,load-serial,read-64m --rounds 6 --size-mib "$BENCH_SIZE_MIB" \
-        --json "$OUT_DIR/load-phases.json" --dir /tmp/rtj-phases
-fi
-if [ "$BENCH_CPU_S" -gt 0 ]; then
-    step bench-cpu "$BENCH_CPU_S" "$PYTHON" benchmarks/checkpoint_engines.py \
-        --configs "$BENCH_CPU_CONFIGS" --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
-        --json "$OUT_DIR/engines-cpu.json" --dir /tmp/rtj-bench-cpu
-fi
+step bench-phases "$BENCH_PHASES_S" "$PYTHON" benchmarks/load_phases.py --device cuda \
+    --contenders "$BENCH_PHASES_CONTENDERS" --rounds "$BENCH_PHASES_ROUNDS" \
+    --size-mib "$BENCH_SIZE_MIB" --json "$OUT_DIR/load-phases.json" --dir /tmp/rtj-phases
+step bench-cpu "$BENCH_CPU_S" "$PYTHON" benchmarks/checkpoint_engines.py \
+    --configs "$BENCH_CPU_CONFIGS" --rounds 3 --size-mib "$BENCH_SIZE_MIB" \
+    --json "$OUT_DIR/engines-cpu.json" --dir /tmp/rtj-bench-cpu
+step runtime-tests "$RUNTIME_TESTS_S" "$PYTHON" -m pytest -p no:cacheprovider -q "${parallel[@]}" \
+    tests/unit tests/multiproc "${not_runtime[@]}"
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "[gpu-check] FAILED: ${failed[*]}"
     exit 1
