@@ -109,10 +109,16 @@ def _destroy_at_exit(still_open: list[Any]) -> None:
         _destroy(still_open.pop())
 
 
+def failure_cause(wrapped: Any) -> BaseException:
+    """The exception of one rank's entry in ``CheckpointException.failures`` (DCP stores it
+    with its traceback)."""
+    return wrapped[0] if isinstance(wrapped, tuple) else wrapped
+
+
 def describe_failures(exc: CheckpointException) -> str:
     """One line per failed rank, ``rank r: Type: message``, without DCP's tracebacks."""
     parts = []
     for r, wrapped in sorted(exc.failures.items()):
-        e = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        e = failure_cause(wrapped)
         parts.append(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}")
     return "; ".join(parts)[:2000]

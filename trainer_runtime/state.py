@@ -271,7 +271,9 @@ def restore(
         skipped = check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
         if skipped:
             saved = {k: v for k, v in saved.items() if k not in skipped}
-            _keep_live_optimizer_state(comps, state.get("optimizers", {}), skipped)
+        ignored = [p.removeprefix("state/model/") for p in dropped if p.startswith("state/model/")]
+        if skipped or ignored:  # not loaded: their parameters keep their optimizer state too
+            _keep_live_optimizer_state(comps, state.get("optimizers", {}), [*skipped, *ignored])
         target.load_state_dict(saved, strict=strict and not dropped)
     if weights_only:
         return state

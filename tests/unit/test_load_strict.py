@@ -120,3 +120,69 @@ def test_a_layer_the_checkpoint_lacks_keeps_its_weights_and_optimizer_state(tmp_
     assert opt.state[model[0].weight]["exp_avg"].shape == (8, 4)
     train_one_step(model, opt)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])
+@pytest.mark.parametrize("optimizer_has_state", [False, True])
+def test_an_ignored_layer_keeps_its_weights_and_its_optimizer_state(
+    tmp_path, saved_by, optimizer_has_state
+):
+    """A head re-initialised with a new shape, left out with ``load_ignore_keys``: its moments
+    in the checkpoint belong to the weights that were left out, so they are left out too."""
+    saved = saved_by(tmp_path)
+    model, opt = with_new_head()
+    if optimizer_has_state:
+        train_one_step(model, opt)
+    head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("3.")}
+    head_moments = {
+        name: {k: v.clone() for k, v in opt.state.get(p, {}).items()}
+        for name, p in (("weight", model[3].weight), ("bias", model[3].bias))
+    }
+    res = resume_into(tmp_path, model, opt, load_ignore_keys=["state/model/3.*"])
+    assert res.source == "checkpoint"
+    for key, value in model.state_dict().items():
+        expected = head[key] if key.startswith("3.") else saved[key]
+        assert torch.equal(value, expected), key
+    assert opt.state[model[0].weight]["exp_avg"].shape == (8, 4)  # the rest got theirs
+    for name, p in (("weight", model[3].weight), ("bias", model[3].bias)):
+        kept = opt.state.get(p, {})
+        assert kept.keys() == head_moments[name].keys(), name
+        assert all(torch.equal(kept[k], v) for k, v in head_moments[name].items()), name
+    train_one_step(model, opt)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class _Moments(torch.optim.Optimizer):
+    """Keeps one state tensor per parameter whose length is set at construction."""
+
+    def __init__(self, params, length: int):
+        super().__init__(params, {"lr": 0.1})
+        self.length = length
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["m"] = torch.full((self.length,), float(self.length))
+                    p.sub_(group["lr"] * p.grad)
+
+
+def test_optimizer_state_that_does_not_fit_is_an_error_and_the_checkpoint_stays(tmp_path):
+    """The checkpoint is sound and the live state differs from it: an error naming the key,
+    never a checkpoint moved aside as damaged and a run started over."""
+    model, *_ = make()
+    opt = _Moments(model.parameters(), length=3)
+    ck = CheckpointManager(model=model, optimizer=opt, folder=tmp_path / "ck", run_name="run")
+    train_one_step(model, opt)
+    ck.batch_end(16)
+    ck.close()
+    model, *_ = make()
+    opt = _Moments(model.parameters(), length=5)
+    train_one_step(model, opt)  # a running process whose optimizer has state of another shape
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(IncompatibleCheckpointError, match=r"does not fit.*Size mismatch.*\.m"):
+        resume_into(tmp_path, model, opt)
+    assert (tmp_path / "ck" / "ep0-ba1").is_dir() and not (tmp_path / "ck" / "rejected").exists()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(s["m"], torch.full((5,), 5.0)) for s in opt.state.values())

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import rng, safe_state
 from .. import state as state_mod
-from ..dist import Coordinator, describe_failures
+from ..dist import Coordinator, describe_failures, failure_cause
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import FileEntry, Manifest
 from . import fitting, optim_target
@@ -83,6 +83,15 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
     def __init__(self, *, trusted: bool, allow_partial_load: bool) -> None:
         super().__init__(allow_partial_load=allow_partial_load)
         self._trusted = trusted
+
+    def create_local_plan(self) -> LoadPlan:
+        """DCP's plan. A target that does not fit the checkpoint (a shape, a missing key) is an
+        ``IncompatibleCheckpointError``: the checkpoint is sound, the live state differs from
+        it, and no fallback would fare better."""
+        try:
+            return super().create_local_plan()
+        except (ValueError, RuntimeError) as exc:
+            raise IncompatibleCheckpointError(f"the live state does not fit: {exc}") from exc
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=not self._trusted)
@@ -322,10 +331,11 @@ class ShardedEngine:
         source = self.rank if self.rank < saved_ws else 0
         patterns = [p.strip("/") for p in ignore_keys]
         live = self._tensor_state(weights_only=True)  # the model; the optimizer below
-        fitting.drop_ignored(live, patterns)
+        ignored = fitting.drop_ignored(live, patterns)
         skipped: list[str] = []  # mis-shaped model keys, not loaded (strict=False)
         if MODEL_KEY in live:
             skipped = fitting.fit_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
+        not_loaded = {*skipped, *ignored}  # their parameters keep their optimizer state too
         # An ignored optimizer is not even initialised (taking its state dict would).
         skip_optim = fitting.optimizers_ignored(patterns)
         with_optim = not weights_only and not skip_optim and bool(self.components.model)
@@ -338,11 +348,11 @@ class ShardedEngine:
                     self.components.optimizers,
                     metadata,
                     OPTIM_KEY,
-                    skip=set(skipped),
+                    skip=not_loaded,
                     gpu_on_gpu=gpu_on_gpu,
                 )
             if not (weights_only or skip_optim or fresh is not None or OPTIM_KEY in live):
-                live.update(fitting.optimizer_state(self.components, metadata, skip=set(skipped)))
+                live.update(fitting.optimizer_state(self.components, metadata, skip=not_loaded))
             tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
             if fresh is not None:  # read into new tensors, adopted below once verified
                 tree[OPTIM_KEY] = fresh
@@ -365,6 +375,13 @@ class ShardedEngine:
             )
         except CheckpointException as exc:
             why = describe_failures(exc)
+            if all(
+                isinstance(failure_cause(f), IncompatibleCheckpointError)
+                for f in exc.failures.values()
+            ):
+                raise IncompatibleCheckpointError(
+                    f"checkpoint {folder} does not fit the live state, which is untouched: {why}"
+                ) from exc
             raise CorruptCheckpointError(
                 f"checkpoint {folder} failed to load, live state untouched: {why}"
             ) from exc

@@ -26,16 +26,21 @@ def optimizers_ignored(patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
 
 
-def drop_ignored(live: dict[str, Any], patterns: list[str]) -> None:
-    """Remove from the load target what the ``load_ignore_keys`` patterns leave out."""
+def drop_ignored(live: dict[str, Any], patterns: list[str]) -> list[str]:
+    """Remove from the load target what the ``load_ignore_keys`` patterns leave out; returns
+    the model keys removed (their parameters' optimizer state is left out too: it belongs to
+    the values that are not loaded)."""
     if not patterns:
-        return
+        return []
     if optimizers_ignored(patterns):
         live.pop(OPTIM_KEY, None)
     model = live.get(MODEL_KEY, {})
-    for key in list(model):
-        if any(fnmatch.fnmatchcase(f"state/model/{key}", p) for p in patterns):
-            del model[key]
+    dropped = [
+        k for k in model if any(fnmatch.fnmatchcase(f"state/model/{k}", p) for p in patterns)
+    ]
+    for key in dropped:
+        del model[key]
+    return dropped
 
 
 def fit_model(
