@@ -278,10 +278,15 @@ def restore(
     if weights_only:
         return state
     for name, opt in comps.optimizers.items():
-        if name in state.get("optimizers", {}) and _optimizer_fits(
-            name, opt, state["optimizers"][name], strict=strict
-        ):
-            opt.load_state_dict(state["optimizers"][name])
+        saved_opt = state.get("optimizers", {}).get(name)
+        if saved_opt is None:
+            continue
+        if isinstance(saved_opt, dict) and not {"state", "param_groups"} <= saved_opt.keys():
+            # load_ignore_keys left out its state or its param groups: those keep their live
+            # values (both keyed by position, as the saved ones are).
+            saved_opt = {**opt.state_dict(), **saved_opt}
+        if _optimizer_fits(name, opt, saved_opt, strict=strict):
+            opt.load_state_dict(saved_opt)
     for name, sched in comps.schedulers.items():
         if name in state.get("schedulers", {}):
             sched.load_state_dict(state["schedulers"][name])

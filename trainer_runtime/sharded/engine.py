@@ -349,10 +349,15 @@ class ShardedEngine:
                     metadata,
                     OPTIM_KEY,
                     skip=not_loaded,
+                    skip_path=lambda path: fitting.optimizer_path_ignored(path, patterns),
                     gpu_on_gpu=gpu_on_gpu,
                 )
             if not (weights_only or skip_optim or fresh is not None or OPTIM_KEY in live):
-                live.update(fitting.optimizer_state(self.components, metadata, skip=not_loaded))
+                live.update(
+                    fitting.optimizer_state(
+                        self.components, metadata, skip=not_loaded, ignored=patterns
+                    )
+                )
             tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
             if fresh is not None:  # read into new tensors, adopted below once verified
                 tree[OPTIM_KEY] = fresh

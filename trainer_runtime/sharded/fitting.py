@@ -26,6 +26,19 @@ def optimizers_ignored(patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
 
 
+def optimizer_path_ignored(path: tuple[Any, ...], patterns: list[str]) -> bool:
+    """Whether the patterns leave out ``path`` of the optimizers' subtree (``(OPTIM_KEY, name,
+    'state', fqn, key)`` or ``(OPTIM_KEY, name, 'param_groups', ...)``): a pattern that matches
+    it or any path above it (``state/optimizers/<name>``, ``.../<name>/state``...), as
+    ``load_ignore_keys`` drops a subtree in a format-version-1 checkpoint."""
+    parts = ["state", "optimizers", *map(str, path[1:])]
+    return any(
+        fnmatch.fnmatchcase("/".join(parts[:n]), p)
+        for n in range(2, len(parts) + 1)
+        for p in patterns
+    )
+
+
 def drop_ignored(live: dict[str, Any], patterns: list[str]) -> list[str]:
     """Remove from the load target what the ``load_ignore_keys`` patterns leave out; returns
     the model keys removed (their parameters' optimizer state is left out too: it belongs to
@@ -64,25 +77,38 @@ def fit_model(
 
 
 def optimizer_state(
-    components: state_mod.Components, metadata: Metadata, *, skip: set[str]
+    components: state_mod.Components,
+    metadata: Metadata,
+    *,
+    skip: set[str],
+    ignored: list[str],
 ) -> dict[str, Any]:
-    """The live optimizers' state to load into: without the parameters in ``skip``, and without
-    the state entries the checkpoint does not hold. Those stay as they are: a parameter that
-    ``strict=False`` leaves out of the load (the checkpoint lacks it) keeps its live value, and
-    its optimizer state with it. Read into, they would get whatever the unread buffer held."""
+    """The live optimizers' state to load into: without the parameters in ``skip``, without
+    what the ``ignored`` patterns leave out, and without the state entries the checkpoint does
+    not hold. Those stay as they are: a parameter that ``strict=False`` leaves out of the load
+    (the checkpoint lacks it) keeps its live value, and its optimizer state with it. Read into,
+    they would get whatever the unread buffer held."""
     if components.model is None or not components.optimizers:
         return {}
     saved = _saved_paths(metadata)
+
+    def loaded(path: tuple[str, ...]) -> bool:
+        return (saved is None or path in saved) and not optimizer_path_ignored(path, ignored)
+
     tree = {}
     for name, opt in components.optimizers.items():
+        if optimizer_path_ignored((OPTIM_KEY, name), ignored):
+            continue  # it keeps its state (taking its state dict would initialise it)
         osd = get_optimizer_state_dict(components.model, opt, options=StateDictOptions())
+        if optimizer_path_ignored((OPTIM_KEY, name, optim_target.GROUPS), ignored):
+            osd.pop(optim_target.GROUPS, None)
         state = osd.get(optim_target.STATE, {})
         for fqn in list(state):
             # A new dict: the entries' dict is the optimizer's own state of the parameter.
             kept = {
                 k: v
                 for k, v in state[fqn].items()
-                if saved is None or (OPTIM_KEY, name, optim_target.STATE, fqn, str(k)) in saved
+                if loaded((OPTIM_KEY, name, optim_target.STATE, fqn, str(k)))
             }
             if fqn in skip or not kept:
                 del state[fqn]

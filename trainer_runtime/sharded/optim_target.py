@@ -61,10 +61,12 @@ def plan(
     optim_key: str,
     *,
     skip: set[str] | frozenset[str] = frozenset(),
+    skip_path: Callable[[tuple[Any, ...]], bool] = lambda _path: False,
     gpu_on_gpu: bool = False,
 ) -> dict[str, Any] | None:
     """The ``optim`` subtree to load into (fresh tensors), or None to take the copy path.
-    Parameters named in ``skip`` (model keys not loaded) get no state from the checkpoint.
+    Parameters named in ``skip`` (model keys not loaded), and paths for which ``skip_path`` is
+    true (``load_ignore_keys``), get nothing from the checkpoint.
     With ``gpu_on_gpu`` the state of a parameter on a GPU is made on that GPU (the load reads
     it there through ``device_ring``); otherwise every tensor is made on the host."""
     if not optimizers or any(opt.state for opt in optimizers.values()):
@@ -84,6 +86,8 @@ def plan(
             continue
         if len(path) < 3 or path[1] not in optimizers or path[2] not in (STATE, GROUPS):
             return None
+        if skip_path(tuple(path)):
+            continue
         if path[2] == GROUPS:
             set_element(tree, path[1:], None)  # hyperparameters: restored from their bytes
             continue
