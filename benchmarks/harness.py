@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import xxhash
 
 MiB = 1 << 20
 MIN_ROUNDS = 5
@@ -160,7 +161,7 @@ def conditions(*, page_cache_dropped: bool) -> dict[str, Any]:
         "load_average_1m_at_start": load_average(),
         "page_cache_dropped": page_cache_dropped,
         "torch": torch.__version__,
-        "xxhash": xxhash.VERSION,  # from 4.1 its hash lets go of the GIL
+        "xxhash": xxhash.VERSION,
         "python": platform.python_version(),
         "kernel": platform.release(),
     }

@@ -15,8 +15,9 @@ read fills costs more the longer after a drop it is filled.
   the time of each phase (metadata, making the targets, DCP's planning, the read loop and
   within it ``pread``, hashing and the GPU ring, the commit into the live state);
 - ``load-plain``: the same load without the phase timers (what they cost);
-- ``load-serial``: the load without its reading thread, as before it: 1 MiB blocks, each read
-  then hashed on the loading thread;
+- ``load-handoff``: with ``--device cuda``, the load with the GPU path's reads as before
+  ``RingReads`` (``handoff_reads.py``: the loading thread hands the reading thread one block at
+  a time); on the CPUs the same as ``load``;
 - ``load-warm``: the load in a process whose state already exists (one training step, then one
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
@@ -31,7 +32,8 @@ read fills costs more the longer after a drop it is filled.
   touched read plus that advice), ``-hash`` adding the xxh3-128 the load computes, ``-direct``
   with ``O_DIRECT`` (and no advice);
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
-  one tensor on the device (``ring-1m`` is the load's GPU path without DCP around it).
+  one tensor on the device (``ring-4m`` is the load's GPU path without DCP around it;
+  ``ring-4m-handoff`` the same with the reads as before ``RingReads``).
 
 Medians [min-max] of the rounds, seconds; the JSON has every sample.
 """
@@ -57,6 +59,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
+from handoff_reads import HandoffReads
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 
 from trainer_runtime.dist import Coordinator
@@ -65,6 +68,7 @@ from trainer_runtime.manifest import Manifest
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, optim_target, reading
 from trainer_runtime.sharded import engine as engine_module
 from trainer_runtime.sharded.device_ring import DeviceRing
+from trainer_runtime.sharded.ring_reads import RingChunk, RingReads
 from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
@@ -124,7 +128,8 @@ def instrument(phases: Phases) -> None:
     phases.wrap(engine_module.dcp, "load", "dcp.load")
     phases.wrap(reading.VerifyingReader, "read_data", "read")
     phases.wrap(reading.os, "preadv", "read.pread")
-    phases.wrap(DeviceRing, "block", "read.ring_block")
+    phases.wrap(DeviceRing, "acquire", "read.ring_acquire")  # the reading thread's wait for a slot
+    phases.wrap(DeviceRing, "send", "read.ring_send")
     phases.wrap(DeviceRing, "close", "read.ring_close")
     phases.wrap(engine_module, "copy_into_live", "copy_into_live")
     phases.wrap(optim_target, "adopt", "adopt")
@@ -182,11 +187,12 @@ def plain_read(
 
 
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
+RINGS["ring-4m-handoff"] = RINGS["ring-4m"]
 
 
-def ring_read(files: list[Path], block_bytes: int) -> Callable[[], int]:
-    """The load's GPU path without DCP: blocks through ``DeviceRing`` (slots of at least 4 MiB)
-    into one tensor on the device."""
+def ring_read(files: list[Path], block_bytes: int, handoff: bool = False) -> Callable[[], int]:
+    """The load's GPU path without DCP: blocks read by ``RingReads``' thread into ``DeviceRing``
+    slots (of at least 4 MiB), each copied into one tensor on the device and hashed here."""
     import torch  # noqa: PLC0415
 
     size = sum(f.stat().st_size for f in files)
@@ -194,23 +200,25 @@ def ring_read(files: list[Path], block_bytes: int) -> Callable[[], int]:
     ring = DeviceRing(bench.DEVICE, slot_bytes=max(block_bytes, 4 * MiB))
 
     def read() -> int:
-        at = 0
-        for file in files:
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                length = file.stat().st_size
-                ring.begin(dst[at : at + length])
+        fds = [os.open(file, os.O_RDONLY) for file in files]
+        chunks, at = [], 0
+        for fd, file in zip(fds, files, strict=True):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            chunks.append(RingChunk(fd, file.name, 0, file.stat().st_size, ring))
+        reads = (HandoffReads if handoff else RingReads)(chunks, block=block_bytes)
+        try:
+            for _ in chunks:
+                _chunk, blocks = reads.take()
                 h = xxhash.xxh3_128()
-                done = 0
-                while done < length:
-                    block = ring.block(min(block_bytes, length - done))
-                    reading._fill(fd, file.name, block, done, length)
-                    h.update(block)
-                    done += len(block)
-                ring.end()
-                at += length
-            finally:
+                for block in blocks:
+                    n = len(block.data)
+                    ring.send(block.slot, dst[at + block.begin : at + block.begin + n])
+                    h.update(block.data)
+                    ring.release(block.slot)
+                at += _chunk.length
+        finally:
+            reads.close()
+            for fd in fds:
                 os.close(fd)
         ring.close()
         return at
@@ -230,7 +238,7 @@ def worker(args: argparse.Namespace) -> None:
     if what in READS:
         read = plain_read(data_files(folder), *READS[what])
     elif what in RINGS:
-        read = ring_read(data_files(folder), RINGS[what])
+        read = ring_read(data_files(folder), RINGS[what], handoff=what.endswith("-handoff"))
     else:
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
         if what == "load-warm-copy":
@@ -239,15 +247,10 @@ def worker(args: argparse.Namespace) -> None:
             bench.train_step(wrapped, opt, model[0].in_features)
             other = folder.with_name("w0")
             engine.load(other, Manifest.read(other))
-        if what in ("load", "load-warm", "load-warm-copy"):
+        if what == "load-handoff":  # the GPU path's reads as before RingReads
+            reading.RingReads = HandoffReads  # type: ignore[misc]
+        if what in ("load", "load-warm", "load-warm-copy", "load-handoff"):
             instrument(phases)
-        elif what == "load-serial":  # as before the read-ahead thread: 1 MiB, read then hash
-            serial = reading.VerifyingReader._read_verified
-
-            def read_verified(self: Any, *a: Any, **kw: Any) -> None:
-                serial(self, *a)
-
-            reading.VerifyingReader._read_verified = read_verified  # type: ignore[method-assign]
 
         def read() -> int:
             return engine.load(folder, Manifest.read(folder))[1].bytes_read
@@ -318,7 +321,7 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-serial", "load-warm", "load-warm-copy"]
+        contenders = ["load", "load-plain", "load-handoff", "load-warm", "load-warm-copy"]
         contenders += [*READS, *RINGS]
         if args.contenders:
             picked = args.contenders.split(",")

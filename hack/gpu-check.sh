@@ -26,7 +26,7 @@ BENCH_STALL_S=${BENCH_STALL_S:-120}
 BENCH_CPU_S=${BENCH_CPU_S:-0}        # the CPU configurations: skipped unless asked
 BENCH_PHASES_S=${BENCH_PHASES_S:-0}  # load_phases.py: skipped unless asked
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
-BENCH_PHASES_CONTENDERS=${BENCH_PHASES_CONTENDERS:-load,load-serial,read-64m}
+BENCH_PHASES_CONTENDERS=${BENCH_PHASES_CONTENDERS:-load,load-handoff,read-64m}
 BENCH_PHASES_ROUNDS=${BENCH_PHASES_ROUNDS:-6}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"

@@ -23,6 +23,7 @@ from trainer_runtime import pages
 from trainer_runtime.sharded import reading, storage
 from trainer_runtime.sharded.device_ring import DeviceRing, load_targets
 from trainer_runtime.sharded.reading import VerifyingReader
+from trainer_runtime.sharded.ring_reads import RingChunk, RingReads
 from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import ChunkDigestError, HashingWriter, start_writeback
 
@@ -241,34 +242,100 @@ def test_the_reader_is_importable_from_the_package_and_from_its_old_module():
 # -- loads onto a GPU, through pinned slots (device_ring); here with a CPU device ------------
 
 
-def test_a_ring_carries_chunks_larger_and_smaller_than_its_slots_exactly():
-    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=1000)
+def ring_file(tmp_path: Path, sizes: tuple[int, ...]) -> tuple[Path, list[torch.Tensor]]:
+    """A file of random chunks of ``sizes`` bytes, one after another."""
     torch.manual_seed(1)
-    sources = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in (4321, 7, 1000, 999)]
+    sources = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
+    path = tmp_path / "chunks.bin"
+    path.write_bytes(b"".join(s.numpy().tobytes() for s in sources))
+    return path, sources
+
+
+def ring_chunks(fd: int, ring: DeviceRing, sources: list[torch.Tensor]) -> list[RingChunk]:
+    offsets = list(itertools.accumulate((s.numel() for s in sources), initial=0))[:-1]
+    return [
+        RingChunk(fd, "chunks.bin", at, s.numel(), ring)
+        for at, s in zip(offsets, sources, strict=True)
+    ]
+
+
+def carry(reads: RingReads, targets: list[torch.Tensor]) -> None:
+    """What a load does with each chunk: copy every block as it lands, give its slot back."""
+    for dst in targets:
+        chunk, blocks = reads.take()
+        for block in blocks:
+            chunk.ring.send(block.slot, dst[block.begin : block.begin + len(block.data)])
+            chunk.ring.release(block.slot)
+
+
+def test_ring_reads_carry_chunks_larger_and_smaller_than_a_slot_exactly(tmp_path):
+    path, sources = ring_file(tmp_path, (4321, 7, 1000, 999, 1))
+    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=1000)
     targets = [torch.zeros_like(s) for s in sources]
-    sizes = itertools.cycle((300, 700, 1, 999, 1000))  # blocks that fill slots unevenly
-    for src, dst in zip(sources, targets, strict=True):
-        ring.begin(dst)
-        at = 0
-        while at < src.numel():
-            n = min(next(sizes), src.numel() - at)
-            ring.block(n)[:] = src[at : at + n].numpy().tobytes()
-            at += n
-        ring.end()
-    ring.close()
+    fd = os.open(path, os.O_RDONLY)
+    reads = RingReads(ring_chunks(fd, ring, sources))
+    try:
+        carry(reads, targets)
+    finally:
+        reads.close()
+        ring.close()
+        os.close(fd)
     for src, dst in zip(sources, targets, strict=True):
         assert torch.equal(src, dst)
-    assert ring.copies > len(sources)  # chunks larger than a slot took several
+    assert ring.copies == 5 + 4  # 4321 bytes took five 1000-byte slots, the others one each
 
 
-def test_a_ring_refuses_a_block_larger_than_a_slot_and_a_chunk_that_falls_short():
+def test_the_reading_thread_reads_ahead_into_every_free_slot_without_waiting_for_the_loader(
+    tmp_path, monkeypatch
+):
+    """Reads follow one another as fast as the disk allows: the reading thread fills each free
+    slot without the loading thread's asking, and waits only when none is free."""
+    path, sources = ring_file(tmp_path, (10 * 64,))
+    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=64)
+    preadv, reads_done = os.preadv, []
+
+    def recorded(fd, buffers, offset):
+        reads_done.append(offset)
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", recorded)
+    fd = os.open(path, os.O_RDONLY)
+    reads = RingReads(ring_chunks(fd, ring, sources))
+    try:
+        deadline = time.monotonic() + 10
+        while len(reads_done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert reads_done == [0, 64, 128]  # every slot filled, none taken yet: then it waits
+        target = torch.zeros_like(sources[0])
+        carry(reads, [target])
+        assert torch.equal(target, sources[0]) and len(reads_done) == 10
+    finally:
+        reads.close()
+        ring.close()
+        os.close(fd)
+
+
+def test_closing_ring_reads_stops_a_reader_that_waits_for_a_slot(tmp_path):
+    path, sources = ring_file(tmp_path, (5 * 64, 64))
     ring = DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64)
-    ring.begin(torch.zeros(100, dtype=torch.uint8))
+    fd = os.open(path, os.O_RDONLY)
+    reads = RingReads(ring_chunks(fd, ring, sources))
+    try:
+        _chunk, blocks = reads.take()
+        next(blocks)  # a slot taken and never given back: the reader waits for one
+    finally:
+        reads.close()
+        os.close(fd)
+    assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
+
+
+def test_a_ring_refuses_a_block_larger_than_a_slot():
+    ring = DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64)
+    slot = ring.acquire()
+    assert slot is not None and len(ring.view(slot, 64)) == 64
     with pytest.raises(ValueError, match="exceeds"):
-        ring.block(65)
-    ring.block(64)
-    with pytest.raises(ValueError, match="64 bytes to a 100-byte target"):
-        ring.end()
+        ring.view(slot, 65)
 
 
 @pytest.fixture
@@ -322,24 +389,6 @@ def test_reads_through_the_ring_run_on_a_reading_thread_a_slot_at_a_time(
     slot = through_the_ring[0].slot_bytes
     assert max(n for _, n in data) == slot  # blocks as large as a slot, not READ_BLOCK
     assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
-
-
-def test_a_read_ahead_returns_only_once_its_read_has_begun():
-    """The hash after ``start`` holds the GIL; a read not yet begun would wait for it."""
-    reads = reading._ReadAhead()
-    began, release = threading.Event(), threading.Event()
-    try:
-        for _ in range(20):  # a thread that merely woke late would fail some of these
-            began.clear()
-            release.clear()
-            future = reads.start(lambda: (began.set(), release.wait(5)))
-            assert began.is_set()
-            assert not future.done()
-            release.set()
-            future.result(timeout=5)
-    finally:
-        release.set()
-        reads.close()
 
 
 def test_a_file_cut_short_fails_a_load_through_the_ring_and_leaves_no_reader(

@@ -1,12 +1,12 @@
 """A load straight onto the GPU, through a few pinned host slots.
 
 A tensor that lives on a GPU is loaded into a target on that GPU, not into a host copy of the
-whole state: the reader reads and hashes each block into a small pinned slot, and an
-asynchronous copy on a side stream moves the slot's bytes to the target while the reader fills
-the next slot. A slot is refilled only after its copy has finished. The host memory a GPU load
-touches is therefore the few slots (reused, pinned once), not a fresh host buffer as large as
-the state, which a relaunched process pays for page by page, and the copy to the GPU overlaps
-the disk instead of following it.
+whole state: a reading thread reads each block into a small pinned slot
+(``ring_reads.RingReads``), the loading thread starts an asynchronous copy of it to the target
+on a side stream and hashes it meanwhile, and the slot is refilled only after its copy has
+finished. The host memory a GPU load touches is therefore the few slots (reused, pinned once),
+not a fresh host buffer as large as the state, which a relaunched process pays for page by
+page, and the copy to the GPU overlaps the disk instead of following it.
 
 The targets are private (fresh tensors on the GPU, never live state), so a chunk that fails its
 digest changes nothing the caller keeps, as on the host path. ``DeviceRing`` with a CPU device
@@ -16,6 +16,7 @@ does the same with plain synchronous copies (what the tests without a GPU exerci
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -25,16 +26,18 @@ log = logging.getLogger("trainer_runtime")
 
 RING_SLOTS = 4
 RING_SLOT = 4 << 20
-"""Four 4 MiB slots, sized by estimate, not tuned: a 1 MiB read takes about 0.5 ms at 2 GB/s
-and a 4 MiB copy to the GPU about 0.1-0.2 ms at 25-50 GB/s, so a slot should be free again
-well before the reader comes back to it."""
+"""Four 4 MiB slots: a 4 MiB read takes about 2 ms at 2 GB/s and a 4 MiB copy to the GPU
+about 0.1-0.2 ms at 25-50 GB/s, so a slot is free again well before the reader comes back to
+it. Reads in blocks of a whole slot were the fastest measured (``ring_reads.RING_BLOCK``)."""
 
 
 class DeviceRing:
-    """Carries chunks to tensors on one device through reused host slots, in order.
+    """Reused host slots, and a side stream that copies them to tensors on one device.
 
-    Per chunk: ``begin(dst)``, then ``block(n)`` for each consecutive piece (the reader fills
-    and hashes the returned view), then ``end()``. ``close()`` waits for every copy.
+    The slots circulate between a reading thread and the loading thread: ``acquire`` (reading
+    thread) hands out a free slot once its last copy has left it, the reader fills ``view``;
+    ``send`` (loading thread) copies it to its target, ``release`` returns it to the free ones.
+    ``close()`` waits for every copy.
     """
 
     def __init__(
@@ -47,54 +50,40 @@ class DeviceRing:
         ]
         self._views = [memoryview(s.numpy()).cast("B") for s in self._slots]
         self._done: list[torch.cuda.Event | None] = [None] * slots
+        self._free: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        for slot in range(slots):
+            self._free.put(slot)
         self._stream = torch.cuda.Stream(device) if cuda else None
         if self._stream is not None:
             # The targets were allocated on the current stream: copy only after it.
             self._stream.wait_stream(torch.cuda.current_stream(device))
-        self._slot = 0
-        self._fill = 0
-        self._dst: torch.Tensor | None = None
-        self._sent = 0
         self.copies = 0
 
     @property
     def slot_bytes(self) -> int:
         return len(self._views[0])
 
-    def begin(self, dst: torch.Tensor) -> None:
-        """The next chunk goes to ``dst`` (contiguous, on this ring's device), from its start."""
-        self._dst = dst.detach().reshape(-1).view(torch.uint8)
-        self._sent = 0
+    def acquire(self) -> int | None:
+        """A free slot, once its last copy has left it; ``None`` once ``stop`` was called."""
+        slot = self._free.get()
+        if slot is not None:
+            done = self._done[slot]
+            if done is not None:
+                with torch.cuda.device(self.device):  # this thread's current device may differ
+                    done.synchronize()
+                self._done[slot] = None
+        return slot
 
-    def block(self, n: int) -> memoryview:
-        """Where the chunk's next ``n`` bytes go (at most ``slot_bytes``)."""
+    def view(self, slot: int, n: int) -> memoryview:
+        """The first ``n`` bytes of ``slot``, to fill."""
         if n > self.slot_bytes:
             raise ValueError(f"a block of {n} bytes exceeds the ring's {self.slot_bytes}")
-        if self._fill + n > self.slot_bytes:
-            self._send()
-        if self._fill == 0:
-            done = self._done[self._slot]
-            if done is not None:
-                done.synchronize()  # its previous copy has left the slot
-                self._done[self._slot] = None
-        view = self._views[self._slot][self._fill : self._fill + n]
-        self._fill += n
-        return view
+        return self._views[slot][:n]
 
-    def end(self) -> None:
-        """The chunk is complete: send what its last slot holds."""
-        self._send()
-        assert self._dst is not None
-        if self._sent != self._dst.numel():
-            raise ValueError(f"sent {self._sent} bytes to a {self._dst.numel()}-byte target")
-        self._dst = None
-
-    def _send(self) -> None:
-        n = self._fill
-        if n == 0:
-            return
-        assert self._dst is not None
-        src, dst = self._slots[self._slot][:n], self._dst[self._sent : self._sent + n]
+    def send(self, slot: int, dst: torch.Tensor) -> None:
+        """Copy the first ``dst.numel()`` bytes of ``slot`` into ``dst`` (bytes on this ring's
+        device), asynchronously on a GPU."""
+        src = self._slots[slot][: dst.numel()]
         if self._stream is None:
             dst.copy_(src)
         else:
@@ -102,11 +91,16 @@ class DeviceRing:
                 dst.copy_(src, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self._stream)
-            self._done[self._slot] = done
+            self._done[slot] = done
         self.copies += 1
-        self._sent += n
-        self._fill = 0
-        self._slot = (self._slot + 1) % len(self._slots)
+
+    def release(self, slot: int) -> None:
+        """``slot`` may be refilled once its copy is done."""
+        self._free.put(slot)
+
+    def stop(self) -> None:
+        """Wake a reader waiting in ``acquire``: it gets ``None``."""
+        self._free.put(None)
 
     def close(self) -> None:
         """Wait for every copy; the current stream then sees the targets complete."""

@@ -7,10 +7,10 @@ touched, and mapping those pages costs about as much CPU as reading the bytes; w
 has a second CPU to itself (``prefault_thread``), a helper thread maps the pages just ahead of
 the reader (``pages.populate_pages``, at most ``MAP_LEAD`` ahead) while the reader waits on the
 disk. Whichever thread reaches a span of pages first maps it, so a helper that falls behind costs
-nothing. Chunks bound for a GPU go through ``DeviceRing`` slots instead, each block read on a
-reading thread while this one hashes the block before it. Several reading threads
-were measured too: slower on a 2-core VM, 8% faster on 16 cores (docs/sharded-checkpoints.md,
-"Loading").
+nothing. Chunks bound for a GPU go through ``DeviceRing`` slots instead, read on a thread of
+their own (``ring_reads``) while this one copies and hashes the blocks that landed. Several
+reading threads were measured too: slower on a 2-core VM, 8% faster on 16 cores
+(docs/sharded-checkpoints.md, "Loading").
 
 Nothing a failed load reads reaches the caller's live state: every chunk goes into a load target
 (staging, or a fresh optimizer tensor), and pickled objects are handed to the planner only after
@@ -24,7 +24,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,6 +47,7 @@ from ..pages import (
     populate_pages,
 )
 from .device_ring import DeviceRing
+from .ring_reads import RingChunk, RingReads, read_exactly
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes
 
 log = logging.getLogger("trainer_runtime")
@@ -57,13 +57,6 @@ READ_BLOCK = 1 << 20
 it is still in the CPU cache. Measured in relaunched processes (1 GiB, page cache dropped,
 medians of 6, interleaved): 1 MiB blocks hashed in line loaded in 0.75 s, 16 MiB 0.82 s,
 64 MiB 0.80 s. docs/sharded-checkpoints-history.md has the figures."""
-
-RING_BLOCK = 4 << 20
-"""Reads of chunks bound for a GPU go in blocks this size (at most a ring slot), each read on a
-reading thread while the loading thread hashes the block before it. Measured on one H100 machine
-(relaunched processes, 1 GiB, page cache dropped, 3 rounds, benchmarks/load_phases.py): the file
-hashed through the ring in 1 MiB blocks 0.84 s [0.67-0.84], in 4 MiB blocks 0.74 s [0.71-0.82],
-in 16 MiB blocks 0.81 s [0.80-0.82]."""
 
 MAP_LEAD = 16 << 20
 """How far ahead of the reader the helper thread maps pages: within the CPU's last-level cache
@@ -218,6 +211,11 @@ class _Task:
     def on_host(self) -> bool:
         return self.target is not None and self.target.device.type == "cpu"
 
+    @property
+    def on_ring(self) -> bool:
+        """A whole chunk bound for a GPU: read through that device's ``DeviceRing``."""
+        return self.whole and self.target is not None and not self.on_host
+
 
 class VerifyingReader(FileSystemReader):
     """DCP storage reader for ``HashingWriter`` folders: checks every chunk's digest as read.
@@ -276,18 +274,24 @@ class VerifyingReader(FileSystemReader):
         fds: dict[str, int] = {}
         rings: dict[torch.device, DeviceRing] = {}
         pickled: list[tuple[ReadItem, bytearray]] = []
-        reads = _ReadAhead()
+        reads: RingReads | None = None
         try:
-            for index, task in enumerate(tasks):
-                fd = fds.get(task.rel)
-                if fd is None:
+            for task in tasks:
+                if task.rel not in fds:
                     fd = fds[task.rel] = os.open(Path(self.path) / task.rel, os.O_RDONLY)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-                blob = self._read_task(fd, task, partial(pages.before_block, index), rings, reads)
+            reads = RingReads([self._ring_chunk(t, fds, rings) for t in tasks if t.on_ring])
+            for index, task in enumerate(tasks):
+                if task.on_ring:
+                    self._read_through_ring(task, reads)
+                    continue
+                before_block = partial(pages.before_block, index)
+                blob = self._read_task(fds[task.rel], task, before_block)
                 if blob is not None:
                     pickled.append((task.item, blob))
         finally:
-            reads.close()  # no read is left writing into a slot or a target
+            if reads is not None:
+                reads.close()  # no read is left writing into a slot
             pages.close()
             for ring in rings.values():
                 ring.close()
@@ -323,17 +327,38 @@ class VerifyingReader(FileSystemReader):
         )
         return _Task(rel, item, info, target, whole=whole)
 
+    @staticmethod
+    def _ring_chunk(
+        task: _Task, fds: dict[str, int], rings: dict[torch.device, DeviceRing]
+    ) -> RingChunk:
+        assert task.target is not None
+        device = task.target.device
+        ring = rings.get(device)
+        if ring is None:
+            ring = rings[device] = DeviceRing(device)
+        return RingChunk(fds[task.rel], task.rel, task.info.offset, task.info.length, ring)
+
+    def _read_through_ring(self, task: _Task, reads: RingReads) -> None:
+        """Copy each block of a chunk bound for a GPU to its target as it lands, hash it while
+        the copy runs, then give its slot back; check the chunk's digest."""
+        assert task.target is not None
+        chunk, blocks = reads.take()
+        size = task.target.numel() * task.target.element_size()
+        _check_size(task.rel, task.info, size)
+        dst = task.target.detach().reshape(-1).view(torch.uint8)
+        digest = xxhash.xxh3_128()
+        for block in blocks:
+            chunk.ring.send(block.slot, dst[block.begin : block.begin + len(block.data)])
+            digest.update(block.data)
+            chunk.ring.release(block.slot)
+        self.bytes_read += chunk.length
+        _check_digest(task.rel, task.info, digest)
+
     def _read_task(
-        self,
-        fd: int,
-        task: _Task,
-        before_block: Callable[[int, int], None],
-        rings: dict[torch.device, DeviceRing],
-        reads: _ReadAhead,
+        self, fd: int, task: _Task, before_block: Callable[[int, int], None]
     ) -> bytearray | None:
-        """Read and verify one chunk into its target; a pickled object's bytes are returned.
-        Targets on a GPU are reached through that device's ring in ``rings`` (made here), each
-        block read on ``reads``' thread while this one hashes the block before it."""
+        """Read and verify one chunk that does not go through a ring into its target; a pickled
+        object's bytes are returned."""
         info = task.info
         if task.target is None:  # a pickled object: verified before it is unpickled
             buf = bytearray(info.length)
@@ -341,27 +366,9 @@ class VerifyingReader(FileSystemReader):
             return buf
         # Whole chunks go straight into the load target: staging or a fresh tensor, never live
         # state, so a chunk that fails its digest has changed nothing the caller keeps.
-        if task.whole and task.on_host:
+        if task.whole:
             view = _writable_bytes(task.target)
             self._read_verified(fd, task.rel, info, len(view), _into(view, before_block))
-            return None
-        if task.whole:
-            device = task.target.device
-            ring = rings.get(device)
-            if ring is None:
-                ring = rings[device] = DeviceRing(device)
-            ring.begin(task.target)
-            size = task.target.numel() * task.target.element_size()
-            self._read_verified(
-                fd,
-                task.rel,
-                info,
-                size,
-                lambda b, e: ring.block(e - b),
-                block=min(RING_BLOCK, ring.slot_bytes),
-                reads=reads,
-            )
-            ring.end()
             return None
         # Part of a chunk (resharding): verify the whole chunk before using any of it.
         stored = torch.empty(info.length, dtype=torch.uint8)
@@ -380,90 +387,34 @@ class VerifyingReader(FileSystemReader):
         info: RawChunk,
         size: int,
         into: Callable[[int, int], memoryview],
-        *,
-        block: int = READ_BLOCK,
-        reads: _ReadAhead | None = None,
     ) -> None:
         """Read one chunk into a target of ``size`` bytes in blocks, each into
-        ``into(begin, end)`` (the chunk's bytes ``[begin, end)``), and check the chunk's digest.
-
-        Without ``reads`` each block is hashed right after it lands, while it is still in the
-        CPU cache. With ``reads`` the next block is read on its thread while this one hashes the
-        block that landed before it (``pread`` lets go of the GIL, the hash does not), and
-        ``into`` is asked for the next block only once the one before it has landed."""
-        if size != info.length:
-            raise ChunkDigestError(
-                f"{rel}@{info.offset}: target holds {size} bytes, chunk {info.length}"
-            )
+        ``into(begin, end)`` (the chunk's bytes ``[begin, end)``), hashed right after it lands,
+        while it is still in the CPU cache; check the chunk's digest."""
+        _check_size(rel, info, size)
         digest = xxhash.xxh3_128()
         done, end = 0, info.offset + info.length
-        if reads is None:
-            while done < info.length:
-                view = into(done, min(done + block, info.length))
-                _fill(fd, rel, view, info.offset + done, end)
-                digest.update(view)
-                done += len(view)
-        else:
-            # The block being read, and its read.
-            landing: tuple[memoryview, futures.Future[None]] | None = None
-            while landing is not None or done < info.length:
-                landed = None
-                if landing is not None:
-                    landing[1].result()
-                    landed = landing[0]
-                    landing = None
-                if done < info.length:
-                    view = into(done, min(done + block, info.length))
-                    landing = (view, reads.start(_fill, fd, rel, view, info.offset + done, end))
-                    done += len(view)
-                if landed is not None:
-                    digest.update(landed)
+        while done < info.length:
+            view = into(done, min(done + READ_BLOCK, info.length))
+            read_exactly(fd, rel, view, info.offset + done, end)
+            digest.update(view)
+            done += len(view)
         self.bytes_read += done
-        if digest.hexdigest() != info.xxh3_128:
-            raise ChunkDigestError(
-                f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
-            )
+        _check_digest(rel, info, digest)
 
 
-class _ReadAhead:
-    """One reading thread for a load, started on first use; ``close`` waits for its reads."""
-
-    def __init__(self) -> None:
-        self._pool: futures.ThreadPoolExecutor | None = None
-
-    def start(self, fn: Callable[..., None], *args: Any) -> futures.Future[None]:
-        """Run ``fn(*args)`` on the reading thread; return its future once it has begun. The
-        hash that follows holds the GIL for a whole block: the read must already be inside
-        ``pread`` (which lets go of the GIL) by then, or it would only start after the hash."""
-        if self._pool is None:
-            self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
-        begun = threading.Event()
-
-        def run() -> None:
-            begun.set()
-            fn(*args)
-
-        future = self._pool.submit(run)
-        begun.wait()
-        return future
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+def _check_size(rel: str, info: RawChunk, size: int) -> None:
+    if size != info.length:
+        raise ChunkDigestError(
+            f"{rel}@{info.offset}: target holds {size} bytes, chunk {info.length}"
+        )
 
 
-def _fill(fd: int, rel: str, view: memoryview, offset: int, chunk_end: int) -> None:
-    """Read ``len(view)`` bytes at ``offset`` into ``view``; a file that ends first is damaged
-    (its chunk ends at ``chunk_end``)."""
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise ChunkDigestError(
-                f"{rel} ends at byte {offset + got}; the chunk needs {chunk_end}"
-            )
-        got += n
+def _check_digest(rel: str, info: RawChunk, digest: Any) -> None:
+    if digest.hexdigest() != info.xxh3_128:
+        raise ChunkDigestError(
+            f"{rel}: bytes {info.offset}..{info.offset + info.length} fail their checksum"
+        )
 
 
 def _into(

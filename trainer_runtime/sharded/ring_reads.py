@@ -1,0 +1,131 @@
+"""The reads of a GPU load: one thread reads every chunk bound for a GPU, block after block,
+into its ring's free slots, while the loading thread copies and hashes the blocks that landed.
+
+The reading thread waits for nothing but the disk and a free slot, so the next read starts as
+soon as the last one ends. The loading thread takes the blocks in the order they were read,
+starts each one's copy to its target (``DeviceRing.send``), hashes it while the copy runs, and
+gives the slot back. Before this, the loading thread handed the reading thread one block at a
+time and took it back when it landed: three thread wake-ups between one read and the next, and
+on one H100 machine the read loop took about the sum of the reads and the hashing instead of
+the reads alone (docs/sharded-checkpoints.md, "Loading onto a GPU").
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .device_ring import DeviceRing
+from .storage import ChunkDigestError
+
+RING_BLOCK = 4 << 20
+"""Reads of chunks bound for a GPU go in blocks this size (at most a ring slot). Measured on one
+H100 machine (relaunched processes, 1 GiB, page cache dropped, 3 rounds,
+benchmarks/load_phases.py): the file hashed through the ring in 1 MiB blocks 0.84 s
+[0.67-0.84], in 4 MiB blocks 0.74 s [0.71-0.82], in 16 MiB blocks 0.81 s [0.80-0.82]."""
+
+
+@dataclass(frozen=True)
+class RingChunk:
+    """A stored chunk's bytes ``[offset, offset + length)`` in the open file ``fd``, bound for
+    ``ring``'s device."""
+
+    fd: int
+    rel: str
+    offset: int
+    length: int
+    ring: DeviceRing
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A block of a chunk, read into ``slot`` of the chunk's ring."""
+
+    slot: int
+    begin: int
+    """Where the block falls in its chunk."""
+    data: memoryview
+
+
+class RingReads:
+    """Reads ``chunks`` in order on a thread of its own (started here) into their rings' slots.
+
+    The loading thread takes the chunks in the same order, ``take()`` for each, and must
+    ``release`` every slot it was given once done with it; ``close()`` stops the thread and
+    waits for it (a failed load leaves no read writing into a slot).
+    """
+
+    def __init__(self, chunks: Sequence[RingChunk], *, block: int = RING_BLOCK) -> None:
+        self._chunks = list(chunks)
+        self._block = block
+        self._landed: queue.SimpleQueue[tuple[int, int, int, int] | BaseException] = (
+            queue.SimpleQueue()
+        )
+        self._taken = 0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        if self._chunks:
+            self._thread = threading.Thread(target=self._run, name="rtj-read", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for index, chunk in enumerate(self._chunks):
+                block = min(self._block, chunk.ring.slot_bytes)
+                end = chunk.offset + chunk.length
+                for begin in range(0, chunk.length, block):
+                    slot = chunk.ring.acquire()
+                    if slot is None or self._stopped:
+                        return
+                    n = min(block, chunk.length - begin)
+                    read_exactly(
+                        chunk.fd, chunk.rel, chunk.ring.view(slot, n), chunk.offset + begin, end
+                    )
+                    self._landed.put((index, slot, begin, n))
+        except BaseException as exc:  # raised on the loading thread, by take()
+            self._landed.put(exc)
+
+    def take(self) -> tuple[RingChunk, Iterator[Landed]]:
+        """The next chunk, and its blocks in order as they land (a failed read raises here)."""
+        index = self._taken
+        self._taken += 1
+        chunk = self._chunks[index]
+
+        def blocks() -> Iterator[Landed]:
+            done = 0
+            while done < chunk.length:
+                got = self._landed.get()
+                if isinstance(got, BaseException):
+                    raise got
+                at, slot, begin, n = got
+                if (at, begin) != (index, done):
+                    raise RuntimeError(f"block {at}@{begin} landed where {index}@{done} was due")
+                yield Landed(slot, begin, chunk.ring.view(slot, n))
+                done += n
+
+        return chunk, blocks()
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        self._stopped = True
+        for ring in {id(c.ring): c.ring for c in self._chunks}.values():
+            ring.stop()
+        self._thread.join()
+        self._thread = None
+
+
+def read_exactly(fd: int, rel: str, view: memoryview, offset: int, chunk_end: int) -> None:
+    """Read ``len(view)`` bytes at ``offset`` into ``view``; a file that ends first is damaged
+    (its chunk ends at ``chunk_end``)."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise ChunkDigestError(
+                f"{rel} ends at byte {offset + got}; the chunk needs {chunk_end}"
+            )
+        got += n
