@@ -265,16 +265,20 @@ def restore(
     """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
     dropped = set(drop_keys(data, ignore_keys)) if ignore_keys else set()
     state = data.get("state", {})
+    if comps.model is not None and "state/model" in dropped:  # the whole model left out
+        ignored = [name for name, _ in unwrap(comps.model).named_parameters()]
+    else:
+        ignored = [p.removeprefix("state/model/") for p in dropped if p.startswith("state/model/")]
+    skipped: list[str] = []
     if comps.model is not None and "model" in state:
         target = unwrap(comps.model)
         saved = state["model"]
         skipped = check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
         if skipped:
             saved = {k: v for k, v in saved.items() if k not in skipped}
-        ignored = [p.removeprefix("state/model/") for p in dropped if p.startswith("state/model/")]
-        if skipped or ignored:  # not loaded: their parameters keep their optimizer state too
-            _keep_live_optimizer_state(comps, state.get("optimizers", {}), [*skipped, *ignored])
         target.load_state_dict(saved, strict=strict and not dropped)
+    if skipped or ignored:  # not loaded: their parameters keep their optimizer state too
+        _keep_live_optimizer_state(comps, state.get("optimizers", {}), [*skipped, *ignored])
     if weights_only:
         return state
     for name, opt in comps.optimizers.items():

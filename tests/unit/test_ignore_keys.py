@@ -133,3 +133,16 @@ def test_one_of_two_optimizers_left_out(tmp_path, has_state):
     ck.close(save=False)
     assert same_state(opts["body"].state_dict()["state"], saved["body"]["state"])
     assert same_state(opts["head"].state_dict()["state"], head_state)
+
+
+@pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])
+def test_the_whole_model_left_out_keeps_its_weights_and_optimizer_state(tmp_path, saved_by):
+    """``state/model`` drops every model key, in both formats; with them the parameters'
+    optimizer state, as for any model key left out."""
+    saved_by(tmp_path)
+    model, opt = running()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    live = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    resume(tmp_path, model, opt, ["state/model"])
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert same_state(opt.state_dict()["state"], live)

@@ -21,22 +21,30 @@ from . import optim_target
 from .keys import MODEL_KEY, OPTIM_KEY
 
 
+def path_ignored(parts: tuple[str, ...], patterns: list[str]) -> bool:
+    """Whether the ``load_ignore_keys`` patterns leave out the path ``parts`` (``("state",
+    "model", key)``...): a pattern that matches it or any path above it, as a format-version-1
+    load drops a whole subtree."""
+    return any(
+        fnmatch.fnmatchcase("/".join(parts[:n]), p)
+        for n in range(1, len(parts) + 1)
+        for p in patterns
+    )
+
+
 def optimizers_ignored(patterns: list[str]) -> bool:
-    """Whether the ``load_ignore_keys`` patterns leave out every optimizer."""
-    return any(fnmatch.fnmatchcase("state/optimizers", p) for p in patterns)
+    """Whether the patterns leave out every optimizer."""
+    return path_ignored(("state", "optimizers"), patterns)
 
 
 def optimizer_path_ignored(path: tuple[Any, ...], patterns: list[str]) -> bool:
-    """Whether the patterns leave out ``path`` of the optimizers' subtree (``(OPTIM_KEY, name,
-    'state', fqn, key)`` or ``(OPTIM_KEY, name, 'param_groups', ...)``): a pattern that matches
-    it or any path above it (``state/optimizers/<name>``, ``.../<name>/state``...), as
-    ``load_ignore_keys`` drops a subtree in a format-version-1 checkpoint."""
-    parts = ["state", "optimizers", *map(str, path[1:])]
-    return any(
-        fnmatch.fnmatchcase("/".join(parts[:n]), p)
-        for n in range(2, len(parts) + 1)
-        for p in patterns
-    )
+    """Whether the patterns leave out ``path`` of the optimizers' subtree: ``(OPTIM_KEY, name,
+    'state', fqn, key)``, ``(OPTIM_KEY, name, 'param_groups')`` or a path above them."""
+    return path_ignored(("state", "optimizers", *map(str, path[1:])), patterns)
+
+
+def model_key_ignored(key: str, patterns: list[str]) -> bool:
+    return path_ignored(("state", "model", key), patterns)
 
 
 def drop_ignored(live: dict[str, Any], patterns: list[str]) -> list[str]:
@@ -48,9 +56,7 @@ def drop_ignored(live: dict[str, Any], patterns: list[str]) -> list[str]:
     if optimizers_ignored(patterns):
         live.pop(OPTIM_KEY, None)
     model = live.get(MODEL_KEY, {})
-    dropped = [
-        k for k in model if any(fnmatch.fnmatchcase(f"state/model/{k}", p) for p in patterns)
-    ]
+    dropped = [k for k in model if model_key_ignored(k, patterns)]
     for key in dropped:
         del model[key]
     return dropped
@@ -67,7 +73,7 @@ def fit_model(
         for k, md in metadata.state_dict_metadata.items()
         if k.startswith(prefix)
         and isinstance(md, TensorStorageMetadata)
-        and not any(fnmatch.fnmatchcase(f"state/model/{k[len(prefix) :]}", p) for p in ignored)
+        and not model_key_ignored(k[len(prefix) :], ignored)
     }  # an ignored key is neither loaded nor expected
     skipped = state_mod.check_model_fits(model, saved, strict=strict, ignored=ignored)
     if not strict:
