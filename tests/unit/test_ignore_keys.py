@@ -10,17 +10,13 @@ from torch import nn
 
 from trainer_runtime import CheckpointManager
 
+from .test_load_strict import resume_into
 from .test_v1_compat import write_v1
-from .trainkit import make, manager, step
+from .trainkit import make, saved_after_one_step, step
 
 
 def saved_v2(tmp_path):
-    comps = make()
-    ck = manager(tmp_path, comps)
-    step(*comps[:3])
-    ck.batch_end(16)
-    ck.close()
-    return comps[1].state_dict()
+    return saved_after_one_step(tmp_path)[1].state_dict()
 
 
 def saved_v1(tmp_path):
@@ -45,15 +41,7 @@ def same_state(a: dict, b: dict) -> bool:
 
 
 def resume(tmp_path, model, opt, patterns):
-    ck = CheckpointManager(
-        model=model,
-        optimizer=opt,
-        folder=tmp_path / "ck",
-        run_name="run",
-        load_ignore_keys=patterns,
-    )
-    assert ck.resume().source == "checkpoint"
-    ck.close(save=False)
+    assert resume_into(tmp_path, model, opt, load_ignore_keys=patterns).source == "checkpoint"
 
 
 @pytest.mark.parametrize("saved_by", [saved_v2, saved_v1], ids=["format2", "format1"])

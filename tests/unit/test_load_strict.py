@@ -12,7 +12,7 @@ from torch import nn
 from trainer_runtime import CheckpointManager, IncompatibleCheckpointError
 
 from .test_v1_compat import write_v1
-from .trainkit import make, manager, step
+from .trainkit import make, saved_after_one_step
 
 
 def with_new_head(seed: int = 7):
@@ -23,11 +23,7 @@ def with_new_head(seed: int = 7):
 
 
 def saved_v2(tmp_path):
-    comps = make()
-    ck = manager(tmp_path, comps)
-    step(*comps[:3])
-    ck.batch_end(16)
-    ck.close()
+    comps = saved_after_one_step(tmp_path)
     return {k: v.clone() for k, v in comps[0].state_dict().items()}
 
 

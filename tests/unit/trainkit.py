@@ -83,3 +83,14 @@ def manager(tmp_path, comps, *, interval: str = "1ba", **kw):
         interval=interval,
         **kw,
     )
+
+
+def saved_after_one_step(tmp_path):
+    """``make()``'s components after one step, committed as a format-2 checkpoint in
+    ``tmp_path / "ck"`` (run ``run``)."""
+    comps = make()
+    ck = manager(tmp_path, comps)
+    step(*comps[:3])
+    ck.batch_end(16)
+    ck.close()
+    return comps
