@@ -204,13 +204,17 @@ def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator,
     pool.add(1)
     name = unique("job")
     kube.create_job(rtj(name, ns, unique("no-such-pool"), 2))
+    # The condition appears with the first rank the scheduler turned down ("1 of 2") and is
+    # updated as the other's verdict arrives: wait for both.
     condition = wait_for(
-        "PodsScheduled=False",
+        "PodsScheduled=False for 2 of 2 ranks",
         lambda: next(
             (
                 c
                 for c in kube.status(ns, name).get("conditions", [])
-                if c["type"] == "PodsScheduled" and c["status"] == "False"
+                if c["type"] == "PodsScheduled"
+                and c["status"] == "False"
+                and "2 of 2 ranks cannot be scheduled" in c["message"]
             ),
             None,
         ),
@@ -218,7 +222,6 @@ def test_unschedulable_ranks_surface_the_schedulers_reason(kube, chart_operator,
         on_timeout=op.tail,
     )
     assert condition["reason"] == "Unschedulable"
-    assert "2 of 2 ranks cannot be scheduled" in condition["message"]
     assert "nodes are available" in condition["message"], condition
     assert kube.status(ns, name)["phase"] == "Pending"
 
