@@ -13,10 +13,18 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
-from trainer_runtime.sharded.ring_reads import RING_BLOCK, Landed, RingChunk, read_exactly
+from trainer_runtime.sharded.ring_reads import (
+    RING_BLOCK,
+    Landed,
+    RingChunk,
+    RingReads,
+    read_exactly,
+)
 
 
 class HandoffReads:
+    copy_next = RingReads.copy_next  # the loading thread's side is the same: only take() differs
+
     def __init__(self, chunks: Sequence[RingChunk], *, block: int = RING_BLOCK) -> None:
         self._chunks = list(chunks)
         self._block = block

@@ -207,15 +207,9 @@ def ring_read(files: list[Path], block_bytes: int, handoff: bool = False) -> Cal
             chunks.append(RingChunk(fd, file.name, 0, file.stat().st_size, ring))
         reads = (HandoffReads if handoff else RingReads)(chunks, block=block_bytes)
         try:
-            for _ in chunks:
-                _chunk, blocks = reads.take()
-                h = xxhash.xxh3_128()
-                for block in blocks:
-                    n = len(block.data)
-                    ring.send(block.slot, dst[at + block.begin : at + block.begin + n])
-                    h.update(block.data)
-                    ring.release(block.slot)
-                at += _chunk.length
+            for chunk in chunks:
+                reads.copy_next(dst[at : at + chunk.length], xxhash.xxh3_128())
+                at += chunk.length
         finally:
             reads.close()
             for fd in fds:

@@ -260,12 +260,8 @@ def ring_chunks(fd: int, ring: DeviceRing, sources: list[torch.Tensor]) -> list[
 
 
 def carry(reads: RingReads, targets: list[torch.Tensor]) -> None:
-    """What a load does with each chunk: copy every block as it lands, give its slot back."""
     for dst in targets:
-        chunk, blocks = reads.take()
-        for block in blocks:
-            chunk.ring.send(block.slot, dst[block.begin : block.begin + len(block.data)])
-            chunk.ring.release(block.slot)
+        reads.copy_next(dst)
 
 
 def test_ring_reads_carry_chunks_larger_and_smaller_than_a_slot_exactly(tmp_path):

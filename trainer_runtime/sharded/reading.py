@@ -339,18 +339,11 @@ class VerifyingReader(FileSystemReader):
         return RingChunk(fds[task.rel], task.rel, task.info.offset, task.info.length, ring)
 
     def _read_through_ring(self, task: _Task, reads: RingReads) -> None:
-        """Copy each block of a chunk bound for a GPU to its target as it lands, hash it while
-        the copy runs, then give its slot back; check the chunk's digest."""
+        """Read a chunk bound for a GPU into its target through the ring; check its digest."""
         assert task.target is not None
-        chunk, blocks = reads.take()
-        size = task.target.numel() * task.target.element_size()
-        _check_size(task.rel, task.info, size)
-        dst = task.target.detach().reshape(-1).view(torch.uint8)
+        _check_size(task.rel, task.info, task.target.numel() * task.target.element_size())
         digest = xxhash.xxh3_128()
-        for block in blocks:
-            chunk.ring.send(block.slot, dst[block.begin : block.begin + len(block.data)])
-            digest.update(block.data)
-            chunk.ring.release(block.slot)
+        chunk = reads.copy_next(task.target.detach().reshape(-1).view(torch.uint8), digest)
         self.bytes_read += chunk.length
         _check_digest(task.rel, task.info, digest)
 

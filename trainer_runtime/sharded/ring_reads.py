@@ -17,6 +17,9 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from .device_ring import DeviceRing
 from .storage import ChunkDigestError
@@ -107,6 +110,18 @@ class RingReads:
                 done += n
 
         return chunk, blocks()
+
+    def copy_next(self, dst: torch.Tensor, digest: Any = None) -> RingChunk:
+        """Take the next chunk into ``dst`` (its bytes, flat, on the ring's device): start each
+        block's copy as it lands, hash the block into ``digest`` while the copy runs, then give
+        its slot back."""
+        chunk, blocks = self.take()
+        for block in blocks:
+            chunk.ring.send(block.slot, dst[block.begin : block.begin + len(block.data)])
+            if digest is not None:
+                digest.update(block.data)
+            chunk.ring.release(block.slot)
+        return chunk
 
     def close(self) -> None:
         if self._thread is None:
