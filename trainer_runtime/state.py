@@ -265,10 +265,7 @@ def restore(
     """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
     dropped = set(drop_keys(data, ignore_keys)) if ignore_keys else set()
     state = data.get("state", {})
-    if comps.model is not None and "state/model" in dropped:  # the whole model left out
-        ignored = [name for name, _ in unwrap(comps.model).named_parameters()]
-    else:
-        ignored = [p.removeprefix("state/model/") for p in dropped if p.startswith("state/model/")]
+    ignored = _dropped_params(comps.model, dropped)
     skipped: list[str] = []
     if comps.model is not None and "model" in state:
         target = unwrap(comps.model)
@@ -302,6 +299,18 @@ def restore(
     if "rng" in data:
         rng.restore(data["rng"])
     return state
+
+
+def _dropped_params(model: nn.Module | None, dropped: set[str]) -> list[str]:
+    """The model's parameters whose path, or a path above it (``state/model``, ``state``), is
+    among the ``dropped`` paths."""
+    if model is None or not dropped:
+        return []
+
+    def left_out(path: str) -> bool:
+        return any(path == d or path.startswith(f"{d}/") for d in dropped)
+
+    return [n for n, _ in unwrap(model).named_parameters() if left_out(f"state/model/{n}")]
 
 
 def _optimizer_fits(

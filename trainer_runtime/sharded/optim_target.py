@@ -198,7 +198,9 @@ def exchanges(
             saved_state = staged.get(name, {}).get(STATE, {})
             for fqn, entries in live.get(name, {}).get(STATE, {}).items():
                 slot = opt.state.get(params[fqn]) if fqn in params else None
-                for key, value in entries.items() if slot and fqn in saved_state else ():
+                if not slot or fqn not in saved_state:
+                    continue
+                for key, value in entries.items():
                     path = f"{prefix}/{name}/{STATE}/{fqn}/{key}"
                     loaded = saved_state[fqn].get(key)
                     old = _exchangeable(value, loaded, slot.get(key), path, holds)
