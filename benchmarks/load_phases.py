@@ -18,6 +18,9 @@ read fills costs more the longer after a drop it is filled.
 - ``load-handoff``: with ``--device cuda``, the load with the GPU path's reads as before
   ``RingReads`` (``handoff_reads.py``: the loading thread hands the reading thread one block at
   a time); on the CPUs the same as ``load``;
+- ``load-16slots``: with ``--device cuda``, the load with a ring of 16 slots instead of
+  ``device_ring.RING_SLOTS`` (whether the reading thread's waits for a free slot cost time); on
+  the CPUs the same as ``load``;
 - ``load-warm``: the load in a process whose state already exists (one training step, then one
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
@@ -31,6 +34,9 @@ read fills costs more the longer after a drop it is filled.
   ``POSIX_FADV_SEQUENTIAL`` as the load asks for (``read-64m`` is ``checkpoint_engines``' raw
   touched read plus that advice), ``-hash`` adding the xxh3-128 the load computes, ``-direct``
   with ``O_DIRECT`` (and no advice);
+- ``read-whole-<size>[-hash]``: the same into one buffer of the file's size touched before the
+  clock, a different part of it each call: where a load into host memory must put the bytes,
+  as many as the state, in a process whose memory for them already exists;
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
   one tensor on the device (``ring-4m`` is the load's GPU path without DCP around it;
   ``ring-4m-handoff`` the same with the reads as before ``RingReads``).
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import mmap
 import os
@@ -73,14 +80,17 @@ from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 MARK = "LOAD_PHASES "
-READS = {  # name: (request bytes, hash each request, O_DIRECT, into fresh memory)
-    "read-64m": (64 * MiB, False, False, False),
-    "read-fresh": (16 * MiB, False, False, True),
-    "read-1m": (MiB, False, False, False),
-    "read-1m-hash": (MiB, True, False, False),
-    "read-4m-hash": (4 * MiB, True, False, False),
-    "read-16m-hash": (16 * MiB, True, False, False),
-    "read-16m-hash-direct": (16 * MiB, True, True, False),
+READS = {  # name: (request bytes, hash each request, O_DIRECT, destination: see plain_read)
+    "read-64m": (64 * MiB, False, False, "reused"),
+    "read-fresh": (16 * MiB, False, False, "fresh"),
+    "read-1m": (MiB, False, False, "reused"),
+    "read-1m-hash": (MiB, True, False, "reused"),
+    "read-4m-hash": (4 * MiB, True, False, "reused"),
+    "read-16m-hash": (16 * MiB, True, False, "reused"),
+    "read-16m-hash-direct": (16 * MiB, True, True, "reused"),
+    "read-whole-64m": (64 * MiB, False, False, "whole"),
+    "read-whole-1m-hash": (MiB, True, False, "whole"),
+    "read-whole-8m-hash": (8 * MiB, True, False, "whole"),
 }
 
 
@@ -145,23 +155,25 @@ def data_files(folder: Path) -> list[Path]:
 
 
 def plain_read(
-    files: list[Path], request: int, digest: bool, direct: bool, fresh: bool
+    files: list[Path], request: int, digest: bool, direct: bool, dest: str
 ) -> Callable[[], int]:
-    """Read ``files`` whole, ``request`` bytes a call: over and over into one buffer touched
-    now, or (``fresh``) each call into the next part of one buffer of the files' size, made
-    inside the timed call."""
+    """Read ``files`` whole, ``request`` bytes a call, into (``dest``) one buffer of ``request``
+    bytes touched now, over and over (``reused``), or each call into the next part of one
+    buffer of the files' size: made inside the timed call (``fresh``) or before it and touched
+    (``whole``: where a running process's load reads)."""
     import torch  # noqa: PLC0415
 
     size = sum(f.stat().st_size for f in files)
     touched = None
-    if not fresh:
+    if dest == "reused":
         buf = mmap.mmap(-1, request)  # page-aligned, for O_DIRECT
         buf.write(b"\1" * request)
         touched = memoryview(buf)
+    whole = torch.ones(size, dtype=torch.uint8) if dest == "whole" else None
 
     def read() -> int:
-        fresh_buf = None if touched is not None else torch.empty(size, dtype=torch.uint8)
-        view = touched if fresh_buf is None else memoryview(fresh_buf.numpy())
+        fresh_buf = whole if dest != "fresh" else torch.empty(size, dtype=torch.uint8)
+        view = touched if touched is not None else memoryview(fresh_buf.numpy())
         total = 0
         for file in files:
             fd = os.open(file, os.O_RDONLY | (os.O_DIRECT if direct else 0))
@@ -171,7 +183,7 @@ def plain_read(
                 h = xxhash.xxh3_128() if digest else None
                 at = 0
                 while True:
-                    into = view if fresh_buf is None else view[total + at :][:request]
+                    into = view if touched is not None else view[total + at :][:request]
                     n = os.preadv(fd, [into], at)
                     if n <= 0:
                         break
@@ -243,7 +255,9 @@ def worker(args: argparse.Namespace) -> None:
             engine.load(other, Manifest.read(other))
         if what == "load-handoff":  # the GPU path's reads as before RingReads
             reading.RingReads = HandoffReads  # type: ignore[misc]
-        if what in ("load", "load-warm", "load-warm-copy", "load-handoff"):
+        if what == "load-16slots":  # the GPU path with four times the ring's slots
+            reading.DeviceRing = functools.partial(DeviceRing, slots=16)  # type: ignore[misc]
+        if what in ("load", "load-warm", "load-warm-copy", "load-handoff", "load-16slots"):
             instrument(phases)
 
         def read() -> int:
@@ -315,8 +329,8 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-handoff", "load-warm", "load-warm-copy"]
-        contenders += [*READS, *RINGS]
+        contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
+        contenders += ["load-warm", "load-warm-copy", *READS, *RINGS]
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
