@@ -25,6 +25,8 @@ read fills costs more the longer after a drop it is filled.
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
   load a checkpoint (``CheckpointManager.load``), into memory it has touched;
+- ``load-<size>-blocks``, ``load-warm-<size>-blocks``: those loads with the host path's reads
+  in blocks of that size instead of ``reading.READ_BLOCK``;
 - ``load-warm-copy``: ``load-warm`` with the optimizer state copied from the verified staging
   buffers into the live tensors, as before the load handed the buffers over instead
   (``optim_target.exchanges`` finds none);
@@ -198,6 +200,7 @@ def plain_read(
     return read
 
 
+BLOCKS = {"4m": 4 * MiB, "8m": 8 * MiB}  # name: the host path's read block (reading.READ_BLOCK)
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
 RINGS["ring-4m-handoff"] = RINGS["ring-4m"]
 
@@ -257,7 +260,9 @@ def worker(args: argparse.Namespace) -> None:
             reading.RingReads = HandoffReads  # type: ignore[misc]
         if what == "load-16slots":  # the GPU path with four times the ring's slots
             reading.DeviceRing = functools.partial(DeviceRing, slots=16)  # type: ignore[misc]
-        if what in ("load", "load-warm", "load-warm-copy", "load-handoff", "load-16slots"):
+        if what.endswith("-blocks"):  # the host path's reads in larger blocks
+            reading.READ_BLOCK = BLOCKS[what.split("-")[-2]]
+        if what != "load-plain":
             instrument(phases)
 
         def read() -> int:
@@ -331,6 +336,7 @@ def main() -> None:
         run_child(args, "--prepare")
         contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
         contenders += ["load-warm", "load-warm-copy", *READS, *RINGS]
+        contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
         if args.contenders:
             picked = args.contenders.split(",")
             unknown = sorted(set(picked) - set(contenders))
