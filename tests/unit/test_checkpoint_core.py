@@ -250,6 +250,26 @@ def test_retention_keeps_newest_n(tmp_path):
     assert names == ["ep0-ba4", "ep0-ba5"]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_second_save_at_the_same_position_writes_nothing(tmp_path, async_save):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1000ba", async_save=async_save)
+    step(*comps[:3])
+    ck.batch_end(1)
+    first = ck.save()
+    assert (first is None) == async_save  # an async save commits in the background
+    assert ck.save() is None  # in flight or committed: the same position is not written again
+    ck.wait()
+    assert [c.name for c in ck.saved] == ["ep0-ba1"]
+    step(*comps[:3])
+    ck.batch_end(1)
+    ck.save()
+    ck.close()
+    assert [c.name for c in ck.saved] == ["ep0-ba1", "ep0-ba2"]
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir() and not p.is_symlink())
+    assert names == ["ep0-ba1", "ep0-ba2"]
+
+
 def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
     comps = make()
     ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=1)
