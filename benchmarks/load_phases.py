@@ -39,6 +39,8 @@ read fills costs more the longer after a drop it is filled.
 - ``read-whole-<size>[-hash]``: the same into one buffer of the file's size touched before the
   clock, a different part of it each call: where a load into host memory must put the bytes,
   as many as the state, in a process whose memory for them already exists;
+- ``read-whole-<size>-hash-behind``: the same, hashed, with the reads on a thread of their own
+  that runs ahead and the hash a block behind on the timed thread;
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
   one tensor on the device (``ring-4m`` is the load's GPU path without DCP around it;
   ``ring-4m-handoff`` the same with the reads as before ``RingReads``).
@@ -54,10 +56,12 @@ import functools
 import json
 import mmap
 import os
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -200,7 +204,54 @@ def plain_read(
     return read
 
 
-BLOCKS = {"4m": 4 * MiB, "8m": 8 * MiB}  # name: the host path's read block (reading.READ_BLOCK)
+BEHIND = {"read-whole-1m-hash-behind": MiB, "read-whole-4m-hash-behind": 4 * MiB}
+
+
+def read_behind(files: list[Path], request: int) -> Callable[[], int]:
+    """``read-whole-<size>-hash`` with the reads on a thread of their own, running ahead, and the
+    hash on this thread, a block behind the reads (the host path's reads if its reading thread
+    never waited for its hashing)."""
+    import torch  # noqa: PLC0415
+
+    size = sum(f.stat().st_size for f in files)
+    whole = torch.ones(size, dtype=torch.uint8)
+    view = memoryview(whole.numpy())
+
+    def read() -> int:
+        landed: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        fds = [os.open(file, os.O_RDONLY) for file in files]
+
+        def reader() -> None:
+            total = 0
+            for fd in fds:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                at = 0
+                while (n := os.preadv(fd, [view[total + at :][:request]], at)) > 0:
+                    landed.put((total + at, n))
+                    at += n
+                landed.put((-1, 0))  # end of this file
+                total += at
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        total = 0
+        try:
+            for _ in fds:
+                h = xxhash.xxh3_128()
+                while (got := landed.get())[0] >= 0:
+                    h.update(view[got[0] : got[0] + got[1]])
+                    total += got[1]
+        finally:
+            thread.join()
+            for fd in fds:
+                os.close(fd)
+        return total
+
+    return read
+
+
+# name: the host path's read block (reading.READ_BLOCK)
+BLOCKS = {"4m": 4 * MiB, "8m": 8 * MiB, "16m": 16 * MiB, "64m": 64 * MiB}
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
 RINGS["ring-4m-handoff"] = RINGS["ring-4m"]
 
@@ -246,6 +297,8 @@ def worker(args: argparse.Namespace) -> None:
     model, wrapped, opt = bench.build("single", args.bytes, 1)
     if what in READS:
         read = plain_read(data_files(folder), *READS[what])
+    elif what in BEHIND:
+        read = read_behind(data_files(folder), BEHIND[what])
     elif what in RINGS:
         read = ring_read(data_files(folder), RINGS[what], handoff=what.endswith("-handoff"))
     else:
@@ -335,7 +388,7 @@ def main() -> None:
     try:
         run_child(args, "--prepare")
         contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
-        contenders += ["load-warm", "load-warm-copy", *READS, *RINGS]
+        contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
         contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
         if args.contenders:
             picked = args.contenders.split(",")
