@@ -8,7 +8,8 @@
 #
 #   hack/gpu-check.sh [OUT_DIR]        (default out/gpu-check)
 #
-# Uses $PYTHON (default python3), which needs torch, numpy, xxhash, pytest and pytest-timeout:
+# Uses $PYTHON (default python3; its path and its torch and xxhash versions are printed first),
+# which needs torch, numpy, xxhash, pytest and pytest-timeout:
 # the runtime's extra and the test tools, nothing of the operator's. pytest-xdist, when present,
 # spreads the runtime suites over the cores. Each step has a time limit (seconds, environment
 # variables below) so that one slow step cannot take the others' time; a limit of 0 skips the
@@ -50,9 +51,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to OUT_DIR/NAME.
 }
 
 "$PYTHON" - <<'PY' || { echo "[gpu-check] no usable CUDA device: nothing to check" >&2; exit 2; }
-import torch, sys
-print(f"[gpu-check] python {sys.version.split()[0]}, torch {torch.__version__}, "
-      f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): "
+import torch, sys, xxhash
+print(f"[gpu-check] python {sys.version.split()[0]} ({sys.executable}), torch {torch.__version__}, "
+      f"xxhash {xxhash.VERSION}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): "
       f"{[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}")
 sys.exit(0 if torch.cuda.is_available() else 1)
 PY
