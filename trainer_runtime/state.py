@@ -185,6 +185,17 @@ def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
             yield from iter_tensors(v)
 
 
+def path_ignored(parts: tuple[str, ...], patterns: list[str]) -> bool:
+    """Whether the ``load_ignore_keys`` patterns leave out the path ``parts`` (``("state",
+    "model", key)``...): a pattern that matches it or any path above it, as ``drop_keys``
+    drops a whole subtree. Both formats' loads use this rule."""
+    return any(
+        fnmatch.fnmatchcase("/".join(parts[:n]), p)
+        for n in range(1, len(parts) + 1)
+        for p in patterns
+    )
+
+
 def drop_keys(tree: dict[str, Any], patterns: Iterable[str]) -> list[str]:
     """Delete every path matching a pattern (fnmatch over ``a/b/c`` paths); returns them."""
     patterns = [p.strip("/") for p in patterns]
@@ -263,9 +274,10 @@ def restore(
     ignore_keys: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
-    dropped = set(drop_keys(data, ignore_keys)) if ignore_keys else set()
+    patterns = [p.strip("/") for p in ignore_keys]
+    dropped = set(drop_keys(data, patterns)) if patterns else set()
     state = data.get("state", {})
-    ignored = _dropped_params(comps.model, dropped)
+    ignored = _ignored_params(comps.model, patterns)
     skipped: list[str] = []
     if comps.model is not None and "model" in state:
         target = unwrap(comps.model)
@@ -301,16 +313,12 @@ def restore(
     return state
 
 
-def _dropped_params(model: nn.Module | None, dropped: set[str]) -> list[str]:
-    """The model's parameters whose path, or a path above it (``state/model``, ``state``), is
-    among the ``dropped`` paths."""
-    if model is None or not dropped:
+def _ignored_params(model: nn.Module | None, patterns: list[str]) -> list[str]:
+    """The model's parameters that the ``load_ignore_keys`` patterns leave out."""
+    if model is None or not patterns:
         return []
-
-    def left_out(path: str) -> bool:
-        return any(path == d or path.startswith(f"{d}/") for d in dropped)
-
-    return [n for n, _ in unwrap(model).named_parameters() if left_out(f"state/model/{n}")]
+    params = unwrap(model).named_parameters()
+    return [n for n, _ in params if path_ignored(("state", "model", n), patterns)]
 
 
 def _optimizer_fits(

@@ -8,7 +8,6 @@ parameters; ``restore_param_groups`` puts back the hyperparameters once the load
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Any
 
 import torch
@@ -21,30 +20,19 @@ from . import optim_target
 from .keys import MODEL_KEY, OPTIM_KEY
 
 
-def path_ignored(parts: tuple[str, ...], patterns: list[str]) -> bool:
-    """Whether the ``load_ignore_keys`` patterns leave out the path ``parts`` (``("state",
-    "model", key)``...): a pattern that matches it or any path above it, as a format-version-1
-    load drops a whole subtree."""
-    return any(
-        fnmatch.fnmatchcase("/".join(parts[:n]), p)
-        for n in range(1, len(parts) + 1)
-        for p in patterns
-    )
-
-
 def optimizers_ignored(patterns: list[str]) -> bool:
     """Whether the patterns leave out every optimizer."""
-    return path_ignored(("state", "optimizers"), patterns)
+    return state_mod.path_ignored(("state", "optimizers"), patterns)
 
 
 def optimizer_path_ignored(path: tuple[Any, ...], patterns: list[str]) -> bool:
     """Whether the patterns leave out ``path`` of the optimizers' subtree: ``(OPTIM_KEY, name,
     'state', fqn, key)``, ``(OPTIM_KEY, name, 'param_groups')`` or a path above them."""
-    return path_ignored(("state", "optimizers", *map(str, path[1:])), patterns)
+    return state_mod.path_ignored(("state", "optimizers", *map(str, path[1:])), patterns)
 
 
 def model_key_ignored(key: str, patterns: list[str]) -> bool:
-    return path_ignored(("state", "model", key), patterns)
+    return state_mod.path_ignored(("state", "model", key), patterns)
 
 
 def drop_ignored(live: dict[str, Any], patterns: list[str]) -> list[str]:
