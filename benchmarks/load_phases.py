@@ -21,6 +21,9 @@ read fills costs more the longer after a drop it is filled.
 - ``load-16slots``: with ``--device cuda``, the load with a ring of 16 slots instead of
   ``device_ring.RING_SLOTS`` (whether the reading thread's waits for a free slot cost time); on
   the CPUs the same as ``load``;
+- ``load-2lanes``: with ``--device cuda``, the load with two reading threads, each reading every
+  other block into its own half of the ring's slots (``DeviceRing(lanes=2)``) instead of
+  ``device_ring.RING_LANES``; on the CPUs the same as ``load``;
 - ``load-warm``: the load in a process whose state already exists (one training step, then one
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
@@ -43,7 +46,8 @@ read fills costs more the longer after a drop it is filled.
   that runs ahead and the hash a block behind on the timed thread;
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
   one tensor on the device (``ring-4m`` is the load's GPU path without DCP around it;
-  ``ring-4m-handoff`` the same with the reads as before ``RingReads``).
+  ``ring-4m-handoff`` the same with the reads as before ``RingReads``, ``ring-4m-2lanes`` with
+  two reading threads).
 
 Medians [min-max] of the rounds, seconds; the JSON has every sample.
 """
@@ -253,17 +257,19 @@ def read_behind(files: list[Path], request: int) -> Callable[[], int]:
 # name: the host path's read block (reading.READ_BLOCK)
 BLOCKS = {"4m": 4 * MiB, "8m": 8 * MiB, "16m": 16 * MiB, "64m": 64 * MiB}
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
-RINGS["ring-4m-handoff"] = RINGS["ring-4m"]
+RINGS["ring-4m-handoff"] = RINGS["ring-4m-2lanes"] = RINGS["ring-4m"]
 
 
-def ring_read(files: list[Path], block_bytes: int, handoff: bool = False) -> Callable[[], int]:
+def ring_read(
+    files: list[Path], block_bytes: int, handoff: bool = False, lanes: int = 1
+) -> Callable[[], int]:
     """The load's GPU path without DCP: blocks read by ``RingReads``' thread into ``DeviceRing``
     slots (of at least 4 MiB), each copied into one tensor on the device and hashed here."""
     import torch  # noqa: PLC0415
 
     size = sum(f.stat().st_size for f in files)
     dst = torch.empty(size, dtype=torch.uint8, device=bench.DEVICE)
-    ring = DeviceRing(bench.DEVICE, slot_bytes=max(block_bytes, 4 * MiB))
+    ring = DeviceRing(bench.DEVICE, slot_bytes=max(block_bytes, 4 * MiB), lanes=lanes)
 
     def read() -> int:
         fds = [os.open(file, os.O_RDONLY) for file in files]
@@ -300,7 +306,8 @@ def worker(args: argparse.Namespace) -> None:
     elif what in BEHIND:
         read = read_behind(data_files(folder), BEHIND[what])
     elif what in RINGS:
-        read = ring_read(data_files(folder), RINGS[what], handoff=what.endswith("-handoff"))
+        lanes = 2 if what.endswith("-2lanes") else 1
+        read = ring_read(data_files(folder), RINGS[what], what.endswith("-handoff"), lanes)
     else:
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
         if what == "load-warm-copy":
@@ -313,6 +320,8 @@ def worker(args: argparse.Namespace) -> None:
             reading.RingReads = HandoffReads  # type: ignore[misc]
         if what == "load-16slots":  # the GPU path with four times the ring's slots
             reading.DeviceRing = functools.partial(DeviceRing, slots=16)  # type: ignore[misc]
+        if what == "load-2lanes":  # the GPU path with two reading threads
+            reading.DeviceRing = functools.partial(DeviceRing, lanes=2)  # type: ignore[misc]
         if what.endswith("-blocks"):  # the host path's reads in larger blocks
             reading.READ_BLOCK = BLOCKS[what.split("-")[-2]]
         if what != "load-plain":
@@ -387,7 +396,7 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
+        contenders = ["load", "load-plain", "load-handoff", "load-16slots", "load-2lanes"]
         contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
         contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
         if args.contenders:

@@ -264,10 +264,20 @@ def carry(reads: RingReads, targets: list[torch.Tensor]) -> None:
         reads.copy_next(dst)
 
 
-def test_ring_reads_carry_chunks_larger_and_smaller_than_a_slot_exactly(tmp_path):
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_ring_reads_carry_chunks_larger_and_smaller_than_a_slot_exactly(
+    tmp_path, monkeypatch, lanes
+):
     path, sources = ring_file(tmp_path, (4321, 7, 1000, 999, 1))
-    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=1000)
+    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=1000, lanes=lanes)
     targets = [torch.zeros_like(s) for s in sources]
+    preadv, readers = os.preadv, []
+
+    def recorded(fd, buffers, offset):
+        readers.append((offset, threading.current_thread().name))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", recorded)
     fd = os.open(path, os.O_RDONLY)
     reads = RingReads(ring_chunks(fd, ring, sources))
     try:
@@ -279,15 +289,35 @@ def test_ring_reads_carry_chunks_larger_and_smaller_than_a_slot_exactly(tmp_path
     for src, dst in zip(sources, targets, strict=True):
         assert torch.equal(src, dst)
     assert ring.copies == 5 + 4  # 4321 bytes took five 1000-byte slots, the others one each
+    # The blocks, in file order, went to the lanes' threads in turn.
+    assert [name for _, name in sorted(readers)] == [f"rtj-read-{b % lanes}" for b in range(9)]
 
 
+def test_ring_lanes_must_be_between_one_and_the_slots(tmp_path):
+    for lanes in (0, 3):
+        with pytest.raises(
+            ValueError, match=f"lanes must be between 1 and the ring's 2 slots, not {lanes}"
+        ):
+            DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64, lanes=lanes)
+    path, sources = ring_file(tmp_path, (64, 64))
+    one, two = (DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64, lanes=n) for n in (1, 2))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [ring_chunks(fd, ring, sources[:1])[0] for ring in (one, two)]
+        with pytest.raises(ValueError, match=r"different lanes: \[1, 2\]"):
+            RingReads(chunks)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
 def test_the_reading_thread_reads_ahead_into_every_free_slot_without_waiting_for_the_loader(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, lanes
 ):
-    """Reads follow one another as fast as the disk allows: the reading thread fills each free
-    slot without the loading thread's asking, and waits only when none is free."""
+    """Reads follow one another as fast as the disk allows: the reading threads fill each free
+    slot without the loading thread's asking, and wait only when none is free."""
     path, sources = ring_file(tmp_path, (10 * 64,))
-    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=64)
+    ring = DeviceRing(torch.device("cpu"), slots=3, slot_bytes=64, lanes=lanes)
     preadv, reads_done = os.preadv, []
 
     def recorded(fd, buffers, offset):
@@ -302,7 +332,7 @@ def test_the_reading_thread_reads_ahead_into_every_free_slot_without_waiting_for
         while len(reads_done) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
-        assert reads_done == [0, 64, 128]  # every slot filled, none taken yet: then it waits
+        assert sorted(reads_done) == [0, 64, 128]  # every slot filled, none taken: they wait
         target = torch.zeros_like(sources[0])
         carry(reads, [target])
         assert torch.equal(target, sources[0]) and len(reads_done) == 10
@@ -312,9 +342,10 @@ def test_the_reading_thread_reads_ahead_into_every_free_slot_without_waiting_for
         os.close(fd)
 
 
-def test_closing_ring_reads_stops_a_reader_that_waits_for_a_slot(tmp_path):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_closing_ring_reads_stops_a_reader_that_waits_for_a_slot(tmp_path, lanes):
     path, sources = ring_file(tmp_path, (5 * 64, 64))
-    ring = DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64)
+    ring = DeviceRing(torch.device("cpu"), slots=2, slot_bytes=64, lanes=lanes)
     fd = os.open(path, os.O_RDONLY)
     reads = RingReads(ring_chunks(fd, ring, sources))
     try:
@@ -323,6 +354,26 @@ def test_closing_ring_reads_stops_a_reader_that_waits_for_a_slot(tmp_path):
     finally:
         reads.close()
         os.close(fd)
+    assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
+
+
+def test_a_read_that_fails_on_any_lane_raises_when_its_block_is_due(tmp_path):
+    path, sources = ring_file(tmp_path, (4 * 64,))
+    ring = DeviceRing(torch.device("cpu"), slots=4, slot_bytes=64, lanes=2)
+    fd = os.open(path, os.O_RDONLY)
+    chunk = RingChunk(fd, "chunks.bin", 0, 5 * 64, ring)  # one block more than the file holds
+    reads = RingReads([chunk])
+    target = torch.zeros(5 * 64, dtype=torch.uint8)
+    try:
+        with pytest.raises(
+            ChunkDigestError, match=r"chunks\.bin ends at byte 256; the chunk needs 320"
+        ):
+            reads.copy_next(target)
+    finally:
+        reads.close()
+        ring.close()
+        os.close(fd)
+    assert torch.equal(target[: 4 * 64], sources[0])  # the blocks before it landed in order
     assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
 
 
@@ -335,13 +386,14 @@ def test_a_ring_refuses_a_block_larger_than_a_slot():
 
 
 @pytest.fixture
-def through_the_ring(monkeypatch):
+def through_the_ring(monkeypatch, request):
     """Targets count as off the host, so whole chunks take the GPU path (with a CPU ring)."""
     made: list[DeviceRing] = []
 
     class Recorded(DeviceRing):
         def __init__(self, device, **kw):
-            super().__init__(device, slots=2, slot_bytes=2 * reading.READ_BLOCK)
+            lanes = getattr(request, "param", 1)
+            super().__init__(device, slots=2, slot_bytes=2 * reading.READ_BLOCK, lanes=lanes)
             made.append(self)
 
     monkeypatch.setattr(reading._Task, "on_host", property(lambda self: False))
@@ -349,6 +401,7 @@ def through_the_ring(monkeypatch):
     return made
 
 
+@pytest.mark.parametrize("through_the_ring", [1, 2], indirect=True)
 def test_a_load_through_the_ring_is_exact(tmp_path, through_the_ring):
     save(tmp_path, write_behind=True)
     reader = load_exactly(tmp_path)
@@ -387,6 +440,7 @@ def test_reads_through_the_ring_run_on_a_reading_thread_a_slot_at_a_time(
     assert not [t for t in threading.enumerate() if t.name.startswith("rtj-read")]
 
 
+@pytest.mark.parametrize("through_the_ring", [1, 2], indirect=True)
 def test_a_file_cut_short_fails_a_load_through_the_ring_and_leaves_no_reader(
     tmp_path, through_the_ring
 ):

@@ -32,6 +32,9 @@ it. Reads in blocks of a whole slot were the fastest measured (``ring_reads.RING
 Sixteen slots measured the same on an H100 machine (a 1 GiB load in 0.886 s against 0.887 s,
 medians of 6; docs/sharded-checkpoints.md, run 7)."""
 
+RING_LANES = 1
+"""Reading threads per load (``ring_reads.RingReads``), each with its own share of the slots."""
+
 
 class DeviceRing:
     """Reused host slots, and a side stream that copies them to tensors on one device.
@@ -40,21 +43,36 @@ class DeviceRing:
     thread) hands out a free slot once its last copy has left it, the reader fills ``view``;
     ``send`` (loading thread) copies it to its target, ``release`` returns it to the free ones.
     ``close()`` waits for every copy.
+
+    With ``lanes`` above 1 the slots are dealt out among that many reading threads (slot ``s``
+    belongs to lane ``s % lanes``): a reader waits only for its own slots, which the loading
+    thread gives back in the order it takes the blocks, so no reader can hold the slot that
+    another one's next block needs.
     """
 
     def __init__(
-        self, device: torch.device, *, slots: int = RING_SLOTS, slot_bytes: int = RING_SLOT
+        self,
+        device: torch.device,
+        *,
+        slots: int = RING_SLOTS,
+        slot_bytes: int = RING_SLOT,
+        lanes: int = RING_LANES,
     ) -> None:
+        if not 1 <= lanes <= slots:
+            raise ValueError(f"lanes must be between 1 and the ring's {slots} slots, not {lanes}")
         self.device = device
+        self.lanes = lanes
         cuda = device.type == "cuda"
         self._slots = [
             torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)
         ]
         self._views = [memoryview(s.numpy()).cast("B") for s in self._slots]
         self._done: list[torch.cuda.Event | None] = [None] * slots
-        self._free: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._free: list[queue.SimpleQueue[int | None]] = [
+            queue.SimpleQueue() for _ in range(lanes)
+        ]
         for slot in range(slots):
-            self._free.put(slot)
+            self._free[slot % lanes].put(slot)
         self._stream = torch.cuda.Stream(device) if cuda else None
         if self._stream is not None:
             # The targets were allocated on the current stream: copy only after it.
@@ -65,9 +83,10 @@ class DeviceRing:
     def slot_bytes(self) -> int:
         return len(self._views[0])
 
-    def acquire(self) -> int | None:
-        """A free slot, once its last copy has left it; ``None`` once ``stop`` was called."""
-        slot = self._free.get()
+    def acquire(self, lane: int = 0) -> int | None:
+        """A free slot of ``lane``, once its last copy has left it; ``None`` once ``stop`` was
+        called."""
+        slot = self._free[lane].get()
         if slot is not None:
             done = self._done[slot]
             if done is not None:
@@ -98,11 +117,12 @@ class DeviceRing:
 
     def release(self, slot: int) -> None:
         """``slot`` may be refilled once its copy is done."""
-        self._free.put(slot)
+        self._free[slot % self.lanes].put(slot)
 
     def stop(self) -> None:
-        """Wake a reader waiting in ``acquire``: it gets ``None``."""
-        self._free.put(None)
+        """Wake the readers waiting in ``acquire``: each lane's gets ``None``."""
+        for free in self._free:
+            free.put(None)
 
     def close(self) -> None:
         """Wait for every copy; the current stream then sees the targets complete."""

@@ -54,42 +54,55 @@ class Landed:
 
 
 class RingReads:
-    """Reads ``chunks`` in order on a thread of its own (started here) into their rings' slots.
+    """Reads ``chunks`` in order into their rings' slots, on threads of its own (started here):
+    one per lane of the rings (``DeviceRing.lanes``, the same for every ring of one load).
 
-    The loading thread takes the chunks in the same order, ``take()`` for each, and must
-    ``release`` every slot it was given once done with it; ``close()`` stops the thread and
-    waits for it (a failed load leaves no read writing into a slot).
+    The chunks' blocks, one after another, go to the lanes in turn: with two lanes, one thread
+    reads blocks 0, 2, 4... and the other 1, 3, 5..., each into its own slots. The loading
+    thread takes the chunks in the same order, ``take()`` for each, and must ``release`` every
+    slot it was given once done with it; ``close()`` stops the threads and waits for them (a
+    failed load leaves no read writing into a slot).
     """
 
     def __init__(self, chunks: Sequence[RingChunk], *, block: int = RING_BLOCK) -> None:
         self._chunks = list(chunks)
-        self._block = block
-        self._landed: queue.SimpleQueue[tuple[int, int, int, int] | BaseException] = (
-            queue.SimpleQueue()
-        )
+        lanes = {chunk.ring.lanes for chunk in self._chunks} or {1}
+        if len(lanes) > 1:
+            raise ValueError(f"the rings of one load have different lanes: {sorted(lanes)}")
+        self._lanes = lanes.pop()
+        self._blocks = [
+            (index, begin, min(step, chunk.length - begin))
+            for index, chunk in enumerate(self._chunks)
+            for step in [min(block, chunk.ring.slot_bytes)]
+            for begin in range(0, chunk.length, step)
+        ]
+        self._landed: list[queue.SimpleQueue[tuple[int, int, int, int] | BaseException]] = [
+            queue.SimpleQueue() for _ in range(self._lanes)
+        ]
         self._taken = 0
+        self._blocks_taken = 0
         self._stopped = False
-        self._thread: threading.Thread | None = None
-        if self._chunks:
-            self._thread = threading.Thread(target=self._run, name="rtj-read", daemon=True)
-            self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(lane,), name=f"rtj-read-{lane}", daemon=True)
+            for lane in range(self._lanes if self._chunks else 0)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _run(self, lane: int) -> None:
         try:
-            for index, chunk in enumerate(self._chunks):
-                block = min(self._block, chunk.ring.slot_bytes)
-                end = chunk.offset + chunk.length
-                for begin in range(0, chunk.length, block):
-                    slot = chunk.ring.acquire()
-                    if slot is None or self._stopped:
-                        return
-                    n = min(block, chunk.length - begin)
-                    read_exactly(
-                        chunk.fd, chunk.rel, chunk.ring.view(slot, n), chunk.offset + begin, end
-                    )
-                    self._landed.put((index, slot, begin, n))
+            for index, begin, n in self._blocks[lane :: self._lanes]:
+                chunk = self._chunks[index]
+                slot = chunk.ring.acquire(lane)
+                if slot is None or self._stopped:
+                    return
+                view = chunk.ring.view(slot, n)
+                read_exactly(
+                    chunk.fd, chunk.rel, view, chunk.offset + begin, chunk.offset + chunk.length
+                )
+                self._landed[lane].put((index, slot, begin, n))
         except BaseException as exc:  # raised on the loading thread, by take()
-            self._landed.put(exc)
+            self._landed[lane].put(exc)
 
     def take(self) -> tuple[RingChunk, Iterator[Landed]]:
         """The next chunk, and its blocks in order as they land (a failed read raises here)."""
@@ -100,9 +113,10 @@ class RingReads:
         def blocks() -> Iterator[Landed]:
             done = 0
             while done < chunk.length:
-                got = self._landed.get()
+                got = self._landed[self._blocks_taken % self._lanes].get()
                 if isinstance(got, BaseException):
                     raise got
+                self._blocks_taken += 1
                 at, slot, begin, n = got
                 if (at, begin) != (index, done):
                     raise RuntimeError(f"block {at}@{begin} landed where {index}@{done} was due")
@@ -124,13 +138,14 @@ class RingReads:
         return chunk
 
     def close(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             return
         self._stopped = True
         for ring in {id(c.ring): c.ring for c in self._chunks}.values():
             ring.stop()
-        self._thread.join()
-        self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
 
 def read_exactly(fd: int, rel: str, view: memoryview, offset: int, chunk_end: int) -> None:
