@@ -1,7 +1,7 @@
 """A load straight onto the GPU, through a few pinned host slots.
 
 A tensor that lives on a GPU is loaded into a target on that GPU, not into a host copy of the
-whole state: a reading thread reads each block into a small pinned slot
+whole state: reading threads read each block into a small pinned slot
 (``ring_reads.RingReads``), the loading thread starts an asynchronous copy of it to the target
 on a side stream and hashes it meanwhile, and the slot is refilled only after its copy has
 finished. The host memory a GPU load touches is therefore the few slots (reused, pinned once),
@@ -32,14 +32,18 @@ it. Reads in blocks of a whole slot were the fastest measured (``ring_reads.RING
 Sixteen slots measured the same on an H100 machine (a 1 GiB load in 0.886 s against 0.887 s,
 medians of 6; docs/sharded-checkpoints.md, run 7)."""
 
-RING_LANES = 1
-"""Reading threads per load (``ring_reads.RingReads``), each with its own share of the slots."""
+RING_LANES = 2
+"""Reading threads per load (``ring_reads.RingReads``), each reading every other block into its
+own two of the slots. On one H100 machine (relaunched 1 GiB loads, page cache dropped, 17
+interleaved rounds of two runs) two threads took 0.630 s against 0.718 s for one (paired 0.91x,
+faster in 11 of 17 rounds), against 0.552 s for a raw read of the file: the disk answers two
+requests at once faster than one after the other (docs/sharded-checkpoints.md, runs 8 and 9)."""
 
 
 class DeviceRing:
     """Reused host slots, and a side stream that copies them to tensors on one device.
 
-    The slots circulate between a reading thread and the loading thread: ``acquire`` (reading
+    The slots circulate between the reading threads and the loading thread: ``acquire`` (a reading
     thread) hands out a free slot once its last copy has left it, the reader fills ``view``;
     ``send`` (loading thread) copies it to its target, ``release`` returns it to the free ones.
     ``close()`` waits for every copy.

@@ -7,10 +7,10 @@ touched, and mapping those pages costs about as much CPU as reading the bytes; w
 has a second CPU to itself (``prefault_thread``), a helper thread maps the pages just ahead of
 the reader (``pages.populate_pages``, at most ``MAP_LEAD`` ahead) while the reader waits on the
 disk. Whichever thread reaches a span of pages first maps it, so a helper that falls behind costs
-nothing. Chunks bound for a GPU go through ``DeviceRing`` slots instead, read on a thread of
-their own (``ring_reads``) while this one copies and hashes the blocks that landed. Several
-reading threads were measured too: slower on a 2-core VM, 8% faster on 16 cores
-(docs/sharded-checkpoints.md, "Loading").
+nothing. Chunks bound for a GPU go through ``DeviceRing`` slots instead, read on two threads of
+their own (``ring_reads``) while this one copies and hashes the blocks that landed. Host loads
+keep one reading thread: several, each on its own part of the file, were slower on a 2-core VM
+and 8% faster on 16 cores (docs/sharded-checkpoints.md, "Loading").
 
 Nothing a failed load reads reaches the caller's live state: every chunk goes into a load target
 (staging, or a fresh optimizer tensor), and pickled objects are handed to the planner only after

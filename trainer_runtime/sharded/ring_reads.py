@@ -1,8 +1,10 @@
-"""The reads of a GPU load: one thread reads every chunk bound for a GPU, block after block,
-into its ring's free slots, while the loading thread copies and hashes the blocks that landed.
+"""The reads of a GPU load: reading threads (``DeviceRing.lanes``, two) read every chunk bound
+for a GPU, block after block, the blocks dealt to them in turn, into their rings' free slots,
+while the loading thread copies and hashes the blocks that landed.
 
-The reading thread waits for nothing but the disk and a free slot, so the next read starts as
-soon as the last one ends. The loading thread takes the blocks in the order they were read,
+A reading thread waits for nothing but the disk and a free slot of its own, so its next read
+starts as soon as its last one ends, and with two of them the disk always has a second request
+to serve. The loading thread takes the blocks in the order they were read,
 starts each one's copy to its target (``DeviceRing.send``), hashes it while the copy runs, and
 gives the slot back. Before this, the loading thread handed the reading thread one block at a
 time and took it back when it landed: three thread wake-ups between one read and the next, and
