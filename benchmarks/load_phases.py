@@ -21,9 +21,10 @@ read fills costs more the longer after a drop it is filled.
 - ``load-16slots``: with ``--device cuda``, the load with a ring of 16 slots instead of
   ``device_ring.RING_SLOTS`` (whether the reading thread's waits for a free slot cost time); on
   the CPUs the same as ``load``;
-- ``load-2lanes``: with ``--device cuda``, the load with two reading threads, each reading every
-  other block into its own half of the ring's slots (``DeviceRing(lanes=2)``) instead of
-  ``device_ring.RING_LANES``; on the CPUs the same as ``load``;
+- ``load-1lane``, ``load-2lanes``: with ``--device cuda``, the load with one reading thread, or
+  two each reading every other block into its own half of the ring's slots
+  (``DeviceRing(lanes=N)``), whatever ``device_ring.RING_LANES`` says; on the CPUs the same as
+  ``load``;
 - ``load-warm``: the load in a process whose state already exists (one training step, then one
   untimed load of a second checkpoint of the same state, so no block of the timed one was read
   last by this process): what a running job pays to
@@ -46,8 +47,8 @@ read fills costs more the longer after a drop it is filled.
   that runs ahead and the hash a block behind on the timed thread;
 - ``ring-<size>``: the file read and hashed in blocks of that size through ``DeviceRing`` into
   one tensor on the device (``ring-4m`` is the load's GPU path without DCP around it;
-  ``ring-4m-handoff`` the same with the reads as before ``RingReads``, ``ring-4m-2lanes`` with
-  two reading threads).
+  ``ring-4m-handoff`` the same with the reads as before ``RingReads``, ``ring-4m-1lane`` with
+  one reading thread).
 
 Medians [min-max] of the rounds, seconds; the JSON has every sample.
 """
@@ -84,7 +85,7 @@ from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, optim_target, reading
 from trainer_runtime.sharded import engine as engine_module
-from trainer_runtime.sharded.device_ring import DeviceRing
+from trainer_runtime.sharded.device_ring import RING_LANES, DeviceRing
 from trainer_runtime.sharded.ring_reads import RingChunk, RingReads
 from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
@@ -257,11 +258,11 @@ def read_behind(files: list[Path], request: int) -> Callable[[], int]:
 # name: the host path's read block (reading.READ_BLOCK)
 BLOCKS = {"4m": 4 * MiB, "8m": 8 * MiB, "16m": 16 * MiB, "64m": 64 * MiB}
 RINGS = {"ring-1m": MiB, "ring-4m": 4 * MiB, "ring-16m": 16 * MiB}  # name: block (and slot) size
-RINGS["ring-4m-handoff"] = RINGS["ring-4m-2lanes"] = RINGS["ring-4m"]
+RINGS["ring-4m-handoff"] = RINGS["ring-4m-1lane"] = RINGS["ring-4m"]
 
 
 def ring_read(
-    files: list[Path], block_bytes: int, handoff: bool = False, lanes: int = 1
+    files: list[Path], block_bytes: int, handoff: bool = False, lanes: int = RING_LANES
 ) -> Callable[[], int]:
     """The load's GPU path without DCP: blocks read by ``RingReads``' thread into ``DeviceRing``
     slots (of at least 4 MiB), each copied into one tensor on the device and hashed here."""
@@ -306,7 +307,7 @@ def worker(args: argparse.Namespace) -> None:
     elif what in BEHIND:
         read = read_behind(data_files(folder), BEHIND[what])
     elif what in RINGS:
-        lanes = 2 if what.endswith("-2lanes") else 1
+        lanes = 1 if what.endswith(("-1lane", "-handoff")) else RING_LANES
         read = ring_read(data_files(folder), RINGS[what], what.endswith("-handoff"), lanes)
     else:
         engine = ShardedEngine(Components(model=model, optimizers={"adam": opt}), Coordinator())
@@ -318,10 +319,12 @@ def worker(args: argparse.Namespace) -> None:
             engine.load(other, Manifest.read(other))
         if what == "load-handoff":  # the GPU path's reads as before RingReads
             reading.RingReads = HandoffReads  # type: ignore[misc]
+            reading.DeviceRing = functools.partial(DeviceRing, lanes=1)  # type: ignore[misc]
         if what == "load-16slots":  # the GPU path with four times the ring's slots
             reading.DeviceRing = functools.partial(DeviceRing, slots=16)  # type: ignore[misc]
-        if what == "load-2lanes":  # the GPU path with two reading threads
-            reading.DeviceRing = functools.partial(DeviceRing, lanes=2)  # type: ignore[misc]
+        if what in ("load-1lane", "load-2lanes"):  # the GPU path with one or two reading threads
+            lanes = int(what[len("load-")])
+            reading.DeviceRing = functools.partial(DeviceRing, lanes=lanes)  # type: ignore[misc]
         if what.endswith("-blocks"):  # the host path's reads in larger blocks
             reading.READ_BLOCK = BLOCKS[what.split("-")[-2]]
         if what != "load-plain":
@@ -396,7 +399,8 @@ def main() -> None:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-handoff", "load-16slots", "load-2lanes"]
+        contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
+        contenders += ["load-1lane", "load-2lanes"]
         contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
         contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
         if args.contenders:
