@@ -3,8 +3,8 @@
 # own suites (tests/unit, tests/multiproc) in a process where CUDA is available, and the
 # checkpoint-engines benchmark with the state on the GPU (then, if asked, on the CPUs), and the
 # async-save stall of GPU state (benchmarks/gpu_staging_stall.py), and, if asked, where a GPU
-# load's time goes (benchmarks/load_phases.py: the load against the same load read without its
-# reading thread and against the raw read).
+# load's time goes (benchmarks/load_phases.py: the load against the same load with one reading
+# thread instead of two and against the raw read).
 #
 #   hack/gpu-check.sh [OUT_DIR]        (default out/gpu-check)
 #
@@ -27,7 +27,7 @@ BENCH_STALL_S=${BENCH_STALL_S:-120}
 BENCH_CPU_S=${BENCH_CPU_S:-0}        # the CPU configurations: skipped unless asked
 BENCH_PHASES_S=${BENCH_PHASES_S:-0}  # load_phases.py: skipped unless asked
 BENCH_CPU_CONFIGS=${BENCH_CPU_CONFIGS:-single,fsdp4,ddp4}
-BENCH_PHASES_CONTENDERS=${BENCH_PHASES_CONTENDERS:-load,load-handoff,read-64m}
+BENCH_PHASES_CONTENDERS=${BENCH_PHASES_CONTENDERS:-load,load-1lane,read-64m}
 BENCH_PHASES_ROUNDS=${BENCH_PHASES_ROUNDS:-6}
 BENCH_SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 mkdir -p "$OUT_DIR"
