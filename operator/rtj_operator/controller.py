@@ -210,7 +210,9 @@ class Controller:
             departed=departed,
             observed_support=observed,
             cluster_nodes=list(self.nodes.values()) if job.spec.elastic is not None else None,
-            native_gang=await self.native_gang() if not job.status.gang_created else False,
+            # Asked on every pass (cached): a pass that ends an attempt creates the next gang
+            # with the status it read, in which the old gang still counts as created.
+            native_gang=await self.native_gang(),
         )
         try:
             applied = await self.executor.apply(job, plan, now)

@@ -92,12 +92,14 @@ def choose_size(ctx: ReconcileContext) -> bool:
         now=ctx.now,
         steps_lost=lost if previous is not None else None,
     )
-    if changed and previous is not None:
-        verb = "Shrunk" if decision.size < previous else "Grown"
+    # A first attempt that starts below replicas has shrunk from the size the spec asks for.
+    before = previous if previous is not None else job.spec.replicas
+    if changed and before != decision.size:
+        verb = "Shrunk" if decision.size < before else "Grown"
         ctx.plan.event(
             "Warning" if verb == "Shrunk" else "Normal",
             verb,
-            f"attempt {st.attempt}: {previous} -> {decision.size} pods (world size "
+            f"attempt {st.attempt}: {before} -> {decision.size} pods (world size "
             f"{st.world_size}): {decision.message}",
         )
     return True

@@ -41,6 +41,19 @@ def test_node_deleted_resubmits_the_whole_gang_from_the_last_checkpoint(kube, ns
         assert env["MASTER_ADDR"] == f"{name}-a1-r0.{name}"
     status = kube.status(ns, name)
     assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 1
+    # The new gang is all-or-nothing too: a PodGroup of its own; attempt 0's is deleted.
+    assert status["gangScheduling"] == "PodGroup"
+    assert all(p["spec"].get("schedulingGroup") == {"podGroupName": f"{name}-a1"} for p in pods)
+    groups = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups"
+    assert kube.get(f"{groups}/{name}-a1") is not None
+    # Deleted: gone, or held by a finalizer until its pods are (they were on the lost node).
+    wait_for(
+        "attempt 0's PodGroup deleted",
+        lambda: (g := kube.get(f"{groups}/{name}-a0")) is None
+        or g["metadata"].get("deletionTimestamp"),
+        10,
+        on_timeout=lambda: f"{kube.get(f'{groups}/{name}-a0')}",
+    )
     hit = last_interruption(kube, ns, name)
     assert hit["cause"] == "NodeDeleted" and hit["node"] == victim
     assert hit["rank"] == on_victim[0]

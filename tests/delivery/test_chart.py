@@ -317,6 +317,10 @@ BAD_VALUES = [
     (("--set", "peering.enabled=false", "--set", "replicas=2"), "peering.enabled"),
     (("--set", "serviceMonitor.enabled=true", "--set", "metrics.enabled=false"), "metrics.enabled"),
     (("--set", "serviceAccount.create=false"), "serviceAccount.name"),
+    (
+        ("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.scrapeTimeout=1m1s"),
+        "serviceMonitor.scrapeTimeout (1m1s) must not exceed serviceMonitor.interval (30s)",
+    ),
 ]
 
 

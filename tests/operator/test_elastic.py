@@ -331,6 +331,17 @@ def test_min_replicas_unreachable_waits_pending_and_never_fails():
     assert len(plan.creations) == 2 and cluster.env(0)["WORLD_SIZE"] == "2"
 
 
+def test_a_first_attempt_that_starts_small_says_shrunk():
+    cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=10)
+    plan = cluster.step()
+    assert not plan.creations and "WaitingForCapacity" in reasons(plan)
+    plan = cluster.step(10)
+    assert len(plan.creations) == 2
+    (shrunk,) = [e for e in plan.events if e.reason == "Shrunk"]
+    assert shrunk.type == "Warning" and "attempt 0: 4 -> 2 pods (world size 2)" in shrunk.message
+    assert cluster.status["sizeHistory"][-1]["reason"] == "Shrunk"
+
+
 def test_a_fixed_job_ignores_capacity_and_creates_the_whole_gang():
     cluster = spot(replicas=4, nodes=1)
     plan = cluster.step()

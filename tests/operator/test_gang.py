@@ -88,3 +88,22 @@ def test_an_operator_restarted_mid_creation_finishes_the_gang_under_the_same_mec
     assert api.calls.count("create Pod") == 1
     assert "create PodGroup" not in api.calls
     assert not any(p["spec"].get("schedulingGroup") for p in api.pods().values())
+
+
+def test_every_attempt_after_an_interruption_gets_its_own_pod_group():
+    """A lost node ends attempt 0 and starts attempt 1 in the same pass: attempt 1 is gang
+    scheduled by a PodGroup of its own too, and attempt 0's group is deleted."""
+    ctrl, api = controller(native=True)
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    sync(ctrl)
+    status = api.job()["status"]
+    assert status["attempt"] == 1 and status["gangScheduling"] == "PodGroup"
+    pods = api.pods()
+    assert sorted(pods) == ["train-a1-r0", "train-a1-r1", "train-a1-r2"]
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "train-a1"} for p in pods.values())
+    assert api.pod_group_path("ns", "train-a1") in api.objects
+    assert api.pod_group_path("ns", "train-a0") not in api.objects

@@ -72,6 +72,24 @@ Checks the JSON schema cannot express; each fails the install with the value's n
 {{- if and (eq .Values.watch.mode "all-namespaces") .Values.watch.namespaces }}
 {{- fail "watch.namespaces is set but watch.mode is all-namespaces: set watch.mode: namespaces to serve only those namespaces, or empty watch.namespaces" }}
 {{- end }}
+{{- with .Values.serviceMonitor }}
+{{- if and .enabled (gt (include "rtj.durationMs" .scrapeTimeout | int64) (include "rtj.durationMs" .interval | int64)) }}
+{{- fail (printf "serviceMonitor.scrapeTimeout (%s) must not exceed serviceMonitor.interval (%s): Prometheus refuses such a scrape" .scrapeTimeout .interval) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A duration of the schema's form ("30s", "1m30s", "500ms") in milliseconds.
+*/}}
+{{- define "rtj.durationMs" -}}
+{{- $total := 0 -}}
+{{- $unitMs := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" (toString .) -1 -}}
+{{- $digits := regexFind "^[0-9]+" . -}}
+{{- $total = add $total (mul ($digits | int64) (get $unitMs (trimPrefix $digits .))) -}}
+{{- end -}}
+{{- $total -}}
 {{- end }}
 
 {{/*
