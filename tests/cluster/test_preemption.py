@@ -49,8 +49,9 @@ def test_node_deleted_resubmits_the_whole_gang_from_the_last_checkpoint(kube, ns
     # Deleted: gone, or held by a finalizer until its pods are (they were on the lost node).
     wait_for(
         "attempt 0's PodGroup deleted",
-        lambda: (g := kube.get(f"{groups}/{name}-a0")) is None
-        or g["metadata"].get("deletionTimestamp"),
+        lambda: (
+            (g := kube.get(f"{groups}/{name}-a0")) is None or g["metadata"].get("deletionTimestamp")
+        ),
         10,
         on_timeout=lambda: f"{kube.get(f'{groups}/{name}-a0')}",
     )
