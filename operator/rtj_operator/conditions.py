@@ -17,7 +17,10 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PREEMPTION_NOTICE = "PreemptionNotice"
 BLOCKED = "Blocked"
-"""True while a name the job needs is taken by an object it does not control."""
+"""True while a name the job needs is taken by an object it does not control (reason
+NameConflict), or while the API server refuses the attempt's pods (reason PodCreationRefused)."""
+NAME_CONFLICT = "NameConflict"
+POD_CREATION_REFUSED = "PodCreationRefused"
 CAPACITY = "CapacityAvailable"
 """Elastic jobs: True with the size chosen (FullSize, Shrunk, Grown), False while an attempt
 waits for room (WaitingForFullGang, MinReplicasUnreachable)."""

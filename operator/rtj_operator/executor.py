@@ -104,9 +104,16 @@ class Executor:
             if plan.after_creation is not None:
                 await self._apply_pod_group(ns, plan)
                 invalid = await self._create_pods(job, plan)
-        except BaseException:
+        except ApiError as err:
+            if err.forbidden and plan.after_creation is not None:
+                await self._record_refusal(
+                    job, plan, err, stored=stored, status=status, rv=rv, now=now
+                )
             # The status written above records the transitions these events describe, so the
             # retry will not plan them again: they go out now (the creation's own event waits).
+            self._post_events(job, plan, now, only_recorded=True)
+            raise
+        except BaseException:
             self._post_events(job, plan, now, only_recorded=True)
             raise
         finally:
@@ -133,6 +140,42 @@ class Executor:
 
         self._post_events(job, plan, now)
         return applied
+
+    async def _record_refusal(
+        self,
+        job: Job,
+        plan: Plan,
+        refusal: ApiError,
+        *,
+        stored: dict[str, Any],
+        status: JobStatus,
+        rv: str,
+        now: datetime,
+    ) -> None:
+        """Admission refused a pod (403): say so in ``Blocked`` and an event, once per message.
+        What refuses it (a missing ServiceAccount, a quota, Pod Security) is fixed outside the
+        job, so the pass is retried with the work queue's backoff."""
+        message = (
+            f"the API server refused a pod of attempt {status.attempt}: {refusal.message}; retrying"
+        )
+        had = cond.condition(status, cond.BLOCKED)
+        if had is not None and had.status == "True" and had.message == message:
+            return
+        blocked = status.model_copy(deep=True)
+        cond.set_condition(
+            blocked,
+            cond.BLOCKED,
+            True,
+            reason=cond.POD_CREATION_REFUSED,
+            message=message,
+            now=now,
+            generation=job.ref.generation,
+        )
+        plan.event("Warning", cond.POD_CREATION_REFUSED, message)
+        try:
+            await self.write_status(job, stored, blocked, rv)
+        except ApiError as err:
+            log.warning("could not record the refusal of %s's pods: %s", job.ref.name, err)
 
     async def _apply_support(self, namespace: str, writes: list[SupportWrite]) -> None:
         """Create or update support objects in dependency order; raises when one fails, so
@@ -192,8 +235,8 @@ class Executor:
         for error in errors:
             if isinstance(error, ApiError) and error.invalid:
                 return error.message
-        if errors:
-            raise errors[0]
+        if errors:  # a refusal first: the job says why its pods do not exist
+            raise next((e for e in errors if isinstance(e, ApiError) and e.forbidden), errors[0])
         return None
 
     @staticmethod

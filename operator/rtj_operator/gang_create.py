@@ -29,19 +29,19 @@ def ensure_support(ctx: ReconcileContext) -> bool:
     if decision.conflicts:
         message = support.conflict_message(job, decision.conflicts)
         if had is None or had.status != "True" or had.message != message:
-            ctx.plan.event("Warning", "NameConflict", message)
+            ctx.plan.event("Warning", cond.NAME_CONFLICT, message)
         cond.set_condition(
             st,
             cond.BLOCKED,
             True,
-            reason="NameConflict",
+            reason=cond.NAME_CONFLICT,
             message=message,
             now=ctx.now,
             generation=ctx.generation,
         )
         ctx.plan.requeue(BLOCKED_RECHECK_SECONDS)
         return False
-    if had is not None and had.status == "True":
+    if had is not None and had.status == "True" and had.reason == cond.NAME_CONFLICT:
         cond.set_condition(
             st,
             cond.BLOCKED,
@@ -95,6 +95,21 @@ def create_gang(ctx: ReconcileContext) -> None:
         plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
     created = st.model_copy(deep=True)
     created.gang_created = True
+    refused = cond.condition(created, cond.BLOCKED)
+    if (
+        refused is not None
+        and refused.status == "True"
+        and refused.reason == cond.POD_CREATION_REFUSED
+    ):
+        cond.set_condition(
+            created,
+            cond.BLOCKED,
+            False,
+            reason="PodsCreated",
+            message=f"every pod of attempt {created.attempt} was created",
+            now=ctx.now,
+            generation=ctx.generation,
+        )
     created.attempt_start_time = ctx.now
     plan.after_creation = created
     if st.attempt > 0 and st.interruptions:

@@ -53,6 +53,11 @@ class ApiError(Exception):
         """422: the object failed validation (the message names the field)."""
         return self.status == 422
 
+    @property
+    def forbidden(self) -> bool:
+        """403: refused by authorization or admission (a missing ServiceAccount, a quota)."""
+        return self.status == 403
+
 
 def load_configuration() -> k8s_client.Configuration:
     """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""

@@ -96,12 +96,15 @@ def reference_markdown(crd: dict[str, Any]) -> str:
         "rejected: the first needs a webhook, so a running operator, to accept any job; the "
         "second accepts the typo.)",
         "",
-        "Errors name the field. When a required field is missing or a value has the wrong type, "
-        "the API server also prints `<nil>: Invalid value: null: some validation rules were not "
-        "checked because the object was invalid; correct the existing errors to complete "
-        "validation`: the CEL rules below were skipped, and run once the other errors are fixed.",
+        "Errors name the field: at the start of the line (`spec.replicas: Invalid value: ...`), "
+        "or, for the rules on the whole object below, in the message itself (the API server "
+        "prints those at `<nil>`). When a required field is missing, or a value has the wrong "
+        "type or is not one of its allowed values, the API server also prints `<nil>: Invalid "
+        "value: null: some validation rules were not checked because the object was invalid; "
+        "correct the existing errors to complete validation`: the CEL rules below were skipped, "
+        "and run once the other errors are fixed.",
         "",
-        "Rules on the whole object: "
+        "Rules on the whole object (reported at `<nil>`, each naming `metadata.name`): "
         + "; ".join(r["message"] for r in root.get("x-kubernetes-validations", []))
         + ".",
         "",

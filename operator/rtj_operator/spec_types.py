@@ -158,9 +158,15 @@ class CheckpointLocation(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.startsWith('/') || self.matches('^[a-z][a-z0-9+.-]*://.+$')",
+                    "self.startsWith('/') || self.matches('^s3://[^/]+(/.*)?$')",
                     "checkpoint.dir must be an object-store URI such as s3://bucket/prefix or an "
-                    "absolute path such as /mnt/checkpoints",
+                    "absolute path such as /mnt/checkpoints (the runtime reads s3:// URIs only, "
+                    "for S3 and S3-compatible stores)",
+                ),
+                cel(
+                    "!self.matches('(^|/)[.][.]?(/|$)')",
+                    "checkpoint.dir must not contain . or .. segments: give the folder itself, "
+                    "such as /mnt/checkpoints",
                 ),
                 cel(
                     "!self.matches('^/+$')",

@@ -221,9 +221,10 @@ class JobStatus(ApiModel):
     """When the current attempt's pods were created."""
     gang_size: int | None = None
     """Pods in the current attempt's gang (``spec.replicas`` unless the job is elastic). Written
-    before that attempt's pods exist."""
+    before that attempt's pods exist; absent while a new attempt backs off or waits for room."""
     world_size: int | None = None
-    """World size of the current attempt: ``gangSize * processesPerPod`` (WORLD_SIZE)."""
+    """World size of the current attempt: ``gangSize * processesPerPod`` (WORLD_SIZE); absent
+    when ``gangSize`` is."""
     gang_scheduling: str | None = None
     """How the current attempt's gang is kept all-or-nothing: PodGroup (native gang scheduling),
     Kueue (spec.queueName) or Operator (the operator's own capacity check)."""

@@ -141,7 +141,8 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None
-    st.gang_size = None
+    st.gang_size = None  # chosen again before the attempt's pods exist, and with it:
+    st.world_size = None
     st.grow = None
     st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
     point = resume_point(

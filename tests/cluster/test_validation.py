@@ -47,6 +47,13 @@ CASES = [
     ),
     ("root checkpoint dir", {"checkpoint": {"dir": "/"}}, "must not be the root directory"),
     (
+        "checkpoint dir in a scheme the runtime cannot read",
+        {"checkpoint": {"dir": "gs://bucket/prefix"}},
+        "the runtime reads s3:// URIs only",
+    ),
+    ("checkpoint dir with ..", {"checkpoint": {"dir": "/.."}}, "must not contain . or .."),
+    ("checkpoint dir with .", {"checkpoint": {"dir": "/mnt/./ck"}}, "must not contain . or .."),
+    (
         "checkpoint dir message is plain",
         {"checkpoint": {"dir": "relative/path"}},
         "must be an object-store URI such as s3://bucket/prefix or an absolute path",

@@ -89,6 +89,29 @@ def test_stale_read_is_refused_and_retried_immediately():
     assert not api.pods()  # nothing acted on a decision that was not recorded
 
 
+def test_pods_refused_by_admission_block_the_job_with_the_reason_until_they_are_created():
+    """A 403 on pod creation (here a missing ServiceAccount) is fixed outside the job: the job
+    says so in Blocked and one event, and the pass is retried until the pods are created."""
+    ctrl, api = controller_with_job()
+    refusal = 'pods "train-a0-r0" is forbidden: serviceaccount "mysa" not found'
+    api.fail_creates_with = ApiError(403, {"reason": "Forbidden", "message": refusal}, "POST", "")
+    for _ in range(2):
+        with pytest.raises(ApiError):
+            sync(ctrl)
+        status = api.job()["status"]
+        blocked = {c["type"]: c for c in status["conditions"]}["Blocked"]
+        assert (blocked["status"], blocked["reason"]) == ("True", "PodCreationRefused")
+        assert refusal in blocked["message"] and "attempt 0" in blocked["message"]
+        assert not status.get("gangCreated") and status["phase"] != "Failed"
+    assert [e[:2] for e in api.events] == [("Warning", "PodCreationRefused")]  # once
+    api.fail_creates_with = None
+    sync(ctrl)
+    status = api.job()["status"]
+    blocked = {c["type"]: c for c in status["conditions"]}["Blocked"]
+    assert (blocked["status"], blocked["reason"]) == ("False", "PodsCreated")
+    assert status["gangCreated"] and sorted(api.pods()) == ["train-a0-r0", "train-a0-r1"]
+
+
 def test_invalid_pod_template_fails_the_job_with_the_servers_message():
     ctrl, api = controller_with_job()
     api.fail_creates_with = ApiError(

@@ -272,7 +272,7 @@ def test_shrink_after_the_wait_then_grow_back_after_the_requested_checkpoint():
     plan = cluster.step(1)
     st = cluster.status
     assert st["attempt"] == 1 and st["preemptions"] == 1 and not plan.creations
-    assert st["phase"] == "Pending" and "gangSize" not in st
+    assert st["phase"] == "Pending" and "gangSize" not in st and "worldSize" not in st
     capacity = {c["type"]: c for c in st["conditions"]}["CapacityAvailable"]
     assert capacity["status"] == "False" and capacity["reason"] == "WaitingForFullGang"
     assert "WaitingForCapacity" in reasons(plan)
