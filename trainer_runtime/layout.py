@@ -161,6 +161,10 @@ class RunFolder:
         """Manifests of the committed checkpoints, newest first."""
         return [c.manifest for c in self.candidates() if c.manifest is not None]
 
+    def is_committed(self, name: str) -> bool:
+        """Whether checkpoint ``name`` has a manifest that reads."""
+        return isinstance(self.location.manifests([name]).get(name), Manifest)
+
     def newest_valid(self, ranks_for: Callable[[Manifest], list[int] | None]) -> Walk[Manifest]:
         """The newest committed checkpoint whose files (of ``ranks_for(manifest)``) verify,
         with every newer one passed over and why (``fallback.first_valid``)."""

@@ -18,6 +18,7 @@ release the GIL anyway: docs/sharded-checkpoints.md.)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -123,10 +124,7 @@ class Saver:
         self._check_newer_checkpoints()
         started = time.monotonic()
         values = self.template_values()
-        checkpoint, _ = settings.templates.render_checkpoint(values)
-        if checkpoint in settings.quarantined:
-            # Same position as a quarantined checkpoint: a new name, or resume would skip it.
-            checkpoint = f"{checkpoint}-a{env(ATTEMPT) or os.getpid()}"
+        checkpoint = unused_name(ctx, settings.templates.render_checkpoint(values)[0])
         latest = settings.templates.render_latest(values)
         # Live tensor references plus this rank's small state, already serialized.
         data = ctx.engine.capture(
@@ -409,3 +407,32 @@ def _yield_cpu_to_training() -> None:
 
 def _storage(t: torch.Tensor) -> int:
     return state_mod.local_tensor(t).untyped_storage().data_ptr()
+
+
+def unused_name(ctx: RunContext, name: str) -> str:
+    """``name``, or a variant that names no quarantined or committed checkpoint.
+
+    Same position as a quarantined checkpoint: a new name, or resume would skip it. A
+    ``filename`` whose folder part has neither ``{batch}`` nor ``{sample}`` renders one name
+    for two saves (two in one epoch with ``ep{epoch}``, or an emergency save and the epoch's
+    end): the second would rewrite the first's files in place, destroying a committed
+    checkpoint before the new one commits. It gets ``-ba<batch>`` instead; rank 0 looks,
+    every rank takes its answer (saves are collective)."""
+    settings = ctx.settings
+    if name in settings.quarantined:
+        name = f"{name}-a{env(ATTEMPT) or os.getpid()}"
+    if settings.templates.names_each_position:
+        return name
+    if ctx.rank == 0:
+        base, batch = name, ctx.position.timestamp.batch
+        candidates = itertools.chain(
+            [base, f"{base}-ba{batch}"], (f"{base}-ba{batch}-{n}" for n in itertools.count(2))
+        )
+        name = next(c for c in candidates if not ctx.folder.is_committed(c))
+        if name != base:
+            log.info(
+                "checkpoint name %s is taken by a committed checkpoint: saving as %s",
+                base,
+                name,
+            )
+    return ctx.coord.broadcast(name)

@@ -270,6 +270,44 @@ def test_a_second_save_at_the_same_position_writes_nothing(tmp_path, async_save)
     assert names == ["ep0-ba1", "ep0-ba2"]
 
 
+def test_a_name_without_batch_never_rewrites_a_committed_checkpoint(tmp_path, monkeypatch):
+    """``ep{epoch}`` names every save of an epoch alike: each save after the first gets
+    ``-ba<batch>``, so no save writes into a committed checkpoint; one that fails leaves the
+    committed ones as they were."""
+    from trainer_runtime.sharded import engine
+
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", filename="ep{epoch}/rank{rank}.pt")
+    names = []
+    for _ in range(3):
+        step(*comps[:3])
+        names.append(ck.batch_end(1).name)
+    assert names == ["ep0", "ep0-ba2", "ep0-ba3"]
+    first = (tmp_path / "ck" / "ep0" / "manifest.json").read_bytes()
+    write = engine.ShardedEngine.write
+
+    def disk_full(self, *args, **kwargs):
+        write(self, *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(engine.ShardedEngine, "write", disk_full)
+    step(*comps[:3])
+    with pytest.raises(SaveFailedError):
+        ck.batch_end(1)
+    monkeypatch.setattr(engine.ShardedEngine, "write", write)
+    ck.close(save=False)
+    assert (tmp_path / "ck" / "ep0" / "manifest.json").read_bytes() == first
+    assert [m.name for m in ck.folder.committed()] == ["ep0-ba3", "ep0-ba2", "ep0"]
+    again = make(seed=1)
+    resumed = manager(tmp_path, again, interval="1ba", filename="ep{epoch}/rank{rank}.pt")
+    assert os.path.basename(resumed.resume().path) == "ep0-ba3"
+    assert resumed.timestamp.batch == 3
+    step(*again[:3])
+    resumed.epoch_end()
+    resumed.close()
+    assert (tmp_path / "ck" / "ep1" / "manifest.json").exists()
+
+
 def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
     comps = make()
     ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=1)
