@@ -12,9 +12,9 @@ class CheckpointError(RuntimeError):
 
 
 class ConfigError(CheckpointError, ValueError):
-    """A constructor argument is malformed (raised before any training happens), or a value
-    handed to a save (``extras``, ``metrics``) could not be loaded back (raised before
-    anything is written)."""
+    """A constructor argument is malformed (raised before any training happens), a call's
+    argument is (``batch_end(num_samples=-1)``), or a value handed to a save (``extras``,
+    ``metrics``) could not be loaded back (raised before anything is written)."""
 
 
 class ManifestError(CheckpointError):

@@ -214,12 +214,20 @@ class CheckpointManager:
         """Count one finished batch and save if the interval (or a preemption) says so.
 
         ``num_samples`` is the *global* batch size: the samples all ranks consumed together.
+        The batch is counted before a background save's failure is raised, so a loop that
+        catches the error and goes on keeps its position.
         """
-        self._collect_background_failure()
         self.saver.release_hook_if_done()
         if num_samples is None and self.interval.needs_samples:
             raise ConfigError(
                 "interval counts samples, so batch_end() needs num_samples= (the global batch size)"
+            )
+        if num_samples is not None and (
+            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0
+        ):
+            raise ConfigError(
+                "batch_end(num_samples=...) must be an int >= 0 (the global batch size), got "
+                f"{num_samples!r}"
             )
         before = self.timestamp.copy()
         ts = self.timestamp
@@ -234,10 +242,12 @@ class CheckpointManager:
             self.sampler.advance(num_samples)
         if self.progress is not None:
             self.progress.step(ts.batch)
+        self._collect_background_failure()
         return self._loop_point(before, Event.BATCH_END)
 
     def epoch_end(self) -> SavedCheckpoint | None:
-        self._collect_background_failure()
+        """Count one finished epoch (before a background failure is raised, as batch_end) and
+        save if the interval (or a preemption) says so."""
         before = self.timestamp.copy()
         ts = self.timestamp
         ts.epoch += 1
@@ -246,6 +256,7 @@ class CheckpointManager:
         ts.wall_time = self._ctx.position.wall_time()
         if self.sampler is not None:
             self.sampler.set_epoch(ts.epoch)
+        self._collect_background_failure()
         return self._loop_point(before, Event.EPOCH_END)
 
     def _collect_background_failure(self) -> None:

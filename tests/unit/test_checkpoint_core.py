@@ -747,3 +747,13 @@ def test_a_weights_only_run_resumes_its_model_timestamp_and_data_on_a_rerun(tmp_
     assert sorted(epoch0) == list(range(12)), "epoch 0's data repeated or skipped samples"
     assert len(second["seen"]) == 2 + 6  # the rest of epoch 0, then all of epoch 1
     assert Manifest.read(tmp_path / "ck" / "ep2-ba12").weights_only
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "4"])
+def test_a_malformed_sample_count_is_refused_and_counts_nothing(tmp_path, bad):
+    model = make()[0]
+    ck = CheckpointManager(model=model, folder=tmp_path / "ck", run_name="r", interval="9ba")
+    with pytest.raises(ConfigError, match=r"batch_end\(num_samples=\.\.\.\) must be an int >= 0"):
+        ck.batch_end(bad)
+    assert (ck.timestamp.batch, ck.timestamp.sample) == (0, 0)
+    ck.close(save=False)

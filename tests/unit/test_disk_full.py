@@ -237,3 +237,18 @@ def test_sigterm_after_a_failed_background_save_still_saves_and_exits(full_disk,
     assert exc.value.code == 143
     assert [m.name for m in RunFolder(full_disk[0] / "ck").committed()] == ["ep0-ba3", "ep0-ba1"]
     assert "the emergency save retries what a failed save left" in caplog.text
+
+
+def test_the_batch_that_raises_a_background_failure_is_counted(full_disk):
+    """``batch_end`` raises the failed save's error after counting its batch: a loop that
+    catches it and goes on saves its next checkpoint at the right position."""
+    ck, training = a_failed_background_save(full_disk)
+    step(*training)
+    with pytest.raises(SaveFailedError):
+        ck.batch_end(1)
+    assert (ck.timestamp.batch, ck.timestamp.sample) == (3, 3)
+    step(*training)
+    ck.batch_end(1)
+    ck.close()
+    names = [m.name for m in RunFolder(full_disk[0] / "ck").committed()]
+    assert names == ["ep0-ba4", "ep0-ba1"]
