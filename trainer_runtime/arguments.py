@@ -19,7 +19,7 @@ from datetime import timedelta
 from .errors import ConfigError
 
 
-def _kind(value: object) -> str:
+def kind(value: object) -> str:
     """``value``'s type with its article: "a str", "an int"."""
     kind = type(value).__name__
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
@@ -28,14 +28,14 @@ def _kind(value: object) -> str:
 def flag(name: str, value: object) -> bool:
     """``value`` must be True or False (not 0/1, not a string)."""
     if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r}: expected True or False, got {_kind(value)}")
+        raise ConfigError(f"{name}={value!r}: expected True or False, got {kind(value)}")
     return value
 
 
 def integer(name: str, value: object, expected: str, ok: Callable[[int], bool]) -> int:
     """An int (not a bool) for which ``ok`` holds; ``expected`` says which ones, for the error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name}={value!r}: expected an int, {expected}; got {_kind(value)}")
+        raise ConfigError(f"{name}={value!r}: expected an int, {expected}; got {kind(value)}")
     if not ok(int(value)):
         raise ConfigError(f"{name}={value!r}: expected {expected}")
     return int(value)
@@ -51,7 +51,7 @@ def optional_integer(
 def seconds(name: str, value: object, expected: str, ok: Callable[[float], bool]) -> float:
     """A number of seconds (int or float, not a bool, not NaN) for which ``ok`` holds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name}={value!r}: expected {expected}; got {_kind(value)}")
+        raise ConfigError(f"{name}={value!r}: expected {expected}; got {kind(value)}")
     number = float(value)
     if math.isnan(number) or not ok(number):
         raise ConfigError(f"{name}={value!r}: expected {expected}")
@@ -62,7 +62,7 @@ def duration(name: str, value: object) -> timedelta:
     """A positive ``datetime.timedelta``."""
     expected = "a datetime.timedelta > 0, e.g. timedelta(minutes=10)"
     if not isinstance(value, timedelta):
-        raise ConfigError(f"{name}={value!r}: expected {expected}; got {_kind(value)}")
+        raise ConfigError(f"{name}={value!r}: expected {expected}; got {kind(value)}")
     if value <= timedelta(0):
         raise ConfigError(f"{name}={value!r}: expected {expected}")
     return value

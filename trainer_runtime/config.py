@@ -164,7 +164,7 @@ class Settings:
             weights_only=weights_only,
             overwrite=overwrite,
             autoresume=autoresume,
-            resume_from=resume_from or env(envvars.RESUME_FROM),
+            resume_from=_resume_from(resume_from) or env(envvars.RESUME_FROM),
             load_path=_load_path(load_path),
             load_weights_only=load_weights_only,
             load_strict=load_strict,
@@ -197,6 +197,11 @@ class Settings:
 def _folder_template(folder: Any) -> tuple[str, str]:
     """The run folder's template and the name of what gave it (argument or variable)."""
     if folder is not None:
+        if not isinstance(folder, str | os.PathLike) or not os.fspath(folder):
+            raise ConfigError(
+                f"folder={folder!r}: expected a path or an s3:// URI, got "
+                f"{arguments.kind(folder) if not isinstance(folder, str) else 'an empty string'}"
+            )
         return str(folder), "folder"
     root = env(envvars.CHECKPOINT_DIR)
     if root is None:
@@ -248,12 +253,23 @@ def _object_store_retention(
     return local, remote
 
 
+def _resume_from(given: object) -> str | None:
+    """A hint: a checkpoint's name or path (logged; the newest valid checkpoint wins)."""
+    if given is None or isinstance(given, str):
+        return given
+    if isinstance(given, os.PathLike):
+        return os.fspath(given)  # type: ignore[return-value]
+    raise ConfigError(
+        f"resume_from={given!r}: expected a checkpoint's name or path, got {arguments.kind(given)}"
+    )
+
+
 def _load_path(given: str | os.PathLike[str] | None) -> str | None:
     if given is None:
         return None
     if not isinstance(given, str | os.PathLike):
         raise ConfigError(
-            f"load_path={given!r}: expected a path or an s3:// URI, got a {type(given).__name__}"
+            f"load_path={given!r}: expected a path or an s3:// URI, got {arguments.kind(given)}"
         )
     path = os.fspath(given)
     if is_remote(path):

@@ -112,6 +112,14 @@ class CheckpointManager:
         final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
+        self.components = state_mod.checked_components(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            stateful=stateful,
+            sampler=sampler,
+        )
         cfg = Settings.resolve(
             folder=folder,
             filename=filename,
@@ -149,13 +157,6 @@ class CheckpointManager:
         )
         self.settings = cfg
         self.interval = cfg.interval
-        self.components = state_mod.Components(
-            model=model,
-            optimizers=state_mod.named(optimizer, "optimizer"),
-            schedulers=state_mod.named(scheduler, "scheduler"),
-            scaler=scaler,
-            stateful={**(stateful or {}), **({"sampler": sampler} if sampler else {})},
-        )
         self.sampler = sampler
         ctx = self._ctx = open_run(
             cfg,

@@ -20,7 +20,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from . import rng
-from .errors import IncompatibleCheckpointError
+from .errors import ConfigError, IncompatibleCheckpointError
+from .sampler import ResumableSampler
 
 log = logging.getLogger("trainer_runtime")
 
@@ -34,17 +35,29 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
+STATEFUL = "an object with state_dict() and load_state_dict()"
+
+
 def named(objs: Any, what: str) -> dict[str, Any]:
-    """Normalise one object, a sequence or a mapping of them into a name -> object dict."""
+    """Normalise one object, a sequence or a mapping of them into a name -> object dict; a
+    ``ConfigError`` names ``what`` (and the entry) when one of them has no state to save."""
     if objs is None:
         return {}
     if isinstance(objs, Mapping):
-        return {str(k): v for k, v in objs.items()}
-    if isinstance(objs, list | tuple):
-        return {str(i): v for i, v in enumerate(objs)}
-    if not isinstance(objs, Stateful):
-        raise TypeError(f"{what} must have state_dict() and load_state_dict(); got {type(objs)}")
-    return {"0": objs}
+        found = {str(k): v for k, v in objs.items()}
+        where = "{what}[{key!r}]"
+    elif isinstance(objs, list | tuple):
+        found = {str(i): v for i, v in enumerate(objs)}
+        where = "{what}[{key}]"
+    else:
+        found, where = {"0": objs}, "{what}"
+    for key, obj in found.items():
+        if not isinstance(obj, Stateful):
+            raise ConfigError(
+                f"{where.format(what=what, key=key)}: expected {STATEFUL} (or a list or dict "
+                f"of them), got {type(obj).__name__}"
+            )
+    return found
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -81,6 +94,35 @@ class Components:
         if self.model is None:
             return set()
         return {n for n, _ in unwrap(self.model).named_parameters()}
+
+
+def checked_components(
+    *, model: Any, optimizer: Any, scheduler: Any, scaler: Any, stateful: Any, sampler: Any
+) -> Components:
+    """The manager's live objects, each checked once, at construction: a ``ConfigError``
+    names the argument instead of an ``AttributeError`` at the first save."""
+    if model is not None and not isinstance(model, nn.Module):
+        raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if scaler is not None and not isinstance(scaler, Stateful):
+        raise ConfigError(f"scaler: expected {STATEFUL}, got {type(scaler).__name__}")
+    if stateful is not None and not isinstance(stateful, Mapping):
+        raise ConfigError(
+            f"stateful: expected a dict of name -> {STATEFUL}, got {type(stateful).__name__}"
+        )
+    if sampler is not None and not isinstance(sampler, ResumableSampler):
+        raise ConfigError(
+            f"sampler: expected a trainer_runtime.ResumableSampler, got {type(sampler).__name__}"
+        )
+    return Components(
+        model=model,
+        optimizers=named(optimizer, "optimizer"),
+        schedulers=named(scheduler, "scheduler"),
+        scaler=scaler,
+        stateful={
+            **named(stateful, "stateful"),
+            **({"sampler": sampler} if sampler is not None else {}),
+        },
+    )
 
 
 def capture(

@@ -430,17 +430,42 @@ BAD_ARGUMENTS = {
         {"load_path": "https://h/b"},
         "load_path='https://h/b': unsupported scheme https://",
     ),
-    "load_path=5": ({"load_path": 5}, "load_path=5: expected a path or an s3:// URI"),
+    "load_path=5": ({"load_path": 5}, "load_path=5: expected a path or an s3:// URI, got an int"),
     "notice_file=5": ({"notice_file": 5}, "notice_file=5: expected a file path"),
     "notice_file='/'": ({"notice_file": "/"}, "notice_file='/' is a folder: expected the notice"),
+    # the live objects: checked at construction, not at the first save
+    "model='net'": ({"model": "net"}, "model: expected a torch.nn.Module, got str"),
+    "optimizer='sgd'": (
+        {"optimizer": "sgd"},
+        "optimizer: expected an object with state_dict() and load_state_dict() (or a list or "
+        "dict of them), got str",
+    ),
+    "optimizer=[ok, 5]": (
+        {"optimizer": [torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), 5]},
+        "optimizer[1]: expected an object with state_dict()",
+    ),
+    "scheduler=5": ({"scheduler": 5}, "scheduler: expected an object with state_dict()"),
+    "scaler=5": ({"scaler": 5}, "scaler: expected an object with state_dict()"),
+    "stateful=[1, 2]": ({"stateful": [1, 2]}, "stateful: expected a dict of name -> an object"),
+    "stateful={'x': 5}": ({"stateful": {"x": 5}}, "stateful['x']: expected an object with"),
+    "sampler=object()": (
+        {"sampler": object()},
+        "sampler: expected a trainer_runtime.ResumableSampler, got object",
+    ),
+    "resume_from=5": (
+        {"resume_from": 5},
+        "resume_from=5: expected a checkpoint's name or path, got an int",
+    ),
+    "folder=123": ({"folder": 123}, "folder=123: expected a path or an s3:// URI, got an int"),
+    "folder=''": ({"folder": ""}, "folder='': expected a path or an s3:// URI, got an empty"),
 }
 
 
 @pytest.mark.parametrize("kw, message", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
 def test_bad_argument_is_a_config_error_naming_it(tmp_path, kw, message):
-    args = {"folder": tmp_path / "ck", "run_name": "run", **kw}
+    args = {"model": make()[0], "folder": tmp_path / "ck", "run_name": "run", **kw}
     with pytest.raises(ConfigError) as err:
-        CheckpointManager(model=make()[0], **args)
+        CheckpointManager(**args)
     assert message in str(err.value)
     assert not (tmp_path / "ck").exists(), "refused before anything was created"
 
