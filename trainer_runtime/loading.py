@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,17 @@ from .verified_load import VerifiedFile, read_verified
 log = logging.getLogger("trainer_runtime")
 
 
+@dataclass(frozen=True)
+class LoadedFrom:
+    """What a ``load_path`` load read: ``local``, the file or checkpoint folder on this machine;
+    ``shown``, that checkpoint as the user names it (an ``s3://`` URI for a fetched one);
+    ``passed_over``, ``"<name>: <reason>"`` per newer checkpoint of a run folder skipped."""
+
+    local: Path
+    shown: str
+    passed_over: list[str] = field(default_factory=list)
+
+
 class Loader:
     """Verified loads into one run's live state (collective for format version 2)."""
 
@@ -49,19 +61,24 @@ class Loader:
         strict: bool = True,
         ignore_keys: Sequence[str] = (),
         arg: str = "load path",
-    ) -> None:
-        """``arg``: how errors name ``path`` (the argument the user set)."""
+    ) -> LoadedFrom:
+        """Load a file, a checkpoint folder or a run folder's newest checkpoint that verifies
+        (local or ``s3://``); ``arg``: how errors name ``path`` (the argument the user set)."""
         opts = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
         shown = str(path)
+        passed: list[str] = []
         if "://" in shown:
-            path = self._fetch_remote_load_path(shown, arg=arg)
+            path = self._fetch_remote_load_path(shown, arg=arg, passed=passed)
         p = Path(path)
         if p.is_file():
             self._load_file(p, shown=shown, arg=arg, **opts)
-            return
+            return LoadedFrom(p, shown, passed)
         if (p / MANIFEST_NAME).exists():
             self.load_checkpoint_dir(p, **opts)
-            return
+            name = Manifest.read(p).name
+            if "://" in shown and shown.rstrip("/").rsplit("/", 1)[-1] != name:
+                shown = f"{shown.rstrip('/')}/{name}"  # a run folder's checkpoint
+            return LoadedFrom(p, shown, passed)
         if p.is_dir():
             folder = RunFolder(p)
             walk = first_valid(
@@ -70,7 +87,8 @@ class Loader:
                 on_reject=lambda m, why: log.warning("load path: skipping %s: %s", m.name, why),
             )
             if walk.chosen is not None:
-                return
+                chosen = folder.path(walk.chosen.name)
+                return LoadedFrom(chosen, str(chosen), walk.reasons(lambda m: m.name))
         raise NoCheckpointError(f"{arg} {shown!r} holds no checkpoint that verifies")
 
     def _load_file(
@@ -126,7 +144,7 @@ class Loader:
         self.load_checkpoint_dir(folder, files=files, **opts)
         return None
 
-    def _fetch_remote_load_path(self, uri: str, *, arg: str) -> Path:
+    def _fetch_remote_load_path(self, uri: str, *, arg: str, passed: list[str]) -> Path:
         from .objectstore.errors import NoValidCheckpointError  # noqa: PLC0415
         from .objectstore.resolver import fetch_load_path  # noqa: PLC0415 - boto3 on use
         from .objectstore.store import open_store  # noqa: PLC0415
@@ -135,7 +153,9 @@ class Loader:
         local = self.ctx.run_dir.parent / ".load-path" / uri.removeprefix("s3://").replace("/", "_")
         try:
             # Every file: a version-2 checkpoint's state is spread over all its files.
-            return fetch_load_path(store, uri, local, ranks=None)
+            return fetch_load_path(
+                store, uri, local, ranks=None, on_reject=lambda c, why: passed.append(f"{c}: {why}")
+            )
         except NoValidCheckpointError as exc:
             raise NoCheckpointError(
                 f"{arg} {uri!r} holds no checkpoint that verifies: {exc}"

@@ -88,7 +88,7 @@ class Resumer:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
                     return self._resumed("remote", str(fetched), fallbacks)
         if settings.load_path:
-            self.loader.load(
+            loaded = self.loader.load(
                 settings.load_path,
                 weights_only=settings.load_weights_only,
                 arg="load_path",
@@ -96,7 +96,8 @@ class Resumer:
             )
             if settings.load_weights_only:
                 ctx.position.timestamp = Timestamp()
-            return self._resumed("load_path", settings.load_path, fallbacks)
+            fallbacks = fallbacks + loaded.passed_over
+            return self._resumed("load_path", loaded.shown, fallbacks, local=str(loaded.local))
         log.info("starting run %s from scratch (no checkpoint to resume)", ctx.run_name)
         events.fresh(rank=ctx.rank, run=ctx.run_name, world_size=ctx.world_size)
         self._resubmit_unsynced()
@@ -264,8 +265,15 @@ class Resumer:
                 log.info("re-uploading local checkpoints the store lacks: %s", ", ".join(queued))
 
     def _resumed(
-        self, source: Literal["checkpoint", "remote", "load_path"], path: str, fallbacks: list[str]
+        self,
+        source: Literal["checkpoint", "remote", "load_path"],
+        path: str,
+        fallbacks: list[str],
+        *,
+        local: str | None = None,
     ) -> ResumeResult:
+        """``path``: the checkpoint loaded, as reported; ``local``: its copy on this machine
+        when that differs (a fetched ``load_path``), where the event reads its manifest."""
         ctx, pos = self.ctx, self.ctx.position
         self._resubmit_unsynced()
         pos.restart_clock()
@@ -282,7 +290,7 @@ class Resumer:
             rank=ctx.rank,
             run=ctx.run_name,
             source=source,
-            path=path,
+            path=local or path,
             uri=remote_uri if source == "remote" else path,
             step=pos.timestamp.batch,
             epoch=pos.timestamp.epoch,

@@ -192,3 +192,39 @@ def test_sigterm_and_notice_events(tmp_path, monkeypatch, capfd):
     assert saved["checkpoint"] == "ep0-ba3" and saved["step"] == 3
     assert saved["seconds"] is not None and 0 <= saved["seconds"] < saved["grace_period_s"]
     assert stderr_events(capfd.readouterr().err)[-1].type == "emergency_saved"
+
+
+def test_a_load_path_run_folder_reports_the_checkpoint_it_loaded(tmp_path, monkeypatch):
+    """``load_path`` names a run folder whose newest checkpoint is damaged: the result and the
+    ``resumed`` event name the older checkpoint loaded, its world size and the one passed over."""
+    target = tmp_path / "events.jsonl"
+    monkeypatch.setenv(envvars.EVENTS_FILE, str(target))
+    model, opt = make()[:2]
+    source = CheckpointManager(model=model, optimizer=opt, folder=tmp_path / "src", run_name="s")
+    source.batch_end(1)
+    source.save()
+    source.batch_end(1)
+    source.save()
+    source.close(save=False)
+    data = next((tmp_path / "src" / "ep0-ba2").glob("*.distcp"))
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+    model, opt = make(seed=1)[:2]
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=tmp_path / "new",
+        run_name="n",
+        load_path=tmp_path / "src",
+    )
+    result = ck.resume()
+    ck.close(save=False)
+    assert result.source == "load_path" and result.path == str(tmp_path / "src" / "ep0-ba1")
+    assert len(result.fallbacks) == 1 and result.fallbacks[0].startswith("ep0-ba2: ")
+    (resumed,) = [
+        e for e in events.read_events(target.read_text().splitlines()) if e.type == "resumed"
+    ]
+    assert resumed["checkpoint"] == "ep0-ba1" and resumed["saved_world_size"] == 1
+    assert resumed["uri"] == result.path and resumed["fallbacks"] == result.fallbacks

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -208,8 +208,10 @@ def resume_from_remote(
     *,
     exclude: Collection[str] = (),
     ranks: Collection[int] | None = None,
+    on_reject: Callable[[str, str], None] | None = None,
 ) -> tuple[RemoteCheckpoint, Path] | None:
-    """Find and download the newest remote checkpoint that verifies, falling back to older ones.
+    """Find and download the newest remote checkpoint that verifies, falling back to older ones
+    (each one passed over is logged, and given to ``on_reject(name, reason)``).
 
     Returns None when the run has no remote checkpoint; raises NoValidCheckpointError when it
     has some but none could be downloaded intact (each one's reason is in the message).
@@ -229,13 +231,14 @@ def resume_from_remote(
             return str(exc)  # this checkpoint is broken; a store outage propagates
         return None
 
-    walk = first_valid(
-        candidates,
-        fetch,
-        on_reject=lambda ckpt, why: log.warning(
+    def rejected(ckpt: RemoteCheckpoint, why: str) -> None:
+        log.warning(
             "object store: cannot resume from %s (%s); trying an older checkpoint", ckpt.uri, why
-        ),
-    )
+        )
+        if on_reject is not None:
+            on_reject(ckpt.name, why)
+
+    walk = first_valid(candidates, fetch, on_reject=rejected)
     if walk.chosen is not None:
         return walk.chosen, fetched[walk.chosen.name]
     if not candidates:
@@ -252,13 +255,15 @@ def fetch_load_path(
     *,
     ranks: Collection[int] | None = None,
     exclude: Collection[str] = (),
+    on_reject: Callable[[str, str], None] | None = None,
 ) -> Path:
     """Fetch a user's ``load_path`` into ``local_dir``; returns the local path to load.
 
     ``location`` may be a checkpoint folder (has ``manifest.json``: downloaded and verified),
-    a run folder (its newest verifying checkpoint, with fallback), or a single object (e.g.
-    ``.../rank0.pt``, verified against its xxh3 metadata when it has one). Nothing there:
-    ``NoCheckpointError``, as for a local load path that holds nothing.
+    a run folder (its newest verifying checkpoint, with fallback: ``on_reject(name, reason)``
+    for each newer one passed over), or a single object (e.g. ``.../rank0.pt``, verified
+    against its xxh3 metadata when it has one). Nothing there: ``NoCheckpointError``, as for a
+    local load path that holds nothing.
     """
     uri = _uri(location, "load_path")
     local = Path(local_dir)
@@ -269,7 +274,7 @@ def fetch_load_path(
         dest = local / uri.name
         store.download_file(uri, dest)
         return dest
-    found = resume_from_remote(store, uri, local, exclude=exclude, ranks=ranks)
+    found = resume_from_remote(store, uri, local, exclude=exclude, ranks=ranks, on_reject=on_reject)
     if found is None:
         raise NoCheckpointError(
             f"load_path {uri} is neither a checkpoint, a run folder with checkpoints, nor an object"
