@@ -29,6 +29,7 @@ from .timestamp import IntervalFn, SaveInterval
 
 if TYPE_CHECKING:
     from .layout import RunFolder
+    from .manifest import Manifest
     from .remote import RemoteBackend
 
 log = logging.getLogger(__name__)
@@ -422,10 +423,19 @@ def run_folder_source(settings: Settings, local_folder: object) -> str:
 
 
 def check_run_folder(
-    folder: RunFolder, *, run_name: str, rank: int, overwrite: bool, source: str = "folder"
+    folder: RunFolder,
+    *,
+    run_name: str,
+    rank: int,
+    overwrite: bool,
+    source: str = "folder",
+    remote: list[Manifest] | None = None,
+    remote_uri: str | None = None,
 ) -> None:
     """Fail now, not at the first save, if the folder is unusable or someone else's. ``source``
-    (see ``run_folder_source``) is what the message tells the user to change."""
+    (see ``run_folder_source``) is what the message tells the user to change; ``remote``: the
+    object store's committed manifests of the run (at ``remote_uri``), checked like the local
+    folder's (a new pod's local folder is empty)."""
     run_dir = folder.root
     if source in (envvars.CHECKPOINT_DIR, envvars.LOCAL_CHECKPOINT_DIR):
         fix = f"set {source} to a writable folder"
@@ -446,12 +456,13 @@ def check_run_folder(
         raise ConfigError(
             f"checkpoint folder {str(run_dir)!r} is not writable: {exc.strerror or exc}; {fix}"
         ) from exc
-    foreign = sorted({m.run_name for m in folder.committed()} - {run_name})
-    if foreign and not overwrite:
-        raise OverwriteError(
-            f"checkpoint folder {str(run_dir)!r} holds checkpoints of other run(s) "
-            f"{', '.join(foreign)}; use another folder or run_name, or pass overwrite=True"
-        )
+    for where, manifests in ((str(run_dir), folder.committed()), (remote_uri, remote or [])):
+        foreign = sorted({m.run_name for m in manifests} - {run_name})
+        if foreign and not overwrite:
+            raise OverwriteError(
+                f"checkpoint folder {where!r} holds checkpoints of other run(s) "
+                f"{', '.join(foreign)}; use another folder or run_name, or pass overwrite=True"
+            )
 
 
 def _file_in_the_way(path: Path) -> Path | None:

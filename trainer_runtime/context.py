@@ -14,6 +14,7 @@ which would let resume replace a timestamp the saver still held.)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import Settings, locate_run
 from .dist import Coordinator
+from .errors import CheckpointError
 from .layout import RunFolder
 from .progress import ProgressReporter
 from .sharded.engine import ShardedEngine
@@ -30,8 +32,11 @@ from .state import Components, unwrap
 from .timestamp import Timestamp
 
 if TYPE_CHECKING:
+    from .manifest import Manifest
     from .remote import RemoteBackend
     from .sampler import ResumableSampler
+
+log = logging.getLogger("trainer_runtime")
 
 RUNTIME_KEY = "_trainer_runtime"
 """Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
@@ -104,6 +109,27 @@ class RunContext:
     @property
     def world_size(self) -> int:
         return self.coord.world_size
+
+    def remote_committed(self, *, required: bool = True) -> list[Manifest]:
+        """The object store's committed checkpoints of this run, newest first, as rank 0 lists
+        them (every rank gets the same list; empty without a store). Collective. When the
+        store cannot be listed, every rank raises (``required``) or logs it and gets []."""
+        listing = getattr(self.remote, "committed", None)
+        if listing is None:
+            return []
+        found: tuple[list[Manifest], str | None] = ([], None)
+        if self.rank == 0:
+            try:
+                found = (listing(), None)
+            except Exception as exc:  # the same outcome on every rank, never a hang
+                found = ([], f"{type(exc).__name__}: {exc}")
+        manifests, error = self.coord.broadcast(found)
+        if error is None:
+            return manifests
+        if required:
+            raise CheckpointError(f"cannot list the object store's checkpoints: {error}")
+        log.warning("cannot list the object store's checkpoints (%s); going on without", error)
+        return []
 
 
 def open_run(

@@ -191,6 +191,8 @@ class CheckpointManager:
             rank=ctx.rank,
             overwrite=cfg.overwrite,
             source=run_folder_source(cfg, local_folder),
+            remote=ctx.remote_committed(),
+            remote_uri=None if ctx.remote is None else ctx.remote.uri_for(""),
         )
 
     # ------------------------------------------------------------------ live position

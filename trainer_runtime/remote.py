@@ -49,6 +49,8 @@ class RemoteBackend(Protocol):
         """Flush pending uploads within a bounded time and log the outcome.
 
         Optional richer forms the manager uses when present: ``close(timeout_s=...)`` (the
-        bound), ``upload_first(name)`` (emergency ordering), ``resubmit_unsynced(run_dir)``
-        and ``reject(name, reason)`` (uncommit a checkpoint resume passed over).
+        bound), ``upload_first(name)`` (emergency ordering), ``resubmit_unsynced(run_dir)``,
+        ``reject(name, reason)`` (uncommit a checkpoint resume passed over) and
+        ``committed()`` (the remote manifests, newest first: overwrite protection and a stale
+        local disk look at them).
         """

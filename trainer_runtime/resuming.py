@@ -23,6 +23,7 @@ from . import events, rejection, resume
 from .context import RunContext
 from .errors import NoCheckpointError, WorldSizeMismatchError
 from .fallback import first_valid
+from .layout import progress_key
 from .loading import Loader
 from .manifest import Manifest
 from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError
@@ -70,6 +71,9 @@ class Resumer:
             fallbacks = decision.fallbacks
             self._set_aside(decision)
             if decision.chosen is not None:
+                newer = self._newer_in_store(decision.chosen, fallbacks)
+                if newer is not None:
+                    return newer
                 path = ctx.folder.path(decision.chosen)
                 verified, self._verified = self._verified, None
                 if self._loaded == decision.chosen:  # version 2: loaded while choosing
@@ -181,12 +185,42 @@ class Resumer:
             )
 
     # ------------------------------------------------------------------ remote choice
-    def _fetch_remote_agreed(self) -> tuple[Path | None, list[tuple[str, str]]]:
+    def _newer_in_store(self, local: str, fallbacks: list[str]) -> ResumeResult | None:
+        """Resume from the store when it holds a committed checkpoint newer than ``local``, the
+        local choice, and one of those verifies: a disk an earlier attempt left on this node
+        is behind the bucket when another attempt went further elsewhere, and training on from
+        the older one would upload over the newer ones."""
+        ctx, settings = self.ctx, self.ctx.settings
+        if ctx.remote is None:
+            return None
+        mine = Manifest.read(ctx.folder.path(local))
+        remote = ctx.remote_committed()
+        newer = {m.name for m in remote if progress_key(m) > progress_key(mine)}
+        if not newer:
+            return None
+        log.info(
+            "the object store holds checkpoints newer than the local %s: %s",
+            local,
+            ", ".join(sorted(newer)),
+        )
+        fetched, passed = self._fetch_remote_agreed(skip={m.name for m in remote} - newer)
+        if ctx.rank == 0:
+            self._reject_remote(passed, mine.timestamp)
+        if fetched is None:
+            return None  # none of them verifies: the local choice stands
+        opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
+        self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
+        lines = [f"{name}: {why}" for name, why in passed]
+        return self._resumed("remote", str(fetched), fallbacks + lines)
+
+    def _fetch_remote_agreed(
+        self, skip: set[str] | frozenset[str] = frozenset()
+    ) -> tuple[Path | None, list[tuple[str, str]]]:
         """Rank 0 names the newest remote checkpoint that verifies by HEAD; every rank
         fetches it; one broken anywhere is passed over for the next older one. Returns the
         local folder (None: the store has none) and, newest first, every newer checkpoint
         passed over with the reason (quarantined, not verifying by HEAD, broken on download),
-        the same on every rank."""
+        the same on every rank. Checkpoints named in ``skip`` are not considered."""
         ctx = self.ctx
         remote = ctx.remote
         assert remote is not None
@@ -195,7 +229,7 @@ class Resumer:
         quarantined = dict(self._quarantined())
 
         def newest_first() -> Iterator[tuple[str, int]]:
-            tried: set[str] = set()
+            tried: set[str] = set(skip)
             while True:
                 choice = ctx.coord.broadcast(
                     remote.find_newest(exclude=tried, pass_over=quarantined)

@@ -38,6 +38,7 @@ from .context import RUNTIME_KEY, RunContext
 from .envvars import ATTEMPT
 from .errors import OverwriteError, SaveFailedError
 from .layout import RunFolder
+from .manifest import Manifest
 from .reporting import report_commit
 from .retention import select_for_deletion
 from .sharded.keys import MODEL_KEY
@@ -121,7 +122,9 @@ class Saver:
                 )
                 return None
             self.wait()
-        self._check_newer_checkpoints()
+        if not self._checked_newer:
+            check_newer_checkpoints(ctx)
+            self._checked_newer = True
         started = time.monotonic()
         values = self.template_values()
         checkpoint = unused_name(ctx, settings.templates.render_checkpoint(values)[0])
@@ -280,35 +283,6 @@ class Saver:
             self._pruner.shutdown(wait=True)
 
     # ------------------------------------------------------------------ persist
-    def _check_newer_checkpoints(self) -> None:
-        """Before the first save: refuse to write under checkpoints at or after the position
-        (or, with ``overwrite=True``, uncommit them). One at the very position would have its
-        files rewritten in place by this save, a committed checkpoint destroyed before the new
-        one commits; a resumed run never gets here with one (it saved nothing new yet)."""
-        if self._checked_newer:
-            return
-        ctx, ts = self.ctx, self.ctx.position.timestamp
-        newer = [
-            m for m in ctx.folder.committed() if m.timestamp.sort_key()[:3] >= ts.sort_key()[:3]
-        ]
-        if newer and not ctx.settings.overwrite:
-            top = newer[0]
-            raise OverwriteError(
-                f"{str(ctx.run_dir)!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
-                f"at or after the current position (batch {ts.batch}); resume from "
-                "it (autoresume=True) or pass overwrite=True to discard those checkpoints"
-            )
-        ctx.coord.barrier()
-        if newer and ctx.rank == 0:
-            for m in newer:
-                log.warning("overwrite=True: uncommitting newer checkpoint %s", m.name)
-                ctx.folder.uncommit(m.name)
-            # Should this save fail, no pointer or link may name what was just uncommitted.
-            still = ctx.folder.committed()
-            rejection.repoint(ctx.folder, still[0] if still else None)
-        ctx.coord.barrier()
-        self._checked_newer = True
-
     def _persist(  # noqa: PLR0917 - one call site, in save()
         self,
         state: dict[str, Any],
@@ -436,3 +410,42 @@ def unused_name(ctx: RunContext, name: str) -> str:
                 name,
             )
     return ctx.coord.broadcast(name)
+
+
+def check_newer_checkpoints(ctx: RunContext) -> None:
+    """Before a run's first save: refuse to write under checkpoints at or after the position
+    (or, with ``overwrite=True``, uncommit them). One at the very position would have its
+    files rewritten in place by this save, a committed checkpoint destroyed before the new
+    one commits; a resumed run never gets here with one (it saved nothing new yet)."""
+    ts = ctx.position.timestamp
+
+    def at_or_after(manifests: list[Manifest]) -> list[Manifest]:
+        return [m for m in manifests if m.timestamp.sort_key()[:3] >= ts.sort_key()[:3]]
+
+    newer = at_or_after(ctx.folder.committed())
+    # The bucket too: a new pod's local folder is empty, and an upload would replace them.
+    remote_newer = at_or_after(ctx.remote_committed(required=False))  # unlistable now: logged
+    if (newer or remote_newer) and not ctx.settings.overwrite:
+        where, top = (
+            (str(ctx.run_dir), newer[0])
+            if newer
+            else (ctx.remote.uri_for("") if ctx.remote else "", remote_newer[0])
+        )
+        raise OverwriteError(
+            f"{where!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
+            f"at or after the current position (batch {ts.batch}); resume from "
+            "it (autoresume=True) or pass overwrite=True to discard those checkpoints"
+        )
+    ctx.coord.barrier()
+    if (newer or remote_newer) and ctx.rank == 0:
+        for m in newer:
+            log.warning("overwrite=True: uncommitting newer checkpoint %s", m.name)
+            ctx.folder.uncommit(m.name)
+        # Should this save fail, no pointer or link may name what was just uncommitted.
+        still = ctx.folder.committed()
+        rejection.repoint(ctx.folder, still[0] if still else None)
+        reject = getattr(ctx.remote, "reject", None)
+        for m in remote_newer if reject is not None else []:
+            log.warning("overwrite=True: uncommitting newer remote checkpoint %s", m.name)
+            reject(m.name, "overwrite=True: a run saving before it", newer_than=Timestamp())
+    ctx.coord.barrier()

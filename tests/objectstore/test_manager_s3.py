@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from tools.ports import free_port
-from trainer_runtime import CheckpointManager, ConfigError, Manifest, envvars, events
+from trainer_runtime import (
+    CheckpointManager,
+    ConfigError,
+    Manifest,
+    OverwriteError,
+    envvars,
+    events,
+)
 from trainer_runtime.objectstore import ObjectStoreConfigError, S3Store, remote_pointer
 
 from ..unit.trainkit import make, params, step
@@ -92,6 +99,70 @@ def test_local_copy_wins_when_it_is_newest(tmp_path, s3_root):
     res = ck2.resume()
     assert res.source == "checkpoint" and res.path.endswith("ep0-ba2")
     ck2.close()
+
+
+def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_path, s3_root):
+    """A node kept an earlier attempt's disk (ep0-ba1) while another attempt went on to ep0-ba3
+    elsewhere: resume takes the store's newest, and the bucket's checkpoints survive."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    step(*comps[:3])
+    ck.batch_end(4)
+    ck.close(save=False)
+    stale = tmp_path / "stale"
+    shutil.copytree(tmp_path / "node-a", stale, symlinks=True)
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    ck.resume()
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    newest = store.get_bytes(run_uri.join("ep0-ba3", "manifest.json"))
+
+    again = make(seed=7)
+    ck = manager(s3_root, stale, again)
+    res = ck.resume()
+    assert res.source == "remote" and res.path.endswith("ep0-ba3") and ck.timestamp.batch == 3
+    assert all(torch.equal(a, b) for a, b in zip(params(again[0]), params(comps[0]), strict=True))
+    step(*again[:3])
+    ck.batch_end(4)
+    ck.close()
+    assert store.get_bytes(run_uri.join("ep0-ba3", "manifest.json")) == newest
+    assert remote_pointer(store, run_uri) == "ep0-ba4"
+
+
+def test_the_store_protects_its_checkpoints_from_a_run_with_an_empty_disk(tmp_path, s3_root):
+    """Overwrite protection looks at the bucket too: a new pod's local folder is empty."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    saved = store.get_bytes(run_uri.join("ep0-ba2", "manifest.json"))
+
+    # The same run started over without resuming: its first save would replace them.
+    ck = manager(s3_root, tmp_path / "node-b", make(seed=5), autoresume=False)
+    with pytest.raises(OverwriteError, match=r"holds checkpoint ep0-ba2 \(batch 2\) at or after"):
+        ck.batch_end(4)
+    ck.close(save=False)
+    assert store.get_bytes(run_uri.join("ep0-ba2", "manifest.json")) == saved
+    # Another run name on this run's folder: refused at construction.
+    with pytest.raises(OverwriteError, match=r"holds checkpoints of other run\(s\) s3run"):
+        CheckpointManager(
+            model=make()[0],
+            folder=str(run_uri),
+            local_folder=tmp_path / "node-c",
+            run_name="other",
+        )
+    # overwrite=True: the newer remote checkpoints are uncommitted, then the run saves.
+    ck = manager(s3_root, tmp_path / "node-d", make(seed=5), autoresume=False, overwrite=True)
+    ck.batch_end(4)
+    ck.close()
+    assert store.get_bytes(run_uri.join("ep0-ba2", "manifest.json")) is None
+    assert remote_pointer(store, run_uri) == "ep0-ba1"
 
 
 def test_load_path_from_the_store(tmp_path, s3_root):

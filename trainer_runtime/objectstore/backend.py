@@ -17,6 +17,7 @@ from ..manifest import Manifest
 from ..remote import RemoteChoice
 from ..timestamp import Timestamp
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
+from .folder import remote_run_folder
 from .rejected import reject_remote
 from .resolver import (
     RemoteCheckpoint,
@@ -161,6 +162,17 @@ class S3Backend:
         if walk.chosen is None:
             return RemoteChoice(None, passed_over=passed)
         return RemoteChoice(walk.chosen.name, walk.chosen.manifest.world_size, passed)
+
+    def committed(self) -> list[Manifest]:
+        """The manifests of the run's committed remote checkpoints, newest first (a LIST and
+        one GET per manifest; an outage is retried like ``find_newest``, then raised)."""
+        return retry_call(
+            lambda: remote_run_folder(self.store, self.run_uri).committed(),
+            attempts=self.resume_attempts,
+            backoff=Backoff(initial=2.0, maximum=30.0),
+            retryable=is_transient,
+            what=f"listing remote checkpoints of {self.run_uri}",
+        )
 
     def fetch(self, name: str, run_dir: Path, ranks: list[int] | None) -> Path:
         """Download one checkpoint (the files of ``ranks``; all when None) and verify them.
