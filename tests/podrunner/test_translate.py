@@ -97,6 +97,33 @@ def test_env_order_sources_and_expansion() -> None:
         )
 
 
+def test_resource_field_refs_take_the_default_divisor_as_the_api_server_stores_it() -> None:
+    container = {
+        "resources": {"limits": {"memory": "1Gi"}, "requests": {"cpu": "500m"}},
+        "env": [
+            {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+            {
+                "name": "CPU",  # no cpu limit: the request; divisor as the API server defaults it
+                "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}},
+            },
+            {
+                "name": "GPU",
+                "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu", "divisor": "1"}},
+            },
+        ],
+    }
+    env = container_env(POD, container, addrs=PodAddresses(), fetch=lambda *_: None)
+    assert (env["MEM"], env["CPU"], env["GPU"]) == ("1Gi", "500m", "0")
+    ref = {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}
+    with pytest.raises(ConfigError, match="divisor '1Mi' is not supported"):
+        container_env(
+            POD,
+            {"env": [{"name": "M", "valueFrom": ref}]},
+            addrs=PodAddresses(),
+            fetch=lambda *_: None,
+        )
+
+
 def test_command_needs_command_and_python_is_swapped() -> None:
     with pytest.raises(ConfigError, match="ignores images"):
         command_line({"args": ["x"]}, {})

@@ -153,13 +153,14 @@ def field_value(pod: Obj, field_path: str, addrs: PodAddresses) -> str:
 
 
 def resource_value(container: Obj, resource: str, divisor: str | None) -> str:
-    """A ``resourceFieldRef``: the limit, else the request, else 0 (divisor 1 only)."""
+    """A ``resourceFieldRef``: the limit, else the request, else 0 (divisor 1 only: the API
+    server stores the default one as ``"0"``)."""
     resources = container.get("resources") or {}
     kind, _, name = resource.partition(".")
     value = (resources.get(kind) or {}).get(name)
     if value is None and kind == "limits":
         value = (resources.get("requests") or {}).get(name)
-    if divisor not in (None, "", "1"):
+    if divisor not in (None, "", "0", "1"):
         raise ConfigError(f"resourceFieldRef divisor {divisor!r} is not supported")
     return str(value) if value is not None else "0"
 

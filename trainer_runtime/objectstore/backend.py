@@ -187,8 +187,8 @@ class S3Backend:
         return str(self.run_uri.join(checkpoint))
 
     def upload_first(self, name: str) -> list[str]:
-        """Emergency path: upload ``name`` next; older queued uploads are left for the next
-        attempt's start-up resubmission. Returns the names left."""
+        """Emergency path: upload ``name`` next; older queued uploads are dropped (see
+        ``CheckpointUploader.upload_first``). Returns the names dropped."""
         return self.uploader.upload_first(name)
 
     def reject(self, name: str, reason: str, *, newer_than: Timestamp) -> bool:

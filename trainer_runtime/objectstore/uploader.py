@@ -235,8 +235,9 @@ class CheckpointUploader:
 
         For the emergency path: the newest checkpoint is the one the next attempt resumes from.
         The dropped ones stay committed locally; the next attempt's start-up resubmission
-        (``resubmit_unsynced``) uploads what the store still lacks. An upload already in
-        progress cannot be interrupted safely and finishes first. Returns the names dropped.
+        (``resubmit_unsynced``) uploads them only if the store's pointer is still older (the
+        emergency checkpoint did not make it either). An upload already in progress cannot be
+        interrupted safely and finishes first. Returns the names dropped.
         """
         with self._cond:
             if not self._queue:
@@ -259,10 +260,11 @@ class CheckpointUploader:
         names = sorted({j.name for j in dropped})
         if names:
             log.warning(
-                "object store: uploading %s first; %s left for the next attempt's start-up "
-                "resubmission (committed locally)",
+                "object store: uploading %s first; %s dropped from the upload queue (committed "
+                "locally; uploaded by the next attempt only if %s does not reach the store)",
                 name,
                 ", ".join(names),
+                name,
             )
         return names
 
