@@ -31,7 +31,7 @@ _S3_NOTE = "; s3://BUCKET/PREFIX/... works too (downloaded to a temporary folder
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if _is_s3(args.folder):
+    if _is_s3(args.folder) or "://" in args.folder:  # other schemes: training's error and hint
         return _main_remote(args)
     folder = Path(args.folder)
     if not folder.is_dir():

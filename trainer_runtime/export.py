@@ -68,6 +68,7 @@ def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = Fals
     )
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # noqa: PLC0415
 
+    from .dist import describe_failures  # noqa: PLC0415
     from .sharded.keys import MODEL_KEY  # noqa: PLC0415
     from .sharded.reading import VerifyingReader  # noqa: PLC0415
     from .sharded.storage import METADATA_NAME  # noqa: PLC0415
@@ -87,7 +88,12 @@ def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = Fals
             no_dist=True,
         )
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-        raise CorruptCheckpointError(f"checkpoint {ckpt}: {exc}") from exc
+        cause = (
+            describe_failures(exc)  # one line, without DCP's traceback per rank
+            if isinstance(exc, CheckpointException) and exc.failures
+            else f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        )
+        raise CorruptCheckpointError(f"checkpoint {ckpt}: {cause}") from exc
     return state.get(MODEL_KEY)
 
 

@@ -24,6 +24,7 @@ from trainer_runtime import (
 )
 from trainer_runtime.cli import main as cli_main
 from trainer_runtime.serialization import save_rank_file, torch_save_no_crc
+from trainer_runtime.sharded import VerifyingReader
 
 from .trainkit import make, saved_weights, step
 
@@ -315,6 +316,31 @@ def test_export_writes_a_plain_state_dict(tmp_path, capsys):
     model.load_state_dict(weights)
     assert all(torch.equal(weights[k], v) for k, v in comps[0].state_dict().items())
     assert cli_main(["export", str(tmp_path), str(out)]) == 1  # no checkpoint there
+
+
+def test_export_of_a_damaged_checkpoint_says_why_in_one_line(tmp_path, capsys):
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    train(ck, comps, 1)
+    ck.close()
+    checkpoint = tmp_path / "ck" / "ep0-ba1"
+    metadata = VerifyingReader(str(checkpoint)).read_metadata()
+    info = next(v for k, v in metadata.storage_data.items() if k.fqn.startswith("model."))
+    data = checkpoint / info.relative_path
+    raw = bytearray(data.read_bytes())
+    raw[info.offset + 1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert cli_main(["export", str(checkpoint), str(tmp_path / "w.pt")]) == 1
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("rtj-checkpoints:")]
+    assert "rank 0: ChunkDigestError:" in line and "fail their checksum" in line
+    assert "Traceback" not in err
+
+
+def test_a_location_in_another_scheme_gets_trainings_error(capsys):
+    assert cli_main(["ls", "gs://bucket/run"]) == 2
+    err = capsys.readouterr().err
+    assert "folder='gs://bucket/run': unsupported scheme gs://; expected s3://BUCKET/PREFIX" in err
 
 
 # ---------------------------------------------------------------- extras the unpickler refuses
