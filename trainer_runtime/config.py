@@ -203,6 +203,8 @@ def _folder_template(folder: Any) -> tuple[str, str]:
                 f"folder={folder!r}: expected a path or an s3:// URI, got "
                 f"{arguments.kind(folder) if not isinstance(folder, str) else 'an empty string'}"
             )
+        if is_remote(str(folder)):  # the user's own value in the message, not the rendered one
+            check_object_store_uri(str(folder), arg="folder")
         return str(folder), "folder"
     root = env(envvars.CHECKPOINT_DIR)
     if root is None:

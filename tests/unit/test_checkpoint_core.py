@@ -457,6 +457,11 @@ BAD_ARGUMENTS = {
         "resume_from=5: expected a checkpoint's name or path, got an int",
     ),
     "folder=123": ({"folder": 123}, "folder=123: expected a path or an s3:// URI, got an int"),
+    "folder='gs://x/root/{run_name}'": (
+        {"folder": "gs://x/root/{run_name}"},
+        "folder='gs://x/root/{run_name}': unsupported scheme gs://",
+    ),
+    "folder='s3:///root'": ({"folder": "s3:///root"}, "folder='s3:///root' names no bucket"),
     "folder=''": ({"folder": ""}, "folder='': expected a path or an s3:// URI, got an empty"),
 }
 
