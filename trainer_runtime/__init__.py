@@ -21,6 +21,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
     from .manifest import Manifest
+    from .objectstore.errors import ObjectStoreConfigError, ObjectStoreError
     from .sampler import ResumableSampler
     from .timestamp import Event, SaveInterval, Timestamp
 
@@ -31,6 +32,8 @@ _LAZY = {
     "ResumeResult": "manager",
     "SavedCheckpoint": "manager",
     "Manifest": "manifest",
+    "ObjectStoreConfigError": "objectstore.errors",
+    "ObjectStoreError": "objectstore.errors",
     "ResumableSampler": "sampler",
     "Event": "timestamp",
     "SaveInterval": "timestamp",
@@ -55,6 +58,8 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "NoCheckpointError",
+    "ObjectStoreConfigError",
+    "ObjectStoreError",
     "OverwriteError",
     "ResumableSampler",
     "ResumeResult",

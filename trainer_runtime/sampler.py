@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from . import envvars
+from . import arguments, envvars
 from .errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -48,19 +48,21 @@ class ResumableSampler(Sampler[int]):
         self.num_samples_total = dataset if isinstance(dataset, int) else len(dataset)
         if self.num_samples_total <= 0:
             raise ConfigError(f"dataset has {self.num_samples_total} samples; expected at least 1")
-        world = num_replicas if num_replicas is not None else _dist_world()
-        self.rank = rank if rank is not None else _dist_rank()
+        world = arguments.optional_integer("num_replicas", num_replicas, "a count >= 1", _pos)
+        world = world if world is not None else _dist_world()
+        given_rank = arguments.optional_integer("rank", rank, "a rank >= 0", lambda n: n >= 0)
+        self.rank = given_rank if given_rank is not None else _dist_rank()
         if world < 1 or not 0 <= self.rank < world:
             raise ConfigError(
                 f"rank={self.rank} num_replicas={world}: expected 0 <= rank < replicas"
             )
-        if batch_size is not None and batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r}: expected a positive per-rank batch size")
         self.num_replicas = world
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.batch_size = batch_size
+        self.shuffle = arguments.flag("shuffle", shuffle)
+        self.seed = arguments.integer("seed", seed, "a random seed", lambda n: True)
+        self.drop_last = arguments.flag("drop_last", drop_last)
+        self.batch_size = arguments.optional_integer(
+            "batch_size", batch_size, "a positive per-rank batch size", _pos
+        )
         self.epoch = 0
         self.offset = 0
         """Samples of this epoch consumed by all ranks together."""
@@ -157,3 +159,7 @@ def _dist_rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
     return int(os.environ.get(envvars.RANK, "0") or 0)
+
+
+def _pos(n: int) -> bool:
+    return n >= 1

@@ -117,3 +117,22 @@ def test_bad_arguments():
         ResumableSampler(10, num_replicas=1, rank=0).advance()
     with pytest.raises(ConfigError, match="at least 1"):
         ResumableSampler(0, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"seed": "x"}, "seed='x': expected an int, a random seed; got a str"),
+        ({"shuffle": 1}, "shuffle=1: expected True or False, got an int"),
+        ({"drop_last": "no"}, "drop_last='no': expected True or False"),
+        ({"batch_size": 0}, "batch_size=0: expected None or a positive per-rank batch size"),
+        ({"num_replicas": 0}, "num_replicas=0: expected None or a count >= 1"),
+        ({"rank": -1}, "rank=-1: expected None or a rank >= 0"),
+        ({"rank": 1.0}, "rank=1.0: expected an int"),
+    ],
+)
+def test_a_malformed_argument_is_named(kw, message):
+    args = {"num_replicas": 2, "rank": 0, **kw}
+    with pytest.raises(ConfigError) as err:
+        ResumableSampler(10, **args)
+    assert message in str(err.value)
