@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
+import threading
+import time
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from trainer_runtime import (
     events,
 )
 from trainer_runtime.objectstore import ObjectStoreConfigError, S3Store, remote_pointer
+from trainer_runtime.objectstore import store as store_module
 
 from ..unit.trainkit import make, params, step
 
@@ -196,6 +201,31 @@ def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypa
     with pytest.raises(ObjectStoreConfigError, match=reason) as err:
         CheckpointManager(model=make()[0], folder=folder, local_folder=tmp_path, run_name="r")
     assert isinstance(err.value, ConfigError)
+
+
+def test_an_endpoint_that_never_answers_fails_construction_within_the_probe_bound(
+    tmp_path, s3_root, monkeypatch
+):
+    """A store that takes connections and never replies: construction fails after the probe's
+    bounded waits (PROBE_READ_TIMEOUT_S x PROBE_ATTEMPTS), not botocore's 5 x 60 s."""
+    monkeypatch.setattr(store_module, "PROBE_READ_TIMEOUT_S", 0.5)
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept_and_never_answer() -> None:
+        with contextlib.suppress(OSError):  # closed at the end of the test
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.getsockname()[1]}")
+    started = time.monotonic()
+    with pytest.raises(ObjectStoreConfigError, match="Read timeout"):
+        CheckpointManager(
+            model=make()[0], folder=f"{s3_root}/{{run_name}}", local_folder=tmp_path, run_name="r"
+        )
+    assert time.monotonic() - started < 0.5 * store_module.PROBE_ATTEMPTS + 10
+    server.close()
 
 
 def test_unusable_staging_folder_names_where_it_came_from(tmp_path, s3_root, monkeypatch):

@@ -109,6 +109,12 @@ def error_code(exc: BaseException) -> str:
     return ""
 
 
+PROBE_READ_TIMEOUT_S = 10.0
+PROBE_ATTEMPTS = 3
+"""``check_access`` (at construction) waits at most this long for each reply, this many times:
+a healthy store lists one key in milliseconds, a hung one holds the job for 30 s, not 5 min."""
+
+
 class S3Store:
     """One boto3 S3 client plus verified parallel transfers; safe to share between threads."""
 
@@ -133,15 +139,27 @@ class S3Store:
         shared config file's ``s3 = addressing_style = ...`` still applies.
         """
         self.transfer = transfer or TransferSettings()
+        self._probe_client: BaseClient | None = client
         if client is None:
+            settings = {
+                "endpoint_url": endpoint_url or resolve_endpoint(),
+                "region": region,
+                "connect_timeout": connect_timeout,
+                "addressing_style": addressing_style,
+            }
             client = _make_client(
-                endpoint_url=endpoint_url or resolve_endpoint(),
-                region=region,
+                **settings,
                 max_attempts=max_attempts,
                 pool=max(10, self.transfer.concurrency * 2 + 2),
-                connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
-                addressing_style=addressing_style,
+            )
+            # check_access answers within PROBE_READ_TIMEOUT_S * PROBE_ATTEMPTS when the
+            # endpoint takes connections but never replies, not 5 x 60 s.
+            self._probe_client = _make_client(
+                **settings,
+                max_attempts=min(max_attempts, PROBE_ATTEMPTS),
+                pool=2,
+                read_timeout=min(read_timeout, PROBE_READ_TIMEOUT_S),
             )
         self.client = client
 
@@ -182,13 +200,15 @@ class S3Store:
 
         uri = as_uri(location, "location")
         action = "list"
+        client = self._probe_client or self.client
+        log.info("object store: checking access to %s at %s", uri, self.endpoint)
         try:
-            self.client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix, MaxKeys=1)
+            client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix, MaxKeys=1)
             if write:
                 action = "write to"
                 probe = uri.join(f".rtj-write-probe-{uuid.uuid4().hex}")
-                self.client.put_object(Bucket=probe.bucket, Key=probe.key, Body=b"")
-                self.client.delete_object(Bucket=probe.bucket, Key=probe.key)
+                client.put_object(Bucket=probe.bucket, Key=probe.key, Body=b"")
+                client.delete_object(Bucket=probe.bucket, Key=probe.key)
         except (bexc.NoCredentialsError, bexc.PartialCredentialsError) as exc:
             raise self.wrap_error(exc, f"cannot use {uri}") from exc
         except (bexc.EndpointConnectionError, bexc.ConnectTimeoutError) as exc:
