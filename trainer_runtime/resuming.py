@@ -67,6 +67,8 @@ class Resumer:
                     settings.resume_from,
                     ctx.run_dir,
                 )
+            if ctx.rank == 0:
+                self._repair_remote_pointer()
             decision = self._agree()
             fallbacks = decision.fallbacks
             self._set_aside(decision)
@@ -275,6 +277,16 @@ class Resumer:
 
         walk = first_valid(newest_first(), fetch_everywhere, on_reject=broken)
         return (None if walk.chosen is None else fetched[walk.chosen[0]]), list(passed.items())
+
+    def _repair_remote_pointer(self) -> None:
+        """Move the bucket's ``latest.json`` off a damaged folder (rank 0)."""
+        repair = getattr(self.ctx.remote, "repair_pointer", None)
+        if repair is None:
+            return
+        try:
+            repair()
+        except Exception as exc:  # the store is down: resume says so itself
+            log.warning("object store: could not check latest.json: %s", exc)
 
     def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
         """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""

@@ -170,6 +170,36 @@ def test_the_store_protects_its_checkpoints_from_a_run_with_an_empty_disk(tmp_pa
     assert remote_pointer(store, run_uri) == "ep0-ba1"
 
 
+def test_latest_json_moves_off_a_checkpoint_whose_manifest_was_damaged(tmp_path, s3_root):
+    """The bucket's newest manifest is garbage (damaged from outside) and latest.json names it:
+    resume falls back, and the pointer moves to a checkpoint that is whole, then on with the
+    next upload (the pointer never moves back, so left there it would stay)."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    for _ in range(3):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    store.put_bytes(run_uri.join("ep0-ba3", "manifest.json"), b"{not json")
+    assert remote_pointer(store, run_uri) == "ep0-ba3"
+
+    ck = manager(s3_root, tmp_path / "node-b", make(seed=2))
+    res = ck.resume()
+    assert res.source == "remote" and res.path.endswith("ep0-ba2")
+    assert remote_pointer(store, run_uri) == "ep0-ba2"
+    step(*comps[:3])
+    ck.batch_end(4)
+    ck.close()
+    assert remote_pointer(store, run_uri) == "ep0-ba3"  # the new ep0-ba3, whole
+    assert (
+        Manifest.from_json(
+            store.get_bytes(run_uri.join("ep0-ba3", "manifest.json")), source="x"
+        ).timestamp.batch
+        == 3
+    )
+
+
 def test_load_path_from_the_store(tmp_path, s3_root):
     comps = make()
     ck = manager(s3_root, tmp_path / "src", comps)

@@ -18,7 +18,7 @@ from ..remote import RemoteChoice
 from ..timestamp import Timestamp
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
 from .folder import remote_run_folder
-from .rejected import reject_remote
+from .rejected import reject_remote, repair_pointer
 from .resolver import (
     RemoteCheckpoint,
     download_checkpoint,
@@ -195,6 +195,10 @@ class S3Backend:
         """Uncommit a checkpoint resume passed over, when it is newer than ``newer_than``
         (``rejected.py``); returns whether it was committed remotely and set aside."""
         return reject_remote(self.store, self.run_uri, name, reason, newer_than=newer_than)
+
+    def repair_pointer(self) -> str | None:
+        """``latest.json`` off a damaged folder (``rejected.repair_pointer``)."""
+        return repair_pointer(self.store, self.run_uri)
 
     def transfers_stuck(self) -> bool:
         """After ``close``: the upload thread is still inside a transfer (a hung store)."""

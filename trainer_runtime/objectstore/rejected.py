@@ -65,3 +65,21 @@ def _repoint_after(store: S3Store, run_uri: S3Uri, removed: str) -> None:
         store.put_json(pointer_uri, pointer_body(committed[0]))  # newest first
     else:
         store.delete(pointer_uri)
+
+
+def repair_pointer(store: S3Store, run_uri: S3Uri) -> str | None:
+    """Move ``latest.json`` off a folder whose manifest is missing or does not parse (damaged
+    from outside: the pointer is written only after its manifest) onto the newest committed
+    checkpoint; otherwise uploads would keep it there, since the pointer never moves back.
+    Returns the name it named when it moved."""
+    folder = remote_run_folder(store, run_uri)
+    named = folder.pointer_name()
+    if named is None or folder.is_committed(named):
+        return None
+    _repoint_after(store, run_uri, named)
+    log.warning(
+        "object store: latest.json named %s, which has no valid manifest; it now names the "
+        "newest committed checkpoint",
+        run_uri.join(named),
+    )
+    return named
