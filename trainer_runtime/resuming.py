@@ -87,6 +87,7 @@ class Resumer:
             if ctx.remote is not None:
                 fetched, passed = self._fetch_remote_agreed()
                 fallbacks = fallbacks + _lines_not_named(passed, decision)
+                _refuse_to_start_over(fetched, passed, overwrite=settings.overwrite)
                 if ctx.rank == 0:
                     chosen = None if fetched is None else Manifest.read(fetched).timestamp
                     self._reject_remote(passed, chosen)  # quarantined ones met included
@@ -351,3 +352,20 @@ def _lines_not_named(passed: list[tuple[str, str]], local: Decision) -> list[str
     has not already reported."""
     named = {name for name, _ in (*local.rejected, *local.leftovers)}
     return [f"{name}: {why}" for name, why in passed if name not in named]
+
+
+def _refuse_to_start_over(
+    fetched: Path | None, passed: list[tuple[str, str]], *, overwrite: bool
+) -> None:
+    """Every committed checkpoint in the store failed verification (quarantined ones aside):
+    a store that answers wrongly (a proxy, a misconfigured endpoint) is likelier than all of
+    them damaged, and starting over would set them all aside. Unless ``overwrite``, stop."""
+    broken = [(name, why) for name, why in passed if why != QUARANTINE_REASON]
+    if fetched is not None or not broken or overwrite:
+        return
+    listed = "; ".join(f"{name}: {why}" for name, why in broken[:5])
+    raise NoCheckpointError(
+        f"none of the object store's {len(broken)} committed checkpoint(s) verifies ({listed}); "
+        "nothing was set aside. Check the store and its endpoint, or pass overwrite=True to set "
+        "them aside and start over"
+    )

@@ -16,6 +16,7 @@ from trainer_runtime import (
     CheckpointManager,
     ConfigError,
     Manifest,
+    NoCheckpointError,
     OverwriteError,
     envvars,
     events,
@@ -313,3 +314,30 @@ def test_remote_fallbacks_are_reported_in_the_result_and_the_event(
     assert ".metadata" in res.fallbacks[0] and "quarantined" in res.fallbacks[2]
     (resumed,) = [e for e in events.read_events(target.read_text()) if e.type == "resumed"]
     assert resumed["fallbacks"] == res.fallbacks
+
+
+def test_a_store_where_no_checkpoint_verifies_is_not_emptied(tmp_path, s3_env, s3_root):
+    """Every remote checkpoint fails its check (here each lost a file): resume stops and sets
+    nothing aside, since a store answering wrongly is likelier; overwrite=True starts over."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    client, prefix = s3_env.client(), f"{s3_root.key}/s3run"
+    for name in ("ep0-ba1", "ep0-ba2"):
+        client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/{name}/.metadata")
+    store, run_uri = S3Store(), s3_root.join("s3run")
+
+    ck = manager(s3_root, tmp_path / "node-b", make(seed=4))
+    with pytest.raises(NoCheckpointError, match=r"none of the object store's 2 committed"):
+        ck.resume()
+    ck.close(save=False)
+    for name in ("ep0-ba1", "ep0-ba2"):
+        assert store.get_bytes(run_uri.join(name, "manifest.json")) is not None
+
+    ck = manager(s3_root, tmp_path / "node-c", make(seed=4), overwrite=True)
+    assert ck.resume().source == "fresh"
+    ck.close(save=False)
+    assert store.get_bytes(run_uri.join("ep0-ba2", "manifest.json")) is None
