@@ -43,6 +43,17 @@ def manager(s3_root, local, comps, **kw):
     )
 
 
+def saved_run(s3_root, local, *, batches: int):
+    """``make()``'s components after ``batches`` steps, each saved and uploaded (run s3run)."""
+    comps = make()
+    ck = manager(s3_root, local, comps)
+    for _ in range(batches):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    return comps
+
+
 def test_saves_upload_and_a_fresh_disk_resumes_from_the_store(tmp_path, s3_root):
     comps = make()
     ck = manager(s3_root, tmp_path / "node-a", comps, num_local_checkpoints_to_keep=0)
@@ -72,12 +83,7 @@ def test_events_name_each_upload_and_the_remote_resume(tmp_path, s3_root, monkey
     """The runtime's events (docs/runtime.md) say what was uploaded and where a resume came from."""
     target = tmp_path / "events.jsonl"
     monkeypatch.setenv(envvars.EVENTS_FILE, str(target))
-    comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    for _ in range(2):
-        step(*comps[:3])
-        ck.batch_end(4)
-    ck.close()
+    saved_run(s3_root, tmp_path / "node-a", batches=2)
     ck2 = manager(s3_root, tmp_path / "node-b", make(seed=9))
     assert ck2.resume().source == "remote"
     ck2.close()
@@ -140,12 +146,7 @@ def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_p
 
 def test_the_store_protects_its_checkpoints_from_a_run_with_an_empty_disk(tmp_path, s3_root):
     """Overwrite protection looks at the bucket too: a new pod's local folder is empty."""
-    comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    for _ in range(2):
-        step(*comps[:3])
-        ck.batch_end(4)
-    ck.close()
+    saved_run(s3_root, tmp_path / "node-a", batches=2)
     store, run_uri = S3Store(), s3_root.join("s3run")
     saved = store.get_bytes(run_uri.join("ep0-ba2", "manifest.json"))
 
@@ -175,12 +176,7 @@ def test_latest_json_moves_off_a_checkpoint_whose_manifest_was_damaged(tmp_path,
     """The bucket's newest manifest is garbage (damaged from outside) and latest.json names it:
     resume falls back, and the pointer moves to a checkpoint that is whole, then on with the
     next upload (the pointer never moves back, so left there it would stay)."""
-    comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    for _ in range(3):
-        step(*comps[:3])
-        ck.batch_end(4)
-    ck.close()
+    comps = saved_run(s3_root, tmp_path / "node-a", batches=3)
     store, run_uri = S3Store(), s3_root.join("s3run")
     store.put_bytes(run_uri.join("ep0-ba3", "manifest.json"), b"{not json")
     assert remote_pointer(store, run_uri) == "ep0-ba3"
@@ -284,12 +280,7 @@ def test_remote_fallbacks_are_reported_in_the_result_and_the_event(
 ):
     """docs/runtime.md: every newer checkpoint resume passed over is in
     ``ResumeResult.fallbacks`` and the ``resumed`` event, when it came from the bucket too."""
-    comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    for _ in range(5):
-        step(*comps[:3])
-        ck.batch_end(4)
-    ck.close()
+    saved_run(s3_root, tmp_path / "node-a", batches=5)
     client = s3_env.client()
     prefix = f"{s3_root.key}/s3run"
     client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/ep0-ba5/.metadata")  # missing
@@ -319,12 +310,7 @@ def test_remote_fallbacks_are_reported_in_the_result_and_the_event(
 def test_a_store_where_no_checkpoint_verifies_is_not_emptied(tmp_path, s3_env, s3_root):
     """Every remote checkpoint fails its check (here each lost a file): resume stops and sets
     nothing aside, since a store answering wrongly is likelier; overwrite=True starts over."""
-    comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    for _ in range(2):
-        step(*comps[:3])
-        ck.batch_end(4)
-    ck.close()
+    saved_run(s3_root, tmp_path / "node-a", batches=2)
     client, prefix = s3_env.client(), f"{s3_root.key}/s3run"
     for name in ("ep0-ba1", "ep0-ba2"):
         client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/{name}/.metadata")
