@@ -18,7 +18,7 @@ import time
 from typing import Any, Protocol
 
 from . import events
-from .shutdown import ExitWatchdog, ShutdownDeadline, exit_now, raise_emergency_exit
+from .shutdown import ExitWatchdog, exit_now, raise_emergency_exit
 
 log = logging.getLogger("trainer_runtime")
 
@@ -52,6 +52,8 @@ class PreemptionResponse:
         self.exit_code = exit_code
         self.upload_flush_timeout_s = upload_flush_timeout_s
         self._notices_handled = 0
+        self.watchdog = ExitWatchdog(grace_period_s, exit_code)
+        """Its clock starts in the SIGTERM handler (``PreemptionWatcher.on_sigterm``)."""
 
     def at_step_boundary(self, batch: int) -> Any:
         """Agree with every rank on SIGTERM / notices, then act; the notice save, if any."""
@@ -70,10 +72,8 @@ class PreemptionResponse:
     def emergency_exit(self, batch: int) -> None:
         """Save, give uploads what is left of the grace period, exit 143 before the SIGKILL."""
         mgr = self.manager
-        deadline = ShutdownDeadline(
-            mgr.preemption.sigterm_at or time.monotonic(), self.grace_period_s
-        )
-        watchdog = ExitWatchdog(deadline, self.exit_code)
+        watchdog = self.watchdog
+        deadline = watchdog.start_clock(mgr.preemption.sigterm_at or time.monotonic())
         log.warning(
             "SIGTERM: saving at batch %d before exiting (exit within %.1fs of the signal: "
             "grace period %.0fs minus a %.1fs margin)",

@@ -184,6 +184,7 @@ class CheckpointManager:
             exit_code=cfg.preemption_exit_code,
             upload_flush_timeout_s=cfg.upload_flush_timeout_s,
         )
+        self.preemption.on_sigterm = self._response.watchdog.start_clock
         self._closed = False
         check_run_folder(
             ctx.folder,
@@ -334,6 +335,7 @@ class CheckpointManager:
         finally:
             self._closed = True
             self.preemption.close()
+            self._response.watchdog.close()  # idle: ended; after a SIGTERM: keeps its deadline
             if self.progress is not None:
                 self.progress.close()
             try:

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from .workers import keep_workers_through_sigterm, tolerate_worker_deaths
@@ -34,6 +35,9 @@ class PreemptionWatcher:
         self.notice_file = notice_file
         self.check_interval_s = check_interval_s
         self.sigterm_at: float | None = None
+        self.on_sigterm: Callable[[float], object] | None = None
+        """Called in the handler with the signal's time (``ExitWatchdog.start_clock``); it
+        must be safe there: no lock, no logging."""
         self.notices_seen = 0
         self.last_notice: str | None = None
         self._next_check = 0.0
@@ -49,6 +53,8 @@ class PreemptionWatcher:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.sigterm_at is None:
             self.sigterm_at = time.monotonic()
+            if self.on_sigterm is not None:
+                self.on_sigterm(self.sigterm_at)  # the exit deadline runs from now
             # DataLoader workers in our process group got the same signal; their deaths
             # must not raise before the step boundary where the emergency save runs.
             tolerate_worker_deaths()

@@ -76,34 +76,67 @@ class ShutdownDeadline:
 
 
 class ExitWatchdog:
-    """Ends the process with ``exit_code`` at ``deadline.exit_by`` unless cancelled first.
+    """Ends the process with ``exit_code`` at the deadline of a SIGTERM, unless cancelled first.
 
-    Armed while the emergency path runs inside the runtime (save, upload flush); cancelled
-    when the path hands over to an ordinary ``SystemExit``. A process that catches that
-    ``SystemExit`` (a test harness) is therefore never killed later.
+    Built with the manager, idle on a pipe. The SIGTERM handler starts the clock
+    (``start_clock``: one ``os.write``, no lock, safe in a signal handler), so a step that
+    outlasts the grace period still ends the process by the deadline, with the preemption exit
+    code rather than the kubelet's SIGKILL; a step boundary reached in time runs the emergency
+    path instead, and that path cancels the watchdog when it hands over to an ordinary
+    ``SystemExit``. A process that catches that ``SystemExit`` (a test harness) is therefore
+    never killed later. ``close()`` ends an idle watchdog; a running clock keeps running.
     """
 
-    def __init__(self, deadline: ShutdownDeadline, exit_code: int) -> None:
-        self.deadline = deadline
+    def __init__(self, grace_period_s: float, exit_code: int) -> None:
+        self.grace_period_s = grace_period_s
         self.exit_code = exit_code
+        self.deadline: ShutdownDeadline | None = None
         self._cancelled = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._watch, name="rtj-exit-deadline", daemon=True)
         self._thread.start()
 
+    def start_clock(self, signalled_at: float) -> ShutdownDeadline:
+        """The deadline of the signal received at ``signalled_at`` (the first one counts)."""
+        if self.deadline is None:
+            self.deadline = ShutdownDeadline(signalled_at, self.grace_period_s)
+            self._wake()
+        return self.deadline
+
+    def _wake(self) -> None:
+        if self._wake_write >= 0:
+            with contextlib.suppress(OSError):  # the watchdog has ended already
+                os.write(self._wake_write, b"x")
+
     def _watch(self) -> None:
-        if self._cancelled.wait(self.deadline.left()):
+        try:
+            os.read(self._wake_read, 1)
+        finally:
+            os.close(self._wake_read)
+        deadline = self.deadline
+        if deadline is None or self._cancelled.wait(deadline.left()):
             return
         log.error(
             "still busy %.1fs after SIGTERM (grace period %.0fs): exiting now with %d; "
             "uploads not finished are resumed by the next attempt",
-            self.deadline.since_signal(),
-            self.deadline.grace_period_s,
+            deadline.since_signal(),
+            deadline.grace_period_s,
             self.exit_code,
         )
         exit_now(self.exit_code)
 
     def cancel(self) -> None:
         self._cancelled.set()
+        self._wake()
+
+    def close(self) -> None:
+        """End the watchdog if no signal started its clock (the manager is closing)."""
+        if self.deadline is not None:
+            return
+        self.cancel()
+        self._thread.join()
+        fd, self._wake_write = self._wake_write, -1
+        os.close(fd)
 
 
 def exit_now(exit_code: int) -> None:

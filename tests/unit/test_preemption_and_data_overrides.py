@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -110,3 +113,35 @@ def test_global_batch_size_change_rescales_the_step(tmp_path):
 def test_data_skip_steps_needs_a_sampler_with_batch_size(tmp_path):
     with pytest.raises(ConfigError, match="data_skip_steps needs sampler"):
         CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", data_skip_steps=3)
+
+
+def test_a_step_longer_than_the_grace_period_still_exits_143_by_the_deadline(tmp_path):
+    """SIGTERM mid-step: the exit deadline (grace minus margin) runs from the signal, not from
+    the next step boundary; a step that outlasts it ends with 143 at the deadline, unsaved,
+    instead of being SIGKILLed by the kubelet at the grace period."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time, torch
+        from trainer_runtime import CheckpointManager
+        ck = CheckpointManager(
+            model=torch.nn.Linear(2, 2), folder={str(tmp_path)!r}, run_name="r",
+            interval="100ba", grace_period_s=3,
+        )
+        ck.batch_end(1)
+        print("ready", flush=True)
+        time.sleep(30)  # one step far longer than the grace period
+        ck.batch_end(1)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "ready"
+    signalled = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=20)
+    took = time.monotonic() - signalled
+    assert child.returncode == 143, err
+    assert took < 3, f"exited {took:.1f}s after SIGTERM; the deadline is 1 s (3 s - 2 s margin)"
+    assert "still busy" in err and "exiting now with 143" in err
+    assert not list(tmp_path.glob("ep0-*"))  # no step boundary came: nothing saved
