@@ -65,7 +65,11 @@ class PreemptionResponse:
         if notices > self._notices_handled:
             self._notices_handled = notices
             log.warning("preemption notice: saving now and training on")
-            events.notice(rank=self.manager.coord.rank, content=watcher.last_notice, step=batch)
+            # The operator writes the notice into the pods on the node that goes only: every
+            # rank reports the content the ranks that saw it read (one gather, per notice).
+            seen = [c for c in self.manager.coord.all_gather(watcher.last_notice) if c]
+            content = watcher.last_notice or (seen[0] if seen else None)
+            events.notice(rank=self.manager.coord.rank, content=content, step=batch)
             return self.manager.save(blocking=True)
         return None
 

@@ -21,6 +21,8 @@ import pytest
 from rtj_operator import envvars
 from rtj_operator.api_types import parse_job
 from rtj_operator.manifests import rank_environment
+from trainer_runtime import envvars as runtime_envvars
+from trainer_runtime import events
 from trainer_runtime.manifest import Manifest
 
 from .checks import committed_and_valid, wait_for_gang
@@ -59,6 +61,7 @@ def pod_env(tmp: Path, port: int, pod: int) -> dict[str, str]:
     env = {item["name"]: item["value"] for item in injected}
     env[envvars.MASTER_ADDR] = env[envvars.TORCHRUN_MASTER_ADDR] = "127.0.0.1"
     env[envvars.NOTICE_FILE] = str(tmp / f"notice{pod}")  # the downward-API file of each pod
+    env[runtime_envvars.EVENTS_FILE] = str(tmp / "events.jsonl")  # one file, every rank
     return env
 
 
@@ -76,6 +79,12 @@ def start_pod(tmp: Path, port: int, pod: int) -> subprocess.Popen:
     )
 
 
+def notice_events(tmp: Path) -> list[events.RuntimeEvent]:
+    path = tmp / "events.jsonl"
+    found = events.read_events(path.read_text().splitlines()) if path.exists() else []
+    return [e for e in found if e.type == "notice"]
+
+
 def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_path):
     port = free_port()
     env = pod_env(tmp_path, port, 1)
@@ -87,6 +96,10 @@ def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_pat
         wait_for_gang(lambda: len(saving()) >= 2, 240, "two interval checkpoints")
         before = saving()[0]
         assert Manifest.read(run / before).world_size == 4
+        # A notice reaches pod 1 only (the operator annotates the pods on the node that goes):
+        # all four ranks save, and each one's event carries the notice's reason.
+        (tmp_path / "notice1").write_text('{"reason": "spot-reclaim-test"}')
+        wait_for_gang(lambda: len(notice_events(tmp_path)) == 4, 120, "four notice events")
         for proc in pods:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(GRACE + 15) for proc in pods]
@@ -108,3 +121,6 @@ def test_the_injected_environment_alone_starts_a_four_rank_torchrun_gang(tmp_pat
     report = (tmp_path / "report0").read_text()
     assert names[0] in report
     assert not (tmp_path / "report1").exists(), "only global rank 0 reports progress"
+    notices = notice_events(tmp_path)
+    assert sorted(e.rank for e in notices) == [0, 1, 2, 3]
+    assert {e["reason"] for e in notices} == {"spot-reclaim-test"}, notices
