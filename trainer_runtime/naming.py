@@ -106,7 +106,7 @@ class NameTemplates:
     def names_each_position(self) -> bool:
         """Whether the checkpoint folder's name uses ``{batch}`` or ``{sample}``, which differ
         at every saved position; with only ``{epoch}`` or the in-epoch counts, two saves can
-        render one name (see ``saving.Saver._unused_name``)."""
+        render one name (see ``saving.unused_name``)."""
         checkpoint_part = self.filename.strip("/").rsplit("/", 1)[0]
         return bool(template_fields("filename", checkpoint_part) & {"batch", "sample"})
 

@@ -4,7 +4,7 @@ while the loading thread copies and hashes the blocks that landed.
 
 A reading thread waits for nothing but the disk and a free slot of its own, so its next read
 starts as soon as its last one ends, and with two of them the disk always has a second request
-to serve. The loading thread takes the blocks in the order they were read,
+to serve. The loading thread takes the blocks in file order, lane after lane,
 starts each one's copy to its target (``DeviceRing.send``), hashes it while the copy runs, and
 gives the slot back. Before this, the loading thread handed the reading thread one block at a
 time and took it back when it landed: three thread wake-ups between one read and the next, and
