@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 
 from rtj_operator import names  # noqa: E402
-from rtj_operator.kube import KubeApi  # noqa: E402
 from rtj_operator.timeutil import iso, utcnow  # noqa: E402
+from tests.cluster.kubeclient import Kube, rtj  # noqa: E402
 from tools.controlplane import ControlPlane  # noqa: E402
-from tools.kubeapi import ApiError, Kube  # noqa: E402
+from tools.kubeapi import MERGE  # noqa: E402
 
-MERGE = "application/merge-patch+json"
 REPLICAS = 4
 TARGET_P50 = 0.5
 TARGET_P95 = 1.0
@@ -142,121 +141,32 @@ class PodWatch(threading.Thread):
         return max(times) if all(t is not None for t in times) else None  # type: ignore[type-var]
 
 
+@dataclass(frozen=True)
 class Bench:
-    """Cluster access for the benchmark."""
+    """The cluster the benchmark runs on: the cluster tests' client (``tests/cluster/kubeclient``),
+    its kubeconfig (for the operator processes) and a tag that keeps this run's names apart."""
 
-    def __init__(self, kubeconfig: str):
-        self.api = Kube(kubeconfig)
-        self.kubeconfig = kubeconfig
-        self.tag = uuid.uuid4().hex[:6]
+    kube: Kube
+    kubeconfig: str
+    tag: str
 
-    def req(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        """One request (``tools.kubeapi``: ``ApiError`` on a non-2xx answer)."""
-        return self.api.request(method, path, body=body, params=query, content_type=content_type)
+    def add_node(self, name: str, pool: str, *, kwok: bool) -> None:
+        """A fake node of 64 CPUs in ``pool`` (kwok plays its kubelet when ``kwok``), once Ready."""
+        self.kube.make_node(name, pool, cpu="64", kwok=kwok)
+        wait(f"{name} ready", lambda: self.kube.node_ready(name), 60)
 
-    def apply_crds(self) -> None:
-        """Install the project's CRDs (create or replace)."""
-        base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-        for path in sorted((ROOT / "crds").glob("*.yaml")):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if not doc or doc["kind"] != "CustomResourceDefinition":
-                    continue
-                try:
-                    current = self.req("GET", f"{base}/{doc['metadata']['name']}")
-                    doc["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    self.req("PUT", f"{base}/{doc['metadata']['name']}", body=doc)
-                except ApiError as err:
-                    if not err.not_found:
-                        raise
-                    self.req("POST", base, body=doc)
-        time.sleep(2)
+    def submit_job(self, ns: str, pool: str) -> str:
+        """A ``REPLICAS``-rank ResumableTrainingJob pinned to ``pool``; returns its name."""
+        self.kube.create_job(rtj("bench", ns, pool, REPLICAS))
+        return "bench"
 
-    def namespace(self, name: str) -> None:
-        """Create a namespace."""
-        self.req(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-        )
 
-    def node(self, name: str, pool: str, *, kwok: bool, cpu: str = "64") -> None:
-        """A fake node of ``cpu`` CPUs; kwok plays its kubelet when ``kwok``, else nobody does."""
-        annotations = {"node.alpha.kubernetes.io/ttl": "0"}
-        if kwok:
-            annotations["kwok.x-k8s.io/node"] = "fake"
-        capacity = {"cpu": cpu, "memory": "256Gi", "pods": "110"}
-        self.req(
-            "POST",
-            "/api/v1/nodes",
-            body={
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "annotations": annotations,
-                    "labels": {"rtj-bench/pool": pool, "kubernetes.io/hostname": name},
-                },
-                "spec": {},
-                "status": {"capacity": capacity, "allocatable": capacity},
-            },
-        )
-        if not kwok:
-            now = iso(utcnow())
-            self.req(
-                "PATCH",
-                f"/api/v1/nodes/{name}/status",
-                content_type=MERGE,
-                body={
-                    "status": {
-                        "conditions": [
-                            {
-                                "type": "Ready",
-                                "status": "True",
-                                "reason": "KubeletReady",
-                                "message": "benchmark",
-                                "lastHeartbeatTime": now,
-                                "lastTransitionTime": now,
-                            }
-                        ]
-                    }
-                },
-            )
-
-    def node_ready(self, name: str) -> bool:
-        """Ready and untainted."""
-        try:
-            node = self.req("GET", f"/api/v1/nodes/{name}")
-        except ApiError:
-            return False
-        conds = node.get("status", {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not (
-            node.get("spec", {}).get("taints")
-        )
-
-    def delete_node(self, name: str) -> None:
-        """Delete a node."""
-        try:
-            self.req("DELETE", f"/api/v1/nodes/{name}")
-        except ApiError as err:
-            if not err.not_found:
-                raise
-
-    def pod(self, ns: str, name: str) -> dict[str, Any] | None:
-        """A pod or None."""
-        try:
-            return self.req("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
-        except ApiError as err:
-            if err.not_found:
-                return None
-            raise
+def apply_crds(kube: Kube) -> None:
+    """Install the project's CRDs (create or replace), then give the API server time to serve
+    them."""
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        kube.apply_file(path)
+    time.sleep(2)
 
 
 def start_operator(
@@ -292,37 +202,15 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
     """N node deletions under a 4-rank job; seconds until the next gang was fully created."""
     ns = f"rtj-bench-op-{bench.tag}"
     pool = f"op-{bench.tag}"
-    bench.namespace(ns)
+    kube = bench.kube
+    kube.create_namespace(ns)
     operator = start_operator(bench.kubeconfig, "rtj-bench-op-*", log_path)
-    watch = PodWatch(bench.api, ns)
+    watch = PodWatch(kube, ns)
     watch.start()
     watch.ready.wait(10)
-    nodes = [f"{pool}-{i}" for i in range(REPLICAS)]
-    for node in nodes:
-        bench.node(node, pool, kwok=True)
-    for node in nodes:
-        wait(f"{node} ready", lambda n=node: bench.node_ready(n), 60)
-    job = "bench"
-    bench.req(
-        "POST",
-        KubeApi.job_path(ns),
-        body={
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
-            "metadata": {"name": job, "namespace": ns},
-            "spec": {
-                "replicas": REPLICAS,
-                "checkpoint": {"dir": "s3://bench"},
-                "template": {
-                    "spec": {
-                        "nodeSelector": {"rtj-bench/pool": pool},
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [{"name": "trainer", "image": "x"}],
-                    }
-                },
-            },
-        },
-    )
+    for index in range(REPLICAS):
+        bench.add_node(f"{pool}-{index}", pool, kwok=True)
+    job = bench.submit_job(ns, pool)
     samples: list[float] = []
     serial = REPLICAS
     try:
@@ -331,17 +219,17 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
             wait(
                 f"attempt {attempt} running",
                 lambda g=gang: all(
-                    (p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in g
+                    (p := kube.pod(ns, n)) and p["status"].get("phase") == "Running" for n in g
                 ),
                 90,
             )
             if attempt == preemptions:
                 break
             time.sleep(0.3)
-            victim = bench.pod(ns, gang[attempt % REPLICAS])["spec"]["nodeName"]  # type: ignore[index]
+            victim = kube.pod(ns, gang[attempt % REPLICAS])["spec"]["nodeName"]  # type: ignore[index]
             following = [names.pod_name(job, attempt + 1, r) for r in range(REPLICAS)]
             started = time.monotonic()
-            bench.delete_node(victim)
+            kube.delete_node(victim)
             done = wait(
                 f"attempt {attempt + 1} created",
                 lambda f=following: watch.seen_all(f),
@@ -350,10 +238,8 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
             )
             samples.append(done - started)
             log(f"preemption {attempt + 1}/{preemptions}: {samples[-1] * 1000:.0f} ms")
-            spare = f"{pool}-{serial}"
+            bench.add_node(f"{pool}-{serial}", pool, kwok=True)
             serial += 1
-            bench.node(spare, pool, kwok=True)
-            wait(f"{spare} ready", lambda s=spare: bench.node_ready(s), 60)
     finally:
         watch.stopped = True
         operator.terminate()
@@ -362,8 +248,8 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
         except subprocess.TimeoutExpired:
             operator.kill()
         for index in range(serial):
-            bench.delete_node(f"{pool}-{index}")
-        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+            kube.delete_node(f"{pool}-{index}")
+        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
     return samples
 
 
@@ -393,9 +279,10 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
     """
     ns = f"rtj-bench-rs-{bench.tag}"
     pool = f"rs-{bench.tag}"
-    bench.namespace(ns)
+    kube = bench.kube
+    kube.create_namespace(ns)
     for variant in RESTART_VARIANTS:
-        bench.req(
+        kube.req(
             "POST",
             f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings",
             body={
@@ -404,41 +291,19 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
                 "metadata": {"name": f"bench-{variant.replace('_', '-')}", "namespace": ns},
             },
         )
-    watch = PodWatch(bench.api, ns)
+    watch = PodWatch(kube, ns)
     watch.start()
     watch.ready.wait(10)
     serial = 0
 
     def add_node() -> None:
         nonlocal serial
-        name = f"{pool}-{serial}"
+        bench.add_node(f"{pool}-{serial}", pool, kwok=True)
         serial += 1
-        bench.node(name, pool, kwok=True)
-        wait(f"{name} ready", lambda: bench.node_ready(name), 60)
 
     for _ in range(REPLICAS):
         add_node()
-    job = "bench"
-    bench.req(
-        "POST",
-        KubeApi.job_path(ns),
-        body={
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
-            "metadata": {"name": job, "namespace": ns},
-            "spec": {
-                "replicas": REPLICAS,
-                "checkpoint": {"dir": "s3://bench"},
-                "template": {
-                    "spec": {
-                        "nodeSelector": {"rtj-bench/pool": pool},
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [{"name": "trainer", "image": "x"}],
-                    }
-                },
-            },
-        },
-    )
+    job = bench.submit_job(ns, pool)
     samples: dict[str, list[float]] = {v: [] for v in RESTART_VARIANTS}
     samples.update({f"{v}_from_up": [] for v in RESTART_VARIANTS})
     operator: subprocess.Popen[bytes] | None = None
@@ -467,7 +332,7 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
 
     def gang_running(attempt: int) -> bool:
         gang = [names.pod_name(job, attempt, r) for r in range(REPLICAS)]
-        return all((p := bench.pod(ns, n)) and p["status"].get("phase") == "Running" for n in gang)
+        return all((p := kube.pod(ns, n)) and p["status"].get("phase") == "Running" for n in gang)
 
     attempt = 0
     try:
@@ -481,9 +346,9 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
                 path = (
                     f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/bench-{name.replace('_', '-')}"
                 )
-                current = bench.req("GET", path).get("status") or {}
+                current = kube.req("GET", path).get("status") or {}
                 if current:
-                    bench.req(
+                    kube.req(
                         "PATCH", path, content_type=MERGE, body={"status": dict.fromkeys(current)}
                     )
             operator = spawn(variant)
@@ -491,10 +356,10 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
             time.sleep(3.0)  # its peering record is written and refreshed
             operator.kill()
             operator.wait(10)
-            victim = bench.pod(ns, names.pod_name(job, attempt, attempt % REPLICAS))["spec"][
+            victim = kube.pod(ns, names.pod_name(job, attempt, attempt % REPLICAS))["spec"][
                 "nodeName"
             ]  # type: ignore[index]
-            bench.delete_node(victim)
+            kube.delete_node(victim)
             add_node()
             following = [names.pod_name(job, attempt + 1, r) for r in range(REPLICAS)]
             started = time.monotonic()
@@ -520,8 +385,8 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
             except subprocess.TimeoutExpired:
                 operator.kill()
         for index in range(serial):
-            bench.delete_node(f"{pool}-{index}")
-        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+            kube.delete_node(f"{pool}-{index}")
+        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
     return samples
 
 
@@ -529,17 +394,18 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
     """M single-pod Jobs whose node is deleted; seconds until the replacement pod exists."""
     ns = f"rtj-bench-jobs-{bench.tag}"
     pool = f"jc-{bench.tag}"
-    bench.namespace(ns)
-    watch = PodWatch(bench.api, ns)
+    kube = bench.kube
+    kube.create_namespace(ns)
+    watch = PodWatch(kube, ns)
     watch.start()
     watch.ready.wait(10)
     nodes = [f"{pool}-{i}" for i in range(count)]
     try:
         for node in nodes:
-            bench.node(node, pool, kwok=False)
+            bench.add_node(node, pool, kwok=False)
         first: dict[str, str] = {}
         for index, node in enumerate(nodes):
-            bench.req(
+            kube.req(
                 "POST",
                 f"/apis/batch/v1/namespaces/{ns}/jobs",
                 body={
@@ -565,7 +431,7 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
             selector = f"job-name=baseline-{index}"
 
             def bound(sel: str = selector, n: str = node) -> str | None:
-                items = bench.req(
+                items = kube.req(
                     "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": sel}
                 )["items"]
                 hits = [p for p in items if p["spec"].get("nodeName") == n]
@@ -574,7 +440,7 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
             first[node] = wait(f"baseline pod on {node}", bound, 60)
             now = iso(utcnow())
             # The kubelet's report that the container runs (no kubelet runs these nodes).
-            bench.req(
+            kube.req(
                 "PATCH",
                 f"/api/v1/namespaces/{ns}/pods/{first[node]}/status",
                 content_type=MERGE,
@@ -602,7 +468,7 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
         started: dict[str, float] = {}
         for node in nodes:
             started[node] = time.monotonic()
-            bench.delete_node(node)
+            kube.delete_node(node)
         samples: list[float] = []
         for index, node in enumerate(nodes):
             prefix = f"baseline-{index}-"
@@ -618,8 +484,8 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
     finally:
         watch.stopped = True
         for node in nodes:
-            bench.delete_node(node)
-        bench.req("DELETE", f"/api/v1/namespaces/{ns}")
+            kube.delete_node(node)
+        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
 
 
 def cluster_kubeconfig(keep: bool) -> tuple[str, ControlPlane | None]:
@@ -659,9 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     restarts = args.restarts or (3 if args.quick else 8)
 
     kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
-    bench = Bench(kubeconfig)
-    version = bench.req("GET", "/version").get("gitVersion")
-    bench.apply_crds()
+    kube = Kube(kubeconfig)
+    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
+    version = kube.req("GET", "/version").get("gitVersion")
+    apply_crds(kube)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     log_path = args.json.with_suffix(".operator.log")
     try:
