@@ -198,6 +198,21 @@ def start_operator(
     )
 
 
+def clean_up(
+    bench: Bench, operator: subprocess.Popen[bytes] | None, nodes: list[str], ns: str
+) -> None:
+    """Stop the operator (SIGTERM, then SIGKILL after 15 s), delete the nodes and the namespace."""
+    if operator is not None:
+        operator.terminate()
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+    for node in nodes:
+        bench.kube.delete_node(node)
+    bench.kube.delete_namespace(ns)
+
+
 def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[float]:
     """N node deletions under a 4-rank job; seconds until the next gang was fully created."""
     ns = f"rtj-bench-op-{bench.tag}"
@@ -242,14 +257,7 @@ def measure_operator(bench: Bench, preemptions: int, log_path: Path) -> list[flo
             serial += 1
     finally:
         watch.stopped = True
-        operator.terminate()
-        try:
-            operator.wait(15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-        for index in range(serial):
-            kube.delete_node(f"{pool}-{index}")
-        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
+        clean_up(bench, operator, [f"{pool}-{index}" for index in range(serial)], ns)
     return samples
 
 
@@ -378,15 +386,7 @@ def measure_restarts(bench: Bench, restarts: int, log_path: Path) -> dict[str, l
             attempt += 1
     finally:
         watch.stopped = True
-        if operator is not None:
-            operator.terminate()
-            try:
-                operator.wait(15)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-        for index in range(serial):
-            kube.delete_node(f"{pool}-{index}")
-        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
+        clean_up(bench, operator, [f"{pool}-{index}" for index in range(serial)], ns)
     return samples
 
 
@@ -483,9 +483,7 @@ def measure_job_controller(bench: Bench, count: int) -> list[float]:
         return samples
     finally:
         watch.stopped = True
-        for node in nodes:
-            kube.delete_node(node)
-        kube.req("DELETE", f"/api/v1/namespaces/{ns}")
+        clean_up(bench, None, nodes, ns)
 
 
 def cluster_kubeconfig(keep: bool) -> tuple[str, ControlPlane | None]:
