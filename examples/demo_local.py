@@ -3,9 +3,11 @@
     python examples/demo_local.py [--workdir out/demo-local]
 
 No cluster needed. It runs examples/train_deterministic.py as two real processes (gloo on
-CPU), sends SIGTERM midway (a spot node's shutdown: emergency save, exit 143), relaunches,
-SIGKILLs it later (a node lost without notice), relaunches again, and checks at the end that
-the final weights equal those of an uninterrupted run, bit for bit.
+CPU), sends SIGTERM once a first checkpoint has committed (a spot node's shutdown: emergency
+save, exit 143), relaunches, SIGKILLs it once it has resumed and committed again (a node lost
+without notice), relaunches again, and checks at the end that the final weights equal those of
+an uninterrupted run, bit for bit. It follows the ranks through their runtime events
+(``RTJ_EVENTS_FILE``), not through timers, so a slow start on a busy machine changes nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tools.ports import free_port  # noqa: E402
+from trainer_runtime.events import RuntimeEvent, read_events  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "train_deterministic.py"
 
@@ -35,7 +38,8 @@ def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def launch(work: Path, name: str, log: Path) -> list[subprocess.Popen]:
+def launch(work: Path, name: str, log: Path, events: Path) -> list[subprocess.Popen]:
+    """Both ranks of the job; their runtime events go to ``events``, their output to ``log``."""
     port, procs = free_port(), []
     for rank in range(2):
         env = {
@@ -47,6 +51,7 @@ def launch(work: Path, name: str, log: Path) -> list[subprocess.Popen]:
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
+            "RTJ_EVENTS_FILE": str(events),
         }
         args = [
             sys.executable,
@@ -72,6 +77,29 @@ def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
     return [p.wait(timeout) for p in procs]
 
 
+def wait_event(
+    events: Path, kind: str, procs: list[subprocess.Popen], timeout: float = 300
+) -> RuntimeEvent | None:
+    """The first event of ``kind`` in ``events`` once one is there; None when the ranks exit
+    first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = read_events(events.read_text(), kind) if events.exists() else []
+        if found:
+            return found[0]
+        if any(p.poll() is not None for p in procs):
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL whatever still runs, and reap it."""
+    for p in procs:
+        p.kill()
+    wait(procs, 60)
+
+
 def newest(work: Path, name: str) -> str:
     latest = work / "checkpoints" / name / "latest.json"
     if not latest.exists():
@@ -90,28 +118,43 @@ def main() -> int:
     say(f"logs: {log}")
 
     say("1/4 reference: the same job, never interrupted")
-    if wait(launch(work, "reference", log)) != [0, 0]:
+    if wait(launch(work, "reference", log, work / "events-reference.jsonl")) != [0, 0]:
         say("reference run failed; see the log")
         return 1
 
-    say("2/4 preemptible run: started; SIGTERM in 4 s (a spot node's shutdown notice)")
-    procs = launch(work, "spot", log)
-    time.sleep(4)
+    say("2/4 preemptible run: SIGTERM once its first checkpoint has committed (a spot shutdown)")
+    events = work / "events-spot-1.jsonl"
+    procs = launch(work, "spot", log, events)
+    first = wait_event(events, "committed", procs)
+    if first is None:
+        stop(procs)
+        say("the run ended or stalled before its first checkpoint; see the log")
+        return 1
     for p in procs:
         p.send_signal(signal.SIGTERM)
     codes = wait(procs, 60)
-    say(f"    exited {codes} (143 = saved and stopped); newest checkpoint: {newest(work, 'spot')}")
+    saved = read_events(events.read_text(), "emergency_saved")
+    say(f"    exited {codes} (143: saved and stopped); newest checkpoint: {newest(work, 'spot')}")
+    if codes != [143, 143] or not saved:
+        say("expected both ranks to save on SIGTERM and exit 143; see the log")
+        return 1
 
-    say("3/4 relaunched with the same command; SIGKILL in 6 s (a node lost without notice)")
-    procs = launch(work, "spot", log)
-    time.sleep(6)
-    for p in procs:
-        p.kill()
-    wait(procs, 60)
-    say(f"    killed; newest committed checkpoint: {newest(work, 'spot')}")
+    say("3/4 relaunched with the same command; SIGKILL once it has resumed and committed again")
+    events = work / "events-spot-2.jsonl"
+    procs = launch(work, "spot", log, events)
+    resumed = wait_event(events, "resumed", procs)
+    committed = wait_event(events, "committed", procs) if resumed else None
+    stop(procs)
+    if committed is None:
+        say("the relaunched run did not resume and commit; see the log")
+        return 1
+    say(
+        f"    resumed at step {resumed['step']}, committed {committed['checkpoint']}, killed; "
+        f"newest committed checkpoint: {newest(work, 'spot')}"
+    )
 
     say("4/4 relaunched again: runs to the end")
-    if wait(launch(work, "spot", log)) != [0, 0]:
+    if wait(launch(work, "spot", log, work / "events-spot-3.jsonl")) != [0, 0]:
         say("the resumed run failed; see the log")
         return 1
     ref = torch.load(work / "reference.pt")
