@@ -21,13 +21,17 @@ BLOCKED_RECHECK_SECONDS = 10.0
 
 def ensure_support(ctx: ReconcileContext) -> bool:
     """Plan the writes that bring the support objects to the current attempt's desired state;
-    whether the gang may be created (no name is taken by an object the job does not own)."""
+    whether the gang may be created (no name it needs, support object or pod of the attempt
+    still to create, is taken by an object the job does not own)."""
     st, job = ctx.status, ctx.job
     decision = support.decide(job, st.attempt, ctx.observed_support)
     ctx.plan.support = decision.writes
+    conflicts = list(decision.conflicts)
+    if not st.gang_created:
+        conflicts += support.taken_pod_names(job, st.attempt, ctx.size, ctx.foreign)
     had = cond.condition(st, cond.BLOCKED)
-    if decision.conflicts:
-        message = support.conflict_message(job, decision.conflicts)
+    if conflicts:
+        message = support.conflict_message(job, conflicts)
         if had is None or had.status != "True" or had.message != message:
             ctx.plan.event("Warning", cond.NAME_CONFLICT, message)
         cond.set_condition(
@@ -47,7 +51,7 @@ def ensure_support(ctx: ReconcileContext) -> bool:
             cond.BLOCKED,
             False,
             reason="NamesAvailable",
-            message="every support object is controlled by this job",
+            message="every name the job needs is free or its own",
             now=ctx.now,
             generation=ctx.generation,
         )

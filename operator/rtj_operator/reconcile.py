@@ -66,6 +66,7 @@ def reconcile(
         plan=plan,
         now=now,
         owned=[p for p in pods if owned_by(p, job.ref.uid)],
+        foreign=[p for p in pods if not owned_by(p, job.ref.uid)],
         nodes=nodes,
         departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
         observed_support=observed_support or {},

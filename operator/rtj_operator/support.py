@@ -15,7 +15,7 @@ instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,14 +106,37 @@ def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
     return decision
 
 
+POD = "Pod"
+"""A rank's pod name held by a pod the job does not control (conflicts only, never written)."""
+
+
 def conflict_message(job: Job, conflicts: list[str]) -> str:
-    """The Blocked condition's message: which objects, and the two ways out."""
+    """The Blocked condition's message: which objects, and the ways out."""
     listed = ", ".join(conflicts)
+    kinds = {c.split(" ", 1)[0] for c in conflicts}
     fix = "delete or rename them"
-    if any(not c.startswith(SERVICE) for c in conflicts):
+    if kinds & {SERVICE_ACCOUNT, ROLE, ROLE_BINDING}:
         identity = names.trainer_identity_name(job.ref.name)
         fix += f", or set template.spec.serviceAccountName so that no {identity} is needed"
+    if POD in kinds:
+        fix += (
+            " (the pods of a deleted job of the same name are removed by the garbage collector "
+            "once their grace period ends; the job starts when they are gone)"
+        )
     return (
         f"{listed} already exist(s) in namespace {job.ref.namespace} and are not controlled by "
         f"this job; the operator never modifies objects it does not own: {fix}"
     )
+
+
+def taken_pod_names(
+    job: Job, attempt: int, size: int, foreign: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """The attempt's pod names that pods the job does not control hold (``Pod <name>``).
+
+    Creating such a pod answers 409, which would pass for the rank's own pod: the gang would
+    count as created and the rank, never found, as lost to a preemption that did not happen.
+    """
+    wanted = {names.pod_name(job.ref.name, attempt, rank) for rank in range(size)}
+    held = {str((p.get("metadata") or {}).get("name")) for p in foreign}
+    return [f"{POD} {name}" for name in sorted(wanted & held)]

@@ -9,10 +9,11 @@ import urllib.request
 from pathlib import Path
 
 from rtj_operator import envvars
+from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
 from .conftest import ROOT
-from .kubeclient import env_of
+from .kubeclient import env_of, rtj
 from .scenario import condition, node_of, start_running, wait_attempt
 
 
@@ -75,6 +76,46 @@ def test_deleting_the_job_removes_everything_it_owns(kube, ns, pool, operator):
     wait_for("pods garbage-collected", lambda: kube.pods(ns, name) == [], 60)
     for path in owned:
         wait_for(f"{path} garbage-collected", lambda p=path: kube.get(p) is None, 60)
+
+
+def test_a_job_recreated_while_its_namesakes_pods_terminate_waits_for_them(
+    kube, ns, pool, operator
+):
+    """kubectl delete, then apply again: the deleted job's ranks still use their grace period
+    under the names of the new job's first attempt. The new job waits Blocked (NameConflict)
+    instead of counting a preemption for pods that were never its own."""
+    name = start_running(kube, ns, pool, operator)
+    old_rank0 = f"{name}-a0-r0"
+    hold = {"metadata": {"finalizers": ["rtj-e2e/hold"]}}  # a long grace period, made visible
+    kube.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{old_rank0}", content_type=MERGE, body=hold)
+    kube.delete_job(ns, name)
+    wait_for("job gone", lambda: kube.job(ns, name) is None, 30)
+    kube.create_job(rtj(name, ns, pool.name, 2))
+    wait_for(
+        "Blocked by the old pod",
+        lambda: condition(kube, ns, name, "Blocked").get("reason") == "NameConflict",
+        20,
+        on_timeout=operator.tail,
+    )
+    assert f"Pod {old_rank0}" in condition(kube, ns, name, "Blocked")["message"]
+    status = kube.status(ns, name)
+    assert status["attempt"] == 0 and status["preemptions"] == 0, status
+    assert not status.get("interruptions"), status
+    kube.req(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{old_rank0}",
+        content_type=MERGE,
+        body={"metadata": {"finalizers": None}},
+    )
+    wait_for(
+        "the new job's attempt 0 running",
+        lambda: kube.running(ns, name, 0, 2),
+        30,
+        on_timeout=operator.tail,
+    )
+    status = kube.status(ns, name)
+    assert status["attempt"] == 0 and status["preemptions"] == 0, status
+    assert condition(kube, ns, name, "Blocked")["status"] == "False"
 
 
 def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):

@@ -320,8 +320,9 @@ def test_suspended_from_the_start_creates_nothing_until_resumed():
 
 
 def test_pods_of_another_incarnation_are_never_touched():
-    """A same-named pod left by a deleted job of the same name is not ours: never deleted; the
-    job moves past it to a fresh attempt (new names) instead of adopting it."""
+    """A rank's pod that turns out to be another incarnation's once the gang counts as created
+    is not ours: never deleted; the job moves past it to a fresh attempt (new names) instead of
+    adopting it. (Before creation such a name blocks the job: test_support.py.)"""
     cluster = FakeCluster.start()
     cluster.step()
     cluster.pod(0)["metadata"]["ownerReferences"][0]["uid"] = "previous-incarnation"

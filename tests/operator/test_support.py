@@ -11,7 +11,7 @@ import pytest
 from rtj_operator import support
 from rtj_operator.kube import ApiError, KubeApi
 
-from .fakes import FakeCluster, make_job, make_node
+from .fakes import FakeCluster, make_job, make_node, make_pod
 from .test_controller import controller_with_job, sync
 
 ROLE_PATH = KubeApi.rbac_path("ns", "roles", "train-trainer")
@@ -119,6 +119,34 @@ def test_an_object_of_an_earlier_job_of_the_same_name_is_foreign():
     stale["metadata"]["ownerReferences"][0]["uid"] = "uid-of-a-deleted-job"
     decision = support.decide(job, 0, {"Service": stale})
     assert decision.conflicts == ["Service train"] and not decision.ready
+
+
+def test_a_pod_name_held_by_a_deleted_job_of_the_same_name_blocks_instead_of_a_preemption():
+    """A job re-created while the pods of its deleted namesake still terminate: their names are
+    the new attempt's. Creating over them answers 409, which passed for the job's own pods, so
+    the new job counted a preemption that never happened and jumped to attempt 1 (possibly
+    beside a gang orphaned by ``--cascade=orphan`` writing the same run)."""
+    cluster = FakeCluster.start(replicas=2)
+    old = make_pod(rank=0, uid="uid-of-a-deleted-job", deleting=True)
+    cluster.pods[old["metadata"]["name"]] = old
+    plan = cluster.step()
+    assert not plan.creations
+    st = cluster.status
+    assert st["attempt"] == 0 and st["preemptions"] == 0 and not st.get("gangCreated")
+    assert st["phase"] == "Pending" and not st.get("interruptions")
+    blocked = {c["type"]: c for c in st["conditions"]}["Blocked"]
+    assert blocked["status"] == "True" and blocked["reason"] == "NameConflict"
+    assert "Pod train-a0-r0" in blocked["message"]
+    assert "serviceAccountName" not in blocked["message"]
+    assert [e.reason for e in plan.events] == ["NameConflict"]
+    assert "train-a0-r0" not in {d.name for d in plan.deletions}  # never touched
+
+    del cluster.pods["train-a0-r0"]  # its grace period ended
+    plan = cluster.step(5)
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a0-r0", "train-a0-r1"]
+    st = cluster.status
+    assert st["attempt"] == 0 and st["preemptions"] == 0 and st["gangCreated"]
+    assert {c["type"]: c for c in st["conditions"]}["Blocked"]["status"] == "False"
 
 
 def test_marking_the_gang_created_is_followed_by_a_new_decision():
