@@ -94,7 +94,7 @@ class Executor:
         side += [
             self.api.annotate_pod(ns, n.pod, {NOTICE_ANNOTATION: n.payload}) for n in plan.notices
         ]
-        metrics.NOTICES.inc(len(plan.notices))
+        metrics.NOTICES.inc(sum(1 for n in plan.notices if n.payload))  # not the withdrawals
         applied = Applied(resource_version=rv, status=status)
 
         side_task = asyncio.ensure_future(self._gather(side))

@@ -137,17 +137,23 @@ def _gang_note(ctx: ReconcileContext) -> str:
 def _deliver_notices(
     ctx: ReconcileContext, outcomes: list[RankOutcome], current: Mapping[int, dict[str, Any]]
 ) -> None:
-    """Write the notice into every running rank whose node has a termination taint."""
+    """Write the notice into every running rank whose node has a termination taint, and empty
+    it again when the taint is withdrawn (a cancelled scale-down): the notice file is empty
+    when there is no notice, so a later termination of the same node is new content the
+    runtime acts on, not the old notice it already answered."""
     noticed = []
     for outcome in outcomes:
         pod = current.get(outcome.rank)
-        if pod is None or outcome.outcome is not Outcome.ACTIVE or outcome.notice is None:
+        if pod is None or outcome.outcome is not Outcome.ACTIVE:
+            continue
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        told = str(annotations.get(NOTICE_ANNOTATION) or "")
+        if outcome.notice is None:
+            if told and elastic.GROW_REASON not in told:
+                ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=""))
             continue
         noticed.append(outcome)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(NOTICE_ANNOTATION) and elastic.GROW_REASON not in str(
-            annotations.get(NOTICE_ANNOTATION)
-        ):
+        if told and elastic.GROW_REASON not in told:
             continue  # already told (a grow's notice is overwritten by a real one)
         payload = notice_payload(outcome.notice, outcome.node or "", ctx.now)
         ctx.plan.notices.append(NoticeWrite(pod=outcome.pod or "", payload=payload))

@@ -26,7 +26,7 @@ class PodDeletion:
 
 @dataclass(frozen=True)
 class NoticeWrite:
-    """Write the preemption notice annotation into one pod."""
+    """Write the preemption notice annotation into one pod (an empty payload withdraws it)."""
 
     pod: str
     payload: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from tools.kubeapi import ApiError
+from tools.kubeapi import MERGE, ApiError
 from tools.waiting import wait_for
 
 from .kubeclient import env_of, unique
@@ -125,6 +125,30 @@ def test_termination_taint_sends_a_notice_and_restarts_only_when_the_node_goes(
     kube.delete_node(node)
     wait_attempt(kube, ns, name, 1, 2, op=operator)
     assert last_interruption(kube, ns, name)["cause"] == "NodeDeleted"
+
+
+def test_a_withdrawn_termination_taint_empties_the_notice_and_a_new_one_is_sent(
+    kube, ns, pool, operator
+):
+    """A cancelled scale-down: the taint goes, the notice file empties; when the node is
+    announced again the rank gets a fresh notice (the runtime acts only on new content)."""
+    name = start_running(kube, ns, pool, operator)
+    node = node_of(kube, ns, name, 0, 0)
+    pod = f"{name}-a0-r0"
+
+    def notice() -> str | None:
+        annotations = ((kube.pod(ns, pod) or {}).get("metadata") or {}).get("annotations") or {}
+        return annotations.get("resumable.dev/preemption-notice")
+
+    kube.taint(node, "ToBeDeletedByClusterAutoscaler", "NoSchedule", "1")
+    first = wait_for("notice", notice, 10, on_timeout=operator.tail)
+    kube.req("PATCH", f"/api/v1/nodes/{node}", content_type=MERGE, body={"spec": {"taints": []}})
+    wait_for("notice withdrawn", lambda: notice() == "", 10, on_timeout=operator.tail)
+    assert condition(kube, ns, name, "PreemptionNotice")["status"] == "False"
+    kube.taint(node, "ToBeDeletedByClusterAutoscaler", "NoSchedule", "2")
+    second = wait_for("new notice", notice, 10, on_timeout=operator.tail)
+    assert second != first and json.loads(second)["node"] == node
+    assert kube.status(ns, name)["attempt"] == 0  # notices alone restart nothing
 
 
 def test_out_of_service_taint_notices_then_the_eviction_restarts(kube, ns, pool, operator):

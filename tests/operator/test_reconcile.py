@@ -267,6 +267,27 @@ def test_notice_is_written_once_and_restart_waits_for_the_pod_to_go():
     assert cluster.status["attempt"] == 1 and cluster.status["preemptions"] == 1
 
 
+def test_a_withdrawn_notice_is_emptied_so_the_next_one_is_new_to_the_runtime():
+    """The notice file is empty when there is no notice. A scale-down cancelled after its
+    notice left the old notice in place, and a later termination of the same node then sent
+    nothing: the rank was 'already told', and the runtime acts only on new content."""
+    cluster = running()
+    taint = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
+    cluster.nodes["node-1"] = make_node("node-1", taints=[taint])
+    (first,) = cluster.step(1).notices
+    cluster.nodes["node-1"] = make_node("node-1")  # the scale-down is cancelled
+    plan = cluster.step(1)
+    assert [(n.pod, n.payload) for n in plan.notices] == [("train-a0-r1", "")]
+    assert cluster.pod(1)["metadata"]["annotations"][NOTICE_ANNOTATION] == ""
+    cond = {c["type"]: c for c in cluster.status["conditions"]}["PreemptionNotice"]
+    assert cond["status"] == "False"
+    assert not cluster.step(1).notices  # emptied once
+    cluster.nodes["node-1"] = make_node("node-1", taints=[taint])  # now it really goes
+    (second,) = cluster.step(5).notices
+    assert second.pod == "train-a0-r1" and second.payload and second.payload != first.payload
+    assert cluster.status["attempt"] == 0
+
+
 def test_not_ready_node_requeues_until_the_grace_expires():
     cluster = running(preemptionSignals={"nodeNotReadySeconds": 30})
     cluster.nodes["node-0"] = make_node("node-0", ready="False", since=cluster.now)
