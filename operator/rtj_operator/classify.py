@@ -5,7 +5,8 @@ The one question that matters for a spot job: did this pod end because the infra
 failed (a *failure*: count it and back off)? The Kubernetes signals are scattered, so the order
 of the checks below is the policy:
 
-1. a pod that succeeded stays a success whatever happens to its node afterwards;
+1. a pod that succeeded, or whose training container exited 0, stays a success whatever happens
+   to its node (or its other containers) afterwards;
 2. the pod's node is deleted (spot reclaim) -> preemption, even though the pod still says Running,
    because no kubelet will ever report on it again (PodGC only cleans up ~40 s later);
 3. a ``DisruptionTarget`` condition (scheduler preemption, taint eviction, the Eviction API,
@@ -159,8 +160,9 @@ def classify_rank(
     def preempted(cause: Cause, message: str) -> RankOutcome:
         return RankOutcome(rank, Outcome.PREEMPTED, cause=cause, message=message, **base)
 
-    # 1. Success is final.
-    if phase == "Succeeded" or (exit_code == 0 and phase != "Failed"):
+    # 1. Success is final. The training container decides: its exit 0 is a success even when
+    #    another container (a sidecar failing on shutdown) leaves the pod Failed.
+    if phase == "Succeeded" or exit_code == 0:
         return RankOutcome(rank, Outcome.SUCCEEDED, message="exited 0", **base)
     # 2. The node is gone: nothing will ever report on this pod again.
     if node is not None and node_name and node.gone:
@@ -189,6 +191,11 @@ def classify_rank(
     if (exit_code is not None and exit_code != 0) or phase == "Failed":
         how = terminated.get("reason") if terminated else None
         what = f"exit code {exit_code}" + (f" ({how})" if how else "")
+        if exit_code is None:
+            # The pod failed before the training container ended: say which container did.
+            what = _other_failure(pod, container) or (
+                f"pod Failed before container {container} terminated"
+            )
         if trouble is not None:
             return preempted(
                 trouble,
@@ -214,6 +221,22 @@ def classify_rank(
         recheck_after=recheck,
         **base,
     )
+
+
+def _other_failure(pod: dict[str, Any], training: str | None) -> str | None:
+    """The first other container (init containers first) that ended with a non-zero code."""
+    status = pod.get("status") or {}
+    for key, kind in (
+        ("initContainerStatuses", "init container"),
+        ("containerStatuses", "container"),
+    ):
+        for entry in status.get(key) or []:
+            terminated = (entry.get("state") or {}).get("terminated") or {}
+            code = terminated.get("exitCode")
+            if entry.get("name") != training and code not in (None, 0):
+                how = terminated.get("reason")
+                return f"{kind} {entry.get('name')} exited {code}" + (f" ({how})" if how else "")
+    return None
 
 
 @dataclass(frozen=True)

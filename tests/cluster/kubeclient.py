@@ -269,14 +269,31 @@ class Kube(HttpKube):
         message: str | None = None,
     ) -> None:
         """Report the training container's exit as its kubelet would (status subresource)."""
+        self.end_containers(ns, pod, {}, default=exit_code, reason=reason, message=message)
+
+    def end_containers(
+        self,
+        ns: str,
+        pod: str,
+        codes: dict[str, int],
+        *,
+        default: int = 0,
+        reason: str = "Error",
+        message: str | None = None,
+    ) -> None:
+        """Report every container's exit (``codes`` by name, else ``default``) as the kubelet
+        would; the pod is Failed when any of them exited non-zero."""
         current = self.pod(ns, pod)
         assert current is not None, pod
         now = iso(utcnow())
         statuses = []
         for container in current["spec"]["containers"]:
+            code = codes.get(container["name"], default)
             terminated = {
-                "exitCode": exit_code,
-                "reason": reason,
+                "exitCode": code,
+                "reason": reason
+                if container["name"] not in codes
+                else ("Completed" if code == 0 else "Error"),
                 "startedAt": now,
                 "finishedAt": now,
             }
@@ -293,7 +310,8 @@ class Kube(HttpKube):
                     "state": {"terminated": terminated},
                 }
             )
-        phase = "Succeeded" if exit_code == 0 else "Failed"
+        ended = [codes.get(c["name"], default) for c in current["spec"]["containers"]]
+        phase = "Succeeded" if not any(ended) else "Failed"
         self.req(
             "PATCH",
             f"/api/v1/namespaces/{ns}/pods/{pod}/status",

@@ -112,3 +112,22 @@ def test_repeated_failure_after_resume_quarantines_the_checkpoint(kube, ns, pool
     assert status["quarantinedCheckpoints"] == ["ep0-ba200"] and status["quarantined"] == 1
     assert status["failures"] == 2 and status["preemptions"] == 1
     wait_events(kube, ns, name, {"CheckpointQuarantined"})
+
+
+def test_training_exit_zero_succeeds_even_when_a_sidecar_fails_the_pod(kube, ns, pool, operator):
+    """Classification's first row: the training container's exit 0 is a success. A sidecar
+    that exits 1 when the training ends leaves its pod Failed, which is no reason to run a
+    finished training again."""
+    sidecar = {"name": "log-shipper", "image": "registry.local/shipper:1"}
+    trainer = {"name": "trainer", "image": "registry.local/train:1"}
+    name = start_running(kube, ns, pool, operator, template_spec={"containers": [trainer, sidecar]})
+    for rank, sidecar_code in ((0, 1), (1, 0)):
+        kube.end_containers(ns, f"{name}-a0-r{rank}", {"trainer": 0, "log-shipper": sidecar_code})
+    wait_for(
+        "Succeeded",
+        lambda: kube.status(ns, name).get("phase") == "Succeeded",
+        10,
+        on_timeout=operator.tail,
+    )
+    status = kube.status(ns, name)
+    assert status["failures"] == 0 and status["attempt"] == 0, status

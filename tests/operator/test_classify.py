@@ -121,6 +121,31 @@ def test_nonzero_exit_without_disruption_is_a_failure(exit_code, reason):
     assert out.exit_code == exit_code and reason in out.message
 
 
+def test_training_exit_zero_is_a_success_even_when_a_sidecar_fails_the_pod():
+    """The table's first row: the training container exited 0 is a success. A sidecar that
+    exits 1 on shutdown leaves the pod Failed; that used to count a failure and retry (and at
+    backoffLimit fail) a finished training."""
+    pod = make_pod(phase="Failed", exit_code=0, reason="Completed")
+    pod["status"]["containerStatuses"].append(
+        {"name": "log-shipper", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    )
+    assert classify(pod).outcome is Outcome.SUCCEEDED
+
+
+def test_a_failed_init_container_is_named_instead_of_exit_code_none():
+    pod = make_pod(phase="Failed")
+    pod["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    pod["status"]["initContainerStatuses"] = [
+        {"name": "fetch-data", "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+    ]
+    out = classify(pod)
+    assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE
+    assert out.exit_code is None
+    assert out.message == "init container fetch-data exited 2 (Error)"
+
+
 def test_failure_while_the_node_is_announced_for_termination_is_a_preemption():
     taint = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
     node = node_view("node-0", make_node(taints=[taint]))
