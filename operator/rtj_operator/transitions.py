@@ -188,10 +188,12 @@ def suspend(ctx: ReconcileContext) -> None:
 
 
 def unsuspend(ctx: ReconcileContext) -> None:
-    """spec.suspend cleared: a created gang is resubmitted as the next attempt."""
+    """spec.suspend cleared: a created gang is resubmitted as the next attempt, and so is one
+    suspended mid-creation whose pods still exist (they may still be terminating: their
+    names taken for the new gang's would end it at once as a preemption)."""
     st = ctx.status
     ctx.plan.event("Normal", "Resumed", "spec.suspend cleared")
-    if st.gang_created:
+    if st.gang_created or ctx.current_pods():
         next_attempt(ctx, 0.0, "Resumed", "resuming after suspend")
     else:
         ctx.phase(

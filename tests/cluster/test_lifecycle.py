@@ -13,7 +13,7 @@ from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
 from .conftest import ROOT
-from .kubeclient import env_of, rtj
+from .kubeclient import env_of, rtj, unique
 from .scenario import condition, node_of, start_running, wait_attempt
 
 
@@ -60,6 +60,57 @@ def test_suspend_deletes_the_gang_keeps_state_and_resume_continues(kube, ns, poo
     pods = wait_attempt(kube, ns, name, 1, 2, op=operator)
     assert env_of(pods[0])["RTJ_RESUME_FROM"] == "s3://ckpt/run/ep1-ba10"
     wait_for("Running", lambda: kube.status(ns, name).get("phase") == "Running", 30)
+
+
+def test_resuming_a_gang_suspended_mid_creation_counts_no_preemption(kube, ns, pool, operator):
+    """A full quota lets one of two ranks be created; the user suspends, frees the quota and
+    resumes while that rank still terminates. The next attempt gets new names: taking the
+    terminating pod for the resumed gang's rank ended the gang at once as a preemption."""
+    pool.add(2)
+    quota = f"/api/v1/namespaces/{ns}/resourcequotas"
+    kube.req(
+        "POST",
+        quota,
+        body={"metadata": {"name": "one-pod"}, "spec": {"hard": {"count/pods": "1"}}},
+    )
+    wait_for(
+        "quota counted",
+        lambda: ((kube.get(f"{quota}/one-pod") or {}).get("status") or {}).get("hard"),
+        20,
+    )
+    name = unique("job")
+    kube.create_job(rtj(name, ns, pool.name, 2))
+    wait_for(
+        "PodCreationRefused",
+        lambda: condition(kube, ns, name, "Blocked").get("reason") == "PodCreationRefused",
+        30,
+        on_timeout=operator.tail,
+    )
+    (created,) = kube.pods(ns, name, 0)  # whichever rank got the quota's one pod
+    rank0 = created["metadata"]["name"]
+    hold = {"metadata": {"finalizers": ["rtj-e2e/hold"]}}  # a long grace period, made visible
+    kube.req("PATCH", f"/api/v1/namespaces/{ns}/pods/{rank0}", content_type=MERGE, body=hold)
+    kube.patch_job(ns, name, {"suspend": True})
+    wait_for(
+        "rank 0 terminating",
+        lambda: ((kube.pod(ns, rank0) or {}).get("metadata") or {}).get("deletionTimestamp"),
+        20,
+        on_timeout=operator.tail,
+    )
+    kube.req("DELETE", f"{quota}/one-pod")
+    kube.patch_job(ns, name, {"suspend": False})
+    wait_for(
+        "attempt 1 running", lambda: kube.running(ns, name, 1, 2), 30, on_timeout=operator.tail
+    )
+    status = kube.status(ns, name)
+    assert status["preemptions"] == 0 and status["failures"] == 0, status
+    assert not status.get("interruptions"), status
+    kube.req(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{rank0}",
+        content_type=MERGE,
+        body={"metadata": {"finalizers": None}},
+    )
 
 
 def test_deleting_the_job_removes_everything_it_owns(kube, ns, pool, operator):

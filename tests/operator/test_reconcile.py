@@ -9,7 +9,7 @@ from rtj_operator.envvars import NOTICE_ANNOTATION
 from rtj_operator.reconcile import reconcile
 from rtj_operator.status_types import Cause
 
-from .fakes import FakeCluster, make_node
+from .fakes import FakeCluster, make_node, make_pod
 
 
 def running(replicas: int = 2, **spec) -> FakeCluster:
@@ -329,6 +329,32 @@ def test_suspend_deletes_the_gang_keeps_state_and_resume_starts_the_next_attempt
     assert st["attempt"] == 1 and st["phase"] == "Restarting" and len(plan.creations) == 2
     assert plan.resubmission == "resume"
     assert cluster.env(0)["RTJ_RESUME_FROM"].endswith("/ep0-ba50")
+
+
+def test_resuming_a_gang_suspended_mid_creation_never_counts_a_preemption():
+    """Suspended while only part of the gang exists (the rest refused by a full quota, say) and
+    resumed while those pods still terminate: the next attempt gets new names. Reusing the
+    attempt took the terminating pod for the new gang's rank and ended it as PodDeleted."""
+    cluster = FakeCluster.start(replicas=2)
+    cluster.apply(reconcile_once(cluster), crash_after_creations=1)
+    assert set(cluster.pods) == {"train-a0-r0"} and not cluster.status.get("gangCreated")
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    assert cluster.status["phase"] == "Suspended"
+    terminating = make_pod(rank=0, phase="Running", deleting=True)  # its grace period runs
+    cluster.pods["train-a0-r0"] = terminating
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(1)
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r0", "train-a1-r1"]
+    cluster.schedule_and_run()
+    cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["preemptions"] == 0 and st["failures"] == 0, st
+    assert [i["cause"] for i in st.get("interruptions", [])] == []
+
+
+def reconcile_once(cluster):
+    return reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
 
 
 def test_suspended_from_the_start_creates_nothing_until_resumed():
