@@ -24,7 +24,12 @@ from .status_types import (
     JobStatus,
     Phase,
 )
-from .transitions import newest_committed_step, next_attempt, record_interruption
+from .transitions import (
+    committed_and_lost,
+    newest_committed_step,
+    next_attempt,
+    record_interruption,
+)
 
 
 def _grown_from(st: JobStatus) -> int | None:
@@ -220,8 +225,7 @@ def watch_for_grow(
         st.grow = None
         plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
     elif decision.action is elastic.GrowAction.RESTART:
-        last = newest_committed_step(st)
-        lost = max(st.current_step - last, 0) if st.current_step is not None and last else None
+        last, lost = committed_and_lost(st)
         record_interruption(
             ctx,
             Interruption(

@@ -31,6 +31,15 @@ def newest_committed_step(st: JobStatus) -> int | None:
     return st.last_committed_checkpoint.step if st.last_committed_checkpoint else None
 
 
+def committed_and_lost(st: JobStatus) -> tuple[int | None, int | None]:
+    """The newest committed step, and the steps reported since it (None when either is
+    unknown; a checkpoint at step 0 counts like any other)."""
+    last = newest_committed_step(st)
+    if st.current_step is None or last is None:
+        return last, None
+    return last, max(st.current_step - last, 0)
+
+
 def record_interruption(ctx: ReconcileContext, interruption: Interruption) -> None:
     """Append to the bounded interruption history and tell the plan (metrics)."""
     st = ctx.status
@@ -48,10 +57,7 @@ def interrupted(
     st, plan, policy = ctx.status, ctx.plan, ctx.job.spec.resume_policy
     trigger = verdict.trigger
     assert trigger is not None
-    last = newest_committed_step(st)
-    lost = None
-    if st.current_step is not None and last is not None:
-        lost = max(st.current_step - last, 0)
+    last, lost = committed_and_lost(st)
     record_interruption(
         ctx,
         Interruption(

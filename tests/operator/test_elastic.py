@@ -23,7 +23,8 @@ from rtj_operator.nodes import node_view
 from rtj_operator.plan_types import Plan
 from rtj_operator.reconcile import reconcile
 from rtj_operator.spec_types import JobSpec
-from rtj_operator.status_types import GrowRequest
+from rtj_operator.status_types import CheckpointRecord, GrowRequest, JobStatus
+from rtj_operator.transitions import committed_and_lost
 
 from .fakes import T0, FakeCluster, make_node
 
@@ -492,3 +493,25 @@ def test_a_wait_for_scheduling_does_not_carry_over_to_the_next_attempt():
     assert not plan.creations and cluster.status["attempt"] == 1
     capacity = {c["type"]: c for c in cluster.status["conditions"]}["CapacityAvailable"]
     assert capacity["reason"] == "WaitingForFullGang"
+
+
+@pytest.mark.parametrize(
+    ("committed", "current", "expected"),
+    [
+        (0, 7, (0, 7)),
+        (12, 20, (12, 8)),
+        (12, 9, (12, 0)),
+        (None, 7, (None, None)),
+        (4, None, (4, None)),
+    ],
+)
+def test_steps_lost_count_from_a_checkpoint_at_step_zero_like_any_other(
+    committed: int | None, current: int | None, expected: tuple[int | None, int | None]
+) -> None:
+    status = JobStatus(
+        current_step=current,
+        last_committed_checkpoint=(
+            None if committed is None else CheckpointRecord(name=f"ba{committed}", step=committed)
+        ),
+    )
+    assert committed_and_lost(status) == expected
