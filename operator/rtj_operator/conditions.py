@@ -81,8 +81,13 @@ def set_phase(
     now: datetime,
     generation: int | None,
 ) -> None:
-    """Move to ``phase``: its condition becomes True, the other phase conditions False."""
+    """Move to ``phase``: its condition becomes True, the other phase conditions False; in a
+    phase where no rank runs (suspended, ended) the gang's conditions settle too."""
     status.phase = phase
+    if phase in _NO_GANG:
+        _settle_gang_conditions(
+            status, reason=reason, message=message, now=now, generation=generation
+        )
     owner = _PHASE_CONDITION.get(phase)
     for cond_type in (RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED):
         current = condition(status, cond_type)
@@ -107,6 +112,32 @@ def set_phase(
                 now=now,
                 generation=generation,
             )
+
+
+_NO_GANG = frozenset({Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED})
+"""Phases in which no rank runs: what the gang's own conditions said no longer holds."""
+
+
+def _settle_gang_conditions(
+    status: JobStatus, *, reason: str, message: str, now: datetime, generation: int | None
+) -> None:
+    """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist) goes,
+    as it is absent while nothing is stuck, and ``PreemptionNotice=True`` turns False with the
+    phase's reason. The next attempt's pods set them again."""
+    status.conditions = [
+        c for c in status.conditions if not (c.type == PODS_SCHEDULED and c.status == "False")
+    ]
+    notice = condition(status, PREEMPTION_NOTICE)
+    if notice is not None and notice.status == "True":
+        set_condition(
+            status,
+            PREEMPTION_NOTICE,
+            False,
+            reason=reason,
+            message=f"no rank runs: {message}",
+            now=now,
+            generation=generation,
+        )
 
 
 def condition(status: JobStatus, type_: str) -> Condition | None:

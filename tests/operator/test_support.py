@@ -219,3 +219,30 @@ def test_events_of_a_recorded_decision_are_posted_even_when_a_support_write_fail
     sync(ctrl)
     reasons = [e[1] for e in api.events]
     assert reasons.count("Preempted") == 1 and reasons.count("Resubmitted") == 1
+
+
+def test_suspending_settles_the_conditions_of_a_gang_that_no_longer_exists():
+    """After a suspend, `kubectl describe` said "2 of 2 ranks cannot be scheduled" and
+    "node ... is about to go" about pods that were deleted."""
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    cluster.pods["train-a0-r1"]["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+    ]
+    cluster.pods["train-a0-r0"]["spec"]["nodeName"] = "node-0"
+    cluster.pods["train-a0-r0"]["status"]["phase"] = "Running"
+    cluster.nodes["node-0"] = make_node(
+        "node-0", taints=[{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]
+    )
+    cluster.step(1)
+    conds = {c["type"]: c for c in cluster.status["conditions"]}
+    assert conds["PodsScheduled"]["status"] == "False"
+    assert conds["PreemptionNotice"]["status"] == "True"
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    conds = {c["type"]: c for c in cluster.status["conditions"]}
+    assert cluster.status["phase"] == "Suspended"
+    assert "PodsScheduled" not in conds
+    assert conds["PreemptionNotice"]["status"] == "False"
+    assert conds["PreemptionNotice"]["reason"] == "Suspended"
+    assert conds["Suspended"]["status"] == "True"
