@@ -77,7 +77,9 @@ def watch_gang(ctx: ReconcileContext) -> None:
             )
         _report_scheduling(ctx, current)
         plan.requeue(verdict.recheck_after)
-        if job.spec.elastic is not None and not reshrink(ctx, current):
+        if job.spec.elastic is None:
+            st.grow = None  # elastic removed meanwhile: a pending grow is dropped with it
+        elif not reshrink(ctx, current):
             watch_for_grow(ctx, verdict.all_running, current)
 
 

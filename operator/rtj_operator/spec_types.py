@@ -350,7 +350,9 @@ class JobSpec(ApiModel):
     elastic: ElasticPolicy | None = None
     """Let the gang shrink to the capacity left (down to ``minReplicas``) and grow back to
     ``replicas``. The trainer must resume at another world size (the runtime's ``elastic=True``).
-    Omitted: a fixed-size gang."""
+    Omitted: a fixed-size gang. Changes apply from the next attempt on: removing it from a
+    shrunk gang drops a pending grow, and the gang keeps its size until its next attempt, which
+    has ``replicas`` pods."""
     queue_name: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL)
     """A Kueue LocalQueue: the pods get Kueue's pod-group labels (``kueue.x-k8s.io/queue-name``,
     ``kueue.x-k8s.io/pod-group-name``) and annotation (``kueue.x-k8s.io/pod-group-total-count``)

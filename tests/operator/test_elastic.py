@@ -515,3 +515,25 @@ def test_steps_lost_count_from_a_checkpoint_at_step_zero_like_any_other(
         ),
     )
     assert committed_and_lost(status) == expected
+
+
+def test_removing_elastic_drops_a_pending_grow_and_the_next_attempt_is_full_size():
+    cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=10)
+    cluster.step()
+    cluster.step(10)
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba10", 10, current=12)
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    plan = cluster.step(400)
+    assert "GrowRequested" in reasons(plan) and cluster.status["grow"]["targetSize"] == 4
+    del cluster.body["spec"]["elastic"]
+    plan = cluster.step(1)
+    assert "grow" not in cluster.status and not plan.deletions  # no restart for the edit
+    assert cluster.status["gangSize"] == 2
+    node_of_rank_1 = cluster.pod(1)["spec"]["nodeName"]
+    del cluster.nodes[node_of_rank_1]
+    plan = cluster.step(1)
+    assert len(plan.creations) == 4 and cluster.status["gangSize"] == 4
+    assert cluster.env(3)["WORLD_SIZE"] == "4"
