@@ -187,3 +187,29 @@ def test_one_request_makes_five_attempts_in_all(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ObjectStoreError, match="cannot reach"):
         store.head(S3Uri("rtj-test", "x"))
     assert len(sent) == 5, sent
+
+
+def test_region_from_aws_region(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/object-store.md: the region is `AWS_REGION` / `AWS_DEFAULT_REGION` / the profile.
+    botocore itself reads only AWS_DEFAULT_REGION; AWS_REGION alone must still sign for it."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-central-1")
+    store = S3Store()
+    assert store.client.meta.region_name == "eu-central-1"
+    scopes: list[str] = []
+    store.client.meta.events.register(
+        "before-send.s3.*", lambda **kw: scopes.append(kw["request"].headers["Authorization"])
+    )
+    store.head(S3Uri(s3_env.bucket, "absent"))  # a real, signed request to the server
+    assert scopes and all(b"/eu-central-1/s3/aws4_request" in s for s in scopes), scopes
+    # AWS_REGION wins over AWS_DEFAULT_REGION, as in the AWS CLI; an explicit region over both.
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert S3Store().client.meta.region_name == "eu-central-1"
+    assert S3Store(region="ap-south-1").client.meta.region_name == "ap-south-1"
+    monkeypatch.delenv("AWS_REGION")
+    assert S3Store().client.meta.region_name == "us-west-2"
+    # Without a custom endpoint the region also picks AWS's regional endpoint.
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.setenv("AWS_REGION", "eu-central-1")
+    assert S3Store().endpoint == "https://s3.eu-central-1.amazonaws.com"

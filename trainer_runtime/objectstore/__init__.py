@@ -31,7 +31,14 @@ from .resolver import (
     resume_from_remote,
 )
 from .retry import Backoff
-from .store import ObjectInfo, S3Store, TransferSettings, open_store, resolve_endpoint
+from .store import (
+    ObjectInfo,
+    S3Store,
+    TransferSettings,
+    open_store,
+    resolve_endpoint,
+    resolve_region,
+)
 from .uploader import CheckpointUploader, UploadStats
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
@@ -63,6 +70,7 @@ __all__ = [
     "remote_pointer",
     "remote_run_folder",
     "resolve_endpoint",
+    "resolve_region",
     "resume_from_remote",
     "verify_remote",
 ]

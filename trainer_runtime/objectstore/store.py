@@ -5,8 +5,10 @@ the caller should do), small-object requests, listing, prefix deletes, and the v
 transfers of ``transfers.py``.
 
 Endpoint: boto3 reads ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` itself; when neither is set,
-``S3_ENDPOINT_URL`` (Composer's spelling) is used. Credentials come only from boto3's chain and
-are never logged or stored. boto3 is imported lazily so ``trainer_runtime`` works without it.
+``S3_ENDPOINT_URL`` (Composer's spelling) is used. Region: ``AWS_REGION`` (which botocore does not
+read, though the AWS CLI and most SDKs do), else boto3's ``AWS_DEFAULT_REGION`` or profile.
+Credentials come only from boto3's chain and are never logged or stored. boto3 is imported
+lazily so ``trainer_runtime`` works without it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,14 @@ def resolve_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(S3_ENDPOINT_URL) or None
 
 
+def resolve_region(environ: Mapping[str, str] | None = None) -> str | None:
+    """The region to pass to boto3: ``AWS_REGION``, which the AWS CLI and the other SDKs read
+    before ``AWS_DEFAULT_REGION`` but botocore ignores; None lets boto3 use
+    ``AWS_DEFAULT_REGION`` or the profile."""
+    env = os.environ if environ is None else environ
+    return env.get("AWS_REGION") or None
+
+
 def error_code(exc: BaseException) -> str:
     """The S3 error code of a botocore ClientError ("" for anything else)."""
     response = getattr(exc, "response", None)
@@ -143,7 +153,7 @@ class S3Store:
         if client is None:
             settings = {
                 "endpoint_url": endpoint_url or resolve_endpoint(),
-                "region": region,
+                "region": region or resolve_region(),
                 "connect_timeout": connect_timeout,
                 "addressing_style": addressing_style,
             }
