@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer_runtime import atomic
 from trainer_runtime.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from trainer_runtime.timestamp import Timestamp
+
+if TYPE_CHECKING:
+    from tests.support.s3server import S3Server
 
 RUN = "run"
 
@@ -42,3 +47,39 @@ def make_checkpoint(
     )
     atomic.write_bytes_atomic(folder / MANIFEST_NAME, manifest.to_json().encode())
     return folder, manifest
+
+
+def scoped_credentials(server: S3Server, actions: list[str]) -> dict[str, str]:
+    """Temporary credentials allowed only ``actions`` on the test bucket (MinIO's STS
+    AssumeRole with a session policy: the server enforces it like an IAM policy)."""
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": actions,
+                "Resource": [f"arn:aws:s3:::{server.bucket}", f"arn:aws:s3:::{server.bucket}/*"],
+            }
+        ],
+    }
+    import boto3  # only the tests that use it need boto3
+
+    env = server.env()
+    sts = boto3.session.Session().client(
+        "sts",
+        endpoint_url=server.url,
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    creds = sts.assume_role(
+        RoleArn="arn:minio:iam:::role/rtj-test",
+        RoleSessionName="rtj-test",
+        Policy=json.dumps(policy),
+        DurationSeconds=900,
+    )["Credentials"]
+    return {
+        "AWS_ACCESS_KEY_ID": creds["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+        "AWS_SESSION_TOKEN": creds["SessionToken"],
+    }

@@ -14,6 +14,7 @@ import torch
 from trainer_runtime import CheckpointManager
 
 from ..unit.trainkit import make, saved_weights, step
+from .helpers import scoped_credentials
 
 pytestmark = pytest.mark.objectstore
 
@@ -97,3 +98,19 @@ def test_a_bad_s3_location_names_the_argument_and_keeps_the_uri(s3_env):
     assert "folder='s3://Not_A_Bucket/x'" in bad.stderr and "s3:/N" not in bad.stderr
     missing = cli("verify", "s3://no-such-bucket-rtj/run")
     assert missing.returncode == 2 and "no-such-bucket-rtj" in missing.stderr, missing.stderr
+
+
+def test_credentials_that_may_list_but_not_read_exit_2(tmp_path, s3_env, s3_root, monkeypatch):
+    """ "A bad location exits 2 with the same errors as training": credentials without
+    s3:GetObject are refused at the access check, not reported as a store failure midway."""
+    if s3_env.kind != "minio":
+        pytest.skip("needs a server that enforces per-action policies (MinIO)")
+    run_uri = str(s3_root.join("run"))
+    save_two(tmp_path, run_uri)
+    for name, value in scoped_credentials(s3_env, ["s3:ListBucket"]).items():
+        monkeypatch.setenv(name, value)
+    for args in (("ls", run_uri), ("verify", run_uri), ("export", run_uri, str(tmp_path / "w.pt"))):
+        denied = cli(*args)
+        assert denied.returncode == 2, (args, denied.stdout, denied.stderr)
+        assert "access denied (403) trying to read objects in" in denied.stderr, denied.stderr
+        assert "source: env" in denied.stderr and "Traceback" not in denied.stderr

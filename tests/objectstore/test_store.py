@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.conftest import SMALL_PARTS, point_env_at
+from tests.objectstore.helpers import scoped_credentials
 from tests.support.s3server import S3Server, free_port
 from trainer_runtime.objectstore import (
     ChecksumMismatchError,
@@ -213,3 +214,38 @@ def test_region_from_aws_region(s3_env: S3Server, monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     monkeypatch.setenv("AWS_REGION", "eu-central-1")
     assert S3Store().endpoint == "https://s3.eu-central-1.amazonaws.com"
+
+
+def test_check_access_names_the_permission_the_credentials_lack(
+    s3_env: S3Server, s3_root: S3Uri, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/object-store.md: denied credentials fail at construction. Credentials that may list
+    and write but not read (a policy without s3:GetObject) passed the probe, then every resume
+    failed after a minute of retries and every upload stayed pending (the pointer is read before
+    it moves); credentials that may not delete were reported as unable to write."""
+    if s3_env.kind != "minio":
+        pytest.skip("needs a server that enforces per-action policies (MinIO)")
+    write_only = ["s3:ListBucket", "s3:PutObject", "s3:DeleteObject"]
+    for name, value in scoped_credentials(s3_env, write_only).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ObjectStoreConfigError, match=r"access denied \(403\) trying to read"):
+        open_store(str(s3_root))
+    with pytest.raises(ObjectStoreConfigError, match=r"trying to read objects in"):
+        open_store(str(s3_root), write=False)  # what rtj-checkpoints does
+
+    no_delete = ["s3:ListBucket", "s3:GetObject", "s3:PutObject"]
+    for name, value in scoped_credentials(s3_env, no_delete).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ObjectStoreConfigError, match=r"trying to delete objects in"):
+        open_store(str(s3_root.join("a")))
+
+    read_only = ["s3:ListBucket", "s3:GetObject"]
+    for name, value in scoped_credentials(s3_env, read_only).items():
+        monkeypatch.setenv(name, value)
+    open_store(str(s3_root), write=False)  # enough to look
+    with pytest.raises(ObjectStoreConfigError, match=r"AccessDenied\) trying to write to"):
+        open_store(str(s3_root))
+
+    for name, value in scoped_credentials(s3_env, [*no_delete, "s3:DeleteObject"]).items():
+        monkeypatch.setenv(name, value)
+    open_store(str(s3_root.join("b")))  # every permission training needs

@@ -202,9 +202,11 @@ class S3Store:
     def check_access(self, location: S3Uri | str, *, write: bool = False) -> None:
         """Fail fast with ObjectStoreConfigError if ``location`` cannot be used.
 
-        Lists the prefix (needs the bucket to exist and the credentials to be valid); with
-        ``write`` also puts and deletes a small probe object, so read-only credentials are
-        caught before training starts instead of at the first upload.
+        Lists the prefix (needs the bucket to exist and the credentials to be valid) and reads
+        an object that is not there (a 404, not a 403: the credentials may read objects, which
+        listing alone does not show); with ``write`` also puts and deletes a small probe object,
+        so read-only or write-only credentials are caught before training starts instead of at
+        the first resume or upload.
         """
         from botocore import exceptions as bexc  # noqa: PLC0415 - boto3 is optional
 
@@ -214,10 +216,13 @@ class S3Store:
         log.info("object store: checking access to %s at %s", uri, self.endpoint)
         try:
             client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix, MaxKeys=1)
+            action = "read objects in"
+            self._probe_read(client, uri.join(f".rtj-read-probe-{uuid.uuid4().hex}"))
             if write:
                 action = "write to"
                 probe = uri.join(f".rtj-write-probe-{uuid.uuid4().hex}")
                 client.put_object(Bucket=probe.bucket, Key=probe.key, Body=b"")
+                action = "delete objects in"
                 client.delete_object(Bucket=probe.bucket, Key=probe.key)
         except (bexc.NoCredentialsError, bexc.PartialCredentialsError) as exc:
             raise self.wrap_error(exc, f"cannot use {uri}") from exc
@@ -241,6 +246,17 @@ class S3Store:
             raise ObjectStoreConfigError(f"cannot use {uri} at {self.endpoint}: {exc}") from exc
         except bexc.BotoCoreError as exc:
             raise ObjectStoreConfigError(f"cannot use {uri} at {self.endpoint}: {exc}") from exc
+
+    @staticmethod
+    def _probe_read(client: BaseClient, absent: S3Uri) -> None:
+        """HEAD a key that does not exist: "not found" is the answer readable credentials get."""
+        from botocore import exceptions as bexc  # noqa: PLC0415 - boto3 is optional
+
+        try:
+            client.head_object(Bucket=absent.bucket, Key=absent.key)
+        except bexc.ClientError as exc:
+            if error_code(exc) not in _NOT_FOUND:
+                raise
 
     def _credential_source(self) -> str:
         """Where boto3 found credentials (e.g. "env", "shared-credentials-file"), never the keys."""
