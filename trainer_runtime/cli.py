@@ -113,8 +113,9 @@ def _list(folder: RunFolder, check: Check | None) -> int:
 
 def _main_remote(args: argparse.Namespace) -> int:
     """The same commands on a bucket prefix. Exit 2: unusable location (malformed URI,
-    missing bucket, refused credentials, unreachable endpoint); 1: a broken checkpoint, none
-    to export, or a store failure midway."""
+    missing bucket, refused credentials, unreachable endpoint) or a prefix with no object
+    under it (a local folder that does not exist); 1: a broken checkpoint, none to export, or
+    a store failure midway."""
     from .objectstore import ObjectStoreConfigError, ObjectStoreError, open_store  # noqa: PLC0415
 
     try:
@@ -123,6 +124,9 @@ def _main_remote(args: argparse.Namespace) -> int:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 2
     try:
+        if next(store.list_objects(uri), None) is None:  # S3 has no empty folders
+            print(f"rtj-checkpoints: {uri} is not a folder (no object under it)", file=sys.stderr)
+            return 2
         if args.cmd == "export":
             return _export_remote(store, uri, args.out, trusted=args.trusted_pickle)
         return _list_remote(store, uri, verify=args.cmd == "verify")

@@ -114,3 +114,17 @@ def test_credentials_that_may_list_but_not_read_exit_2(tmp_path, s3_env, s3_root
         assert denied.returncode == 2, (args, denied.stdout, denied.stderr)
         assert "access denied (403) trying to read objects in" in denied.stderr, denied.stderr
         assert "source: env" in denied.stderr and "Traceback" not in denied.stderr
+
+
+def test_a_prefix_that_holds_nothing_is_not_a_folder(tmp_path, s3_env, s3_root):
+    """A typo in the run folder: locally "is not a folder" and exit 2; in a bucket ls and
+    verify printed nothing and exited 0, so a check gated on verify passed on nothing."""
+    run_uri = str(s3_root.join("run"))
+    save_two(tmp_path, run_uri)
+    missing = tmp_path / "no-such-run"
+    for typo in (str(s3_root.join("rnu")), str(missing)):
+        for args in (("ls", typo), ("verify", typo), ("export", typo, str(tmp_path / "w.pt"))):
+            got = cli(*args)
+            assert got.returncode == 2, (args, got.stdout, got.stderr)
+            assert f"{typo} is not a folder" in got.stderr and got.stdout == "", got.stderr
+    assert cli("verify", run_uri + "/").returncode == 0  # with a trailing slash too
