@@ -31,6 +31,12 @@ _S3_NOTE = "; s3://BUCKET/PREFIX/... works too (downloaded to a temporary folder
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "export":
+        problem = _unwritable_out(args.out)
+        if problem is not None:  # before anything is downloaded or read
+            print(f"rtj-checkpoints: {problem}", file=sys.stderr)
+            return 2
+        args.out = Path(args.out)
     if _is_s3(args.folder) or "://" in args.folder:  # other schemes: training's error and hint
         return _main_remote(args)
     folder = Path(args.folder)
@@ -60,11 +66,24 @@ def _parser() -> argparse.ArgumentParser:
         "(torch.load(path, weights_only=True) reads it)",
     )
     exp.add_argument("folder", help="a checkpoint folder, or a run folder (its newest)" + _S3_NOTE)
-    exp.add_argument("out", type=Path, help="the .pt file to write")
+    exp.add_argument("out", help="the local .pt file to write")
     exp.add_argument(
         "--trusted-pickle", action="store_true", help="the checkpoint was saved with trusted_pickle"
     )
     return ap
+
+
+def _unwritable_out(out: str) -> str | None:
+    """Why ``export`` cannot write ``out``, or None. ``Path`` would turn ``s3://b/w.pt`` into
+    the local ``s3:/b/w.pt`` without a word, and a folder only fails after the download."""
+    if "://" in out:
+        return (
+            f"OUT={out!r}: export writes a local file; give a path such as weights.pt "
+            "and copy it to the bucket afterwards"
+        )
+    if Path(out).is_dir():
+        return f"OUT={out!r} is a folder; give the file to write, e.g. {Path(out) / 'weights.pt'}"
+    return None
 
 
 def _is_s3(text: str) -> bool:
@@ -80,6 +99,9 @@ def _export(folder: Path, out: Path, *, trusted: bool, shown: str | None = None)
         ckpt = export_weights(folder, out, trusted=trusted)
     except CheckpointError as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a local file that cannot be read, or OUT written (disk full, ...)
+        print(f"rtj-checkpoints: export to {out} failed: {exc}", file=sys.stderr)
         return 1
     print(f"exported the model weights of {shown or ckpt} to {out}")
     return 0

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.objectstore
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -33,6 +33,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -128,3 +129,28 @@ def test_a_prefix_that_holds_nothing_is_not_a_folder(tmp_path, s3_env, s3_root):
             assert got.returncode == 2, (args, got.stdout, got.stderr)
             assert f"{typo} is not a folder" in got.stderr and got.stdout == "", got.stderr
     assert cli("verify", run_uri + "/").returncode == 0  # with a trailing slash too
+
+
+def test_export_refuses_an_out_it_cannot_write(tmp_path, s3_env, s3_root):
+    """OUT is "the .pt file to write". An s3:// OUT was written, without a word, to a local
+    ./s3:/BUCKET/... ; a folder, or a path under a file, failed with a traceback after the
+    checkpoint had been downloaded."""
+    run_uri = str(s3_root.join("run"))
+    local = save_two(tmp_path, run_uri)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for source in (run_uri, str(local)):
+        to_bucket = cli("export", source, str(s3_root.join("weights.pt")), cwd=work)
+        assert to_bucket.returncode == 2, to_bucket.stdout + to_bucket.stderr
+        assert "export writes a local file" in to_bucket.stderr and to_bucket.stdout == ""
+        assert list(work.iterdir()) == []  # no ./s3:/ folder
+
+        folder = cli("export", source, str(work))
+        assert folder.returncode == 2 and f"OUT={str(work)!r} is a folder" in folder.stderr
+        assert "Traceback" not in folder.stderr
+
+        (tmp_path / "a-file").write_text("x")
+        under_a_file = cli("export", source, str(tmp_path / "a-file" / "w.pt"))
+        assert under_a_file.returncode == 1, under_a_file.stdout + under_a_file.stderr
+        assert under_a_file.stderr.startswith("rtj-checkpoints: export to ")
+        assert len(under_a_file.stderr.splitlines()) == 1, under_a_file.stderr
