@@ -70,6 +70,11 @@ LOCAL_CHECKPOINT_DIR = "RTJ_LOCAL_CHECKPOINT_DIR"
 
 # Composer-compatible spelling of the S3 endpoint; boto3's own AWS_ENDPOINT_URL(_S3) also work.
 S3_ENDPOINT_URL = "S3_ENDPOINT_URL"
+# boto3's endpoint variables (it reads them itself; a set one wins over S3_ENDPOINT_URL).
+AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+# The region, as the AWS CLI and most SDKs read it; botocore reads only AWS_DEFAULT_REGION.
+AWS_REGION = "AWS_REGION"
 
 ALL_RTJ = (
     JOB_NAME,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from ..envvars import S3_ENDPOINT_URL
+from ..envvars import AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, S3_ENDPOINT_URL
 from .errors import (
     ObjectNotFoundError,
     ObjectStoreConfigError,
@@ -93,7 +93,7 @@ class ObjectInfo:
 def resolve_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
     """The endpoint to pass to boto3: None when boto3 will find one itself (or use AWS)."""
     env = os.environ if environ is None else environ
-    if env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"):
+    if env.get(AWS_ENDPOINT_URL_S3) or env.get(AWS_ENDPOINT_URL):
         return None  # boto3's own configuration; it also honours the shared config file
     return env.get(S3_ENDPOINT_URL) or None
 
@@ -103,7 +103,7 @@ def resolve_region(environ: Mapping[str, str] | None = None) -> str | None:
     before ``AWS_DEFAULT_REGION`` but botocore ignores; None lets boto3 use
     ``AWS_DEFAULT_REGION`` or the profile."""
     env = os.environ if environ is None else environ
-    return env.get("AWS_REGION") or None
+    return env.get(AWS_REGION) or None
 
 
 def error_code(exc: BaseException) -> str:
