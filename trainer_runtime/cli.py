@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .errors import CheckpointError
 from .layout import RunFolder
-from .manifest import Manifest
+from .manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
     from .objectstore import S3Store, S3Uri
@@ -45,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cmd == "export":
         return _export(folder, args.out, trusted=args.trusted_pickle)
+    only = None
+    if (folder / MANIFEST_NAME).is_file():  # a checkpoint folder: that checkpoint alone
+        folder, only = folder.resolve().parent, folder.resolve().name
     run = RunFolder(folder)
     if args.cmd == "verify":
-        return _list(run, lambda m: run.verify(m, list(range(m.world_size))))
-    return _list(run, None)
+        return _list(run, lambda m: run.verify(m, list(range(m.world_size))), only=only)
+    return _list(run, None, only=only)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,11 +110,14 @@ def _export(folder: Path, out: Path, *, trusted: bool, shown: str | None = None)
     return 0
 
 
-def _list(folder: RunFolder, check: Check | None) -> int:
-    """Print the run folder's checkpoints, newest first; with ``check``, whether each verifies."""
+def _list(folder: RunFolder, check: Check | None, *, only: str | None = None) -> int:
+    """Print the run folder's checkpoints, newest first (or only the one named ``only``); with
+    ``check``, whether each verifies."""
     pointer = folder.pointer_name()
     bad = 0
     for cand in folder.candidates():
+        if only is not None and cand.name != only:
+            continue
         m = cand.manifest
         if m is None:
             print(f"  {cand.name:28s} NOT COMMITTED  {cand.reason}")
@@ -151,19 +157,23 @@ def _main_remote(args: argparse.Namespace) -> int:
             return 2
         if args.cmd == "export":
             return _export_remote(store, uri, args.out, trusted=args.trusted_pickle)
+        if uri.key and store.head(uri.join(MANIFEST_NAME)) is not None:  # a checkpoint
+            return _list_remote(store, uri.parent(), verify=args.cmd == "verify", only=uri.name)
         return _list_remote(store, uri, verify=args.cmd == "verify")
     except ObjectStoreError as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 1
 
 
-def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool) -> int:
+def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool, only: str | None = None) -> int:
     from .objectstore import remote_run_folder  # noqa: PLC0415
 
     folder = remote_run_folder(store, run_uri)
     if not verify:
-        return _list(folder, None)
-    return _list(folder, lambda m: folder.verify(m, None) or _download_check(store, run_uri, m))
+        return _list(folder, None, only=only)
+    return _list(
+        folder, lambda m: folder.verify(m, None) or _download_check(store, run_uri, m), only=only
+    )
 
 
 def _download_check(store: S3Store, run_uri: S3Uri, manifest: Manifest) -> str | None:
@@ -188,7 +198,6 @@ def _download_check(store: S3Store, run_uri: S3Uri, manifest: Manifest) -> str |
 def _export_remote(store: S3Store, uri: S3Uri, out: Path, *, trusted: bool) -> int:
     """Download the checkpoint ``uri`` (or the newest of the run folder ``uri`` that downloads
     intact), verified, into a temporary folder, and export that."""
-    from .manifest import MANIFEST_NAME  # noqa: PLC0415
     from .objectstore import download_checkpoint, resume_from_remote  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="rtj-export-") as scratch:

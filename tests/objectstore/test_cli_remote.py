@@ -154,3 +154,20 @@ def test_export_refuses_an_out_it_cannot_write(tmp_path, s3_env, s3_root):
         assert under_a_file.returncode == 1, under_a_file.stdout + under_a_file.stderr
         assert under_a_file.stderr.startswith("rtj-checkpoints: export to ")
         assert len(under_a_file.stderr.splitlines()) == 1, under_a_file.stderr
+
+
+def test_ls_and_verify_of_a_checkpoint_folder_show_that_checkpoint(tmp_path, s3_env, s3_root):
+    """Given a checkpoint instead of its run folder, ls and verify printed nothing and exited 0
+    (a run folder with no checkpoint in it): now they list and check that checkpoint alone."""
+    run_uri = str(s3_root.join("run"))
+    local = save_two(tmp_path, run_uri)
+    for folder in (f"{run_uri}/ep0-ba1", str(local / "ep0-ba1")):
+        listed = cli("ls", folder)
+        assert listed.returncode == 0, listed.stderr
+        assert [line.split()[0] for line in listed.stdout.splitlines()] == ["ep0-ba1"], listed
+        verified = cli("verify", folder)
+        assert verified.returncode == 0 and verified.stdout.rstrip().endswith(" ok"), verified
+    damage(s3_env.client(), s3_root.bucket, f"{s3_root.key}/run/ep0-ba1/__0_0.distcp")
+    broken = cli("verify", f"{run_uri}/ep0-ba1")
+    assert broken.returncode == 1 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
+    assert "ep0-ba2" not in broken.stdout
