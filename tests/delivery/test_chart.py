@@ -162,6 +162,21 @@ def test_operator_accepts_the_rendered_arguments(helm: str, values: tuple[str, .
     assert args.standalone == ("peering.enabled=false" in values)
 
 
+def test_large_integers_in_a_values_file_render_as_integers(helm: str, tmp_path: Path) -> None:
+    """YAML numbers reach the templates as floats: 2000000 rendered as ``2e+06``, which the
+    operator's integer arguments refuse, so its pod would not start."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "replicas: 1000000\noperator: {workers: 2000000}\npeering: {maxPauseSeconds: 3000000}\n"
+    )
+    docs = render(helm, "-f", str(values))
+    assert one(docs, "Deployment")["spec"]["replicas"] == 1000000
+    args = container(docs)["args"]
+    assert "--workers=2000000" in args and "--max-pause-seconds=3000000" in args, args
+    parsed = parse_args(args)
+    assert parsed.workers == 2000000 and parsed.max_pause_seconds == 3000000
+
+
 def test_default_deployment(helm: str) -> None:
     docs = render(helm)
     deploy = one(docs, "Deployment")
