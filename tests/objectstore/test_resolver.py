@@ -93,6 +93,33 @@ def test_corrupt_bytes_fall_back(
     assert not (tmp_path / "fresh" / "ep0-ba20" / "manifest.json").exists()
 
 
+def _without_digest_metadata(s3_env: S3Server, uri: S3Uri, body: bytes | None = None) -> None:
+    """The object again without its xxh3 metadata, as a backup restored with a plain upload."""
+    client = s3_env.client()
+    if body is None:
+        body = client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()
+    client.put_object(Bucket=uri.bucket, Key=uri.key, Body=body)
+    assert client.head_object(Bucket=uri.bucket, Key=uri.key).get("Metadata") == {}
+
+
+def test_objects_without_digest_metadata_are_checked_by_their_bytes(
+    store: S3Store, s3_env: S3Server, two_remote: S3Uri, tmp_path: Path
+) -> None:
+    """A checkpoint put back into the bucket by a tool that drops object metadata was passed
+    over ("carries checksum None"), and set aside when an older one verified: its bytes decide."""
+    for rank in (0, 1):
+        _without_digest_metadata(s3_env, two_remote.join("ep0-ba20", f"rank{rank}.pt"))
+    found = find_remote_checkpoint(store, two_remote)
+    assert found is not None and found.name == "ep0-ba20"
+    assert _resume(store, two_remote, tmp_path / "fresh") == "ep0-ba20"
+    # Without metadata and with other bytes, the download's check still falls back.
+    victim = two_remote.join("ep0-ba20", "rank1.pt")
+    info = store.head(victim)
+    assert info is not None
+    _without_digest_metadata(s3_env, victim, os.urandom(info.size))
+    assert _resume(store, two_remote, tmp_path / "fresh-2") == "ep0-ba10"
+
+
 def test_deleted_object_falls_back(
     store: S3Store, two_remote: S3Uri, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -85,9 +85,21 @@ def remote_manifests(
 
 
 def verify_remote(
-    store: S3Store, run_uri: S3Uri, manifest: Manifest, ranks: list[int] | None = None
+    store: S3Store,
+    run_uri: S3Uri,
+    manifest: Manifest,
+    ranks: list[int] | None = None,
+    *,
+    require_digest: bool = False,
 ) -> str | None:
-    """None when every file (of ``ranks``) is remote with the manifest's size and digest."""
+    """None when every file (of ``ranks``) is remote with the manifest's size and no other
+    digest than the manifest's.
+
+    An object without digest metadata (copied into the bucket by a tool that drops it, such as
+    an upload from a local backup) is not a broken one: the download checks its bytes against
+    the manifest. With ``require_digest`` (retention, which deletes on the strength of this
+    check) such an object does not count.
+    """
     ckpt = run_uri.join(manifest.name)
     for entry in manifest.files:
         if ranks is not None and entry.rank not in ranks:
@@ -100,7 +112,7 @@ def verify_remote(
                 f"{entry.path} (rank {entry.rank}) has {info.size} bytes remotely, "
                 f"manifest says {entry.size}"
             )
-        if info.xxh3 != entry.xxh3_128:
+        if info.xxh3 != entry.xxh3_128 and (info.xxh3 is not None or require_digest):
             return (
                 f"{entry.path} (rank {entry.rank}) carries checksum {info.xxh3}, "
                 f"manifest says {entry.xxh3_128}"

@@ -185,7 +185,9 @@ def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
         [m.name for m in committed],
         keep=keep,
         protected={pointer} if pointer else set(),
-        counts=lambda name: verify_remote(store, run_uri, by_name[name]) is None,
+        counts=lambda name: (
+            verify_remote(store, run_uri, by_name[name], require_digest=True) is None
+        ),
     )
     deleted: list[str] = []
     for manifest in (by_name[name] for name in doomed):
