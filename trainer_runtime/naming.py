@@ -78,6 +78,15 @@ class NameTemplates:
                 "rank's file and the manifest that commits them"
             )
         checkpoint_part, file_part = self.filename.strip("/").rsplit("/", 1)
+        if "/" in checkpoint_part or checkpoint_part.startswith("."):
+            # Resume lists the run folder's own entries: a nested folder (``ep0``) has no
+            # manifest of its own and was deleted there as a crashed save's leftover, with
+            # the committed checkpoints inside it; a hidden one is never listed at all.
+            raise ConfigError(
+                f"filename={self.filename!r}: the folder part {checkpoint_part!r} must be one "
+                "folder name directly in the run folder (no '/', not starting with '.'), "
+                "for example 'ep{epoch}-ba{batch}/rank{rank}.pt'"
+            )
         in_checkpoint = template_fields("filename", checkpoint_part)
         if in_checkpoint & set(RANK_VARS):
             raise ConfigError(
@@ -96,6 +105,11 @@ class NameTemplates:
             )
         if self.latest_filename is not None:
             used = check_template("latest_filename", self.latest_filename, ALL_VARS)
+            if "/" in self.latest_filename:
+                raise ConfigError(
+                    f"latest_filename={self.latest_filename!r}: expected a link name in the "
+                    "run folder, without '/' (e.g. 'latest-rank{rank}'), or None for no links"
+                )
             if "rank" not in used:
                 raise ConfigError(
                     f"latest_filename={self.latest_filename!r} must use {{rank}}: "

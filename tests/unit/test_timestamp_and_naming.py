@@ -84,6 +84,12 @@ def test_default_templates_render():
         ({"filename": "ep{epoch}/model.pt"}, "must use {rank}"),
         ({"filename": "fixed/rank{rank}.pt"}, "at least one progress variable"),
         ({"latest_filename": "latest"}, "latest_filename='latest' must use {rank}"),
+        # Nested or hidden checkpoint folders: resume deleted the first as a leftover (with the
+        # committed checkpoints inside) and never listed the second.
+        ({"filename": "ep{epoch}/ba{batch}/rank{rank}.pt"}, "must be one folder name"),
+        ({"filename": "ep{epoch}-ba{batch}/sub/rank{rank}.pt"}, "must be one folder name"),
+        ({"filename": ".ep{epoch}-ba{batch}/rank{rank}.pt"}, "not starting with '.'"),
+        ({"latest_filename": "links/latest-rank{rank}"}, "without '/'"),
         ({"filename": "ep{epoch:q}/rank{rank}.pt"}, "cannot be rendered"),
         ({"filename": "ep{epoch.real}/rank{rank}.pt"}, "not a plain variable name"),
         ({"folder": ""}, "folder must be a non-empty format string"),
