@@ -321,14 +321,17 @@ class Loader:
                 "and RNG start fresh"
             )
             self._place_sampler_at_timestamp()
-        self._apply_data_overrides(runtime.get("global_batch_size"))
+        self._apply_data_overrides(
+            runtime.get("global_batch_size"), runtime.get("data_overrides") or {}
+        )
         self._roll_over_finished_epoch()
         pos.mark_saved()
 
     def _place_sampler_at_timestamp(self) -> None:
-        """A ``weights_only`` checkpoint holds no sampler state: the data position is the
-        timestamp's (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()``
-        was not given sample counts), in the sampler's order for the timestamp's epoch."""
+        """Without the sampler's saved state (a ``weights_only`` checkpoint holds none; with
+        ``ignore_data_position`` it is not loaded) the data position is the timestamp's
+        (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()`` was not given
+        sample counts), in the sampler's order for the timestamp's epoch."""
         sampler, ts = self.ctx.sampler, self.ctx.position.timestamp
         if sampler is None:
             return
@@ -339,7 +342,7 @@ class Loader:
             sampler.advance(ts.batch_in_epoch * sampler.batch_size * sampler.num_replicas)
         elif ts.batch_in_epoch:
             log.warning(
-                "the weights-only checkpoint records %d batches of epoch %d but no sample "
+                "the checkpoint records %d batches of epoch %d but no sample "
                 "count, and the sampler has no batch_size: its data restarts at the epoch start",
                 ts.batch_in_epoch,
                 ts.epoch,
@@ -363,11 +366,39 @@ class Loader:
             ts.epoch,
         )
 
-    def _apply_data_overrides(self, saved_global_batch: int | None) -> None:
-        """Changed dataset or batch size: MindSpore-style overrides of the data position."""
+    def _apply_data_overrides(
+        self, saved_global_batch: int | None, saved_overrides: Mapping[str, Any]
+    ) -> None:
+        """Changed dataset or batch size: MindSpore-style overrides of the data position.
+
+        Each applies once: ``saved_overrides`` are those of the run that wrote the checkpoint,
+        whose data position already follows them. A relaunch of the same script after a
+        preemption (the overrides still passed) resumes at the exact position; re-applying
+        them restarted the epoch's data, or skipped ``data_skip_steps`` more steps, at every
+        relaunch."""
         settings, sampler = self.ctx.settings, self.ctx.sampler
         ts = self.ctx.position.timestamp
-        if settings.ignore_data_position:
+        ignore = settings.ignore_data_position
+        if ignore and saved_overrides.get("ignore_data_position") is True:
+            ignore = False
+            # The sampler's saved state was not loaded (with the override it never is: it may
+            # be another dataset's); the timestamp holds the same position.
+            self._place_sampler_at_timestamp()
+            log.info(
+                "ignore_data_position: already applied by the run that saved this checkpoint; "
+                "its data position is kept (epoch %d, sample %d of it)",
+                ts.epoch,
+                ts.sample_in_epoch,
+            )
+        skip = settings.data_skip_steps
+        if skip and saved_overrides.get("data_skip_steps") == skip:
+            skip = 0
+            log.info(
+                "data_skip_steps=%d: already applied by the run that saved this checkpoint; "
+                "nothing more is skipped (pass another value to skip again)",
+                settings.data_skip_steps,
+            )
+        if ignore:
             ts.batch_in_epoch = ts.sample_in_epoch = 0
             if sampler is not None:
                 sampler.epoch, sampler.offset = ts.epoch, 0
@@ -376,9 +407,9 @@ class Loader:
                 "weights and step kept",
                 ts.epoch,
             )
-        if settings.data_skip_steps and sampler is not None:
-            sampler.advance(settings.data_skip_steps * sampler.batch_size * sampler.num_replicas)
-            log.info("data_skip_steps: skipped %d steps of data", settings.data_skip_steps)
+        if skip and sampler is not None:
+            sampler.advance(skip * sampler.batch_size * sampler.num_replicas)
+            log.info("data_skip_steps: skipped %d steps of data", skip)
         new = settings.global_batch_size
         if new and saved_global_batch and new != saved_global_batch:
             ts.batch = ts.sample // new

@@ -134,7 +134,7 @@ class Saver:
             timestamp=pos.timestamp.to_dict(),
             run_name=ctx.run_name,
             metrics=dict(pos.metrics),
-            extras={**pos.extras, RUNTIME_KEY: {"global_batch_size": pos.last_global_batch}},
+            extras={**pos.extras, RUNTIME_KEY: runtime_record(ctx)},
             weights_only=settings.weights_only,
         )
         ts = pos.timestamp.copy()  # the position counts as saved once this commits (_persist)
@@ -351,6 +351,20 @@ class Saver:
         if self._pruner is None:
             self._pruner = ThreadPoolExecutor(1, thread_name_prefix="rtj-prune")
         self._deleting = self._pruner.submit(_delete_uncommitted, ctx.folder, doomed)
+
+
+def runtime_record(ctx: RunContext) -> dict[str, Any]:
+    """The runtime's own bookkeeping saved with a checkpoint: the global batch size (resume
+    rescales the step when it changes) and the data overrides this run applies, since its
+    data position already follows them (``loading.Loader._apply_data_overrides``)."""
+    settings = ctx.settings
+    return {
+        "global_batch_size": ctx.position.last_global_batch,
+        "data_overrides": {
+            "ignore_data_position": settings.ignore_data_position,
+            "data_skip_steps": settings.data_skip_steps,
+        },
+    }
 
 
 def _log_failure(fut: Future[SavedCheckpoint]) -> None:

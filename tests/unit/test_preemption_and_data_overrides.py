@@ -100,6 +100,39 @@ def test_data_skip_steps(tmp_path):
     assert (ck2.timestamp.batch, sampler2.offset) == (1, 4 + 2 * 4)
 
 
+def test_data_overrides_apply_once_not_at_every_relaunch(tmp_path):
+    """The script keeps its overrides after the dataset changed; a preempted attempt's
+    relaunch resumes at the exact data position its checkpoint saved (they restarted the
+    epoch's data, or skipped data_skip_steps more steps, at every relaunch)."""
+    ck, _ = sampled_run(tmp_path / "skip")
+    ck.batch_end(4)
+    ck.close()
+    offsets = []
+    for _ in range(3):  # the first attempt with the override, then two relaunches of it
+        ck, sampler = sampled_run(tmp_path / "skip", data_skip_steps=2)
+        ck.resume()
+        offsets.append(sampler.offset)
+        ck.batch_end(4)
+        ck.close()
+    assert offsets == [4 + 8, 12 + 4, 16 + 4]
+    ck, sampler = sampled_run(tmp_path / "skip", data_skip_steps=1)  # another value: it skips
+    ck.resume()
+    assert sampler.offset == 24 + 4
+
+    ck, _ = sampled_run(tmp_path / "ignore")
+    for _ in range(3):
+        ck.batch_end(4)
+    ck.close()
+    positions = []
+    for _ in range(3):
+        ck, sampler = sampled_run(tmp_path / "ignore", ignore_data_position=True)
+        ck.resume()
+        positions.append((ck.timestamp.batch, sampler.offset))
+        ck.batch_end(4)
+        ck.close()
+    assert positions == [(3, 0), (4, 4), (5, 8)]
+
+
 def test_global_batch_size_change_rescales_the_step(tmp_path):
     ck, _ = sampled_run(tmp_path)
     for _ in range(4):
