@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import arguments
 from .errors import ConfigError
 
 
@@ -46,13 +47,14 @@ class BatchPlan:
 def plan(*, global_batch_size: int, world_size: int, micro_batch_size: int) -> BatchPlan:
     """Split ``global_batch_size`` over ``world_size`` ranks in micro-batches of at most
     ``micro_batch_size``; raises ConfigError when it cannot be split evenly."""
-    for name, value in (
-        ("global_batch_size", global_batch_size),
-        ("world_size", world_size),
-        ("micro_batch_size", micro_batch_size),
-    ):
-        if value < 1:
-            raise ConfigError(f"{name}={value!r}: expected >= 1")
+    global_batch_size, world_size, micro_batch_size = (
+        arguments.integer(name, value, "a count >= 1", lambda n: n >= 1)
+        for name, value in (
+            ("global_batch_size", global_batch_size),
+            ("world_size", world_size),
+            ("micro_batch_size", micro_batch_size),
+        )
+    )
     if global_batch_size % world_size:
         raise ConfigError(
             f"global_batch_size={global_batch_size} is not divisible by world_size={world_size}: "

@@ -32,6 +32,23 @@ def test_an_indivisible_global_batch_names_both_numbers():
         batching.plan(global_batch_size=8, world_size=2, micro_batch_size=0)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"global_batch_size": "64"}, "global_batch_size='64': expected an int, a count >= 1"),
+        ({"micro_batch_size": 2.5}, "micro_batch_size=2.5: expected an int"),
+        ({"world_size": None}, "world_size=None: expected an int"),
+        ({"world_size": True}, "world_size=True: expected an int"),
+    ],
+)
+def test_a_count_that_is_not_an_int_is_a_config_error_naming_it(kwargs, fragment):
+    """A float micro-batch planned 0.5-sample micro-batches; a string raised a bare TypeError."""
+    args = {"global_batch_size": 64, "world_size": 2, "micro_batch_size": 8, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        batching.plan(**args)
+    assert fragment in str(err.value)
+
+
 def test_the_commit_report_carries_the_world_size():
     from trainer_runtime.manifest import Manifest
     from trainer_runtime.timestamp import Timestamp
