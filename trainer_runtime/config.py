@@ -211,7 +211,10 @@ def _folder_template(folder: Any) -> tuple[str, str]:
         return naming.DEFAULT_FOLDER, "folder"
     if is_remote(root):
         check_object_store_uri(root, arg=envvars.CHECKPOINT_DIR)
-    return f"{root.rstrip('/')}/{{run_name}}", envvars.CHECKPOINT_DIR
+    # A plain path, not a template: its braces are literal (they were read as variables and
+    # refused under the name "folder", which the user never passed).
+    literal = root.rstrip("/").replace("{", "{{").replace("}", "}}")
+    return f"{literal}/{{run_name}}", envvars.CHECKPOINT_DIR
 
 
 def _run_name(given: str | None, *, autoresume: bool) -> str | None:

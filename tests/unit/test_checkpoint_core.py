@@ -513,6 +513,16 @@ def test_unusable_folder_from_the_environment_names_the_variable(tmp_path, monke
     assert "is a file, not a folder; pass folder= a writable folder" in str(err.value)
 
 
+@pytest.mark.parametrize("root", ["team{a}", "odd}", "x{run_name}"])
+def test_checkpoint_dir_from_the_environment_is_a_plain_path(tmp_path, monkeypatch, root):
+    """Its braces are literal: they were read as template variables and refused (or
+    substituted) under the name folder=, which the user never passed."""
+    monkeypatch.setenv("RTJ_CHECKPOINT_DIR", str(tmp_path / root))
+    ck = CheckpointManager(model=make()[0], run_name="r")
+    assert ck.run_dir == tmp_path / root / "r"
+    ck.close()
+
+
 def test_object_store_retention_with_a_local_folder_is_ignored_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trainer_runtime"):
         ck = manager(
