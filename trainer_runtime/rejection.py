@@ -11,7 +11,9 @@ resume candidate. Uncommitting in place (removing the manifest) was rejected: th
 then look like a crash leftover, and the reason would be lost.
 
 Leftovers (folders without a manifest: a save or download cut short by a crash) are deleted at
-resume: they can never be resumed, and nothing writes them while every rank is resuming.
+resume: they can never be resumed, and nothing writes them while every rank is resuming. Only
+folders that hold nothing but checkpoint files are: a folder of the user's in the run folder
+(``tb_logs/``, say) was deleted as a leftover too, so any other file or a subfolder keeps it.
 Overwrite protection is untouched for everything else: another run's checkpoints, and newer
 committed checkpoints that verify (those are resumed from, not rejected).
 """
@@ -28,6 +30,7 @@ from . import atomic
 from .errors import ManifestError
 from .layout import REJECTED_DIR, RunFolder
 from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest
+from .sharded.storage import DATA_SUFFIX, METADATA_NAME
 
 log = logging.getLogger("trainer_runtime")
 REASON_FILE = "REJECTED.txt"
@@ -59,9 +62,35 @@ def move_aside(folder: RunFolder, name: str, reason: str) -> Path | None:
     return dest
 
 
+def foreign_entry(path: Path) -> str | None:
+    """The first entry of ``path`` that no save or download writes into a checkpoint folder
+    (a subfolder, a file of another kind), or None when it holds only checkpoint files."""
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        name = entry.name
+        if entry.is_dir(follow_symlinks=False) or entry.is_symlink():
+            return name + "/" if entry.is_dir() else name
+        if not (
+            name in (METADATA_NAME, MANIFEST_NAME)
+            or name.endswith((DATA_SUFFIX, ".pt"))  # format 2's data files; format 1's
+            or atomic.is_temp(Path(entry.path))
+        ):
+            return name
+    return None
+
+
 def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:
-    """Delete a folder without a manifest; one whose manifest is unreadable is moved aside."""
+    """Delete a folder without a manifest; one whose manifest is unreadable is moved aside;
+    one that holds anything but checkpoint files (not a save's) is left alone."""
     if not folder.path(name).is_dir():
+        return
+    foreign = foreign_entry(folder.path(name))
+    if foreign is not None:
+        log.warning(
+            "%s is not a checkpoint (it holds %s, which no save writes): left alone; keep "
+            "other files outside the run folder",
+            folder.path(name),
+            foreign,
+        )
         return
     try:
         folder.remove_tree(name)

@@ -283,6 +283,32 @@ def test_leftovers_are_cleaned_and_a_stale_pointer_is_reported(tmp_path, caplog)
     assert res.fallbacks == [] and "not resuming from" not in caplog.text  # reported once
 
 
+def test_a_folder_of_the_users_in_the_run_folder_is_not_deleted_as_a_leftover(tmp_path, caplog):
+    """Resume deleted every folder without a manifest, a user's tb_logs/ included; only
+    folders holding nothing but checkpoint files (a crashed save's or download's) go."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.close(save=False)
+    root = tmp_path / "ck"
+    (root / "tb_logs" / "run1").mkdir(parents=True)
+    (root / "tb_logs" / "run1" / "events.out").write_text("the user's")
+    (root / "notes").mkdir()
+    (root / "notes" / "README.txt").write_text("the user's")
+    crashed = root / "ep0-ba9"  # a save cut short: data files and a temp file only
+    crashed.mkdir()
+    for name in ("__0_0.distcp", ".metadata", ".manifest.json.tmp-1-ab"):
+        (crashed / name).write_bytes(b"partial")
+
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.path.endswith("ep0-ba2")
+    assert (root / "tb_logs" / "run1" / "events.out").read_text() == "the user's"
+    assert (root / "notes" / "README.txt").read_text() == "the user's"
+    assert "tb_logs is not a checkpoint (it holds run1/" in caplog.text
+    assert not crashed.exists() and "removed leftover" in caplog.text
+
+
 def test_a_checkpoint_committed_before_its_pointer_was_written_is_resumed(tmp_path):
     """A crash between the manifest's commit and the pointer's write (the window a multi-
     process test saw live) leaves a committed checkpoint and no latest.json."""
