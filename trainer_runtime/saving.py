@@ -28,10 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from . import events, rejection
-from . import state as state_mod
 from .commit import write_and_commit
 from .config import env
 from .context import RUNTIME_KEY, RunContext
@@ -41,7 +38,6 @@ from .layout import RunFolder
 from .manifest import Manifest
 from .reporting import report_commit
 from .retention import select_for_deletion
-from .sharded.keys import MODEL_KEY
 from .staging_gate import SaveTiming, StagingGate, StagingPrewarm
 from .timestamp import Timestamp
 
@@ -143,7 +139,7 @@ class Saver:
             # _persist records the hold (the whole call) before it reports the commit, so the
             # event's held_s and SavedCheckpoint.held_s are one figure.
             return self._persist(data, None, ts, checkpoint, latest, started, timing, called)
-        data = self._copy_buffers(data)
+        data = ctx.engine.copy_buffers(data)  # the forward pass changes them before the hook
         ctx.engine.save_point(data)  # after the buffers' copies are queued
         gate = self._gate = StagingGate(timing)
         if self._executor is None:
@@ -178,22 +174,6 @@ class Saver:
             "batch_in_epoch": ts.batch_in_epoch,
             "sample_in_epoch": ts.sample_in_epoch,
         }
-
-    def _copy_buffers(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Copy the model's buffers now: the forward pass (BatchNorm statistics) changes them
-        before the next ``optimizer.step()``, the point where staging is waited for."""
-        model = self.ctx.components.model
-        if model is None or MODEL_KEY not in data:
-            return data
-        ptrs = {_storage(b) for b in model.buffers()}
-        if not ptrs:
-            return data
-        tree = dict(data)
-        tree[MODEL_KEY] = {
-            k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
-            for k, v in data[MODEL_KEY].items()
-        }
-        return tree
 
     def _persisting_key(self, key: tuple) -> bool:
         """A background save of this very position is still in flight."""
@@ -391,10 +371,6 @@ def _yield_cpu_to_training() -> None:
     after the snapshot, writing and hashing should not slow training down."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-
-
-def _storage(t: torch.Tensor) -> int:
-    return state_mod.local_tensor(t).untyped_storage().data_ptr()
 
 
 def unused_name(ctx: RunContext, name: str) -> str:

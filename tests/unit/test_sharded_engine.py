@@ -139,6 +139,32 @@ def test_async_save_writes_the_state_at_the_call_even_if_training_moves_on(tmp_p
     assert not torch.equal(next(iter(after_step[0].values())), next(iter(snap[0].values())))
 
 
+def test_async_save_writes_the_buffers_at_the_call_though_a_forward_pass_changes_them(tmp_path):
+    """BatchNorm statistics change in the forward pass, before the step the hook holds."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = ShardedEngine(Components(model=model, optimizers={"sgd": opt}), Coordinator())
+    at_call = {k: v.clone() for k, v in model.state_dict().items()}
+    ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")
+    release = threading.Event()
+    busy = engine.on_staging_thread(lambda: int(release.wait(30)))  # the copy queues behind it
+    ck.save_async("ep0-ba1", timestamp=Timestamp(batch=1))
+    model(torch.randn(8, 4) + 5.0)  # the next forward pass, while the copy has not run yet
+    assert not torch.equal(model[1].running_mean, at_call["1.running_mean"])
+    release.set()
+    assert busy.result() == 1
+    ck.close()
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt2 = torch.optim.SGD(other.parameters(), lr=0.1)
+    ShardedEngine(Components(model=other, optimizers={"sgd": opt2}), Coordinator()).load(
+        tmp_path / "ep0-ba1", Manifest.read(tmp_path / "ep0-ba1")
+    )
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, at_call[k]), k
+
+
 def test_a_later_save_records_hyperparameters_changed_since_the_first(tmp_path):
     model, opt, _, engine = make()
     ck = ShardedCheckpointer(engine, RunFolder(tmp_path), run_name="run")

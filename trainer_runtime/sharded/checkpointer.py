@@ -8,10 +8,12 @@ the engine without the manager (the engine benchmarks and tests).
 An async save returns at once: a background thread copies the state into reused host buffers
 (``staging.py``) at full priority, releases training, then writes and commits at low priority.
 Until the copy is done, an optimizer pre-step hook holds the next ``optimizer.step()`` (the only
-thing that changes parameters and optimizer state), so the save call itself stalls training
-only for taking references. A thread, not a process: the persisting work is file I/O and
-xxh3 hashing, both of which release the GIL, and a process would first have to receive the
-staged state (shared memory) and join its own process group; see docs/sharded-checkpoints.md.
+thing that changes parameters and optimizer state); the model's buffers, which the forward pass
+changes before any step, are copied at the call. So the save call itself stalls training only
+for taking references and that small copy. A thread, not a process: the persisting work is
+file I/O and xxh3 hashing, both of which release the GIL, and a process would first have to
+receive the staged state (shared memory) and join its own process group; see
+docs/sharded-checkpoints.md.
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ class ShardedCheckpointer:
         self.wait()
         started = time.monotonic()
         state = self._capture(timestamp, metrics, extras, weights_only)
-        self.engine.save_point(state)
+        # Module buffers are copied now: the next forward pass changes them (BatchNorm
+        # statistics) before the hook below holds anything.
+        state = self.engine.copy_buffers(state)
+        self.engine.save_point(state)  # after the buffers' copies are queued
         staged = threading.Event()
         self._staged = staged
         self._hook = register_optimizer_step_pre_hook(lambda *_: _wait(staged))
