@@ -124,6 +124,19 @@ def test_round_trip_restores_weights_optimizer_sampler_rng_in_place(tmp_path, as
     assert saved["timestamp"]["batch"] == 1
 
 
+def test_a_load_that_ignores_rng_reports_none_and_leaves_the_generators(tmp_path):
+    _, _, _, engine = make()
+    folder = save(tmp_path, engine)
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    _, report = engine.load(folder, Manifest.read(folder), ignore_keys=["rng"])
+    assert torch.equal(torch.rand(4), expected), "the generators are as they were"
+    assert report.rng == "none"
+    _, report = engine.load(folder, Manifest.read(folder))
+    assert report.rng == "restored"
+
+
 def test_async_save_writes_the_state_at_the_call_even_if_training_moves_on(tmp_path):
     model, opt, _, engine = make()
     snap = snapshot(model, opt)

@@ -113,7 +113,8 @@ class LoadReport:
     saved_world_size: int
     source_rank: int
     rng: str
-    """'restored' (same rank's stream), 'derived' (new rank on a larger world) or 'none'."""
+    """'restored' (same rank's stream), 'derived' (new rank on a larger world) or 'none'
+    (weights only, or ``load_ignore_keys`` dropped ``rng``: the generators are as they were)."""
     bytes_read: int
     seconds: float
     onto_gpu: bool = False
@@ -427,7 +428,8 @@ class ShardedEngine:
             fitting.restore_param_groups(self.components.optimizers, target[OPTIM_KEY])
         if fresh_optim is not None:
             optim_target.adopt(self.components.model, self.components.optimizers, fresh_optim)
-        rng_mode = "none" if weights_only or "rng" not in data else "restored"
+        rng_dropped = state_mod.path_ignored(("rng",), patterns)  # restore drops it below
+        rng_mode = "none" if weights_only or rng_dropped or "rng" not in data else "restored"
         if rng_mode != "none" and saved_ws != self.world_size and self.rank >= saved_ws:
             data["rng"] = rng.derived(data["rng"], self.rank)
             rng_mode = "derived"
