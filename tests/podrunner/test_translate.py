@@ -97,6 +97,28 @@ def test_env_order_sources_and_expansion() -> None:
         )
 
 
+def test_a_key_ref_says_whether_the_object_or_only_its_key_is_missing() -> None:
+    cm = {"kind": "ConfigMap", "data": {"k": "v"}}
+    fetch = {("configmaps", "cm"): cm}
+
+    def env_of(kind: str, name: str, key: str) -> dict[str, str]:
+        ref = {kind: {"name": name, "key": key}}
+        return container_env(
+            POD,
+            {"env": [{"name": "X", "valueFrom": ref}]},
+            addrs=PodAddresses(),
+            fetch=lambda k, ns, n: fetch.get((k, n)),
+        )
+
+    assert env_of("configMapKeyRef", "cm", "k") == {"X": "v"}
+    with pytest.raises(ConfigError, match=r"^configmap 'cm' has no key 'nope'$"):
+        env_of("configMapKeyRef", "cm", "nope")
+    with pytest.raises(ConfigError, match=r"^configmap 'gone' not found$"):
+        env_of("configMapKeyRef", "gone", "k")
+    with pytest.raises(ConfigError, match=r"^secret 'gone' not found$"):
+        env_of("secretKeyRef", "gone", "k")
+
+
 def test_resource_field_refs_take_the_default_divisor_as_the_api_server_stores_it() -> None:
     container = {
         "resources": {"limits": {"memory": "1Gi"}, "requests": {"cpu": "500m"}},

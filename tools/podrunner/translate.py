@@ -230,8 +230,11 @@ def container_env(
                 if ref.get("key") in data:
                     env[name] = data[ref["key"]]
                 elif not ref.get("optional"):
-                    raise ConfigError(
-                        f"{kind[:-1]} {ref.get('name')!r} has no key {ref.get('key')!r}"
+                    what = f"{kind[:-1]} {ref.get('name')!r}"
+                    raise ConfigError(  # the object itself missing, or only the key
+                        f"{what} not found"
+                        if obj is None
+                        else f"{what} has no key {ref.get('key')!r}"
                     )
                 break
             else:
