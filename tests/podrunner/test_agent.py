@@ -229,6 +229,38 @@ def test_deletion_sigterm_then_sigkill_then_gone(
     assert "killed main" in log and "deleted" in log
 
 
+def test_a_force_deletion_still_gives_the_kubelets_two_seconds_of_grace(
+    start_agent: AgentFactory, kube: Kube, ns: str, tmp_path: Path
+) -> None:
+    """``kubectl delete --force --grace-period=0``: SIGTERM, 2 s, then SIGKILL, as a kubelet
+    (its minimumGracePeriodInSeconds), not a SIGKILL on the heels of the SIGTERM."""
+    agent = start_agent()
+    script = """
+        import os, signal, time
+        out = os.environ["OUT"]
+        def note(*_):
+            open(out + "/term", "w").write(repr(time.time()))
+        signal.signal(signal.SIGTERM, note)
+        open(out + "/pid", "w").write(str(os.getpid()))
+        while True:
+            time.sleep(0.01)
+    """
+    create(kube, ns, make_pod("forced", agent.node, script, tmp_path))
+    wait_for("forced started", (tmp_path / "pid").exists, 60)
+    time.sleep(0.3)  # past the handler installation
+    pid = int((tmp_path / "pid").read_text())
+    kube.request(
+        "DELETE",
+        f"/api/v1/namespaces/{ns}/pods/forced",
+        body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+    )
+    wait_for("the container killed", lambda: not alive(pid), 20, interval=0.02)
+    killed_at = time.time()
+    termed_at = float((tmp_path / "term").read_text())
+    assert killed_at - termed_at >= 1.8, f"SIGKILL {killed_at - termed_at:.2f}s after SIGTERM"
+    wait_for("forced gone", lambda: get_pod(kube, ns, "forced") is None, 20)
+
+
 def test_node_loss_kills_processes_and_node_goes_unknown(
     start_agent: AgentFactory, kill_node: KillNode, kube: Kube, ns: str, tmp_path: Path
 ) -> None:

@@ -43,6 +43,9 @@ log = logging.getLogger("podrunner")
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 DEFAULT_GRACE_S = 30.0
+MIN_GRACE_S = 2.0
+"""The kubelet's minimumGracePeriodInSeconds: no container gets less between SIGTERM and
+SIGKILL, not even in a force deletion (grace 0) or when its pod object vanished."""
 RESTART_BACKOFF_S = (1.0, 30.0)
 """First and longest back-off before restarting a container (kubelet: 10 s and 5 min)."""
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -519,9 +522,9 @@ class PodWorker:
             )
             why = "node shutdown"
         elif gone:
-            grace, why = min(grace_seconds(pod), 2.0), "pod object gone"
+            grace, why = MIN_GRACE_S, "pod object gone"
         else:
-            grace, why = grace_seconds(pod), "pod deleted"
+            grace, why = max(grace_seconds(pod), MIN_GRACE_S), "pod deleted"
         if running:
             log.info(
                 "%s: stopping %s (%s, grace %.0fs)", self.label, ", ".join(running), why, grace
