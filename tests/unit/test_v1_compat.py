@@ -12,11 +12,13 @@ from datetime import UTC, datetime
 import pytest
 import torch
 
-from trainer_runtime import Manifest, WorldSizeMismatchError
+from trainer_runtime import ConfigError, Manifest, WorldSizeMismatchError
 from trainer_runtime import state as state_mod
+from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import FORMAT_VERSION_PER_RANK
 from trainer_runtime.serialization import save_rank_file
+from trainer_runtime.sharded import ShardedEngine
 from trainer_runtime.timestamp import Timestamp
 
 from .trainkit import make, manager, params, step
@@ -74,6 +76,17 @@ def test_a_v1_checkpoint_resumes_and_the_next_save_is_v2(tmp_path):
     ck.close()
     assert Manifest.read(tmp_path / "ck" / "ep0-ba4").format_version == 2
     assert Manifest.read(tmp_path / "ck" / "ep0-ba3").format_version == 1
+
+
+def test_the_sharded_engine_refuses_a_v1_checkpoint_naming_its_format_not_as_corrupt(tmp_path):
+    write_v1(tmp_path / "ck", make(), batch=2)
+    model, opt = make(seed=7)[:2]
+    before = params(model)
+    engine = ShardedEngine(state_mod.Components(model=model, optimizers={"0": opt}), Coordinator())
+    folder = tmp_path / "ck" / "ep0-ba2"
+    with pytest.raises(ConfigError, match=r"format_version 1 .*CheckpointManager\.load\(\)"):
+        engine.load(folder, Manifest.read(folder))
+    assert all(torch.equal(a, b) for a, b in zip(params(model), before, strict=True))
 
 
 class NotPlain:

@@ -53,8 +53,8 @@ from torch.distributed.checkpoint.state_dict import (
 from .. import rng, safe_state
 from .. import state as state_mod
 from ..dist import Coordinator, describe_failures, failure_cause
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
-from ..manifest import FileEntry, Manifest
+from ..errors import ConfigError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..manifest import FORMAT_VERSION_SHARDED, FileEntry, Manifest
 from . import fitting, optim_target
 from .device_ring import load_targets
 from .keys import MODEL_KEY, OPTIM_KEY, RANKS_KEY
@@ -334,7 +334,8 @@ class ShardedEngine:
 
         Returns the saved small state (timestamp, metrics, extras...) like ``state.restore``.
         Raises ``CorruptCheckpointError`` on every rank when any rank read a chunk that fails
-        its digest; the live state is untouched then.
+        its digest; the live state is untouched then. A version-1 manifest is a ``ConfigError``
+        (its checkpoint is sound, but not this engine's format).
 
         The cyclic garbage collector is paused for the call, as DCP's own state-dict functions
         pause it: the metadata and the load plan are thousands of small objects, and in a
@@ -342,6 +343,13 @@ class ShardedEngine:
         of torch's ~270,000 objects (0.13 s of a 0.43 s load of 96 MiB), which no loaded
         object needs.
         """
+        if not manifest.sharded:
+            raise ConfigError(
+                f"ShardedEngine.load: checkpoint {folder} has format_version "
+                f"{manifest.format_version} (one rank{{r}}.pt per rank), not "
+                f"{FORMAT_VERSION_SHARDED}; load it with CheckpointManager.load() or resume(), "
+                "which read both versions"
+            )
         started = time.monotonic()
         meta_entry = next((f for f in manifest.files if f.path == METADATA_NAME), None)
         metadata = self._agreed_metadata(folder, meta_entry)
