@@ -38,6 +38,7 @@ from .layout import RunFolder
 from .manifest import Manifest
 from .reporting import report_commit
 from .retention import select_for_deletion
+from .sharded.staging import copy_buffers
 from .staging_gate import SaveTiming, StagingGate, StagingPrewarm
 from .timestamp import Timestamp
 
@@ -139,7 +140,7 @@ class Saver:
             # _persist records the hold (the whole call) before it reports the commit, so the
             # event's held_s and SavedCheckpoint.held_s are one figure.
             return self._persist(data, None, ts, checkpoint, latest, started, timing, called)
-        data = ctx.engine.copy_buffers(data)  # the forward pass changes them before the hook
+        data = copy_buffers(ctx.components.model, data)  # the forward pass changes them first
         ctx.engine.save_point(data)  # after the buffers' copies are queued
         gate = self._gate = StagingGate(timing)
         if self._executor is None:

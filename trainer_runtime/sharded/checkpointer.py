@@ -34,6 +34,7 @@ from ..layout import RunFolder
 from ..manifest import Manifest
 from ..timestamp import Timestamp
 from .engine import ShardedEngine
+from .staging import copy_buffers
 
 log = logging.getLogger("trainer_runtime")
 
@@ -109,7 +110,7 @@ class ShardedCheckpointer:
         state = self._capture(timestamp, metrics, extras, weights_only)
         # Module buffers are copied now: the next forward pass changes them (BatchNorm
         # statistics) before the hook below holds anything.
-        state = self.engine.copy_buffers(state)
+        state = copy_buffers(self.engine.components.model, state)
         self.engine.save_point(state)  # after the buffers' copies are queued
         staged = threading.Event()
         self._staged = staged

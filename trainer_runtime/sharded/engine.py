@@ -254,24 +254,6 @@ class ShardedEngine:
     def on_staging_thread(self, fn: Callable[[], int]) -> Future[int]:
         return self._staging_thread().submit(fn)
 
-    def copy_buffers(self, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` with the model's buffers copied now, for an async save: the forward pass
-        changes them (BatchNorm statistics) before the next ``optimizer.step()``, the point
-        where staging is waited for, so a reference would be staged with the next step's
-        statistics. Call on the training thread, before ``save_point``."""
-        model = self.components.model
-        if model is None or MODEL_KEY not in state:
-            return state
-        ptrs = {_storage(b) for b in model.buffers()}
-        if not ptrs:
-            return state
-        tree = dict(state)
-        tree[MODEL_KEY] = {
-            k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
-            for k, v in state[MODEL_KEY].items()
-        }
-        return tree
-
     def save_point(self, state: dict[str, Any]) -> None:
         """Call on the training thread when an async save of ``state`` starts, before
         ``stage`` (see ``HostStager.mark_save_point``)."""
@@ -512,10 +494,6 @@ class ShardedEngine:
         problems = [p for p in self.coord.all_gather(problem) if p]
         if problems:
             raise CorruptCheckpointError(f"{context}: {problems[0]}")
-
-
-def _storage(t: torch.Tensor) -> int:
-    return state_mod.local_tensor(t).untyped_storage().data_ptr()
 
 
 def _fresh_groups(cached: list[dict[str, Any]], opt: Any) -> list[dict[str, Any]]:

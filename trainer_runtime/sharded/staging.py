@@ -24,6 +24,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..state import local_tensor
+from .keys import MODEL_KEY
+
 
 class HostStager:
     """Copies (or allocates) a nested state dict into reused host buffers, keyed by path."""
@@ -236,3 +239,25 @@ def copy_into_live(
 
 def _shape(obj: Any) -> Any:
     return tuple(obj.shape) if isinstance(obj, torch.Tensor) else type(obj).__name__
+
+
+def copy_buffers(model: torch.nn.Module | None, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the model's buffers copied now, for an async save: the forward pass
+    changes them (BatchNorm statistics) before the next ``optimizer.step()``, the point where
+    staging is waited for, so a reference would be staged with the next step's statistics.
+    Call on the training thread, before ``ShardedEngine.save_point``."""
+    if model is None or MODEL_KEY not in state:
+        return state
+    ptrs = {_storage(b) for b in model.buffers()}
+    if not ptrs:
+        return state
+    tree = dict(state)
+    tree[MODEL_KEY] = {
+        k: v.clone() if isinstance(v, torch.Tensor) and _storage(v) in ptrs else v
+        for k, v in state[MODEL_KEY].items()
+    }
+    return tree
+
+
+def _storage(t: torch.Tensor) -> int:
+    return local_tensor(t).untyped_storage().data_ptr()
