@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import rng
 from . import state as state_mod
 from .context import RUNTIME_KEY, RunContext
 from .errors import CorruptCheckpointError, NoCheckpointError, WorldSizeMismatchError
@@ -219,9 +220,15 @@ class Loader:
             if isinstance(got, str):
                 raise NoCheckpointError(f"checkpoint {folder} does not verify: {got}")
             files = got
+        # A rank the saving run did not have loads another rank's file (``_source_rank``): its
+        # generators get a stream of their own, as in a sharded load, not a copy of that rank's.
+        new_rank = self.ctx.rank >= manifest.world_size
         for verified in files:
+            data = verified.load(trusted=self.ctx.settings.trusted_pickle)
+            if new_rank and isinstance(data.get("rng"), dict):
+                data["rng"] = rng.derived(data["rng"], self.ctx.rank)
             self.restore_v1(
-                verified.load(trusted=self.ctx.settings.trusted_pickle),
+                data,
                 weights_only=weights_only,
                 saved_weights_only=manifest.weights_only,
                 **opts,
