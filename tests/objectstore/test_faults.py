@@ -14,6 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import require
 from tests.objectstore.conftest import SMALL_PARTS
 from tests.objectstore.helpers import RUN, make_checkpoint
 from tests.support.s3server import S3Server
@@ -21,8 +24,10 @@ from trainer_runtime.manifest import Manifest, verify_entry
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
+    ObjectStoreError,
     S3Store,
     S3Uri,
+    download_checkpoint,
     remote_pointer,
     resume_from_remote,
     verify_remote,
@@ -143,3 +148,75 @@ def test_training_process_killed_mid_upload(
     assert up.close(timeout=60)
     assert remote_pointer(store, run) == "ep0-ba20"
     assert_resumes(store, run, tmp_path, "ep0-ba20")
+
+
+def test_server_killed_mid_download_at_resume_is_waited_for(
+    own_s3_server: S3Server, tmp_path: Path, caplog
+) -> None:
+    """A store that dies in the middle of a resume's download and is back a moment later is
+    waited for (each file is retried), not reported as a failed resume."""
+    store = S3Store(transfer=SMALL_PARTS)
+    run = S3Uri(own_s3_server.bucket, f"dl/{RUN}")
+    up = CheckpointUploader(store, run, backoff=Backoff(0.1, 0.5))
+    folder, manifest = make_checkpoint(tmp_path / "node-a" / RUN, "ep0-ba10", 10, size=96 << 20)
+    up.submit(folder, manifest)
+    assert up.close(timeout=120)
+
+    fresh = tmp_path / "node-b" / RUN
+    killed = threading.Event()
+
+    def kill_once_bytes_arrive() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(p.name.startswith(".rank0.pt") for p in fresh.glob("ep0-ba10/.*")):
+                own_s3_server.kill()
+                killed.set()
+                time.sleep(0.5)
+                own_s3_server.restart()
+                return
+            time.sleep(0.002)
+
+    killer = threading.Thread(target=kill_once_bytes_arrive, daemon=True)
+    killer.start()
+    with caplog.at_level("WARNING", logger="trainer_runtime"):
+        got = download_checkpoint(store, run.join("ep0-ba10"), fresh)
+    killer.join(90)
+    assert killed.is_set(), "the download finished before the server could be killed"
+    assert any("failed (attempt 1/" in r.getMessage() for r in caplog.records), caplog.text
+    assert got == fresh / "ep0-ba10"
+    assert all(verify_entry(got, e) is None for e in Manifest.read(got).files)
+    assert remote_pointer(store, run) == "ep0-ba10"
+
+
+def test_a_full_disk_at_resume_download_is_a_local_error_and_the_bucket_keeps_everything(
+    s3_env: S3Server, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    """No space for a checkpoint being downloaded: an OSError that says so, at once (the store
+    is not retried for the disk's fault), no file under the checkpoint's name, and nothing
+    in the bucket touched."""
+    require(os.geteuid() == 0, "mounting a tmpfs needs root")
+    store = S3Store(transfer=SMALL_PARTS)
+    run = s3_root.join(RUN)
+    up = CheckpointUploader(store, run, backoff=Backoff(0.1, 0.5))
+    for batch in (10, 20):
+        up.submit(
+            *make_checkpoint(tmp_path / "node-a" / RUN, f"ep0-ba{batch}", batch, size=8 << 20)
+        )
+    assert up.close(timeout=120)
+    before = sorted(o.uri.key for o in store.list_objects(run))
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(OSError, match="No space left on device") as err:
+            resume_from_remote(store, run, mnt / RUN)
+        assert not isinstance(err.value, ObjectStoreError)
+        assert time.monotonic() - started < 5, "a full disk is not retried against the store"
+        assert not (mnt / RUN / "ep0-ba20" / "manifest.json").exists()
+        assert not (mnt / RUN / "ep0-ba20" / "rank0.pt").exists()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    assert sorted(o.uri.key for o in store.list_objects(run)) == before
+    assert remote_pointer(store, run) == "ep0-ba20"

@@ -125,7 +125,14 @@ class S3Backend:
         def fetch(found: RemoteCheckpoint) -> str | None:
             ranks = [rank] if found.manifest.world_size == world_size else None
             try:
-                fetched[found.name] = download_checkpoint(self.store, found, run_dir, ranks=ranks)
+                fetched[found.name] = download_checkpoint(
+                    self.store,
+                    found,
+                    run_dir,
+                    ranks=ranks,
+                    attempts=self.resume_attempts,
+                    backoff=Backoff(initial=2.0, maximum=30.0),
+                )
             except (ChecksumMismatchError, ObjectNotFoundError) as exc:  # broken: use older
                 return str(exc)
             return None
@@ -179,9 +186,17 @@ class S3Backend:
 
         Rank 0 has already chosen ``name`` with ``find_newest``; this reads only its manifest.
         Raises ChecksumMismatchError / ObjectNotFoundError when the checkpoint is broken (the
-        caller falls back to an older one); other errors mean the store itself failed.
+        caller falls back to an older one); other errors mean the store itself failed, after
+        each file's download was retried like ``find_newest``'s listing.
         """
-        return download_checkpoint(self.store, self.run_uri.join(name), run_dir, ranks=ranks)
+        return download_checkpoint(
+            self.store,
+            self.run_uri.join(name),
+            run_dir,
+            ranks=ranks,
+            attempts=self.resume_attempts,
+            backoff=Backoff(initial=2.0, maximum=30.0),
+        )
 
     def uri_for(self, checkpoint: str) -> str:
         return str(self.run_uri.join(checkpoint))

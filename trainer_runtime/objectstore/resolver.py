@@ -33,8 +33,10 @@ from .errors import (
     NoValidCheckpointError,
     ObjectNotFoundError,
     ObjectStoreError,
+    is_transient,
 )
 from .folder import remote_run_folder, verify_remote
+from .retry import Backoff, retry_call
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
 
@@ -144,6 +146,7 @@ def download_checkpoint(
     *,
     ranks: Collection[int] | None = None,
     attempts: int = 4,
+    backoff: Backoff | None = None,
 ) -> Path:
     """Download a committed checkpoint into ``local_run_dir/<name>``, verified; returns it.
 
@@ -153,10 +156,13 @@ def download_checkpoint(
     that verify are not fetched again (a resume interrupted mid-download continues cheaply), so
     several ranks can fill one shared folder, each with its own ``ranks``. A local manifest
     that differs from the remote one is removed first. Transient failures are retried
-    (``attempts`` per file); then ChecksumMismatchError (bytes do not match) or
-    ObjectNotFoundError (object gone) mean "broken, use an older one", while any other
-    ObjectStoreError means the store is not usable right now.
+    (``attempts`` per file, waits from ``backoff``): a server that restarts mid-download is
+    waited for, and the retry fetches the file again. Then ChecksumMismatchError (bytes do
+    not match) or ObjectNotFoundError (object gone) mean "broken, use an older one", while
+    any other ObjectStoreError means the store is not usable right now. A local disk that
+    cannot take the file (full, read-only) raises its OSError at once: retrying cannot help.
     """
+    wait = backoff or Backoff(initial=1.0, maximum=8.0)
     if not isinstance(checkpoint, RemoteCheckpoint):
         uri = _uri(checkpoint, "checkpoint")
         data = store.get_bytes(uri.join(MANIFEST_NAME))
@@ -185,8 +191,15 @@ def download_checkpoint(
         if dest.exists() and verify_entry(folder, entry) is None:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        store.download_file(
-            checkpoint.uri.join(entry.path), dest, size=entry.size, xxh3=entry.xxh3_128
+        source = checkpoint.uri.join(entry.path)
+        retry_call(
+            lambda source=source, dest=dest, entry=entry: store.download_file(
+                source, dest, size=entry.size, xxh3=entry.xxh3_128
+            ),
+            attempts=attempts,
+            backoff=wait,
+            retryable=is_transient,
+            what=f"GET {source}",
         )
         fetched += entry.size
     if not manifest_path.exists():

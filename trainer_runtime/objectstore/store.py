@@ -429,7 +429,8 @@ class S3Store:
         """Download to ``dest`` atomically, verified against ``size``/``xxh3`` when given.
 
         On any failure nothing is left under ``dest`` (ChecksumMismatchError for bad bytes or
-        size, ObjectNotFoundError when the object is gone, ObjectStoreError otherwise).
+        size, ObjectNotFoundError when the object is gone, ObjectStoreError for other store
+        failures, an OSError when the local disk cannot take the bytes).
         (``transfers.download_file``.)
         """
         from . import transfers  # noqa: PLC0415 - transfers imports this module

@@ -16,6 +16,7 @@ call them through ``S3Store.upload_file``/``download_file``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Mapping
@@ -38,6 +39,12 @@ from .uri import S3Uri
 
 _READ_CHUNK = 1 * MiB
 _SYNC_EVERY = 64 * MiB
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class LocalWriteError(OSError):
+    """A download could not be written to the local disk (full, read-only, I/O error): an
+    ``OSError``, not an ``ObjectStoreError``, so nobody retries it against the store."""
 
 
 def upload_file(
@@ -169,7 +176,8 @@ def download_file(
     checked instead (total size, one ETag across parts, the xxh3 metadata). Without
     ``xxh3`` the object's own ``xxh3-128`` metadata is checked, if it has one. On any
     failure nothing is left under ``dest`` (ChecksumMismatchError for bad bytes or size,
-    ObjectNotFoundError when the object is gone, ObjectStoreError otherwise).
+    ObjectNotFoundError when the object is gone, ObjectStoreError for other store failures,
+    ``LocalWriteError``, an OSError, when the local disk cannot take the bytes).
     """
     uri = as_uri(location, "location")
     info: ObjectInfo | None = None
@@ -188,8 +196,12 @@ def download_file(
         if size:
             try:
                 os.posix_fallocate(fd, 0, size)
-            except OSError:
-                os.ftruncate(fd, size)
+            except OSError as exc:
+                if exc.errno in _DISK_FULL:  # the file cannot fit: say so before any GET
+                    raise LocalWriteError(
+                        exc.errno, f"{exc.strerror}: {final} needs {size} bytes"
+                    ) from exc
+                os.ftruncate(fd, size)  # a filesystem without fallocate
         digest = _fetch_into(store, fd, uri, size, guard=guard, stop=stop)
         expected = xxh3 or guard.xxh3
         if expected and digest != expected:
@@ -247,11 +259,16 @@ def _fetch_into(
                     raise ObjectStoreError(f"GET {uri}: connection ended at byte {pos}")
                 view = memoryview(chunk)
                 while view:
-                    n = os.pwrite(fd, view, pos)
+                    try:
+                        n = os.pwrite(fd, view, pos)
+                    except OSError as exc:  # the local disk's failure, not the store's
+                        raise LocalWriteError(
+                            exc.errno, f"{exc.strerror} (writing the download of {uri})"
+                        ) from exc
                     view = view[n:]
                     pos += n
             body.close()
-        except ObjectStoreError:
+        except (ObjectStoreError, LocalWriteError):
             raise
         except Exception as exc:
             if error_code(exc) in ("InvalidRange", "416"):
