@@ -317,6 +317,9 @@ class Saver:
         protected = set() if ctx.remote is None else ctx.remote.pending()
         if self._pending_name is not None and self.persisting():
             protected.add(self._pending_name)
+        pointer = ctx.folder.pointer_name()  # behind when its write failed (a full disk):
+        if pointer is not None:  # it must go on naming a committed checkpoint
+            protected.add(pointer)
         views = ctx.commit_coord.all_gather((protected, [m.name for m in ctx.folder.committed()]))
         keep_out = set().union(*(p for p, _ in views))
         listing = views[0][1]  # rank 0's view, newest first, decides for everyone

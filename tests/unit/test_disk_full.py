@@ -252,3 +252,66 @@ def test_the_batch_that_raises_a_background_failure_is_counted(full_disk):
     ck.close()
     names = [m.name for m in RunFolder(full_disk[0] / "ck").committed()]
     assert names == ["ep0-ba4", "ep0-ba1"]
+
+
+def test_a_pointer_left_behind_by_a_full_disk_keeps_naming_a_committed_checkpoint(tmp_path):
+    """The disk fills between the manifest (the commit) and ``latest.json``: the save is
+    committed and the pointer stays on the previous checkpoint, which retention must then
+    keep, or the pointer would name a deleted one."""
+    require(os.geteuid() == 0, "mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+
+    def free_bytes() -> int:
+        st = os.statvfs(mnt)
+        return st.f_bavail * st.f_frsize
+
+    def manager(folder, keep):
+        model, opt, sched, _ = comps = make(hidden=16)
+        ck = CheckpointManager(
+            model=model,
+            optimizer=opt,
+            scheduler=sched,
+            folder=folder,
+            run_name="r",
+            interval="1ba",
+            num_checkpoints_to_keep=keep,
+        )
+        return ck, comps[:3]
+
+    try:
+        # What a second save takes on this filesystem: its files and its manifest (the
+        # pointer is replaced, so it takes no space once written).
+        ck, comps = manager(mnt / "probe", -1)
+        step(*comps)
+        ck.batch_end(1)
+        before = free_bytes()
+        step(*comps)
+        ck.batch_end(1)
+        needed = before - free_bytes()
+        ck.close(save=False)
+        subprocess.run(["rm", "-rf", str(mnt / "probe")], check=True)
+
+        ck, comps = manager(mnt / "ck", 1)
+        step(*comps)
+        ck.batch_end(1)
+        (mnt / "filler").write_bytes(
+            b"\0" * (free_bytes() - needed)
+        )  # room for all but latest.json
+        step(*comps)
+        saved = ck.batch_end(1)
+        assert saved is not None and saved.name == "ep0-ba2"
+        folder = RunFolder(mnt / "ck")
+        assert folder.read_pointer()["checkpoint"] == "ep0-ba1", "the pointer write did not fail"
+        assert [m.name for m in folder.committed()] == ["ep0-ba2", "ep0-ba1"]
+        assert all(folder.verify(m, None) is None for m in folder.committed())
+
+        (mnt / "filler").unlink()  # space again: the next save moves the pointer, then prunes
+        step(*comps)
+        ck.batch_end(1)
+        ck.close(save=False)
+        assert folder.read_pointer()["checkpoint"] == "ep0-ba3"
+        assert [m.name for m in folder.committed()] == ["ep0-ba3"]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
