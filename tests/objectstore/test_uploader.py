@@ -13,6 +13,7 @@ from tests.objectstore.conftest import SMALL_PARTS
 from tests.objectstore.helpers import RUN, make_checkpoint
 from tests.objectstore.recording import Recorder, RecordingStore
 from tests.support.s3server import S3Server
+from trainer_runtime.manifest import verify_entry
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
@@ -176,3 +177,32 @@ def test_corrupt_local_file_is_abandoned_not_uploaded(
     assert store.head(s3_root.join(RUN, "ep0-ba10", "rank0.pt")) is None
     assert remote_pointer(store, s3_root.join(RUN)) is None
     up.close()
+
+
+def test_keep_local_zero_keeps_a_rank_copy_until_the_leader_commits_it(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    """Rank 1's share is up, but the leader is gone before committing the checkpoint in the
+    bucket: rank 1 must not delete its copy, or the checkpoint is lost on both sides."""
+    run_dir = tmp_path / RUN
+    ten, manifest10 = make_checkpoint(run_dir, "ep0-ba10", 10, world_size=2)
+    rank1 = _uploader(store, s3_root, rank=1, world_size=2, keep_local=0)
+    rank1.submit(ten, manifest10)
+    assert rank1.flush(30)  # its own file is uploaded; no leader commits (it died)
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "rank1.pt")) is not None
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "manifest.json")) is None
+    assert all(verify_entry(ten, e) is None for e in manifest10.files), "rank 1's copy is gone"
+
+    # The next attempt's leader commits it; once it is a remote checkpoint, rank 1's copy goes
+    # at its next upload.
+    leader = _uploader(store, s3_root, rank=0, world_size=2, peer_timeout_s=30)
+    leader.submit(ten, manifest10)
+    assert leader.flush(30)
+    assert remote_pointer(store, s3_root.join(RUN)) == "ep0-ba10"
+    twenty, manifest20 = make_checkpoint(run_dir, "ep0-ba20", 20, world_size=2)
+    rank1.submit(twenty, manifest20)
+    assert rank1.flush(30)
+    assert not (ten / "rank1.pt").exists()
+    assert (twenty / "rank1.pt").exists(), "ep0-ba20 is not committed remotely yet"
+    leader.close(timeout=0)
+    rank1.close(timeout=0)

@@ -37,8 +37,15 @@ class UploadedLocalCopies:
         rank: int,
         *,
         still_pending: Callable[[str], bool],
+        committed_remotely: Callable[[Manifest], bool] = lambda _: True,
     ) -> None:
-        """Record an upload of ``rank``'s share; delete local copies beyond the newest ``keep``."""
+        """Record an upload of ``rank``'s share; delete local copies beyond the newest ``keep``.
+
+        On the leader an upload ends with the remote commit. Another rank's upload ends when
+        its own files are in the bucket, before the leader has committed the checkpoint there
+        (or if the leader dies, never): its copy goes only once ``committed_remotely`` says the
+        manifest is up, so a crash meanwhile still leaves the checkpoint whole on the disk.
+        """
         kept = [e for e in self._kept if e[1] != local_dir]
         kept.append((progress_key(manifest), local_dir, manifest))
         kept.sort(key=lambda e: e[0], reverse=True)
@@ -47,7 +54,11 @@ class UploadedLocalCopies:
             if still_pending(entry[2].name):
                 self._kept.append(entry)  # re-submitted meanwhile: not yet
                 continue
+            if rank != self.leader_rank and not committed_remotely(entry[2]):
+                self._kept.append(entry)  # not a remote checkpoint yet: tried again later
+                continue
             self._delete(entry[1], entry[2], rank)
+        self._kept.sort(key=lambda e: e[0], reverse=True)
 
     def _delete(self, folder: Path, manifest: Manifest, rank: int) -> None:
         """Leader: the whole folder (all ranks' files are remote); others: their own files."""

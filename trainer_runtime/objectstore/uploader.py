@@ -22,8 +22,8 @@ from pathlib import Path
 from .. import events
 from ..errors import ManifestError
 from ..layout import RunFolder, progress_key
-from ..manifest import Manifest
-from .errors import LocalDataError
+from ..manifest import MANIFEST_NAME, Manifest
+from .errors import LocalDataError, ObjectStoreError
 from .local_copies import UploadedLocalCopies
 from .remote_commit import RemoteCommitter, not_committed_remotely
 from .retry import Backoff
@@ -377,7 +377,16 @@ class CheckpointUploader:
                 job.local_dir,
                 job.rank,
                 still_pending=lambda n: self.is_pending_other(n, job),
+                committed_remotely=self._committed_remotely,
             )
+
+    def _committed_remotely(self, manifest: Manifest) -> bool:
+        """Whether the leader has committed ``manifest``'s checkpoint in the bucket (its
+        manifest is there); False when the store cannot say."""
+        try:
+            return self.store.head(self.run_uri.join(manifest.name, MANIFEST_NAME)) is not None
+        except ObjectStoreError:
+            return False
 
     def is_pending_other(self, name: str, current: _Job) -> bool:
         """Pending for a job other than the one just finished (a re-submission)."""
