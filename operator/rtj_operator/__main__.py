@@ -105,7 +105,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=8, help="concurrent job reconciles")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    problem = _invalid(args)
+    if problem:
+        parser.error(problem)  # exits 2 with the usage line and the flag named
+    return args
+
+
+MIN_PEERING_LIFETIME = 11
+"""kopf refreshes a record ``lifetime - 5..10`` s after the last refresh (at least 1 s): a shorter
+lifetime lets a live replica's record lapse between refreshes, and with it the pause of the
+others (0 would make every record dead at once: all replicas active). The chart's minimum too."""
+
+
+def _invalid(args: argparse.Namespace) -> str | None:
+    """Why the parsed flags cannot work (naming the flag and the allowed values), else None.
+
+    Each of these was accepted before and failed silently: ``--workers 0`` started no worker,
+    so no job was ever reconciled; a negative ``--resync-seconds`` or ``--max-pause-seconds``
+    meant "never" by accident; a short ``--peering-lifetime`` let the replicas run at once.
+    """
+    if args.workers < 1:
+        return f"--workers must be at least 1 (got {args.workers}): no job would be reconciled"
+    if args.resync_seconds < 0:
+        return f"--resync-seconds must be 0 (only on events) or more (got {args.resync_seconds:g})"
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be a port 1-65535, or 0 for off (got {args.metrics_port})"
+    if any(not ns for ns in args.namespace):
+        return "--namespace must name a namespace (got an empty name)"
+    if not args.standalone:
+        if not args.peering:
+            return "--peering must name the peering object (got an empty name)"
+        if args.id is not None and not args.id:
+            return "--id must not be empty (leave it out for the default identity)"
+        if args.peering_lifetime < MIN_PEERING_LIFETIME:
+            return (
+                f"--peering-lifetime must be at least {MIN_PEERING_LIFETIME} seconds (got "
+                f"{args.peering_lifetime}): kopf refreshes a record 5-10 s before it lapses"
+            )
+        if args.max_pause_seconds is not None and args.max_pause_seconds < 0:
+            return f"--max-pause-seconds must be 0 (never) or more (got {args.max_pause_seconds:g})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

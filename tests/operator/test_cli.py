@@ -1,0 +1,45 @@
+"""The operator's command line refuses flags it cannot work with, naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from rtj_operator.__main__ import parse_args
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--workers", "-2"], "--workers must be at least 1"),
+        (["--resync-seconds", "-1"], "--resync-seconds must be 0"),
+        (["--metrics-port", "70000"], "--metrics-port must be a port"),
+        (["--metrics-port", "-1"], "--metrics-port must be a port"),
+        (["--peering-lifetime", "0"], "--peering-lifetime must be at least 11"),
+        (["--peering-lifetime", "5"], "--peering-lifetime must be at least 11"),
+        (["--max-pause-seconds", "-1"], "--max-pause-seconds must be 0"),
+        (["--peering", ""], "--peering must name"),
+        (["--id", ""], "--id must not be empty"),
+    ],
+)
+def test_a_flag_that_cannot_work_is_refused_with_its_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["-A", *argv])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_an_empty_namespace_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-n", ""])
+    assert "--namespace must name a namespace" in capsys.readouterr().err
+
+
+def test_the_documented_defaults_and_limits_are_accepted():
+    args = parse_args(["-A"])
+    assert (args.workers, args.resync_seconds, args.peering_lifetime) == (8, 300.0, 15)
+    assert args.max_pause_seconds is None
+    ok = ["--workers", "1", "--resync-seconds", "0", "--metrics-port", "0"]
+    assert parse_args(["-A", *ok, "--peering-lifetime", "11", "--max-pause-seconds", "0"])
+    # Peering flags do not matter to a standalone replica.
+    assert parse_args(["-A", "--standalone", "--peering-lifetime", "0"]).standalone
