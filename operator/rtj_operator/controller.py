@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,6 +35,10 @@ DEPARTED_TTL = 300.0
 """How long the last state of a deleted pod is remembered for classification."""
 DISCOVERY_SECONDS = 60.0
 """How long an answer of API discovery (is native gang scheduling served?) is trusted."""
+
+PAUSED_RECHECK = 5.0
+"""Seconds before a job skipped during a peering pause is looked at again. kopf's resumed watches
+re-list every job anyway; this only guarantees that none is left behind."""
 
 DELETE_EVENT_WAIT = 1.0
 """Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
@@ -78,6 +83,9 @@ class Controller:
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
         # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
         self.unexplained: dict[Key, float] = {}
+        # Whether kopf peering pauses this replica now (None: standalone, never paused).
+        self.pause_check: Callable[[], Awaitable[bool]] | None = None
+        self.paused = False
 
     async def start(self) -> None:
         """Start the workers."""
@@ -175,6 +183,8 @@ class Controller:
     async def sync(self, key: Key, first_kick: float) -> float | None:
         """Reconcile one job; returns when to look again (None: on the next event)."""
         started = time.monotonic()
+        if await self._paused():
+            return PAUSED_RECHECK
         namespace, name = key
         body = await self.api.get_job(namespace, name)
         if body is None:
@@ -245,6 +255,23 @@ class Controller:
         if self.resync_seconds > 0:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
+
+    async def _paused(self) -> bool:
+        """Whether peering pauses this replica. kopf's pause stops only its watches; the work
+        queue's timers (resync, backoff, grace periods) would go on acting, from a node cache
+        that no event refreshes while paused, beside the replica that does the work."""
+        if self.pause_check is None:
+            return False
+        paused = await self.pause_check()
+        if paused and not self.paused:
+            log.info("paused by peering: no job is reconciled until the pause ends")
+            # No node event arrives during the pause, and kopf's re-listing afterwards does not
+            # report the nodes deleted meanwhile: forget them all (a miss falls back to a GET).
+            self.nodes.clear()
+        elif self.paused and not paused:
+            log.info("peering pause over: reconciling again")
+        self.paused = paused
+        return paused
 
     async def native_gang(self) -> bool:
         """Whether the cluster serves the PodGroup API, asked at most once a minute."""

@@ -10,7 +10,9 @@ and ownerReferences let the garbage collector remove the gang.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +21,13 @@ import kopf
 from . import metrics, names
 from . import peering as peering_module
 from .controller import Controller
-from .kube import KubeApi
+from .kube import ApiError, KubeApi
 from .timeutil import utcnow
+
+log = logging.getLogger(__name__)
+
+PAUSE_CHECK_TTL = 1.0
+"""Seconds an answer of the pause check is reused (one peering read a second at most)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,39 @@ class PeeringOptions:
         ]
 
 
+async def _blocking_records(
+    api: KubeApi, options: PeeringOptions
+) -> list[peering_module.PeerRecord]:
+    """The live records of the peering objects that pause this replica (kopf's rule)."""
+    now = utcnow()
+    blocking: list[peering_module.PeerRecord] = []
+    for path in options.paths():
+        body = await api.get_object(path) or {}
+        records = peering_module.parse_records(body.get("status"))
+        blocking += peering_module.blockers(records, options.identity, options.priority, now)
+    return blocking
+
+
+def _pause_check(api: KubeApi, options: PeeringOptions) -> Callable[[], Awaitable[bool]]:
+    """``Controller.pause_check``: whether peering pauses this replica, read at most once per
+    ``PAUSE_CHECK_TTL``. An unreadable peering object counts as no pause: compare-and-swap keeps
+    two active replicas safe, while a replica that wrongly stops would lose jobs."""
+    cached: list[float | bool] = [float("-inf"), False]
+
+    async def paused() -> bool:
+        clock = asyncio.get_running_loop().time()
+        if clock - float(cached[0]) >= PAUSE_CHECK_TTL:
+            try:
+                cached[1] = bool(await _blocking_records(api, options))
+            except ApiError as err:
+                log.warning("cannot read the peering object, acting as unpaused: %s", err)
+                cached[1] = False
+            cached[0] = clock
+        return bool(cached[1])
+
+    return paused
+
+
 def build_registry(
     controller: Controller,
     *,
@@ -58,6 +98,8 @@ def build_registry(
     """A kopf registry whose handlers feed ``controller``."""
     registry = kopf.OperatorRegistry()
     peering_options = peering
+    if peering is not None and api is not None:
+        controller.pause_check = _pause_check(api, peering)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -105,13 +147,7 @@ def build_registry(
         if peering_options is None or api is None:
             return {"standalone": True}
         now = utcnow()
-        blocking: list[peering_module.PeerRecord] = []
-        for path in peering_options.paths():
-            body = await api.get_object(path) or {}
-            records = peering_module.parse_records(body.get("status"))
-            blocking += peering_module.blockers(
-                records, peering_options.identity, peering_options.priority, now
-            )
+        blocking = await _blocking_records(api, peering_options)
         silent = watch.observe(blocking, now)
         ids = sorted({r.identity for r in blocking})
         if silent is not None:

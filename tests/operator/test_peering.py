@@ -91,3 +91,43 @@ def test_the_probe_reads_the_peering_objects_kopf_decides_from():
     assert options(("team-a", "ml-*")).paths() == [
         "/apis/kopf.dev/v1/namespaces/team-a/kopfpeerings/p"
     ]
+
+
+def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypatch):
+    """kopf's pause stops only its watches: the replica's own timers (resync, backoff, grace
+    periods) must not act beside the active replica, from node states no event refreshes."""
+    import asyncio
+    import time
+
+    from rtj_operator import handlers
+    from rtj_operator.controller import PAUSED_RECHECK, Controller
+    from rtj_operator.handlers import PeeringOptions, build_registry
+    from rtj_operator.timeutil import utcnow
+
+    from .fake_api import FakeApi
+    from .fakes import job_body, make_node
+
+    api = FakeApi()
+    api.put_job(job_body(replicas=2))
+    api.nodes["node-0"] = make_node("node-0")
+    ctrl = Controller(api, resync_seconds=0)  # type: ignore[arg-type]
+    options = PeeringOptions("rtj-operator", "me", 10, 15, 30.0, None)
+    build_registry(ctrl, api=api, peering=options)  # type: ignore[arg-type]
+    monkeypatch.setattr(handlers, "PAUSE_CHECK_TTL", 0.0)
+    path = peering_path("rtj-operator", None)
+    ctrl.on_node_event(None, make_node("node-0"))
+    assert ctrl.nodes
+
+    def sync():
+        return asyncio.run(ctrl.sync(("ns", "train"), time.monotonic()))
+
+    api.objects[path] = {"status": {"active": record(utcnow(), priority=20)}}
+    api.calls.clear()
+    assert sync() == PAUSED_RECHECK
+    assert api.calls == ["get_object"] and not api.pods() and ctrl.paused
+    assert not ctrl.nodes  # stale while paused: a miss falls back to a GET afterwards
+
+    # The active replica's record lapses (or names this replica): the pause is over.
+    api.objects[path] = {"status": {"me": record(utcnow(), priority=10)}}
+    sync()
+    assert not ctrl.paused and api.pods()
