@@ -263,15 +263,20 @@ class Controller:
         if self.pause_check is None:
             return False
         paused = await self.pause_check()
+        self.note_paused(paused)
+        return paused
+
+    def note_paused(self, paused: bool) -> None:
+        """Peering pauses this replica now (or no longer): what it must forget on pausing."""
         if paused and not self.paused:
             log.info("paused by peering: no job is reconciled until the pause ends")
             # No node event arrives during the pause, and kopf's re-listing afterwards does not
             # report the nodes deleted meanwhile: forget them all (a miss falls back to a GET).
             self.nodes.clear()
+            metrics.PHASES.clear()  # the active replica reports the jobs
         elif self.paused and not paused:
             log.info("peering pause over: reconciling again")
         self.paused = paused
-        return paused
 
     async def native_gang(self) -> bool:
         """Whether the cluster serves the PodGroup API, asked at most once a minute."""

@@ -148,6 +148,7 @@ def build_registry(
             return {"standalone": True}
         now = utcnow()
         blocking = await _blocking_records(api, peering_options)
+        controller.note_paused(bool(blocking))  # also while no job is due for a reconcile
         silent = watch.observe(blocking, now)
         ids = sorted({r.identity for r in blocking})
         if silent is not None:

@@ -65,6 +65,11 @@ class PhaseBook(Collector):
         """The job is gone."""
         self.phases.pop(key, None)
 
+    def clear(self) -> None:
+        """This replica stopped serving jobs (a peering pause): it reports none, so that
+        summing ``rtj_jobs`` over the replicas a ServiceMonitor scrapes counts each job once."""
+        self.phases.clear()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Prometheus collection callback."""
         family = GaugeMetricFamily("rtj_jobs", "ResumableTrainingJobs by phase.", labels=["phase"])

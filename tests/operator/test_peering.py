@@ -99,7 +99,7 @@ def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypa
     import asyncio
     import time
 
-    from rtj_operator import handlers
+    from rtj_operator import handlers, metrics
     from rtj_operator.controller import PAUSED_RECHECK, Controller
     from rtj_operator.handlers import PeeringOptions, build_registry
     from rtj_operator.timeutil import utcnow
@@ -116,7 +116,8 @@ def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypa
     monkeypatch.setattr(handlers, "PAUSE_CHECK_TTL", 0.0)
     path = peering_path("rtj-operator", None)
     ctrl.on_node_event(None, make_node("node-0"))
-    assert ctrl.nodes
+    ctrl.on_job_event(None, api.job())
+    assert ctrl.nodes and metrics.PHASES.phases
 
     def sync():
         return asyncio.run(ctrl.sync(("ns", "train"), time.monotonic()))
@@ -126,6 +127,7 @@ def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypa
     assert sync() == PAUSED_RECHECK
     assert api.calls == ["get_object"] and not api.pods() and ctrl.paused
     assert not ctrl.nodes  # stale while paused: a miss falls back to a GET afterwards
+    assert not metrics.PHASES.phases  # rtj_jobs: only the active replica counts the jobs
 
     # The active replica's record lapses (or names this replica): the pause is over.
     api.objects[path] = {"status": {"me": record(utcnow(), priority=10)}}
