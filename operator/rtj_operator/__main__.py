@@ -14,9 +14,11 @@ import os
 import random
 import socket
 import sys
+from urllib.parse import urlsplit
 
 import kopf
 
+from . import metrics
 from .controller import Controller
 from .handlers import PeeringOptions, build_registry
 from .kube import KubeApi
@@ -131,6 +133,9 @@ def _invalid(args: argparse.Namespace) -> str | None:
         return f"--resync-seconds must be 0 (only on events) or more (got {args.resync_seconds:g})"
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port must be a port 1-65535, or 0 for off (got {args.metrics_port})"
+    live_port = urlsplit(args.liveness).port if args.liveness else None
+    if args.metrics_port and args.metrics_port == live_port:
+        return f"--metrics-port {args.metrics_port} is the port of --liveness {args.liveness}"
     if any(not ns for ns in args.namespace):
         return "--namespace must name a namespace (got an empty name)"
     if not args.standalone:
@@ -152,6 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run the operator until SIGINT/SIGTERM."""
     args = parse_args(argv)
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
+    if args.metrics_port:
+        # Bound here, not in a kopf startup handler: kopf retries a failed startup handler every
+        # minute, so a port in use left a live process that served no job and said so only in
+        # a traceback.
+        try:
+            metrics.serve(args.metrics_port, args.metrics_address)
+        except OSError as err:
+            print(
+                f"rtj-operator: error: --metrics-port {args.metrics_port} on --metrics-address "
+                f"{args.metrics_address}: cannot listen: {err.strerror or err}",
+                file=sys.stderr,
+            )
+            return 2
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     api = KubeApi()
     controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)
@@ -172,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         controller,
         api=api,
         peering=peering,
-        metrics_port=args.metrics_port or None,
-        metrics_address=args.metrics_address,
     )
     kopf.run(
         registry=registry,

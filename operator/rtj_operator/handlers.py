@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from . import metrics, names
+from . import names
 from . import peering as peering_module
 from .controller import Controller
 from .kube import ApiError, KubeApi
@@ -92,8 +92,6 @@ def build_registry(
     *,
     api: KubeApi | None = None,
     peering: PeeringOptions | None = None,
-    metrics_port: int | None = None,
-    metrics_address: str = "0.0.0.0",  # noqa: S104
 ) -> kopf.OperatorRegistry:
     """A kopf registry whose handlers feed ``controller``."""
     registry = kopf.OperatorRegistry()
@@ -114,8 +112,6 @@ def build_registry(
         settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB
         # Handlers log a lot at INFO; that must not become Kubernetes Events on every pod.
         settings.posting.level = logging.WARNING
-        if metrics_port:
-            metrics.serve(metrics_port, metrics_address)
         await controller.start()
 
     @kopf.on.cleanup(registry=registry)

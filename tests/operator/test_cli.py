@@ -43,3 +43,31 @@ def test_the_documented_defaults_and_limits_are_accepted():
     assert parse_args(["-A", *ok, "--peering-lifetime", "11", "--max-pause-seconds", "0"])
     # Peering flags do not matter to a standalone replica.
     assert parse_args(["-A", "--standalone", "--peering-lifetime", "0"]).standalone
+
+
+def test_a_metrics_port_in_use_stops_the_operator_at_once_naming_the_flag(monkeypatch, capsys):
+    """kopf retries a failing startup handler every minute: binding the metrics port there left
+    a live operator that served no job."""
+    import socket
+
+    from rtj_operator import __main__ as cli
+
+    runs = []
+    monkeypatch.setattr(cli, "KubeApi", lambda: None)
+    monkeypatch.setattr(cli.kopf, "run", lambda **kwargs: runs.append(kwargs))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["-A", "--standalone", "--metrics-port", str(port)]
+        code = cli.main([*argv, "--metrics-address", "127.0.0.1"])
+    assert code == 2 and not runs
+    assert f"--metrics-port {port} on --metrics-address 127.0.0.1: cannot listen" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_metrics_port_must_differ_from_the_liveness_port(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-A", "--metrics-port", "8080", "--liveness", "http://0.0.0.0:8080/healthz"])
+    assert "--metrics-port 8080 is the port of --liveness" in capsys.readouterr().err
