@@ -57,6 +57,19 @@ def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
     return view.exists, view.deleting, view.ready, taints, view.unschedulable, view.allocatable
 
 
+def error_kind(err: Exception) -> str:
+    """The ``kind`` label of ``rtj_reconcile_errors_total`` for a reconcile that raised."""
+    if isinstance(err, ApiError):
+        if err.forbidden:
+            return "forbidden"
+        if err.status == 429 or err.status >= 500:
+            return "server"
+        return "api"
+    if isinstance(err, OSError | TimeoutError):
+        return "connection"
+    return "unexpected"
+
+
 def _changes_next_decision(plan: Plan) -> bool:
     """Whether applying ``plan`` changed something the next reconcile reads."""
     return bool(
@@ -70,7 +83,7 @@ class Controller:
     def __init__(self, api: KubeApi, resync_seconds: float = 300.0, concurrency: int = 8):
         self.api = api
         self.executor = Executor(api)
-        self.queue = WorkQueue(self.sync, concurrency=concurrency)
+        self.queue = WorkQueue(self._counted_sync, concurrency=concurrency)
         self.resync_seconds = resync_seconds
         self.nodes: dict[str, NodeView] = {}
         self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
@@ -179,6 +192,16 @@ class Controller:
         for name, body in zip(missing, fetched, strict=True):
             views[name] = node_view(name, body)
         return views
+
+    async def _counted_sync(self, key: Key, first_kick: float) -> float | None:
+        """``sync``, counting a failure (the queue retries it) in ``rtj_reconcile_errors_total``."""
+        try:
+            return await self.sync(key, first_kick)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            metrics.RECONCILE_ERRORS.labels(error_kind(err)).inc()
+            raise
 
     async def sync(self, key: Key, first_kick: float) -> float | None:
         """Reconcile one job; returns when to look again (None: on the next event)."""

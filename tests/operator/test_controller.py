@@ -283,3 +283,29 @@ def test_cli_needs_a_scope():
 
     with pytest.raises(SystemExit):
         parse_args([])
+
+
+def test_every_failed_reconcile_is_counted_by_kind():
+    """``rtj_reconcile_errors_total`` counts the reconciles the queue retries, not only
+    conflicts: an operator refused everything by RBAC must not show zero errors."""
+    ctrl, api = controller_with_job()
+
+    async def refused(namespace, name):
+        raise ApiError(403, {"reason": "Forbidden"}, "GET", "/apis/resumable.dev/v1alpha1/x")
+
+    api.get_job = refused  # type: ignore[method-assign]
+
+    def count(kind):
+        return metrics.REGISTRY.get_sample_value("rtj_reconcile_errors_total", {"kind": kind}) or 0
+
+    before = count("forbidden")
+    with pytest.raises(ApiError):
+        asyncio.run(ctrl.queue.worker(KEY, time.monotonic()))  # what the queue retries
+    assert count("forbidden") == before + 1
+
+    from rtj_operator.controller import error_kind
+
+    assert error_kind(ApiError(503, None, "GET", "/")) == "server"
+    assert error_kind(ApiError(400, None, "GET", "/")) == "api"
+    assert error_kind(ConnectionResetError()) == "connection"
+    assert error_kind(KeyError("x")) == "unexpected"
