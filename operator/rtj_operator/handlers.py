@@ -134,7 +134,10 @@ def build_registry(
     async def workqueue(**_: Any) -> dict[str, int]:
         return controller.queue.stats()
 
-    watch = peering_module.PauseWatch(peering_options.max_pause if peering_options else 0.0)
+    watch = peering_module.PauseWatch(
+        peering_options.max_pause if peering_options else 0.0,
+        priority=peering_options.priority if peering_options else None,
+    )
 
     @kopf.on.probe(id="peering", registry=registry)
     async def peering_state(**_: Any) -> dict[str, Any]:
@@ -148,6 +151,13 @@ def build_registry(
         silent = watch.observe(blocking, now)
         ids = sorted({r.identity for r in blocking})
         if silent is not None:
+            ties = sorted({r.identity for r in blocking if r.priority == peering_options.priority})
+            if ties:
+                raise kopf.PermanentError(
+                    f"paused by peering for {silent:.0f}s: {', '.join(ties)} has the same "
+                    f"priority {peering_options.priority}, and kopf pauses every replica of a "
+                    "tie; give the replicas different --priority values, or leave it out (random)"
+                )
             raise kopf.PermanentError(
                 f"paused by peering for {silent:.0f}s by {', '.join(ids)}, whose records were "
                 f"not refreshed (more than {peering_options.max_pause:.0f}s)"

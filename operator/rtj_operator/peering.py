@@ -77,6 +77,10 @@ class PauseWatch:
     """Remembers since when the operator is paused and when a blocker last showed life."""
 
     max_pause: float
+    priority: int | None = None
+    """This replica's priority. A refreshing record of the *same* priority does not make the
+    pause expected: kopf pauses every replica of a tie, and a tie never ends by itself (two
+    replicas given one ``--priority``), so all of them would stand by, healthy, forever."""
     paused_since: datetime | None = None
     last_refresh: datetime | None = None
     seen: dict[str, datetime | None] = field(default_factory=dict)
@@ -88,7 +92,11 @@ class PauseWatch:
             self.paused_since = self.last_refresh = None
             self.seen = {}
             return None
-        current = {r.identity: r.lastseen for r in blocking}
+        current = {
+            r.identity: r.lastseen
+            for r in blocking
+            if self.priority is None or r.priority > self.priority
+        }
         if self.paused_since is None:
             self.paused_since = self.last_refresh = now
         elif any(self.seen.get(i) != seen for i, seen in current.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.error
 import urllib.request
 
 from tools.waiting import wait_for
@@ -98,4 +99,48 @@ def test_a_replica_paused_by_a_higher_priority_one_stops_reconciling(
         low.stop()
         if high is not None:
             high.stop()
+        kube.delete_namespace(ns)
+
+
+def _health(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (local URL)
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def test_two_replicas_with_the_same_priority_fail_liveness_naming_the_tie(
+    kube, kubeconfig, tmp_path
+):
+    """kopf pauses every replica of a priority tie, and both keep refreshing their records:
+    without this, both stood by, healthy, and no job was ever served."""
+    ns = unique("rtj-peer")
+    kube.create_namespace(ns)
+    kube.apply(
+        {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering",
+            "metadata": {"name": "rtj-operator", "namespace": ns},
+        }
+    )
+    args = ("--namespace", ns, "--priority", "10", "--max-pause-seconds", "3")
+    one = start_operator(kubeconfig, tmp_path / "one.log", *args)
+    two = start_operator(kubeconfig, tmp_path / "two.log", *args)
+    try:
+        wait_for(
+            "liveness 500 naming the tie",
+            lambda: (
+                _health(one.liveness)[0] == 500
+                and "has the same priority 10" in (tmp_path / "one.log").read_text()
+            ),
+            90,
+            0.5,
+            on_timeout=lambda: one.tail() + "\n---\n" + repr(_health(one.liveness)),
+        )
+    finally:
+        one.stop()
+        two.stop()
         kube.delete_namespace(ns)

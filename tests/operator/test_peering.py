@@ -133,3 +133,21 @@ def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypa
     api.objects[path] = {"status": {"me": record(utcnow(), priority=10)}}
     sync()
     assert not ctrl.paused and api.pods()
+
+
+def test_a_tie_of_priorities_is_reported_even_while_the_peer_refreshes():
+    """kopf pauses every replica of a tie (two replicas given the same ``--priority``): both
+    stand by for good, so the liveness probe must not call that pause expected."""
+    watch = PauseWatch(max_pause=30, priority=10)
+    results = []
+    for second in range(0, 50, 10):
+        now = T0 + timedelta(seconds=second)
+        twin = parse_records({"twin": record(now - timedelta(seconds=2), priority=10)})
+        results.append(watch.observe(blockers(twin, "me", 10, now), now))
+    assert results[:4] == [None, None, None, None] and results[4] == 40
+    # A refreshing peer of a higher priority is still an expected pause.
+    watch = PauseWatch(max_pause=30, priority=10)
+    for second in range(0, 300, 10):
+        now = T0 + timedelta(seconds=second)
+        active = parse_records({"active": record(now - timedelta(seconds=2), priority=11)})
+        assert watch.observe(blockers(active, "me", 10, now), now) is None
