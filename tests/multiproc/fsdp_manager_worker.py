@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from tests.multiproc.rank_exit import end_fsdp_rank
 from trainer_runtime import CheckpointManager
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -93,8 +94,7 @@ def main() -> None:
             "groups_released": released,
         }
         (out / f"{args.tag}.rank{rank}.json").write_text(json.dumps(info))
-    dist.barrier()  # the last collective holds no tensor of ours (docs/runtime.md)
-    dist.destroy_process_group()
+    end_fsdp_rank()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.multiproc.rank_exit import end_fsdp_rank
 from trainer_runtime import CheckpointManager
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -70,8 +71,7 @@ def main() -> None:
         torch.save(full, out / f"{args.tag}.pt")
         info = {"resumed_from": resumed.path, "source": resumed.source, "world": world}
         (out / f"{args.tag}.json").write_text(json.dumps(info))
-    dist.barrier()  # the last collective holds no tensor of ours (docs/runtime.md)
-    dist.destroy_process_group()
+    end_fsdp_rank()
 
 
 if __name__ == "__main__":
