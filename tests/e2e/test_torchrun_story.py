@@ -15,7 +15,7 @@ of pod 1 (global ranks 2 and 3) goes:
 
 Either way the job Succeeds with one preemption and no failure, on other nodes, from S3, and the
 final weights are compared bit for bit with an uninterrupted run of the same script at world
-size 4 (``check_weights``: not yet equal at that size, whatever the launcher; see there).
+size 4 (``check_weights``: equal at that size too, see there).
 """
 
 from __future__ import annotations
