@@ -33,6 +33,7 @@ from .nodes import NodeView
 from .notice import termination_taint
 from .spec_types import TaintSelector
 from .status_types import Cause
+from .timeutil import parse_time
 
 DISRUPTION_CAUSES = {
     "PreemptionByScheduler": Cause.SCHEDULER_PREEMPTION,
@@ -83,6 +84,8 @@ class RankOutcome:
     """The node is announced for termination or not ready (while the pod still runs)."""
     recheck_after: float | None = None
     """Seconds until this classification may change by time alone (NotReady grace)."""
+    finished_at: datetime | None = None
+    """When the training container terminated, if it did."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Signals:
     termination_taints: Sequence[TaintSelector]
     node_not_ready_seconds: float
     container_name: str | None = None
+    failure_settle_seconds: float = 0.0
 
 
 def training_container_name(pod: dict[str, Any], configured: str | None) -> str | None:
@@ -155,6 +159,7 @@ def classify_rank(
     container = training_container_name(pod, signals.container_name)
     terminated = terminated_state(pod, container)
     exit_code = terminated.get("exitCode") if terminated else None
+    finished_at = parse_time(terminated.get("finishedAt")) if terminated else None
     base = {"pod": name, "node": node_name, "exit_code": exit_code}
 
     def preempted(cause: Cause, message: str) -> RankOutcome:
@@ -202,7 +207,14 @@ def classify_rank(
                 f"{what} while node {node_name} was "
                 f"{'announced for termination' if taint else 'not ready'}",
             )
-        return RankOutcome(rank, Outcome.FAILED, cause=Cause.FAILURE, message=what, **base)
+        return RankOutcome(
+            rank,
+            Outcome.FAILED,
+            cause=Cause.FAILURE,
+            message=what,
+            finished_at=finished_at,
+            **base,
+        )
     # 7. NotReady nodes get a grace period.
     recheck = None
     if node is not None and node_name and node.exists and node.ready is not True:
@@ -250,8 +262,17 @@ class GangVerdict:
     recheck_after: float | None = None
 
 
-def gang_verdict(outcomes: Iterable[RankOutcome]) -> GangVerdict:
-    """Combine the ranks: any preemption > any failure (or node trouble) > all succeeded."""
+def gang_verdict(
+    outcomes: Iterable[RankOutcome],
+    *,
+    settle_seconds: float = 0.0,
+    now: datetime | None = None,
+) -> GangVerdict:
+    """Combine the ranks: any preemption > any failure (or node trouble) > all succeeded.
+
+    A failure while other ranks' pods still run waits up to ``settle_seconds`` after the failed
+    rank's exit (``Signals.failure_settle_seconds``): their node may be dying without a word
+    yet, and turns NotReady only after the node controller's grace period."""
     ranks = sorted(outcomes, key=lambda o: o.rank)
     preempted = [o for o in ranks if o.outcome is Outcome.PREEMPTED]
     failed = [o for o in ranks if o.outcome is Outcome.FAILED]
@@ -277,6 +298,11 @@ def gang_verdict(outcomes: Iterable[RankOutcome]) -> GangVerdict:
                     f"{culprit.node} was {state}",
                 ),
             )
+        left = _settle_left(ranks, failed, settle_seconds, now)
+        if left is not None:
+            return GangVerdict(
+                Outcome.ACTIVE, recheck_after=left if recheck is None else min(left, recheck)
+            )
         return GangVerdict(Outcome.FAILED, failed[0])
     if ranks and all(o.outcome is Outcome.SUCCEEDED for o in ranks):
         return GangVerdict(Outcome.SUCCEEDED)
@@ -287,3 +313,21 @@ def gang_verdict(outcomes: Iterable[RankOutcome]) -> GangVerdict:
         and bool(active)
     )
     return GangVerdict(Outcome.ACTIVE, all_running=all_running, recheck_after=recheck)
+
+
+def _settle_left(
+    ranks: list[RankOutcome],
+    failed: list[RankOutcome],
+    settle_seconds: float,
+    now: datetime | None,
+) -> float | None:
+    """Seconds the failure of ``failed`` still waits for the ranks that run on, or None."""
+    if settle_seconds <= 0 or now is None:
+        return None
+    if not any(o.outcome is Outcome.ACTIVE and o.running for o in ranks):
+        return None  # nobody left to wait for: the others ended too
+    exits = [o.finished_at for o in failed if o.finished_at is not None]
+    if not exits:
+        return None
+    left = settle_seconds - (now - min(exits)).total_seconds()
+    return left if left > 0 else None

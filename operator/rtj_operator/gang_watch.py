@@ -31,6 +31,7 @@ def _signals(job: Job) -> Signals:
         termination_taints=ps.termination_taints,
         node_not_ready_seconds=ps.node_not_ready_seconds,
         container_name=job.spec.container_name,
+        failure_settle_seconds=ps.failure_settle_seconds,
     )
 
 
@@ -55,7 +56,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
             )
         )
     _deliver_notices(ctx, outcomes, current)
-    verdict = gang_verdict(outcomes)
+    verdict = gang_verdict(outcomes, settle_seconds=signals.failure_settle_seconds, now=ctx.now)
     if verdict.outcome is Outcome.PREEMPTED:
         interrupted(ctx, verdict, current, preemption=True)
     elif verdict.outcome is Outcome.FAILED:

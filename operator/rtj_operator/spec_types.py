@@ -98,6 +98,16 @@ class PreemptionSignals(ApiModel):
     node_not_ready_seconds: int = Field(default=60, ge=0, le=86400)
     """How long a rank's node may stay NotReady (or Unknown) before the rank counts as lost to a
     preemption and the gang is resubmitted. Default 60."""
+    failure_settle_seconds: int = Field(default=0, ge=0, le=3600)
+    """When a rank fails while other ranks' pods still run, how long after its exit the
+    operator waits before counting a failure. A node that dies without its Node being deleted
+    (a kernel panic, a lost network) turns NotReady only after the node controller's grace
+    period (40-50 s), while the ranks on healthy nodes crash at once when their peer goes:
+    with a wait longer than that grace (90 is a good value), a still-running rank whose node
+    turns NotReady, is deleted or announced meanwhile makes it a preemption instead of a
+    failure. The wait ends at once when no other rank runs any more (they crashed too, as
+    after a bug); the price is that a real failure whose other ranks hang is counted that much
+    later. Default 0: a failure counts at once."""
 
 
 class ResumePolicy(ApiModel):

@@ -131,3 +131,51 @@ def test_training_exit_zero_succeeds_even_when_a_sidecar_fails_the_pod(kube, ns,
     )
     status = kube.status(ns, name)
     assert status["failures"] == 0 and status["attempt"] == 0, status
+
+
+def test_a_rank_that_crashes_because_its_peers_node_died_silently_is_a_preemption(
+    kube, ns, pool, operator
+):
+    """preemptionSignals.failureSettleSeconds: rank 0 exits 1 at once (its gloo peer went),
+    while rank 1's node dies without its Node being deleted and turns NotReady only later."""
+    name = start_running(
+        kube,
+        ns,
+        pool,
+        operator,
+        preemptionSignals={"failureSettleSeconds": 60, "nodeNotReadySeconds": 60},
+        resumePolicy={"backoffBaseSeconds": 1},
+    )
+    peer_node = node_of(kube, ns, name, 0, 1)
+    kube.end_container(ns, f"{name}-a0-r0", 1)
+    time.sleep(3)  # within the wait: nothing is counted yet
+    status = kube.status(ns, name)
+    assert status["attempt"] == 0 and not status.get("failures"), status
+    kube.stop_kubelet(peer_node)  # its heartbeats stop; the node controller says NotReady
+    wait_attempt(kube, ns, name, 1, 2, op=operator)
+    status = kube.status(ns, name)
+    assert status.get("failures", 0) == 0 and status["preemptions"] == 1, status
+    hit = last_interruption(kube, ns, name)
+    assert hit["preemption"] and hit["cause"] == "NodeNotReady" and hit["rank"] == 0, hit
+
+
+def test_without_node_trouble_the_settled_failure_counts_after_the_wait(kube, ns, pool, operator):
+    name = start_running(
+        kube,
+        ns,
+        pool,
+        operator,
+        preemptionSignals={"failureSettleSeconds": 4},
+        resumePolicy={"backoffBaseSeconds": 1},
+    )
+    ended = time.monotonic()
+    kube.end_container(ns, f"{name}-a0-r1", 1)
+    wait_for(
+        "failure recorded",
+        lambda: kube.status(ns, name).get("failures") == 1,
+        30,
+        on_timeout=operator.tail,
+    )
+    assert time.monotonic() - ended >= 2.9  # 4 s from finishedAt, which has whole seconds
+    hit = last_interruption(kube, ns, name)
+    assert hit["cause"] == "Failure" and not hit["preemption"] and hit["rank"] == 1, hit

@@ -240,3 +240,41 @@ def test_gang_all_running_and_earliest_recheck():
     assert not gang_verdict(
         [_o(0, Outcome.ACTIVE, running=True), _o(1, Outcome.ACTIVE)]
     ).all_running
+
+
+def test_a_failure_while_others_run_settles_before_it_counts():
+    """failureSettleSeconds: a rank that crashed because its peer's node died silently is
+    not a failure once that node turns NotReady; without node trouble it is, after the wait."""
+    crashed = _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, finished_at=T0)
+    running = _o(1, Outcome.ACTIVE, running=True)
+    at = T0 + timedelta(seconds=10)
+    waiting = gang_verdict([crashed, running], settle_seconds=90, now=at)
+    assert waiting.outcome is Outcome.ACTIVE and waiting.recheck_after == pytest.approx(80)
+    assert not waiting.all_running
+    # The peer's node turned NotReady meanwhile: a preemption, not a failure.
+    troubled = _o(1, Outcome.ACTIVE, running=True, node_trouble=Cause.NODE_NOT_READY)
+    verdict = gang_verdict([crashed, troubled], settle_seconds=90, now=at)
+    assert verdict.outcome is Outcome.PREEMPTED and verdict.trigger.cause is Cause.NODE_NOT_READY
+    # Nothing happened to the peer within the wait: the failure counts.
+    late = gang_verdict([crashed, running], settle_seconds=90, now=T0 + timedelta(seconds=91))
+    assert late.outcome is Outcome.FAILED and late.trigger.rank == 0
+    # The peer ended too (both crashed, as after a bug): no wait.
+    ended = _o(1, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, finished_at=T0)
+    assert gang_verdict([crashed, ended], settle_seconds=90, now=at).outcome is Outcome.FAILED
+    # Off (the default) or without an exit time: at once.
+    assert gang_verdict([crashed, running], now=at).outcome is Outcome.FAILED
+    no_time = _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1)
+    assert gang_verdict([no_time, running], settle_seconds=90, now=at).outcome is Outcome.FAILED
+
+
+def test_classify_records_when_the_training_container_ended():
+    pod = make_pod(phase="Running")
+    pod["status"]["containerStatuses"] = [
+        {
+            "name": "trainer",
+            "state": {"terminated": {"exitCode": 3, "finishedAt": "2030-01-01T12:00:07Z"}},
+        }
+    ]
+    signals = Signals(DEFAULT_TERMINATION_TAINTS, 60, container_name="trainer")
+    out = classify_rank(0, pod, READY, signals=signals, now=T0)
+    assert out.outcome is Outcome.FAILED and out.finished_at == T0 + timedelta(seconds=7)
