@@ -106,6 +106,13 @@ def pod_reports(pod: dict[str, Any], container_name: str | None) -> list[Report]
     return reports
 
 
+def progress_order(record: CheckpointRecord) -> tuple[int, int]:
+    """How far training was at a checkpoint: its step, then its epoch. An epoch-end save after
+    the epoch's last step has the step of the save before it (``ep7-ba96``, ``ep8-ba96``), and
+    is the newer one."""
+    return record.step, record.epoch if record.epoch is not None else -1
+
+
 def merge_checkpoints(
     known: Iterable[CheckpointRecord], new: Iterable[CheckpointRecord]
 ) -> list[CheckpointRecord]:
@@ -117,7 +124,7 @@ def merge_checkpoints(
         better = current is not None and record.step == current.step and current.attempt is None
         if newer or better:
             by_name[record.name] = record
-    ordered = sorted(by_name.values(), key=lambda r: r.step, reverse=True)
+    ordered = sorted(by_name.values(), key=progress_order, reverse=True)
     return ordered[:MAX_KNOWN_CHECKPOINTS]
 
 

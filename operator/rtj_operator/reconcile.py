@@ -27,7 +27,13 @@ from .gang_watch import watch_gang
 from .nodes import NodeView
 from .plan_types import Plan
 from .podstate import is_deleting, is_finished, owned_by, pod_attempt, pod_deletion
-from .progress import Report, highest_current_step, merge_checkpoints, pod_reports
+from .progress import (
+    Report,
+    highest_current_step,
+    merge_checkpoints,
+    pod_reports,
+    progress_order,
+)
 from .reconcile_context import ReconcileContext
 from .status_types import TERMINAL_PHASES, Phase
 from .transitions import suspend, unsuspend
@@ -117,8 +123,9 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
-    newest = max(records, key=lambda r: r.step)
-    if st.last_committed_checkpoint is None or newest.step > st.last_committed_checkpoint.step:
+    newest = max(records, key=progress_order)
+    last = st.last_committed_checkpoint
+    if last is None or progress_order(newest) > progress_order(last):
         st.last_committed_checkpoint = newest
     if st.gang_created and current_reports:
         step = highest_current_step(current_reports)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rtj_operator import names
-from rtj_operator.envvars import NOTICE_ANNOTATION
+from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
 from rtj_operator.reconcile import reconcile
 from rtj_operator.status_types import Cause
 
@@ -416,3 +416,18 @@ def test_a_pod_removed_before_it_was_seen_is_classified_from_its_last_state():
     assert plan.interruption.cause == Cause.EVICTED
     plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
     assert plan.interruption.cause == Cause.POD_REMOVED
+
+
+def test_an_epoch_end_save_at_the_step_of_the_save_before_it_is_the_newest():
+    """The last batch's save and the epoch-end save after it share a step: ``ep7-ba96`` and
+    ``ep8-ba96``. The status kept the first; the second is the newer checkpoint."""
+    cluster = running()
+    cluster.report(0, "ep7-ba96", 96)
+    cluster.step(1)
+    annotation = json.loads(cluster.pod(0)["metadata"]["annotations"][PROGRESS_ANNOTATION])
+    annotation.update(checkpoint="ep8-ba96", epoch=8, uri="s3://bucket/ckpt/train/ep8-ba96")
+    cluster.pod(0)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(annotation)
+    cluster.step(1)
+    st = cluster.status
+    assert st["lastCommittedCheckpoint"]["name"] == "ep8-ba96", st["lastCommittedCheckpoint"]
+    assert [k["name"] for k in st["knownCheckpoints"]][:2] == ["ep8-ba96", "ep7-ba96"]
