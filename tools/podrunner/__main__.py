@@ -23,10 +23,11 @@ from tools.kubeapi import ApiError, Kube
 from .agent import Agent, agent_file
 from .nodes import NodeConfig, parse_taint
 from .ports import PortRegistry
+from .preparation import Context
 from .processes import Watchdog
 from .serviceaccount import check_server_certificate
 from .translate import Interpreter, PodAddresses
-from .worker import Context, make_resolver
+from .worker import make_resolver
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding ``tools/`` (the repository root): on every pod's PYTHONPATH."""

@@ -26,7 +26,8 @@ from typing import IO
 from tools.kubeapi import ApiError, Kube, Obj
 
 from . import nodes
-from .worker import Context, PodWorker, finalize_deletion, is_deleting
+from .preparation import Context
+from .worker import PodWorker, finalize_deletion, is_deleting
 
 log = logging.getLogger("podrunner")
 

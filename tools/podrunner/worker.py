@@ -8,40 +8,25 @@ the deletion with ``gracePeriodSeconds=0`` that removes the object.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from tools.kubeapi import STRATEGIC, ApiError, Kube, Obj
 
-from .ports import PortRegistry
-from .processes import ContainerProcess, Watchdog, stop_all
-from .serviceaccount import ENV_DIR as SA_ENV_DIR
-from .serviceaccount import MOUNT_PATH as SA_MOUNT_PATH
-from .serviceaccount import ServiceAccountFolder, automounts, is_token_volume
+from .preparation import Context, PodPreparation
+from .processes import ContainerProcess, stop_all
 from .status import ContainerState, condition, pod_status_patch, termination_message
 from .translate import (
     ConfigError,
-    Interpreter,
-    PathMapper,
-    PodAddresses,
-    command_line,
-    container_env,
     describe,
-    rewrite_rendezvous,
 )
-from .volumes import PodVolumes
 
 log = logging.getLogger("podrunner")
 
-DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 DEFAULT_GRACE_S = 30.0
 MIN_GRACE_S = 2.0
 """The kubelet's minimumGracePeriodInSeconds: no container gets less between SIGTERM and
@@ -49,49 +34,6 @@ SIGKILL, not even in a force deletion (grace 0) or when its pod object vanished.
 RESTART_BACKOFF_S = (1.0, 30.0)
 """First and longest back-off before restarting a container (kubelet: 10 s and 5 min)."""
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
-
-
-@dataclass
-class Context:
-    """Everything a pod worker needs from its agent."""
-
-    kube: Kube
-    workdir: Path
-    state_dir: Path
-    interpreter: Interpreter
-    cwd: str
-    python_path: list[str]
-    watchdog: Watchdog
-    ports: PortRegistry
-    base_env: dict[str, str]
-    addrs: PodAddresses = field(default_factory=PodAddresses)
-    shutdown_grace_s: float = 30.0
-    resolves: Callable[[str], bool] = field(default=lambda name: False)
-    image_paths: list[tuple[str, str]] = field(default_factory=list)
-    """(path in the image, local folder): what stands in for the ignored image's files."""
-
-    def pod_dir(self, uid: str) -> Path:
-        """Volumes and termination files of one pod (removed with the pod)."""
-        return self.workdir / "pods" / uid
-
-    def log_dir(self, pod: Obj) -> Path:
-        """Container logs of one pod (kept after the pod is gone, like /var/log/pods)."""
-        meta = pod["metadata"]
-        return self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-
-
-@dataclass
-class Plan:
-    """How to start one container here."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    log_path: Path
-    termination_path: Path
-    termination_policy: str
-    mapper: PathMapper
 
 
 def is_deleting(pod: Obj) -> bool:
@@ -154,9 +96,7 @@ class PodWorker:
         containers = pod["spec"].get("containers") or []
         self.states = [ContainerState(c["name"], c.get("image", "")) for c in containers]
         self.procs: dict[str, ContainerProcess] = {}
-        self.plans: dict[str, Plan] = {}
-        self.volumes: PodVolumes | None = None
-        self.account: ServiceAccountFolder | None = None
+        self.prep = PodPreparation(ctx, pod)
 
     # Called by the agent's threads.
 
@@ -274,7 +214,7 @@ class PodWorker:
                     log.info("%s: deleted before it started", self.label)
                 return False
             try:
-                self._build(pod)
+                self.prep.build(pod)
                 return True
             except ConfigError as err:
                 for state in self.states:
@@ -292,138 +232,8 @@ class PodWorker:
             state.reason = "ContainerStatusUnknown"
         self._report(phase_override="Failed")
 
-    def _build(self, pod: Obj) -> None:
-        ctx = self.ctx
-        pod_dir = ctx.pod_dir(self.uid)
-        pod_dir.mkdir(parents=True, exist_ok=True)
-        if self.volumes is None:
-            self.volumes = PodVolumes(pod_dir, ctx.state_dir, self._fetch, self._token, ctx.addrs)
-        paths = self.volumes.materialize(pod)
-        namespace = pod["metadata"]["namespace"]
-        spec = pod["spec"]
-        hostname = spec.get("hostname") or pod["metadata"]["name"]
-        if self.account is None and automounts(pod, self._fetch):
-            account = ServiceAccountFolder(
-                pod_dir / "serviceaccount", self._token_status, ctx.kube.ca_pem
-            )
-            account.write(pod)
-            self.account = account
-        token_volumes = {v["name"] for v in spec.get("volumes") or [] if is_token_volume(v)}
-        for container in spec["containers"]:
-            name = container["name"]
-            cdir = pod_dir / "containers" / name
-            cdir.mkdir(parents=True, exist_ok=True)
-            term_path = cdir / "termination-log"
-            term_path.write_bytes(b"")
-            mapping = [
-                *ctx.image_paths,
-                (
-                    container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH,
-                    str(term_path),
-                ),
-            ]
-            for mount in container.get("volumeMounts") or []:
-                local = paths.get(mount["name"])
-                if local is None:
-                    raise ConfigError(f"volumeMount {mount['name']!r} names no volume")
-                if (
-                    self.account is not None
-                    and mount["name"] in token_volumes
-                    and (
-                        mount["mountPath"].rstrip("/") == SA_MOUNT_PATH and not mount.get("subPath")
-                    )
-                ):
-                    continue  # the service-account folder stands in for it (CA of the kubeconfig)
-                if mount.get("subPath"):
-                    local = local / mount["subPath"]
-                    if not local.exists():
-                        local.mkdir(parents=True, exist_ok=True)
-                mapping.append((mount["mountPath"], str(local)))
-            base = {**ctx.base_env, "HOSTNAME": hostname}
-            if self.account is not None:
-                if not any(src.rstrip("/") == SA_MOUNT_PATH for src, _ in mapping):
-                    mapping.append((SA_MOUNT_PATH, str(self.account.path)))
-                base[SA_ENV_DIR] = SA_MOUNT_PATH  # rewritten to the local folder below
-            mapper = PathMapper(mapping)
-            env = container_env(pod, container, addrs=ctx.addrs, fetch=self._fetch, base=base)
-            rewrite = rewrite_rendezvous(
-                env,
-                namespace,
-                resolves=ctx.resolves,
-                port_for=ctx.ports.port_for,
-                subdomain=spec.get("subdomain", ""),
-            )
-            for note in rewrite.notes:
-                log.info("%s: %s: %s", self.label, name, note)
-            argv = ctx.interpreter.argv([mapper.to_local(a) for a in command_line(container, env)])
-            env = {k: mapper.to_local(v) for k, v in env.items()}
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in [*env.get("PYTHONPATH", "").split(os.pathsep), *ctx.python_path] if p
-            )
-            cwd = ctx.cwd
-            if container.get("workingDir"):
-                local_wd = mapper.to_local(container["workingDir"])
-                if os.path.isdir(local_wd):
-                    cwd = local_wd
-            plan = Plan(
-                name,
-                argv,
-                env,
-                cwd,
-                ctx.log_dir(pod) / f"{name}.log",
-                term_path,
-                container.get("terminationMessagePolicy", "File"),
-                mapper,
-            )
-            (cdir / "launch.json").write_text(
-                json.dumps(
-                    {"argv": argv, "env": env, "cwd": cwd, "log": str(plan.log_path)}, indent=1
-                )
-            )
-            self.plans[name] = plan
-
-    def _fetch(self, plural: str, namespace: str, name: str) -> Obj | None:
-        return self.ctx.kube.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
-
-    def _token(self, pod: Obj, source: Obj) -> bytes:
-        """A projected volume's token (empty when refused)."""
-        status = self._token_status(
-            pod, int(source.get("expirationSeconds", 3600)), source.get("audience")
-        )
-        return str((status or {}).get("token", "")).encode()
-
-    def _token_status(self, pod: Obj, seconds: int, audience: str | None = None) -> Obj | None:
-        """A TokenRequest for the pod's ServiceAccount, bound to the pod: its status, or None."""
-        meta, spec = pod["metadata"], pod["spec"]
-        account = spec.get("serviceAccountName") or "default"
-        body: Obj = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": seconds,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                },
-            },
-        }
-        if audience:
-            body["spec"]["audiences"] = [audience]
-        try:
-            answer = self.ctx.kube.request(
-                "POST",
-                f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token",
-                body=body,
-            )
-        except (ApiError, OSError) as err:
-            log.warning("%s: no service-account token (%s)", self.label, err)
-            return None
-        return answer.get("status") or {}
-
     def _start(self, name: str) -> None:
-        plan = self.plans[name]
+        plan = self.prep.plans[name]
         state = self._state(name)
         plan.termination_path.write_bytes(b"")
         try:
@@ -448,7 +258,7 @@ class PodWorker:
         return next(s for s in self.states if s.name == name)
 
     def _record_exit(self, name: str, *, killed: bool = False) -> None:
-        proc, plan, state = self.procs[name], self.plans[name], self._state(name)
+        proc, plan, state = self.procs[name], self.prep.plans[name], self._state(name)
         exit_ = proc.poll()
         assert exit_ is not None
         message = termination_message(
@@ -479,12 +289,13 @@ class PodWorker:
             self._wake.wait(0.2)
             self._wake.clear()
             pod, updated, gone, shutdown = self._snapshot()
-            if updated and self.volumes is not None:
-                changed = self.volumes.refresh(pod)
+            volumes, account = self.prep.volumes, self.prep.account
+            if updated and volumes is not None:
+                changed = volumes.refresh(pod)
                 if changed:
                     log.info("%s: refreshed volume(s) %s", self.label, ", ".join(changed))
-            if self.account is not None and self.account.refresh_due():
-                self.account.refresh(pod)
+            if account is not None and account.refresh_due():
+                account.refresh(pod)
             for name, proc in list(self.procs.items()):
                 state = self._state(name)
                 if state.state != "running" or proc.poll() is None:
