@@ -156,7 +156,6 @@ def _invalid(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the operator until SIGINT/SIGTERM."""
     args = parse_args(argv)
-    kopf.configure(verbose=args.verbose, quiet=args.quiet)
     if args.metrics_port:
         # Bound here, not in a kopf startup handler: kopf retries a failed startup handler every
         # minute, so a port in use left a live process that served no job and said so only in
@@ -170,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    # Logging is configured only once nothing can refuse the start any more: an early exit
+    # leaves the process's logging as it found it.
+    kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     api = KubeApi()
     controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from rtj_operator.__main__ import parse_args
@@ -53,6 +55,7 @@ def test_a_metrics_port_in_use_stops_the_operator_at_once_naming_the_flag(monkey
     from rtj_operator import __main__ as cli
 
     runs = []
+    handlers = list(logging.getLogger().handlers)
     monkeypatch.setattr(cli, "KubeApi", lambda: None)
     monkeypatch.setattr(cli.kopf, "run", lambda **kwargs: runs.append(kwargs))
     with socket.socket() as busy:
@@ -62,6 +65,9 @@ def test_a_metrics_port_in_use_stops_the_operator_at_once_naming_the_flag(monkey
         argv = ["-A", "--standalone", "--metrics-port", str(port)]
         code = cli.main([*argv, "--metrics-address", "127.0.0.1"])
     assert code == 2 and not runs
+    # Nothing configured: a root handler on this (captured) stderr outlived the test and made
+    # later tests' log lines fail with "I/O operation on closed file".
+    assert logging.getLogger().handlers == handlers
     assert f"--metrics-port {port} on --metrics-address 127.0.0.1: cannot listen" in (
         capsys.readouterr().err
     )
