@@ -32,6 +32,10 @@ from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
 
+RESUME_BACKOFF = Backoff(initial=2.0, maximum=30.0)
+"""Waits between the ``resume_attempts`` of a listing or a download at resume (about a minute
+in all with the default 6 attempts)."""
+
 
 class S3Backend:
     """Uploads this rank's checkpoints in the background and fetches the newest remote one."""
@@ -111,7 +115,7 @@ class S3Backend:
                 found = retry_call(
                     lambda: find_remote_checkpoint(self.store, self.run_uri, exclude=skip),
                     attempts=self.resume_attempts,
-                    backoff=Backoff(initial=2.0, maximum=30.0),
+                    backoff=RESUME_BACKOFF,
                     retryable=is_transient,
                     what=f"listing remote checkpoints of {self.run_uri}",
                 )
@@ -131,7 +135,7 @@ class S3Backend:
                     run_dir,
                     ranks=ranks,
                     attempts=self.resume_attempts,
-                    backoff=Backoff(initial=2.0, maximum=30.0),
+                    backoff=RESUME_BACKOFF,
                 )
             except (ChecksumMismatchError, ObjectNotFoundError) as exc:  # broken: use older
                 return str(exc)
@@ -161,7 +165,7 @@ class S3Backend:
                 self.store, self.run_uri, exclude=exclude, pass_over=pass_over
             ),
             attempts=self.resume_attempts,
-            backoff=Backoff(initial=2.0, maximum=30.0),
+            backoff=RESUME_BACKOFF,
             retryable=is_transient,
             what=f"listing remote checkpoints of {self.run_uri}",
         )
@@ -176,7 +180,7 @@ class S3Backend:
         return retry_call(
             lambda: remote_run_folder(self.store, self.run_uri).committed(),
             attempts=self.resume_attempts,
-            backoff=Backoff(initial=2.0, maximum=30.0),
+            backoff=RESUME_BACKOFF,
             retryable=is_transient,
             what=f"listing remote checkpoints of {self.run_uri}",
         )
@@ -195,7 +199,7 @@ class S3Backend:
             run_dir,
             ranks=ranks,
             attempts=self.resume_attempts,
-            backoff=Backoff(initial=2.0, maximum=30.0),
+            backoff=RESUME_BACKOFF,
         )
 
     def uri_for(self, checkpoint: str) -> str:
