@@ -29,7 +29,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tools.ports import free_port  # noqa: E402
-from trainer_runtime.events import RuntimeEvent, read_events  # noqa: E402
+from trainer_runtime import envvars  # noqa: E402
+from trainer_runtime.events import (  # noqa: E402
+    COMMITTED,
+    EMERGENCY_SAVED,
+    RESUMED,
+    RuntimeEvent,
+    read_events,
+)
 
 EXAMPLE = ROOT / "examples" / "train_deterministic.py"
 
@@ -51,7 +58,7 @@ def launch(work: Path, name: str, log: Path, events: Path) -> list[subprocess.Po
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
-            "RTJ_EVENTS_FILE": str(events),
+            envvars.EVENTS_FILE: str(events),
         }
         args = [
             sys.executable,
@@ -125,7 +132,7 @@ def main() -> int:
     say("2/4 preemptible run: SIGTERM once its first checkpoint has committed (a spot shutdown)")
     events = work / "events-spot-1.jsonl"
     procs = launch(work, "spot", log, events)
-    first = wait_event(events, "committed", procs)
+    first = wait_event(events, COMMITTED, procs)
     if first is None:
         stop(procs)
         say("the run ended or stalled before its first checkpoint; see the log")
@@ -133,7 +140,7 @@ def main() -> int:
     for p in procs:
         p.send_signal(signal.SIGTERM)
     codes = wait(procs, 60)
-    saved = read_events(events.read_text(), "emergency_saved")
+    saved = read_events(events.read_text(), EMERGENCY_SAVED)
     say(f"    exited {codes} (143: saved and stopped); newest checkpoint: {newest(work, 'spot')}")
     if codes != [143, 143] or not saved:
         say("expected both ranks to save on SIGTERM and exit 143; see the log")
@@ -142,8 +149,8 @@ def main() -> int:
     say("3/4 relaunched with the same command; SIGKILL once it has resumed and committed again")
     events = work / "events-spot-2.jsonl"
     procs = launch(work, "spot", log, events)
-    resumed = wait_event(events, "resumed", procs)
-    committed = wait_event(events, "committed", procs) if resumed else None
+    resumed = wait_event(events, RESUMED, procs)
+    committed = wait_event(events, COMMITTED, procs) if resumed else None
     stop(procs)
     if committed is None:
         say("the relaunched run did not resume and commit; see the log")
