@@ -360,6 +360,17 @@ def test_versions_agree() -> None:
     assert chart["appVersion"] == project["version"] == __version__
 
 
+def test_the_peering_lifetime_minimum_is_the_operators() -> None:
+    """One fact in two places: the chart refuses what the operator's flag check refuses."""
+    import json
+
+    from rtj_operator.__main__ import MIN_PEERING_LIFETIME
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    lifetime = schema["properties"]["peering"]["properties"]["lifetime"]
+    assert lifetime["minimum"] == MIN_PEERING_LIFETIME
+
+
 def test_aggregated_roles_match_operator_rbac(helm: str) -> None:
     roles = {r["metadata"]["name"]: r for r in by_kind(render(helm), "ClusterRole")}
     labels = roles["rtj-operator-edit"]["metadata"]["labels"]
