@@ -31,13 +31,20 @@ def start_running(
         60,
         on_timeout=op.tail,
     )
+    wait_phase(kube, ns, name, "Running", 30, op=op)
+    return name
+
+
+def wait_phase(
+    kube: Kube, ns: str, name: str, phase: str, timeout: float, *, op: OperatorProcess
+) -> None:
+    """Wait until the job's ``status.phase`` is ``phase`` (the operator's log tail on timeout)."""
     wait_for(
-        f"{name} phase Running",
-        lambda: kube.status(ns, name).get("phase") == "Running",
-        30,
+        f"{name} phase {phase}",
+        lambda: kube.status(ns, name).get("phase") == phase,
+        timeout,
         on_timeout=op.tail,
     )
-    return name
 
 
 def wait_attempt(

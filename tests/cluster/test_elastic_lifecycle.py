@@ -13,7 +13,7 @@ from __future__ import annotations
 import urllib.request
 
 from .kubeclient import rtj, unique, wait_for
-from .scenario import wait_events
+from .scenario import wait_events, wait_phase
 from .test_elastic import env_of, gang_on, template
 
 POLICY = {"backoffBaseSeconds": 0, "backoffLimit": 10, "quarantineThreshold": 2}
@@ -98,12 +98,7 @@ def test_a_shrunk_job_fails_quarantines_suspends_and_deletes_at_its_size(kube, n
 
     # Suspend keeps the state and deletes the gang; resume brings it back at the size that fits.
     kube.patch_job(ns, name, {"suspend": True})
-    wait_for(
-        "Suspended",
-        lambda: kube.status(ns, name).get("phase") == "Suspended",
-        20,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, name, "Suspended", 20, op=operator)
     wait_for("gang deleted", lambda: live_pods(kube, ns, name) == [], 30, on_timeout=operator.tail)
     # Ended pods of the last two attempts stay for their logs (docs/operator.md), no older ones.
     kept = {

@@ -14,6 +14,7 @@ from .scenario import (
     start_running,
     wait_attempt,
     wait_events,
+    wait_phase,
 )
 
 
@@ -50,12 +51,7 @@ def test_failure_budget_exhausted(kube, ns, pool, operator):
         "attempt 1 running", lambda: kube.running(ns, name, 1, 2), 30, on_timeout=operator.tail
     )
     kube.end_container(ns, f"{name}-a1-r1", 137, reason="OOMKilled")
-    wait_for(
-        "Failed",
-        lambda: kube.status(ns, name).get("phase") == "Failed",
-        20,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, name, "Failed", 20, op=operator)
     failed = condition(kube, ns, name, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert "OOMKilled" in failed["message"]
@@ -123,12 +119,7 @@ def test_training_exit_zero_succeeds_even_when_a_sidecar_fails_the_pod(kube, ns,
     name = start_running(kube, ns, pool, operator, template_spec={"containers": [trainer, sidecar]})
     for rank, sidecar_code in ((0, 1), (1, 0)):
         kube.end_containers(ns, f"{name}-a0-r{rank}", {"trainer": 0, "log-shipper": sidecar_code})
-    wait_for(
-        "Succeeded",
-        lambda: kube.status(ns, name).get("phase") == "Succeeded",
-        10,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, name, "Succeeded", 10, op=operator)
     status = kube.status(ns, name)
     assert status["failures"] == 0 and status["attempt"] == 0, status
 

@@ -14,7 +14,7 @@ from tools.waiting import wait_for
 
 from .conftest import ROOT
 from .kubeclient import env_of, rtj, unique
-from .scenario import condition, node_of, start_running, wait_attempt
+from .scenario import condition, node_of, start_running, wait_attempt, wait_phase
 
 
 def test_success_when_every_rank_exits_zero(kube, ns, pool, operator):
@@ -29,12 +29,7 @@ def test_success_when_every_rank_exits_zero(kube, ns, pool, operator):
     time.sleep(1)
     assert kube.status(ns, name)["phase"] == "Running"
     kube.end_container(ns, f"{name}-a0-r1", 0, reason="Completed")
-    wait_for(
-        "Succeeded",
-        lambda: kube.status(ns, name).get("phase") == "Succeeded",
-        10,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, name, "Succeeded", 10, op=operator)
     status = kube.status(ns, name)
     assert status["completionTime"] and status["lastCommittedCheckpoint"]["step"] == 1000
     assert condition(kube, ns, name, "Succeeded")["status"] == "True"
@@ -46,12 +41,7 @@ def test_suspend_deletes_the_gang_keeps_state_and_resume_continues(kube, ns, poo
     kube.report_progress(ns, f"{name}-a0-r1", "ep1-ba10", 10)
     wait_for("checkpoint", lambda: kube.status(ns, name).get("lastCommittedCheckpoint"), 10)
     kube.patch_job(ns, name, {"suspend": True})
-    wait_for(
-        "Suspended",
-        lambda: kube.status(ns, name).get("phase") == "Suspended",
-        10,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, name, "Suspended", 10, op=operator)
     wait_for("gang deleted", lambda: kube.pods(ns, name) == [], 20, on_timeout=operator.tail)
     status = kube.status(ns, name)
     assert status["lastCommittedCheckpoint"]["name"] == "ep1-ba10"

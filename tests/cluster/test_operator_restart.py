@@ -13,7 +13,7 @@ from tools.waiting import wait_for
 from .conftest import start_operator
 from .crashing_operator import EXIT_CODE
 from .kubeclient import rtj, unique
-from .scenario import node_of, pod_report
+from .scenario import node_of, pod_report, wait_phase
 
 
 @pytest.fixture
@@ -115,12 +115,7 @@ def test_sigkill_at_random_moments_keeps_one_gang_per_attempt(
             )
             for counted_attempt, pods in attempts(kube, ns, name).items():
                 assert pods <= replicas, (counted_attempt, pods)
-        wait_for(
-            "phase Running",
-            lambda: kube.status(ns, name).get("phase") == "Running",
-            30,
-            on_timeout=op.tail,
-        )
+        wait_phase(kube, ns, name, "Running", 30, op=op)
         status = kube.status(ns, name)
         assert status["attempt"] == expected_preemptions
         assert status["preemptions"] == expected_preemptions

@@ -12,7 +12,8 @@ from .conftest import start_operator
 from .kubeclient import rtj, unique
 
 
-def test_two_replicas_one_active(kube, kubeconfig, pool, tmp_path):
+def peering_namespace(kube) -> str:
+    """A new namespace with the ``rtj-operator`` KopfPeering the replicas share."""
     ns = unique("rtj-peer")
     kube.create_namespace(ns)
     kube.apply(
@@ -22,6 +23,11 @@ def test_two_replicas_one_active(kube, kubeconfig, pool, tmp_path):
             "metadata": {"name": "rtj-operator", "namespace": ns},
         }
     )
+    return ns
+
+
+def test_two_replicas_one_active(kube, kubeconfig, pool, tmp_path):
+    ns = peering_namespace(kube)
     low_log, high_log = tmp_path / "low.log", tmp_path / "high.log"
     low = start_operator(kubeconfig, low_log, "--namespace", ns, "--priority", "10")
     high = start_operator(kubeconfig, high_log, "--namespace", ns, "--priority", "20")
@@ -64,15 +70,7 @@ def test_a_replica_paused_by_a_higher_priority_one_stops_reconciling(
     with a higher priority) must stop acting, timers included: its node cache stops being
     updated while kopf pauses its watches, so a decision it took from it could end a healthy
     gang."""
-    ns = unique("rtj-peer")
-    kube.create_namespace(ns)
-    kube.apply(
-        {
-            "apiVersion": "kopf.dev/v1",
-            "kind": "KopfPeering",
-            "metadata": {"name": "rtj-operator", "namespace": ns},
-        }
-    )
+    ns = peering_namespace(kube)
     low_log, high_log = tmp_path / "low.log", tmp_path / "high.log"
     low = start_operator(
         kubeconfig, low_log, "--namespace", ns, "--priority", "10", "--resync-seconds", "1"
@@ -117,15 +115,7 @@ def test_two_replicas_with_the_same_priority_fail_liveness_naming_the_tie(
 ):
     """kopf pauses every replica of a priority tie, and both keep refreshing their records:
     without this, both stood by, healthy, and no job was ever served."""
-    ns = unique("rtj-peer")
-    kube.create_namespace(ns)
-    kube.apply(
-        {
-            "apiVersion": "kopf.dev/v1",
-            "kind": "KopfPeering",
-            "metadata": {"name": "rtj-operator", "namespace": ns},
-        }
-    )
+    ns = peering_namespace(kube)
     args = ("--namespace", ns, "--priority", "10", "--max-pause-seconds", "3")
     one = start_operator(kubeconfig, tmp_path / "one.log", *args)
     two = start_operator(kubeconfig, tmp_path / "two.log", *args)

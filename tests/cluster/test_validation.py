@@ -9,6 +9,7 @@ from tools.kubeapi import ApiError
 from tools.waiting import wait_for
 
 from .kubeclient import rtj
+from .scenario import wait_phase
 
 
 def rejected(kube, body) -> str:
@@ -233,12 +234,7 @@ def test_pod_template_errors_the_schema_cannot_see_fail_the_job_with_the_servers
     pool.add(1)
     body = rtj("badpod", ns, pool.name, template_spec={"containers": [{"name": "trainer"}]})
     kube.create_job(body)  # no image: the OpenAPI schema allows it, pod validation does not
-    wait_for(
-        "Failed",
-        lambda: kube.status(ns, "badpod").get("phase") == "Failed",
-        20,
-        on_timeout=operator.tail,
-    )
+    wait_phase(kube, ns, "badpod", "Failed", 20, op=operator)
     failed = {c["type"]: c for c in kube.status(ns, "badpod")["conditions"]}["Failed"]
     assert failed["reason"] == "InvalidPodTemplate"
     assert "spec.containers[0].image" in failed["message"], failed
