@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from trainer_runtime import atomic
 from trainer_runtime.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from trainer_runtime.timestamp import Timestamp
@@ -47,6 +49,17 @@ def make_checkpoint(
     )
     atomic.write_bytes_atomic(folder / MANIFEST_NAME, manifest.to_json().encode())
     return folder, manifest
+
+
+def require_minio(server: S3Server) -> None:
+    """Skip a test that needs MinIO's per-action policies on another server; under CI=true,
+    where ``make test`` builds MinIO, fail instead."""
+    if server.kind == "minio":
+        return
+    reason = f"needs a server that enforces per-action policies (MinIO), not {server.kind}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def scoped_credentials(server: S3Server, actions: list[str]) -> dict[str, str]:

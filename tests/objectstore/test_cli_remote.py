@@ -14,7 +14,7 @@ import torch
 from trainer_runtime import CheckpointManager
 
 from ..unit.trainkit import make, saved_weights, step
-from .helpers import scoped_credentials
+from .helpers import require_minio, scoped_credentials
 
 pytestmark = pytest.mark.objectstore
 
@@ -104,8 +104,7 @@ def test_a_bad_s3_location_names_the_argument_and_keeps_the_uri(s3_env):
 def test_credentials_that_may_list_but_not_read_exit_2(tmp_path, s3_env, s3_root, monkeypatch):
     """ "A bad location exits 2 with the same errors as training": credentials without
     s3:GetObject are refused at the access check, not reported as a store failure midway."""
-    if s3_env.kind != "minio":
-        pytest.skip("needs a server that enforces per-action policies (MinIO)")
+    require_minio(s3_env)
     run_uri = str(s3_root.join("run"))
     save_two(tmp_path, run_uri)
     for name, value in scoped_credentials(s3_env, ["s3:ListBucket"]).items():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.conftest import SMALL_PARTS, point_env_at
-from tests.objectstore.helpers import scoped_credentials
+from tests.objectstore.helpers import require_minio, scoped_credentials
 from tests.support.s3server import S3Server, free_port
 from trainer_runtime.objectstore import (
     ChecksumMismatchError,
@@ -223,8 +223,7 @@ def test_check_access_names_the_permission_the_credentials_lack(
     and write but not read (a policy without s3:GetObject) passed the probe, then every resume
     failed after a minute of retries and every upload stayed pending (the pointer is read before
     it moves); credentials that may not delete were reported as unable to write."""
-    if s3_env.kind != "minio":
-        pytest.skip("needs a server that enforces per-action policies (MinIO)")
+    require_minio(s3_env)
     write_only = ["s3:ListBucket", "s3:PutObject", "s3:DeleteObject"]
     for name, value in scoped_credentials(s3_env, write_only).items():
         monkeypatch.setenv(name, value)
