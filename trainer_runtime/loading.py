@@ -5,9 +5,8 @@ a single file or an ``s3://`` location) ends here, so a checkpoint is verified b
 tensor of it touches the live state, whichever way it was named. Format version 2 is verified
 while DCP reads it (every chunk against its digest; a failure leaves the live state as it was);
 version 1 reads each rank file once, checked against the manifest, and deserializes from that
-buffer. After the tensors, the runtime's own part is applied: position, metrics, extras, and
-the data overrides (``ignore_data_position``, ``data_skip_steps``, a changed global batch size,
-an epoch that ended in the checkpoint). Choosing *which* checkpoint is ``resuming.py``'s job.
+buffer. After the tensors, ``position_restore.py`` applies the runtime's own part: position,
+metrics, extras and the data overrides. Choosing *which* checkpoint is ``resuming.py``'s job.
 (Rejected: loading inside the resume code, which left ``load()`` with its own, weaker copy of
 the verification.)
 """
@@ -23,15 +22,15 @@ from typing import Any
 
 from . import rng
 from . import state as state_mod
-from .context import RUNTIME_KEY, RunContext
+from .context import RunContext
 from .errors import CorruptCheckpointError, NoCheckpointError, WorldSizeMismatchError
 from .fallback import first_valid
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
+from .position_restore import apply_saved
 from .safe_state import refusal
 from .sharded.checkpointer import check_files_present
 from .single_file import ACCEPTED, read_single_file
-from .timestamp import Timestamp
 from .verified_load import VerifiedFile, read_verified
 
 log = logging.getLogger("trainer_runtime")
@@ -273,8 +272,8 @@ class Loader:
             report.seconds,
             ", straight onto the GPU" if report.onto_gpu else "",
         )
-        self._apply_saved(
-            saved, weights_only=weights_only, saved_weights_only=manifest.weights_only
+        apply_saved(
+            self.ctx, saved, weights_only=weights_only, saved_weights_only=manifest.weights_only
         )
         return None
 
@@ -302,131 +301,9 @@ class Loader:
             strict=strict,
             ignore_keys=self._ignored_keys(ignore_keys),
         )
-        self._apply_saved(saved, weights_only=weights_only, saved_weights_only=saved_weights_only)
-
-    def _apply_saved(
-        self, saved: dict[str, Any], *, weights_only: bool, saved_weights_only: bool = False
-    ) -> None:
-        """The runtime's own part of a restored state: position, metrics, extras.
-
-        ``weights_only``: the caller wants the model alone (fine-tuning), so the position
-        stays as it is. ``saved_weights_only``: the checkpoint holds the model, the timestamp
-        and the run name only; its timestamp is restored (a re-run of a ``weights_only=True``
-        job continues where it stopped) and the sampler is placed where the timestamp says.
-        """
-        if weights_only:
-            return
-        pos = self.ctx.position
-        if "timestamp" in saved:
-            pos.timestamp = Timestamp.from_dict(saved["timestamp"])
-        pos.metrics = dict(saved.get("metrics", {}))
-        pos.extras = dict(saved.get("extras", {}))
-        runtime = pos.extras.pop(RUNTIME_KEY, None) or {}
-        if saved_weights_only:
-            log.info(
-                "weights-only checkpoint: model and timestamp restored; optimizer, schedulers "
-                "and RNG start fresh"
-            )
-            self._place_sampler_at_timestamp()
-        self._apply_data_overrides(
-            runtime.get("global_batch_size"), runtime.get("data_overrides") or {}
+        apply_saved(
+            self.ctx, saved, weights_only=weights_only, saved_weights_only=saved_weights_only
         )
-        self._roll_over_finished_epoch()
-        pos.mark_saved()
-
-    def _place_sampler_at_timestamp(self) -> None:
-        """Without the sampler's saved state (a ``weights_only`` checkpoint holds none; with
-        ``ignore_data_position`` it is not loaded) the data position is the timestamp's
-        (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()`` was not given
-        sample counts), in the sampler's order for the timestamp's epoch."""
-        sampler, ts = self.ctx.sampler, self.ctx.position.timestamp
-        if sampler is None:
-            return
-        sampler.epoch, sampler.offset = ts.epoch, 0
-        if ts.sample_in_epoch:
-            sampler.advance(ts.sample_in_epoch)
-        elif ts.batch_in_epoch and sampler.batch_size:
-            sampler.advance(ts.batch_in_epoch * sampler.batch_size * sampler.num_replicas)
-        elif ts.batch_in_epoch:
-            log.warning(
-                "the checkpoint records %d batches of epoch %d but no sample "
-                "count, and the sampler has no batch_size: its data restarts at the epoch start",
-                ts.batch_in_epoch,
-                ts.epoch,
-            )
-
-    def _roll_over_finished_epoch(self) -> None:
-        """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
-        the start of the next epoch: the rest of the saved epoch holds no batch, and loops
-        that expect at least one batch per epoch would fail on every relaunch."""
-        sampler = self.ctx.sampler
-        if sampler is None or len(sampler) > 0:
-            return
-        ts = self.ctx.position.timestamp
-        finished = ts.epoch
-        ts.epoch += 1
-        ts.batch_in_epoch = ts.sample_in_epoch = 0
-        sampler.set_epoch(ts.epoch)
-        log.info(
-            "the checkpoint ends epoch %d (no data left in it): resuming at the start of epoch %d",
-            finished,
-            ts.epoch,
-        )
-
-    def _apply_data_overrides(
-        self, saved_global_batch: int | None, saved_overrides: Mapping[str, Any]
-    ) -> None:
-        """Changed dataset or batch size: MindSpore-style overrides of the data position.
-
-        Each applies once: ``saved_overrides`` are those of the run that wrote the checkpoint,
-        whose data position already follows them. A relaunch of the same script after a
-        preemption (the overrides still passed) resumes at the exact position; re-applying
-        them restarted the epoch's data, or skipped ``data_skip_steps`` more steps, at every
-        relaunch."""
-        settings, sampler = self.ctx.settings, self.ctx.sampler
-        ts = self.ctx.position.timestamp
-        ignore = settings.ignore_data_position
-        if ignore and saved_overrides.get("ignore_data_position") is True:
-            ignore = False
-            # The sampler's saved state was not loaded (with the override it never is: it may
-            # be another dataset's); the timestamp holds the same position.
-            self._place_sampler_at_timestamp()
-            log.info(
-                "ignore_data_position: already applied by the run that saved this checkpoint; "
-                "its data position is kept (epoch %d, sample %d of it)",
-                ts.epoch,
-                ts.sample_in_epoch,
-            )
-        skip = settings.data_skip_steps
-        if skip and saved_overrides.get("data_skip_steps") == skip:
-            skip = 0
-            log.info(
-                "data_skip_steps=%d: already applied by the run that saved this checkpoint; "
-                "nothing more is skipped (pass another value to skip again)",
-                settings.data_skip_steps,
-            )
-        if ignore:
-            ts.batch_in_epoch = ts.sample_in_epoch = 0
-            if sampler is not None:
-                sampler.epoch, sampler.offset = ts.epoch, 0
-            log.info(
-                "ignore_data_position: data restarts at the start of epoch %d, "
-                "weights and step kept",
-                ts.epoch,
-            )
-        if skip and sampler is not None:
-            sampler.advance(skip * sampler.batch_size * sampler.num_replicas)
-            log.info("data_skip_steps: skipped %d steps of data", skip)
-        new = settings.global_batch_size
-        if new and saved_global_batch and new != saved_global_batch:
-            ts.batch = ts.sample // new
-            ts.batch_in_epoch = ts.sample_in_epoch // new
-            log.info(
-                "global batch size %d -> %d: step counter rescaled to %d",
-                saved_global_batch,
-                new,
-                ts.batch,
-            )
 
 
 def _some(keys: Mapping[str, Any], shown: int = 4) -> str:

@@ -340,7 +340,7 @@ class Saver:
 def runtime_record(ctx: RunContext) -> dict[str, Any]:
     """The runtime's own bookkeeping saved with a checkpoint: the global batch size (resume
     rescales the step when it changes) and the data overrides this run applies, since its
-    data position already follows them (``loading.Loader._apply_data_overrides``)."""
+    data position already follows them (``position_restore._apply_data_overrides``)."""
     settings = ctx.settings
     return {
         "global_batch_size": ctx.position.last_global_batch,

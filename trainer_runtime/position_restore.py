@@ -1,0 +1,148 @@
+"""The runtime's own part of a loaded checkpoint: the training position, metrics and extras,
+then the data overrides of this run.
+
+Tensors go into the model and optimizer first (``loading.py``, through DCP or a format-1 rank
+file); what is left of the saved state is the position the run continues from. This is where
+the MindSpore-style overrides (``ignore_data_position``, ``data_skip_steps``, a changed global
+batch size) and an epoch that ended inside the checkpoint are applied, each once per run that
+asks for it. (Rejected: applying them in the sampler, which does not know which run saved the
+checkpoint and so applied them again at every relaunch.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .context import RUNTIME_KEY, RunContext
+from .timestamp import Timestamp
+
+log = logging.getLogger("trainer_runtime")
+
+
+def apply_saved(
+    ctx: RunContext, saved: dict[str, Any], *, weights_only: bool, saved_weights_only: bool = False
+) -> None:
+    """The runtime's own part of a restored state: position, metrics, extras.
+
+    ``weights_only``: the caller wants the model alone (fine-tuning), so the position
+    stays as it is. ``saved_weights_only``: the checkpoint holds the model, the timestamp
+    and the run name only; its timestamp is restored (a re-run of a ``weights_only=True``
+    job continues where it stopped) and the sampler is placed where the timestamp says.
+    """
+    if weights_only:
+        return
+    pos = ctx.position
+    if "timestamp" in saved:
+        pos.timestamp = Timestamp.from_dict(saved["timestamp"])
+    pos.metrics = dict(saved.get("metrics", {}))
+    pos.extras = dict(saved.get("extras", {}))
+    runtime = pos.extras.pop(RUNTIME_KEY, None) or {}
+    if saved_weights_only:
+        log.info(
+            "weights-only checkpoint: model and timestamp restored; optimizer, schedulers "
+            "and RNG start fresh"
+        )
+        _place_sampler_at_timestamp(ctx)
+    _apply_data_overrides(
+        ctx, runtime.get("global_batch_size"), runtime.get("data_overrides") or {}
+    )
+    _roll_over_finished_epoch(ctx)
+    pos.mark_saved()
+
+
+def _place_sampler_at_timestamp(ctx: RunContext) -> None:
+    """Without the sampler's saved state (a ``weights_only`` checkpoint holds none; with
+    ``ignore_data_position`` it is not loaded) the data position is the timestamp's
+    (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()`` was not given
+    sample counts), in the sampler's order for the timestamp's epoch."""
+    sampler, ts = ctx.sampler, ctx.position.timestamp
+    if sampler is None:
+        return
+    sampler.epoch, sampler.offset = ts.epoch, 0
+    if ts.sample_in_epoch:
+        sampler.advance(ts.sample_in_epoch)
+    elif ts.batch_in_epoch and sampler.batch_size:
+        sampler.advance(ts.batch_in_epoch * sampler.batch_size * sampler.num_replicas)
+    elif ts.batch_in_epoch:
+        log.warning(
+            "the checkpoint records %d batches of epoch %d but no sample "
+            "count, and the sampler has no batch_size: its data restarts at the epoch start",
+            ts.batch_in_epoch,
+            ts.epoch,
+        )
+
+
+def _roll_over_finished_epoch(ctx: RunContext) -> None:
+    """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
+    the start of the next epoch: the rest of the saved epoch holds no batch, and loops
+    that expect at least one batch per epoch would fail on every relaunch."""
+    sampler = ctx.sampler
+    if sampler is None or len(sampler) > 0:
+        return
+    ts = ctx.position.timestamp
+    finished = ts.epoch
+    ts.epoch += 1
+    ts.batch_in_epoch = ts.sample_in_epoch = 0
+    sampler.set_epoch(ts.epoch)
+    log.info(
+        "the checkpoint ends epoch %d (no data left in it): resuming at the start of epoch %d",
+        finished,
+        ts.epoch,
+    )
+
+
+def _apply_data_overrides(
+    ctx: RunContext, saved_global_batch: int | None, saved_overrides: Mapping[str, Any]
+) -> None:
+    """Changed dataset or batch size: MindSpore-style overrides of the data position.
+
+    Each applies once: ``saved_overrides`` are those of the run that wrote the checkpoint,
+    whose data position already follows them. A relaunch of the same script after a
+    preemption (the overrides still passed) resumes at the exact position; re-applying
+    them restarted the epoch's data, or skipped ``data_skip_steps`` more steps, at every
+    relaunch."""
+    settings, sampler = ctx.settings, ctx.sampler
+    ts = ctx.position.timestamp
+    ignore = settings.ignore_data_position
+    if ignore and saved_overrides.get("ignore_data_position") is True:
+        ignore = False
+        # The sampler's saved state was not loaded (with the override it never is: it may
+        # be another dataset's); the timestamp holds the same position.
+        _place_sampler_at_timestamp(ctx)
+        log.info(
+            "ignore_data_position: already applied by the run that saved this checkpoint; "
+            "its data position is kept (epoch %d, sample %d of it)",
+            ts.epoch,
+            ts.sample_in_epoch,
+        )
+    skip = settings.data_skip_steps
+    if skip and saved_overrides.get("data_skip_steps") == skip:
+        skip = 0
+        log.info(
+            "data_skip_steps=%d: already applied by the run that saved this checkpoint; "
+            "nothing more is skipped (pass another value to skip again)",
+            settings.data_skip_steps,
+        )
+    if ignore:
+        ts.batch_in_epoch = ts.sample_in_epoch = 0
+        if sampler is not None:
+            sampler.epoch, sampler.offset = ts.epoch, 0
+        log.info(
+            "ignore_data_position: data restarts at the start of epoch %d, weights and step kept",
+            ts.epoch,
+        )
+    if skip and sampler is not None:
+        sampler.advance(skip * sampler.batch_size * sampler.num_replicas)
+        log.info("data_skip_steps: skipped %d steps of data", skip)
+    new = settings.global_batch_size
+    if new and saved_global_batch and new != saved_global_batch:
+        ts.batch = ts.sample // new
+        ts.batch_in_epoch = ts.sample_in_epoch // new
+        log.info(
+            "global batch size %d -> %d: step counter rescaled to %d",
+            saved_global_batch,
+            new,
+            ts.batch,
+        )
