@@ -89,7 +89,7 @@ from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
-from trainer_runtime.sharded import engine as engine_module
+from trainer_runtime.sharded import load as load_module
 from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
@@ -385,7 +385,7 @@ def make_loader(
     state); returns a function doing it that returns the bytes this rank read."""
     if engine in ("runtime", VIA_HOST):
         if engine == VIA_HOST:  # this process only: every target made on the host
-            engine_module.load_targets = lambda make: make(False)
+            load_module.load_targets = lambda make: make(False)
         target = ShardedEngine(Components(model=model, optimizers={"adam": opt}), coord)
         return lambda: target.load(path, Manifest.read(path))[1].bytes_read
 

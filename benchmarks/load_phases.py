@@ -84,7 +84,7 @@ from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, optim_target, reading
-from trainer_runtime.sharded import engine as engine_module
+from trainer_runtime.sharded import load as load_module
 from trainer_runtime.sharded.device_ring import RING_LANES, DeviceRing
 from trainer_runtime.sharded.ring_reads import RingChunk, RingReads
 from trainer_runtime.state import Components
@@ -144,18 +144,18 @@ class _TimedDigest:
 
 def instrument(phases: Phases) -> None:
     """Phase timers around the load's steps (this process only)."""
-    phases.wrap(ShardedEngine, "_agreed_metadata", "metadata")
-    phases.wrap(engine_module, "load_targets", "targets")
-    phases.wrap(engine_module.dcp, "load", "dcp.load")
+    phases.wrap(load_module.ShardedLoader, "_agreed_metadata", "metadata")
+    phases.wrap(load_module, "load_targets", "targets")
+    phases.wrap(load_module.dcp, "load", "dcp.load")
     phases.wrap(reading.VerifyingReader, "read_data", "read")
     phases.wrap(reading.os, "preadv", "read.pread")
     phases.wrap(DeviceRing, "acquire", "read.ring_acquire")  # the reading thread's wait for a slot
     phases.wrap(DeviceRing, "send", "read.ring_send")
     phases.wrap(DeviceRing, "close", "read.ring_close")
-    phases.wrap(engine_module, "copy_into_live", "copy_into_live")
+    phases.wrap(load_module, "copy_into_live", "copy_into_live")
     phases.wrap(optim_target, "adopt", "adopt")
     phases.wrap(optim_target, "exchange", "exchange")
-    phases.wrap(engine_module.state_mod, "restore", "small_state")
+    phases.wrap(load_module.state_mod, "restore", "small_state")
     shim = type("xxhash_shim", (), {})()
     shim.xxh3_128 = lambda: _TimedDigest(phases)  # type: ignore[attr-defined]
     reading.xxhash = shim  # type: ignore[assignment]
