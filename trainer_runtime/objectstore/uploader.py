@@ -5,29 +5,30 @@ queue in order, one checkpoint at a time, each in the order that keeps the remot
 (``remote_commit.py``: every rank's data, then the manifest, then ``latest.json``); a failure is
 logged as a warning, counted, and retried with backoff for as long as the process lives, and
 the checkpoint stays *pending*, so local retention must keep it (``is_pending``). ``flush`` at
-exit waits a bounded time and logs what is still pending.
+exit waits a bounded time and logs what is still pending. The queue and the pending names are
+``upload_queue.py``'s.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import events
 from ..errors import ManifestError
-from ..layout import RunFolder, progress_key
+from ..layout import RunFolder
 from ..manifest import MANIFEST_NAME, Manifest
 from .errors import LocalDataError, ObjectStoreError
 from .local_copies import UploadedLocalCopies
 from .remote_commit import RemoteCommitter, not_committed_remotely
 from .retry import Backoff
 from .store import S3Store
+from .upload_queue import UploadJob, UploadQueue
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -48,21 +49,6 @@ class UploadStats:
     bytes_uploaded: int = 0
     last_uploaded: str | None = None
     last_error: str | None = None
-
-
-@dataclass
-class _Job:
-    local_dir: Path
-    manifest: Manifest
-    rank: int
-    attempts: int = 0
-    resumed: bool = False
-    """Submitted again after a restart: some files may be remote already."""
-    submitted_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name
 
 
 class CheckpointUploader:
@@ -109,9 +95,7 @@ class CheckpointUploader:
         self.backoff = backoff or Backoff(initial=1.0, maximum=60.0)
         self.on_uploaded = on_uploaded
         self.stats = UploadStats()
-        self._cond = threading.Condition()
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._pending: dict[str, int] = {}  # name -> number of queued/in-flight jobs
+        self.queue = UploadQueue()
         self.local_copies = (
             None if keep_local is None else UploadedLocalCopies(keep_local, leader_rank)
         )
@@ -153,11 +137,8 @@ class CheckpointUploader:
             raise ManifestError(f"{manifest.name}'s manifest lists no file for rank {rank}")
         if self._stop.is_set():
             raise RuntimeError("uploader is closed")
-        with self._cond:
-            self._queue.append(_Job(folder, manifest, rank, resumed=resumed))
-            self._pending[manifest.name] = self._pending.get(manifest.name, 0) + 1
-            self.stats.submitted += 1
-            self._cond.notify_all()
+        self.stats.submitted += 1
+        self.queue.put(UploadJob(folder, manifest, rank, resumed=resumed))
 
     def resubmit_unsynced(self, local_run_dir: str | os.PathLike[str]) -> list[str]:
         """Queue the local checkpoints a previous attempt may not have finished uploading.
@@ -179,24 +160,15 @@ class CheckpointUploader:
 
     def is_pending(self, name: str) -> bool:
         """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
-        with self._cond:
-            return name in self._pending
+        return self.queue.is_pending(name)
 
     def pending(self) -> list[str]:
-        with self._cond:
-            return list(self._pending)
+        return self.queue.pending()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending (at most ``timeout`` s); log and return the outcome."""
         start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        with self._cond:
-            while self._pending and not self._stop.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left if left is None else min(left, 1.0))
-            still = list(self._pending)
+        still = self.queue.wait_empty(timeout, self._stop)
         took = time.monotonic() - start
         if still:
             log.warning(
@@ -239,25 +211,7 @@ class CheckpointUploader:
         emergency checkpoint did not make it either). An upload already in progress cannot be
         interrupted safely and finishes first. Returns the names dropped.
         """
-        with self._cond:
-            if not self._queue:
-                return []
-            head, rest = self._queue[0], list(self._queue)[1:]
-            first = [j for j in rest if j.name == name]
-            if not first:
-                return []
-            key = progress_key(first[0].manifest)
-            dropped = [j for j in rest if j.name != name and progress_key(j.manifest) < key]
-            kept = [j for j in rest if j.name != name and j not in dropped]
-            self._queue = collections.deque([head, *first, *kept])
-            for job in dropped:
-                count = self._pending.get(job.name, 1) - 1
-                if count > 0:
-                    self._pending[job.name] = count
-                else:
-                    self._pending.pop(job.name, None)
-            self._cond.notify_all()
-        names = sorted({j.name for j in dropped})
+        names = self.queue.move_first(name)
         if names:
             log.warning(
                 "object store: uploading %s first; %s dropped from the upload queue (committed "
@@ -280,8 +234,7 @@ class CheckpointUploader:
         start = time.monotonic()
         ok = self.flush(timeout)
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.queue.wake()
         join = 10.0 if timeout is None else max(0.5, timeout - (time.monotonic() - start))
         self._thread.join(timeout=min(10.0, join))
         return ok
@@ -289,25 +242,12 @@ class CheckpointUploader:
     # ------------------------------------------------------------------ worker
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop.is_set():
-                    self._cond.wait()
-                if self._stop.is_set():
-                    return
-                job = self._queue[0]
+        while (job := self.queue.next(self._stop)) is not None:
             self._process(job)
             self._inflight = None
-            with self._cond:
-                self._queue.popleft()
-                count = self._pending.get(job.name, 1) - 1
-                if count:
-                    self._pending[job.name] = count
-                else:
-                    self._pending.pop(job.name, None)
-                self._cond.notify_all()
+            self.queue.done(job)
 
-    def _process(self, job: _Job) -> None:
+    def _process(self, job: UploadJob) -> None:
         """Upload one job, retrying until it succeeds, its data is bad, or we are stopped."""
         while not self._stop.is_set():
             job.attempts += 1
@@ -365,7 +305,7 @@ class CheckpointUploader:
             self._after_upload(job)
             return
 
-    def _after_upload(self, job: _Job) -> None:
+    def _after_upload(self, job: UploadJob) -> None:
         if self.on_uploaded is not None:
             try:
                 self.on_uploaded(job.name)
@@ -376,7 +316,7 @@ class CheckpointUploader:
                 job.manifest,
                 job.local_dir,
                 job.rank,
-                still_pending=lambda n: self.is_pending_other(n, job),
+                still_pending=lambda n: self.queue.pending_other(n, job),
                 committed_remotely=self._committed_remotely,
             )
 
@@ -387,8 +327,3 @@ class CheckpointUploader:
             return self.store.head(self.run_uri.join(manifest.name, MANIFEST_NAME)) is not None
         except ObjectStoreError:
             return False
-
-    def is_pending_other(self, name: str, current: _Job) -> bool:
-        """Pending for a job other than the one just finished (a re-submission)."""
-        with self._cond:
-            return self._pending.get(name, 0) > (1 if name == current.name else 0)
