@@ -3,7 +3,8 @@
 Reads that decide anything come from the API server (the job and its pods, consistent reads),
 never from a cache that could be behind after a restart: a pod missing from a cold cache must not
 look like a lost rank. The only caches are for *routing* (which jobs run on a node) and for node
-state, where a miss falls back to a GET and staleness only delays a decision by one event.
+state, where a miss falls back to a GET and staleness only delays a decision by one event
+(``watch_cache.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,12 +27,11 @@ from .podstate import owned_by, pod_attempt
 from .reconcile import reconcile
 from .status_types import TERMINAL_PHASES, Cause
 from .timeutil import utcnow
+from .watch_cache import WatchCache
 from .workqueue import Key, WorkQueue
 
 log = logging.getLogger(__name__)
 
-DEPARTED_TTL = 300.0
-"""How long the last state of a deleted pod is remembered for classification."""
 DISCOVERY_SECONDS = 60.0
 """How long an answer of API discovery (is native gang scheduling served?) is trusted."""
 
@@ -40,21 +39,10 @@ PAUSED_RECHECK = 5.0
 """Seconds before a job skipped during a peering pause is looked at again. kopf's resumed watches
 re-list every job anyway; this only guarantees that none is left behind."""
 
-DELETE_EVENT_WAIT = 1.0
-"""Seconds to wait for the DELETED event of a rank pod that vanished from a fresh list."""
-
 
 def _key(body: dict[str, Any]) -> Key:
     meta = body.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("name", "")
-
-
-def _node_fingerprint(view: NodeView) -> tuple[Any, ...]:
-    """The parts of a node that can change a decision (heartbeats are not among them)."""
-    taints = tuple(
-        sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in view.taints)
-    )
-    return view.exists, view.deleting, view.ready, taints, view.unschedulable, view.allocatable
 
 
 def error_kind(err: Exception) -> str:
@@ -85,17 +73,12 @@ class Controller:
         self.executor = Executor(api)
         self.queue = WorkQueue(self._counted_sync, concurrency=concurrency)
         self.resync_seconds = resync_seconds
-        self.nodes: dict[str, NodeView] = {}
-        self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
-        self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
+        self.watched = WatchCache()
         # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
         self.capacity_watchers: set[Key] = set()
         # API discovery of native gang scheduling: (answer, monotonic time it was asked).
         self._native_gang: tuple[bool, float] | None = None
         self.written_versions: dict[Key, str] = {}
-        self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
-        # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
-        self.unexplained: dict[Key, float] = {}
         # Whether kopf peering pauses this replica now (None: standalone, never paused).
         self.pause_check: Callable[[], Awaitable[bool]] | None = None
         self.paused = False
@@ -125,44 +108,23 @@ class Controller:
             return
         self.queue.kick(key)
 
+    @property
+    def nodes(self) -> dict[str, NodeView]:
+        """Nodes as last seen by the node watch."""
+        return self.watched.nodes
+
     def on_pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A rank pod changed: remember its node for routing and kick its job."""
-        meta = body.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(names.LABEL_JOB)
-        if not job:
-            return
-        key: Key = (meta.get("namespace", ""), job)
-        pod_id = (key[0], meta.get("name", ""))
-        previous = self.pod_routes.pop(pod_id, None)
-        if previous is not None and previous[1]:
-            self._unroute(previous[1], key)
-        if event_type == "DELETED":
-            self.departed[key][pod_id[1]] = (time.monotonic(), body)
-        else:
-            node = (body.get("spec") or {}).get("nodeName")
-            self.pod_routes[pod_id] = (key, node)
-            if node:
-                self.jobs_on_node[node].add(key)
-        self.queue.kick(key)
-
-    def _unroute(self, node: str, key: Key) -> None:
-        if not any(k == key and n == node for k, n in self.pod_routes.values()):
-            self.jobs_on_node[node].discard(key)
-            if not self.jobs_on_node[node]:
-                self.jobs_on_node.pop(node, None)
+        key = self.watched.pod_event(event_type, body)
+        if key is not None:
+            self.queue.kick(key)
 
     def on_node_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """Kick the jobs on a node when something that matters about it changed."""
-        name = (body.get("metadata") or {}).get("name", "")
-        view = node_view(name, None if event_type == "DELETED" else body)
-        before = self.nodes.get(name)
-        if event_type == "DELETED":
-            self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = view
-        if before is not None and _node_fingerprint(before) == _node_fingerprint(view):
+        on_node = self.watched.node_event(event_type, body)
+        if on_node is None:
             return
-        for key in list(self.jobs_on_node.get(name, ())):
+        for key in on_node:
             self.queue.kick(key)
         for key in list(self.capacity_watchers):
             self.queue.kick(key)  # an elastic job may now shrink, start or grow
@@ -227,8 +189,8 @@ class Controller:
         )
         nodes = await self._node_views(job, pods)
         now = utcnow()
-        departed = self._departed(key, {p["metadata"]["name"] for p in pods})
-        wait = self._await_deletion_events(key, job, pods, departed)
+        departed = self.watched.departed_pods(key, {p["metadata"]["name"] for p in pods})
+        wait = self.watched.deletion_event_wait(key, job, pods, departed)
         if wait is not None:
             return wait
         if job.spec.elastic is not None and job.status.phase not in TERMINAL_PHASES:
@@ -322,48 +284,6 @@ class Controller:
             for kind, body in support.desired(job, job.status.attempt).items()
         }
         return await self.api.get_support(job.ref.namespace, wanted)
-
-    def _await_deletion_events(
-        self, key: Key, job: Any, pods: list[dict[str, Any]], departed: dict[str, Any]
-    ) -> float | None:
-        """A rank pod is gone from the list but its DELETED watch event (which carries its last
-        state: DisruptionTarget, exit codes) has not arrived yet. Give the watch a moment, so
-        the interruption is classified by what really happened, not as "disappeared"."""
-        st = job.status
-        if not st.gang_created:
-            self.unexplained.pop(key, None)
-            return None
-        listed = {p["metadata"]["name"] for p in pods}
-        missing = (
-            {
-                names.pod_name(job.ref.name, st.attempt, r)
-                for r in range(st.gang_size or job.spec.replicas)
-            }
-            - listed
-            - set(departed)
-        )
-        if not missing:
-            self.unexplained.pop(key, None)
-            return None
-        first = self.unexplained.setdefault(key, time.monotonic())
-        if time.monotonic() - first < DELETE_EVENT_WAIT:
-            return 0.2
-        self.unexplained.pop(key, None)
-        return None
-
-    def _departed(self, key: Key, listed: set[str]) -> dict[str, dict[str, Any]]:
-        """Last states of this job's recently deleted pods (kept for a few minutes)."""
-        horizon = time.monotonic() - DEPARTED_TTL
-        kept = {
-            name: (seen, body)
-            for name, (seen, body) in self.departed.get(key, {}).items()
-            if seen >= horizon and name not in listed
-        }
-        if kept:
-            self.departed[key] = kept
-        else:
-            self.departed.pop(key, None)
-        return {name: body for name, (_, body) in kept.items()}
 
     @staticmethod
     def _observe(plan: Plan, applied: Applied, first_kick: float) -> None:
