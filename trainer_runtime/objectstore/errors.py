@@ -46,3 +46,32 @@ def is_transient(exc: BaseException) -> bool:
         exc,
         ObjectStoreConfigError | ObjectNotFoundError | ChecksumMismatchError | LocalDataError,
     )
+
+
+# S3 error codes (botocore ``ClientError``), by what they mean to the caller.
+NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound", "NoSuchUpload"}
+NO_BUCKET_CODES = {"NoSuchBucket"}
+DENIED_CODES = {
+    "403",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "InvalidClientTokenId",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ClientError ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status:
+            return str(status)
+    return ""

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,10 +24,14 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ..envvars import AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, S3_ENDPOINT_URL
+from .access import check_access
 from .errors import (
+    NO_BUCKET_CODES,
+    NOT_FOUND_CODES,
     ObjectNotFoundError,
     ObjectStoreConfigError,
     ObjectStoreError,
+    error_code,
 )
 from .uri import S3Uri, parse_s3_uri
 
@@ -42,19 +45,6 @@ META_XXH3 = "xxh3-128"
 
 MiB = 1 << 20
 _MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
-_NOT_FOUND = {"404", "NoSuchKey", "NotFound", "NoSuchUpload"}
-_NO_BUCKET = {"NoSuchBucket"}
-_DENIED = {
-    "403",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "InvalidToken",
-    "ExpiredToken",
-    "InvalidClientTokenId",
-    "AllAccessDisabled",
-    "AccountProblem",
-}
 
 
 @dataclass(frozen=True)
@@ -106,19 +96,6 @@ def resolve_region(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(AWS_REGION) or None
 
 
-def error_code(exc: BaseException) -> str:
-    """The S3 error code of a botocore ClientError ("" for anything else)."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        if code:
-            return str(code)
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status:
-            return str(status)
-    return ""
-
-
 PROBE_READ_TIMEOUT_S = 10.0
 PROBE_ATTEMPTS = 3
 """``check_access`` (at construction) waits at most this long for each reply, this many times:
@@ -149,7 +126,7 @@ class S3Store:
         shared config file's ``s3 = addressing_style = ...`` still applies.
         """
         self.transfer = transfer or TransferSettings()
-        self._probe_client: BaseClient | None = client
+        self.probe_client: BaseClient | None = client
         if client is None:
             settings = {
                 "endpoint_url": endpoint_url or resolve_endpoint(),
@@ -165,7 +142,7 @@ class S3Store:
             )
             # check_access answers within PROBE_READ_TIMEOUT_S * PROBE_ATTEMPTS when the
             # endpoint takes connections but never replies, not 5 x 60 s.
-            self._probe_client = _make_client(
+            self.probe_client = _make_client(
                 **settings,
                 max_attempts=min(max_attempts, PROBE_ATTEMPTS),
                 pool=2,
@@ -191,74 +168,20 @@ class S3Store:
             )
         if isinstance(exc, bexc.EndpointConnectionError | bexc.ConnectTimeoutError):
             return ObjectStoreError(f"{what}: cannot reach the S3 endpoint {self.endpoint}: {exc}")
-        if code in _NOT_FOUND:
+        if code in NOT_FOUND_CODES:
             return ObjectNotFoundError(f"{what}: not found")
-        if code in _NO_BUCKET:
+        if code in NO_BUCKET_CODES:
             return ObjectNotFoundError(f"{what}: the bucket does not exist at {self.endpoint}")
         return ObjectStoreError(f"{what}: {exc}")
 
     # ------------------------------------------------------------------ validation
 
     def check_access(self, location: S3Uri | str, *, write: bool = False) -> None:
-        """Fail fast with ObjectStoreConfigError if ``location`` cannot be used.
+        """Fail fast with ObjectStoreConfigError if ``location`` cannot be used: it is listed
+        and read (and with ``write``, written and deleted) as training will (``access.py``)."""
+        check_access(self, as_uri(location, "location"), write=write)
 
-        Lists the prefix (needs the bucket to exist and the credentials to be valid) and reads
-        an object that is not there (a 404, not a 403: the credentials may read objects, which
-        listing alone does not show); with ``write`` also puts and deletes a small probe object,
-        so read-only or write-only credentials are caught before training starts instead of at
-        the first resume or upload.
-        """
-        from botocore import exceptions as bexc  # noqa: PLC0415 - boto3 is optional
-
-        uri = as_uri(location, "location")
-        action = "list"
-        client = self._probe_client or self.client
-        log.info("object store: checking access to %s at %s", uri, self.endpoint)
-        try:
-            client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix, MaxKeys=1)
-            action = "read objects in"
-            self._probe_read(client, uri.join(f".rtj-read-probe-{uuid.uuid4().hex}"))
-            if write:
-                action = "write to"
-                probe = uri.join(f".rtj-write-probe-{uuid.uuid4().hex}")
-                client.put_object(Bucket=probe.bucket, Key=probe.key, Body=b"")
-                action = "delete objects in"
-                client.delete_object(Bucket=probe.bucket, Key=probe.key)
-        except (bexc.NoCredentialsError, bexc.PartialCredentialsError) as exc:
-            raise self.wrap_error(exc, f"cannot use {uri}") from exc
-        except (bexc.EndpointConnectionError, bexc.ConnectTimeoutError) as exc:
-            raise ObjectStoreConfigError(
-                f"cannot use {uri}: the S3 endpoint {self.endpoint} is unreachable ({exc}); "
-                "check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / S3_ENDPOINT_URL"
-            ) from exc
-        except bexc.ClientError as exc:
-            code = error_code(exc)
-            if code in _NO_BUCKET or (code in _NOT_FOUND and not write):
-                raise ObjectStoreConfigError(
-                    f"cannot use {uri}: bucket {uri.bucket!r} does not exist at {self.endpoint}"
-                ) from exc
-            if code in _DENIED:
-                raise ObjectStoreConfigError(
-                    f"cannot use {uri}: access denied ({code}) trying to {action} it at "
-                    f"{self.endpoint}; check the credentials boto3 found "
-                    f"(source: {self._credential_source()}) and their permissions"
-                ) from exc
-            raise ObjectStoreConfigError(f"cannot use {uri} at {self.endpoint}: {exc}") from exc
-        except bexc.BotoCoreError as exc:
-            raise ObjectStoreConfigError(f"cannot use {uri} at {self.endpoint}: {exc}") from exc
-
-    @staticmethod
-    def _probe_read(client: BaseClient, absent: S3Uri) -> None:
-        """HEAD a key that does not exist: "not found" is the answer readable credentials get."""
-        from botocore import exceptions as bexc  # noqa: PLC0415 - boto3 is optional
-
-        try:
-            client.head_object(Bucket=absent.bucket, Key=absent.key)
-        except bexc.ClientError as exc:
-            if error_code(exc) not in _NOT_FOUND:
-                raise
-
-    def _credential_source(self) -> str:
+    def credential_source(self) -> str:
         """Where boto3 found credentials (e.g. "env", "shared-credentials-file"), never the keys."""
         try:
             creds = self.client._request_signer._credentials  # no public accessor
@@ -275,7 +198,7 @@ class S3Store:
             resp = self.client.head_object(Bucket=uri.bucket, Key=uri.key)
         except Exception as exc:
             err = self.wrap_error(exc, f"HEAD {uri}")
-            if type(err) is ObjectNotFoundError and error_code(exc) not in _NO_BUCKET:
+            if type(err) is ObjectNotFoundError and error_code(exc) not in NO_BUCKET_CODES:
                 return None
             raise err from exc
         meta = {k.lower(): v for k, v in (resp.get("Metadata") or {}).items()}
@@ -313,7 +236,7 @@ class S3Store:
             return resp["Body"].read()
         except Exception as exc:
             err = self.wrap_error(exc, f"GET {uri}")
-            if type(err) is ObjectNotFoundError and error_code(exc) not in _NO_BUCKET:
+            if type(err) is ObjectNotFoundError and error_code(exc) not in NO_BUCKET_CODES:
                 return None
             raise err from exc
 

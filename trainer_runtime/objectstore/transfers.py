@@ -33,8 +33,9 @@ from .errors import (
     LocalDataError,
     ObjectNotFoundError,
     ObjectStoreError,
+    error_code,
 )
-from .store import META_XXH3, MiB, ObjectInfo, S3Store, as_uri, error_code
+from .store import META_XXH3, MiB, ObjectInfo, S3Store, as_uri
 from .uri import S3Uri
 
 _READ_CHUNK = 1 * MiB
