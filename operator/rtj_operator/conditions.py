@@ -143,3 +143,11 @@ def _settle_gang_conditions(
 def condition(status: JobStatus, type_: str) -> Condition | None:
     """The condition of that type, if set."""
     return next((c for c in status.conditions if c.type == type_), None)
+
+
+def forget_scheduling(status: JobStatus) -> None:
+    """An attempt ended: ``PodsScheduled`` was about its ranks, none of which belong to the next
+    attempt. It goes (False or True), so a backoff or a wait for capacity does not show the old
+    ranks as unschedulable, nor as "every rank of attempt N is bound"; the next attempt's ranks
+    set it again when one of them cannot be placed."""
+    status.conditions = [c for c in status.conditions if c.type != PODS_SCHEDULED]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from . import conditions as cond
 from .backoff import failure_delay
 from .classify import GangVerdict
 from .podstate import live_pods, pod_deletion
@@ -151,6 +152,7 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.world_size = None
     st.grow = None
     st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
+    cond.forget_scheduling(st)
     point = resume_point(
         st.attempt,
         job.spec.checkpoint.dir,

@@ -246,3 +246,34 @@ def test_suspending_settles_the_conditions_of_a_gang_that_no_longer_exists():
     assert conds["PreemptionNotice"]["status"] == "False"
     assert conds["PreemptionNotice"]["reason"] == "Suspended"
     assert conds["Suspended"]["status"] == "True"
+
+
+def test_a_backoff_does_not_report_the_ended_attempts_ranks_as_unschedulable():
+    """Rank 0 ran and failed while rank 1 waited for a node: during the backoff that follows,
+    the job said "1 of 2 ranks cannot be scheduled ... rank 1 (train-a0-r1)" about a pod that
+    was deleted, and after a gang that had bound, "every rank of attempt 0 is bound"."""
+    cluster = FakeCluster.start(replicas=2, resumePolicy={"backoffBaseSeconds": 60})
+    cluster.step()
+    cluster.pods["train-a0-r0"]["spec"]["nodeName"] = "node-0"
+    cluster.pods["train-a0-r0"]["status"]["phase"] = "Running"
+    cluster.pods["train-a0-r1"]["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+    ]
+    cluster.step(1)
+    assert {c["type"]: c for c in cluster.status["conditions"]}["PodsScheduled"]["status"] == (
+        "False"
+    )
+    cluster.terminate(0, 1)
+    cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Restarting" and st["attempt"] == 1 and st["restartAfter"]
+    assert "PodsScheduled" not in {c["type"] for c in st["conditions"]}
+
+    cluster.step(60)  # attempt 1 is created, binds and runs; its rank 0 fails too
+    cluster.schedule_and_run()
+    cluster.step(1)
+    assert cluster.status["phase"] == "Running"
+    cluster.terminate(0, 1)
+    cluster.step(1)
+    assert cluster.status["phase"] == "Restarting"
+    assert "PodsScheduled" not in {c["type"] for c in cluster.status["conditions"]}
