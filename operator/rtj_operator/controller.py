@@ -76,8 +76,8 @@ class Controller:
         self.watched = WatchCache()
         # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
         self.capacity_watchers: set[Key] = set()
-        # API discovery of native gang scheduling: (answer, monotonic time it was asked).
-        self._native_gang: tuple[bool, float] | None = None
+        # API discovery (PodGroup, Kueue): per API, (answer, monotonic time it was asked).
+        self._discovered: dict[str, tuple[bool, float]] = {}
         self.written_versions: dict[Key, str] = {}
         # Whether kopf peering pauses this replica now (None: standalone, never paused).
         self.pause_check: Callable[[], Awaitable[bool]] | None = None
@@ -208,6 +208,7 @@ class Controller:
             # Asked on every pass (cached): a pass that ends an attempt creates the next gang
             # with the status it read, in which the old gang still counts as created.
             native_gang=await self.native_gang(),
+            kueue=await self.kueue() if job.spec.queue_name else False,
         )
         try:
             applied = await self.executor.apply(job, plan, now)
@@ -265,15 +266,24 @@ class Controller:
 
     async def native_gang(self) -> bool:
         """Whether the cluster serves the PodGroup API, asked at most once a minute."""
+        return await self._discover("scheduling.k8s.io", self.api.serves_pod_groups)
+
+    async def kueue(self) -> bool:
+        """Whether the cluster serves Kueue's API, asked at most once a minute."""
+        return await self._discover("kueue.x-k8s.io", self.api.serves_kueue)
+
+    async def _discover(self, group: str, probe: Callable[[], Awaitable[bool]]) -> bool:
+        """API discovery of ``group`` (cached; a failed probe keeps the previous answer)."""
         now = time.monotonic()
-        if self._native_gang is None or now - self._native_gang[1] > DISCOVERY_SECONDS:
+        known = self._discovered.get(group)
+        if known is None or now - known[1] > DISCOVERY_SECONDS:
             try:
-                answer = await self.api.serves_pod_groups()
+                answer = await probe()
             except ApiError as err:
-                log.warning("API discovery of scheduling.k8s.io failed: %s", err)
-                answer = self._native_gang[0] if self._native_gang else False
-            self._native_gang = (answer, now)
-        return self._native_gang[0]
+                log.warning("API discovery of %s failed: %s", group, err)
+                answer = known[0] if known else False
+            known = self._discovered[group] = (answer, now)
+        return known[0]
 
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""

@@ -4,8 +4,10 @@ A gang is useful only when every pod of it runs; pods that bind while the rest w
 doing nothing. Three mechanisms, chosen per attempt (docs/operator.md, All-or-nothing
 scheduling):
 
-- ``Kueue`` when ``spec.queueName`` is set: the pods get Kueue's pod-group labels and Kueue
-  admits the group as one workload (the user asked for that queue's quota and ordering);
+- ``Kueue`` when ``spec.queueName`` is set and the cluster serves Kueue's API: the pods get
+  Kueue's pod-group labels and Kueue admits the group as one workload (the user asked for that
+  queue's quota and ordering). Without Kueue nothing would hold those pods back, so the queue
+  name is set aside (with a Warning event) and the mechanism is chosen as without one;
 - ``PodGroup`` when the API server serves ``podgroups`` in ``scheduling.k8s.io/v1alpha2``
   (Kubernetes 1.36 with the ``GenericWorkload`` and ``GangScheduling`` feature gates): the
   operator creates one PodGroup per attempt, gang policy ``minCount`` = the gang's size, and
@@ -34,6 +36,8 @@ GROUP_VERSION = "scheduling.k8s.io/v1alpha2"
 """The Workload/PodGroup API of Kubernetes 1.36 (alpha)."""
 PODGROUP_RESOURCE = "podgroups"
 
+KUEUE_GROUP = "kueue.x-k8s.io"
+"""Kueue's API group: served when Kueue (its CRDs) is installed."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
@@ -47,9 +51,11 @@ class Mechanism(StrEnum):
     OPERATOR = "Operator"
 
 
-def choose(job: Job, native_available: bool) -> Mechanism:
-    """The mechanism for ``job`` on a cluster that does (not) serve the PodGroup API."""
-    if job.spec.queue_name:
+def choose(job: Job, native_available: bool, kueue_available: bool = False) -> Mechanism:
+    """The mechanism for ``job`` on a cluster that does (not) serve the PodGroup API and
+    Kueue's API. A queue name on a cluster without Kueue does not count: labels no controller
+    reads would leave the pods to be scheduled one by one while status said ``Kueue``."""
+    if job.spec.queue_name and kueue_available:
         return Mechanism.KUEUE
     return Mechanism.POD_GROUP if native_available else Mechanism.OPERATOR
 
@@ -108,6 +114,11 @@ def link_pod(
     }
     meta["annotations"] = {**(meta.get("annotations") or {}), KUEUE_TOTAL_ANNOTATION: str(size)}
     return pod
+
+
+def serves_group(group: dict[str, Any] | None) -> bool:
+    """Whether an APIGroup (``GET /apis/<group>``) has a version served."""
+    return bool((group or {}).get("versions"))
 
 
 def serves_pod_groups(discovery: dict[str, Any] | None) -> bool:

@@ -74,9 +74,17 @@ def create_gang(ctx: ReconcileContext) -> None:
     mechanism = (
         gang.mechanism_of(next(iter(existing.values())))
         if existing
-        else gang.choose(job, ctx.native_gang)
+        else gang.choose(job, ctx.native_gang, ctx.kueue)
     )
     st.gang_scheduling = mechanism.value
+    if job.spec.queue_name and mechanism is not gang.Mechanism.KUEUE and not existing:
+        plan.event(
+            "Warning",
+            "QueueNotServed",
+            f"spec.queueName {job.spec.queue_name}: the cluster does not serve Kueue's API "
+            f"({gang.KUEUE_GROUP}), so no queue admits attempt {st.attempt}; it is scheduled "
+            f"with gangScheduling {mechanism.value} instead",
+        )
     plan.creations = [
         gang.link_pod(
             build_pod(

@@ -262,6 +262,16 @@ class KubeApi:
             raise
         return gang.serves_pod_groups(found)
 
+    async def serves_kueue(self) -> bool:
+        """API discovery: is Kueue installed (does the server serve its API group)?"""
+        try:
+            found = await self.request("GET", f"/apis/{gang.KUEUE_GROUP}")
+        except ApiError as err:
+            if err.not_found:
+                return False
+            raise
+        return gang.serves_group(found)
+
     async def delete_object(self, path: str) -> None:
         """Delete any object by path; gone already is fine."""
         try:

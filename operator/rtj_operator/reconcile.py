@@ -52,6 +52,7 @@ def reconcile(
     observed_support: support.Observed | None = None,
     cluster_nodes: Sequence[NodeView] | None = None,
     native_gang: bool = False,
+    kueue: bool = False,
 ) -> Plan:
     """Decide what to do for one job.
 
@@ -61,7 +62,8 @@ def reconcile(
     ``observed_support`` holds the job's support objects by kind as read now (a kind that is
     absent or None does not exist). ``cluster_nodes`` holds every node of the cluster, for the
     capacity an elastic job sizes its gang by (None: assume room for the full gang).
-    ``native_gang``: the API server serves the PodGroup API (gang.py).
+    ``native_gang``: the API server serves the PodGroup API; ``kueue``: it serves Kueue's
+    (gang.py).
     """
     plan = Plan()
     if job.ref.deleting:
@@ -78,6 +80,7 @@ def reconcile(
         observed_support=observed_support or {},
         cluster_nodes=cluster_nodes,
         native_gang=native_gang,
+        kueue=kueue,
     )
     st = ctx.status
     if st.phase is None:

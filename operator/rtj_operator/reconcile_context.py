@@ -38,6 +38,7 @@ class ReconcileContext:
     observed_support: support.Observed
     cluster_nodes: Sequence[NodeView] | None = None
     native_gang: bool = False
+    kueue: bool = False
     foreign: Sequence[dict[str, Any]] = ()
     """Pods with the job's label that it does not control (an earlier job of the same name's
     ranks, still terminating): their names are taken until they are gone."""

@@ -366,7 +366,9 @@ class JobSpec(ApiModel):
     queue_name: str | None = Field(default=None, min_length=1, max_length=63, pattern=DNS_LABEL)
     """A Kueue LocalQueue: the pods get Kueue's pod-group labels (``kueue.x-k8s.io/queue-name``,
     ``kueue.x-k8s.io/pod-group-name``) and annotation (``kueue.x-k8s.io/pod-group-total-count``)
-    so Kueue admits the gang as one workload. See docs/operator.md, All-or-nothing scheduling."""
+    so Kueue admits the gang as one workload. On a cluster that does not serve Kueue's API
+    (``kueue.x-k8s.io``) it is set aside with a Warning event ``QueueNotServed`` and the gang is
+    scheduled as without it. See docs/operator.md, All-or-nothing scheduling."""
     suspend: bool = False
     """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
     is kept; setting it back to false starts the next attempt from the last checkpoint."""

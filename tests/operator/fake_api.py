@@ -128,6 +128,13 @@ class FakeApi:
         self.calls.append("discovery")
         return self.serves_pod_group_api
 
+    serves_kueue_api = False
+    """What API discovery answers about the kueue.x-k8s.io group."""
+
+    async def serves_kueue(self) -> bool:
+        self.calls.append("discovery")
+        return self.serves_kueue_api
+
     async def delete_object(self, path: str) -> None:
         self.calls.append("delete_object")
         self.objects.pop(path, None)

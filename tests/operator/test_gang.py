@@ -22,9 +22,10 @@ def sync(ctrl: Controller) -> None:
     asyncio.run(run())
 
 
-def controller(native: bool, **spec) -> tuple[Controller, FakeApi]:
+def controller(native: bool, kueue: bool = False, **spec) -> tuple[Controller, FakeApi]:
     api = FakeApi()
     api.serves_pod_group_api = native
+    api.serves_kueue_api = kueue
     api.put_job(job_body(replicas=3, **spec))
     api.nodes["node-0"] = make_node("node-0")
     return Controller(api, resync_seconds=0), api  # type: ignore[arg-type]
@@ -33,7 +34,11 @@ def controller(native: bool, **spec) -> tuple[Controller, FakeApi]:
 def test_discovery_picks_the_mechanism_and_a_queue_name_wins():
     assert gang.choose(make_job(), True) is gang.Mechanism.POD_GROUP
     assert gang.choose(make_job(), False) is gang.Mechanism.OPERATOR
-    assert gang.choose(make_job(queueName="spot"), True) is gang.Mechanism.KUEUE
+    assert gang.choose(make_job(queueName="spot"), True, True) is gang.Mechanism.KUEUE
+    assert gang.choose(make_job(queueName="spot"), True, False) is gang.Mechanism.POD_GROUP
+    assert gang.choose(make_job(queueName="spot"), False, False) is gang.Mechanism.OPERATOR
+    assert gang.serves_group({"kind": "APIGroup", "versions": [{"version": "v1beta1"}]})
+    assert not gang.serves_group(None)
     assert gang.serves_pod_groups({"resources": [{"name": "podgroups"}]})
     assert not gang.serves_pod_groups({"resources": [{"name": "workloads"}]})
     assert not gang.serves_pod_groups(None)
@@ -62,7 +67,7 @@ def test_without_the_api_no_pod_group_and_no_link():
 
 
 def test_a_queue_name_labels_the_pods_for_kueue_pod_groups():
-    ctrl, api = controller(native=True, queueName="spot-queue")
+    ctrl, api = controller(native=True, kueue=True, queueName="spot-queue")
     sync(ctrl)
     assert "create PodGroup" not in api.calls
     for pod in api.pods().values():
@@ -72,6 +77,22 @@ def test_a_queue_name_labels_the_pods_for_kueue_pod_groups():
         assert meta["annotations"][gang.KUEUE_TOTAL_ANNOTATION] == "3"
         assert "schedulingGroup" not in pod["spec"]
     assert api.job()["status"]["gangScheduling"] == "Kueue"
+    assert not [e for e in api.events if e[1] == "QueueNotServed"]
+
+
+def test_a_queue_name_without_kueue_is_set_aside_with_a_warning():
+    """Without Kueue nothing gates the labelled pods: they were scheduled one by one, with
+    no event, while status.gangScheduling said Kueue."""
+    ctrl, api = controller(native=True, queueName="spot-queue")
+    sync(ctrl)
+    assert "create PodGroup" in api.calls
+    for pod in api.pods().values():
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in pod["metadata"]["labels"])
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "train-a0"}
+    assert api.job()["status"]["gangScheduling"] == "PodGroup"
+    warnings = [e for e in api.events if e[1] == "QueueNotServed"]
+    assert len(warnings) == 1
+    assert "spec.queueName spot-queue" in warnings[0][2] and "PodGroup" in warnings[0][2]
 
 
 def test_an_operator_restarted_mid_creation_finishes_the_gang_under_the_same_mechanism():
