@@ -121,11 +121,14 @@ _NO_GANG = frozenset({Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED})
 def _settle_gang_conditions(
     status: JobStatus, *, reason: str, message: str, now: datetime, generation: int | None
 ) -> None:
-    """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist) goes,
-    as it is absent while nothing is stuck, and ``PreemptionNotice=True`` turns False with the
-    phase's reason. The next attempt's pods set them again."""
+    """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist) and
+    ``CapacityAvailable=False`` (a wait for room that stopped) go, as they are absent while
+    nothing is stuck, and ``PreemptionNotice=True`` turns False with the phase's reason. The
+    next attempt sets them again."""
     status.conditions = [
-        c for c in status.conditions if not (c.type == PODS_SCHEDULED and c.status == "False")
+        c
+        for c in status.conditions
+        if not (c.type in (PODS_SCHEDULED, CAPACITY) and c.status == "False")
     ]
     notice = condition(status, PREEMPTION_NOTICE)
     if notice is not None and notice.status == "True":

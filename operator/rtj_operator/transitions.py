@@ -189,6 +189,8 @@ def suspend(ctx: ReconcileContext) -> None:
                     last_committed_step=newest_committed_step(st),
                 ),
             )
+        # A suspended job waits for nothing: shrinkAfterSeconds counts again from the resume.
+        st.capacity_wait_since = None
         ctx.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true; the gang is deleted")
         plan.event("Normal", "Suspended", f"attempt {st.attempt}: deleting the gang")
     for pod in live_pods(ctx.owned):

@@ -537,3 +537,27 @@ def test_removing_elastic_drops_a_pending_grow_and_the_next_attempt_is_full_size
     plan = cluster.step(1)
     assert len(plan.creations) == 4 and cluster.status["gangSize"] == 4
     assert cluster.env(3)["WORLD_SIZE"] == "4"
+
+
+def test_a_suspend_ends_the_wait_for_the_full_gang_and_the_resume_waits_anew():
+    """Suspended during the wait for the full gang, the job said "CapacityAvailable=False,
+    waiting up to 60s" and kept capacityWaitSince; resumed after the wait had run out while
+    suspended, it started shrunk at once instead of waiting shrinkAfterSeconds for the full gang."""
+    cluster = spot(nodes=3, minReplicas=2, shrinkAfterSeconds=60)
+    cluster.step()
+    assert cluster.status["phase"] == "Pending" and "capacityWaitSince" in cluster.status
+    cluster.step(10)
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Suspended" and "capacityWaitSince" not in st
+    assert "CapacityAvailable" not in {c["type"] for c in st["conditions"]}
+
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(600)
+    assert not plan.creations and cluster.status["phase"] == "Pending"
+    capacity = {c["type"]: c for c in cluster.status["conditions"]}["CapacityAvailable"]
+    assert capacity["status"] == "False" and capacity["reason"] == "WaitingForFullGang"
+    assert not cluster.step(59).creations
+    plan = cluster.step(1)
+    assert len(plan.creations) == 3 and "Shrunk" in reasons(plan)
