@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import metrics, names, support
+from . import gang, metrics, names, support
 from .api_types import Job, parse_job
+from .discovery import ApiDiscovery
 from .executor import Applied, Executor
 from .kube import ApiError, KubeApi
 from .nodes import NodeView, node_view
@@ -32,8 +33,6 @@ from .workqueue import Key, WorkQueue
 
 log = logging.getLogger(__name__)
 
-DISCOVERY_SECONDS = 60.0
-"""How long an answer of API discovery (is native gang scheduling served?) is trusted."""
 
 PAUSED_RECHECK = 5.0
 """Seconds before a job skipped during a peering pause is looked at again. kopf's resumed watches
@@ -76,8 +75,7 @@ class Controller:
         self.watched = WatchCache()
         # Elastic jobs, woken by any node change: capacity anywhere can start, shrink or grow them.
         self.capacity_watchers: set[Key] = set()
-        # API discovery (PodGroup, Kueue): per API, (answer, monotonic time it was asked).
-        self._discovered: dict[str, tuple[bool, float]] = {}
+        self.discovery = ApiDiscovery(api)
         self.written_versions: dict[Key, str] = {}
         # Whether kopf peering pauses this replica now (None: standalone, never paused).
         self.pause_check: Callable[[], Awaitable[bool]] | None = None
@@ -207,8 +205,8 @@ class Controller:
             cluster_nodes=list(self.nodes.values()) if job.spec.elastic is not None else None,
             # Asked on every pass (cached): a pass that ends an attempt creates the next gang
             # with the status it read, in which the old gang still counts as created.
-            native_gang=await self.native_gang(),
-            kueue=await self.kueue() if job.spec.queue_name else False,
+            native_gang=await self.discovery.pod_groups(),
+            kueue=await self.discovery.kueue() if job.spec.queue_name else False,
         )
         try:
             applied = await self.executor.apply(job, plan, now)
@@ -264,27 +262,6 @@ class Controller:
             log.info("peering pause over: reconciling again")
         self.paused = paused
 
-    async def native_gang(self) -> bool:
-        """Whether the cluster serves the PodGroup API, asked at most once a minute."""
-        return await self._discover("scheduling.k8s.io", self.api.serves_pod_groups)
-
-    async def kueue(self) -> bool:
-        """Whether the cluster serves Kueue's API, asked at most once a minute."""
-        return await self._discover("kueue.x-k8s.io", self.api.serves_kueue)
-
-    async def _discover(self, group: str, probe: Callable[[], Awaitable[bool]]) -> bool:
-        """API discovery of ``group`` (cached; a failed probe keeps the previous answer)."""
-        now = time.monotonic()
-        known = self._discovered.get(group)
-        if known is None or now - known[1] > DISCOVERY_SECONDS:
-            try:
-                answer = await probe()
-            except ApiError as err:
-                log.warning("API discovery of %s failed: %s", group, err)
-                answer = known[0] if known else False
-            known = self._discovered[group] = (answer, now)
-        return known[0]
-
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""
         if job.ref.deleting or job.status.phase in TERMINAL_PHASES or job.spec.suspend:
@@ -293,7 +270,17 @@ class Controller:
             kind: body["metadata"]["name"]
             for kind, body in support.desired(job, job.status.attempt).items()
         }
-        return await self.api.get_support(job.ref.namespace, wanted)
+        observed = await self.api.get_support(job.ref.namespace, wanted)
+        if not job.status.gang_created and await self.discovery.pod_groups():
+            # Its name may still be held by the group of a deleted job of the same name.
+            group = gang.group_name(job.ref.name, job.status.attempt)
+            observed = {
+                **observed,
+                support.POD_GROUP: await self.api.get_object(
+                    self.api.pod_group_path(job.ref.namespace, group)
+                ),
+            }
+        return observed
 
     @staticmethod
     def _observe(plan: Plan, applied: Applied, first_kick: float) -> None:

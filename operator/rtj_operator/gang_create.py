@@ -29,6 +29,8 @@ def ensure_support(ctx: ReconcileContext) -> bool:
     conflicts = list(decision.conflicts)
     if not st.gang_created:
         conflicts += support.taken_pod_names(job, st.attempt, ctx.size, ctx.foreign)
+        if gang.choose(job, ctx.native_gang, ctx.kueue) is gang.Mechanism.POD_GROUP:
+            conflicts += support.taken_pod_group(job, ctx.observed_support)
     had = cond.condition(st, cond.BLOCKED)
     if conflicts:
         message = support.conflict_message(job, conflicts)

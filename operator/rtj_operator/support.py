@@ -108,6 +108,9 @@ def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
 
 POD = "Pod"
 """A rank's pod name held by a pod the job does not control (conflicts only, never written)."""
+POD_GROUP = "PodGroup"
+"""The attempt's PodGroup (native gang scheduling), read before the gang is created; the
+executor creates it (conflicts only here)."""
 
 
 def conflict_message(job: Job, conflicts: list[str]) -> str:
@@ -122,6 +125,11 @@ def conflict_message(job: Job, conflicts: list[str]) -> str:
         fix += (
             " (the pods of a deleted job of the same name are removed by the garbage collector "
             "once their grace period ends; the job starts when they are gone)"
+        )
+    if POD_GROUP in kinds:
+        fix += (
+            " (the PodGroup of a deleted job of the same name is removed once its pods are "
+            "gone; the job starts when it is gone)"
         )
     return (
         f"{listed} already exist(s) in namespace {job.ref.namespace} and are not controlled by "
@@ -140,3 +148,17 @@ def taken_pod_names(
     wanted = {names.pod_name(job.ref.name, attempt, rank) for rank in range(size)}
     held = {str((p.get("metadata") or {}).get("name")) for p in foreign}
     return [f"{POD} {name}" for name in sorted(wanted & held)]
+
+
+def taken_pod_group(job: Job, observed: Observed) -> list[str]:
+    """The attempt's PodGroup when a group the job does not control holds its name
+    (``PodGroup <name>``).
+
+    Creating it answers 409, which would pass for the job's own group: the pods would join a
+    group with another job's ``minCount`` (or one being deleted, which leaves pods not yet bound
+    waiting for a group that no longer exists).
+    """
+    found = observed.get(POD_GROUP)
+    if found is None or controlled_by(found, job.ref.uid):
+        return []
+    return [f"{POD_GROUP} {(found.get('metadata') or {}).get('name')}"]

@@ -1,4 +1,5 @@
-"""All-or-nothing scheduling on the real control plane: what a queue name does without Kueue.
+"""All-or-nothing scheduling on the real control plane: what a queue name does without Kueue,
+and a PodGroup name still held by a deleted job of the same name.
 
 The local control plane serves the PodGroup API (hack/cluster/cluster.sh) and has no Kueue.
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import time
 
+from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
 from .kubeclient import rtj, unique
-from .scenario import wait_events, wait_phase
+from .scenario import condition, wait_events, wait_phase
 
 
 def test_a_queue_name_without_kueue_is_gang_scheduled_natively_and_says_so(
@@ -39,3 +41,65 @@ def test_a_queue_name_without_kueue_is_gang_scheduled_natively_and_says_so(
 
     pool.add(1, cpu="4")
     wait_phase(kube, ns, name, "Running", 30, op=operator)
+
+
+HOLD = "rtj-e2e/hold"
+"""Holds a PodGroup the way scheduling.k8s.io/podgroup-protection does while its pods exist."""
+
+
+def hold(kube, path: str, held: bool) -> None:
+    """Add or remove the HOLD finalizer (a held group blocks its namespace's deletion)."""
+    group = kube.get(path)
+    if group is None:
+        return
+    finalizers = [f for f in group["metadata"].get("finalizers") or [] if f != HOLD]
+    body = {"metadata": {"finalizers": [*finalizers, HOLD] if held else finalizers}}
+    kube.req("PATCH", path, content_type=MERGE, body=body)
+
+
+def test_a_job_recreated_while_the_deleted_jobs_pod_group_remains_waits_for_it(
+    kube, ns, pool, operator
+):
+    """Before: the new job's create of <job>-a0 answered 409, passed for its own group, and its
+    pods joined the deleted job's group, which was about to go (pods not bound by then would
+    wait for a group that no longer exists)."""
+    pool.add(2)
+    name = unique("again")
+    kube.create_job(rtj(name, ns, pool.name, 2))
+    wait_for(
+        "attempt 0 running", lambda: kube.running(ns, name, 0, 2), 60, on_timeout=operator.tail
+    )
+    old_group = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-a0"
+    hold(kube, old_group, True)
+    try:
+        kube.delete_job(ns, name)
+        wait_for("the old pods gone", lambda: not kube.pods(ns, name), 60)
+        wait_for(
+            "the old PodGroup deleting",
+            lambda: ((kube.get(old_group) or {}).get("metadata") or {}).get("deletionTimestamp"),
+            30,
+        )
+        uid = kube.create_job(rtj(name, ns, pool.name, 2))["metadata"]["uid"]
+        blocked = wait_for(
+            "Blocked=True",
+            lambda: (
+                c if (c := condition(kube, ns, name, "Blocked")).get("status") == "True" else None
+            ),
+            30,
+            on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+        )
+        assert blocked["reason"] == "NameConflict"
+        assert f"PodGroup {name}-a0" in blocked["message"]
+        wait_events(kube, ns, name, {"NameConflict"})
+        assert not kube.pods(ns, name) and kube.status(ns, name)["phase"] == "Pending"
+    finally:
+        hold(kube, old_group, False)
+    wait_for(
+        "attempt 0 of the new job running",
+        lambda: kube.running(ns, name, 0, 2),
+        60,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    group = kube.get(old_group)
+    assert group is not None and group["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert condition(kube, ns, name, "Blocked")["status"] == "False"
