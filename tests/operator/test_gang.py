@@ -128,3 +128,26 @@ def test_every_attempt_after_an_interruption_gets_its_own_pod_group():
     assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "train-a1"} for p in pods.values())
     assert api.pod_group_path("ns", "train-a1") in api.objects
     assert api.pod_group_path("ns", "train-a0") not in api.objects
+
+
+def test_a_pod_group_of_another_job_blocks_the_attempt_until_it_is_gone():
+    ctrl, api = controller(native=True)
+    path = api.pod_group_path("ns", "train-a0")
+    api.objects[path] = {
+        "metadata": {
+            "name": "train-a0",
+            "namespace": "ns",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "ownerReferences": [{"uid": "uid-of-a-deleted-job", "controller": True}],
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 5}}},
+    }
+    sync(ctrl)
+    assert not api.pods() and "create PodGroup" not in api.calls
+    blocked = {c["type"]: c for c in api.job()["status"]["conditions"]}["Blocked"]
+    assert blocked["reason"] == "NameConflict" and "PodGroup train-a0" in blocked["message"]
+
+    del api.objects[path]
+    sync(ctrl)
+    assert len(api.pods()) == 3
+    assert api.objects[path]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
