@@ -25,7 +25,9 @@ CAPACITY = "CapacityAvailable"
 """Elastic jobs: True with the size chosen (FullSize, Shrunk, Grown), False while an attempt
 waits for room (WaitingForFullGang, MinReplicasUnreachable)."""
 PODS_SCHEDULED = "PodsScheduled"
-"""False while a rank of the current attempt is unschedulable (with the scheduler's reason)."""
+"""False while a rank of the current attempt is unschedulable (reason Unschedulable, with the
+scheduler's message) or held by scheduling gates (reason SchedulingGated: Kueue's until it admits
+the gang)."""
 
 _PHASE_CONDITION = {
     Phase.RUNNING: RUNNING,

@@ -18,7 +18,7 @@ from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
 from .notice import notice_payload
 from .plan_types import NoticeWrite
-from .podstate import as_deleted, is_deleting, unschedulable_message
+from .podstate import UNSCHEDULABLE, as_deleted, is_deleting, scheduling_hold
 from .reconcile_context import ReconcileContext
 from .sizing import reshrink, watch_for_grow
 from .status_types import Phase
@@ -85,24 +85,26 @@ def watch_gang(ctx: ReconcileContext) -> None:
 
 
 def _report_scheduling(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> None:
-    """PodsScheduled=False with the scheduler's reason while a rank cannot be placed, so a gang
-    that waits for capacity says why instead of showing Pending or Restarting alone."""
+    """PodsScheduled=False with the scheduler's reason while a rank cannot be placed (or its
+    scheduling gates, while they hold it back: Kueue's until the queue admits the gang), so a
+    gang that waits says why instead of showing Pending or Restarting alone."""
     stuck = [
-        (rank, pod, message)
+        (rank, pod, *hold)
         for rank, pod in sorted(current.items())
-        if not is_deleting(pod) and (message := unschedulable_message(pod)) is not None
+        if not is_deleting(pod) and (hold := scheduling_hold(pod)) is not None
     ]
     had = cond.condition(ctx.status, cond.PODS_SCHEDULED)
     if stuck:
         # Under a gang, most ranks only say they wait for the others; show one that says why.
-        rank, pod, message = next(
-            (entry for entry in stuck if "nodes are available" in entry[2]), stuck[0]
+        rank, pod, reason, message = next(
+            (entry for entry in stuck if "nodes are available" in entry[3]),
+            next((entry for entry in stuck if entry[2] == UNSCHEDULABLE), stuck[0]),
         )
         cond.set_condition(
             ctx.status,
             cond.PODS_SCHEDULED,
             False,
-            reason="Unschedulable",
+            reason=reason,
             message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled{_gang_note(ctx)}; "
             f"rank {rank} ({pod['metadata'].get('name')}): {message}",
             now=ctx.now,

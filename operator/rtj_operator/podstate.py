@@ -66,13 +66,24 @@ def as_deleted(pod: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**pod, "metadata": meta}
 
 
-def unschedulable_message(pod: dict[str, Any]) -> str | None:
-    """The scheduler's message when it could not place the pod."""
+UNSCHEDULABLE = "Unschedulable"
+"""PodScheduled's reason when the scheduler found no node."""
+SCHEDULING_GATED = "SchedulingGated"
+"""PodScheduled's reason while scheduling gates keep the scheduler from trying."""
+
+
+def scheduling_hold(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """Why the pod is not placed, as (reason, message): the scheduler's message when it found
+    no node, or the scheduling gates that keep it from trying (Kueue's admission gate while the
+    queue has not admitted the gang, or the template's own); None otherwise."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
-        if (
-            condition.get("type") == "PodScheduled"
-            and condition.get("status") == "False"
-            and condition.get("reason") == "Unschedulable"
-        ):
-            return str(condition.get("message") or "unschedulable")
+        if condition.get("type") != "PodScheduled" or condition.get("status") != "False":
+            continue
+        reason = condition.get("reason")
+        if reason == UNSCHEDULABLE:
+            return UNSCHEDULABLE, str(condition.get("message") or "unschedulable")
+        if reason == SCHEDULING_GATED:
+            gates = (pod.get("spec") or {}).get("schedulingGates") or []
+            names = ", ".join(str(g.get("name")) for g in gates) or "(none left)"
+            return SCHEDULING_GATED, f"held by scheduling gates: {names}"
     return None

@@ -103,3 +103,42 @@ def test_a_job_recreated_while_the_deleted_jobs_pod_group_remains_waits_for_it(
     group = kube.get(old_group)
     assert group is not None and group["metadata"]["ownerReferences"][0]["uid"] == uid
     assert condition(kube, ns, name, "Blocked")["status"] == "False"
+
+
+def test_ranks_held_by_scheduling_gates_say_so_until_the_gates_go(kube, ns, pool, operator):
+    """Before: gated ranks (Kueue's admission gate while the queue holds the gang, or the
+    template's own) left the job Pending with no PodsScheduled condition and nothing saying why."""
+    pool.add(2)
+    name = unique("gated")
+    gate = "example.com/approval"
+    kube.create_job(
+        rtj(name, ns, pool.name, 2, template_spec={"schedulingGates": [{"name": gate}]})
+    )
+    cond = wait_for(
+        "PodsScheduled=False",
+        lambda: (
+            c
+            if (c := condition(kube, ns, name, "PodsScheduled")).get("status") == "False"
+            else None
+        ),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert cond["reason"] == "SchedulingGated"
+    assert "2 of 2 ranks cannot be scheduled" in cond["message"] and gate in cond["message"]
+    assert kube.status(ns, name)["phase"] == "Pending"
+
+    for pod in kube.pods(ns, name, 0):
+        kube.req(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+            content_type=MERGE,
+            body={"spec": {"schedulingGates": None}},
+        )
+    wait_phase(kube, ns, name, "Running", 30, op=operator)
+    wait_for(
+        "PodsScheduled=True",
+        lambda: condition(kube, ns, name, "PodsScheduled").get("status") == "True",
+        10,
+        on_timeout=lambda: f"{kube.status(ns, name)}",
+    )
