@@ -15,7 +15,14 @@ from . import conditions as cond
 from . import elastic
 from .notice import notice_payload
 from .plan_types import NoticeWrite
-from .podstate import is_finished, live_pods, pod_attempt, pod_deletion
+from .podstate import (
+    SCHEDULING_GATED,
+    is_finished,
+    live_pods,
+    pod_attempt,
+    pod_deletion,
+    scheduling_hold,
+)
 from .reconcile_context import ReconcileContext
 from .status_types import (
     Cause,
@@ -119,8 +126,11 @@ def reshrink(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bo
     # Pods of an earlier attempt still hold their nodes until they are gone: the wait starts
     # once they are, so a gang is never shrunk for room its own predecessor still occupies.
     lingering = any(pod_attempt(p) != st.attempt and not is_finished(p) for p in ctx.owned)
+    # A rank held by scheduling gates (Kueue's, until the queue admits the gang) waits for
+    # admission, not for room: a smaller gang would only queue again, at the back.
+    gated = any((scheduling_hold(p) or ("",))[0] == SCHEDULING_GATED for p in live)
     minimum = job.spec.elastic.min_replicas if job.spec.elastic is not None else ctx.size
-    if ctx.size <= minimum or scheduled >= ctx.size or lingering:
+    if ctx.size <= minimum or scheduled >= ctx.size or lingering or gated:
         st.capacity_wait_since = None
         return False
     if st.capacity_wait_since is None:

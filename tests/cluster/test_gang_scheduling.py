@@ -142,3 +142,39 @@ def test_ranks_held_by_scheduling_gates_say_so_until_the_gates_go(kube, ns, pool
         10,
         on_timeout=lambda: f"{kube.status(ns, name)}",
     )
+
+
+def test_an_elastic_gang_held_by_scheduling_gates_is_not_reshrunk(kube, ns, pool, operator):
+    """Before: 5 s after its pods were created (shrinkAfterSeconds 0) the gated 4-rank gang was
+    ended as Unschedulable and resubmitted at 3, then 2: under Kueue each new gang queues anew."""
+    pool.add(4)
+    name = unique("gated")
+    gate = "example.com/approval"
+    kube.create_job(
+        rtj(
+            name,
+            ns,
+            pool.name,
+            4,
+            elastic={"minReplicas": 2, "shrinkAfterSeconds": 0},
+            template_spec={"schedulingGates": [{"name": gate}]},
+        )
+    )
+    wait_for(
+        "PodsScheduled=False",
+        lambda: condition(kube, ns, name, "PodsScheduled").get("reason") == "SchedulingGated",
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    time.sleep(10)  # twice the shortest re-shrink wait (5 s)
+    status = kube.status(ns, name)
+    assert status["attempt"] == 0 and status["gangSize"] == 4 and not status["interruptions"]
+    for pod in kube.pods(ns, name, 0):
+        kube.req(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+            content_type=MERGE,
+            body={"spec": {"schedulingGates": None}},
+        )
+    wait_phase(kube, ns, name, "Running", 30, op=operator)
+    assert kube.status(ns, name)["gangSize"] == 4

@@ -561,3 +561,30 @@ def test_a_suspend_ends_the_wait_for_the_full_gang_and_the_resume_waits_anew():
     assert not cluster.step(59).creations
     plan = cluster.step(1)
     assert len(plan.creations) == 3 and "Shrunk" in reasons(plan)
+
+
+def test_a_gang_held_by_scheduling_gates_is_not_reshrunk():
+    """A gang waiting for Kueue's admission (its pods gated) was ended after the wait as
+    'Unschedulable' and resubmitted one pod smaller, again and again down to minReplicas: each
+    new gang queued again from the back."""
+    cluster = overcounted(set(), minReplicas=2, shrinkAfterSeconds=10)
+    cluster.step()
+    for pod in cluster.current_pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+        ]
+    for _ in range(6):
+        assert not cluster.step(10).deletions
+    st = cluster.status
+    assert st["attempt"] == 0 and st["gangSize"] == 4 and not st["interruptions"]
+    scheduled = {c["type"]: c for c in st["conditions"]}["PodsScheduled"]
+    assert scheduled["reason"] == "SchedulingGated"
+    assert "kueue.x-k8s.io/admission" in scheduled["message"]
+
+    for pod in cluster.current_pods():  # admitted: the gates go, the gang binds
+        del pod["spec"]["schedulingGates"]
+        pod["status"]["conditions"] = []
+    assert cluster.schedule_gang()
+    cluster.step(1)
+    assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 4
