@@ -174,7 +174,10 @@ lock_cluster() {
 # (scheduling.k8s.io/v1alpha2) and the scheduler's gang plugin.
 kube_feature_gates="GenericWorkload=true,GangScheduling=true"
 kube_runtime_config="scheduling.k8s.io/v1alpha2=true"
-api_flags_id="gates=${kube_feature_gates};runtime=${kube_runtime_config}"
+# Admission as hardened clusters (OpenShift among them) run it: setting blockOwnerDeletion on an
+# ownerReference needs "update" on the owner's finalizers, so an RBAC set lacking it fails here.
+kube_admission_plugins="OwnerReferencesPermissionEnforcement"
+api_flags_id="gates=${kube_feature_gates};runtime=${kube_runtime_config};admission=${kube_admission_plugins}"
 
 cmd_up() {
   local nodes=3
@@ -204,16 +207,22 @@ cmd_up() {
     "${kwokctl}" start cluster --name "${name}" >&2 8>&- || true
   else
     log "creating cluster ${name} (kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
-    # bindAddress is only settable from a config file.
+    # bindAddress is only settable from a config file. The admission plugins are set here too:
+    # kwokctl 0.8 indexes --extra-args patches wrongly once a second component has two of them.
     local conf="${KWOK_WORKDIR}/rtj-kwokctl.yaml"
     # The serving certificate also names the kubernetes Service's address (the first of the
     # service range), so pods on real nodes verify it with their in-cluster config.
-    cat >"${conf}" <<'EOF'
+    cat >"${conf}" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   bindAddress: 127.0.0.1
   kubeApiserverCertSANs: ["10.0.0.1", "10.96.0.1"]
+componentsPatches:
+  - name: kube-apiserver
+    extraArgs:
+      - key: enable-admission-plugins
+        value: ${kube_admission_plugins}
 EOF
     # kwokctl starts kwok with --manage-all-nodes=true under the binary runtime;
     # narrow it to annotated nodes so real (agent-registered) nodes are left alone.

@@ -58,6 +58,13 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
         "status is the operator's record of truth",
     ),
     (
+        [names.GROUP],
+        [f"{names.PLURAL}/finalizers"],
+        ["update"],
+        "the objects it creates for a job name it as their owner with blockOwnerDeletion, which"
+        " the OwnerReferencesPermissionEnforcement admission plugin allows only to this verb",
+    ),
+    (
         [""],
         ["pods"],
         ["get", "list", "watch", "create", "delete", "patch"],

@@ -11,6 +11,12 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 - apiGroups: ["resumable.dev"]
   resources: ["resumabletrainingjobs/status"]
   verbs: ["get", "patch", "update"]
+# The objects made for a job (pods, Service, ServiceAccount, Role, RoleBinding, PodGroup) name it
+# as their owner with blockOwnerDeletion: the OwnerReferencesPermissionEnforcement admission
+# plugin requires this verb for that.
+- apiGroups: ["resumable.dev"]
+  resources: ["resumabletrainingjobs/finalizers"]
+  verbs: ["update"]
 # The gang: create ranks, delete an interrupted gang, write the preemption notice.
 - apiGroups: [""]
   resources: ["pods"]
