@@ -329,6 +329,11 @@ BAD_VALUES = [
     (("--set", "metrics.port=8080"), "metrics.port"),
     (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
     (("--set", "replica=2"), "'replica'"),
+    # Object names: a Service name starts with a letter and holds no capital or underscore.
+    (("--set", "fullnameOverride=Team_A"), "/fullnameOverride"),
+    (("--set", "fullnameOverride=1rtj"), "/fullnameOverride"),
+    # A label value: no space.
+    (("--set", "nameOverride=my app"), "/nameOverride"),
     (("--set", "peering.enabled=false", "--set", "replicas=2"), "peering.enabled"),
     (("--set", "serviceMonitor.enabled=true", "--set", "metrics.enabled=false"), "metrics.enabled"),
     (("--set", "serviceAccount.create=false"), "serviceAccount.name"),
