@@ -177,7 +177,11 @@ kube_runtime_config="scheduling.k8s.io/v1alpha2=true"
 # Admission as hardened clusters (OpenShift among them) run it: setting blockOwnerDeletion on an
 # ownerReference needs "update" on the owner's finalizers, so an RBAC set lacking it fails here.
 kube_admission_plugins="OwnerReferencesPermissionEnforcement"
-api_flags_id="gates=${kube_feature_gates};runtime=${kube_runtime_config};admission=${kube_admission_plugins}"
+# The audit log (logs/audit.log of the cluster) records the requests of the ServiceAccounts of
+# namespace rtj-system, where operator/deploy/rbac.yaml puts the operator: tests compare the
+# verbs it used with the ones it is granted.
+audited_group="system:serviceaccounts:rtj-system"
+api_flags_id="gates=${kube_feature_gates};runtime=${kube_runtime_config};admission=${kube_admission_plugins};audit=${audited_group}"
 
 cmd_up() {
   local nodes=3
@@ -224,6 +228,16 @@ componentsPatches:
       - key: enable-admission-plugins
         value: ${kube_admission_plugins}
 EOF
+    local audit_policy="${KWOK_WORKDIR}/rtj-audit-policy.yaml"
+    cat >"${audit_policy}" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    userGroups: ["${audited_group}"]
+  - level: None
+EOF
     # kwokctl starts kwok with --manage-all-nodes=true under the binary runtime;
     # narrow it to annotated nodes so real (agent-registered) nodes are left alone.
     "${kwokctl}" --config "${conf}" create cluster \
@@ -231,6 +245,7 @@ EOF
       --runtime binary \
       --kubeconfig "" \
       --secure-port=true --kube-authorization=true --kube-admission=true \
+      --kube-audit-policy "${audit_policy}" \
       --heartbeat-factor "${RTJ_HEARTBEAT_FACTOR:-1}" \
       --kube-feature-gates "${kube_feature_gates}" \
       --kube-runtime-config "${kube_runtime_config}" \

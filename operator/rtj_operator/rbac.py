@@ -27,7 +27,7 @@ CLUSTER_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     (
         [""],
         ["namespaces"],
-        ["get", "list", "watch"],
+        ["list", "watch"],
         "kopf resolves --namespace globs against the existing namespaces",
     ),
     (
@@ -39,7 +39,7 @@ CLUSTER_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     (
         ["apiextensions.k8s.io"],
         ["customresourcedefinitions"],
-        ["get", "list", "watch"],
+        ["list", "watch"],
         "kopf discovers the ResumableTrainingJob and peering CRDs",
     ),
 )
@@ -54,8 +54,8 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     (
         [names.GROUP],
         [f"{names.PLURAL}/status"],
-        ["get", "patch", "update"],
-        "status is the operator's record of truth",
+        ["patch"],
+        "status is the operator's record of truth (a merge patch conditional on resourceVersion)",
     ),
     (
         [names.GROUP],
@@ -74,18 +74,24 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     (
         ["scheduling.k8s.io"],
         ["podgroups"],
-        ["get", "create", "delete"],
+        ["create", "delete"],
         "one gang-scheduled PodGroup per attempt where the cluster serves the API",
     ),
     ([""], ["serviceaccounts"], ["get", "create"], "the ranks' own identity"),
     (
         ["rbac.authorization.k8s.io"],
-        ["roles", "rolebindings"],
+        ["roles"],
         ["get", "create", "patch"],
-        "let the ranks patch their own pod's progress annotation (and nothing else)",
+        "let the ranks patch their own pod's progress annotation (and nothing else); the rules"
+        " move to each new attempt's pods",
     ),
-    ([""], ["events"], ["create", "patch"], "an Event for every interruption and resubmission"),
-    (["events.k8s.io"], ["events"], ["create", "patch"], "kopf's own events"),
+    (
+        ["rbac.authorization.k8s.io"],
+        ["rolebindings"],
+        ["get", "create"],
+        "bind that Role to the job's ServiceAccount",
+    ),
+    ([""], ["events"], ["create"], "an Event for every interruption and resubmission (and kopf's)"),
     (
         ["kopf.dev"],
         ["kopfpeerings"],

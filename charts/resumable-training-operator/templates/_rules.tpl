@@ -10,7 +10,7 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 # Status is the operator's record of truth.
 - apiGroups: ["resumable.dev"]
   resources: ["resumabletrainingjobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 # The objects made for a job (pods, Service, ServiceAccount, Role, RoleBinding, PodGroup) name it
 # as their owner with blockOwnerDeletion: the OwnerReferencesPermissionEnforcement admission
 # plugin requires this verb for that.
@@ -28,23 +28,23 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 # One gang-scheduled PodGroup per attempt where the cluster serves the API.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["create", "delete"]
 # Each job's own ServiceAccount for its ranks.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "create"]
-# Lets the ranks patch their own pods' progress annotation, and nothing else.
+# Lets the ranks patch their own pods' progress annotation, and nothing else; the Role's rules
+# move to each new attempt's pods, its RoleBinding never changes.
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["roles"]
   verbs: ["get", "create", "patch"]
-# An Event for every interruption and resubmission.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["get", "create"]
+# An Event for every interruption and resubmission (kopf posts its own as core Events too).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-# kopf's own events.
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- if and .Values.peering.enabled (not (include "rtj.clusterwide" .)) }}
 # kopf peering between replicas (namespaces mode: one KopfPeering per watched namespace).
 - apiGroups: ["kopf.dev"]
