@@ -213,7 +213,7 @@ cmd_up() {
     log "creating cluster ${name} (kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
     # bindAddress is only settable from a config file. The admission plugins are set here too:
     # kwokctl 0.8 indexes --extra-args patches wrongly once a second component has two of them.
-    local conf="${KWOK_WORKDIR}/rtj-kwokctl.yaml"
+    local conf="${KWOK_WORKDIR}/rtj-kwokctl-${name}.yaml"
     # The serving certificate also names the kubernetes Service's address (the first of the
     # service range), so pods on real nodes verify it with their in-cluster config.
     cat >"${conf}" <<EOF
@@ -228,7 +228,7 @@ componentsPatches:
       - key: enable-admission-plugins
         value: ${kube_admission_plugins}
 EOF
-    local audit_policy="${KWOK_WORKDIR}/rtj-audit-policy.yaml"
+    local audit_policy="${KWOK_WORKDIR}/rtj-audit-policy-${name}.yaml"
     cat >"${audit_policy}" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
