@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from . import metrics
+from . import envvars, metrics
 from .controller import Controller
 from .handlers import PeeringOptions, build_registry
 from .kube import KubeApi
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     parser.add_argument(
         "--id",
-        default=os.environ.get("POD_ID") or None,
+        default=os.environ.get(envvars.OPERATOR_POD_ID) or None,
         help="peering identity, stable across restarts of this replica so that a restarted "
         "process recognises its own record instead of waiting for it to expire "
         "(default: $POD_ID, which the chart sets to the pod name; else host and process id)",

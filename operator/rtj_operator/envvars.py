@@ -74,3 +74,7 @@ NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
 """Written by the operator when the pod's node is about to go; read by the runtime as a file."""
 PROGRESS_ANNOTATION = "resumable.dev/progress"
 """Written by the runtime after every committed checkpoint; read by the operator."""
+
+# Read by the operator itself, from its own pod.
+OPERATOR_POD_ID = "POD_ID"
+"""The operator replica's peering identity; the chart's Deployment sets it to the pod name."""

@@ -74,8 +74,9 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
     (
         ["scheduling.k8s.io"],
         ["podgroups"],
-        ["create", "delete"],
-        "one gang-scheduled PodGroup per attempt where the cluster serves the API",
+        ["get", "create", "delete"],
+        "one gang-scheduled PodGroup per attempt where the cluster serves the API; read first, as "
+        "its name may still be held by a deleted job's group",
     ),
     ([""], ["serviceaccounts"], ["get", "create"], "the ranks' own identity"),
     (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator import admission, rbac
+from rtj_operator import admission, envvars, rbac
 from rtj_operator.__main__ import parse_args
 
 from . import chart_sync
@@ -432,7 +432,7 @@ def test_a_1_29_cluster_installs_without_the_admission_policy(helm: str) -> None
 def test_deployment_passes_a_stable_peering_identity(helm: str) -> None:
     operator = container(render(helm))
     env = {e["name"]: e for e in operator["env"]}
-    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[envvars.OPERATOR_POD_ID]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     args = parse_args(operator["args"])
     assert args.peering_lifetime == 15 and args.max_pause_seconds == 30
     args = parse_args(container(render(helm, "--set", "peering.maxPauseSeconds=90"))["args"])

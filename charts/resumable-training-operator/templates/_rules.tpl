@@ -25,10 +25,11 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create"]
-# One gang-scheduled PodGroup per attempt where the cluster serves the API.
+# One gang-scheduled PodGroup per attempt where the cluster serves the API; read first, as its
+# name may still be held by the group of a deleted job of the same name.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
-  verbs: ["create", "delete"]
+  verbs: ["get", "create", "delete"]
 # Each job's own ServiceAccount for its ranks.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
