@@ -61,10 +61,31 @@ async def _blocking_records(
     now = utcnow()
     blocking: list[peering_module.PeerRecord] = []
     for path in options.paths():
-        body = await api.get_object(path) or {}
-        records = peering_module.parse_records(body.get("status"))
+        body = await api.get_object(path)
+        _note_missing(path, body is None)
+        records = peering_module.parse_records((body or {}).get("status"))
         blocking += peering_module.blockers(records, options.identity, options.priority, now)
     return blocking
+
+
+_MISSING: set[str] = set()
+"""Peering objects found missing (warned once until they exist)."""
+
+
+def _note_missing(path: str, missing: bool) -> None:
+    """kopf keeps a replica's watches paused, without a word, while its peering object does not
+    exist: say so once, naming the object and the fix."""
+    if missing and path not in _MISSING:
+        _MISSING.add(path)
+        log.warning(
+            "peering object %s does not exist: kopf handles no job until it does; create it "
+            "(the chart does with peering.create=true; operator/deploy/peering.yaml) or run "
+            "with --standalone",
+            path,
+        )
+    elif not missing and path in _MISSING:
+        _MISSING.discard(path)
+        log.info("peering object %s exists now", path)
 
 
 def _pause_check(api: KubeApi, options: PeeringOptions) -> Callable[[], Awaitable[bool]]:
@@ -112,6 +133,11 @@ def build_registry(
         settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB
         # Handlers log a lot at INFO; that must not become Kubernetes Events on every pod.
         settings.posting.level = logging.WARNING
+        if peering_options is not None and api is not None:
+            try:  # a missing peering object is said at start, not only by the first probe
+                await _blocking_records(api, peering_options)
+            except ApiError as err:
+                log.warning("cannot read the peering object: %s", err)
         await controller.start()
 
     @kopf.on.cleanup(registry=registry)

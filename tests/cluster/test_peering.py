@@ -135,3 +135,41 @@ def test_two_replicas_with_the_same_priority_fail_liveness_naming_the_tie(
         one.stop()
         two.stop()
         kube.delete_namespace(ns)
+
+
+def test_a_missing_peering_object_is_named_at_start_and_jobs_run_once_it_exists(
+    kube, kubeconfig, pool, tmp_path
+):
+    """kopf handles nothing while its peering object is missing, and says nothing about it:
+    the operator names the object and the fix at start, and reconciles once it exists."""
+    ns = unique("rtj-nopeer")
+    kube.create_namespace(ns)
+    log = tmp_path / "operator.log"
+    operator = start_operator(kubeconfig, log, "--namespace", ns)
+    try:
+        wait_for(
+            "a warning naming the missing peering object",
+            lambda: (
+                "kopfpeerings/rtj-operator does not exist" in log.read_text()
+                and "--standalone" in log.read_text()
+            ),
+            30,
+            on_timeout=operator.tail,
+        )
+        kube.apply(
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "KopfPeering",
+                "metadata": {"name": "rtj-operator", "namespace": ns},
+            }
+        )
+        pool.add(1)
+        name = unique("job")
+        kube.create_job(rtj(name, ns, pool.name, 1))
+        wait_for(
+            "attempt 0 running", lambda: kube.running(ns, name, 0, 1), 90, on_timeout=operator.tail
+        )
+        assert "kopfpeerings/rtj-operator exists now" in log.read_text()
+    finally:
+        operator.stop()
+        kube.delete_namespace(ns)
