@@ -110,6 +110,22 @@ class RunContext:
     def world_size(self) -> int:
         return self.coord.world_size
 
+    def template_values(self, at: Timestamp | None = None) -> dict[str, Any]:
+        """What the name templates may use (docs/runtime.md), at ``at`` (default: the
+        current position)."""
+        ts = self.position.timestamp if at is None else at
+        return {
+            "run_name": self.run_name,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "local_rank": self.coord.local_rank,
+            "epoch": ts.epoch,
+            "batch": ts.batch,
+            "sample": ts.sample,
+            "batch_in_epoch": ts.batch_in_epoch,
+            "sample_in_epoch": ts.sample_in_epoch,
+        }
+
     def remote_committed(self, *, required: bool = True) -> list[Manifest]:
         """The object store's committed checkpoints of this run, newest first, as rank 0 lists
         them (every rank gets the same list; empty without a store). Collective. When the

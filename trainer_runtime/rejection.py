@@ -131,3 +131,21 @@ def relink(folder: RunFolder, chosen: str | None) -> None:
         else:
             atomic.symlink_atomic(chosen, link)
         log.info("%s named %s, no longer a checkpoint; now %s", link.name, target, chosen)
+
+
+def adopt_fetched(folder: RunFolder, fetched: Manifest, link: str | None) -> None:
+    """After a resume from the object store: ``latest.json`` and this rank's ``link`` name the
+    checkpoint just downloaded, as after a commit. Without this a disk an earlier attempt left
+    on the node kept pointing at its own, older checkpoint. A pointer that cannot be written
+    is logged: the state is loaded and the next commit writes it again."""
+    try:
+        stale = repoint(folder, fetched)
+        if link is not None:
+            folder.link_latest(link, fetched.name)
+    except OSError as exc:
+        log.warning("resumed from %s, but latest.json could not name it: %s", fetched.name, exc)
+        return
+    if stale is not None:
+        log.info(
+            "latest.json named %s; it now names %s (from the object store)", stale, fetched.name
+        )

@@ -93,6 +93,7 @@ class Resumer:
                     self._reject_remote(passed, chosen)  # quarantined ones met included
                 if fetched is not None:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
+                    self._adopt(fetched)
                     return self._resumed("remote", str(fetched), fallbacks)
         if settings.load_path:
             loaded = self.loader.load(
@@ -213,6 +214,7 @@ class Resumer:
             return None  # none of them verifies: the local choice stands
         opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
         self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
+        self._adopt(fetched)
         lines = [f"{name}: {why}" for name, why in passed]
         return self._resumed("remote", str(fetched), fallbacks + lines)
 
@@ -278,6 +280,14 @@ class Resumer:
 
         walk = first_valid(newest_first(), fetch_everywhere, on_reject=broken)
         return (None if walk.chosen is None else fetched[walk.chosen[0]]), list(passed.items())
+
+    def _adopt(self, fetched: Path) -> None:
+        """The local pointer and this rank's latest link name the fetched checkpoint."""
+        manifest = Manifest.read(fetched)
+        link = self.ctx.settings.templates.render_latest(
+            self.ctx.template_values(manifest.timestamp)
+        )
+        rejection.adopt_fetched(self.ctx.folder, manifest, link)
 
     def _repair_remote_pointer(self) -> None:
         """Move the bucket's ``latest.json`` off a damaged folder (rank 0)."""

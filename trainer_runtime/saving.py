@@ -123,7 +123,7 @@ class Saver:
             check_newer_checkpoints(ctx)
             self._checked_newer = True
         started = time.monotonic()
-        values = self.template_values()
+        values = ctx.template_values()
         checkpoint = unused_name(ctx, settings.templates.render_checkpoint(values)[0])
         latest = settings.templates.render_latest(values)
         # Live tensor references plus this rank's small state, already serialized.
@@ -160,21 +160,6 @@ class Saver:
         self.pending = self._executor.submit(background)
         self.pending.add_done_callback(_log_failure)
         return None
-
-    def template_values(self) -> dict[str, Any]:
-        """What the name templates may use (docs/runtime.md)."""
-        ctx, ts = self.ctx, self.ctx.position.timestamp
-        return {
-            "run_name": ctx.run_name,
-            "world_size": ctx.world_size,
-            "rank": ctx.rank,
-            "local_rank": ctx.coord.local_rank,
-            "epoch": ts.epoch,
-            "batch": ts.batch,
-            "sample": ts.sample,
-            "batch_in_epoch": ts.batch_in_epoch,
-            "sample_in_epoch": ts.sample_in_epoch,
-        }
 
     def _persisting_key(self, key: tuple) -> bool:
         """A background save of this very position is still in flight."""

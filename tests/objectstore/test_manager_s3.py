@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import threading
@@ -21,6 +22,7 @@ from trainer_runtime import (
     envvars,
     events,
 )
+from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore import ObjectStoreConfigError, S3Store, remote_pointer
 from trainer_runtime.objectstore import store as store_module
 
@@ -142,6 +144,33 @@ def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_p
     ck.close()
     assert store.get_bytes(run_uri.join("ep0-ba3", "manifest.json")) == newest
     assert remote_pointer(store, run_uri) == "ep0-ba4"
+
+
+def test_after_a_resume_from_the_store_the_local_pointer_and_link_name_it(tmp_path, s3_root):
+    """A stale disk (its latest.json and latest-rank0 on ep0-ba1) and an empty one both resume
+    ep0-ba3 from the store; each local run folder's pointer and link then name ep0-ba3, as
+    after a commit, not the older checkpoint the stale disk still holds."""
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    step(*comps[:3])
+    ck.batch_end(4)
+    ck.close(save=False)
+    stale = tmp_path / "stale"
+    shutil.copytree(tmp_path / "node-a", stale, symlinks=True)
+    ck = manager(s3_root, tmp_path / "node-a", comps)
+    ck.resume()
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close(save=False)
+
+    for disk in (stale, tmp_path / "empty"):
+        ck = manager(s3_root, disk, make(seed=7))
+        res = ck.resume()
+        ck.close(save=False)
+        assert res.source == "remote" and res.path.endswith("ep0-ba3")
+        assert RunFolder(disk).pointer_name() == "ep0-ba3", disk
+        assert os.readlink(disk / "latest-rank0") == "ep0-ba3", disk
 
 
 def test_the_store_protects_its_checkpoints_from_a_run_with_an_empty_disk(tmp_path, s3_root):
