@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from tests.support.s3server import S3Server
 from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
 from trainer_runtime.layout import RunFolder
-from trainer_runtime.objectstore import S3Store
+from trainer_runtime.objectstore import Backoff, ObjectStoreError, S3Store
+from trainer_runtime.objectstore import backend as backend_module
+from trainer_runtime.objectstore import store as store_module
 from trainer_runtime.objectstore.folder import verify_remote
 from trainer_runtime.objectstore.uri import S3Uri
 
@@ -165,3 +168,43 @@ def test_checkpoints_rejected_at_resume_are_uncommitted_in_the_bucket_too(
         ck2.batch_end(1)  # saves ep0-ba4-a<pid>: nothing blocks it
     ck2.close()
     assert pointer().startswith("ep0-ba4")
+
+
+def test_a_resume_against_a_hung_store_fails_in_bounded_time_and_loses_nothing(
+    tmp_path, own_s3_server, monkeypatch
+):
+    """The store takes connections and never answers (SIGSTOP) while resume lists it: every
+    request gives up after the short waits of ``S3Store.responsive`` (scaled down here), so
+    resume raises the store's error after its retries instead of botocore's 5 x 60 s per
+    request (35 minutes in all, while the other ranks wait); once the store is back, the
+    next resume takes the checkpoint it holds."""
+    root = S3Uri(own_s3_server.bucket, "hung-resume")
+    ck, _, _ = small_manager(tmp_path / "first", root)
+    for _ in range(2):
+        ck.batch_end(1)
+    ck.close()
+    monkeypatch.setattr(store_module, "RESPONSIVE_READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(backend_module, "RESUME_BACKOFF", Backoff(initial=0.1, maximum=0.2))
+    ck, _, _ = small_manager(tmp_path / "second", root)
+    own_s3_server.pause()
+    outcome: list[BaseException | None] = []
+
+    def resume() -> None:
+        try:
+            ck.resume()
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+
+    try:
+        resuming = threading.Thread(target=resume, daemon=True)
+        resuming.start()
+        resuming.join(120)  # each of resume's requests gives up after 3 x 0.5 s here
+        assert not resuming.is_alive(), "resume still waits for a store that never answers"
+    finally:
+        own_s3_server.unpause()
+    assert isinstance(outcome[0], ObjectStoreError) and "Read timeout" in str(outcome[0])
+    ck.close(save=False)
+    ck, _, _ = small_manager(tmp_path / "third", root)
+    assert ck.resume().path.endswith("ep0-ba2")
+    ck.close(save=False)

@@ -69,6 +69,9 @@ class S3Backend:
             root = location if isinstance(location, S3Uri) else parse_s3_uri(location, arg=arg)
             store.check_access(root, write=True)
         self.store = store
+        self.resume_store = store.responsive()
+        """Resume's listing, downloads and repairs: every rank waits on them, so a hung store
+        fails each request within seconds (``S3Store.responsive``); uploads keep ``store``."""
         self.run_uri = root.join(run_name)
         self.flush_timeout_s = flush_timeout_s
         self.resume_attempts = resume_attempts
@@ -113,7 +116,7 @@ class S3Backend:
             skip = set(exclude)
             while True:
                 found = retry_call(
-                    lambda: find_remote_checkpoint(self.store, self.run_uri, exclude=skip),
+                    lambda: find_remote_checkpoint(self.resume_store, self.run_uri, exclude=skip),
                     attempts=self.resume_attempts,
                     backoff=RESUME_BACKOFF,
                     retryable=is_transient,
@@ -130,7 +133,7 @@ class S3Backend:
             ranks = [rank] if found.manifest.world_size == world_size else None
             try:
                 fetched[found.name] = download_checkpoint(
-                    self.store,
+                    self.resume_store,
                     found,
                     run_dir,
                     ranks=ranks,
@@ -162,7 +165,7 @@ class S3Backend:
         """
         walk = retry_call(
             lambda: walk_remote_checkpoints(
-                self.store, self.run_uri, exclude=exclude, pass_over=pass_over
+                self.resume_store, self.run_uri, exclude=exclude, pass_over=pass_over
             ),
             attempts=self.resume_attempts,
             backoff=RESUME_BACKOFF,
@@ -178,7 +181,7 @@ class S3Backend:
         """The manifests of the run's committed remote checkpoints, newest first (a LIST and
         one GET per manifest; an outage is retried like ``find_newest``, then raised)."""
         return retry_call(
-            lambda: remote_run_folder(self.store, self.run_uri).committed(),
+            lambda: remote_run_folder(self.resume_store, self.run_uri).committed(),
             attempts=self.resume_attempts,
             backoff=RESUME_BACKOFF,
             retryable=is_transient,
@@ -194,7 +197,7 @@ class S3Backend:
         each file's download was retried like ``find_newest``'s listing.
         """
         return download_checkpoint(
-            self.store,
+            self.resume_store,
             self.run_uri.join(name),
             run_dir,
             ranks=ranks,
@@ -213,11 +216,11 @@ class S3Backend:
     def reject(self, name: str, reason: str, *, newer_than: Timestamp) -> bool:
         """Uncommit a checkpoint resume passed over, when it is newer than ``newer_than``
         (``rejected.py``); returns whether it was committed remotely and set aside."""
-        return reject_remote(self.store, self.run_uri, name, reason, newer_than=newer_than)
+        return reject_remote(self.resume_store, self.run_uri, name, reason, newer_than=newer_than)
 
     def repair_pointer(self) -> str | None:
         """``latest.json`` off a damaged folder (``rejected.repair_pointer``)."""
-        return repair_pointer(self.store, self.run_uri)
+        return repair_pointer(self.resume_store, self.run_uri)
 
     def transfers_stuck(self) -> bool:
         """After ``close``: the upload thread is still inside a transfer (a hung store)."""

@@ -100,6 +100,10 @@ PROBE_READ_TIMEOUT_S = 10.0
 PROBE_ATTEMPTS = 3
 """``check_access`` (at construction) waits at most this long for each reply, this many times:
 a healthy store lists one key in milliseconds, a hung one holds the job for 30 s, not 5 min."""
+RESPONSIVE_READ_TIMEOUT_S = PROBE_READ_TIMEOUT_S
+RESPONSIVE_ATTEMPTS = PROBE_ATTEMPTS
+"""The same bounds for the requests resume makes (``S3Store.responsive``): every rank waits
+for rank 0's listing, so a hung store must fail it in seconds, not 5 x 60 s per request."""
 
 
 class S3Store:
@@ -127,6 +131,8 @@ class S3Store:
         """
         self.transfer = transfer or TransferSettings()
         self.probe_client: BaseClient | None = client
+        self._settings: dict[str, Any] | None = None
+        self._responsive: S3Store | None = None
         if client is None:
             settings = {
                 "endpoint_url": endpoint_url or resolve_endpoint(),
@@ -148,7 +154,32 @@ class S3Store:
                 pool=2,
                 read_timeout=min(read_timeout, PROBE_READ_TIMEOUT_S),
             )
+            self._settings = {
+                **settings,
+                "max_attempts": max_attempts,
+                "read_timeout": read_timeout,
+            }
         self.client = client
+
+    def responsive(self) -> S3Store:
+        """This store with short waits: at most ``RESPONSIVE_ATTEMPTS`` tries of
+        ``RESPONSIVE_READ_TIMEOUT_S`` per request, for resume's listing and downloads (a store
+        that takes connections but never answers fails each in 30 s instead of 5 min). Built
+        once; the store itself when it was given a client."""
+        if self._settings is None:
+            return self
+        if self._responsive is None:
+            settings = self._settings
+            self._responsive = S3Store(
+                endpoint_url=settings["endpoint_url"],
+                region=settings["region"],
+                transfer=self.transfer,
+                max_attempts=min(settings["max_attempts"], RESPONSIVE_ATTEMPTS),
+                connect_timeout=settings["connect_timeout"],
+                read_timeout=min(settings["read_timeout"], RESPONSIVE_READ_TIMEOUT_S),
+                addressing_style=settings["addressing_style"],
+            )
+        return self._responsive
 
     @property
     def endpoint(self) -> str:
