@@ -14,10 +14,10 @@ checkpoint resume had refused.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from . import events, rejection, resume
 from .context import RunContext
@@ -26,12 +26,13 @@ from .fallback import first_valid
 from .layout import progress_key
 from .loading import Loader
 from .manifest import Manifest
-from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError
+from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError, ObjectStoreError
 from .resume import QUARANTINE_REASON, Decision
 from .timestamp import Timestamp
 from .verified_load import VerifiedFile
 
 log = logging.getLogger("trainer_runtime")
+T = TypeVar("T")
 
 
 @dataclass
@@ -236,10 +237,8 @@ class Resumer:
         def newest_first() -> Iterator[tuple[str, int]]:
             tried: set[str] = set(skip)
             while True:
-                choice = ctx.coord.broadcast(
-                    remote.find_newest(exclude=tried, pass_over=quarantined)
-                    if ctx.rank == 0
-                    else None
+                choice = listed_on_rank0(
+                    ctx, lambda: remote.find_newest(exclude=tried, pass_over=quarantined)
                 )
                 for name, why in choice.passed_over:
                     passed.setdefault(name, why)
@@ -379,3 +378,24 @@ def _refuse_to_start_over(
         "nothing was set aside. Check the store and its endpoint, or pass overwrite=True to set "
         "them aside and start over"
     )
+
+
+def listed_on_rank0(ctx: RunContext, listing: Callable[[], T]) -> T:
+    """Rank 0 lists the store and every rank gets the answer. When the listing fails (the
+    store is down or hung, after its retries), rank 0 raises its error and every other rank
+    an ``ObjectStoreError`` with the same text, at the same moment: the other ranks are not
+    left waiting until rank 0's exit closes its connections (or the coordination timeout)."""
+    found: tuple[T | None, BaseException | None] = (None, None)
+    if ctx.rank == 0:
+        try:
+            found = (listing(), None)
+        except Exception as exc:
+            found = (None, exc)
+    result, error = ctx.coord.broadcast(
+        found if found[1] is None else (None, f"{type(found[1]).__name__}: {found[1]}")
+    )
+    if found[1] is not None:
+        raise found[1]
+    if error is not None:
+        raise ObjectStoreError(f"rank 0 could not list the object store: {error}")
+    return result

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tests.multiproc.launch import Gang
 from tests.support.s3server import S3Server
 from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
@@ -32,6 +33,7 @@ from trainer_runtime.objectstore.uri import S3Uri
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_deterministic.py"
 GRACE = 20.0
+HUNG_RESUME_WORKER = Path(__file__).with_name("hung_resume_worker.py")
 
 
 def start_job(tmp: Path, root: S3Uri, *extra: str) -> subprocess.Popen[bytes]:
@@ -208,3 +210,34 @@ def test_a_resume_against_a_hung_store_fails_in_bounded_time_and_loses_nothing(
     ck, _, _ = small_manager(tmp_path / "third", root)
     assert ck.resume().path.endswith("ep0-ba2")
     ck.close(save=False)
+
+
+def test_every_rank_gets_the_store_error_when_resume_meets_a_hung_store(tmp_path, own_s3_server):
+    """Two ranks resume while the store hangs: rank 0's listing fails after its retries, and
+    rank 1 raises the same store error at the same moment, not gloo's "Connection closed by
+    peer" once rank 0's process has gone (nor nothing until the coordination timeout)."""
+    root = S3Uri(own_s3_server.bucket, "hung-gang")
+    ck = CheckpointManager(
+        model=nn.Linear(4, 2),
+        folder=f"{root}/{{run_name}}",
+        run_name="gang",
+        local_folder=tmp_path / "first",
+    )
+    ck.batch_end(1)
+    ck.close()
+    out = tmp_path / "out"
+    out.mkdir()
+    gang = Gang(HUNG_RESUME_WORKER, [str(root), str(out)], 2, tmp_path / "logs")
+    try:
+        wait_for("both ranks built", lambda: all((out / f"ready{r}").exists() for r in (0, 1)), 120)
+        own_s3_server.pause()
+        (out / "go").touch()
+        codes = gang.wait(180)
+    finally:
+        gang.kill()
+        own_s3_server.unpause()
+    logs = "".join((tmp_path / "logs" / f"rank{r}.log").read_text()[-2000:] for r in (0, 1))
+    assert codes == [0, 0], logs
+    outcomes = [json.loads((out / f"outcome{r}.json").read_text()) for r in (0, 1)]
+    assert [o["raised"] for o in outcomes] == ["ObjectStoreError", "ObjectStoreError"], outcomes
+    assert all("Read timeout" in o["message"] for o in outcomes), outcomes
