@@ -356,3 +356,35 @@ def test_a_store_where_no_checkpoint_verifies_is_not_emptied(tmp_path, s3_env, s
     assert ck.resume().source == "fresh"
     ck.close(save=False)
     assert store.get_bytes(run_uri.join("ep0-ba2", "manifest.json")) is None
+
+
+def test_a_prune_cut_short_leaves_a_folder_resume_skips_and_prune_keeps(
+    tmp_path, s3_env, s3_root, caplog
+):
+    """A prune killed after deleting ep0-ba1's manifest (it goes first) leaves ep0-ba1's data:
+    the next run resumes from the newest checkpoint with a log line about ep0-ba1, and its own
+    prunes (keep_remote=1) never delete a folder without a manifest."""
+    saved_run(s3_root, tmp_path / "node-a", batches=3)
+    client, prefix = s3_env.client(), f"{s3_root.key}/s3run"
+    client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/ep0-ba1/manifest.json")
+    leftover = {
+        o["Key"]
+        for o in client.list_objects_v2(Bucket=s3_root.bucket, Prefix=f"{prefix}/ep0-ba1/")[
+            "Contents"
+        ]
+    }
+    comps = make()
+    ck = manager(s3_root, tmp_path / "node-b", comps, num_remote_checkpoints_to_keep=1)
+    with caplog.at_level("INFO", logger="trainer_runtime"):
+        assert ck.resume().path.endswith("ep0-ba3")
+    assert "ep0-ba1 is not a checkpoint" in caplog.text and "(not committed)" in caplog.text
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    keys = {
+        o["Key"] for o in client.list_objects_v2(Bucket=s3_root.bucket, Prefix=prefix)["Contents"]
+    }
+    assert leftover <= keys
+    committed = sorted(k.split("/")[-2] for k in keys if k.endswith("/manifest.json"))
+    assert committed == ["ep0-ba5"]
