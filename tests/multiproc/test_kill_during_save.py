@@ -57,3 +57,26 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path, mode):
         names = committed_and_valid(folder, settled=False)
         assert names, "no checkpoint committed before the kill"
         expected = names[0]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_rank_killed_mid_save_ends_the_others_with_an_error_not_a_hang(tmp_path, mode):
+    """One rank SIGKILLed while every batch saves: the other rank's next collective on the
+    coordination group fails (gloo: the peer's connection is gone) and the process exits with
+    an error instead of waiting out the coordination timeout (10 minutes); every committed
+    checkpoint verifies."""
+    folder, events = tmp_path / "ck", tmp_path / "events"
+    args = ["--folder", str(folder), "--steps", "100000", "--events", str(events)]
+    if mode == "async":
+        args.append("--async-save")
+    gang = Gang(WORKER, args, 2, tmp_path / "logs")
+    try:
+        wait_for_gang(lambda: len(read_events(events, 1)) > 4, 120, "a few saves", gang)
+        gang.signal(signal.SIGKILL, [1])
+        code = gang.procs[0].wait(120)
+    finally:
+        gang.kill()
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    assert code == 1, log[-3000:]
+    assert "Connection reset by peer" in log or "Connection closed by peer" in log, log[-3000:]
+    assert committed_and_valid(folder, settled=False)
