@@ -1,10 +1,11 @@
-"""One rank of a gang that resumes from a store the parent makes hang.
+"""One rank of a gang that resumes from a store the parent makes fail (hang, or a full disk).
 
 ``python hung_resume_worker.py S3_ROOT OUT_DIR`` (with RANK, WORLD_SIZE, MASTER_* set): builds
-the manager (the store still answers), writes ``OUT_DIR/ready<rank>``, waits for
-``OUT_DIR/go`` (the parent has SIGSTOPped the store by then), calls ``resume()`` and writes
-what it raised to ``OUT_DIR/outcome<rank>.json``. The resume's waits are scaled down (0.5 s per
-request, short backoff) so that the test takes seconds.
+the manager (the store still answers; its local folder is ``OUT_DIR/r<rank>``), writes
+``OUT_DIR/ready<rank>``, waits for ``OUT_DIR/go`` (the parent may have SIGSTOPped the store by
+then), calls ``resume()`` and writes what it raised to ``OUT_DIR/outcome<rank>.json``. The
+resume's waits are scaled down (0.5 s per request, short backoff) so that the test takes
+seconds.
 """
 
 from __future__ import annotations

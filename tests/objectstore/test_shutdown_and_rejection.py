@@ -7,6 +7,7 @@ The trainer is the example job (examples/train_deterministic.py) in a real proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,11 +20,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tests.conftest import require
 from tests.multiproc.launch import Gang
 from tests.support.s3server import S3Server
 from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
 from trainer_runtime.layout import RunFolder
+from trainer_runtime.manifest import Manifest
 from trainer_runtime.objectstore import Backoff, ObjectStoreError, S3Store
 from trainer_runtime.objectstore import backend as backend_module
 from trainer_runtime.objectstore import store as store_module
@@ -241,3 +244,49 @@ def test_every_rank_gets_the_store_error_when_resume_meets_a_hung_store(tmp_path
     outcomes = [json.loads((out / f"outcome{r}.json").read_text()) for r in (0, 1)]
     assert [o["raised"] for o in outcomes] == ["ObjectStoreError", "ObjectStoreError"], outcomes
     assert all("Read timeout" in o["message"] for o in outcomes), outcomes
+
+
+def test_one_ranks_full_disk_at_a_resume_download_fails_every_rank_at_once(tmp_path, own_s3_server):
+    """Rank 1's staging disk is full while a 2-rank gang downloads the checkpoint it resumes:
+    every rank raises NoCheckpointError naming the disk's error (LocalWriteError, "No space
+    left on device"), without retrying the store for the disk's fault, and the bucket keeps
+    the checkpoint."""
+    require(os.geteuid() == 0, "mounting a tmpfs needs root")
+    root = S3Uri(own_s3_server.bucket, "full-gang")
+    ck = CheckpointManager(
+        model=nn.Linear(4, 2),
+        folder=f"{root}/{{run_name}}",
+        run_name="gang",
+        local_folder=tmp_path / "first",
+    )
+    ck.batch_end(1)
+    ck.close()
+    saved = ck.saved[-1].name
+    out, mnt = tmp_path / "out", tmp_path / "mnt"
+    out.mkdir()
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], check=True)
+    try:
+        (out / "r1").symlink_to(mnt)
+        gang = Gang(HUNG_RESUME_WORKER, [str(root), str(out)], 2, tmp_path / "logs")
+        try:
+            wait_for(
+                "both ranks built", lambda: all((out / f"ready{r}").exists() for r in (0, 1)), 120
+            )
+            with open(mnt / "filler", "wb") as filler, contextlib.suppress(OSError):
+                filler.write(b"x" * 65536)  # the one page there is: no room for any file
+            (out / "go").touch()
+            codes = gang.wait(180)
+        finally:
+            gang.kill()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    logs = "".join((tmp_path / "logs" / f"rank{r}.log").read_text()[-2000:] for r in (0, 1))
+    assert codes == [0, 0], logs
+    outcomes = [json.loads((out / f"outcome{r}.json").read_text()) for r in (0, 1)]
+    assert [o["raised"] for o in outcomes] == ["NoCheckpointError", "NoCheckpointError"]
+    for o in outcomes:
+        assert "LocalWriteError" in o["message"] and "No space left on device" in o["message"]
+    assert "failed (attempt" not in logs  # the store is not retried for a full disk
+    manifest = Manifest.from_json(S3Store().get_bytes(root.join("gang", saved, "manifest.json")))
+    assert verify_remote(S3Store(), root.join("gang"), manifest) is None
