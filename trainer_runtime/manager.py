@@ -334,8 +334,6 @@ class CheckpointManager:
                 self._save_final()
         finally:
             self._closed = True
-            self.preemption.close()
-            self._response.watchdog.close()  # idle: ended; after a SIGTERM: keeps its deadline
             if self.progress is not None:
                 self.progress.close()
             try:
@@ -346,6 +344,12 @@ class CheckpointManager:
                     self._close_remote(upload_timeout_s)
                 finally:
                     self._release_groups()
+                    # SIGTERM stays handled until the uploads are flushed: a signal during the
+                    # flush starts the watchdog's clock, so the uploads get the grace period
+                    # and the process ends with the preemption exit code at its deadline,
+                    # instead of dying at once by the default action.
+                    self.preemption.close()
+                    self._response.watchdog.close()  # idle: ended; signalled: keeps its deadline
 
     def _release_groups(self) -> None:
         """Destroy both coordination groups, once no save thread of this rank can use them."""

@@ -126,6 +126,36 @@ def test_sigterm_with_a_hung_store_exits_inside_the_grace_period(tmp_path, own_s
     assert verify_remote(S3Store(), root.join("hang"), newest) is None
 
 
+def test_a_sigterm_during_the_final_upload_flush_gets_the_grace_period_and_exits_143(
+    tmp_path, own_s3_server
+):
+    """Training has ended and close() waits for uploads to a hung store (120 s by default)
+    when SIGTERM comes: the signal is still handled, so the uploads keep the grace period and
+    the process ends with 143 by its deadline (the watchdog says so), not at once by SIGTERM's
+    default action with nothing logged."""
+    server, root = own_s3_server, S3Uri(own_s3_server.bucket, "flush")
+    staging = RunFolder(tmp_path / "staging" / "s3" / root.bucket / root.key / "hang")
+    job = start_job(tmp_path, root, "--epochs", "1", "--step-sleep", "0.1")
+    try:
+        wait_until(lambda: remote_pointer(server, root) is not None, 180, "a first upload", job)
+        server.pause()
+
+        def final_save_committed() -> bool:
+            newest = staging.committed()
+            return bool(newest) and newest[0].timestamp.batch == 16
+
+        wait_until(final_save_committed, 120, "the final save", job)
+        job.send_signal(signal.SIGTERM)
+        code = job.wait(GRACE + 10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        server.unpause()
+    log = (tmp_path / "job.log").read_text()
+    assert code == 143, log[-3000:]
+    assert "after SIGTERM (grace period 20s): exiting now with 143" in log, log[-3000:]
+
+
 def small_manager(tmp: Path, root: S3Uri, **kw) -> tuple[CheckpointManager, nn.Module, object]:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
