@@ -14,6 +14,7 @@ which would let resume replace a timestamp the saver still held.)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import time
@@ -129,14 +130,17 @@ class RunContext:
     def remote_committed(self, *, required: bool = True) -> list[Manifest]:
         """The object store's committed checkpoints of this run, newest first, as rank 0 lists
         them (every rank gets the same list; empty without a store). Collective. When the
-        store cannot be listed, every rank raises (``required``) or logs it and gets []."""
+        store cannot be listed, every rank raises (``required``, after the listing's retries)
+        or, after one attempt (the training loop is waiting: a first save's check), logs it
+        and gets []."""
         listing = getattr(self.remote, "committed", None)
         if listing is None:
             return []
         found: tuple[list[Manifest], str | None] = ([], None)
         if self.rank == 0:
+            once = not required and "attempts" in inspect.signature(listing).parameters
             try:
-                found = (listing(), None)
+                found = (listing(attempts=1) if once else listing(), None)
             except Exception as exc:  # the same outcome on every rank, never a hang
                 found = ([], f"{type(exc).__name__}: {exc}")
         manifests, error = self.coord.broadcast(found)

@@ -320,3 +320,26 @@ def test_one_ranks_full_disk_at_a_resume_download_fails_every_rank_at_once(tmp_p
     assert "failed (attempt" not in logs  # the store is not retried for a full disk
     manifest = Manifest.from_json(S3Store().get_bytes(root.join("gang", saved, "manifest.json")))
     assert verify_remote(S3Store(), root.join("gang"), manifest) is None
+
+
+def test_the_first_saves_check_of_a_hung_store_is_one_attempt_then_training_goes_on(
+    tmp_path, own_s3_server, monkeypatch, caplog
+):
+    """A run's first save lists the bucket for newer checkpoints. With the store hung, that
+    listing is tried once (each request bounded by ``S3Store.responsive``'s waits, scaled
+    down here), logged, and the save goes on with the local folder's check alone, instead of
+    holding the training loop for the listing's six attempts (3.8 minutes measured)."""
+    monkeypatch.setattr(store_module, "RESPONSIVE_READ_TIMEOUT_S", 0.5)
+    ck, _, _ = small_manager(tmp_path, S3Uri(own_s3_server.bucket, "first-save"))
+    ck.resume()
+    own_s3_server.pause()
+    try:
+        with caplog.at_level("INFO", logger="trainer_runtime"):
+            ck.batch_end(1)
+            ck.batch_end(1)  # interval 2ba: the first save
+    finally:
+        own_s3_server.unpause()
+    assert [s.name for s in ck.saved] == ["ep0-ba2"]
+    assert "cannot list the object store's checkpoints" in caplog.text
+    assert "failed (attempt 1/" not in caplog.text, caplog.text
+    ck.close()

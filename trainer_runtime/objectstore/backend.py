@@ -177,12 +177,13 @@ class S3Backend:
             return RemoteChoice(None, passed_over=passed)
         return RemoteChoice(walk.chosen.name, walk.chosen.manifest.world_size, passed)
 
-    def committed(self) -> list[Manifest]:
+    def committed(self, *, attempts: int | None = None) -> list[Manifest]:
         """The manifests of the run's committed remote checkpoints, newest first (a LIST and
-        one GET per manifest; an outage is retried like ``find_newest``, then raised)."""
+        one GET per manifest; an outage is retried like ``find_newest``, ``attempts`` times
+        when given, then raised)."""
         return retry_call(
             lambda: remote_run_folder(self.resume_store, self.run_uri).committed(),
-            attempts=self.resume_attempts,
+            attempts=self.resume_attempts if attempts is None else attempts,
             backoff=RESUME_BACKOFF,
             retryable=is_transient,
             what=f"listing remote checkpoints of {self.run_uri}",
