@@ -45,6 +45,11 @@ def main() -> int:
     except Exception as exc:
         outcome = {"raised": type(exc).__name__, "message": str(exc)}
     (out / f"outcome{rank}.json").write_text(json.dumps(outcome))
+    # Gloo threads alive at interpreter shutdown can abort the process (docs/runtime.md, End
+    # of training): close the manager, then end on a collective without tensors of ours.
+    ck.close(save=False)
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
