@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -48,12 +49,16 @@ def write_and_commit(
     latest_link: str | None,
     started: float,
     staged_keys: set[str] | None = None,
+    latest_like: re.Pattern[str] | None = None,
 ) -> Manifest:
     """Write ``state`` as checkpoint ``name`` of ``folder`` and commit it (collective).
 
     ``state``: from ``engine.capture`` (live references; sync save) or ``engine.stage``
     (host copies; ``staged_keys`` the keys it holds). ``started``: monotonic time the save
-    began, for the manifest's ``save_duration_s``.
+    began, for the manifest's ``save_duration_s``. ``latest_like``: what the latest-link
+    template renders (``NameTemplates.latest_pattern``); links like it that no rank of this
+    gang writes (ranks it no longer has, after the world size shrank) are removed, so they
+    neither name an older checkpoint nor dangle once retention deletes it.
     """
     coord = engine.commit_coord
     path = folder.path(name)
@@ -65,8 +70,8 @@ def write_and_commit(
         # reported to every rank below, then raised (with this one as its cause)
         failure, outcome = exc, describe_write_failure(exc, engine.rank)
     duration = time.monotonic() - started
-    gathered = coord.all_gather((outcome, duration))
-    errors = [o for o, _ in gathered if isinstance(o, str)]
+    gathered = coord.all_gather((outcome, duration, latest_link))
+    errors = [o for o, _, _ in gathered if isinstance(o, str)]
     if errors:
         _abandon(folder, name, errors, failure)
     manifest = Manifest(
@@ -74,10 +79,10 @@ def write_and_commit(
         run_name=run_name,
         world_size=engine.world_size,
         timestamp=timestamp.copy(),
-        files=[entry for o, _ in gathered for entry in o],
+        files=[entry for o, _, _ in gathered for entry in o],
         weights_only=weights_only,
         created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-        save_duration_s=round(max(d for _, d in gathered), 6),
+        save_duration_s=round(max(d for _, d, _ in gathered), 6),
         format_version=FORMAT_VERSION_SHARDED,
         extra={"engine": ENGINE_NAME},
     )
@@ -96,6 +101,8 @@ def write_and_commit(
         _write_pointer(folder, manifest)
     if latest_link is not None:
         folder.link_latest(latest_link, name)
+    if latest_like is not None:
+        folder.remove_latest_links(latest_like, keep={link for _, _, link in gathered if link})
     log.info("committed checkpoint %s in %.2fs", name, manifest.save_duration_s)
     return manifest
 

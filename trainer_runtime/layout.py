@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,6 +215,19 @@ class RunFolder:
                 if target and "/" not in target and not target.startswith("."):
                     links[Path(entry.path)] = target
         return links
+
+    def remove_latest_links(self, like: re.Pattern[str], keep: set[str]) -> None:
+        """Remove the links named like ``like`` (the latest-link template) but not in ``keep``:
+        those of ranks the gang that keeps its links no longer has, whether they name a
+        checkpoint folder or, as earlier releases wrote them, a ``rank{r}.pt`` in one."""
+        if not self.root.is_dir():
+            return
+        for entry in os.scandir(self.root):
+            stale = entry.name not in keep and like.fullmatch(entry.name)
+            if stale and entry.is_symlink() and not atomic.is_temp(Path(entry.path)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    log.info("removed %s: no rank of this gang writes it", entry.name)
 
     def uncommit(self, name: str) -> None:
         """Remove the manifest first: from then on the folder is no longer a checkpoint."""

@@ -6,6 +6,7 @@ every template is parsed and test-rendered up front against the variables it may
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,3 +136,16 @@ class NameTemplates:
 
     def render_latest(self, values: dict[str, object]) -> str | None:
         return None if self.latest_filename is None else self.latest_filename.format(**values)
+
+    def latest_pattern(self) -> re.Pattern[str] | None:
+        """What every name ``latest_filename`` renders matches (any rank, position or world
+        size), so the links of ranks a gang no longer has can be told apart from other files
+        and links of the run folder; None without links."""
+        if self.latest_filename is None:
+            return None
+        regex = ""
+        for literal, field, _, _ in string.Formatter().parse(self.latest_filename):
+            regex += re.escape(literal)
+            if field is not None:  # every variable but the run name is a count
+                regex += ".+?" if field == "run_name" else r"\s*[-+]?\d+"
+        return re.compile(regex)

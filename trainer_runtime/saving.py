@@ -273,6 +273,7 @@ class Saver:
             timestamp=ts,
             weights_only=ctx.settings.weights_only,
             latest_link=latest,
+            latest_like=ctx.settings.templates.latest_pattern(),
             started=started,
         )
         ctx.position.mark_saved(ts)

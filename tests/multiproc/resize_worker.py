@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--tag", required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--keep", type=int, default=-1, help="num_checkpoints_to_keep")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -52,7 +53,12 @@ def main() -> None:
         model = DistributedDataParallel(inner)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     ckpt = CheckpointManager(
-        model=model, optimizer=opt, folder=args.folder, run_name="resize", interval="1ba"
+        model=model,
+        optimizer=opt,
+        folder=args.folder,
+        run_name="resize",
+        interval="1ba",
+        num_checkpoints_to_keep=args.keep,
     )
     resumed = ckpt.resume()
     while ckpt.timestamp.batch < args.steps:
