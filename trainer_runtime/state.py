@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from . import rng
+from . import full_to_sharded, rng
 from .errors import ConfigError, IncompatibleCheckpointError
 from .sampler import ResumableSampler
 
@@ -327,6 +327,8 @@ def restore(
         skipped = check_model_fits(target.state_dict(), saved, strict=strict, ignored=dropped)
         if skipped:
             saved = {k: v for k, v in saved.items() if k not in skipped}
+        if full_to_sharded.is_sharded(target):  # FSDP2: full tensors into DTensor shards
+            saved = full_to_sharded.model_state_like(target.state_dict(), saved)
         target.load_state_dict(saved, strict=strict and not dropped)
     if skipped or ignored:  # not loaded: their parameters keep their optimizer state too
         _keep_live_optimizer_state(comps, state.get("optimizers", {}), [*skipped, *ignored])
@@ -341,7 +343,7 @@ def restore(
             # values (both keyed by position, as the saved ones are).
             saved_opt = {**opt.state_dict(), **saved_opt}
         if _optimizer_fits(name, opt, saved_opt, strict=strict):
-            opt.load_state_dict(saved_opt)
+            opt.load_state_dict(full_to_sharded.optimizer_state_like(opt, saved_opt))
     for name, sched in comps.schedulers.items():
         if name in state.get("schedulers", {}):
             sched.load_state_dict(state["schedulers"][name])

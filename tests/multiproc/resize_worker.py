@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--keep", type=int, default=-1, help="num_checkpoints_to_keep")
+    ap.add_argument("--load-path", default=None, help="load_path")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -59,6 +60,7 @@ def main() -> None:
         run_name="resize",
         interval="1ba",
         num_checkpoints_to_keep=args.keep,
+        load_path=args.load_path,
     )
     resumed = ckpt.resume()
     while ckpt.timestamp.batch < args.steps:
