@@ -49,9 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if (folder / MANIFEST_NAME).is_file():  # a checkpoint folder: that checkpoint alone
         folder, only = folder.resolve().parent, folder.resolve().name
     run = RunFolder(folder)
-    if args.cmd == "verify":
-        return _list(run, lambda m: run.verify(m, list(range(m.world_size))), only=only)
-    return _list(run, None, only=only)
+    check = (lambda m: run.verify(m, list(range(m.world_size)))) if args.cmd == "verify" else None
+    return _list(run, check, only=only, foreign=lambda name: _foreign_entry(folder / name))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +88,12 @@ def _unwritable_out(out: str) -> str | None:
     return None
 
 
+def _foreign_entry(path: Path) -> str | None:
+    from .rejection import foreign_entry  # noqa: PLC0415 - it imports torch; ls need not
+
+    return foreign_entry(path)
+
+
 def _is_s3(text: str) -> bool:
     from .objectstore.uri import is_s3_uri  # noqa: PLC0415 - no object-store import otherwise
 
@@ -110,15 +115,24 @@ def _export(folder: Path, out: Path, *, trusted: bool, shown: str | None = None)
     return 0
 
 
-def _list(folder: RunFolder, check: Check | None, *, only: str | None = None) -> int:
+def _list(
+    folder: RunFolder,
+    check: Check | None,
+    *,
+    only: str | None = None,
+    foreign: Callable[[str], str | None] | None = None,
+) -> int:
     """Print the run folder's checkpoints, newest first (or only the one named ``only``); with
-    ``check``, whether each verifies."""
+    ``check``, whether each verifies. ``foreign``: what in a folder without a manifest no save
+    writes (a local folder of the user's, ``tb_logs/``), which makes it no checkpoint."""
     pointer = folder.pointer_name()
     bad = 0
     for cand in folder.candidates():
         if only is not None and cand.name != only:
             continue
         m = cand.manifest
+        if m is None and foreign is not None and foreign(cand.name) is not None:
+            continue  # not a checkpoint, as for resume (which leaves it alone)
         if m is None:
             print(f"  {cand.name:28s} NOT COMMITTED  {cand.reason}")
             continue

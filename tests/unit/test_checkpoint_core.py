@@ -698,6 +698,21 @@ def test_cli_lists_and_verifies(tmp_path, capsys):
     assert "BROKEN: __0_0.distcp (rank 0) fails its checksum" in capsys.readouterr().out
 
 
+def test_cli_ls_lists_a_leftover_save_but_not_a_folder_of_the_users(tmp_path, capsys):
+    """Resume leaves a folder of the user's in the run folder alone (it is no checkpoint);
+    ``ls`` listed it as a checkpoint not committed."""
+    from trainer_runtime.cli import main
+
+    root = write_two(tmp_path)
+    (root / "tb_logs" / "run1").mkdir(parents=True)
+    (root / "ep0-ba9").mkdir()
+    (root / "ep0-ba9" / "__0_0.distcp").write_bytes(b"cut short")
+    for cmd in ("ls", "verify"):
+        assert main([cmd, str(root)]) == 0
+        names = [line[2:].split()[0] for line in capsys.readouterr().out.splitlines()]
+        assert names == ["ep0-ba2", "ep0-ba1", "ep0-ba9"], (cmd, names)
+
+
 def test_async_saves_reuse_staging_buffers_without_mixing_contents(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
