@@ -35,6 +35,9 @@ from .verified_load import VerifiedFile, read_verified
 
 log = logging.getLogger("trainer_runtime")
 
+_OLDER_ONE = "give its run folder {0.parent} instead to load the newest checkpoint that verifies"
+"""What to do when a checkpoint folder given to ``load()`` or ``load_path`` does not load."""
+
 
 @dataclass(frozen=True)
 class LoadedFrom:
@@ -212,12 +215,16 @@ class Loader:
         if manifest.sharded:
             reason = self.try_load_sharded(folder, manifest, weights_only=weights_only, **opts)
             if reason is not None:
-                raise NoCheckpointError(f"checkpoint {folder} does not load: {reason}")
+                raise NoCheckpointError(
+                    f"checkpoint {folder} does not load: {reason}; {_OLDER_ONE.format(folder)}"
+                )
             return
         if files is None:
             got = self.read_rank_files(folder, manifest, weights_only=weights_only)
             if isinstance(got, str):
-                raise NoCheckpointError(f"checkpoint {folder} does not verify: {got}")
+                raise NoCheckpointError(
+                    f"checkpoint {folder} does not verify: {got}; {_OLDER_ONE.format(folder)}"
+                )
             files = got
         # A rank the saving run did not have loads another rank's file (``_source_rank``): its
         # generators get a stream of their own, as in a sharded load, not a copy of that rank's.

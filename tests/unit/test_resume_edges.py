@@ -19,6 +19,7 @@ from trainer_runtime import (
     CheckpointManager,
     ConfigError,
     Manifest,
+    NoCheckpointError,
     OverwriteError,
     ResumableSampler,
 )
@@ -417,3 +418,24 @@ def test_a_checkpoint_whose_state_the_unpickler_refuses_is_passed_over(tmp_path)
     assert all(torch.equal(live[k], v) for k, v in kept.items())
     assert (tmp_path / "ck" / "rejected" / "ep0-ba2").is_dir()
     ck2.close()
+
+
+def test_a_checkpoint_folder_that_does_not_load_says_to_give_its_run_folder(tmp_path):
+    """A missing ``.metadata`` or a damaged chunk: ``load()`` of that checkpoint folder says
+    what is wrong and what to do; the run folder loads the newest one that verifies."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    train(ck, comps, 2)
+    ck.close()
+    run = tmp_path / "ck"
+    (run / "ep0-ba2" / ".metadata").unlink()
+    fresh = make(seed=5)
+    loader = manager(tmp_path / "other", fresh, autoresume=False)
+    with pytest.raises(NoCheckpointError) as raised:
+        loader.load(run / "ep0-ba2")
+    message = str(raised.value)
+    assert ".metadata (rank 0) is missing" in message
+    assert f"give its run folder {run} instead" in message
+    loader.load(run)
+    assert loader.timestamp.batch == 1
+    loader.close(save=False)
