@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "export":
         return _export(folder, args.out, trusted=args.trusted_pickle)
     only = None
-    if (folder / MANIFEST_NAME).is_file():  # a checkpoint folder: that checkpoint alone
-        folder, only = folder.resolve().parent, folder.resolve().name
+    if (folder / MANIFEST_NAME).is_file() or _uncommitted_checkpoint(folder):
+        folder, only = folder.resolve().parent, folder.resolve().name  # that checkpoint alone
     run = RunFolder(folder)
     check = (lambda m: run.verify(m, list(range(m.world_size)))) if args.cmd == "verify" else None
     return _list(run, check, only=only, foreign=lambda name: _foreign_entry(folder / name))
@@ -86,6 +86,12 @@ def _unwritable_out(out: str) -> str | None:
     if Path(out).is_dir():
         return f"OUT={out!r} is a folder; give the file to write, e.g. {Path(out) / 'weights.pt'}"
     return None
+
+
+def _uncommitted_checkpoint(folder: Path) -> bool:
+    """A folder of checkpoint files without a manifest (a save cut short): shown as such,
+    where reading it as a run folder printed nothing, and ``verify`` passed."""
+    return any(folder.iterdir()) and _foreign_entry(folder) is None
 
 
 def _foreign_entry(path: Path) -> str | None:
@@ -135,6 +141,7 @@ def _list(
             continue  # not a checkpoint, as for resume (which leaves it alone)
         if m is None:
             print(f"  {cand.name:28s} NOT COMMITTED  {cand.reason}")
+            bad += check is not None and only is not None  # the checkpoint asked about
             continue
         ts = m.timestamp
         status = ""

@@ -713,6 +713,21 @@ def test_cli_ls_lists_a_leftover_save_but_not_a_folder_of_the_users(tmp_path, ca
         assert names == ["ep0-ba2", "ep0-ba1", "ep0-ba9"], (cmd, names)
 
 
+def test_cli_verify_of_a_checkpoint_folder_without_a_manifest_fails(tmp_path, capsys):
+    """Read as a run folder, a checkpoint folder whose manifest is gone (a save cut short)
+    printed nothing, and verify exited 0 as if it had checked a sound checkpoint."""
+    from trainer_runtime.cli import main
+
+    root = write_two(tmp_path)
+    (root / "ep0-ba2" / "manifest.json").unlink()
+    assert main(["verify", str(root / "ep0-ba2")]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.split()[:3] == ["ep0-ba2", "NOT", "COMMITTED"], line
+    assert main(["ls", str(root / "ep0-ba2")]) == 0
+    assert "NOT COMMITTED" in capsys.readouterr().out
+    assert main(["verify", str(root / "ep0-ba1")]) == 0
+
+
 def test_async_saves_reuse_staging_buffers_without_mixing_contents(tmp_path):
     comps = make()
     model, opt, sched, _ = comps
