@@ -178,12 +178,24 @@ def _main_remote(args: argparse.Namespace) -> int:
             return 2
         if args.cmd == "export":
             return _export_remote(store, uri, args.out, trusted=args.trusted_pickle)
-        if uri.key and store.head(uri.join(MANIFEST_NAME)) is not None:  # a checkpoint
+        if uri.key and (
+            store.head(uri.join(MANIFEST_NAME)) is not None
+            or _uncommitted_remote_checkpoint(store, uri)
+        ):  # a checkpoint
             return _list_remote(store, uri.parent(), verify=args.cmd == "verify", only=uri.name)
         return _list_remote(store, uri, verify=args.cmd == "verify")
     except ObjectStoreError as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 1
+
+
+def _uncommitted_remote_checkpoint(store: S3Store, uri: S3Uri) -> bool:
+    """Objects under ``uri`` that are all checkpoint files, directly in it, without a
+    manifest: a checkpoint not committed (as ``_uncommitted_checkpoint`` locally)."""
+    from .rejection import is_checkpoint_file  # noqa: PLC0415 - it imports torch
+
+    names = [o.uri.key[len(uri.prefix) :] for o in store.list_objects(uri)]
+    return bool(names) and all("/" not in n and is_checkpoint_file(n) for n in names)
 
 
 def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool, only: str | None = None) -> int:

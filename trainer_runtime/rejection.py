@@ -69,13 +69,15 @@ def foreign_entry(path: Path) -> str | None:
         name = entry.name
         if entry.is_dir(follow_symlinks=False) or entry.is_symlink():
             return name + "/" if entry.is_dir() else name
-        if not (
-            name in (METADATA_NAME, MANIFEST_NAME)
-            or name.endswith((DATA_SUFFIX, ".pt"))  # format 2's data files; format 1's
-            or atomic.is_temp(Path(entry.path))
-        ):
+        if not (is_checkpoint_file(name) or atomic.is_temp(Path(entry.path))):
             return name
     return None
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether a save or download writes a file of this name into a checkpoint folder."""
+    data = name.endswith((DATA_SUFFIX, ".pt"))  # format 2's data files; format 1's
+    return data or name in (METADATA_NAME, MANIFEST_NAME)
 
 
 def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:

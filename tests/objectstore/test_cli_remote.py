@@ -170,3 +170,20 @@ def test_ls_and_verify_of_a_checkpoint_folder_show_that_checkpoint(tmp_path, s3_
     broken = cli("verify", f"{run_uri}/ep0-ba1")
     assert broken.returncode == 1 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
     assert "ep0-ba2" not in broken.stdout
+
+
+def test_verify_of_an_s3_checkpoint_without_a_manifest_fails(tmp_path, s3_env, s3_root):
+    """Read as a run folder, a checkpoint whose manifest is not in the bucket printed nothing
+    and verify exited 0, as for a checkpoint that verifies."""
+    run_uri = str(s3_root.join("run"))
+    save_two(tmp_path, run_uri)
+    s3_env.client().delete_object(
+        Bucket=s3_root.bucket, Key=f"{s3_root.key}/run/ep0-ba2/manifest.json"
+    )
+    verified = cli("verify", f"{run_uri}/ep0-ba2")
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    (line,) = verified.stdout.splitlines()
+    assert line.split()[:3] == ["ep0-ba2", "NOT", "COMMITTED"], line
+    listed = cli("ls", f"{run_uri}/ep0-ba2")
+    assert listed.returncode == 0 and "NOT COMMITTED" in listed.stdout, listed
+    assert cli("verify", f"{run_uri}/ep0-ba1").returncode == 0
