@@ -115,10 +115,9 @@ def test_local_copy_wins_when_it_is_newest(tmp_path, s3_root):
     ck2.close()
 
 
-def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_path, s3_root):
-    """A node kept an earlier attempt's disk (ep0-ba1) while another attempt went on to ep0-ba3
-    elsewhere: resume takes the store's newest, and the bucket's checkpoints survive."""
-    comps = make()
+def stale_disk(tmp_path, s3_root, comps):
+    """A copy of a node's disk taken at ep0-ba1 (``<tmp>/stale``), while that node went on to
+    commit ep0-ba3 in the store; returns that node's manager, still open, and the copy."""
     ck = manager(s3_root, tmp_path / "node-a", comps)
     step(*comps[:3])
     ck.batch_end(4)
@@ -130,6 +129,14 @@ def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_p
     for _ in range(2):
         step(*comps[:3])
         ck.batch_end(4)
+    return ck, stale
+
+
+def test_a_stale_local_disk_resumes_from_the_newer_checkpoint_in_the_store(tmp_path, s3_root):
+    """A node kept an earlier attempt's disk (ep0-ba1) while another attempt went on to ep0-ba3
+    elsewhere: resume takes the store's newest, and the bucket's checkpoints survive."""
+    comps = make()
+    ck, stale = stale_disk(tmp_path, s3_root, comps)
     ck.close()
     store, run_uri = S3Store(), s3_root.join("s3run")
     newest = store.get_bytes(run_uri.join("ep0-ba3", "manifest.json"))
@@ -151,17 +158,7 @@ def test_after_a_resume_from_the_store_the_local_pointer_and_link_name_it(tmp_pa
     ep0-ba3 from the store; each local run folder's pointer and link then name ep0-ba3, as
     after a commit, not the older checkpoint the stale disk still holds."""
     comps = make()
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    step(*comps[:3])
-    ck.batch_end(4)
-    ck.close(save=False)
-    stale = tmp_path / "stale"
-    shutil.copytree(tmp_path / "node-a", stale, symlinks=True)
-    ck = manager(s3_root, tmp_path / "node-a", comps)
-    ck.resume()
-    for _ in range(2):
-        step(*comps[:3])
-        ck.batch_end(4)
+    ck, stale = stale_disk(tmp_path, s3_root, comps)
     ck.close(save=False)
 
     for disk in (stale, tmp_path / "empty"):
