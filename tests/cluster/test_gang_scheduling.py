@@ -15,6 +15,17 @@ from .kubeclient import rtj, unique
 from .scenario import condition, wait_events, wait_phase
 
 
+def lift_gates(kube, ns: str, name: str) -> None:
+    """Remove the scheduling gates of attempt 0's pods, as an admission controller would."""
+    for pod in kube.pods(ns, name, 0):
+        kube.req(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+            content_type=MERGE,
+            body={"spec": {"schedulingGates": None}},
+        )
+
+
 def test_a_queue_name_without_kueue_is_gang_scheduled_natively_and_says_so(
     kube, ns, pool, operator
 ):
@@ -128,13 +139,7 @@ def test_ranks_held_by_scheduling_gates_say_so_until_the_gates_go(kube, ns, pool
     assert "2 of 2 ranks cannot be scheduled" in cond["message"] and gate in cond["message"]
     assert kube.status(ns, name)["phase"] == "Pending"
 
-    for pod in kube.pods(ns, name, 0):
-        kube.req(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
-            content_type=MERGE,
-            body={"spec": {"schedulingGates": None}},
-        )
+    lift_gates(kube, ns, name)
     wait_phase(kube, ns, name, "Running", 30, op=operator)
     wait_for(
         "PodsScheduled=True",
@@ -169,12 +174,6 @@ def test_an_elastic_gang_held_by_scheduling_gates_is_not_reshrunk(kube, ns, pool
     time.sleep(10)  # twice the shortest re-shrink wait (5 s)
     status = kube.status(ns, name)
     assert status["attempt"] == 0 and status["gangSize"] == 4 and not status["interruptions"]
-    for pod in kube.pods(ns, name, 0):
-        kube.req(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
-            content_type=MERGE,
-            body={"spec": {"schedulingGates": None}},
-        )
+    lift_gates(kube, ns, name)
     wait_phase(kube, ns, name, "Running", 30, op=operator)
     assert kube.status(ns, name)["gangSize"] == 4
