@@ -18,6 +18,7 @@ import inspect
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +39,18 @@ if TYPE_CHECKING:
     from .sampler import ResumableSampler
 
 log = logging.getLogger("trainer_runtime")
+
+
+@dataclass(frozen=True)
+class Rank0Outcome:
+    """What ``RunContext.on_rank0`` gives every rank."""
+
+    value: Any
+    error: str | None
+    """Rank 0's failure as ``"<type>: <message>"``, on every rank; None when it succeeded."""
+    raised: Exception | None
+    """Rank 0's own exception, on rank 0 only."""
+
 
 RUNTIME_KEY = "_trainer_runtime"
 """Key in the saved extras for the runtime's own bookkeeping (hidden from users)."""
@@ -127,6 +140,21 @@ class RunContext:
             "sample_in_epoch": ts.sample_in_epoch,
         }
 
+    def on_rank0(self, work: Callable[[], Any]) -> Rank0Outcome:
+        """Rank 0 runs ``work`` and every rank gets its value, or the text of its error, at the
+        same moment (collective): a failure on rank 0 never leaves the others waiting in a
+        collective until rank 0's exit or the coordination timeout."""
+        value: Any = None
+        raised: Exception | None = None
+        if self.rank == 0:
+            try:
+                value = work()
+            except Exception as exc:  # the same outcome on every rank, never a hang
+                raised = exc
+        error = None if raised is None else f"{type(raised).__name__}: {raised}"
+        value, error = self.coord.broadcast((value, error))
+        return Rank0Outcome(value, error, raised)
+
     def remote_committed(self, *, required: bool = True) -> list[Manifest]:
         """The object store's committed checkpoints of this run, newest first, as rank 0 lists
         them (every rank gets the same list; empty without a store). Collective. When the
@@ -136,16 +164,11 @@ class RunContext:
         listing = getattr(self.remote, "committed", None)
         if listing is None:
             return []
-        found: tuple[list[Manifest], str | None] = ([], None)
-        if self.rank == 0:
-            once = not required and "attempts" in inspect.signature(listing).parameters
-            try:
-                found = (listing(attempts=1) if once else listing(), None)
-            except Exception as exc:  # the same outcome on every rank, never a hang
-                found = ([], f"{type(exc).__name__}: {exc}")
-        manifests, error = self.coord.broadcast(found)
+        once = not required and "attempts" in inspect.signature(listing).parameters
+        got = self.on_rank0(lambda: listing(attempts=1) if once else listing())
+        error = got.error
         if error is None:
-            return manifests
+            return got.value
         if required:
             raise CheckpointError(f"cannot list the object store's checkpoints: {error}")
         log.warning("cannot list the object store's checkpoints (%s); going on without", error)

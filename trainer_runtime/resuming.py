@@ -383,19 +383,10 @@ def _refuse_to_start_over(
 def listed_on_rank0(ctx: RunContext, listing: Callable[[], T]) -> T:
     """Rank 0 lists the store and every rank gets the answer. When the listing fails (the
     store is down or hung, after its retries), rank 0 raises its error and every other rank
-    an ``ObjectStoreError`` with the same text, at the same moment: the other ranks are not
-    left waiting until rank 0's exit closes its connections (or the coordination timeout)."""
-    found: tuple[T | None, BaseException | None] = (None, None)
-    if ctx.rank == 0:
-        try:
-            found = (listing(), None)
-        except Exception as exc:
-            found = (None, exc)
-    result, error = ctx.coord.broadcast(
-        found if found[1] is None else (None, f"{type(found[1]).__name__}: {found[1]}")
-    )
-    if found[1] is not None:
-        raise found[1]
-    if error is not None:
-        raise ObjectStoreError(f"rank 0 could not list the object store: {error}")
-    return result
+    an ``ObjectStoreError`` with the same text, at the same moment (``RunContext.on_rank0``)."""
+    got = ctx.on_rank0(listing)
+    if got.raised is not None:
+        raise got.raised
+    if got.error is not None:
+        raise ObjectStoreError(f"rank 0 could not list the object store: {got.error}")
+    return got.value
