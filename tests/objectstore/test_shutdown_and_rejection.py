@@ -245,19 +245,22 @@ def test_a_resume_against_a_hung_store_fails_in_bounded_time_and_loses_nothing(
     ck.close(save=False)
 
 
+def one_committed_checkpoint(root: S3Uri, local: Path) -> str:
+    """Run ``gang`` under ``root`` commits one checkpoint (its name) and uploads it."""
+    ck = CheckpointManager(
+        model=nn.Linear(4, 2), folder=f"{root}/{{run_name}}", run_name="gang", local_folder=local
+    )
+    ck.batch_end(1)
+    ck.close()
+    return ck.saved[-1].name
+
+
 def test_every_rank_gets_the_store_error_when_resume_meets_a_hung_store(tmp_path, own_s3_server):
     """Two ranks resume while the store hangs: rank 0's listing fails after its retries, and
     rank 1 raises the same store error at the same moment, not gloo's "Connection closed by
     peer" once rank 0's process has gone (nor nothing until the coordination timeout)."""
     root = S3Uri(own_s3_server.bucket, "hung-gang")
-    ck = CheckpointManager(
-        model=nn.Linear(4, 2),
-        folder=f"{root}/{{run_name}}",
-        run_name="gang",
-        local_folder=tmp_path / "first",
-    )
-    ck.batch_end(1)
-    ck.close()
+    one_committed_checkpoint(root, tmp_path / "first")
     out = tmp_path / "out"
     out.mkdir()
     gang = Gang(HUNG_RESUME_WORKER, [str(root), str(out)], 2, tmp_path / "logs")
@@ -283,15 +286,7 @@ def test_one_ranks_full_disk_at_a_resume_download_fails_every_rank_at_once(tmp_p
     the checkpoint."""
     require(os.geteuid() == 0, "mounting a tmpfs needs root")
     root = S3Uri(own_s3_server.bucket, "full-gang")
-    ck = CheckpointManager(
-        model=nn.Linear(4, 2),
-        folder=f"{root}/{{run_name}}",
-        run_name="gang",
-        local_folder=tmp_path / "first",
-    )
-    ck.batch_end(1)
-    ck.close()
-    saved = ck.saved[-1].name
+    saved = one_committed_checkpoint(root, tmp_path / "first")
     out, mnt = tmp_path / "out", tmp_path / "mnt"
     out.mkdir()
     mnt.mkdir()
