@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import Settings, locate_run
 from .dist import Coordinator
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .layout import RunFolder
 from .progress import ProgressReporter
 from .sharded.engine import ShardedEngine
@@ -95,6 +95,37 @@ class Position:
         """Continue the wall clock from the (just restored) timestamp's total."""
         self._wall_base = self.timestamp.wall_time
         self._clock_start = time.monotonic()
+
+    def count_batch(self, num_samples: int | None) -> Timestamp:
+        """Count one finished batch of ``num_samples`` global samples (None: not counted);
+        returns the position before it."""
+        if num_samples is not None and (
+            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0
+        ):
+            raise ConfigError(
+                "batch_end(num_samples=...) must be an int >= 0 (the global batch size), got "
+                f"{num_samples!r}"
+            )
+        before = self.timestamp.copy()
+        ts = self.timestamp
+        ts.batch += 1
+        ts.batch_in_epoch += 1
+        ts.sample += num_samples or 0
+        ts.sample_in_epoch += num_samples or 0
+        ts.wall_time = self.wall_time()
+        if num_samples is not None:
+            self.last_global_batch = num_samples
+        return before
+
+    def count_epoch(self) -> Timestamp:
+        """Count one finished epoch; returns the position before it."""
+        before = self.timestamp.copy()
+        ts = self.timestamp
+        ts.epoch += 1
+        ts.batch_in_epoch = 0
+        ts.sample_in_epoch = 0
+        ts.wall_time = self.wall_time()
+        return before
 
 
 @dataclass

@@ -17,7 +17,6 @@ touched and no part of which could be tested alone.)
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +33,7 @@ from .emergency import PreemptionResponse
 from .errors import ConfigError
 from .loading import Loader
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
-from .remote import RemoteBackend
+from .remote import RemoteBackend, close_remote
 from .resuming import Resumer, ResumeResult
 from .sampler import ResumableSampler
 from .saving import SavedCheckpoint, Saver
@@ -226,40 +225,20 @@ class CheckpointManager:
             raise ConfigError(
                 "interval counts samples, so batch_end() needs num_samples= (the global batch size)"
             )
-        if num_samples is not None and (
-            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0
-        ):
-            raise ConfigError(
-                "batch_end(num_samples=...) must be an int >= 0 (the global batch size), got "
-                f"{num_samples!r}"
-            )
-        before = self.timestamp.copy()
-        ts = self.timestamp
-        ts.batch += 1
-        ts.batch_in_epoch += 1
-        ts.sample += num_samples or 0
-        ts.sample_in_epoch += num_samples or 0
-        ts.wall_time = self._ctx.position.wall_time()
-        if num_samples is not None:
-            self._ctx.position.last_global_batch = num_samples
+        before = self._ctx.position.count_batch(num_samples)
         if self.sampler is not None:
             self.sampler.advance(num_samples)
         if self.progress is not None:
-            self.progress.step(ts.batch)
+            self.progress.step(self.timestamp.batch)
         self._collect_background_failure()
         return self._loop_point(before, Event.BATCH_END)
 
     def epoch_end(self) -> SavedCheckpoint | None:
         """Count one finished epoch (before a background failure is raised, as batch_end) and
         save if the interval (or a preemption) says so."""
-        before = self.timestamp.copy()
-        ts = self.timestamp
-        ts.epoch += 1
-        ts.batch_in_epoch = 0
-        ts.sample_in_epoch = 0
-        ts.wall_time = self._ctx.position.wall_time()
+        before = self._ctx.position.count_epoch()
         if self.sampler is not None:
-            self.sampler.set_epoch(ts.epoch)
+            self.sampler.set_epoch(self.timestamp.epoch)
         self._collect_background_failure()
         return self._loop_point(before, Event.EPOCH_END)
 
@@ -341,7 +320,11 @@ class CheckpointManager:
             finally:
                 self.saver.shutdown()
                 try:
-                    self._close_remote(upload_timeout_s)
+                    if self.remote is not None:
+                        timeout = upload_timeout_s
+                        if timeout is None:
+                            timeout = self.settings.upload_flush_timeout_s
+                        close_remote(self.remote, timeout)
                 finally:
                     self._release_groups()
                     # SIGTERM stays handled until the uploads are flushed: a signal during the
@@ -366,16 +349,6 @@ class CheckpointManager:
         saved = self.save(blocking=True)
         if saved is not None:
             log.info("final checkpoint %s at epoch %d batch %d", saved.name, ts.epoch, ts.batch)
-
-    def _close_remote(self, timeout_s: float | None) -> None:
-        if self.remote is None:
-            return
-        timeout = self.settings.upload_flush_timeout_s if timeout_s is None else timeout_s
-        close = self.remote.close
-        if timeout is None or "timeout_s" not in inspect.signature(close).parameters:
-            close()  # a RemoteBackend with the minimal protocol bounds its flush itself
-        else:
-            close(timeout_s=timeout)  # type: ignore[call-arg]
 
     def __enter__(self) -> CheckpointManager:
         return self

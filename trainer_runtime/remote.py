@@ -6,6 +6,7 @@ core do not depend on a store being up.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,3 +55,13 @@ class RemoteBackend(Protocol):
         ``committed()`` (the remote manifests, newest first: overwrite protection and a stale
         local disk look at them).
         """
+
+
+def close_remote(remote: RemoteBackend, timeout_s: float | None) -> None:
+    """Flush and close ``remote``, bounded by ``timeout_s`` where its ``close`` takes one; a
+    backend with the minimal protocol bounds its flush itself (None: its own default)."""
+    close = remote.close
+    if timeout_s is None or "timeout_s" not in inspect.signature(close).parameters:
+        close()
+    else:
+        close(timeout_s=timeout_s)  # type: ignore[call-arg]

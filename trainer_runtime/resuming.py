@@ -4,7 +4,8 @@ and load it.
 Order: the newest checkpoint in the local run folder that verifies on every rank, then the
 newest in the object store that downloads intact on every rank, then ``load_path``, else a
 fresh start. The pure choice over the ranks' views is ``resume.decide``; the walk newest first
-is ``fallback.first_valid``; loading is ``loading.Loader``. This module is the sequence and its
+is ``fallback.first_valid``; the store's part (which remote checkpoint, and the bucket's
+housekeeping) is ``store_resume.StoreResume``; loading is ``loading.Loader``. This module is the sequence and its
 side effects, in crash order: rejected checkpoints are moved aside (``rejection.py``) and the
 pointer repointed before training goes on, so a relaunch never trips over them. (Rejected:
 loading first and cleaning up after, which let a crash in between leave a pointer to a
@@ -14,25 +15,27 @@ checkpoint resume had refused.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 from . import events, rejection, resume
 from .context import RunContext
-from .errors import NoCheckpointError, WorldSizeMismatchError
-from .fallback import first_valid
+from .errors import WorldSizeMismatchError
 from .layout import progress_key
 from .loading import Loader
 from .manifest import Manifest
-from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError, ObjectStoreError
-from .resume import QUARANTINE_REASON, Decision
+from .resume import Decision
+from .store_resume import (
+    StoreResume,
+    lines_not_named,
+    quarantined_pairs,
+    refuse_to_start_over,
+)
 from .timestamp import Timestamp
 from .verified_load import VerifiedFile
 
 log = logging.getLogger("trainer_runtime")
-T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Resumer:
     def __init__(self, ctx: RunContext, loader: Loader) -> None:
         self.ctx = ctx
         self.loader = loader
+        self.store = StoreResume(ctx)
         self._verified: tuple[str, list[VerifiedFile]] | None = None
         """(checkpoint, this rank's files) read while choosing it, kept for the load."""
         self._loaded: str | None = None
@@ -69,7 +73,7 @@ class Resumer:
                     ctx.run_dir,
                 )
             if ctx.rank == 0:
-                self._repair_remote_pointer()
+                self.store.repair_pointer()
             decision = self._agree()
             fallbacks = decision.fallbacks
             self._set_aside(decision)
@@ -86,12 +90,12 @@ class Resumer:
                 self.loader.load_checkpoint_dir(path, weights_only=False, files=files, **opts)
                 return self._resumed("checkpoint", str(path), fallbacks)
             if ctx.remote is not None:
-                fetched, passed = self._fetch_remote_agreed()
-                fallbacks = fallbacks + _lines_not_named(passed, decision)
-                _refuse_to_start_over(fetched, passed, overwrite=settings.overwrite)
+                fetched, passed = self.store.fetch_agreed()
+                fallbacks = fallbacks + lines_not_named(passed, decision)
+                refuse_to_start_over(fetched, passed, overwrite=settings.overwrite)
                 if ctx.rank == 0:
                     chosen = None if fetched is None else Manifest.read(fetched).timestamp
-                    self._reject_remote(passed, chosen)  # quarantined ones met included
+                    self.store.reject(passed, chosen)  # quarantined ones met included
                 if fetched is not None:
                     self.loader.load_checkpoint_dir(fetched, weights_only=False, **opts)
                     self._adopt(fetched)
@@ -109,7 +113,7 @@ class Resumer:
             return self._resumed("load_path", loaded.shown, fallbacks, local=str(loaded.local))
         log.info("starting run %s from scratch (no checkpoint to resume)", ctx.run_name)
         events.fresh(rank=ctx.rank, run=ctx.run_name, world_size=ctx.world_size)
-        self._resubmit_unsynced()
+        self.store.resubmit_unsynced()
         return ResumeResult("fresh", None, ctx.position.timestamp, fallbacks)
 
     # ------------------------------------------------------------------ local choice
@@ -168,15 +172,13 @@ class Resumer:
                 # Every rank: on node-local disks each has its own pointer and link.
                 self._repoint(chosen, {n for n, _ in decision.rejected})
                 if ctx.rank == 0 and chosen is not None:
-                    # Without a local choice the bucket decides (_fetch_remote_agreed), and
+                    # Without a local choice the bucket decides (StoreResume.fetch_agreed), and
                     # rejects what it passes over itself.
-                    self._reject_remote(
-                        [*decision.rejected, *self._quarantined()], chosen.timestamp
+                    self.store.reject(
+                        [*decision.rejected, *quarantined_pairs(self.ctx.settings.quarantined)],
+                        chosen.timestamp,
                     )
             ctx.coord.barrier()
-
-    def _quarantined(self) -> list[tuple[str, str]]:
-        return [(q, QUARANTINE_REASON) for q in sorted(self.ctx.settings.quarantined)]
 
     def _repoint(self, chosen: Manifest | None, rejected: set[str]) -> None:
         stale = rejection.repoint(self.ctx.folder, chosen)
@@ -208,9 +210,9 @@ class Resumer:
             local,
             ", ".join(sorted(newer)),
         )
-        fetched, passed = self._fetch_remote_agreed(skip={m.name for m in remote} - newer)
+        fetched, passed = self.store.fetch_agreed(skip={m.name for m in remote} - newer)
         if ctx.rank == 0:
-            self._reject_remote(passed, mine.timestamp)
+            self.store.reject(passed, mine.timestamp)
         if fetched is None:
             return None  # none of them verifies: the local choice stands
         opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
@@ -218,67 +220,6 @@ class Resumer:
         self._adopt(fetched)
         lines = [f"{name}: {why}" for name, why in passed]
         return self._resumed("remote", str(fetched), fallbacks + lines)
-
-    def _fetch_remote_agreed(
-        self, skip: set[str] | frozenset[str] = frozenset()
-    ) -> tuple[Path | None, list[tuple[str, str]]]:
-        """Rank 0 names the newest remote checkpoint that verifies by HEAD; every rank
-        fetches it; one broken anywhere is passed over for the next older one. Returns the
-        local folder (None: the store has none) and, newest first, every newer checkpoint
-        passed over with the reason (quarantined, not verifying by HEAD, broken on download),
-        the same on every rank. Checkpoints named in ``skip`` are not considered."""
-        ctx = self.ctx
-        remote = ctx.remote
-        assert remote is not None
-        fetched: dict[str, Path] = {}
-        passed: dict[str, str] = {}  # in the order met: newest first
-        quarantined = dict(self._quarantined())
-
-        def newest_first() -> Iterator[tuple[str, int]]:
-            tried: set[str] = set(skip)
-            while True:
-                choice = listed_on_rank0(
-                    ctx, lambda: remote.find_newest(exclude=tried, pass_over=quarantined)
-                )
-                for name, why in choice.passed_over:
-                    passed.setdefault(name, why)
-                if choice.name is None:
-                    return
-                yield choice.name, choice.world_size
-                tried.add(choice.name)
-
-        def fetch_everywhere(found: tuple[str, int]) -> str | None:
-            name, saved_world = found
-            path, problem = None, None
-            try:  # every file: version 2 spreads each rank's state over all of them
-                path = remote.fetch(name, ctx.run_dir, None)
-            except (ObjectNotFoundError, ChecksumMismatchError) as exc:
-                problem = ("broken", str(exc))
-            except Exception as exc:  # the store failed: no silent fresh start
-                problem = ("fatal", f"{type(exc).__name__}: {exc}")
-            problems = [p for p in ctx.coord.all_gather(problem) if p is not None]
-            fatal = [why for kind, why in problems if kind == "fatal"]
-            if fatal:
-                raise NoCheckpointError(f"cannot fetch remote checkpoint {name}: {fatal[0]}")
-            if problems:
-                return str(problems[0][1])
-            assert path is not None
-            wrong_size = saved_world != ctx.world_size and not ctx.settings.elastic
-            if wrong_size and not Manifest.read(path).sharded:
-                raise WorldSizeMismatchError(
-                    f"newest remote checkpoint {name} was saved by {saved_world} rank(s) "
-                    f"but {ctx.world_size} are resuming it; pass elastic=True or restart "
-                    f"with WORLD_SIZE={saved_world}"
-                )
-            fetched[name] = path
-            return None
-
-        def broken(found: tuple[str, int], why: str) -> None:
-            log.warning("remote checkpoint %s is broken (%s); trying an older one", found[0], why)
-            passed.setdefault(found[0], why)
-
-        walk = first_valid(newest_first(), fetch_everywhere, on_reject=broken)
-        return (None if walk.chosen is None else fetched[walk.chosen[0]]), list(passed.items())
 
     def _adopt(self, fetched: Path) -> None:
         """The local pointer and this rank's latest link name the fetched checkpoint."""
@@ -288,38 +229,7 @@ class Resumer:
         )
         rejection.adopt_fetched(self.ctx.folder, manifest, link)
 
-    def _repair_remote_pointer(self) -> None:
-        """Move the bucket's ``latest.json`` off a damaged folder (rank 0)."""
-        repair = getattr(self.ctx.remote, "repair_pointer", None)
-        if repair is None:
-            return
-        try:
-            repair()
-        except Exception as exc:  # the store is down: resume says so itself
-            log.warning("object store: could not check latest.json: %s", exc)
-
-    def _reject_remote(self, rejected: list[tuple[str, str]], chosen: Timestamp | None) -> None:
-        """Uncommit, in the bucket, rejected checkpoints newer than the resume position."""
-        reject = getattr(self.ctx.remote, "reject", None)
-        if reject is None or not rejected:
-            return
-        for name, why in dict(rejected).items():
-            try:
-                reject(name, why, newer_than=chosen or Timestamp())
-            except Exception as exc:  # the store is down: the run still goes on
-                log.warning(
-                    "object store: could not set rejected checkpoint %s aside: %s", name, exc
-                )
-
     # ------------------------------------------------------------------ after the choice
-    def _resubmit_unsynced(self) -> None:
-        """Queue local checkpoints a killed attempt committed but never uploaded."""
-        resubmit = getattr(self.ctx.remote, "resubmit_unsynced", None)
-        if resubmit is not None:
-            queued = resubmit(self.ctx.run_dir)
-            if queued:
-                log.info("re-uploading local checkpoints the store lacks: %s", ", ".join(queued))
-
     def _resumed(
         self,
         source: Literal["checkpoint", "remote", "load_path"],
@@ -331,7 +241,7 @@ class Resumer:
         """``path``: the checkpoint loaded, as reported; ``local``: its copy on this machine
         when that differs (a fetched ``load_path``), where the event reads its manifest."""
         ctx, pos = self.ctx, self.ctx.position
-        self._resubmit_unsynced()
+        self.store.resubmit_unsynced()
         pos.restart_clock()
         pos.mark_saved()
         log.info(
@@ -354,39 +264,3 @@ class Resumer:
             world_size=ctx.world_size,
         )
         return ResumeResult(source, path, pos.timestamp.copy(), fallbacks)
-
-
-def _lines_not_named(passed: list[tuple[str, str]], local: Decision) -> list[str]:
-    """``"<name>: <reason>"`` for each remote checkpoint passed over that the local decision
-    has not already reported."""
-    named = {name for name, _ in (*local.rejected, *local.leftovers)}
-    return [f"{name}: {why}" for name, why in passed if name not in named]
-
-
-def _refuse_to_start_over(
-    fetched: Path | None, passed: list[tuple[str, str]], *, overwrite: bool
-) -> None:
-    """Every committed checkpoint in the store failed verification (quarantined ones aside):
-    a store that answers wrongly (a proxy, a misconfigured endpoint) is likelier than all of
-    them damaged, and starting over would set them all aside. Unless ``overwrite``, stop."""
-    broken = [(name, why) for name, why in passed if why != QUARANTINE_REASON]
-    if fetched is not None or not broken or overwrite:
-        return
-    listed = "; ".join(f"{name}: {why}" for name, why in broken[:5])
-    raise NoCheckpointError(
-        f"none of the object store's {len(broken)} committed checkpoint(s) verifies ({listed}); "
-        "nothing was set aside. Check the store and its endpoint, or pass overwrite=True to set "
-        "them aside and start over"
-    )
-
-
-def listed_on_rank0(ctx: RunContext, listing: Callable[[], T]) -> T:
-    """Rank 0 lists the store and every rank gets the answer. When the listing fails (the
-    store is down or hung, after its retries), rank 0 raises its error and every other rank
-    an ``ObjectStoreError`` with the same text, at the same moment (``RunContext.on_rank0``)."""
-    got = ctx.on_rank0(listing)
-    if got.raised is not None:
-        raise got.raised
-    if got.error is not None:
-        raise ObjectStoreError(f"rank 0 could not list the object store: {got.error}")
-    return got.value
