@@ -5,9 +5,10 @@ Order: the newest checkpoint in the local run folder that verifies on every rank
 newest in the object store that downloads intact on every rank, then ``load_path``, else a
 fresh start. The pure choice over the ranks' views is ``resume.decide``; the walk newest first
 is ``fallback.first_valid``; the store's part (which remote checkpoint, and the bucket's
-housekeeping) is ``store_resume.StoreResume``; loading is ``loading.Loader``. This module is the sequence and its
-side effects, in crash order: rejected checkpoints are moved aside (``rejection.py``) and the
-pointer repointed before training goes on, so a relaunch never trips over them. (Rejected:
+housekeeping) is ``store_resume.StoreResume``; loading is ``loading.Loader``. This module is
+the sequence and its side effects, in crash order: rejected checkpoints are moved aside
+(``rejection.py``) and the pointer repointed before training goes on, so a relaunch never
+trips over them. (Rejected:
 loading first and cleaning up after, which let a crash in between leave a pointer to a
 checkpoint resume had refused.)
 """
