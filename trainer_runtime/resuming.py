@@ -8,9 +8,8 @@ is ``fallback.first_valid``; the store's part (which remote checkpoint, and the 
 housekeeping) is ``store_resume.StoreResume``; loading is ``loading.Loader``. This module is
 the sequence and its side effects, in crash order: rejected checkpoints are moved aside
 (``rejection.py``) and the pointer repointed before training goes on, so a relaunch never
-trips over them. (Rejected:
-loading first and cleaning up after, which let a crash in between leave a pointer to a
-checkpoint resume had refused.)
+trips over them. (Rejected: loading first and cleaning up after, which let a crash in between
+leave a pointer to a checkpoint resume had refused.)
 """
 
 from __future__ import annotations
