@@ -4,14 +4,13 @@ client tools and tests share (``tools/kubeapi.py``; the operator keeps its own a
 
 They drive the endings a real cluster produces: deleting a node (spot reclaim), the Eviction
 API, taints, a NotReady node, scheduler preemption, and the kubelet's report of a container exit
-(a status-subresource patch, which is what a kubelet writes). Nothing here depends on kwok except
-``make_node``'s annotation, which asks kwok to play the node's kubelet.
+(a status-subresource patch, which is what a kubelet writes). The verbs on nodes are in
+``node_verbs.py``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,16 +21,16 @@ from rtj_operator import names
 from rtj_operator.kube import KubeApi
 from rtj_operator.timeutil import iso, utcnow
 from tools.kubeapi import JSON, MERGE, ApiError
-from tools.kubeapi import Kube as HttpKube
 from tools.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
+from .node_verbs import POOL_LABEL, NodeVerbs
+
 T = TypeVar("T")
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-POOL_LABEL = "rtj-e2e/pool"
 
 
-class Kube(HttpKube):
-    """The shared client (``tools.kubeapi.Kube``) with the cluster tests' verbs on top."""
+class Kube(NodeVerbs):
+    """The shared client (``tools.kubeapi.Kube``) with the cluster tests' verbs on top (the
+    node verbs in ``node_verbs.py``)."""
 
     def __init__(self, kubeconfig: str):
         super().__init__(kubeconfig)
@@ -83,7 +82,7 @@ class Kube(HttpKube):
             }
             self.req("PUT", f"{base}/{doc['metadata']['name']}", body=doc)
 
-    # -- namespaces and nodes --------------------------------------------------------------
+    # -- namespaces ---------------------------------------------------------------------------
 
     def create_namespace(self, name: str) -> None:
         """Create a namespace."""
@@ -100,103 +99,6 @@ class Kube(HttpKube):
         except ApiError as err:
             if not err.not_found:
                 raise
-
-    def make_node(self, name: str, pool: str, *, cpu: str = "32", kwok: bool = True) -> None:
-        """A fake node in a pool; kwok runs its 'kubelet' when ``kwok`` (else nobody does)."""
-        annotations = {"node.alpha.kubernetes.io/ttl": "0"}
-        if kwok:
-            annotations[KWOK_ANNOTATION] = "fake"
-        capacity = {"cpu": cpu, "memory": "256Gi", "pods": "110"}
-        self.req(
-            "POST",
-            "/api/v1/nodes",
-            body={
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "annotations": annotations,
-                    "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"},
-                },
-                "spec": {},
-                "status": {"capacity": capacity, "allocatable": capacity},
-            },
-        )
-        if not kwok:
-            self.set_node_ready(name, True)
-
-    def node(self, name: str) -> dict[str, Any] | None:
-        """The node."""
-        return self.get(f"/api/v1/nodes/{name}")
-
-    def node_ready(self, name: str) -> bool:
-        """Whether the node reports Ready=True and has no not-ready taint."""
-        node = self.node(name)
-        if not node:
-            return False
-        conds = (node.get("status") or {}).get("conditions") or []
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-        taints = {t["key"] for t in (node.get("spec") or {}).get("taints") or []}
-        return ready and not taints & {
-            "node.kubernetes.io/not-ready",
-            "node.kubernetes.io/unreachable",
-        }
-
-    def delete_node(self, name: str) -> None:
-        """Delete a node at once (what a cloud does to a reclaimed spot VM)."""
-        try:
-            self.req("DELETE", f"/api/v1/nodes/{name}")
-        except ApiError as err:
-            if not err.not_found:
-                raise
-
-    def taint(self, node: str, key: str, effect: str, value: str = "") -> None:
-        """Add a taint."""
-        current = (self.node(node) or {}).get("spec", {}).get("taints") or []
-        taint = {"key": key, "effect": effect}
-        if value:
-            taint["value"] = value
-        self.req(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            content_type=MERGE,
-            body={"spec": {"taints": [*current, taint]}},
-        )
-
-    def set_node_ready(self, node: str, ready: bool) -> None:
-        """Report the node's readiness the way its kubelet would (status subresource)."""
-        now = iso(utcnow())
-        status = "True" if ready else "False"
-        self.req(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            content_type=MERGE,
-            body={
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": status,
-                            "reason": "KubeletReady" if ready else "KubeletNotReady",
-                            "message": "set by the e2e test",
-                            "lastHeartbeatTime": now,
-                            "lastTransitionTime": now,
-                        }
-                    ]
-                }
-            },
-        )
-
-    def stop_kubelet(self, node: str) -> None:
-        """Detach kwok from the node (its heartbeats stop), then report NotReady."""
-        self.req(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            content_type=MERGE,
-            body={"metadata": {"annotations": {KWOK_ANNOTATION: None}}},
-        )
-        time.sleep(0.5)
-        self.set_node_ready(node, False)
 
     # -- jobs and pods ---------------------------------------------------------------------
 
