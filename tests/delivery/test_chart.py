@@ -6,6 +6,7 @@ What needs an API server (server-side dry runs, install/upgrade/uninstall) is in
 
 from __future__ import annotations
 
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -437,3 +438,37 @@ def test_deployment_passes_a_stable_peering_identity(helm: str) -> None:
     assert args.peering_lifetime == 15 and args.max_pause_seconds == 30
     args = parse_args(container(render(helm, "--set", "peering.maxPauseSeconds=90"))["args"])
     assert args.max_pause_seconds == 90
+
+
+def _notes(helm: str, tmp_path: Path, *args: str) -> str:
+    """The install notes as Helm renders them for the given ``--kube-version``: ``helm template``
+    skips NOTES.txt, so a copy of the chart renders the same file through ``tpl`` into a
+    ConfigMap (the same values, helpers and ``.Capabilities``)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "notes-as-data.txt").write_text((CHART / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes-as-data.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes-as-data.txt") . | toJson }}\n'
+    )
+    proc = run([helm, "template", "rtj-operator", str(chart), *args])
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return next(d for d in docs if d["metadata"]["name"] == "rendered-notes")["data"]["notes"]
+
+
+def test_the_notes_say_when_a_1_29_cluster_gets_no_admission_policy(
+    helm: str, tmp_path: Path
+) -> None:
+    """On 1.29 the policy is left out (above), and the install notes say so, with the version;
+    on 1.30, or with the policy turned off, they do not."""
+    on_1_29 = _notes(helm, tmp_path / "a", "--kube-version", "1.29.3")
+    assert "admissionPolicy.enabled is true, but this cluster is Kubernetes v1.29.3" in on_1_29
+    assert "ValidatingAdmissionPolicy needs 1.30 or newer, so it was not installed" in on_1_29
+    assert "Serving jobs in: every namespace" in on_1_29  # the rest renders as usual
+    on_1_30 = _notes(helm, tmp_path / "b", "--kube-version", "1.30.0")
+    assert "Serving jobs in: every namespace" in on_1_30
+    assert "ValidatingAdmissionPolicy needs" not in on_1_30
+    off = _notes(
+        helm, tmp_path / "c", "--kube-version", "1.29.3", "--set", "admissionPolicy.enabled=false"
+    )
+    assert "ValidatingAdmissionPolicy needs" not in off
