@@ -221,13 +221,16 @@ class JobStatus(ApiModel):
     """When the current attempt's pods were created."""
     gang_size: int | None = None
     """Pods in the current attempt's gang (``spec.replicas`` unless the job is elastic). Written
-    before that attempt's pods exist; absent while a new attempt backs off or waits for room."""
+    before that attempt's pods exist; absent while a new attempt backs off or waits for room, and
+    while the job is suspended (chosen again when it resumes)."""
     world_size: int | None = None
     """World size of the current attempt: ``gangSize * processesPerPod`` (WORLD_SIZE); absent
     when ``gangSize`` is."""
     gang_scheduling: str | None = None
     """How the current attempt's gang is kept all-or-nothing: PodGroup (native gang scheduling),
-    Kueue (spec.queueName) or Operator (the operator's own capacity check)."""
+    Kueue (spec.queueName) or Operator (the operator's own capacity check). Chosen when the
+    attempt's pods are created: absent while a new attempt backs off or waits for room, and
+    while the job is suspended."""
     capacity_wait_since: Time | None = None
     """While an elastic job's attempt waits for room for its full gang (before its pods exist), or
     its pods wait to be scheduled once the previous attempt's pods are gone: since when."""

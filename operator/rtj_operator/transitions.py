@@ -25,6 +25,7 @@ from .status_types import (
     JobStatus,
     Phase,
 )
+from .timeutil import iso
 
 
 def newest_committed_step(st: JobStatus) -> int | None:
@@ -140,6 +141,14 @@ def fail_job(ctx: ReconcileContext, reason: str, message: str) -> None:
         ctx.plan.deletions.append(pod_deletion(pod, "job failed"))
 
 
+def forget_gang(st: JobStatus) -> None:
+    """Clear what described a gang that no longer exists: its size and world size and its
+    all-or-nothing mechanism are chosen again before the next gang's pods exist."""
+    st.gang_size = None
+    st.world_size = None
+    st.gang_scheduling = None
+
+
 def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str) -> None:
     """Advance to the next attempt (persisted before its pods exist)."""
     st, job = ctx.status, ctx.job
@@ -148,8 +157,7 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None
-    st.gang_size = None  # chosen again before the attempt's pods exist, and with it:
-    st.world_size = None
+    forget_gang(st)
     st.grow = None
     st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
     cond.forget_scheduling(st)
@@ -191,10 +199,26 @@ def suspend(ctx: ReconcileContext) -> None:
             )
         # A suspended job waits for nothing: shrinkAfterSeconds counts again from the resume.
         st.capacity_wait_since = None
-        ctx.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true; the gang is deleted")
-        plan.event("Normal", "Suspended", f"attempt {st.attempt}: deleting the gang")
+        message = _suspend_message(ctx)
+        ctx.phase(Phase.SUSPENDED, "Suspended", f"spec.suspend is true; {message}")
+        plan.event("Normal", "Suspended", f"attempt {st.attempt}: {message}")
+        forget_gang(st)
     for pod in live_pods(ctx.owned):
         plan.deletions.append(pod_deletion(pod, "job suspended"))
+
+
+def _suspend_message(ctx: ReconcileContext) -> str:
+    """What a suspend does to the attempt: delete its pods, or, when none exists (a failure
+    backoff, a wait for room), only keep the next attempt from starting."""
+    st = ctx.status
+    if live_pods(ctx.current_pods()):
+        return "deleting the gang"
+    if st.restart_after is not None and ctx.now < st.restart_after:
+        return (
+            f"no gang exists (backing off after failure {st.failures}); the attempt starts "
+            f"once spec.suspend is cleared, not before {iso(st.restart_after)}"
+        )
+    return "no gang exists; the attempt starts once spec.suspend is cleared"
 
 
 def unsuspend(ctx: ReconcileContext) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from tools.waiting import wait_for
 
-from .conftest import OperatorProcess, Pool
+from .conftest import ROOT, OperatorProcess, Pool
 from .kubeclient import Kube, rtj, unique
 
 
@@ -118,3 +122,31 @@ def pod_report(kube: Kube, ns: str, name: str) -> str:
                 f"event {e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message')}"
             )
     return "\n".join(lines)
+
+
+def kubectl_binary() -> str | None:
+    """kubectl from the local control plane's build, else from PATH."""
+    build = ROOT / "hack" / "cluster" / "build.sh"
+    if build.exists():
+        bindir = subprocess.run(
+            [str(build), "--print-bindir"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        if bindir and (Path(bindir) / "kubectl").exists():
+            return str(Path(bindir) / "kubectl")
+    return shutil.which("kubectl")
+
+
+def printed_row(kubeconfig: str, ns: str, name: str) -> dict[str, str]:
+    """The job's row of ``kubectl get rtj`` by column header (an empty column as "")."""
+    kubectl = kubectl_binary()
+    assert kubectl, "kubectl is needed to check the printer columns"
+    out = subprocess.run(
+        [kubectl, "--kubeconfig", kubeconfig, "-n", ns, "get", "rtj", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = out.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}

@@ -11,6 +11,7 @@ from .scenario import (
     condition,
     last_interruption,
     node_of,
+    printed_row,
     start_running,
     wait_attempt,
     wait_events,
@@ -170,3 +171,33 @@ def test_without_node_trouble_the_settled_failure_counts_after_the_wait(kube, ns
     assert time.monotonic() - ended >= 2.9  # 4 s from finishedAt, which has whole seconds
     hit = last_interruption(kube, ns, name)
     assert hit["cause"] == "Failure" and not hit["preemption"] and hit["rank"] == 1, hit
+
+
+def test_a_failure_backoff_and_a_suspend_during_it_show_no_gang(
+    kube, kubeconfig, ns, pool, operator
+):
+    """Before: during the backoff ``status.gangScheduling`` still named the ended attempt's
+    mechanism; suspended then, the Suspended event said "deleting the gang" with no pod left,
+    and ``kubectl get rtj`` showed SIZE 2 for the Suspended job."""
+    name = start_running(kube, ns, pool, operator, resumePolicy={"backoffBaseSeconds": 120})
+    assert printed_row(kubeconfig, ns, name)["SIZE"] == "2"
+    assert kube.status(ns, name)["gangScheduling"] == "PodGroup"
+    kube.end_container(ns, f"{name}-a0-r1", 1)
+    wait_for(
+        "the backoff",
+        lambda: kube.status(ns, name).get("restartAfter"),
+        30,
+        on_timeout=operator.tail,
+    )
+    status = kube.status(ns, name)
+    assert status["phase"] == "Restarting" and status["attempt"] == 1
+    assert "gangScheduling" not in status and "gangSize" not in status, status
+    assert printed_row(kubeconfig, ns, name)["SIZE"] == ""
+
+    kube.patch_job(ns, name, {"suspend": True})
+    wait_phase(kube, ns, name, "Suspended", 10, op=operator)
+    wait_events(kube, ns, name, {"Suspended"})
+    event = next(e for e in kube.events(ns, name) if e["reason"] == "Suspended")
+    assert "deleting" not in event["message"] and "no gang exists" in event["message"], event
+    assert printed_row(kubeconfig, ns, name)["SIZE"] == ""
+    assert kube.status(ns, name)["restartAfter"] == status["restartAfter"]

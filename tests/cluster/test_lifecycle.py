@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 from rtj_operator import envvars
 from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
-from .conftest import ROOT
 from .kubeclient import env_of, rtj, unique
-from .scenario import condition, node_of, start_running, wait_attempt, wait_phase
+from .scenario import (
+    condition,
+    kubectl_binary,
+    node_of,
+    start_running,
+    wait_attempt,
+    wait_phase,
+)
 
 
 def test_success_when_every_rank_exits_zero(kube, ns, pool, operator):
@@ -230,15 +234,3 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
     assert "rtj_preemption_to_resubmission_seconds_count" in text
     assert 'rtj_resubmissions_total{reason="preemption"}' in text
     assert "rtj_jobs{phase=" in text
-
-
-def kubectl_binary() -> str | None:
-    """kubectl from the local control plane's build, else from PATH."""
-    build = ROOT / "hack" / "cluster" / "build.sh"
-    if build.exists():
-        bindir = subprocess.run(
-            [str(build), "--print-bindir"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        if bindir and (Path(bindir) / "kubectl").exists():
-            return str(Path(bindir) / "kubectl")
-    return shutil.which("kubectl")

@@ -431,3 +431,60 @@ def test_an_epoch_end_save_at_the_step_of_the_save_before_it_is_the_newest():
     st = cluster.status
     assert st["lastCommittedCheckpoint"]["name"] == "ep8-ba96", st["lastCommittedCheckpoint"]
     assert [k["name"] for k in st["knownCheckpoints"]][:2] == ["ep8-ba96", "ep7-ba96"]
+
+
+def test_suspended_job_shows_no_gang_size_or_mechanism_and_resume_chooses_them_again():
+    """``kubectl get rtj`` showed Size 2 for a Suspended job whose gang was deleted."""
+    cluster = running()
+    assert cluster.status["gangSize"] == 2 and cluster.status["gangScheduling"] == "Operator"
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Suspended"
+    assert "gangSize" not in st and "worldSize" not in st and "gangScheduling" not in st, st
+    cluster.body["spec"]["suspend"] = False
+    plan = cluster.step(1)
+    st = cluster.status
+    assert len(plan.creations) == 2 and st["gangSize"] == 2 and st["worldSize"] == 2
+    assert st["gangScheduling"] == "Operator"
+
+
+def failed_into_backoff() -> FakeCluster:
+    """A running job whose rank 1 failed: attempt 1 backs off for 30 s."""
+    cluster = running(resumePolicy={"backoffBaseSeconds": 30})
+    cluster.terminate(1, 1)
+    cluster.step(1)
+    st = cluster.status
+    assert st["phase"] == "Restarting" and st["attempt"] == 1 and st["restartAfter"], st
+    return cluster
+
+
+def test_gang_scheduling_is_absent_during_a_failure_backoff():
+    """It said the ended attempt's mechanism (set when its pods were created) while the next
+    attempt, which chooses its own, backed off."""
+    cluster = failed_into_backoff()
+    assert "gangScheduling" not in cluster.status and "gangSize" not in cluster.status
+    plan = cluster.step(30)
+    assert len(plan.creations) == 2 and cluster.status["gangScheduling"] == "Operator"
+
+
+def test_suspend_during_a_failure_backoff_says_no_gang_exists():
+    """The Suspended event said "deleting the gang" while no pod of the attempt existed."""
+    cluster = failed_into_backoff()
+    restart_after = cluster.status["restartAfter"]
+    cluster.body["spec"]["suspend"] = True
+    plan = cluster.step(1)
+    event = next(e for e in plan.events if e.reason == "Suspended")
+    assert "deleting" not in event.message, event.message
+    assert "no gang exists" in event.message and "backing off" in event.message
+    suspended = next(c for c in cluster.status["conditions"] if c["type"] == "Suspended")
+    assert "no gang exists" in suspended["message"] and "deleting" not in suspended["message"]
+    assert cluster.status["restartAfter"] == restart_after
+
+
+def test_suspend_of_a_running_gang_says_it_deletes_it():
+    cluster = running()
+    cluster.body["spec"]["suspend"] = True
+    plan = cluster.step(1)
+    event = next(e for e in plan.events if e.reason == "Suspended")
+    assert event.message == "attempt 0: deleting the gang" and len(plan.deletions) == 2
