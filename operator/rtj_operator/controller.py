@@ -185,6 +185,7 @@ class Controller:
         pods, observed = await asyncio.gather(
             self.api.list_pods(namespace, names.job_selector(name)), self._support(job)
         )
+        pods += await self._unlabelled_holders(job, pods)
         nodes = await self._node_views(job, pods)
         now = utcnow()
         departed = self.watched.departed_pods(key, {p["metadata"]["name"] for p in pods})
@@ -261,6 +262,24 @@ class Controller:
         elif self.paused and not paused:
             log.info("peering pause over: reconciling again")
         self.paused = paused
+
+    async def _unlabelled_holders(
+        self, job: Job, listed: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Pods without the job's labels (made by hand) that hold a pod name of the attempt
+        still to be created: the label selector cannot see them, and creating the rank's pod
+        would answer 409 as if it were the job's own. Read only while a gang is created."""
+        st = job.status
+        if job.ref.deleting or st.phase in TERMINAL_PHASES or job.spec.suspend or st.gang_created:
+            return []
+        wanted = {
+            names.pod_name(job.ref.name, st.attempt, rank)
+            for rank in range(st.gang_size or job.spec.replicas)
+        } - {p["metadata"]["name"] for p in listed}
+        found = await asyncio.gather(
+            *(self.api.get_object(self.api.core_path(job.ref.namespace, "pods", n)) for n in wanted)
+        )
+        return [p for p in found if p is not None and not owned_by(p, job.ref.uid)]
 
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""

@@ -5,7 +5,9 @@
 2. pod deletions and notices, concurrently with
 3. the support objects in dependency order (ServiceAccount, Role and Service, then the
    RoleBinding once its Role exists), every one of them before any pod;
-4. the gang's pods (every rank in parallel; 409 means it exists);
+4. the attempt's PodGroup, then the gang's pods (every rank in parallel; a 409 is checked: a pod
+   or group the job does not control under that name leaves the gang unmarked, and the next
+   pass blocks the job naming it);
 5. the "gang created" mark, only when every pod exists.
 
 A crash or an API error between any two steps leaves a status from which the next reconcile
@@ -29,7 +31,14 @@ from .envvars import NOTICE_ANNOTATION
 from .kube import ApiError, KubeApi
 from .plan_types import Plan
 from .status_types import JobStatus, Phase
-from .support import DEPENDENCY_ORDER, ROLE_BINDING, SupportWrite
+from .support import (
+    DEPENDENCY_ORDER,
+    POD,
+    POD_GROUP,
+    ROLE_BINDING,
+    SupportWrite,
+    controlled_by,
+)
 from .timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -101,9 +110,11 @@ class Executor:
         try:
             await self._apply_support(ns, plan.support)
             invalid = None
+            foreign: list[str] = []
             if plan.after_creation is not None:
-                await self._apply_pod_group(ns, plan)
-                invalid = await self._create_pods(job, plan)
+                foreign = await self._apply_pod_group(job, plan)
+                if not foreign:
+                    invalid, foreign = await self._create_pods(job, plan)
         except ApiError as err:
             if err.forbidden and plan.after_creation is not None:
                 await self._record_refusal(
@@ -118,6 +129,17 @@ class Executor:
             raise
         finally:
             await side_task
+        if foreign:
+            # A name of this attempt is held by an object the job does not control: the gang
+            # is not created; the next pass reads the holder and blocks the job naming it.
+            log.warning(
+                "%s/%s: %s not controlled by the job; the gang is not marked created",
+                ns,
+                job.ref.name,
+                ", ".join(foreign),
+            )
+            self._post_events(job, plan, now, only_recorded=True)
+            return applied
         if plan.after_creation is not None:
             applied.created = len(plan.creations)
             applied.gang_complete_at = time.monotonic()
@@ -188,21 +210,28 @@ class Executor:
             [self._write_support(namespace, w) for w in writes if w.kind == ROLE_BINDING]
         )
 
-    async def _apply_pod_group(self, namespace: str, plan: Plan) -> None:
-        """Create the attempt's PodGroup before its pods (409: it exists) and delete the
-        previous attempt's one (best effort: the job's deletion collects any left)."""
+    async def _apply_pod_group(self, job: Job, plan: Plan) -> list[str]:
+        """Create the attempt's PodGroup before its pods and delete the previous attempt's one
+        (best effort: the job's deletion collects any left). A group of either name that the
+        job does not control is never used or deleted: ``["PodGroup <name>"]`` when one holds
+        this attempt's name (409), else []."""
         if plan.pod_group is None:
-            return
-        attempt = plan.after_creation.attempt if plan.after_creation else 0
-        await self.api.create(self.api.pod_group_path(namespace), plan.pod_group)
+            return []
+        ns, attempt = job.ref.namespace, plan.after_creation.attempt if plan.after_creation else 0
+        name = plan.pod_group["metadata"]["name"]
+        if not await self.api.create(self.api.pod_group_path(ns), plan.pod_group):
+            held = await self.api.get_object(self.api.pod_group_path(ns, name))
+            if held is not None and not controlled_by(held, job.ref.uid):
+                return [f"{POD_GROUP} {name}"]
         if attempt > 0:
-            job = plan.pod_group["metadata"]["labels"][names.LABEL_JOB]
+            previous = self.api.pod_group_path(ns, gang.group_name(job.ref.name, attempt - 1))
             try:
-                await self.api.delete_object(
-                    self.api.pod_group_path(namespace, gang.group_name(job, attempt - 1))
-                )
+                found = await self.api.get_object(previous)
+                if found is not None and controlled_by(found, job.ref.uid):
+                    await self.api.delete_object(previous, uid=found["metadata"].get("uid"))
             except ApiError as err:
                 log.warning("could not delete the PodGroup of attempt %d: %s", attempt - 1, err)
+        return []
 
     async def _write_support(self, namespace: str, write: SupportWrite) -> None:
         path = self.api.support_path(namespace, write.kind)
@@ -219,11 +248,12 @@ class Executor:
             write.kind,
         )
 
-    async def _create_pods(self, job: Job, plan: Plan) -> str | None:
-        """Create every missing rank; the API server's message when the template is invalid
-        (a permanent error), else None."""
+    async def _create_pods(self, job: Job, plan: Plan) -> tuple[str | None, list[str]]:
+        """Create every missing rank. Returns the API server's message when the template is
+        invalid (a permanent error), else None, and the pods (``Pod <name>``) whose creation
+        answered 409 because a pod the job does not control holds the name."""
         if not plan.creations:
-            return None
+            return None, []
         ns = job.ref.namespace
         pods_path = self.api.core_path(ns, "pods")
         creations = list(plan.creations)
@@ -234,10 +264,22 @@ class Executor:
         errors = [r for r in results if isinstance(r, BaseException)]
         for error in errors:
             if isinstance(error, ApiError) and error.invalid:
-                return error.message
+                return error.message, []
         if errors:  # a refusal first: the job says why its pods do not exist
             raise next((e for e in errors if isinstance(e, ApiError) and e.forbidden), errors[0])
-        return None
+        existed = [
+            pod["metadata"]["name"]
+            for pod, made in zip(creations, results, strict=True)
+            if made is False  # 409: a pod of that name exists
+        ]
+        held = await asyncio.gather(
+            *(self.api.get_object(self.api.core_path(ns, "pods", n)) for n in existed)
+        )
+        return None, [
+            f"{POD} {n}"
+            for n, pod in zip(existed, held, strict=True)
+            if pod is not None and not controlled_by(pod, job.ref.uid)
+        ]
 
     @staticmethod
     async def _gather(calls: list[Any]) -> None:

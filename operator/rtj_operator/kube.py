@@ -272,12 +272,16 @@ class KubeApi:
             raise
         return gang.serves_group(found)
 
-    async def delete_object(self, path: str) -> None:
-        """Delete any object by path; gone already is fine."""
+    async def delete_object(self, path: str, *, uid: str | None = None) -> None:
+        """Delete any object by path; gone already is fine. With ``uid``, only that object: one
+        of the same name created meanwhile is left alone (409, also fine)."""
+        body: dict[str, Any] | None = None
+        if uid:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         try:
-            await self.request("DELETE", path)
+            await self.request("DELETE", path, body=body)
         except ApiError as err:
-            if not err.not_found:
+            if not (err.not_found or (uid and err.conflict)):
                 raise
 
     # -- nodes -----------------------------------------------------------------------------

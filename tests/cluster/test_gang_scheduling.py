@@ -12,7 +12,7 @@ from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
 from .kubeclient import rtj, unique
-from .scenario import condition, wait_events, wait_phase
+from .scenario import condition, node_of, wait_events, wait_phase
 
 
 def lift_gates(kube, ns: str, name: str) -> None:
@@ -177,3 +177,41 @@ def test_an_elastic_gang_held_by_scheduling_gates_is_not_reshrunk(kube, ns, pool
     lift_gates(kube, ns, name)
     wait_phase(kube, ns, name, "Running", 30, op=operator)
     assert kube.status(ns, name)["gangSize"] == 4
+
+
+def test_a_pod_group_the_job_does_not_control_is_never_deleted_by_its_next_attempt(
+    kube, ns, pool, operator
+):
+    """Before: creating attempt 1 deleted the PodGroup ``<job>-a0`` by name, whoever owned it."""
+    pool.add(3)
+    name = unique("group")
+    kube.create_job(rtj(name, ns, pool.name, 2))
+    wait_for(
+        "attempt 0 running", lambda: kube.running(ns, name, 0, 2), 60, on_timeout=operator.tail
+    )
+    path = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-a0"
+    kube.req("PATCH", path, content_type=MERGE, body={"metadata": {"finalizers": None}})
+    kube.req("DELETE", path)
+    wait_for("the job's own group gone", lambda: kube.get(path) is None, 30)
+    foreign = {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": f"{name}-a0", "namespace": ns},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+    }
+    uid = kube.req(
+        "POST", f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups", body=foreign
+    )["metadata"]["uid"]
+    kube.delete_node(node_of(kube, ns, name, 0, 0))
+    wait_for(
+        "attempt 1 running",
+        lambda: kube.running(ns, name, 1, 2),
+        60,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    own = kube.get(f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-a1")
+    assert own is not None and own["metadata"]["ownerReferences"][0]["controller"]
+    held = kube.get(path)
+    assert held is not None and held["metadata"]["uid"] == uid, held
+    assert not held["metadata"].get("deletionTimestamp"), held
+    kube.req("DELETE", path)

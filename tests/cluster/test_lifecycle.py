@@ -17,6 +17,7 @@ from .scenario import (
     node_of,
     start_running,
     wait_attempt,
+    wait_events,
     wait_phase,
 )
 
@@ -234,3 +235,80 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
     assert "rtj_preemption_to_resubmission_seconds_count" in text
     assert 'rtj_resubmissions_total{reason="preemption"}' in text
     assert "rtj_jobs{phase=" in text
+
+
+def hand_made_pod(kube, ns: str, name: str) -> str:
+    """Create a pod with a rank's name but none of the job's labels (held by a scheduling gate,
+    so it never runs); returns its uid."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "schedulingGates": [{"name": "example.com/by-hand"}],
+            "containers": [{"name": "c", "image": "registry.local/other:1"}],
+        },
+    }
+    return kube.req("POST", f"/api/v1/namespaces/{ns}/pods", body=body)["metadata"]["uid"]
+
+
+def wait_blocked_by(kube, ns: str, name: str, pod: str, op) -> None:
+    """Wait until the job is Blocked (NameConflict) naming ``Pod <pod>``."""
+    wait_for(
+        f"Blocked naming {pod}",
+        lambda: f"Pod {pod}" in condition(kube, ns, name, "Blocked").get("message", ""),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{op.tail()}",
+    )
+    blocked = condition(kube, ns, name, "Blocked")
+    assert blocked["status"] == "True" and blocked["reason"] == "NameConflict", blocked
+
+
+def test_a_hand_made_pod_under_a_rank_name_blocks_the_job_and_is_never_touched(
+    kube, ns, pool, operator
+):
+    """Before: the pod, lacking the job's labels, was invisible to the operator; the rank's
+    create answered 409 and the gang counted as created with that pod as its rank, which the
+    next pass found missing and counted as a preemption (PodRemoved)."""
+    pool.add(2)
+    name = unique("byhand")
+    foreign = f"{name}-a0-r1"
+    uid = hand_made_pod(kube, ns, foreign)
+    kube.create_job(rtj(name, ns, pool.name, 2))
+    wait_blocked_by(kube, ns, name, foreign, operator)
+    time.sleep(2)  # a pass or two more: nothing is adopted, deleted or counted meanwhile
+    status = kube.status(ns, name)
+    assert status["phase"] == "Pending" and not status.get("gangCreated"), status
+    assert status["preemptions"] == 0 and not status.get("interruptions"), status
+    held = kube.pod(ns, foreign)
+    assert held["metadata"]["uid"] == uid and not held["metadata"].get("deletionTimestamp")
+    wait_events(kube, ns, name, {"NameConflict"})
+    kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods/{foreign}")
+    wait_for(
+        "attempt 0 running once the name is free",
+        lambda: kube.running(ns, name, 0, 2),
+        40,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert kube.status(ns, name)["preemptions"] == 0
+
+    # The next attempt's name, taken while attempt 0 runs: the pass that ends attempt 0
+    # creates attempt 1's pods at once.
+    foreign = f"{name}-a1-r0"
+    uid = hand_made_pod(kube, ns, foreign)
+    kube.delete_node(node_of(kube, ns, name, 0, 1))
+    wait_blocked_by(kube, ns, name, foreign, operator)
+    status = kube.status(ns, name)
+    assert status["attempt"] == 1 and not status.get("gangCreated"), status
+    held = kube.pod(ns, foreign)
+    assert held["metadata"]["uid"] == uid and not held["metadata"].get("deletionTimestamp")
+    assert not held["metadata"].get("ownerReferences")
+    kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods/{foreign}")
+    pool.add(1)
+    wait_for(
+        "attempt 1 running once the name is free",
+        lambda: kube.running(ns, name, 1, 2),
+        40,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert kube.status(ns, name)["preemptions"] == 1

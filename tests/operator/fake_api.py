@@ -135,9 +135,11 @@ class FakeApi:
         self.calls.append("discovery")
         return self.serves_kueue_api
 
-    async def delete_object(self, path: str) -> None:
+    async def delete_object(self, path: str, *, uid: str | None = None) -> None:
         self.calls.append("delete_object")
-        self.objects.pop(path, None)
+        found = self.objects.get(path)
+        if found is not None and (uid is None or found["metadata"]["uid"] == uid):
+            del self.objects[path]
 
     support_path = KubeApi.support_path
     _SUPPORT_PATHS = KubeApi._SUPPORT_PATHS

@@ -309,3 +309,55 @@ def test_every_failed_reconcile_is_counted_by_kind():
     assert error_kind(ApiError(400, None, "GET", "/")) == "api"
     assert error_kind(ConnectionResetError()) == "connection"
     assert error_kind(KeyError("x")) == "unexpected"
+
+
+def hand_made_pod(name: str) -> dict:
+    """A pod with a rank's name but none of the job's labels or its ownerReference."""
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"hand-{name}", "labels": {}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_hand_made_pod_under_a_rank_name_blocks_the_job_and_is_never_touched():
+    """Its create answered 409 and the gang counted as created with that pod as rank 1."""
+    ctrl, api = controller_with_job()
+    path = KubeApi.core_path("ns", "pods", "train-a0-r1")
+    api.objects[path] = hand_made_pod("train-a0-r1")
+    sync(ctrl)
+    status = api.job()["status"]
+    assert not status.get("gangCreated") and "train-a0-r0" not in api.pods()
+    blocked = {c["type"]: c for c in status["conditions"]}["Blocked"]
+    assert blocked["reason"] == "NameConflict" and "Pod train-a0-r1" in blocked["message"]
+    assert api.objects[path]["metadata"]["uid"] == "hand-train-a0-r1"
+    assert "delete_pod" not in api.calls
+
+    del api.objects[path]
+    sync(ctrl)
+    sync(ctrl)
+    status = api.job()["status"]
+    assert status["gangCreated"] and sorted(api.pods()) == ["train-a0-r0", "train-a0-r1"]
+
+
+def test_a_hand_made_pod_under_a_name_of_the_next_attempt_is_never_taken_for_its_rank():
+    """The pass that ends attempt 0 creates attempt 1's pods: a 409 there passed for the
+    rank's own pod too."""
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    path = KubeApi.core_path("ns", "pods", "train-a1-r0")
+    api.objects[path] = hand_made_pod("train-a1-r0")
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    sync(ctrl)
+    assert api.job()["status"]["attempt"] == 1 and not api.job()["status"].get("gangCreated")
+    sync(ctrl)
+    status = api.job()["status"]
+    blocked = {c["type"]: c for c in status["conditions"]}["Blocked"]
+    assert blocked["reason"] == "NameConflict" and "Pod train-a1-r0" in blocked["message"]
+    assert not status.get("gangCreated")
+    assert api.objects[path]["metadata"]["uid"] == "hand-train-a1-r0"
+    assert not any(e[1] == "Resubmitted" for e in api.events)

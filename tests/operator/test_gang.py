@@ -151,3 +151,47 @@ def test_a_pod_group_of_another_job_blocks_the_attempt_until_it_is_gone():
     sync(ctrl)
     assert len(api.pods()) == 3
     assert api.objects[path]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+
+
+def foreign_pod_group(name: str) -> dict:
+    """A PodGroup that no job controls (made by hand)."""
+    return {
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"foreign-{name}"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+    }
+
+
+def test_the_previous_attempts_pod_group_is_deleted_only_when_the_job_controls_it():
+    """Attempt 1's creation deleted ``train-a0`` by name, whoever owned it."""
+    ctrl, api = controller(native=True)
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    path = api.pod_group_path("ns", "train-a0")
+    api.objects[path] = foreign_pod_group("train-a0")  # the job's own was replaced by hand
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    sync(ctrl)
+    assert api.job()["status"]["attempt"] == 1 and len(api.pods()) == 3
+    assert api.objects[path]["metadata"]["uid"] == "foreign-train-a0"
+
+
+def test_a_pod_group_of_the_next_attempts_name_held_by_hand_is_never_joined():
+    """The pass that ends attempt 0 creates attempt 1's group: a 409 passed for the job's own
+    group and attempt 1's pods joined the foreign one."""
+    ctrl, api = controller(native=True)
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    path = api.pod_group_path("ns", "train-a1")
+    api.objects[path] = foreign_pod_group("train-a1")
+    api.nodes.pop("node-0")
+    ctrl.on_node_event("DELETED", make_node("node-0"))
+    sync(ctrl)
+    status = api.job()["status"]
+    assert status["attempt"] == 1 and not status.get("gangCreated") and not api.pods()
+    sync(ctrl)
+    blocked = {c["type"]: c for c in api.job()["status"]["conditions"]}["Blocked"]
+    assert blocked["reason"] == "NameConflict" and "PodGroup train-a1" in blocked["message"]
+    assert api.objects[path]["metadata"]["uid"] == "foreign-train-a1" and not api.pods()
