@@ -9,6 +9,7 @@ elastic job hands over to sizing.py (re-shrink, grow).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from . import conditions as cond
@@ -22,6 +23,7 @@ from .podstate import UNSCHEDULABLE, as_deleted, is_deleting, scheduling_hold
 from .reconcile_context import ReconcileContext
 from .sizing import reshrink, watch_for_grow
 from .status_types import Phase
+from .timeutil import parse_time
 from .transitions import interrupted
 
 
@@ -105,7 +107,8 @@ def _report_scheduling(ctx: ReconcileContext, current: Mapping[int, dict[str, An
             cond.PODS_SCHEDULED,
             False,
             reason=reason,
-            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled{_gang_note(ctx)}; "
+            message=f"{len(stuck)} of {ctx.size} ranks cannot be scheduled"
+            f"{_gang_note(ctx, bound=_bound_before_refusal(current))}; "
             f"rank {rank} ({pod['metadata'].get('name')}): {message}",
             now=ctx.now,
             generation=ctx.generation,
@@ -126,14 +129,53 @@ def _report_scheduling(ctx: ReconcileContext, current: Mapping[int, dict[str, An
         )
 
 
-def _gang_note(ctx: ReconcileContext) -> str:
-    """How the gang is held back, for the PodsScheduled message."""
+def _scheduled_since(pod: dict[str, Any], status: str) -> datetime | None:
+    """When the pod's PodScheduled condition last turned ``status``."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == status:
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
+
+
+def _bound_before_refusal(current: Mapping[int, dict[str, Any]]) -> int:
+    """Ranks bound to a node no later than the scheduler refused a rank of the same gang
+    (``Unschedulable``, same second included). A scheduler that enforces the PodGroup binds the
+    whole gang at once, after any refusal; a bound rank older than a refusal means it binds the
+    pods one by one. Ranks bound after every refusal (the gang binding now) do not count."""
+    live = [p for p in current.values() if not is_deleting(p)]
+    refused = [
+        t
+        for p in live
+        if (scheduling_hold(p) or ("",))[0] == UNSCHEDULABLE
+        and (t := _scheduled_since(p, "False")) is not None
+    ]
+    if not refused:
+        return 0
+    latest = max(refused)
+    return sum(
+        1
+        for p in live
+        if (p.get("spec") or {}).get("nodeName")
+        and (t := _scheduled_since(p, "True")) is not None
+        and t <= latest
+    )
+
+
+def _gang_note(ctx: ReconcileContext, *, bound: int) -> str:
+    """How the gang is held back, for the PodsScheduled message. ``bound``: ranks already
+    bound while others wait, which a scheduler enforcing the PodGroup never allows."""
     st = ctx.status
     if st.gang_scheduling == gang.Mechanism.POD_GROUP:
-        return (
-            f" (all-or-nothing: PodGroup {gang.group_name(ctx.job.ref.name, st.attempt)} binds "
-            f"no pod until all {ctx.size} fit)"
-        )
+        group = gang.group_name(ctx.job.ref.name, st.attempt)
+        if bound:
+            # The API serves PodGroups but the scheduler binds pods one by one: its
+            # GangScheduling feature gate is off (API discovery cannot tell).
+            return (
+                f" and {bound} are bound although PodGroup {group} should bind none until all "
+                f"{ctx.size} fit: the scheduler does not enforce the PodGroup (feature gate "
+                "GangScheduling off?)"
+            )
+        return f" (all-or-nothing: PodGroup {group} binds no pod until all {ctx.size} fit)"
     if st.gang_scheduling == gang.Mechanism.KUEUE:
         return f" (Kueue pod group, queue {ctx.job.spec.queue_name})"
     return ""

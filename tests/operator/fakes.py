@@ -155,6 +155,8 @@ class FakeCluster:
     node_cycle: int = 0
     support: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Support objects by kind (ServiceAccount, Role, RoleBinding, Service)."""
+    native_gang: bool = False
+    """Whether the API server serves the PodGroup API (gang.py)."""
 
     @classmethod
     def start(cls, replicas: int = 2, **spec: Any) -> FakeCluster:
@@ -188,6 +190,7 @@ class FakeCluster:
             self.node_views(),
             self.now,
             observed_support=dict(self.support),
+            native_gang=self.native_gang,
         )
         self.apply(plan)
         self.plans.append(plan)

@@ -9,7 +9,7 @@ from rtj_operator import gang
 from rtj_operator.controller import Controller
 
 from .fake_api import FakeApi
-from .fakes import job_body, make_job, make_node
+from .fakes import FakeCluster, job_body, make_job, make_node
 
 KEY = ("ns", "train")
 
@@ -195,3 +195,46 @@ def test_a_pod_group_of_the_next_attempts_name_held_by_hand_is_never_joined():
     blocked = {c["type"]: c for c in api.job()["status"]["conditions"]}["Blocked"]
     assert blocked["reason"] == "NameConflict" and "PodGroup train-a1" in blocked["message"]
     assert api.objects[path]["metadata"]["uid"] == "foreign-train-a1" and not api.pods()
+
+
+def scheduled(pod: dict, status: str, at: str, *, node: str | None = None) -> None:
+    """Give ``pod`` the scheduler's PodScheduled condition (and a node when bound)."""
+    condition = {"type": "PodScheduled", "status": status, "lastTransitionTime": at}
+    if status == "False":
+        condition["reason"] = "Unschedulable"
+        condition["message"] = "0/3 nodes are available: 3 Insufficient cpu."
+    pod["spec"]["nodeName"] = node
+    pod["status"]["conditions"] = [condition]
+
+
+def pods_scheduled_message(bound_at: str, refused_at: str) -> str:
+    """A 3-rank PodGroup gang with ranks 0 and 1 bound at ``bound_at`` and rank 2 refused at
+    ``refused_at``: the PodsScheduled message."""
+    cluster = FakeCluster.start(replicas=3)
+    cluster.native_gang = True
+    cluster.step()
+    assert cluster.status["gangScheduling"] == "PodGroup"
+    for rank in (0, 1):
+        scheduled(cluster.pod(rank), "True", bound_at, node=f"node-{rank}")
+    scheduled(cluster.pod(2), "False", refused_at)
+    cluster.step(1)
+    condition = next(c for c in cluster.status["conditions"] if c["type"] == "PodsScheduled")
+    assert condition["status"] == "False" and condition["reason"] == "Unschedulable"
+    return condition["message"]
+
+
+def test_ranks_bound_by_a_scheduler_that_ignores_the_pod_group_are_reported():
+    """A cluster serving the PodGroup API with the scheduler's GangScheduling gate off binds the
+    ranks one by one: the message said the PodGroup binds no pod until all fit while 2 of 3 were
+    bound."""
+    message = pods_scheduled_message("2030-01-01T12:00:00Z", "2030-01-01T12:00:00Z")
+    assert message.startswith("1 of 3 ranks cannot be scheduled and 2 are bound"), message
+    assert "does not enforce the PodGroup" in message and "GangScheduling" in message
+    assert "binds no pod until" not in message
+
+
+def test_ranks_bound_after_the_refusal_are_the_gang_binding_now():
+    """An enforcing scheduler binds the gang after the refusals it made while room lacked: a
+    pass between two of its bindings says nothing of non-enforcement."""
+    message = pods_scheduled_message("2030-01-01T12:00:07Z", "2030-01-01T12:00:00Z")
+    assert "binds no pod until all 3 fit" in message and "does not enforce" not in message
