@@ -35,13 +35,18 @@ from .spec_types import TaintSelector
 from .status_types import Cause
 from .timeutil import parse_time
 
+KUBELET_TERMINATION = "TerminationByKubelet"
+"""The DisruptionTarget reason of every pod the kubelet ends: a graceful node shutdown (pod
+reason ``Terminated``), a node-pressure eviction (``Evicted``) or a critical pod's admission
+(``Preempting``)."""
+
 DISRUPTION_CAUSES = {
     "PreemptionByScheduler": Cause.SCHEDULER_PREEMPTION,
     "PreemptionByKubeScheduler": Cause.SCHEDULER_PREEMPTION,
     "DeletionByTaintManager": Cause.TAINT_EVICTION,
     "EvictionByEvictionAPI": Cause.EVICTED,
     "DeletionByPodGC": Cause.POD_GC,
-    "TerminationByKubelet": Cause.NODE_SHUTDOWN,
+    KUBELET_TERMINATION: Cause.NODE_SHUTDOWN,
 }
 """DisruptionTarget reasons the control plane uses, and the cause they mean."""
 
@@ -178,6 +183,10 @@ def classify_rank(
     if disruption is not None:
         reason = disruption.get("reason") or ""
         cause = DISRUPTION_CAUSES.get(reason, Cause.DISRUPTION)
+        if reason == KUBELET_TERMINATION:
+            # The kubelet uses one reason for its shutdowns and its evictions (node pressure,
+            # a critical pod's admission); the pod's own reason says which it was.
+            cause = KUBELET_REASONS.get(status.get("reason") or "", cause)
         detail = disruption.get("message") or reason
         return preempted(cause, f"DisruptionTarget {reason}: {detail}".strip())
     # 4. The kubelet ended or rejected it.

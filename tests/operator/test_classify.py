@@ -278,3 +278,25 @@ def test_classify_records_when_the_training_container_ended():
     signals = Signals(DEFAULT_TERMINATION_TAINTS, 60, container_name="trainer")
     out = classify_rank(0, pod, READY, signals=signals, now=T0)
     assert out.outcome is Outcome.FAILED and out.finished_at == T0 + timedelta(seconds=7)
+
+
+@pytest.mark.parametrize(
+    ("pod_reason", "cause"),
+    [
+        ("Evicted", Cause.EVICTED),  # node pressure (memory, disk)
+        ("Preempting", Cause.EVICTED),  # a critical pod's admission
+        ("Terminated", Cause.NODE_SHUTDOWN),  # graceful node shutdown
+        (None, Cause.NODE_SHUTDOWN),
+    ],
+)
+def test_the_kubelets_disruption_is_told_apart_by_the_pods_reason(pod_reason, cause):
+    """The kubelet marks every pod it ends DisruptionTarget TerminationByKubelet: a memory
+    pressure eviction was recorded as NodeShutdown."""
+    pod = make_pod(
+        phase="Failed",
+        exit_code=137,
+        conditions=[disruption("TerminationByKubelet")],
+        status_reason=pod_reason,
+    )
+    out = classify(pod)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is cause
