@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from tools.kubeapi import MERGE
 from tools.waiting import wait_for
 
-from .kubeclient import env_of
+from .kubeclient import env_of, rtj, unique
 from .scenario import (
     condition,
     last_interruption,
@@ -201,3 +202,63 @@ def test_a_failure_backoff_and_a_suspend_during_it_show_no_gang(
     assert "deleting" not in event["message"] and "no gang exists" in event["message"], event
     assert printed_row(kubeconfig, ns, name)["SIZE"] == ""
     assert kube.status(ns, name)["restartAfter"] == status["restartAfter"]
+
+
+def container_state(kube, ns: str, pod: str, phase: str, state: dict) -> None:
+    """Report the training container's state as its kubelet would (status subresource)."""
+    kube.req(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{pod}/status",
+        content_type=MERGE,
+        body={
+            "status": {
+                "phase": phase,
+                "containerStatuses": [
+                    {
+                        "name": "trainer",
+                        "image": "registry.local/train:1",
+                        "imageID": "",
+                        "ready": phase == "Running",
+                        "restartCount": 0,
+                        "state": state,
+                    }
+                ],
+            }
+        },
+    )
+
+
+def test_an_image_that_cannot_be_pulled_waits_and_counts_nothing(kube, ns, pool, operator):
+    """docs/operator.md: a rank whose image cannot be pulled is neither a preemption nor a
+    failure; the job waits with its pods until the kubelet pulls the image."""
+    pool.add(2, kwok=False)  # Ready nodes no kubelet runs pods on: the test reports for it
+    name = unique("image")
+    # Without heartbeats the nodes turn Unknown after the node controller's grace period: a
+    # slow run must not see that as node trouble.
+    signals = {"nodeNotReadySeconds": 3600}
+    kube.create_job(rtj(name, ns, pool.name, 2, preemptionSignals=signals))
+    pods = wait_for(
+        "both ranks bound",
+        lambda: (
+            p
+            if len(p := [x for x in kube.pods(ns, name, 0) if x["spec"].get("nodeName")]) == 2
+            else None
+        ),
+        30,
+        on_timeout=operator.tail,
+    )
+    pulling = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}
+    for pod in pods:
+        container_state(kube, ns, pod["metadata"]["name"], "Pending", pulling)
+    time.sleep(3)  # the pod events have been reconciled
+    status = kube.status(ns, name)
+    assert status["phase"] == "Pending" and status["attempt"] == 0, status
+    assert status["preemptions"] == 0 and status["failures"] == 0, status
+    assert not status.get("interruptions"), status
+    assert all(not p["metadata"].get("deletionTimestamp") for p in kube.pods(ns, name, 0))
+
+    started = {"running": {"startedAt": "2030-01-01T00:00:00Z"}}
+    for pod in pods:
+        container_state(kube, ns, pod["metadata"]["name"], "Running", started)
+    wait_phase(kube, ns, name, "Running", 20, op=operator)
+    assert kube.status(ns, name)["attempt"] == 0
