@@ -40,8 +40,9 @@ class ReconcileContext:
     native_gang: bool = False
     kueue: bool = False
     foreign: Sequence[dict[str, Any]] = ()
-    """Pods with the job's label that it does not control (an earlier job of the same name's
-    ranks, still terminating): their names are taken until they are gone."""
+    """Pods the job does not control under its pod names: with its label (an earlier job of the
+    same name's ranks, still terminating) or without (made by hand, read by name while a gang
+    is created). Their names are taken until they are gone."""
 
     @property
     def generation(self) -> int:
