@@ -194,7 +194,7 @@ def classify_rank(
     said = f"{reason}: {status.get('message') or ''}".strip()
     if reason in KUBELET_REASONS:
         return preempted(KUBELET_REASONS[reason], said)
-    if phase == "Failed" and terminated is None and reason:
+    if phase == "Failed" and terminated is None and reason and not _started(pod, container):
         return preempted(Cause.KUBELET_REJECTED, said)
     # 5. Someone else is deleting it.
     if meta.get("deletionTimestamp"):
@@ -208,7 +208,9 @@ def classify_rank(
         if exit_code is None:
             # The pod failed before the training container ended: say which container did.
             what = _other_failure(pod, container) or (
-                f"pod Failed before container {container} terminated"
+                f"pod Failed ({said}) before container {container} terminated"
+                if reason
+                else f"pod Failed before container {container} terminated"
             )
         if trouble is not None:
             return preempted(
@@ -242,6 +244,17 @@ def classify_rank(
         recheck_after=recheck,
         **base,
     )
+
+
+def _started(pod: dict[str, Any], container: str | None) -> bool:
+    """Whether the training container ever ran: a pod the kubelet failed after that (its own
+    ``activeDeadlineSeconds``: reason ``DeadlineExceeded``) was not rejected at admission."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != container:
+            continue
+        state, last = status.get("state") or {}, status.get("lastState") or {}
+        return bool(status.get("started") or "running" in state or "terminated" in state or last)
+    return False
 
 
 def _other_failure(pod: dict[str, Any], training: str | None) -> str | None:

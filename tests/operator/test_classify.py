@@ -300,3 +300,14 @@ def test_the_kubelets_disruption_is_told_apart_by_the_pods_reason(pod_reason, ca
     )
     out = classify(pod)
     assert out.outcome is Outcome.PREEMPTED and out.cause is cause
+
+
+def test_a_pod_the_kubelet_fails_after_its_container_ran_is_not_an_admission_rejection():
+    """The pod's own activeDeadlineSeconds: the kubelet marks it Failed (DeadlineExceeded)
+    before its container is reported terminated. That was KubeletRejected, a preemption, so
+    every attempt hit the same deadline and was resubmitted at once, with no budget."""
+    pod = make_pod(phase="Failed", status_reason="DeadlineExceeded")
+    pod["status"]["message"] = "Pod was active on the node longer than the specified deadline"
+    out = classify(pod)
+    assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE, out
+    assert "DeadlineExceeded" in out.message
