@@ -11,7 +11,8 @@ of the checks below is the policy:
    because no kubelet will ever report on it again (PodGC only cleans up ~40 s later);
 3. a ``DisruptionTarget`` condition (scheduler preemption, taint eviction, the Eviction API,
    PodGC, kubelet shutdown) -> preemption, whatever the exit code;
-4. kubelet reasons (``Evicted``, node shutdown, admission rejections) -> preemption;
+4. kubelet reasons (``Evicted``, node shutdown, admission rejections) -> preemption, except an
+   eviction for exceeding the pod's own storage limits (it recurs: a failure);
 5. a pod being deleted that the operator did not delete -> preemption (it is going away);
 6. a non-zero exit -> failure, *unless* the pod's node was announced for termination or is not
    ready: a rank killed by a dying node is not the code's fault;
@@ -59,6 +60,16 @@ KUBELET_REASONS = {
     "NodeLost": Cause.NODE_NOT_READY,
 }
 """``status.reason`` values the kubelet/node controller set on pods it ended."""
+
+OWN_LIMIT_EVICTIONS = (
+    "exceeded its local ephemeral storage limit",
+    "ephemeral local storage usage exceeds the total limit",
+    "Usage of EmptyDir volume",
+)
+"""Phrases of the kubelet's messages when it evicts a pod for exceeding a limit of its own
+(a container's or the pod's ``ephemeral-storage``, an ``emptyDir`` ``sizeLimit``). Such an
+eviction has reason ``Evicted`` but no ``DisruptionTarget`` condition, and it recurs in every
+attempt: the training's fault, so a failure, or the job would be resubmitted for ever."""
 
 
 class Outcome(StrEnum):
@@ -192,7 +203,8 @@ def classify_rank(
     # 4. The kubelet ended or rejected it.
     reason = status.get("reason") or ""
     said = f"{reason}: {status.get('message') or ''}".strip()
-    if reason in KUBELET_REASONS:
+    own_limit = reason == "Evicted" and _own_limit_eviction(status.get("message") or "")
+    if reason in KUBELET_REASONS and not own_limit:
         return preempted(KUBELET_REASONS[reason], said)
     if phase == "Failed" and terminated is None and reason and not _started(pod, container):
         return preempted(Cause.KUBELET_REJECTED, said)
@@ -205,7 +217,9 @@ def classify_rank(
     if (exit_code is not None and exit_code != 0) or phase == "Failed":
         how = terminated.get("reason") if terminated else None
         what = f"exit code {exit_code}" + (f" ({how})" if how else "")
-        if exit_code is None:
+        if own_limit:
+            what = f"evicted for exceeding its own limit ({said})"
+        elif exit_code is None:
             # The pod failed before the training container ended: say which container did.
             what = _other_failure(pod, container) or (
                 f"pod Failed ({said}) before container {container} terminated"
@@ -244,6 +258,11 @@ def classify_rank(
         recheck_after=recheck,
         **base,
     )
+
+
+def _own_limit_eviction(message: str) -> bool:
+    """Whether an ``Evicted`` pod's message is the kubelet's for a limit of the pod's own."""
+    return any(phrase in message for phrase in OWN_LIMIT_EVICTIONS)
 
 
 def _started(pod: dict[str, Any], container: str | None) -> bool:

@@ -311,3 +311,30 @@ def test_a_pod_the_kubelet_fails_after_its_container_ran_is_not_an_admission_rej
     out = classify(pod)
     assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE, out
     assert "DeadlineExceeded" in out.message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+        'Container trainer exceeded its local ephemeral storage limit "1Gi". ',
+        'Usage of EmptyDir volume "scratch" exceeds the limit "2Gi". ',
+    ],
+)
+def test_an_eviction_for_the_pods_own_storage_limit_is_a_failure(message):
+    """The kubelet evicts a pod over its own ephemeral-storage or emptyDir limit with reason
+    Evicted and no DisruptionTarget condition. Counted as a preemption, every attempt hit the
+    same limit and was resubmitted for ever (maxPreemptions is unlimited by default)."""
+    pod = make_pod(phase="Failed", exit_code=137, status_reason="Evicted")
+    pod["status"]["message"] = message
+    out = classify(pod)
+    assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE
+    assert "its own limit" in out.message and message.strip() in out.message
+
+
+def test_a_node_pressure_eviction_without_the_condition_stays_a_preemption():
+    """Kubelets before DisruptionTarget, or a pressure eviction's own message: a preemption."""
+    pod = make_pod(phase="Failed", exit_code=137, status_reason="Evicted")
+    pod["status"]["message"] = "The node was low on resource: memory. "
+    out = classify(pod)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.EVICTED
