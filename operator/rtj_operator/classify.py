@@ -206,7 +206,8 @@ def classify_rank(
     own_limit = reason == "Evicted" and _own_limit_eviction(status.get("message") or "")
     if reason in KUBELET_REASONS and not own_limit:
         return preempted(KUBELET_REASONS[reason], said)
-    if phase == "Failed" and terminated is None and reason and not _started(pod, container):
+    rejected = phase == "Failed" and terminated is None and reason and not own_limit
+    if rejected and not _started(pod, container):
         return preempted(Cause.KUBELET_REJECTED, said)
     # 5. Someone else is deleting it.
     if meta.get("deletionTimestamp"):
