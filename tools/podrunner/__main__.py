@@ -25,9 +25,9 @@ from .nodes import NodeConfig, parse_taint
 from .ports import PortRegistry
 from .preparation import Context
 from .processes import Watchdog
+from .resolver import make_resolver
 from .serviceaccount import check_server_certificate
 from .translate import Interpreter, PodAddresses
-from .worker import make_resolver
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding ``tools/`` (the repository root): on every pod's PYTHONPATH."""

@@ -26,8 +26,9 @@ from typing import IO
 from tools.kubeapi import ApiError, Kube, Obj
 
 from . import nodes
+from .deletion import finalize_deletion, is_deleting
 from .preparation import Context
-from .worker import PodWorker, finalize_deletion, is_deleting
+from .worker import PodWorker
 
 log = logging.getLogger("podrunner")
 
