@@ -266,3 +266,73 @@ def test_image_path_option() -> None:
     for bad in ("app=.", "/app", "/app="):
         with pytest.raises(argparse.ArgumentTypeError):
             _image_path(bad)
+
+
+class JobStatusSequence:
+    """Just enough of a LocalStack for ``Narrator.poll``: the job's successive statuses."""
+
+    def __init__(self, statuses: list[dict]) -> None:
+        self.statuses = statuses
+
+    def job(self, name: str) -> dict:
+        return {"spec": {"replicas": 2}, "status": self.statuses.pop(0)}
+
+    def pods(self, job: str, attempt: int) -> list:
+        return []
+
+    def pod_log(self, pod: str) -> str:
+        return ""
+
+
+def test_narrator_says_restarting_when_the_new_gang_runs_between_two_polls() -> None:
+    """The pod runner starts a new gang in well under a poll's interval: the job is already
+    Running again when the narrator sees attempt 1, and its Restarting condition (False by then)
+    is what records that it restarted."""
+    resume = "s3://rtj-checkpoints/runs/spot-demo/ep0-ba12"
+    running = {"type": "Running", "status": "True"}
+    restarted = {"type": "Restarting", "status": "False", "reason": "Running"}
+    stack = JobStatusSequence(
+        [
+            {"phase": "Running", "attempt": 0, "conditions": [running]},
+            {
+                "phase": "Running",
+                "attempt": 1,
+                "resumeFrom": resume,
+                "conditions": [running, restarted],
+            },
+            {"phase": "Succeeded", "attempt": 1, "conditions": [restarted]},
+        ]
+    )
+    said: list[str] = []
+    narrator = Narrator(stack, "spot-demo", said.append)  # type: ignore[arg-type]
+    for _ in range(3):
+        narrator.poll()
+    assert [line.split("] ", 1)[1] for line in said] == [
+        "job phase: Running",
+        f"operator: attempt 1 submitted with RTJ_RESUME_FROM={resume}",
+        "job phase: Restarting",
+        "job phase: Running",
+        "job phase: Succeeded",
+    ]
+
+
+def test_narrator_says_restarting_once_when_it_sees_it() -> None:
+    resume = "s3://rtj-checkpoints/runs/spot-demo/ep0-ba12"
+    restarting = {"type": "Restarting", "status": "True"}
+    stack = JobStatusSequence(
+        [
+            {"phase": "Running", "attempt": 0},
+            {"phase": "Restarting", "attempt": 1, "resumeFrom": resume, "conditions": [restarting]},
+            {"phase": "Running", "attempt": 1, "conditions": [{**restarting, "status": "False"}]},
+        ]
+    )
+    said: list[str] = []
+    narrator = Narrator(stack, "spot-demo", said.append)  # type: ignore[arg-type]
+    for _ in range(3):
+        narrator.poll()
+    assert [line.split("] ", 1)[1] for line in said] == [
+        "job phase: Running",
+        f"operator: attempt 1 submitted with RTJ_RESUME_FROM={resume}",
+        "job phase: Restarting",
+        "job phase: Running",
+    ]

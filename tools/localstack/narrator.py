@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from .stack import LocalStack
 
 
+RESTARTING = "Restarting"
+"""The job's phase between two attempts, and the condition that records it."""
+
+
+def _has_condition(status: dict, kind: str) -> bool:
+    return any(c.get("type") == kind for c in status.get("conditions") or [])
+
+
 class Narrator:
     """Watches a job and says, one line each, what changes: phases, attempts, where the ranks
     run, committed checkpoints, notices, interruptions (with the steps they lost), resumes.
@@ -92,14 +100,19 @@ class Narrator:
                 f"{item.get('lastCommittedStep')}, steps lost {item.get('stepsLost')}"
             )
         self._interruptions = len(status.get("interruptions") or [])
-        if attempt != self._attempt and status.get("phase"):
+        phase = status.get("phase")
+        if attempt != self._attempt and phase:
             if attempt > 0:
                 self.say(
                     f"operator: attempt {attempt} submitted with RTJ_RESUME_FROM="
                     f"{status.get('resumeFrom') or '(empty)'}"
                 )
+                if RESTARTING not in (phase, self._phase) and _has_condition(status, RESTARTING):
+                    # The new gang ran before the next poll: the phase went Restarting and
+                    # back between two polls, which the Restarting condition records.
+                    self.say(f"job phase: {RESTARTING}")
+                    self._phase = RESTARTING
             self._attempt = attempt
-        phase = status.get("phase")
         if phase and phase != self._phase:
             self.say(f"job phase: {phase}")
             self._phase = phase
