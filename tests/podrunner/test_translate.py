@@ -23,7 +23,7 @@ from tools.podrunner.translate import (
     field_value,
     rewrite_rendezvous,
 )
-from tools.podrunner.volumes import write_atomic_dir
+from tools.podrunner.volumes import PodVolumes, write_atomic_dir
 
 POD = {
     "metadata": {
@@ -111,11 +111,13 @@ def test_a_key_ref_says_whether_the_object_or_only_its_key_is_missing() -> None:
         )
 
     assert env_of("configMapKeyRef", "cm", "k") == {"X": "v"}
-    with pytest.raises(ConfigError, match=r"^configmap 'cm' has no key 'nope'$"):
+    with pytest.raises(
+        ConfigError, match=r"^env X: configMapKeyRef configmap 'cm' has no key 'nope'$"
+    ):
         env_of("configMapKeyRef", "cm", "nope")
-    with pytest.raises(ConfigError, match=r"^configmap 'gone' not found$"):
+    with pytest.raises(ConfigError, match=r"^env X: configMapKeyRef configmap 'gone' not found$"):
         env_of("configMapKeyRef", "gone", "k")
-    with pytest.raises(ConfigError, match=r"^secret 'gone' not found$"):
+    with pytest.raises(ConfigError, match=r"^env X: secretKeyRef secret 'gone' not found$"):
         env_of("secretKeyRef", "gone", "k")
 
 
@@ -242,3 +244,62 @@ def test_exit_codes_and_phases(tmp_path: Path) -> None:
     tail = termination_message(msg, policy="FallbackToLogsOnError", exit_code=1, log_path=log)
     assert tail.endswith("line 199\n") and "line 119\n" not in tail
     assert termination_message(msg, policy="FallbackToLogsOnError", exit_code=0, log_path=log) == ""
+
+
+def refusal(container: dict, objects: dict | None = None) -> str:
+    """The CreateContainerConfigError message for ``container`` (its env and command)."""
+    found = objects or {}
+    with pytest.raises(ConfigError) as caught:
+        env = container_env(
+            POD, container, addrs=PodAddresses(), fetch=lambda k, ns, n: found.get((k, n))
+        )
+        command_line(container, env)
+    return str(caught.value)
+
+
+def test_every_refusal_names_the_container_and_the_field() -> None:
+    def env_item(source: dict) -> dict:
+        return {"name": "main", "command": ["true"], "env": [{"name": "X", "valueFrom": source}]}
+
+    divisor = {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}
+    assert refusal(env_item(divisor)) == (
+        "container 'main': env X: resourceFieldRef divisor '1Mi' is not supported: only 1 "
+        "(the pod runner passes the quantity as written, unconverted)"
+    )
+    field = refusal(env_item({"fieldRef": {"fieldPath": "spec.nope"}}))
+    assert field.startswith(
+        "container 'main': env X: fieldRef fieldPath 'spec.nope' is not supported (supported: "
+        "metadata.name, "
+    )
+    assert refusal(env_item({"configMapKeyRef": {"name": "cm", "key": "k"}})) == (
+        "container 'main': env X: configMapKeyRef configmap 'cm' not found"
+    )
+    assert refusal(env_item({"fileKeyRef": {"path": "p", "key": "k"}})) == (
+        "container 'main': env X: unsupported valueFrom ['fileKeyRef']"
+    )
+    env_from = {"name": "main", "command": ["true"], "envFrom": [{"secretRef": {"name": "s"}}]}
+    assert refusal(env_from) == "container 'main': envFrom: secret 's' not found"
+    assert refusal({"name": "main", "image": "busybox", "args": ["x"]}) == (
+        "container 'main': no command: the pod runner ignores images (and their entrypoints), "
+        "so the container must say what to run in `command`"
+    )
+
+
+def test_a_volume_refusal_names_the_volume(tmp_path: Path) -> None:
+    pod = {
+        **POD,
+        "spec": {
+            **POD["spec"],
+            "volumes": [
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "cfg", "configMap": {"name": "settings"}},
+            ],
+        },
+    }
+    volumes = PodVolumes(tmp_path / "pod", tmp_path / "state", lambda *_: None, lambda *_: b"")
+    with pytest.raises(ConfigError, match=r"^volume 'cfg': configmap 'settings' not found$"):
+        volumes.materialize(pod)
+    downward = {"name": "info", "downwardAPI": {"items": [{"path": "x"}]}}
+    pod["spec"]["volumes"] = [downward]
+    with pytest.raises(ConfigError, match=r"^volume 'info': downwardAPI item 'x' has no source$"):
+        volumes.materialize(pod)

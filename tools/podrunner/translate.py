@@ -149,7 +149,11 @@ def field_value(pod: Obj, field_path: str, addrs: PodAddresses) -> str:
     match = _FIELD_KEY.match(field_path)
     if match:
         return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
-    raise ConfigError(f"unsupported fieldRef fieldPath {field_path!r}")
+    raise ConfigError(
+        f"fieldRef fieldPath {field_path!r} is not supported (supported: {', '.join(simple)}, "
+        "metadata.labels, metadata.annotations, metadata.labels['KEY'], "
+        "metadata.annotations['KEY'])"
+    )
 
 
 def resource_value(container: Obj, resource: str, divisor: str | None) -> str:
@@ -161,7 +165,10 @@ def resource_value(container: Obj, resource: str, divisor: str | None) -> str:
     if value is None and kind == "limits":
         value = (resources.get("requests") or {}).get(name)
     if divisor not in (None, "", "0", "1"):
-        raise ConfigError(f"resourceFieldRef divisor {divisor!r} is not supported")
+        raise ConfigError(
+            f"resourceFieldRef divisor {divisor!r} is not supported: only 1 (the pod runner "
+            "passes the quantity as written, unconverted)"
+        )
     return str(value) if value is not None else "0"
 
 
@@ -193,6 +200,25 @@ def container_env(
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The container's environment as a kubelet computes it: envFrom, then env, expanded."""
+    try:
+        return _container_env(pod, container, addrs=addrs, fetch=fetch, base=base)
+    except ConfigError as err:
+        raise ConfigError(f"{_container_label(container)}{err}") from None
+
+
+def _container_label(container: Obj) -> str:
+    """``container 'main': `` in front of a refusal, so it names the container."""
+    return f"container {container['name']!r}: " if container.get("name") else ""
+
+
+def _container_env(
+    pod: Obj,
+    container: Obj,
+    *,
+    addrs: PodAddresses,
+    fetch: Fetch,
+    base: dict[str, str] | None,
+) -> dict[str, str]:
     namespace = (pod.get("metadata") or {}).get("namespace", "default")
     env: dict[str, str] = dict(base or {})
     for source in container.get("envFrom") or []:
@@ -205,7 +231,7 @@ def container_env(
             if obj is None:
                 if ref.get("optional"):
                     continue
-                raise ConfigError(f"{kind[:-1]} {ref.get('name')!r} not found")
+                raise ConfigError(f"envFrom: {kind[:-1]} {ref.get('name')!r} not found")
             for name, value in object_data(obj).items():
                 if _ENV_NAME.match(prefix + name):
                     env[prefix + name] = value
@@ -214,32 +240,41 @@ def container_env(
         if "valueFrom" not in item:
             env[name] = expand(item.get("value", ""), env.get)
             continue
-        source = item["valueFrom"]
-        if "fieldRef" in source:
-            env[name] = field_value(pod, source["fieldRef"]["fieldPath"], addrs)
-        elif "resourceFieldRef" in source:
-            ref = source["resourceFieldRef"]
-            env[name] = resource_value(container, ref["resource"], ref.get("divisor"))
-        else:
-            for kind, key in (("configmaps", "configMapKeyRef"), ("secrets", "secretKeyRef")):
-                ref = source.get(key)
-                if not ref:
-                    continue
-                obj = fetch(kind, namespace, ref.get("name", ""))
-                data = object_data(obj) if obj is not None else {}
-                if ref.get("key") in data:
-                    env[name] = data[ref["key"]]
-                elif not ref.get("optional"):
-                    what = f"{kind[:-1]} {ref.get('name')!r}"
-                    raise ConfigError(  # the object itself missing, or only the key
-                        f"{what} not found"
-                        if obj is None
-                        else f"{what} has no key {ref.get('key')!r}"
-                    )
-                break
-            else:
-                raise ConfigError(f"env {name}: unsupported valueFrom {sorted(source)}")
+        try:
+            value = _env_source(pod, container, item["valueFrom"], addrs=addrs, fetch=fetch)
+        except ConfigError as err:
+            raise ConfigError(f"env {name}: {err}") from None
+        if value is not None:
+            env[name] = value
     return env
+
+
+def _env_source(
+    pod: Obj, container: Obj, source: Obj, *, addrs: PodAddresses, fetch: Fetch
+) -> str | None:
+    """The value of one ``valueFrom``, None for an optional reference to nothing; ConfigError
+    names the source and what is wrong."""
+    namespace = (pod.get("metadata") or {}).get("namespace", "default")
+    if "fieldRef" in source:
+        return field_value(pod, source["fieldRef"]["fieldPath"], addrs)
+    if "resourceFieldRef" in source:
+        ref = source["resourceFieldRef"]
+        return resource_value(container, ref["resource"], ref.get("divisor"))
+    for kind, key in (("configmaps", "configMapKeyRef"), ("secrets", "secretKeyRef")):
+        ref = source.get(key)
+        if not ref:
+            continue
+        obj = fetch(kind, namespace, ref.get("name", ""))
+        data = object_data(obj) if obj is not None else {}
+        if ref.get("key") in data:
+            return data[ref["key"]]
+        if ref.get("optional"):
+            return None
+        what = f"{key} {kind[:-1]} {ref.get('name')!r}"
+        raise ConfigError(  # the object itself missing, or only the key
+            f"{what} not found" if obj is None else f"{what} has no key {ref.get('key')!r}"
+        )
+    raise ConfigError(f"unsupported valueFrom {sorted(source)}")
 
 
 @dataclass
@@ -267,8 +302,8 @@ def command_line(container: Obj, env: dict[str, str]) -> list[str]:
     args = list(container.get("args") or [])
     if not command:
         raise ConfigError(
-            "container has no command: the pod runner ignores images (and their entrypoints), "
-            "so the pod must say what to run"
+            f"{_container_label(container)}no command: the pod runner ignores images (and "
+            "their entrypoints), so the container must say what to run in `command`"
         )
     return [expand(part, env.get) for part in command + args]
 

@@ -97,35 +97,42 @@ class PodVolumes:
         """Create every volume; ConfigError when one cannot be made yet (retried by the caller)."""
         namespace = pod["metadata"]["namespace"]
         for volume in (pod.get("spec") or {}).get("volumes") or []:
-            name = volume["name"]
-            local = self.pod_dir / "volumes" / name
-            if "emptyDir" in volume:
-                local.mkdir(parents=True, exist_ok=True)
-            elif "hostPath" in volume:
-                local = Path(volume["hostPath"]["path"])
-                if volume["hostPath"].get("type", "") in ("", "DirectoryOrCreate"):
-                    local.mkdir(parents=True, exist_ok=True)
-            elif "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                local = self.state_dir / "pvc" / namespace / claim
-                local.mkdir(parents=True, exist_ok=True)
-            elif any(k in volume for k in ("configMap", "secret", "downwardAPI", "projected")):
-                files, mode = self._files(pod, volume)
-                write_atomic_dir(local, files, mode)
-                if "downwardAPI" in volume or "projected" in volume:
-                    self.refreshable.append(name)
-            else:
-                kinds = sorted(k for k in volume if k != "name")
-                log.warning(
-                    "%s/%s: volume %s of kind %s is not supported; using an empty folder",
-                    namespace,
-                    pod["metadata"]["name"],
-                    name,
-                    kinds,
-                )
-                local.mkdir(parents=True, exist_ok=True)
-            self.paths[name] = local
+            try:
+                self.paths[volume["name"]] = self._materialize_one(pod, volume, namespace)
+            except ConfigError as err:
+                raise ConfigError(f"volume {volume['name']!r}: {err}") from None
         return self.paths
+
+    def _materialize_one(self, pod: Obj, volume: Obj, namespace: str) -> Path:
+        """The local folder of one volume, created and filled."""
+        name = volume["name"]
+        local = self.pod_dir / "volumes" / name
+        if "emptyDir" in volume:
+            local.mkdir(parents=True, exist_ok=True)
+        elif "hostPath" in volume:
+            local = Path(volume["hostPath"]["path"])
+            if volume["hostPath"].get("type", "") in ("", "DirectoryOrCreate"):
+                local.mkdir(parents=True, exist_ok=True)
+        elif "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            local = self.state_dir / "pvc" / namespace / claim
+            local.mkdir(parents=True, exist_ok=True)
+        elif any(k in volume for k in ("configMap", "secret", "downwardAPI", "projected")):
+            files, mode = self._files(pod, volume)
+            write_atomic_dir(local, files, mode)
+            if "downwardAPI" in volume or "projected" in volume:
+                self.refreshable.append(name)
+        else:
+            kinds = sorted(k for k in volume if k != "name")
+            log.warning(
+                "%s/%s: volume %s of kind %s is not supported; using an empty folder",
+                namespace,
+                pod["metadata"]["name"],
+                name,
+                kinds,
+            )
+            local.mkdir(parents=True, exist_ok=True)
+        return local
 
     def refresh(self, pod: Obj) -> list[str]:
         """Rewrite the downward-API (and projected) volumes; the names that changed."""
