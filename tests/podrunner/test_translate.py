@@ -303,3 +303,27 @@ def test_a_volume_refusal_names_the_volume(tmp_path: Path) -> None:
     pod["spec"]["volumes"] = [downward]
     with pytest.raises(ConfigError, match=r"^volume 'info': downwardAPI item 'x' has no source$"):
         volumes.materialize(pod)
+
+
+def test_host_path_types_are_created_or_checked_as_the_kubelet_does(tmp_path: Path) -> None:
+    def materialize(name: str, path: Path, kind: str) -> Path:
+        pod = {**POD, "spec": {**POD["spec"], "volumes": [
+            {"name": name, "hostPath": {"path": str(path), "type": kind}},
+        ]}}  # fmt: skip
+        volumes = PodVolumes(tmp_path / "pod", tmp_path / "state", lambda *_: None, lambda *_: b"")
+        return volumes.materialize(pod)[name]
+
+    assert materialize("a", tmp_path / "made" / "dir", "DirectoryOrCreate").is_dir()
+    assert materialize("b", tmp_path / "plain", "").is_dir()
+    made = materialize("c", tmp_path / "made" / "file", "FileOrCreate")
+    assert made.is_file() and made.read_bytes() == b""
+    assert materialize("d", made, "File") == made
+    with pytest.raises(ConfigError, match=r"^volume 'e': hostPath type Directory: .* is not a"):
+        materialize("e", tmp_path / "absent", "Directory")
+    assert not (tmp_path / "absent").exists()
+    with pytest.raises(ConfigError, match=r"^volume 'f': hostPath type File: .* is not a file$"):
+        materialize("f", tmp_path / "made", "File")
+    with pytest.raises(ConfigError, match=r"^volume 'g': hostPath type FileOrCreate: folder"):
+        materialize("g", tmp_path / "nowhere" / "file", "FileOrCreate")
+    with pytest.raises(ConfigError, match=r"^volume 'h': hostPath type Socket: .* is not a socket"):
+        materialize("h", made, "Socket")

@@ -81,6 +81,35 @@ def _same_content(data_link: Path, files: dict[str, bytes]) -> bool:
     return all((base / rel).read_bytes() == content for rel, content in files.items())
 
 
+HOST_PATH_CHECKS: dict[str, tuple[str, Callable[[Path], bool]]] = {
+    "Directory": ("a directory", Path.is_dir),
+    "File": ("a file", Path.is_file),
+    "Socket": ("a socket", Path.is_socket),
+    "CharDevice": ("a character device", Path.is_char_device),
+    "BlockDevice": ("a block device", Path.is_block_device),
+}
+"""hostPath types that must already exist, as the kubelet checks them before a mount."""
+
+
+def host_path(source: Obj) -> Path:
+    """A hostPath volume's path, created or checked as its ``type`` says (the kubelet's rules;
+    ``""`` creates a missing folder too, as a container runtime's bind mount does)."""
+    path, kind = Path(source["path"]), source.get("type") or ""
+    if kind in ("", "DirectoryOrCreate"):
+        path.mkdir(parents=True, exist_ok=True)
+    elif kind == "FileOrCreate":
+        if not path.parent.is_dir():
+            raise ConfigError(f"hostPath type FileOrCreate: folder {path.parent} does not exist")
+        path.touch(exist_ok=True)
+    elif kind in HOST_PATH_CHECKS:
+        what, check = HOST_PATH_CHECKS[kind]
+        if not check(path):
+            raise ConfigError(f"hostPath type {kind}: {path} is not {what}")
+    else:
+        raise ConfigError(f"hostPath type {kind!r} is not one of the Kubernetes hostPath types")
+    return path
+
+
 @dataclass
 class PodVolumes:
     """The local folders of one pod's volumes."""
@@ -110,9 +139,7 @@ class PodVolumes:
         if "emptyDir" in volume:
             local.mkdir(parents=True, exist_ok=True)
         elif "hostPath" in volume:
-            local = Path(volume["hostPath"]["path"])
-            if volume["hostPath"].get("type", "") in ("", "DirectoryOrCreate"):
-                local.mkdir(parents=True, exist_ok=True)
+            local = host_path(volume["hostPath"])
         elif "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
             local = self.state_dir / "pvc" / namespace / claim
