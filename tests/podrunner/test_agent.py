@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tools.kubeapi import Kube
+from tools.podrunner.deletion import finalize_deletion
 from tools.podrunner.ports import PortRegistry
 
 from .conftest import ROOT, AgentFactory, KillNode, node_ready, wait_for
@@ -226,7 +227,20 @@ def test_deletion_sigterm_then_sigkill_then_gone(
     for name in ("polite", "stubborn"):
         assert not alive(int((tmp_path / f"{name}-pid").read_text()))
     log = agent.log.read_text()
-    assert "killed main" in log and "deleted" in log
+    assert "killed main" in log
+    for name in ("polite", "stubborn"):  # one line per pod event, the deletion included
+        assert log.count(f"{ns}/{name}: deleted") == 1, log
+
+
+def test_finalizing_a_deletion_says_whether_it_removed_the_pod(
+    kube: Kube, ns: str, tmp_path: Path
+) -> None:
+    """The agent logs a removal only when its delete removed the pod: a watch event for a pod
+    that its worker has just removed must not log it a second time."""
+    pod = create(kube, ns, make_pod("gone-twice", "pr-no-such-node", "pass", tmp_path))
+    assert finalize_deletion(kube, pod) is True
+    assert get_pod(kube, ns, "gone-twice") is None
+    assert finalize_deletion(kube, pod) is False
 
 
 def test_a_force_deletion_still_gives_the_kubelets_two_seconds_of_grace(

@@ -243,8 +243,8 @@ class Agent:
 
     def _finalize(self, pod: Obj) -> None:
         try:
-            finalize_deletion(self.kube, pod)
-            meta = pod["metadata"]
-            log.info("%s/%s: deleted", meta["namespace"], meta["name"])
+            if finalize_deletion(self.kube, pod):
+                meta = pod["metadata"]
+                log.info("%s/%s: deleted", meta["namespace"], meta["name"])
         except (ApiError, OSError) as err:
             log.warning("could not finalize deletion of %s: %s", pod["metadata"].get("name"), err)

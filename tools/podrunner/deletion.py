@@ -33,8 +33,11 @@ def grace_seconds(pod: Obj) -> float:
     return DEFAULT_GRACE_S
 
 
-def finalize_deletion(kube: Kube, pod: Obj) -> None:
-    """Remove a pod whose containers are all stopped, as the kubelet does (grace 0, same uid)."""
+def finalize_deletion(kube: Kube, pod: Obj) -> bool:
+    """Remove a pod whose containers are all stopped, as the kubelet does (grace 0, same uid).
+
+    False when it was gone already (or replaced by a pod of the same name): the agent's watch
+    may hand over a pod its worker has just removed, and the removal is logged once."""
     meta = pod["metadata"]
     try:
         kube.request(
@@ -50,3 +53,5 @@ def finalize_deletion(kube: Kube, pod: Obj) -> None:
     except ApiError as err:
         if not (err.not_found or err.conflict):
             raise
+        return False
+    return True
