@@ -4,7 +4,8 @@ A pod worker decides what happens to its pod (start, restart, stop, report); thi
 the per-container bookkeeping those decisions act on: which process runs each container, the
 ``ContainerState`` the status reports, and the exit record (exit code, signal, termination
 message mapped back to in-pod paths). Kept apart so the worker reads as the pod's lifecycle and
-this as what a kubelet's container runtime would tell it.
+this as what a kubelet's container runtime would tell it. Rejected: keeping it in
+the worker, which made one class of about 330 lines do four jobs.
 
 Every method that starts a process must run on the pod's worker thread: the containers'
 parent-death signal follows the thread that forked them.

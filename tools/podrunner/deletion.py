@@ -4,6 +4,9 @@ Shared by the pod worker (a deletion while its containers run) and the agent (a 
 being deleted when the agent first sees it, with nothing of it running here), so both follow
 the kubelet's rules from one place: the deletion's grace period, else the spec's, never under
 the kubelet's minimum; then a delete with ``gracePeriodSeconds=0`` and a UID precondition.
+
+Rejected: deleting with the pod's own grace period. The containers have already had it, and
+without the UID precondition a new pod of the same name could be deleted instead.
 """
 
 from __future__ import annotations

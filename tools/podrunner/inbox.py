@@ -4,6 +4,9 @@ The agent's watch threads learn about a pod's changes; only the pod's own worker
 on them (it started the containers, and their parent-death signal follows that thread). This
 box is the hand-over between the two: the watchers write under a lock and wake the worker, and
 the worker reads one consistent snapshot at a time.
+
+Rejected: a queue of every pod version. The worker only ever needs the newest one (labels,
+annotations and the deletion are read from it whole); a backlog would replay stale versions.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ built from the containers' states (``status.pod_status_patch``), so conditions o
 (``DisruptionTarget``) are kept. A pod that no longer exists (404, or a 409 on a recreated pod of
 the same name) is marked gone in the worker's inbox instead of being retried; any other failure
 returns False so the worker retries on its next round.
+
+Rejected: replacing the whole status (PUT). It needs a resourceVersion retry loop and would drop
+conditions written by others between the read and the write.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ The networking stand-in (``translate.rewrite_rendezvous``) turns a ``MASTER_ADDR
 resolve here into loopback. A lookup of a cluster name can hang for seconds on some resolvers,
 and every container of every pod asks, so the answer is cached and the lookup runs in a daemon
 thread with a time limit: no answer in time counts as "does not resolve".
+
+Rejected: ``socket.setdefaulttimeout``, which does not bound ``getaddrinfo``.
 """
 
 from __future__ import annotations
