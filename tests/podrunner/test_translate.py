@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 from pathlib import Path
@@ -327,3 +328,34 @@ def test_host_path_types_are_created_or_checked_as_the_kubelet_does(tmp_path: Pa
         materialize("g", tmp_path / "nowhere" / "file", "FileOrCreate")
     with pytest.raises(ConfigError, match=r"^volume 'h': hostPath type Socket: .* is not a socket"):
         materialize("h", made, "Socket")
+
+
+def test_a_retried_materialize_lists_each_downward_volume_once(tmp_path: Path) -> None:
+    """A pod waiting in CreateContainerConfigError materializes its volumes again at every
+    retry; each retry added the downward-API volume to the refresh list once more."""
+    pod = {
+        **POD,
+        "metadata": {**POD["metadata"], "labels": {"team": "a"}},
+        "spec": {
+            **POD["spec"],
+            "volumes": [
+                {
+                    "name": "info",
+                    "downwardAPI": {
+                        "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                    },
+                }
+            ],
+        },
+    }
+    volumes = PodVolumes(tmp_path / "pod", tmp_path / "state", lambda *_: None, lambda *_: b"")
+    for _ in range(3):
+        volumes.materialize(pod)
+    assert volumes.refreshable == ["info"]
+
+
+def test_the_port_registry_records_whole_ports(tmp_path: Path) -> None:
+    port = PortRegistry(tmp_path).port_for("team/job-a0-r0.job:29500")
+    recorded = json.loads((tmp_path / "ports.json").read_text())
+    assert recorded["team/job-a0-r0.job:29500"]["port"] == port
+    assert isinstance(recorded["team/job-a0-r0.job:29500"]["port"], int)

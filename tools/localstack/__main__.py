@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"export PATH={stack.bindir}:$PATH\n"
                 f"kubectl apply -n {args.namespace} -f {manifest}\n"
                 f"kubectl get rtj -n {args.namespace} -w\n"
-                f"{sys.executable} -m tools.podrunner kill-node spot-1 --delete-node "
+                f"kubectl get pods -n {args.namespace} -o wide  # NODE: where the ranks run\n"
+                f"{sys.executable} -m tools.podrunner kill-node <a rank's node> --delete-node "
                 f"--state-dir {stack.state_dir}\n"
                 f"logs: {workdir}\nCtrl-C stops everything.",
                 flush=True,

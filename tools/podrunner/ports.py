@@ -64,14 +64,14 @@ class PortRegistry:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _load(self) -> dict[str, dict[str, float]]:
+    def _load(self) -> dict[str, dict[str, int | float]]:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _save(self, entries: dict[str, dict[str, float]]) -> None:
+    def _save(self, entries: dict[str, dict[str, int | float]]) -> None:
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
@@ -86,7 +86,7 @@ class PortRegistry:
             entry = entries.get(key)
             if entry is None:
                 taken = {int(v["port"]) for v in entries.values()}
-                entry = {"port": float(self._pick(key, taken))}
+                entry = {"port": self._pick(key, taken)}
             entry["used"] = now
             entries[key] = entry
             self._save(entries)

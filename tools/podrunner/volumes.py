@@ -147,7 +147,8 @@ class PodVolumes:
         elif any(k in volume for k in ("configMap", "secret", "downwardAPI", "projected")):
             files, mode = self._files(pod, volume)
             write_atomic_dir(local, files, mode)
-            if "downwardAPI" in volume or "projected" in volume:
+            refreshable = "downwardAPI" in volume or "projected" in volume
+            if refreshable and name not in self.refreshable:  # materialize is retried
                 self.refreshable.append(name)
         else:
             kinds = sorted(k for k in volume if k != "name")
