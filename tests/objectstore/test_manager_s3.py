@@ -81,6 +81,29 @@ def test_saves_upload_and_a_fresh_disk_resumes_from_the_store(tmp_path, s3_root)
     ck2.close()
 
 
+def test_keep_local_zero_deletes_the_checkpoints_the_bucket_holds_that_a_resume_left(
+    tmp_path, s3_root
+):
+    """keep_local=0 keeps no local copy of a checkpoint the bucket holds: the one a resume
+    downloaded goes like an uploaded one, once the next upload is done, and so do the ones an
+    earlier attempt left on the disk."""
+    saved_run(s3_root, tmp_path / "node-a", batches=2)  # default keep_local: both stay
+    assert sorted(p.name for p in (tmp_path / "node-a").glob("ep0-*")) == ["ep0-ba1", "ep0-ba2"]
+    # node-b: an empty disk downloads ep0-ba2; node-a: its disk is behind ep0-ba3 in the bucket.
+    for disk, resumed_from in ((tmp_path / "node-b", "ep0-ba2"), (tmp_path / "node-a", "ep0-ba3")):
+        comps = make(seed=4)
+        ck = manager(s3_root, disk, comps, num_local_checkpoints_to_keep=0)
+        res = ck.resume()
+        assert res.source == "remote" and res.path.endswith(resumed_from), res
+        step(*comps[:3])
+        ck.batch_end(4)
+        ck.close()
+        assert sorted(p.name for p in disk.glob("ep0-*")) == [], disk
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    assert remote_pointer(store, run_uri) == "ep0-ba4"
+    assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2", "ep0-ba3", "ep0-ba4"]
+
+
 def test_events_name_each_upload_and_the_remote_resume(tmp_path, s3_root, monkeypatch):
     """The runtime's events (docs/runtime.md) say what was uploaded and where a resume came from."""
     target = tmp_path / "events.jsonl"

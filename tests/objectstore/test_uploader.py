@@ -179,6 +179,31 @@ def test_corrupt_local_file_is_abandoned_not_uploaded(
     up.close()
 
 
+def test_keep_local_counts_local_checkpoints_the_bucket_holds_and_keeps_those_it_lacks(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    """At start-up the local checkpoints already committed in the bucket count like uploaded
+    ones (keep_local=1: they go once a newer one is uploaded); one the bucket lacks stays."""
+    run_dir = tmp_path / RUN
+    earlier = _uploader(store, s3_root)  # an earlier attempt uploaded ep0-ba10 and ep0-ba20
+    ten, _ = make_checkpoint(run_dir, "ep0-ba10", 10)
+    twenty, _ = make_checkpoint(run_dir, "ep0-ba20", 20)
+    earlier.submit(ten)
+    earlier.submit(twenty)
+    assert earlier.flush(30)
+    earlier.close()
+    five, _ = make_checkpoint(run_dir, "ep0-ba5", 5)  # older than the pointer, never uploaded
+
+    up = _uploader(store, s3_root, keep_local=1)
+    assert up.resubmit_unsynced(run_dir) == []
+    assert ten.exists() and twenty.exists(), "nothing is deleted before the next upload"
+    thirty, _ = make_checkpoint(run_dir, "ep0-ba30", 30)
+    up.submit(thirty)
+    assert up.flush(30)
+    assert [f.exists() for f in (five, ten, twenty, thirty)] == [True, False, False, True]
+    up.close()
+
+
 def test_keep_local_zero_keeps_a_rank_copy_until_the_leader_commits_it(
     store: S3Store, s3_root: S3Uri, tmp_path: Path
 ) -> None:

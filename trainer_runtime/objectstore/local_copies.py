@@ -5,6 +5,12 @@ After each upload the uploader hands the checkpoint here; the newest ``keep_loca
 ones stay, older ones are deleted, unless they were submitted again meanwhile (still pending).
 The leader deletes the whole folder, uncommitting it first (the manifest goes before the data,
 so a half-deleted folder is no checkpoint); other ranks delete only their own files.
+
+Local checkpoints this process did not upload (the one a resume downloaded, those an earlier
+attempt left on the disk) are *adopted* at start-up: they count like uploaded ones, but go only
+once the bucket holds them committed, and only at the next upload, when every rank has long
+finished loading the one it resumed from (on a shared volume another rank may still read it
+while this one returns from its resume).
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomic
@@ -22,13 +30,35 @@ from ..manifest import MANIFEST_NAME, Manifest
 log = logging.getLogger("trainer_runtime.objectstore.uploader")
 
 
+@dataclass(frozen=True)
+class _LocalCopy:
+    folder: Path
+    manifest: Manifest
+    adopted: bool
+    """Found on the disk at start-up rather than uploaded by this process."""
+
+    @property
+    def key(self) -> tuple:
+        return progress_key(self.manifest)
+
+
 class UploadedLocalCopies:
     """The uploaded checkpoints this process still keeps locally, newest first."""
 
     def __init__(self, keep: int, leader_rank: int) -> None:
         self.keep = keep
         self.leader_rank = leader_rank
-        self._kept: list[tuple[tuple, Path, Manifest]] = []
+        self._kept: list[_LocalCopy] = []
+        self._lock = threading.Lock()  # adopt (start-up) beside uploaded (the worker thread)
+
+    def adopt(self, manifest: Manifest, local_dir: Path) -> None:
+        """Count a local checkpoint this process did not upload among the kept ones; it is
+        deleted at a later ``uploaded`` once it is beyond the newest ``keep`` and committed in
+        the bucket (a local checkpoint the bucket lacks is never deleted here)."""
+        with self._lock:
+            if all(c.folder != local_dir for c in self._kept):
+                self._kept.append(_LocalCopy(local_dir, manifest, adopted=True))
+                self._kept.sort(key=lambda c: c.key, reverse=True)
 
     def uploaded(
         self,
@@ -46,24 +76,29 @@ class UploadedLocalCopies:
         (or if the leader dies, never): its copy goes only once ``committed_remotely`` says the
         manifest is up, so a crash meanwhile still leaves the checkpoint whole on the disk.
         """
-        kept = [e for e in self._kept if e[1] != local_dir]
-        kept.append((progress_key(manifest), local_dir, manifest))
-        kept.sort(key=lambda e: e[0], reverse=True)
-        self._kept = kept[: self.keep]
-        for entry in kept[self.keep :]:
-            if still_pending(entry[2].name):
-                self._kept.append(entry)  # re-submitted meanwhile: not yet
-                continue
-            if rank != self.leader_rank and not committed_remotely(entry[2]):
-                self._kept.append(entry)  # not a remote checkpoint yet: tried again later
-                continue
-            self._delete(entry[1], entry[2], rank)
-        self._kept.sort(key=lambda e: e[0], reverse=True)
+        with self._lock:
+            kept = [c for c in self._kept if c.folder != local_dir]
+            kept.append(_LocalCopy(local_dir, manifest, adopted=False))
+            kept.sort(key=lambda c: c.key, reverse=True)
+            self._kept = kept[: self.keep]
+            for copy in kept[self.keep :]:
+                if still_pending(copy.manifest.name):
+                    self._kept.append(copy)  # re-submitted meanwhile: not yet
+                    continue
+                if (copy.adopted or rank != self.leader_rank) and not committed_remotely(
+                    copy.manifest
+                ):
+                    self._kept.append(copy)  # not a remote checkpoint yet: tried again later
+                    continue
+                self._delete(copy, rank)
+            self._kept.sort(key=lambda c: c.key, reverse=True)
 
-    def _delete(self, folder: Path, manifest: Manifest, rank: int) -> None:
-        """Leader: the whole folder (all ranks' files are remote); others: their own files."""
+    def _delete(self, copy: _LocalCopy, rank: int) -> None:
+        """The whole folder on the leader, and on every rank for an adopted copy (all ranks'
+        files are remote); otherwise this rank's own files."""
+        folder, manifest = copy.folder, copy.manifest
         try:
-            if rank == self.leader_rank:
+            if rank == self.leader_rank or copy.adopted:
                 with contextlib.suppress(FileNotFoundError):
                     (folder / MANIFEST_NAME).unlink()  # uncommit first: a half-deleted
                     atomic.fsync_dir(folder)  # folder is then no checkpoint

@@ -147,7 +147,8 @@ class CheckpointUploader:
         first: the checkpoint a later resume would use reaches the store first (after an
         emergency exit with the store down, that is the emergency save); older ones follow, and
         ``latest.json`` never moves back. Files already uploaded are skipped by each job's HEAD
-        check. Call it once at
+        check. The other local checkpoints (a resume's download among them) are in the bucket
+        already: with ``keep_local`` they count among the uploaded ones. Call it once at
         start-up, after building the uploader. Returns the names queued.
         """
         local = RunFolder(Path(local_run_dir))
@@ -156,7 +157,12 @@ class CheckpointUploader:
             folder = local.path(manifest.name)
             log.info("object store: resubmitting %s (not yet committed remotely)", folder)
             self.submit(folder, manifest, resumed=True)
-        return [m.name for m in newest_first]
+        queued = [m.name for m in newest_first]
+        if self.local_copies is not None:  # the rest is in the bucket: keep_local counts it
+            for manifest in local.committed():
+                if manifest.name not in queued and manifest.files_for_rank(self.rank):
+                    self.local_copies.adopt(manifest, local.path(manifest.name))
+        return queued
 
     def is_pending(self, name: str) -> bool:
         """True while checkpoint ``name`` is queued, uploading or waiting to retry."""
