@@ -124,6 +124,55 @@ def test_keep_remote_prunes_old_committed_only(
     up.close()
 
 
+class _HangsAfterPointer(S3Store):
+    """SIGSTOPs the server once ``latest.json`` names ``checkpoint``: what follows (the prune)
+    meets a hung store."""
+
+    def __init__(self, server: S3Server, checkpoint: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.server, self.checkpoint = server, checkpoint
+
+    def put_json(self, location: S3Uri | str, value: object, **kwargs: object) -> None:
+        super().put_json(location, value, **kwargs)  # type: ignore[arg-type]
+        if str(location).endswith("latest.json") and self.checkpoint in str(value):
+            self.server.pause()
+
+
+def test_a_prune_against_a_hung_store_is_reported_as_the_prune_not_as_an_upload(
+    own_s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ep0-ba20 is committed (latest.json names it); then the store hangs while keep_remote
+    prunes ep0-ba10. The flush counts ep0-ba20 uploaded (its event is out) and says that the
+    prune waits on a hung store; ep0-ba30, queued behind it, is the one not uploaded."""
+    store = _HangsAfterPointer(own_s3_server, "ep0-ba20", transfer=SMALL_PARTS, max_attempts=2)
+    root = S3Uri(own_s3_server.bucket, "hung-prune")
+    up = _uploader(store, root, keep_remote=1)
+    ten, twenty, thirty = (
+        make_checkpoint(tmp_path / RUN, f"ep0-ba{b}", b)[0] for b in (10, 20, 30)
+    )
+    try:
+        up.submit(ten)
+        assert up.flush(30)
+        up.submit(twenty)
+        with caplog.at_level(logging.INFO, logger="trainer_runtime.objectstore"):
+            assert up.flush(3), "ep0-ba20 is uploaded and committed"
+            up.submit(thirty)
+            assert not up.flush(1)
+        assert up.stats.last_uploaded == "ep0-ba20" and not up.is_pending("ep0-ba20")
+        messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        prune_hung = [m for m in messages if "pruning" in m and "hung" in m]
+        assert len(prune_hung) == 2, messages
+        assert all("ep0-ba20" in m and "keep_remote=1" in m for m in prune_hung), prune_hung
+        assert "all submitted checkpoints are uploaded" in prune_hung[0], prune_hung
+        assert "1 checkpoint(s) still not uploaded" in prune_hung[1], prune_hung
+        assert ": ep0-ba30 (kept locally" in prune_hung[1], prune_hung
+        assert not any("upload of ep0-ba20" in m or ": ep0-ba20 (" in m for m in messages)
+    finally:
+        own_s3_server.unpause()
+        up.close(timeout=30)
+    assert remote_pointer(S3Store(), root.join(RUN)) == "ep0-ba30"
+
+
 def test_store_down_keeps_pending_warns_and_recovers(
     own_s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

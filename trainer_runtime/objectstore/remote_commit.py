@@ -5,7 +5,8 @@ until *every* rank's objects are present with the manifest's size and xxh3 diges
 requests, bounded, with backoff), and only then uploads ``manifest.json``, and only after that
 ``latest.json``, which never moves back to an older checkpoint. A reader of the bucket can
 therefore trust any manifest it finds, and the pointer always names a checkpoint whose manifest
-is already there. Remote retention (``prune_remote``) runs after the pointer moved.
+is already there. Remote retention (``prune_remote``) runs after the pointer moved, as a step
+of its own (the uploader reports a prune apart from the upload it follows).
 
 The queue, retries and local copies around it are ``uploader.py``'s.
 """
@@ -157,13 +158,24 @@ class RemoteCommitter:
                 )
                 return
         self.store.put_json(pointer_uri, pointer_body(manifest))
-        if self.keep_remote > 0:
-            try:
-                prune_remote(self.store, self.run_uri, keep=self.keep_remote)
-            except ObjectStoreError as exc:  # retention is best effort; the upload succeeded
-                log.warning(
-                    "object store: pruning old checkpoints under %s failed: %s", self.run_uri, exc
-                )
+
+    def prunes(self, rank: int) -> bool:
+        """Whether ``rank``'s uploads are followed by ``prune`` (the leader, keep_remote)."""
+        return rank == self.leader_rank and self.keep_remote > 0
+
+    def prune(self, after: str) -> None:
+        """Remote retention, once ``after`` is committed; best effort: a failure is logged."""
+        try:
+            prune_remote(self.store, self.run_uri, keep=self.keep_remote)
+        except ObjectStoreError as exc:
+            log.warning(
+                "object store: pruning old checkpoints under %s (keep_remote=%d, after %s) "
+                "failed: %s",
+                self.run_uri,
+                self.keep_remote,
+                after,
+                exc,
+            )
 
 
 def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:

@@ -34,6 +34,15 @@ from .uri import S3Uri, parse_s3_uri
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """What the worker is waiting on: an upload of ``checkpoint``, or the prune after it."""
+
+    checkpoint: str
+    since: float
+    pruning: bool = False
+
+
 @dataclass
 class UploadStats:
     """Counters a training loop or an exporter can read; updated by the worker thread."""
@@ -100,7 +109,9 @@ class CheckpointUploader:
             None if keep_local is None else UploadedLocalCopies(keep_local, leader_rank)
         )
         self._stop = threading.Event()
-        self._inflight: tuple[str, float] | None = None  # (checkpoint, attempt start)
+        self._inflight: _InFlight | None = None
+        self._idle = threading.Event()  # no job and no prune in progress
+        self._idle.set()
         # The committer owns the cross-rank commit settings (leader, peer wait, remote keep).
         self.committer = RemoteCommitter(
             store, self.run_uri, leader_rank, peer_timeout_s, keep_remote, self._stop
@@ -175,6 +186,10 @@ class CheckpointUploader:
         """Wait until nothing is pending (at most ``timeout`` s); log and return the outcome."""
         start = time.monotonic()
         still = self.queue.wait_empty(timeout, self._stop)
+        if not still:  # a prune may follow the last upload: within the same bound
+            self._idle.wait(
+                None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            )
         took = time.monotonic() - start
         if still:
             log.warning(
@@ -189,6 +204,15 @@ class CheckpointUploader:
                 self._inflight_note(),
             )
             return False
+        if not self._idle.is_set() and self._inflight is not None and self._inflight.pruning:
+            log.warning(
+                "object store: all submitted checkpoints are uploaded to %s (%d, waited %.1fs)%s",
+                self.run_uri,
+                self.stats.uploaded,
+                took,
+                self._inflight_note(),
+            )
+            return True
         log.info(
             "object store: all submitted checkpoints are uploaded to %s (%d, waited %.1fs)",
             self.run_uri,
@@ -198,14 +222,20 @@ class CheckpointUploader:
         return True
 
     def _inflight_note(self) -> str:
-        """Says so when the current attempt is waiting on a store that does not answer."""
+        """Says so when the current attempt (an upload, or the prune after one: the checkpoint
+        is then committed) is waiting on a store that does not answer."""
         inflight = self._inflight
         if inflight is None:
             return ""
-        name, since = inflight
+        what = f"the upload of {inflight.checkpoint}"
+        if inflight.pruning:
+            what = (
+                f"pruning older remote checkpoints (keep_remote={self.committer.keep_remote}) "
+                f"after {inflight.checkpoint} was committed"
+            )
         return (
-            f"; the upload of {name} has been waiting {time.monotonic() - since:.1f}s for the "
-            "store, with no reply and no error: the store is hung or unreachable"
+            f"; {what} has been waiting {time.monotonic() - inflight.since:.1f}s for the store, "
+            "with no reply and no error: the store is hung or unreachable"
         )
 
     def upload_first(self, name: str) -> list[str]:
@@ -249,15 +279,22 @@ class CheckpointUploader:
 
     def _run(self) -> None:
         while (job := self.queue.next(self._stop)) is not None:
-            self._process(job)
+            self._idle.clear()
+            uploaded = self._process(job)
             self._inflight = None
-            self.queue.done(job)
+            self.queue.done(job)  # uploaded (or given up): no longer pending, even if the
+            if uploaded and self.committer.prunes(job.rank) and not self._stop.is_set():
+                self._inflight = _InFlight(job.name, time.monotonic(), pruning=True)
+                self.committer.prune(job.name)  # prune after it hangs
+                self._inflight = None
+            self._idle.set()
 
-    def _process(self, job: UploadJob) -> None:
-        """Upload one job, retrying until it succeeds, its data is bad, or we are stopped."""
+    def _process(self, job: UploadJob) -> bool:
+        """Upload one job, retrying until it succeeds (True), its data is bad, or we are
+        stopped."""
         while not self._stop.is_set():
             job.attempts += 1
-            self._inflight = (job.name, time.monotonic())
+            self._inflight = _InFlight(job.name, time.monotonic())
             try:
                 # A first attempt skips the HEAD per file (the object is new; a stray one is
                 # simply overwritten); a retry or a resubmission asks first, sends what is missing.
@@ -269,10 +306,10 @@ class CheckpointUploader:
                 self.stats.abandoned += 1
                 self.stats.last_error = str(exc)
                 log.error("object store: giving up on %s: %s", job.name, exc)
-                return
+                return False
             except Exception as exc:
                 if self._stop.is_set():
-                    return
+                    return False
                 self.stats.failures += 1
                 self.stats.consecutive_failures += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -309,7 +346,8 @@ class CheckpointUploader:
                 seconds=time.monotonic() - job.submitted_at,
             )
             self._after_upload(job)
-            return
+            return True
+        return False
 
     def _after_upload(self, job: UploadJob) -> None:
         if self.on_uploaded is not None:
