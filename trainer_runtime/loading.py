@@ -260,7 +260,7 @@ class Loader:
         """
         ctx = self.ctx
         problems = ctx.coord.all_gather(check_files_present(folder, manifest))
-        missing = [f"rank {r} lacks {why}" for r, why in enumerate(problems) if why]
+        missing = [f"on rank {r}, {why}" for r, why in enumerate(problems) if why]
         if missing:
             return "; ".join(missing)
         keys = self._ignored_keys(ignore_keys)

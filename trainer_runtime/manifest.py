@@ -136,6 +136,17 @@ def hash_file(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def wrong_size(file: object, found: int, expected: int, *, where: str = "") -> str:
+    """The one wording for a file whose size is not its manifest's: the file, the size found
+    (``where``: " remotely", ...), the size expected. The caller names the checkpoint, once."""
+    return f"{file} has {found} bytes{where}, expected {expected} (its size in the manifest)"
+
+
+def entry_label(entry: FileEntry) -> str:
+    """A manifest entry as messages name it: its path in the checkpoint and its rank."""
+    return f"{entry.path} (rank {entry.rank})"
+
+
 def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
     """None when the file matches its entry, else a reason fit for a log line."""
     path = checkpoint_dir / entry.path
@@ -144,7 +155,7 @@ def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
     except FileNotFoundError:
         return f"{entry.path} (rank {entry.rank}) is missing"
     if size != entry.size:
-        return f"{entry.path} (rank {entry.rank}) has {size} bytes, manifest says {entry.size}"
+        return wrong_size(entry_label(entry), size, entry.size)
     _, digest = hash_file(path)
     if digest != entry.xxh3_128:
         return f"{entry.path} (rank {entry.rank}) fails its checksum"

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .manifest import FileEntry, new_hasher
+from .manifest import FileEntry, entry_label, new_hasher, wrong_size
 from .pages import populate_for_write
 from .safe_state import refused_globals
 
@@ -142,7 +142,7 @@ def read_verified(folder: Path, entry: FileEntry) -> VerifiedFile | str:
     with f:
         size = os.fstat(f.fileno()).st_size
         if size != entry.size:
-            return f"{entry.path} (rank {entry.rank}) has {size} bytes, manifest says {entry.size}"
+            return wrong_size(entry_label(entry), size, entry.size)
         got, digest = _read_hashing(f, size)
     if got.size != size:
         return f"{entry.path} (rank {entry.rank}) ended after {got.size} of {size} bytes"

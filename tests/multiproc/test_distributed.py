@@ -55,7 +55,7 @@ def test_a_missing_rank_file_makes_every_rank_fall_back(tmp_path):
         assert Path(resumed[-1]["path"]).name == "ep0-ba2"
     log0 = (tmp_path / "logs" / "rank0.log").read_text()
     # every rank names the file it lacks (shared folder: both lack it)
-    assert "not resuming from ep0-ba3: rank 0 lacks __1_0.distcp (rank 1) is missing" in log0
+    assert "not resuming from ep0-ba3: on rank 0, __1_0.distcp (rank 1) is missing" in log0
 
 
 def test_resuming_with_another_world_size_continues_the_run(tmp_path):

@@ -173,6 +173,28 @@ def test_a_prune_against_a_hung_store_is_reported_as_the_prune_not_as_an_upload(
     assert remote_pointer(S3Store(), root.join(RUN)) == "ep0-ba30"
 
 
+def test_a_local_file_of_the_wrong_size_is_not_uploaded_and_named_with_both_sizes(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error names the file, the size found and the size expected, and the checkpoint
+    once; nothing of the checkpoint is uploaded, and it is never retried."""
+    folder, manifest = make_checkpoint(tmp_path / RUN, "ep0-ba10", 10)
+    data = folder / "rank0.pt"
+    size = manifest.files[0].size
+    with open(data, "r+b") as f:
+        f.truncate(size - 7)
+    up = _uploader(store, s3_root)
+    with caplog.at_level(logging.ERROR, logger="trainer_runtime.objectstore"):
+        up.submit(folder, manifest)
+        assert up.flush(30)
+    up.close()
+    (said,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert f"{data} has {size - 7} bytes, expected {size} (its size in the manifest)" in said
+    assert said.count("ep0-ba10") == 1, said
+    assert up.stats.abandoned == 1 and up.stats.failures == 0
+    assert store.head(s3_root.join(RUN, "ep0-ba10", "manifest.json")) is None
+
+
 def test_store_down_keeps_pending_warns_and_recovers(
     own_s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -231,6 +232,31 @@ def test_damaged_newest_falls_back_with_reason(tmp_path, caplog, damage, reason)
     assert res.path.endswith("ep0-ba1") and ck.timestamp.batch == 1
     assert any("ep0-ba2" in r.getMessage() and reason in r.getMessage() for r in caplog.records)
     assert res.fallbacks and reason in res.fallbacks[0]
+
+
+def test_a_file_of_the_wrong_size_is_named_with_both_sizes_and_the_checkpoint_once(tmp_path):
+    """The fallback line and a load_path's error say which file, the size found, the size
+    expected, and name the checkpoint once."""
+    root = write_two(tmp_path)
+    data = root / "ep0-ba2" / "__0_0.distcp"
+    size = data.stat().st_size
+    truncate(data)
+    shutil.copytree(root / "ep0-ba2", tmp_path / "broken" / "ep0-ba2")
+    ck = manager(tmp_path, make(seed=4), autoresume=True)
+    (line,) = ck.resume().fallbacks
+    ck.close(save=False)
+    said = (
+        f"__0_0.distcp (rank 0) has {size - 100} bytes, expected {size} (its size in the manifest)"
+    )
+    assert line == f"ep0-ba2: on rank 0, {said}"
+    with pytest.raises(NoCheckpointError) as raised:
+        manager(
+            tmp_path / "other",
+            make(),
+            autoresume=False,
+            load_path=str(tmp_path / "broken" / "ep0-ba2"),
+        ).resume()
+    assert said in str(raised.value) and str(raised.value).count("ep0-ba2") == 1, raised.value
 
 
 def test_quarantined_checkpoint_is_skipped(tmp_path, monkeypatch):

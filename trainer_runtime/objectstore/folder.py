@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError
 from ..layout import RunFolder
-from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
+from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, entry_label, wrong_size
 from .errors import ObjectStoreError
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
@@ -108,10 +108,7 @@ def verify_remote(
         if info is None:
             return f"{entry.path} (rank {entry.rank}) is missing remotely"
         if info.size != entry.size:
-            return (
-                f"{entry.path} (rank {entry.rank}) has {info.size} bytes remotely, "
-                f"manifest says {entry.size}"
-            )
+            return wrong_size(entry_label(entry), info.size, entry.size, where=" remotely")
         if info.xxh3 != entry.xxh3_128 and (info.xxh3 is not None or require_digest):
             return (
                 f"{entry.path} (rank {entry.rank}) carries checksum {info.xxh3}, "

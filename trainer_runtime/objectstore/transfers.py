@@ -27,6 +27,7 @@ from typing import Any
 import xxhash
 
 from .. import atomic
+from ..manifest import wrong_size
 from .checksum import RangeHasher
 from .errors import (
     ChecksumMismatchError,
@@ -71,7 +72,7 @@ def upload_file(
     try:
         actual = os.fstat(fd).st_size
         if size is not None and actual != size:
-            raise LocalDataError(f"{path} has {actual} bytes, the manifest says {size}")
+            raise LocalDataError(wrong_size(path, actual, size))
         if xxh3 is None:
             hasher = RangeHasher(fd)
             hasher.advance_to(actual)

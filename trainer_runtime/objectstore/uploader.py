@@ -305,7 +305,14 @@ class CheckpointUploader:
             except LocalDataError as exc:
                 self.stats.abandoned += 1
                 self.stats.last_error = str(exc)
-                log.error("object store: giving up on %s: %s", job.name, exc)
+                # The error names the local file, and so the checkpoint, once.
+                log.error(
+                    "object store: giving up on an upload to %s (rank %d; a local file that "
+                    "does not match its manifest is never retried): %s",
+                    self.run_uri,
+                    job.rank,
+                    exc,
+                )
                 return False
             except Exception as exc:
                 if self._stop.is_set():

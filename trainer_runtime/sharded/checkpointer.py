@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..commit import write_and_commit
 from ..layout import RunFolder
-from ..manifest import Manifest
+from ..manifest import Manifest, entry_label, wrong_size
 from ..timestamp import Timestamp
 from .engine import ShardedEngine
 from .staging import copy_buffers
@@ -51,7 +51,7 @@ def check_files_present(folder: Path, manifest: Manifest) -> str | None:
         except FileNotFoundError:
             return f"{entry.path} (rank {entry.rank}) is missing"
         if size != entry.size:
-            return f"{entry.path} (rank {entry.rank}) has {size} bytes, manifest says {entry.size}"
+            return wrong_size(entry_label(entry), size, entry.size)
     return None
 
 
