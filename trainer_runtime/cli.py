@@ -10,6 +10,7 @@ variables as training (docs/object-store.md), so the tool sees what a resume wou
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,7 +30,26 @@ Check = Callable[[Manifest], str | None]
 _S3_NOTE = "; s3://BUCKET/PREFIX/... works too (downloaded to a temporary folder, then checked)"
 
 
+EXIT_PIPE_CLOSED = 141
+"""The exit status when the reader of the output goes away (``rtj-checkpoints ls | head -1``):
+128 + SIGPIPE, what a shell reports for other tools in that case; no traceback."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # output still buffered meets a closed pipe here
+    except BrokenPipeError:
+        # Nothing more can reach the reader; point stdout at /dev/null so that the
+        # interpreter's own flush at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE_CLOSED
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "export":
         problem = _unwritable_out(args.out)

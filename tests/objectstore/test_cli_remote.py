@@ -187,3 +187,37 @@ def test_verify_of_an_s3_checkpoint_without_a_manifest_fails(tmp_path, s3_env, s
     listed = cli("ls", f"{run_uri}/ep0-ba2")
     assert listed.returncode == 0 and "NOT COMMITTED" in listed.stdout, listed
     assert cli("verify", f"{run_uri}/ep0-ba1").returncode == 0
+
+
+def test_every_subcommand_exits_quietly_when_its_reader_closes_the_pipe(tmp_path, s3_env, s3_root):
+    """``rtj-checkpoints ls RUN | head -1``: the reader goes away before the output is written
+    (here: before the tool starts). No traceback, exit status 141 (128 + SIGPIPE), local and
+    ``s3://`` alike; ``export`` still writes its file."""
+    run_uri = str(s3_root.join("run"))
+    local = save_two(tmp_path, run_uri)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    for folder in (str(local), run_uri):
+        for i, args in enumerate((["ls"], ["verify"], ["export"])):
+            out = [str(tmp_path / f"weights-{i}-{folder.startswith('s3')}.pt")] if i == 2 else []
+            read_end, write_end = os.pipe()
+            os.close(read_end)  # the reader is gone before anything is written
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "trainer_runtime.cli", *args, folder, *out],
+                    env=env,
+                    stdout=write_end,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
+            finally:
+                os.close(write_end)
+            assert proc.returncode == 141, (args, folder, proc.stderr)
+            assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+            if out:
+                weights = saved_weights(local / "ep0-ba2")
+                assert torch.load(out[0], weights_only=True).keys() == weights.keys()
