@@ -356,14 +356,26 @@ def test_bad_values_fail_with_the_field_name(
 
 
 def test_versions_agree() -> None:
-    """The chart deploys the release it belongs to: appVersion is the package version."""
+    """One version for the project (docs/install.md, Versions): the chart's version and
+    appVersion, the operator's __version__ and every image tag the docs and examples give are
+    pyproject.toml's."""
+    import re
     import tomllib
 
     from rtj_operator import __version__
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert chart["appVersion"] == project["version"] == __version__
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert str(chart["version"]) == chart["appVersion"] == __version__ == version
+    places = [ROOT / "README.md", ROOT / "Dockerfile", *sorted((ROOT / "docs").glob("*.md"))]
+    places += sorted((ROOT / "examples").rglob("*.yaml"))
+    tags = {
+        f"{path.relative_to(ROOT)}: {m.group(0)}"
+        for path in places
+        for m in re.finditer(r"\brtj-(?:operator|train):(\d+\.\d+\.\d+)", path.read_text())
+        if m.group(1) != version
+    }
+    assert not tags, f"image tags other than the project's version {version}: {sorted(tags)}"
 
 
 def test_the_peering_lifetime_minimum_is_the_operators() -> None:
