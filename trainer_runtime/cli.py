@@ -212,20 +212,38 @@ def _main_remote(args: argparse.Namespace) -> int:
 def _uncommitted_remote_checkpoint(store: S3Store, uri: S3Uri) -> bool:
     """Objects under ``uri`` that are all checkpoint files, directly in it, without a
     manifest: a checkpoint not committed (as ``_uncommitted_checkpoint`` locally)."""
+    return next(store.list_objects(uri), None) is not None and _foreign_remote(store, uri) is None
+
+
+def _foreign_remote(store: S3Store, uri: S3Uri) -> str | None:
+    """The first object under ``uri`` that no upload puts into a checkpoint folder (one in a
+    subfolder, a file of another kind), as ``rejection.foreign_entry`` locally."""
     from .rejection import is_checkpoint_file  # noqa: PLC0415 - it imports torch
 
-    names = [o.uri.key[len(uri.prefix) :] for o in store.list_objects(uri)]
-    return bool(names) and all("/" not in n and is_checkpoint_file(n) for n in names)
+    for info in store.list_objects(uri):
+        name = info.uri.key[len(uri.prefix) :]
+        if "/" in name:
+            return name.split("/", 1)[0] + "/"
+        if not is_checkpoint_file(name):
+            return name
+    return None
 
 
 def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool, only: str | None = None) -> int:
     from .objectstore import remote_run_folder  # noqa: PLC0415
 
     folder = remote_run_folder(store, run_uri)
+
+    def foreign(name: str) -> str | None:
+        return _foreign_remote(store, run_uri.join(name))
+
     if not verify:
-        return _list(folder, None, only=only)
+        return _list(folder, None, only=only, foreign=foreign)
     return _list(
-        folder, lambda m: folder.verify(m, None) or _download_check(store, run_uri, m), only=only
+        folder,
+        lambda m: folder.verify(m, None) or _download_check(store, run_uri, m),
+        only=only,
+        foreign=foreign,
     )
 
 

@@ -221,3 +221,25 @@ def test_every_subcommand_exits_quietly_when_its_reader_closes_the_pipe(tmp_path
             if out:
                 weights = saved_weights(local / "ep0-ba2")
                 assert torch.load(out[0], weights_only=True).keys() == weights.keys()
+
+
+def test_a_folder_of_the_users_in_an_s3_run_folder_is_no_checkpoint(tmp_path, s3_env, s3_root):
+    """As for a local run folder (docs/runtime.md, Command line): ``tb_logs/`` beside the
+    checkpoints is not listed as NOT COMMITTED; checkpoint files without a manifest (a save or
+    prune cut short) still are."""
+    run_uri = str(s3_root.join("run"))
+    local = save_two(tmp_path, run_uri)
+    client, prefix = s3_env.client(), f"{s3_root.key}/run"
+    client.put_object(Bucket=s3_root.bucket, Key=f"{prefix}/tb_logs/events.out.1", Body=b"x")
+    client.put_object(Bucket=s3_root.bucket, Key=f"{prefix}/notes/readme.txt", Body=b"x")
+    client.delete_object(Bucket=s3_root.bucket, Key=f"{prefix}/ep0-ba1/manifest.json")
+    (local / "tb_logs").mkdir()
+    (local / "tb_logs" / "events.out.1").write_bytes(b"x")
+    (local / "ep0-ba1" / "manifest.json").unlink()
+    for folder in (str(local), run_uri):
+        for cmd in ("ls", "verify"):
+            done = cli(cmd, folder)
+            assert done.returncode == 0, (cmd, folder, done.stdout, done.stderr)
+            names = [line[2:].split()[0] for line in done.stdout.splitlines()]
+            assert names == ["ep0-ba2", "ep0-ba1"], (cmd, folder, done.stdout)
+            assert "NOT COMMITTED" in done.stdout.splitlines()[1], (cmd, folder, done.stdout)
