@@ -15,6 +15,7 @@ from trainer_runtime.objectstore import (
     LocalDataError,
     ObjectStoreConfigError,
     ObjectStoreError,
+    S3Backend,
     S3Store,
     S3Uri,
     open_store,
@@ -248,3 +249,21 @@ def test_check_access_names_the_permission_the_credentials_lack(
     for name, value in scoped_credentials(s3_env, [*no_delete, "s3:DeleteObject"]).items():
         monkeypatch.setenv(name, value)
     open_store(str(s3_root.join("b")))  # every permission training needs
+
+
+def test_a_bad_addressing_style_names_the_argument_and_the_choices(
+    s3_env: S3Server, s3_root: S3Uri
+) -> None:
+    """docs/object-store.md (OCI): ``addressing_style="path"`` to ``S3Backend``/``S3Store``.
+    A misspelt value is a ValueError naming the argument, before any request."""
+    for build in (
+        lambda: S3Store(addressing_style="Path"),
+        lambda: S3Backend(s3_root, "run", addressing_style="pth"),
+    ):
+        with pytest.raises(
+            ValueError, match=r"addressing_style='(Path|pth)'.*'path', 'virtual', 'auto'"
+        ):
+            build()
+    backend = S3Backend(s3_root, "run", addressing_style="path")
+    assert backend.store.list_folders(s3_root) == []
+    backend.close(1)

@@ -96,6 +96,9 @@ def resolve_region(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(AWS_REGION) or None
 
 
+ADDRESSING_STYLES = (None, "path", "virtual", "auto")
+"""The values of ``S3Store(addressing_style=...)``: botocore's, None leaving it to boto3."""
+
 PROBE_READ_TIMEOUT_S = 10.0
 PROBE_ATTEMPTS = 3
 """``check_access`` (at construction) waits at most this long for each reply, this many times:
@@ -129,6 +132,11 @@ class S3Store:
         ``addressing_style`` ("path" or "virtual") overrides boto3's choice; left None, the
         shared config file's ``s3 = addressing_style = ...`` still applies.
         """
+        if addressing_style not in ADDRESSING_STYLES:
+            raise ValueError(
+                f"addressing_style={addressing_style!r}: expected None (boto3's choice) or one "
+                f"of {', '.join(repr(s) for s in ADDRESSING_STYLES if s)}"
+            )
         self.transfer = transfer or TransferSettings()
         self.probe_client: BaseClient | None = client
         self._settings: dict[str, Any] | None = None
