@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .config import is_remote
 from .errors import CheckpointError
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
@@ -57,7 +58,7 @@ def _run(argv: list[str] | None) -> int:
             print(f"rtj-checkpoints: {problem}", file=sys.stderr)
             return 2
         args.out = Path(args.out)
-    if _is_s3(args.folder) or "://" in args.folder:  # other schemes: training's error and hint
+    if _is_s3(args.folder) or is_remote(args.folder):  # others: training's error and hint
         return _main_remote(args)
     folder = Path(args.folder)
     if not folder.is_dir():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -358,8 +359,15 @@ def _grace_period(given: float | None) -> float:
 
 
 # ---------------------------------------------------------------------- the run's location
+_MISTYPED_URI = re.compile(r"^(?:s3[an]?|gs|gcs|oci|https?):(?!//)", re.IGNORECASE)
+"""``s3:/bucket/x``, ``s3:bucket``: an object-store location with a slash missing. Read as a
+local path it would put the checkpoints in a folder named ``s3:`` on the node's disk, lost
+with the node; it is refused as a malformed URI instead."""
+
+
 def is_remote(location: str) -> bool:
-    return "://" in location
+    """Whether ``location`` asks for the object store (a URI, or one mistyped)."""
+    return "://" in location or _MISTYPED_URI.match(location) is not None
 
 
 def locate_run(

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -853,3 +854,36 @@ def test_a_malformed_sample_count_is_refused_and_counts_nothing(tmp_path, bad):
         ck.batch_end(bad)
     assert (ck.timestamp.batch, ck.timestamp.sample) == (0, 0)
     ck.close(save=False)
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("folder", "s3:/bucket/ckpt/{run_name}"),
+        ("folder", "S3:bucket/ckpt/{run_name}"),
+        ("folder", "gs:/bucket/ckpt/{run_name}"),
+        ("RTJ_CHECKPOINT_DIR", "s3:/bucket/ckpt"),
+        ("load_path", "s3:/bucket/ckpt/run/ep0-ba1"),
+    ],
+)
+def test_an_object_store_uri_missing_a_slash_is_refused_not_taken_for_a_local_path(
+    tmp_path, monkeypatch, where, value
+):
+    """Read as a path, ``s3:/bucket/...`` put the checkpoints in a folder ``s3:`` of the
+    working directory (lost with the node). It is a malformed URI (docs/object-store.md):
+    a ConfigError naming the argument and the expected form, and nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    kw = {"run_name": "run", "autoresume": False}
+    if where == "RTJ_CHECKPOINT_DIR":
+        monkeypatch.setenv(where, value)
+    else:
+        kw[where] = value
+        if where == "load_path":
+            kw["folder"] = tmp_path / "ck"
+    with pytest.raises(ConfigError, match=rf"{where}='{re.escape(value)}'.*expected s3://BUCKET"):
+        CheckpointManager(model=make()[0], **kw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # A local folder so named is still reachable, written as a relative path.
+    ck = CheckpointManager(model=make()[0], folder="./s3:/x/{run_name}", run_name="run")
+    ck.close(save=False)
+    assert (tmp_path / "s3:" / "x" / "run").is_dir()
