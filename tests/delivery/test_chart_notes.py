@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import CHART, Cluster
+from .conftest import CHART, Cluster, apply_chart_crds
 
 
 @pytest.mark.parametrize(
@@ -23,5 +23,9 @@ from .conftest import CHART, Cluster
 def test_notes_name_the_replicas_the_deployment_runs(
     cluster: Cluster, values: tuple[str, ...], line: str
 ) -> None:
+    # A client-side dry run does not install crds/ (a real install does), yet it maps every
+    # object against the server's kinds: the peering CRDs must be there, whichever test ran
+    # before (some delete them).
+    apply_chart_crds(cluster)
     proc = cluster.helm("install", "rtj-notes", str(CHART), "--dry-run=client", *values)
     assert line in proc.stdout.split("NOTES:", 1)[1]
