@@ -302,3 +302,41 @@ def test_keep_local_zero_keeps_a_rank_copy_until_the_leader_commits_it(
     assert (twenty / "rank1.pt").exists(), "ep0-ba20 is not committed remotely yet"
     leader.close(timeout=0)
     rank1.close(timeout=0)
+
+
+def test_keep_local_on_a_node_local_disk_leaves_no_torn_checkpoint(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    """On node-local disks each node holds its own files and a copy of the manifest (the
+    commit writes one where rank 0's is not visible). Rank 1's keep_local deleted only its own
+    files there, so the manifest stayed over a folder without them: a torn checkpoint that the
+    next resume on that node passed over and moved into rejected/."""
+    shared = tmp_path / "leader" / RUN  # rank 0's node
+    node1 = tmp_path / "node1" / RUN  # rank 1's node: its own file and its manifest copy
+    ten, manifest10 = make_checkpoint(shared, "ep0-ba10", 10, world_size=2)
+    twenty, manifest20 = make_checkpoint(shared, "ep0-ba20", 20, world_size=2)
+    for folder in (ten, twenty):
+        copy = node1 / folder.name
+        copy.mkdir(parents=True)
+        (copy / "rank1.pt").write_bytes((folder / "rank1.pt").read_bytes())
+        (copy / "manifest.json").write_bytes((folder / "manifest.json").read_bytes())
+    leader = _uploader(store, s3_root, rank=0, world_size=2, peer_timeout_s=30)
+    rank1 = _uploader(store, s3_root, rank=1, world_size=2, keep_local=1)
+    for folder, manifest in ((ten, manifest10), (twenty, manifest20)):
+        rank1.submit(node1 / folder.name, manifest)
+        leader.submit(folder, manifest)
+        assert leader.flush(30) and rank1.flush(30)
+    assert remote_pointer(store, s3_root.join(RUN)) == "ep0-ba20"
+    # One more upload: ep0-ba10 is now beyond keep_local=1 and committed in the bucket.
+    thirty, manifest30 = make_checkpoint(shared, "ep0-ba30", 30, world_size=2)
+    copy30 = node1 / thirty.name
+    copy30.mkdir(parents=True)
+    (copy30 / "rank1.pt").write_bytes((thirty / "rank1.pt").read_bytes())
+    (copy30 / "manifest.json").write_bytes((thirty / "manifest.json").read_bytes())
+    leader.submit(thirty, manifest30)
+    rank1.submit(copy30, manifest30)
+    assert leader.flush(30) and rank1.flush(30)
+    assert not (node1 / "ep0-ba10").exists(), sorted(p.name for p in (node1 / "ep0-ba10").iterdir())
+    assert (node1 / "ep0-ba30" / "manifest.json").exists()
+    leader.close(timeout=0)
+    rank1.close(timeout=0)

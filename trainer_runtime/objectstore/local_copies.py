@@ -3,8 +3,9 @@
 With an object store the local disk is a cache: a node's disk is small and lost with the node.
 After each upload the uploader hands the checkpoint here; the newest ``keep_local`` uploaded
 ones stay, older ones are deleted, unless they were submitted again meanwhile (still pending).
-The leader deletes the whole folder, uncommitting it first (the manifest goes before the data,
-so a half-deleted folder is no checkpoint); other ranks delete only their own files.
+Every rank uncommits the folder first (the manifest goes before the data, so a half-deleted
+folder is no checkpoint: on node-local disks each node holds a manifest copy over its own
+files); then the leader deletes the whole folder and other ranks only their own files.
 
 Local checkpoints this process did not upload (the one a resume downloaded, those an earlier
 attempt left on the disk) are *adopted* at start-up: they count like uploaded ones, but go only
@@ -98,10 +99,13 @@ class UploadedLocalCopies:
         files are remote); otherwise this rank's own files."""
         folder, manifest = copy.folder, copy.manifest
         try:
+            # Every rank uncommits first, so a half-deleted folder is no checkpoint: on
+            # node-local disks each node holds a copy of the manifest over its own files, and
+            # on a shared disk the leader removes the rest (the bucket holds it committed).
+            with contextlib.suppress(FileNotFoundError):
+                (folder / MANIFEST_NAME).unlink()
+                atomic.fsync_dir(folder)
             if rank == self.leader_rank or copy.adopted:
-                with contextlib.suppress(FileNotFoundError):
-                    (folder / MANIFEST_NAME).unlink()  # uncommit first: a half-deleted
-                    atomic.fsync_dir(folder)  # folder is then no checkpoint
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 for entry in manifest.files_for_rank(rank):
