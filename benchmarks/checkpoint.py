@@ -82,6 +82,7 @@ from harness import (
     load_average,
     print_report,
     round_order,
+    scratch_folder,
     timed,
     write_json,
 )
@@ -447,8 +448,11 @@ def main() -> None:
     if args.rounds < MIN_ROUNDS:
         ap.error(f"--rounds={args.rounds}: at least 5 rounds are needed for a median to mean much")
     size_mib = args.size_mib or (96 if args.quick else 1024)
-    shutil.rmtree(args.dir, ignore_errors=True)
-    args.dir.mkdir(parents=True)
+    with scratch_folder(args.dir):
+        measure(args, size_mib)
+
+
+def measure(args: argparse.Namespace, size_mib: int) -> None:
     cache = PageCache(args.dir, warm=warm_code)
     conds = conditions(page_cache_dropped=cache.permitted)
     print(f"[bench] building a {size_mib} MiB model+Adam state", flush=True)
@@ -518,7 +522,6 @@ def main() -> None:
         "targets": verdicts,
     }
     write_json(args.json, out)
-    shutil.rmtree(args.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ from harness import (
     load_average,
     print_report,
     round_order,
+    scratch_folder,
     timed,
     write_json,
 )
@@ -564,10 +565,26 @@ def run_config(name: str, args: argparse.Namespace, total: int) -> dict[str, Any
             "OMP_NUM_THREADS": "1",
         }
         procs.append(subprocess.Popen(base, env=env))
-    codes = [p.wait() for p in procs]
+    try:
+        codes = [p.wait() for p in procs]
+    finally:  # interrupted or failed: no rank outlives the run
+        stop_ranks(procs)
     if codes != [0] * world:
         raise SystemExit(f"{name}: rank exit codes {codes}")
     return json.loads(result.read_text())
+
+
+def stop_ranks(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every rank still running (a Ctrl-C reaches them too; this is for the rest)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def ratios(raw: dict[str, Any]) -> dict[str, float]:
@@ -659,8 +676,11 @@ def main() -> None:
         if short:
             ap.error(f"--device cuda: {short} need a GPU per rank; this machine has {gpus}")
     total = (args.size_mib or (96 if args.quick else 1024)) * MiB
-    shutil.rmtree(args.dir, ignore_errors=True)
-    args.dir.mkdir(parents=True)
+    with scratch_folder(args.dir):
+        measure(args, configs, total)
+
+
+def measure(args: argparse.Namespace, configs: list[str], total: int) -> None:
     dropped = drop_whole_page_cache()
     if not dropped:
         print("[bench] WARNING: cannot drop the page cache (needs root): loads may read cached")
@@ -690,7 +710,6 @@ def main() -> None:
         }
         report["conditions"]["load_average_1m_at_end"] = load_average()
         write_json(args.json, report)  # after each configuration: a cut-short run keeps some
-    shutil.rmtree(args.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -201,6 +203,18 @@ def print_report(
     for name, v in verdicts.items():
         state = "met" if v["met"] else "MISSED"
         print(f"target {name} {v['op']} {v['bound']}: {v['value']:.3f} {state}")
+
+
+@contextmanager
+def scratch_folder(path: Path) -> Iterator[Path]:
+    """The run's data folder, emptied first and removed at the end, also when the run is
+    interrupted (Ctrl-C) or fails: its checkpoints are several times the state's size."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

@@ -1,0 +1,66 @@
+"""A checkpoint benchmark stopped with Ctrl-C leaves no data folder and no process behind.
+
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group; each run here starts
+in a session of its own and gets that signal the same way, midway through its timed rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.waiting import wait_for
+
+pytestmark = pytest.mark.multiproc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def group_members(pgid: int) -> list[str]:
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True, check=False)
+    return out.stdout.split()
+
+
+def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> Path:
+    data = tmp_path / "data"
+    log = tmp_path / "bench.log"
+    cmd = [sys.executable, f"benchmarks/{script}", "--json", str(tmp_path / "out.json")]
+    cmd += ["--size-mib", "16", "--rounds", "50", "--dir", str(data), *extra]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for(
+            f"{started!r} in the log",
+            lambda: started in log.read_text(),
+            timeout=300,
+            on_timeout=lambda: log.read_text()[-3000:],
+        )
+        assert proc.poll() is None, log.read_text()[-3000:]
+        wait_for("the run's first files", lambda: any(data.rglob("*")), timeout=300)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        wait_for("every process ended", lambda: not group_members(proc.pid), timeout=30)
+    finally:
+        if proc.poll() is None or group_members(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return data
+
+
+def test_checkpoint_benchmark_interrupted_removes_its_data_folder(tmp_path: Path) -> None:
+    data = interrupt_midway(tmp_path, "checkpoint.py", "round 1/50")
+    assert not data.exists(), sorted(str(p) for p in data.rglob("*"))
+
+
+def test_engines_benchmark_interrupted_removes_its_folder_and_ranks(tmp_path: Path) -> None:
+    data = interrupt_midway(
+        tmp_path, "checkpoint_engines.py", "[bench] single:", "--configs", "single"
+    )
+    assert not data.exists(), sorted(str(p) for p in data.rglob("*"))
