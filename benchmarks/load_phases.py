@@ -394,21 +394,21 @@ def main() -> None:
         return worker(args)
     if args.prepare:
         return prepare(args)
+    contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
+    contenders += ["load-1lane", "load-2lanes"]
+    contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
+    contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
+    if args.contenders:  # checked before the state is built and saved
+        picked = args.contenders.split(",")
+        unknown = sorted(set(picked) - set(contenders))
+        if unknown:
+            raise SystemExit(f"--contenders: unknown {unknown}; expected some of {contenders}")
+        contenders = picked
     own = not args.dir
     if own:
         args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-phases-{os.getpid()}")
     try:
         run_child(args, "--prepare")
-        contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
-        contenders += ["load-1lane", "load-2lanes"]
-        contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
-        contenders += [f"{c}-{b}-blocks" for c in ("load", "load-warm") for b in BLOCKS]
-        if args.contenders:
-            picked = args.contenders.split(",")
-            unknown = sorted(set(picked) - set(contenders))
-            if unknown:
-                raise SystemExit(f"--contenders: unknown {unknown}; expected some of {contenders}")
-            contenders = picked
         samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
         dropped = True
         for r in range(args.rounds):

@@ -1,0 +1,26 @@
+"""A benchmark refuses a bad option before it builds or saves any state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_load_phases_unknown_contender_is_refused_before_any_state_is_saved(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    cmd = [sys.executable, "benchmarks/load_phases.py", "--json", str(tmp_path / "out.json")]
+    cmd += ["--size-mib", "8", "--dir", str(data), "--contenders", "load,bogus"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode != 0
+    assert "--contenders: unknown ['bogus']" in out.stderr
+    assert "load-warm" in out.stderr  # the names it accepts
+    assert not data.exists(), sorted(str(p) for p in data.rglob("*"))
