@@ -205,12 +205,32 @@ def print_report(
         print(f"target {name} {v['op']} {v['bound']}: {v['value']:.3f} {state}")
 
 
+SCRATCH_MARK = ".rtj-benchmark-scratch"
+"""The file that marks a folder as a benchmark's own data folder (safe to empty)."""
+
+
 @contextmanager
 def scratch_folder(path: Path) -> Iterator[Path]:
     """The run's data folder, emptied first and removed at the end, also when the run is
-    interrupted (Ctrl-C) or fails: its checkpoints are several times the state's size."""
+    interrupted (Ctrl-C) or fails: its checkpoints are several times the state's size.
+
+    Only a folder that is absent, empty or an earlier run's (it holds ``SCRATCH_MARK``) is
+    emptied: ``--dir`` pointed at a folder of the user's is refused (``SystemExit`` naming it),
+    with nothing deleted."""
+    if path.exists():
+        if not path.is_dir():
+            raise SystemExit(
+                f"--dir {path}: expected a folder for the benchmark's data, got a file"
+            )
+        if any(path.iterdir()) and not (path / SCRATCH_MARK).exists():
+            raise SystemExit(
+                f"--dir {path}: the folder holds files this benchmark did not write, and the "
+                "benchmark empties its folder before and after the run; give a new or empty "
+                "folder (nothing was deleted)"
+            )
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
+    (path / SCRATCH_MARK).touch()
     try:
         yield path
     finally:

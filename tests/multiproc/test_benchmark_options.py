@@ -24,3 +24,18 @@ def test_load_phases_unknown_contender_is_refused_before_any_state_is_saved(
     assert "--contenders: unknown ['bogus']" in out.stderr
     assert "load-warm" in out.stderr  # the names it accepts
     assert not data.exists(), sorted(str(p) for p in data.rglob("*"))
+
+
+@pytest.mark.parametrize("script", ["checkpoint.py", "checkpoint_engines.py"])
+def test_a_dir_holding_the_users_files_is_refused_and_kept(tmp_path: Path, script: str) -> None:
+    """The benchmarks empty their data folder before and after a run: ``--dir`` pointed at a
+    folder of the user's deleted everything in it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    cmd = [sys.executable, f"benchmarks/{script}", "--json", str(tmp_path / "out.json")]
+    cmd += ["--quick", "--dir", str(mine)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode != 0
+    assert f"--dir {mine}: the folder holds files this benchmark did not write" in out.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
