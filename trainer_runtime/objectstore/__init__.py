@@ -19,6 +19,7 @@ from .errors import (
     ObjectStoreConfigError,
     ObjectStoreError,
 )
+from .flush_report import UploadStats
 from .folder import StorePrefix, remote_run_folder, verify_remote
 from .remote_commit import prune_remote
 from .resolver import (
@@ -39,7 +40,7 @@ from .store import (
     resolve_endpoint,
     resolve_region,
 )
-from .uploader import CheckpointUploader, UploadStats
+from .uploader import CheckpointUploader
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
 __all__ = [

@@ -6,7 +6,7 @@ queue in order, one checkpoint at a time, each in the order that keeps the remot
 logged as a warning, counted, and retried with backoff for as long as the process lives, and
 the checkpoint stays *pending*, so local retention must keep it (``is_pending``). ``flush`` at
 exit waits a bounded time and logs what is still pending. The queue and the pending names are
-``upload_queue.py``'s.
+``upload_queue.py``'s; the counters and the flush's log are ``flush_report.py``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import events
@@ -24,6 +23,7 @@ from ..errors import ManifestError
 from ..layout import RunFolder
 from ..manifest import MANIFEST_NAME, Manifest
 from .errors import LocalDataError, ObjectStoreError
+from .flush_report import InFlight, UploadStats, inflight_note, log_flush
 from .local_copies import UploadedLocalCopies
 from .remote_commit import RemoteCommitter, not_committed_remotely
 from .retry import Backoff
@@ -32,32 +32,6 @@ from .upload_queue import UploadJob, UploadQueue
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _InFlight:
-    """What the worker is waiting on: an upload of ``checkpoint``, or the prune after it."""
-
-    checkpoint: str
-    since: float
-    pruning: bool = False
-
-
-@dataclass
-class UploadStats:
-    """Counters a training loop or an exporter can read; updated by the worker thread."""
-
-    submitted: int = 0
-    uploaded: int = 0
-    """Checkpoints whose upload (this rank's share; on the leader, the commit) completed."""
-    failures: int = 0
-    """Failed attempts, each logged as a warning; the checkpoint is retried."""
-    consecutive_failures: int = 0
-    abandoned: int = 0
-    """Checkpoints dropped because a local file was missing or corrupt (never retried)."""
-    bytes_uploaded: int = 0
-    last_uploaded: str | None = None
-    last_error: str | None = None
 
 
 class CheckpointUploader:
@@ -109,7 +83,7 @@ class CheckpointUploader:
             None if keep_local is None else UploadedLocalCopies(keep_local, leader_rank)
         )
         self._stop = threading.Event()
-        self._inflight: _InFlight | None = None
+        self._inflight: InFlight | None = None
         self._idle = threading.Event()  # no job and no prune in progress
         self._idle.set()
         # The committer owns the cross-rank commit settings (leader, peer wait, remote keep).
@@ -190,53 +164,17 @@ class CheckpointUploader:
             self._idle.wait(
                 None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
             )
-        took = time.monotonic() - start
-        if still:
-            log.warning(
-                "object store: %d checkpoint(s) still not uploaded to %s after %.1fs: %s "
-                "(kept locally; %d failed attempt(s), last error: %s)%s",
-                len(still),
-                self.run_uri,
-                took,
-                ", ".join(still),
-                self.stats.failures,
-                self.stats.last_error,
-                self._inflight_note(),
-            )
-            return False
-        if not self._idle.is_set() and self._inflight is not None and self._inflight.pruning:
-            log.warning(
-                "object store: all submitted checkpoints are uploaded to %s (%d, waited %.1fs)%s",
-                self.run_uri,
-                self.stats.uploaded,
-                took,
-                self._inflight_note(),
-            )
-            return True
-        log.info(
-            "object store: all submitted checkpoints are uploaded to %s (%d, waited %.1fs)",
-            self.run_uri,
-            self.stats.uploaded,
-            took,
-        )
-        return True
-
-    def _inflight_note(self) -> str:
-        """Says so when the current attempt (an upload, or the prune after one: the checkpoint
-        is then committed) is waiting on a store that does not answer."""
         inflight = self._inflight
-        if inflight is None:
-            return ""
-        what = f"the upload of {inflight.checkpoint}"
-        if inflight.pruning:
-            what = (
-                f"pruning older remote checkpoints (keep_remote={self.committer.keep_remote}) "
-                f"after {inflight.checkpoint} was committed"
-            )
-        return (
-            f"; {what} has been waiting {time.monotonic() - inflight.since:.1f}s for the store, "
-            "with no reply and no error: the store is hung or unreachable"
+        pruning = not self._idle.is_set() and inflight is not None and inflight.pruning
+        log_flush(
+            self.run_uri,
+            still,
+            time.monotonic() - start,
+            self.stats,
+            note=inflight_note(inflight, self.committer.keep_remote),
+            pruning=pruning,
         )
+        return not still
 
     def upload_first(self, name: str) -> list[str]:
         """Put ``name`` next in line and drop queued uploads of older checkpoints.
@@ -284,7 +222,7 @@ class CheckpointUploader:
             self._inflight = None
             self.queue.done(job)  # uploaded (or given up): no longer pending, even if the
             if uploaded and self.committer.prunes(job.rank) and not self._stop.is_set():
-                self._inflight = _InFlight(job.name, time.monotonic(), pruning=True)
+                self._inflight = InFlight(job.name, time.monotonic(), pruning=True)
                 self.committer.prune(job.name)  # prune after it hangs
                 self._inflight = None
             self._idle.set()
@@ -294,7 +232,7 @@ class CheckpointUploader:
         stopped."""
         while not self._stop.is_set():
             job.attempts += 1
-            self._inflight = _InFlight(job.name, time.monotonic())
+            self._inflight = InFlight(job.name, time.monotonic())
             try:
                 # A first attempt skips the HEAD per file (the object is new; a stray one is
                 # simply overwritten); a retry or a resubmission asks first, sends what is missing.
