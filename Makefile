@@ -57,8 +57,9 @@ demo: setup tools  ## local cluster + operator: a node is lost, the job resumes 
 demo-local: setup  ## no cluster: a 2-rank run is SIGTERMed and SIGKILLed and still ends bitwise equal
 	$(RUN) python examples/demo_local.py
 
-crds: setup  ## regenerate the CRDs, RBAC and reference page from the pydantic models
+crds: setup  ## regenerate the CRDs, RBAC and reference page from the pydantic models, and the chart's copies
 	$(RUN) python -m rtj_operator.crdgen
+	$(RUN) python -m tests.delivery.chart_sync
 
 bench: setup  ## checkpoint benchmarks of record, 1 GiB state (as root, on a quiet machine)
 	$(RUN) python benchmarks/checkpoint.py --json out/bench-checkpoint.json
