@@ -26,6 +26,13 @@ def group_members(pgid: int) -> list[str]:
     return out.stdout.split()
 
 
+def _default_sigint() -> None:
+    """A terminal's foreground job takes Ctrl-C by default; a test run started in the
+    background by a non-interactive shell (as CI may start it) inherits SIGINT ignored, and
+    Python keeps it ignored, so the benchmark would never see the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> Path:
     data = tmp_path / "data"
     log = tmp_path / "bench.log"
@@ -33,7 +40,12 @@ def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> 
     cmd += ["--size-mib", "16", "--rounds", "50", "--dir", str(data), *extra]
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_default_sigint,  # noqa: PLW1509 - one signal call, no lock taken
         )
     try:
         wait_for(
