@@ -24,7 +24,7 @@ from .executor import Applied, Executor
 from .kube import ApiError, KubeApi
 from .nodes import NodeView, node_view
 from .plan_types import Plan
-from .podstate import owned_by, pod_attempt
+from .podstate import pod_attempt
 from .reconcile import reconcile
 from .status_types import TERMINAL_PHASES, Cause
 from .timeutil import utcnow
@@ -138,7 +138,7 @@ class Controller:
         wanted = {
             (p.get("spec") or {}).get("nodeName")
             for p in pods
-            if owned_by(p, job.ref.uid) and pod_attempt(p) == job.status.attempt
+            if support.controlled_by(p, job.ref.uid) and pod_attempt(p) == job.status.attempt
         } - {None, ""}
         views: dict[str, NodeView] = {}
         missing = []
@@ -279,7 +279,7 @@ class Controller:
         found = await asyncio.gather(
             *(self.api.get_object(self.api.core_path(job.ref.namespace, "pods", n)) for n in wanted)
         )
-        return [p for p in found if p is not None and not owned_by(p, job.ref.uid)]
+        return [p for p in found if p is not None and not support.controlled_by(p, job.ref.uid)]
 
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""

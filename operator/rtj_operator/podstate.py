@@ -15,12 +15,6 @@ from . import names
 from .plan_types import PodDeletion
 
 
-def owned_by(pod: dict[str, Any], uid: str) -> bool:
-    """Whether the job (this incarnation of the name) controls the pod."""
-    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
-
-
 def pod_attempt(pod: dict[str, Any]) -> int | None:
     """The attempt label of a pod."""
     value = ((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT)

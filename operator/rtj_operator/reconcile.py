@@ -26,7 +26,7 @@ from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
 from .nodes import NodeView
 from .plan_types import Plan
-from .podstate import is_deleting, is_finished, owned_by, pod_attempt, pod_deletion
+from .podstate import is_deleting, is_finished, pod_attempt, pod_deletion
 from .progress import (
     Report,
     highest_current_step,
@@ -73,10 +73,12 @@ def reconcile(
         status=job.status.model_copy(deep=True),
         plan=plan,
         now=now,
-        owned=[p for p in pods if owned_by(p, job.ref.uid)],
-        foreign=[p for p in pods if not owned_by(p, job.ref.uid)],
+        owned=[p for p in pods if support.controlled_by(p, job.ref.uid)],
+        foreign=[p for p in pods if not support.controlled_by(p, job.ref.uid)],
         nodes=nodes,
-        departed={n: p for n, p in (departed or {}).items() if owned_by(p, job.ref.uid)},
+        departed={
+            n: p for n, p in (departed or {}).items() if support.controlled_by(p, job.ref.uid)
+        },
         observed_support=observed_support or {},
         cluster_nodes=cluster_nodes,
         native_gang=native_gang,

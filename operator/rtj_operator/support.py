@@ -83,7 +83,8 @@ def desired(job: Job, attempt: int) -> dict[str, dict[str, Any]]:
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    """Whether the job with ``uid`` is the object's controller."""
+    """Whether the job with ``uid`` (this incarnation of the name) is the controller of the
+    object: a pod, a PodGroup, a support object."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
 
