@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from . import gang, metrics, names, support
 from .api_types import Job, parse_job
 from .discovery import ApiDiscovery
-from .executor import Applied, Executor
+from .executor import Applied, Executor, foreign_pods
 from .kube import ApiError, KubeApi
 from .nodes import NodeView, node_view
 from .plan_types import Plan
@@ -276,10 +276,7 @@ class Controller:
             names.pod_name(job.ref.name, st.attempt, rank)
             for rank in range(st.gang_size or job.spec.replicas)
         } - {p["metadata"]["name"] for p in listed}
-        found = await asyncio.gather(
-            *(self.api.get_object(self.api.core_path(job.ref.namespace, "pods", n)) for n in wanted)
-        )
-        return [p for p in found if p is not None and not support.controlled_by(p, job.ref.uid)]
+        return await foreign_pods(self.api, job.ref.namespace, wanted, job.ref.uid)
 
     async def _support(self, job: Job) -> support.Observed:
         """The job's support objects as they are now (not read once the job has ended)."""

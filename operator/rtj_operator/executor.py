@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -272,14 +273,8 @@ class Executor:
             for pod, made in zip(creations, results, strict=True)
             if made is False  # 409: a pod of that name exists
         ]
-        held = await asyncio.gather(
-            *(self.api.get_object(self.api.core_path(ns, "pods", n)) for n in existed)
-        )
-        return None, [
-            f"{POD} {n}"
-            for n, pod in zip(existed, held, strict=True)
-            if pod is not None and not controlled_by(pod, job.ref.uid)
-        ]
+        held = await foreign_pods(self.api, ns, existed, job.ref.uid)
+        return None, [f"{POD} {pod['metadata']['name']}" for pod in held]
 
     @staticmethod
     async def _gather(calls: list[Any]) -> None:
@@ -317,3 +312,15 @@ class Executor:
         task = asyncio.ensure_future(post())
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
+
+
+async def foreign_pods(
+    api: KubeApi, namespace: str, pod_names: Iterable[str], uid: str
+) -> list[dict[str, Any]]:
+    """The pods of these names that exist and that the job with ``uid`` does not control (a
+    pod made by hand under a rank's name): read by name, as the job's label selector cannot
+    see a pod without its labels."""
+    found = await asyncio.gather(
+        *(api.get_object(api.core_path(namespace, "pods", n)) for n in pod_names)
+    )
+    return [p for p in found if p is not None and not controlled_by(p, uid)]
