@@ -147,16 +147,23 @@ def entry_label(entry: FileEntry) -> str:
     return f"{entry.path} (rank {entry.rank})"
 
 
-def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
-    """None when the file matches its entry, else a reason fit for a log line."""
-    path = checkpoint_dir / entry.path
+def size_problem(checkpoint_dir: Path, entry: FileEntry) -> str | None:
+    """None when the file exists with its entry's size, else the reason (no byte is read)."""
     try:
-        size = os.stat(path).st_size
+        size = os.stat(checkpoint_dir / entry.path).st_size
     except FileNotFoundError:
-        return f"{entry.path} (rank {entry.rank}) is missing"
+        return f"{entry_label(entry)} is missing"
     if size != entry.size:
         return wrong_size(entry_label(entry), size, entry.size)
-    _, digest = hash_file(path)
+    return None
+
+
+def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
+    """None when the file matches its entry, else a reason fit for a log line."""
+    problem = size_problem(checkpoint_dir, entry)
+    if problem is not None:
+        return problem
+    _, digest = hash_file(checkpoint_dir / entry.path)
     if digest != entry.xxh3_128:
-        return f"{entry.path} (rank {entry.rank}) fails its checksum"
+        return f"{entry_label(entry)} fails its checksum"
     return None

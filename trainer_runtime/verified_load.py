@@ -138,16 +138,16 @@ def read_verified(folder: Path, entry: FileEntry) -> VerifiedFile | str:
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
     except FileNotFoundError:
-        return f"{entry.path} (rank {entry.rank}) is missing"
+        return f"{entry_label(entry)} is missing"
     with f:
         size = os.fstat(f.fileno()).st_size
         if size != entry.size:
             return wrong_size(entry_label(entry), size, entry.size)
         got, digest = _read_hashing(f, size)
     if got.size != size:
-        return f"{entry.path} (rank {entry.rank}) ended after {got.size} of {size} bytes"
+        return f"{entry_label(entry)} ended after {got.size} of {size} bytes"
     if digest != entry.xxh3_128:
-        return f"{entry.path} (rank {entry.rank}) fails its checksum"
+        return f"{entry_label(entry)} fails its checksum"
     return got
 
 

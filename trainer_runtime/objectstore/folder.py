@@ -106,13 +106,12 @@ def verify_remote(
             continue
         info = store.head(ckpt.join(entry.path))
         if info is None:
-            return f"{entry.path} (rank {entry.rank}) is missing remotely"
+            return f"{entry_label(entry)} is missing remotely"
         if info.size != entry.size:
             return wrong_size(entry_label(entry), info.size, entry.size, where=" remotely")
         if info.xxh3 != entry.xxh3_128 and (info.xxh3 is not None or require_digest):
             return (
-                f"{entry.path} (rank {entry.rank}) carries checksum {info.xxh3}, "
-                f"manifest says {entry.xxh3_128}"
+                f"{entry_label(entry)} carries checksum {info.xxh3}, manifest says {entry.xxh3_128}"
             )
     return None
 

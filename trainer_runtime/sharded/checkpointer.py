@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..commit import write_and_commit
 from ..layout import RunFolder
-from ..manifest import Manifest, entry_label, wrong_size
+from ..manifest import Manifest, size_problem
 from ..timestamp import Timestamp
 from .engine import ShardedEngine
 from .staging import copy_buffers
@@ -46,12 +46,9 @@ def check_files_present(folder: Path, manifest: Manifest) -> str | None:
     rules out a checkpoint that is visibly torn before any rank starts reading it.
     """
     for entry in manifest.files:
-        try:
-            size = os.stat(folder / entry.path).st_size
-        except FileNotFoundError:
-            return f"{entry.path} (rank {entry.rank}) is missing"
-        if size != entry.size:
-            return wrong_size(entry_label(entry), size, entry.size)
+        problem = size_problem(folder, entry)
+        if problem is not None:
+            return problem
     return None
 
 
