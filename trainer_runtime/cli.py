@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -212,22 +212,34 @@ def _main_remote(args: argparse.Namespace) -> int:
 
 def _uncommitted_remote_checkpoint(store: S3Store, uri: S3Uri) -> bool:
     """Objects under ``uri`` that are all checkpoint files, directly in it, without a
-    manifest: a checkpoint not committed (as ``_uncommitted_checkpoint`` locally)."""
-    return next(store.list_objects(uri), None) is not None and _foreign_remote(store, uri) is None
+    manifest: a checkpoint not committed (as ``_uncommitted_checkpoint`` locally). One
+    listing, ended at the first object that is not a checkpoint file."""
+    found = False
+    for name in _remote_entries(store, uri):
+        if _foreign_name(name):
+            return False
+        found = True
+    return found
 
 
 def _foreign_remote(store: S3Store, uri: S3Uri) -> str | None:
     """The first object under ``uri`` that no upload puts into a checkpoint folder (one in a
     subfolder, a file of another kind), as ``rejection.foreign_entry`` locally."""
-    from .rejection import is_checkpoint_file  # noqa: PLC0415 - it imports torch
+    return next((n for n in _remote_entries(store, uri) if _foreign_name(n)), None)
 
+
+def _remote_entries(store: S3Store, uri: S3Uri) -> Iterator[str]:
+    """The entries under ``uri`` as a local listing names them: ``<sub>/`` for an object in a
+    subfolder, else the object's name."""
     for info in store.list_objects(uri):
         name = info.uri.key[len(uri.prefix) :]
-        if "/" in name:
-            return name.split("/", 1)[0] + "/"
-        if not is_checkpoint_file(name):
-            return name
-    return None
+        yield name.split("/", 1)[0] + "/" if "/" in name else name
+
+
+def _foreign_name(entry: str) -> bool:
+    from .rejection import is_checkpoint_file  # noqa: PLC0415 - it imports torch
+
+    return entry.endswith("/") or not is_checkpoint_file(entry)
 
 
 def _list_remote(store: S3Store, run_uri: S3Uri, *, verify: bool, only: str | None = None) -> int:
