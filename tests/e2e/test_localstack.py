@@ -284,6 +284,15 @@ class JobStatusSequence:
         return ""
 
 
+def narration(statuses: list[dict]) -> list[str]:
+    """What the narrator says over one poll per status, without its time stamps."""
+    said: list[str] = []
+    narrator = Narrator(JobStatusSequence(list(statuses)), "spot-demo", said.append)  # type: ignore[arg-type]
+    for _ in statuses:
+        narrator.poll()
+    return [line.split("] ", 1)[1] for line in said]
+
+
 def test_narrator_says_restarting_when_the_new_gang_runs_between_two_polls() -> None:
     """The pod runner starts a new gang in well under a poll's interval: the job is already
     Running again when the narrator sees attempt 1, and its Restarting condition (False by then)
@@ -291,7 +300,7 @@ def test_narrator_says_restarting_when_the_new_gang_runs_between_two_polls() -> 
     resume = "s3://rtj-checkpoints/runs/spot-demo/ep0-ba12"
     running = {"type": "Running", "status": "True"}
     restarted = {"type": "Restarting", "status": "False", "reason": "Running"}
-    stack = JobStatusSequence(
+    assert narration(
         [
             {"phase": "Running", "attempt": 0, "conditions": [running]},
             {
@@ -302,12 +311,7 @@ def test_narrator_says_restarting_when_the_new_gang_runs_between_two_polls() -> 
             },
             {"phase": "Succeeded", "attempt": 1, "conditions": [restarted]},
         ]
-    )
-    said: list[str] = []
-    narrator = Narrator(stack, "spot-demo", said.append)  # type: ignore[arg-type]
-    for _ in range(3):
-        narrator.poll()
-    assert [line.split("] ", 1)[1] for line in said] == [
+    ) == [
         "job phase: Running",
         f"operator: attempt 1 submitted with RTJ_RESUME_FROM={resume}",
         "job phase: Restarting",
@@ -319,18 +323,13 @@ def test_narrator_says_restarting_when_the_new_gang_runs_between_two_polls() -> 
 def test_narrator_says_restarting_once_when_it_sees_it() -> None:
     resume = "s3://rtj-checkpoints/runs/spot-demo/ep0-ba12"
     restarting = {"type": "Restarting", "status": "True"}
-    stack = JobStatusSequence(
+    assert narration(
         [
             {"phase": "Running", "attempt": 0},
             {"phase": "Restarting", "attempt": 1, "resumeFrom": resume, "conditions": [restarting]},
             {"phase": "Running", "attempt": 1, "conditions": [{**restarting, "status": "False"}]},
         ]
-    )
-    said: list[str] = []
-    narrator = Narrator(stack, "spot-demo", said.append)  # type: ignore[arg-type]
-    for _ in range(3):
-        narrator.poll()
-    assert [line.split("] ", 1)[1] for line in said] == [
+    ) == [
         "job phase: Running",
         f"operator: attempt 1 submitted with RTJ_RESUME_FROM={resume}",
         "job phase: Restarting",
