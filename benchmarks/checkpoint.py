@@ -72,6 +72,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import interrupt
 from harness import (
     MIN_ROUNDS,
     RESUME_MARK,
@@ -525,4 +526,4 @@ def measure(args: argparse.Namespace, size_mib: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    interrupt.run(main)

@@ -68,6 +68,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import interrupt
 from harness import (
     MIN_ROUNDS,
     RESUME_MARK,
@@ -713,4 +714,4 @@ def measure(args: argparse.Namespace, configs: list[str], total: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    interrupt.run(main)

@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
+import interrupt
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 
 from trainer_runtime.dist import Coordinator
@@ -133,4 +134,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    interrupt.run(main)

@@ -77,6 +77,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
+import interrupt
 from handoff_reads import HandoffReads
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 
@@ -476,4 +477,4 @@ def summarize(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    interrupt.run(main)

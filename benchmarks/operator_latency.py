@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
 
+import interrupt  # noqa: E402
+
 from rtj_operator import names  # noqa: E402
 from rtj_operator.timeutil import iso, utcnow  # noqa: E402
 from tests.cluster.kubeclient import Kube, rtj  # noqa: E402
@@ -592,4 +594,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.run(main)

@@ -32,6 +32,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+import interrupt
 import torch
 import torch.distributed.checkpoint as dcp
 from checkpoint import build_empty, dcp_state, train_step, warm_code
@@ -125,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    interrupt.run(main)

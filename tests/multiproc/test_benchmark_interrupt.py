@@ -1,4 +1,5 @@
-"""A checkpoint benchmark stopped with Ctrl-C leaves no data folder and no process behind.
+"""A checkpoint benchmark stopped with Ctrl-C leaves no data folder and no process behind, and
+ends with one line and exit status 130 (a shell's code for SIGINT), not a traceback.
 
 Ctrl-C in a terminal sends SIGINT to the whole foreground process group; each run here starts
 in a session of its own and gets that signal the same way, midway through its timed rounds.
@@ -19,6 +20,7 @@ from tools.waiting import wait_for
 pytestmark = pytest.mark.multiproc
 
 ROOT = Path(__file__).resolve().parents[2]
+INTERRUPTED_EXIT = 130
 
 
 def group_members(pgid: int) -> list[str]:
@@ -34,6 +36,8 @@ def _default_sigint() -> None:
 
 
 def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> Path:
+    """Run ``script``, Ctrl-C it once ``started`` is logged; its data folder, checked for the
+    clean ending first."""
     data = tmp_path / "data"
     log = tmp_path / "bench.log"
     cmd = [sys.executable, f"benchmarks/{script}", "--json", str(tmp_path / "out.json")]
@@ -63,6 +67,10 @@ def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> 
         if proc.poll() is None or group_members(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    out = log.read_text()
+    assert proc.returncode == INTERRUPTED_EXIT, out[-3000:]
+    assert "[bench] interrupted (Ctrl-C)" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
     return data
 
 
