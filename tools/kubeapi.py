@@ -1,15 +1,16 @@
-"""The one Kubernetes HTTP client of the tools and tests: plain JSON over HTTPS.
+"""The synchronous Kubernetes client of the tools and tests: plain JSON over HTTPS.
 
 Used by the pod runner (``tools/podrunner``), the local stack of ``make demo``
-(``tools/localstack/``), the test suites and the latency benchmark, so there is one
-``ApiError`` (``ApiError(method, path, status, body)``; ``.status``, ``.reason``, ``.message``,
-and ``.not_found``/``.conflict``/``.invalid``/``.gone``) and one way to authenticate. The operator
-keeps its own async client (``rtj_operator.kube``): the product must not depend on test tooling.
+(``tools/localstack/``), the test suites and the latency benchmarks. It is the product's
+transport (``rtj_operator.kube_transport``: credentials, the connection pool, one request, one
+``ApiError`` with ``.status``, ``.reason``, ``.message`` and ``.not_found``/``.conflict``/
+``.invalid``/``.forbidden``/``.gone``) with what the tools need on top: a kubeconfig file named
+explicitly, watches, and the server's CA for pods. The operator's async client
+(``rtj_operator.kube``) is the same transport with the operator's verbs.
 
-It speaks dicts in the wire format (camelCase, exactly what ``kubectl get -o json`` shows)
-rather than the generated client's models: a kubelet stand-in must round-trip fields the
-client's models may not know yet, and status patches need an explicit strategic-merge content
-type. The ``kubernetes`` package is used only to read the kubeconfig.
+It speaks dicts in the wire format (camelCase, exactly what ``kubectl get -o json`` shows):
+a kubelet stand-in must round-trip fields the generated client's models may not know yet, and
+status patches need an explicit strategic-merge content type.
 """
 
 from __future__ import annotations
@@ -21,75 +22,39 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
-JSON = "application/json"
-MERGE = "application/merge-patch+json"
-STRATEGIC = "application/strategic-merge-patch+json"
+from rtj_operator.kube_transport import (
+    JSON,
+    MERGE,
+    STRATEGIC,
+    ApiError,
+    Transport,
+    load_configuration,
+)
+
+__all__ = ["JSON", "MERGE", "STRATEGIC", "ApiError", "Kube", "Obj"]
 
 Obj = dict[str, Any]
-
-
-class ApiError(Exception):
-    """A non-2xx answer from the API server."""
-
-    def __init__(self, method: str, path: str, status: int, body: str) -> None:
-        self.status = status
-        self.body = body
-        try:
-            self.reason = str(json.loads(body).get("reason", ""))
-            self.message = str(json.loads(body).get("message", body))
-        except ValueError:
-            self.reason, self.message = "", body
-        super().__init__(f"{method} {path}: {status} {self.message}")
-
-    @property
-    def not_found(self) -> bool:
-        """404: the object is gone."""
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        """409: it exists already, or a precondition (uid, resourceVersion) failed."""
-        return self.status == 409
-
-    @property
-    def invalid(self) -> bool:
-        """422: the object failed validation (the message names the field)."""
-        return self.status == 422
-
-    @property
-    def gone(self) -> bool:
-        """410: a watch's resourceVersion is too old; list again."""
-        return self.status == 410
+USER_AGENT = "rtj-tools/0"
 
 
 class Kube:
     """A thread-safe connection pool to one API server, authenticated from a kubeconfig."""
 
     def __init__(self, kubeconfig: str | None, *, timeout_s: float = 30.0) -> None:
-        cfg = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        self.host = cfg.host.rstrip("/")
+        cfg = load_configuration(kubeconfig)
+        self.transport = Transport(
+            cfg,
+            user_agent=USER_AGENT,
+            max_connections=32,
+            timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s),
+        )
+        self.host = self.transport.host
         self.timeout_s = timeout_s
         # The CA that verifies this server (kept as bytes: for certificate-authority-data the
         # client library writes a temporary file). Pods get it as their ca.crt.
         self.ca_pem: bytes | None = (
             Path(cfg.ssl_ca_cert).read_bytes() if cfg.ssl_ca_cert and cfg.verify_ssl else None
-        )
-        self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "rtj-tools/0"}
-        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        if token:
-            self._headers["Authorization"] = token if " " in token else f"Bearer {token}"
-        self._pool = urllib3.PoolManager(
-            num_pools=4,
-            maxsize=32,
-            cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE",
-            ca_certs=cfg.ssl_ca_cert,
-            cert_file=cfg.cert_file,
-            key_file=cfg.key_file,
-            retries=False,
         )
 
     @property
@@ -108,32 +73,16 @@ class Kube:
         content_type: str = JSON,
         timeout_s: float | None = None,
     ) -> Obj:
-        """One call; raises ApiError on a non-2xx answer."""
-        url = self.host + path
-        if params:
-            url += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        headers = dict(self._headers)
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
-        resp = self._pool.request(
+        """One call; raises ApiError on a non-2xx answer. A plain-text answer (``/readyz``)
+        comes back as ``{"message": text}``."""
+        return self.transport.request(
             method,
-            url,
-            body=data,
-            headers=headers,
-            timeout=timeout_s or self.timeout_s,
-            preload_content=True,
+            path,
+            query=params,
+            body=body,
+            content_type=content_type,
+            timeout=None if timeout_s is None else urllib3.Timeout(connect=10.0, read=timeout_s),
         )
-        text = resp.data.decode("utf-8", errors="replace")
-        if resp.status >= 300:
-            raise ApiError(method, path, resp.status, text)
-        if not text:
-            return {}
-        try:
-            return dict(json.loads(text))
-        except ValueError:  # a plain-text endpoint such as /readyz ("ok")
-            return {"message": text}
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Obj | None:
         """GET, or None when the object does not exist."""
@@ -164,14 +113,7 @@ class Kube:
             "timeoutSeconds": timeout_s,
             "allowWatchBookmarks": "true",
         }
-        url = self.host + path + "?" + urllib.parse.urlencode(query)
-        return self._pool.request(
-            "GET",
-            url,
-            headers=self._headers,
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=read_timeout_s),
-        )
+        return self.transport.stream(path, query, read_timeout_s=read_timeout_s)
 
     def watch(self, path: str, params: dict[str, Any], *, timeout_s: int = 60) -> Iterator[Obj]:
         """Watch events (``{"type", "object"}``) until the server closes the stream.
@@ -182,7 +124,7 @@ class Kube:
         resp = self.open_watch(path, params, timeout_s=timeout_s, read_timeout_s=timeout_s + 15.0)
         try:
             if resp.status >= 300:
-                raise ApiError("WATCH", path, resp.status, resp.read().decode(errors="replace"))
+                raise Transport.error_of(resp, "WATCH", path)
             pending = b""
             for chunk in resp.stream(65536):
                 pending += chunk

@@ -1,145 +1,56 @@
-"""A small async Kubernetes API client returning plain dictionaries.
+"""The operator's async Kubernetes API client: the paths and verbs the operator uses.
 
-Why not the generated ``kubernetes`` client methods: they deserialise every response into model
-objects (slow on the resubmission path, and a different shape from the dictionaries kopf and the
-pure modules use), their signatures change between releases, and JSON merge patches on custom
-resources need care. The ``kubernetes`` package is still used for what it is good at: loading
-kubeconfig / in-cluster credentials, including token refresh. Requests run on a thread pool over
-one pooled urllib3 connection manager, so the gang's pods are created in parallel.
+Requests go through ``kube_transport.Transport`` (credentials, one pooled urllib3 connection
+manager, ``ApiError``), shared with the synchronous client of the tools and tests, and run on a
+thread pool so the gang's pods are created in parallel. Why not the generated ``kubernetes``
+client methods: they deserialise every response into model objects (slow on the resubmission
+path, and a different shape from the dictionaries kopf and the pure modules use), their
+signatures change between releases, and JSON merge patches on custom resources need care.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import ssl
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from . import gang, names
+from .kube_transport import ApiError, Transport, load_configuration
+
+__all__ = ["ApiError", "KubeApi", "load_configuration"]
 
 REQUEST_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
-
-
-class ApiError(Exception):
-    """A non-2xx answer from the API server."""
-
-    def __init__(self, status: int, body: Mapping[str, Any] | None, method: str, path: str):
-        self.status = status
-        self.body = dict(body or {})
-        self.reason = self.body.get("reason", "")
-        self.message = self.body.get("message", "") or f"HTTP {status}"
-        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
-
-    @property
-    def not_found(self) -> bool:
-        """404."""
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        """409: already exists, or a stale resourceVersion."""
-        return self.status == 409
-
-    @property
-    def invalid(self) -> bool:
-        """422: the object failed validation (the message names the field)."""
-        return self.status == 422
-
-    @property
-    def forbidden(self) -> bool:
-        """403: refused by authorization or admission (a missing ServiceAccount, a quota)."""
-        return self.status == 403
-
-
-def load_configuration() -> k8s_client.Configuration:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
-    cfg = k8s_client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    else:
-        k8s_config.load_kube_config(client_configuration=cfg)
-    return cfg
 
 
 class KubeApi:
     """Async JSON access to the API server paths the operator uses."""
 
     def __init__(self, cfg: k8s_client.Configuration | None = None, workers: int = 16):
-        self.cfg = cfg or load_configuration()
-        self.host = self.cfg.host.rstrip("/")
-        pool_args: dict[str, Any] = {"num_pools": 2, "maxsize": workers, "block": False}
-        if self.host.startswith("https"):
-            pool_args["cert_reqs"] = ssl.CERT_REQUIRED if self.cfg.verify_ssl else ssl.CERT_NONE
-            if self.cfg.ssl_ca_cert:
-                pool_args["ca_certs"] = self.cfg.ssl_ca_cert
-            if self.cfg.cert_file:
-                pool_args["cert_file"] = self.cfg.cert_file
-            if self.cfg.key_file:
-                pool_args["key_file"] = self.cfg.key_file
-            if getattr(self.cfg, "tls_server_name", None):
-                pool_args["server_hostname"] = self.cfg.tls_server_name
-        if not self.cfg.verify_ssl:
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        self.http = urllib3.PoolManager(**pool_args)
+        self.transport = Transport(
+            cfg or load_configuration(),
+            user_agent=names.COMPONENT,
+            max_connections=workers,
+            timeout=REQUEST_TIMEOUT,
+        )
+        self.cfg = self.transport.cfg
+        self.host = self.transport.host
         self.threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     def close(self) -> None:
         """Release connections and threads."""
         self.threads.shutdown(wait=False, cancel_futures=True)
-        self.http.clear()
+        self.transport.close()
 
     # -- transport -------------------------------------------------------------------------
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": names.COMPONENT}
-        if content_type:
-            headers["Content-Type"] = content_type
-        token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token:
-            headers["Authorization"] = token
-        elif self.cfg.username and self.cfg.password:
-            headers.update(
-                urllib3.make_headers(basic_auth=f"{self.cfg.username}:{self.cfg.password}")
-            )
-        return headers
-
-    def request_sync(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        """One request; raises ApiError on a non-2xx answer."""
-        url = self.host + path + (f"?{urlencode(query)}" if query else "")
-        data = None if body is None else json.dumps(body).encode()
-        response = self.http.request(
-            method,
-            url,
-            body=data,
-            headers=self._headers(content_type if data else None),
-            timeout=REQUEST_TIMEOUT,
-            retries=False,
-        )
-        payload: dict[str, Any] = {}
-        if response.data:
-            try:
-                payload = json.loads(response.data)
-            except ValueError:
-                payload = {"message": response.data.decode(errors="replace")[:500]}
-        if not 200 <= response.status < 300:
-            raise ApiError(response.status, payload, method, path)
-        return payload
+    def request_sync(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One request (``Transport.request``); raises ApiError on a non-2xx answer."""
+        return self.transport.request(method, path, **kwargs)
 
     async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """Async form of ``request_sync`` (runs on the client's thread pool)."""

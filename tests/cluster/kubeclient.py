@@ -1,6 +1,6 @@
-"""Synchronous Kubernetes helpers for the cluster tests (and the latency benchmark), on the one
-client tools and tests share (``tools/kubeapi.py``; the operator keeps its own async client in
-``rtj_operator.kube`` because the product must not depend on test tooling).
+"""Synchronous Kubernetes helpers for the cluster tests (and the latency benchmark), on the
+client tools and tests share (``tools/kubeapi.py``, built on the operator's transport,
+``rtj_operator.kube_transport``).
 
 They drive the endings a real cluster produces: deleting a node (spot reclaim), the Eviction
 API, taints, a NotReady node, scheduler preemption, and the kubelet's report of a container exit
