@@ -42,7 +42,7 @@ class Kube:
     """A thread-safe connection pool to one API server, authenticated from a kubeconfig."""
 
     def __init__(self, kubeconfig: str | None, *, timeout_s: float = 30.0) -> None:
-        cfg = load_configuration(kubeconfig)
+        cfg = load_configuration(kubeconfig, in_cluster=False)  # a kubeconfig, also in a pod
         self.transport = Transport(
             cfg,
             user_agent=USER_AGENT,

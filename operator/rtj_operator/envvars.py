@@ -78,3 +78,6 @@ PROGRESS_ANNOTATION = "resumable.dev/progress"
 # Read by the operator itself, from its own pod.
 OPERATOR_POD_ID = "POD_ID"
 """The operator replica's peering identity; the chart's Deployment sets it to the pod name."""
+IN_CLUSTER_HOST = "KUBERNETES_SERVICE_HOST"
+"""Set by the kubelet in every pod: the operator then takes the in-cluster credentials of its
+ServiceAccount, else a kubeconfig (``kube_transport.load_configuration``)."""

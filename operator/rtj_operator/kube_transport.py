@@ -27,6 +27,8 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from . import envvars
+
 JSON = "application/json"
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -72,12 +74,14 @@ class ApiError(Exception):
         return self.status == 410
 
 
-def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
+def load_configuration(
+    kubeconfig: str | None = None, *, in_cluster: bool = True
+) -> k8s_client.Configuration:
     """Credentials for one API server. ``kubeconfig``: that file's current context. ``None``:
-    in-cluster credentials when running in a pod, else the kubeconfig ``KUBECONFIG`` names
-    (``~/.kube/config`` without it)."""
+    in a pod (``KUBERNETES_SERVICE_HOST`` set) and with ``in_cluster``, the pod's
+    ServiceAccount; else the kubeconfig ``KUBECONFIG`` names (``~/.kube/config`` without it)."""
     cfg = k8s_client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if kubeconfig is None and in_cluster and os.environ.get(envvars.IN_CLUSTER_HOST):
         k8s_config.load_incluster_config(client_configuration=cfg)
     else:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
