@@ -41,7 +41,8 @@ MAX_GRACE_PERIOD_SECONDS = 86400
 
 
 class ApiModel(BaseModel):
-    """Base for API types: camelCase on the wire, attribute docstrings as descriptions."""
+    """Base for the API types, spec and status alike: camelCase on the wire, attribute docstrings
+    as descriptions."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,

@@ -12,9 +12,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
-from pydantic.alias_generators import to_camel
+from pydantic import Field, PlainSerializer
 
+from .spec_types import ApiModel
 from .timeutil import iso
 
 MAX_INTERRUPTIONS = 20
@@ -74,17 +74,6 @@ PREEMPTION_CAUSES = frozenset(Cause) - {
     Cause.GROW,
     Cause.UNSCHEDULABLE,
 }
-
-
-class ApiModel(BaseModel):
-    """Base for status types: camelCase on the wire, attribute docstrings as descriptions."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        extra="ignore",
-    )
 
 
 class CheckpointRecord(ApiModel):
