@@ -133,7 +133,11 @@ def _invalid(args: argparse.Namespace) -> str | None:
         return f"--resync-seconds must be 0 (only on events) or more (got {args.resync_seconds:g})"
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port must be a port 1-65535, or 0 for off (got {args.metrics_port})"
-    live_port = urlsplit(args.liveness).port if args.liveness else None
+    if args.liveness is not None:
+        problem = _liveness_problem(args.liveness)
+        if problem:
+            return problem
+    live_port = _liveness_address(args.liveness)[1] if args.liveness else None
     if args.metrics_port and args.metrics_port == live_port:
         return f"--metrics-port {args.metrics_port} is the port of --liveness {args.liveness}"
     if any(not ns for ns in args.namespace):
@@ -153,6 +157,41 @@ def _invalid(args: argparse.Namespace) -> str | None:
     return None
 
 
+LIVENESS_EXAMPLE = "http://0.0.0.0:8080/healthz"
+
+
+def _liveness_address(url: str) -> tuple[str, int]:
+    """The host and port kopf serves ``--liveness`` on (its defaults: localhost, port 80)."""
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", 80 if parts.port is None else parts.port
+
+
+def _liveness_problem(url: str) -> str | None:
+    """Why kopf could not serve ``--liveness`` at this URL, else None: it serves only
+    ``http://``, and a bad URL was a bare exception (exit 1) once its loop had started."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return f"--liveness must be an http:// URL such as {LIVENESS_EXAMPLE} (got {url!r})"
+    try:
+        parts.port  # noqa: B018 (urlsplit checks the port's range only when asked)
+    except ValueError:
+        return f"--liveness must have a port 0-65535 (got {url!r})"
+    return None
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why nothing can listen on ``host:port`` now (the address is in use, or not this
+    machine's), else None. A probe only: the real listener is kopf's, bound later."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family):
+            return None
+    except socket.gaierror as err:
+        return f"unknown host ({err.strerror})"
+    except OSError as err:
+        return os.strerror(err.errno) if err.errno else str(err)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the operator until SIGINT/SIGTERM."""
     args = parse_args(argv)
@@ -166,6 +205,17 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"rtj-operator: error: --metrics-port {args.metrics_port} on --metrics-address "
                 f"{args.metrics_address}: cannot listen: {err.strerror or err}",
+                file=sys.stderr,
+            )
+            return 2
+    if args.liveness:
+        # kopf binds it inside its running loop, where a failure was a traceback and exit 1.
+        host, port = _liveness_address(args.liveness)
+        problem = _cannot_listen(host, port)
+        if problem:
+            print(
+                f"rtj-operator: error: --liveness {args.liveness}: cannot listen on "
+                f"{host}:{port}: {problem}",
                 file=sys.stderr,
             )
             return 2

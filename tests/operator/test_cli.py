@@ -77,3 +77,46 @@ def test_the_metrics_port_must_differ_from_the_liveness_port(capsys):
     with pytest.raises(SystemExit):
         parse_args(["-A", "--metrics-port", "8080", "--liveness", "http://0.0.0.0:8080/healthz"])
     assert "--metrics-port 8080 is the port of --liveness" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("notaurl", "--liveness must be an http:// URL"),
+        ("https://0.0.0.0:8080/healthz", "--liveness must be an http:// URL"),
+        ("http://0.0.0.0:99999/healthz", "--liveness must have a port 0-65535"),
+    ],
+)
+def test_a_liveness_url_kopf_cannot_serve_is_refused_with_its_name(url, named, capsys):
+    """kopf raised "Unsupported scheme" or urllib's port error inside its running loop: a
+    traceback and exit code 1, naming no flag."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["-A", "--liveness", url])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_a_liveness_port_in_use_stops_the_operator_at_once_naming_the_flag():
+    """The real command line: kopf bound the port inside its loop, and a port in use ended the
+    process with an aiohttp traceback and exit code 1."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/healthz"
+        done = subprocess.run(
+            [sys.executable, "-m", "rtj_operator", "-A", "--standalone", "--liveness", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"--liveness {url}: cannot listen on 127.0.0.1:{port}: Address already in use" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
