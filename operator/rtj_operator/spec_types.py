@@ -175,6 +175,20 @@ class CheckpointLocation(ApiModel):
                     "for S3 and S3-compatible stores)",
                 ),
                 cel(
+                    "!self.startsWith('s3://') || "
+                    "(self.matches('^s3://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/|$)') && "
+                    "!self.matches('^s3://[^/]*[.][.]') && "
+                    "!self.matches('^s3://[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+(/|$)'))",
+                    "checkpoint.dir must name a valid bucket, as the runtime requires: 3-63 "
+                    "lowercase letters, digits, '.', '-' or '_', starting and ending with a "
+                    "letter or digit, not an IP address, such as s3://my-bucket/checkpoints",
+                ),
+                cel(
+                    "!self.startsWith('s3://') || !self.matches('[?#]')",
+                    "checkpoint.dir must not contain ? or #: the runtime refuses query strings "
+                    "and fragments in s3:// URIs",
+                ),
+                cel(
                     "!self.matches('(^|/)[.][.]?(/|$)')",
                     "checkpoint.dir must not contain . or .. segments: give the folder itself, "
                     "such as /mnt/checkpoints",

@@ -31,7 +31,7 @@ CASES = [
     ("bad checkpoint dir", {"checkpoint": {"dir": "relative/path"}}, "spec.checkpoint.dir"),
     (
         "volume needs a path",
-        {"checkpoint": {"dir": "s3://b", "volumeSource": {"emptyDir": {}}}},
+        {"checkpoint": {"dir": "s3://bucket", "volumeSource": {"emptyDir": {}}}},
         "spec.checkpoint.dir",
     ),
     ("unknown container", {"containerName": "nope"}, "spec.containerName"),
@@ -51,6 +51,27 @@ CASES = [
         "checkpoint dir in a scheme the runtime cannot read",
         {"checkpoint": {"dir": "gs://bucket/prefix"}},
         "the runtime reads s3:// URIs only",
+    ),
+    (
+        "checkpoint dir in a bucket the runtime refuses",
+        {"checkpoint": {"dir": "s3://My_Checkpoints/run"}},
+        'spec.checkpoint.dir: Invalid value: "s3://My_Checkpoints/run": checkpoint.dir must '
+        "name a valid bucket",
+    ),
+    (
+        "checkpoint dir in a one-letter bucket",
+        {"checkpoint": {"dir": "s3://b/run"}},
+        "checkpoint.dir must name a valid bucket",
+    ),
+    (
+        "checkpoint dir in a bucket named by an IP address",
+        {"checkpoint": {"dir": "s3://10.0.0.1/run"}},
+        "checkpoint.dir must name a valid bucket",
+    ),
+    (
+        "checkpoint dir with a query string",
+        {"checkpoint": {"dir": "s3://bucket/run?versionId=1"}},
+        "checkpoint.dir must not contain ? or #",
     ),
     ("checkpoint dir with ..", {"checkpoint": {"dir": "/.."}}, "must not contain . or .."),
     ("checkpoint dir with .", {"checkpoint": {"dir": "/mnt/./ck"}}, "must not contain . or .."),
