@@ -125,8 +125,9 @@ def _settle_gang_conditions(
 ) -> None:
     """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist) and
     ``CapacityAvailable=False`` (a wait for room that stopped) go, as they are absent while
-    nothing is stuck, and ``PreemptionNotice=True`` turns False with the phase's reason. The
-    next attempt sets them again."""
+    nothing is stuck; ``PreemptionNotice=True`` and ``Blocked=True`` (a name taken, pods refused:
+    nothing is created any more, so nothing waits or is retried) turn False with the phase's
+    reason. The next attempt sets them again."""
     status.conditions = [
         c
         for c in status.conditions
@@ -140,6 +141,17 @@ def _settle_gang_conditions(
             False,
             reason=reason,
             message=f"no rank runs: {message}",
+            now=now,
+            generation=generation,
+        )
+    blocked = condition(status, BLOCKED)
+    if blocked is not None and blocked.status == "True":
+        set_condition(
+            status,
+            BLOCKED,
+            False,
+            reason=reason,
+            message=f"no pod is being created: {message}",
             now=now,
             generation=generation,
         )

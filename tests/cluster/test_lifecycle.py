@@ -108,6 +108,49 @@ def test_resuming_a_gang_suspended_mid_creation_counts_no_preemption(kube, ns, p
     )
 
 
+def test_suspending_a_job_whose_pods_are_refused_settles_blocked(kube, ns, pool, operator):
+    """A pod refused by admission (its ServiceAccount does not exist yet) makes the job Blocked,
+    "...; retrying". Suspended, the job creates nothing and retries nothing: Blocked stayed True
+    with "retrying" all the same. Resumed, the refusal shows again until the account exists."""
+    pool.add(2)
+    name = unique("refused")
+    kube.create_job(rtj(name, ns, pool.name, 2, template_spec={"serviceAccountName": "later"}))
+
+    def blocked() -> dict:
+        return condition(kube, ns, name, "Blocked")
+
+    wait_for(
+        "PodCreationRefused",
+        lambda: blocked().get("reason") == "PodCreationRefused",
+        30,
+        on_timeout=operator.tail,
+    )
+    assert blocked()["status"] == "True" and "retrying" in blocked()["message"]
+    kube.patch_job(ns, name, {"suspend": True})
+    wait_phase(kube, ns, name, "Suspended", 20, op=operator)
+    settled = blocked()
+    assert settled["status"] == "False" and settled["reason"] == "Suspended", settled
+    assert "retrying" not in settled["message"], settled
+    kube.patch_job(ns, name, {"suspend": False})
+    wait_for(
+        "refused again once resumed",
+        lambda: blocked().get("status") == "True",
+        30,
+        on_timeout=operator.tail,
+    )
+    assert blocked()["reason"] == "PodCreationRefused"
+    kube.req(
+        "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body={"metadata": {"name": "later"}}
+    )
+    wait_for(
+        "running once the account exists",
+        lambda: kube.status(ns, name).get("phase") == "Running",
+        60,
+        on_timeout=operator.tail,
+    )
+    assert blocked()["status"] == "False" and blocked()["reason"] == "PodsCreated"
+
+
 def test_deleting_the_job_removes_everything_it_owns(kube, ns, pool, operator):
     name = start_running(kube, ns, pool, operator)
     owned = [
