@@ -237,7 +237,7 @@ class Executor:
     async def _write_support(self, namespace: str, write: SupportWrite) -> None:
         path = self.api.support_path(namespace, write.kind)
         if write.update:
-            await self.api.patch_rules(path, write.name, write.body["rules"])
+            await self.api.merge_patch(path, write.name, write.patch)
         else:
             # 409: created meanwhile; the next pass checks that the job controls it.
             await self.api.create(path, write.body)

@@ -241,12 +241,12 @@ class KubeApi:
         )
         return dict(zip(kinds, found, strict=True))
 
-    async def patch_rules(self, path: str, name: str, rules: list[dict[str, Any]]) -> None:
-        """Replace a Role's rules (the resourceNames move with each attempt)."""
+    async def merge_patch(self, path: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch an object (a Role's rules, a Service's ports: lists are replaced)."""
         await self.request(
             "PATCH",
             f"{path}/{quote(name)}",
-            body={"rules": rules},
+            body=patch,
             content_type="application/merge-patch+json",
         )
 

@@ -70,7 +70,12 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
         ["get", "list", "watch", "create", "delete", "patch"],
         "the gang: create ranks, delete an interrupted gang, write the preemption notice",
     ),
-    ([""], ["services"], ["get", "create"], "the headless Service for MASTER_ADDR"),
+    (
+        [""],
+        ["services"],
+        ["get", "create", "patch"],
+        "the headless Service for MASTER_ADDR; its port follows spec.masterPort",
+    ),
     (
         ["scheduling.k8s.io"],
         ["podgroups"],

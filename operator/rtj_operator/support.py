@@ -44,7 +44,8 @@ Observed = Mapping[str, dict[str, Any] | None]
 
 @dataclass(frozen=True)
 class SupportWrite:
-    """Create a missing support object, or update the rules of the job's own Role."""
+    """Create a missing support object, or update the job's own one where it drifted: the
+    Role's pod names (they move with each attempt), the Service's port (``spec.masterPort``)."""
 
     kind: str
     body: dict[str, Any]
@@ -54,6 +55,13 @@ class SupportWrite:
     def name(self) -> str:
         """The object's name."""
         return str(self.body["metadata"]["name"])
+
+    @property
+    def patch(self) -> dict[str, Any]:
+        """The merge patch of an update: the only part of the object the operator keeps."""
+        if self.kind == SERVICE:
+            return {"spec": {"ports": self.body["spec"]["ports"]}}
+        return {"rules": self.body["rules"]}
 
 
 @dataclass
@@ -82,6 +90,13 @@ def desired(job: Job, attempt: int) -> dict[str, dict[str, Any]]:
     return wanted
 
 
+def _ports(service: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """A Service's ports as the operator sets them (the API server adds nothing to these
+    fields of a headless Service, but compare only them)."""
+    ports = (service.get("spec") or {}).get("ports") or []
+    return [(p.get("name"), p.get("port"), p.get("targetPort"), p.get("protocol")) for p in ports]
+
+
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     """Whether the job with ``uid`` (this incarnation of the name) is the controller of the
     object: a pod, a PodGroup, a support object."""
@@ -99,6 +114,9 @@ def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
         elif not controlled_by(found, job.ref.uid):
             decision.conflicts.append(f"{kind} {body['metadata']['name']}")
         elif kind == ROLE and found.get("rules") != body["rules"]:
+            decision.writes.append(SupportWrite(kind, body, update=True))
+        elif kind == SERVICE and _ports(found) != _ports(body):
+            # spec.masterPort may change; the next attempt's ranks rendezvous on the new port.
             decision.writes.append(SupportWrite(kind, body, update=True))
     if decision.conflicts:
         # Nothing is written around a foreign object: a RoleBinding created next to a foreign

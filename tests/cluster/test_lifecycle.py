@@ -247,6 +247,22 @@ def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):
     )
 
 
+def test_a_changed_master_port_reaches_the_service_with_the_next_attempt(kube, ns, pool, operator):
+    """spec.masterPort is mutable: the next attempt's ranks got the new MASTER_PORT while the
+    headless Service kept the port it was created with."""
+    name = start_running(kube, ns, pool, operator)
+    service = f"/api/v1/namespaces/{ns}/services/{name}"
+    assert [p["port"] for p in kube.get(service)["spec"]["ports"]] == [29500]
+    kube.patch_job(ns, name, {"masterPort": 23456})
+    kube.delete_node(node_of(kube, ns, name, 0, 0))
+    pods = wait_attempt(kube, ns, name, 1, 2, op=operator)
+    assert env_of(pods[0])["MASTER_PORT"] == "23456"
+    ports = kube.get(service)["spec"]["ports"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in ports] == [
+        ("rendezvous", 23456, 23456)
+    ]
+
+
 def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, pool, operator):
     name = start_running(kube, ns, pool, operator)
     kube.delete_node(node_of(kube, ns, name, 0, 0))

@@ -174,8 +174,11 @@ def test_operator_works_with_exactly_the_documented_permissions(
         node = node_of(kube, ns, name, 0, 0)
         kube.taint(node, "ToBeDeletedByClusterAutoscaler", "NoSchedule", str(int(time.time())))
         wait_for("notice", lambda: _notice_sent(kube, ns, f"{name}-a0-r0"), 30, on_timeout=op.tail)
+        kube.patch_job(ns, name, {"masterPort": 23456})  # the Service's port follows it
         kube.delete_node(node)
         wait_attempt(kube, ns, name, 1, 2, op=op)
+        service = kube.get(f"/api/v1/namespaces/{ns}/services/{name}")
+        assert [p["port"] for p in service["spec"]["ports"]] == [23456]
         wait_for("attempt 1 running", lambda: kube.running(ns, name, 1, 2), 60, on_timeout=op.tail)
         for rank in (0, 1):
             kube.end_container(ns, f"{name}-a1-r{rank}", 0, reason="Completed")

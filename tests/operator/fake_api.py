@@ -154,11 +154,17 @@ class FakeApi:
             k: await self.get_object(self.support_path(namespace, k, n)) for k, n in wanted.items()
         }
 
-    async def patch_rules(self, path: str, name: str, rules: list[dict[str, Any]]) -> None:
-        self.calls.append("patch_rules")
-        if "Role" in self.fail_kind_once:
-            raise self.fail_kind_once.pop("Role")
-        self.objects[f"{path}/{name}"]["rules"] = copy.deepcopy(rules)
+    async def merge_patch(self, path: str, name: str, patch: dict[str, Any]) -> None:
+        self.calls.append("merge_patch")
+        kind = "Service" if "/services" in path else "Role"
+        if kind in self.fail_kind_once:
+            raise self.fail_kind_once.pop(kind)
+        found = self.objects[f"{path}/{name}"]
+        for key, value in patch.items():
+            if isinstance(value, dict):
+                found.setdefault(key, {}).update(copy.deepcopy(value))
+            else:
+                found[key] = copy.deepcopy(value)
 
     async def post_event(
         self, involved: dict[str, Any], type_: str, reason: str, message: str, now_iso: str

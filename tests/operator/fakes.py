@@ -210,7 +210,7 @@ class FakeCluster:
             self.pods[notice.pod]["metadata"]["annotations"][NOTICE_ANNOTATION] = notice.payload
         for write in plan.support:
             if write.update:
-                self.support[write.kind]["rules"] = copy.deepcopy(write.body["rules"])
+                self.support[write.kind] = copy.deepcopy(write.body)
             else:
                 self.support.setdefault(write.kind, copy.deepcopy(write.body))
         for index, pod in enumerate(plan.creations):

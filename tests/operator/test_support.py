@@ -78,6 +78,27 @@ def test_the_role_follows_the_attempt_before_the_new_pods_exist():
     assert {p["metadata"]["name"] for p in plan.creations} <= set(names)
 
 
+def test_the_service_follows_a_changed_master_port_before_the_new_pods_exist():
+    """spec.masterPort is mutable and the next attempt's ranks rendezvous on the new port; the
+    Service kept the port it was created with."""
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.body["spec"]["masterPort"] = 23456
+    del cluster.nodes["node-0"]
+    plan = cluster.step(1)
+    (update,) = [w for w in plan.support if w.kind == "Service"]
+    assert update.update and update.patch == {
+        "spec": {
+            "ports": [{"name": "rendezvous", "port": 23456, "targetPort": 23456, "protocol": "TCP"}]
+        }
+    }
+    env = {e["name"]: e.get("value") for e in plan.creations[0]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_PORT"] == "23456"
+    assert not [w for w in cluster.step(1).support if w.kind == "Service"]
+
+
 def test_no_trainer_identity_when_the_template_names_an_account():
     template = {
         "spec": {"serviceAccountName": "mine", "containers": [{"name": "trainer", "image": "i"}]}

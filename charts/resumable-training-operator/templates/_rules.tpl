@@ -21,10 +21,10 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# The headless Service that gives rank 0 its MASTER_ADDR.
+# The headless Service that gives rank 0 its MASTER_ADDR; its port follows spec.masterPort.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
 # One gang-scheduled PodGroup per attempt where the cluster serves the API; read first, as its
 # name may still be held by the group of a deleted job of the same name.
 - apiGroups: ["scheduling.k8s.io"]
