@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from .errors import ConfigError
@@ -86,3 +86,26 @@ def names(name: str, value: object, what: str) -> tuple[str, ...]:
             f"{name}={value!r}: expected a list of {what} (strings), got {wrong[0]!r}"
         )
     return items
+
+
+def environment_integer(
+    variable: str,
+    environ: Mapping[str, str],
+    default: int,
+    expected: str,
+    ok: Callable[[int], bool],
+) -> int:
+    """An integer environment variable (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``): ``default``
+    when unset or empty, else a decimal int for which ``ok`` holds. A bad value is a
+    ``ConfigError`` naming the variable (``int()``'s own ``ValueError`` named neither the
+    variable nor what was expected)."""
+    raw = environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ConfigError(f"{variable}={raw!r}: expected {expected}")
+    return value

@@ -17,13 +17,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import envvars
+from . import arguments, envvars
 from .errors import ConfigError
 
 
 class Coordinator:
     def __init__(self, timeout: timedelta = timedelta(minutes=10)) -> None:
-        env_world = int(os.environ.get(envvars.WORLD_SIZE, "1") or 1)
         if dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank()
             self.world_size = dist.get_world_size()
@@ -34,15 +33,18 @@ class Coordinator:
             # may be gone long before while the group stays registered with torch.
             self._open: list[Any] = [self._group]
             atexit.register(_destroy_at_exit, self._open)
-        elif env_world > 1:
+        elif (env_world := env_world_size()) > 1:
             raise ConfigError(
                 f"{envvars.WORLD_SIZE}={env_world} but torch.distributed is not initialized: "
                 "call torch.distributed.init_process_group() before building the "
                 "CheckpointManager"
             )
         else:
+            env_rank()  # checked: a malformed RANK is named, not ignored
             self.rank, self.world_size, self._group = 0, 1, None
-        self.local_rank = int(os.environ.get(envvars.LOCAL_RANK, "0") or 0)
+        self.local_rank = arguments.environment_integer(
+            envvars.LOCAL_RANK, os.environ, 0, "a local rank >= 0", lambda n: n >= 0
+        )
 
     @property
     def distributed(self) -> bool:
@@ -95,6 +97,20 @@ class Coordinator:
         if group is not None:
             self._open.clear()
             _destroy(group)
+
+
+def env_world_size() -> int:
+    """``WORLD_SIZE`` from the environment (1 when unset), checked."""
+    return arguments.environment_integer(
+        envvars.WORLD_SIZE, os.environ, 1, "a world size >= 1", lambda n: n >= 1
+    )
+
+
+def env_rank() -> int:
+    """``RANK`` from the environment (0 when unset), checked."""
+    return arguments.environment_integer(
+        envvars.RANK, os.environ, 0, "a rank >= 0", lambda n: n >= 0
+    )
 
 
 def _destroy(group: Any) -> None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-from . import arguments, envvars
+from . import arguments
+from .dist import env_rank, env_world_size
 from .errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -152,13 +152,13 @@ class ResumableSampler(Sampler[int]):
 def _dist_world() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
-    return int(os.environ.get(envvars.WORLD_SIZE, "1") or 1)
+    return env_world_size()
 
 
 def _dist_rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
-    return int(os.environ.get(envvars.RANK, "0") or 0)
+    return env_rank()
 
 
 def _pos(n: int) -> bool:

@@ -515,6 +515,15 @@ def test_bad_argument_is_a_config_error_naming_it(tmp_path, kw, message):
         ("RTJ_CHECKPOINT_DIR", "s3://Bad_Bucket/p", "RTJ_CHECKPOINT_DIR='s3://Bad_Bucket/p'"),
         ("RTJ_RUN_NAME", "a/b", "RTJ_RUN_NAME='a/b' must be a non-empty name without '/'"),
         ("RTJ_NOTICE_FILE", "/", "RTJ_NOTICE_FILE='/' is a folder: expected the notice file"),
+        (
+            "RTJ_GRACE_PERIOD_SECONDS",
+            "soon",
+            "RTJ_GRACE_PERIOD_SECONDS='soon': expected seconds > 0",
+        ),
+        ("WORLD_SIZE", "two", "WORLD_SIZE='two': expected a world size >= 1"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE='0': expected a world size >= 1"),
+        ("RANK", "first", "RANK='first': expected a rank >= 0"),
+        ("LOCAL_RANK", "-1", "LOCAL_RANK='-1': expected a local rank >= 0"),
     ],
 )
 def test_bad_environment_value_is_a_config_error_naming_the_variable(

@@ -136,3 +136,11 @@ def test_a_malformed_argument_is_named(kw, message):
     with pytest.raises(ConfigError) as err:
         ResumableSampler(10, **args)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("variable, value", [("WORLD_SIZE", "2.5"), ("RANK", "x")])
+def test_a_malformed_rank_variable_is_named(monkeypatch, variable, value):
+    """Without num_replicas/rank (and torch.distributed), the sampler reads the environment."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=rf"{variable}='{value}': expected"):
+        ResumableSampler(10)
