@@ -46,7 +46,10 @@ def apply_saved(
         )
         _place_sampler_at_timestamp(ctx)
     _apply_data_overrides(
-        ctx, runtime.get("global_batch_size"), runtime.get("data_overrides") or {}
+        ctx,
+        runtime.get("global_batch_size"),
+        runtime.get("data_overrides") or {},
+        runtime.get("data_position"),
     )
     _roll_over_finished_epoch(ctx)
     pos.mark_saved()
@@ -74,6 +77,22 @@ def _place_sampler_at_timestamp(ctx: RunContext) -> None:
         )
 
 
+def _place_sampler_where_saved(ctx: RunContext, saved_position: Mapping[str, Any] | None) -> None:
+    """The sampler's position as the saving run recorded it (``saving.runtime_record``), when
+    it is this dataset's; else the timestamp's. The timestamp counts the samples trained, not
+    the ``data_skip_steps`` the saving run skipped, so placing the sampler by it alone repeated
+    those steps' worth of samples at every relaunch."""
+    sampler = ctx.sampler
+    if (
+        sampler is None
+        or not saved_position
+        or saved_position.get("num_samples_total") != sampler.num_samples_total
+    ):
+        _place_sampler_at_timestamp(ctx)
+        return
+    sampler.load_state_dict(dict(saved_position))
+
+
 def _roll_over_finished_epoch(ctx: RunContext) -> None:
     """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
     the start of the next epoch: the rest of the saved epoch holds no batch, and loops
@@ -94,7 +113,10 @@ def _roll_over_finished_epoch(ctx: RunContext) -> None:
 
 
 def _apply_data_overrides(
-    ctx: RunContext, saved_global_batch: int | None, saved_overrides: Mapping[str, Any]
+    ctx: RunContext,
+    saved_global_batch: int | None,
+    saved_overrides: Mapping[str, Any],
+    saved_position: Mapping[str, Any] | None = None,
 ) -> None:
     """Changed dataset or batch size: MindSpore-style overrides of the data position.
 
@@ -109,13 +131,13 @@ def _apply_data_overrides(
     if ignore and saved_overrides.get("ignore_data_position") is True:
         ignore = False
         # The sampler's saved state was not loaded (with the override it never is: it may
-        # be another dataset's); the timestamp holds the same position.
-        _place_sampler_at_timestamp(ctx)
+        # be another dataset's); the position the saving run recorded is this dataset's.
+        _place_sampler_where_saved(ctx, saved_position)
         log.info(
             "ignore_data_position: already applied by the run that saved this checkpoint; "
             "its data position is kept (epoch %d, sample %d of it)",
             ts.epoch,
-            ts.sample_in_epoch,
+            sampler.offset if sampler is not None else ts.sample_in_epoch,
         )
     skip = settings.data_skip_steps
     if skip and saved_overrides.get("data_skip_steps") == skip:

@@ -326,15 +326,21 @@ class Saver:
 def runtime_record(ctx: RunContext) -> dict[str, Any]:
     """The runtime's own bookkeeping saved with a checkpoint: the global batch size (resume
     rescales the step when it changes) and the data overrides this run applies, since its
-    data position already follows them (``position_restore._apply_data_overrides``)."""
+    data position already follows them (``position_restore._apply_data_overrides``). With
+    ``ignore_data_position`` the sampler's position is recorded here too: a relaunch with the
+    override does not load the sampler's own state (it may be another dataset's), and the
+    timestamp alone misses the steps ``data_skip_steps`` skipped."""
     settings = ctx.settings
-    return {
+    record: dict[str, Any] = {
         "global_batch_size": ctx.position.last_global_batch,
         "data_overrides": {
             "ignore_data_position": settings.ignore_data_position,
             "data_skip_steps": settings.data_skip_steps,
         },
     }
+    if settings.ignore_data_position and ctx.sampler is not None:
+        record["data_position"] = ctx.sampler.state_dict()
+    return record
 
 
 def _log_failure(fut: Future[SavedCheckpoint]) -> None:

@@ -133,6 +133,28 @@ def test_data_overrides_apply_once_not_at_every_relaunch(tmp_path):
     assert positions == [(3, 0), (4, 4), (5, 8)]
 
 
+def test_both_overrides_kept_on_relaunch_resume_where_the_relaunched_run_saved(tmp_path):
+    """ignore_data_position and data_skip_steps together: the first attempt restarts the
+    epoch and skips 2 steps; its relaunches (same flags) go on from the sample their
+    checkpoint saved. They went back by the skipped steps (the sampler was placed by the
+    timestamp, which counts trained samples only) and repeated 8 samples at each relaunch."""
+    ck, _ = sampled_run(tmp_path)
+    for _ in range(3):
+        ck.batch_end(4)
+    ck.close()
+    seen: list[int] = []
+    positions = []
+    for _ in range(3):
+        ck, sampler = sampled_run(tmp_path, ignore_data_position=True, data_skip_steps=2)
+        ck.resume()
+        positions.append(sampler.offset)
+        seen += list(sampler)[:4]  # the one step this attempt trains
+        ck.batch_end(4)
+        ck.close()
+    assert positions == [8, 12, 16]
+    assert seen == sampler.epoch_order()[8:20]
+
+
 def test_global_batch_size_change_rescales_the_step(tmp_path):
     ck, _ = sampled_run(tmp_path)
     for _ in range(4):
