@@ -279,6 +279,33 @@ def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypa
     assert isinstance(err.value, ConfigError)
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("AWS_ENDPOINT_URL_S3", "minio.example:9000", "expected a URL http://HOST"),
+        ("AWS_REGION", "not a region!", "expected a region name"),
+        ("AWS_PROFILE", "no-such-profile", "no such profile"),
+        ("AWS_REQUEST_CHECKSUM_CALCULATION", "always", "expected when_required"),
+        ("AWS_RESPONSE_CHECKSUM_VALIDATION", "never", "expected when_required"),
+    ],
+)
+def test_a_store_setting_boto3_refuses_is_a_config_error_naming_the_variable(
+    tmp_path, s3_root, monkeypatch, setting
+):
+    """docs/object-store.md (Configuration): a wrong endpoint, region, profile or checksum
+    mode is an ``ObjectStoreConfigError`` naming the variable, its value and the expected
+    form, not botocore's own exception (or a ConfigError naming neither)."""
+    variable, value, expected = setting
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ObjectStoreConfigError) as err:
+        CheckpointManager(
+            model=make()[0], folder=f"{s3_root}/{{run_name}}", local_folder=tmp_path, run_name="r"
+        )
+    assert isinstance(err.value, ConfigError)
+    assert f"{variable}={value!r}" in str(err.value)
+    assert expected in str(err.value)
+
+
 def test_an_endpoint_that_never_answers_fails_construction_within_the_probe_bound(
     tmp_path, s3_root, monkeypatch
 ):

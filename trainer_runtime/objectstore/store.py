@@ -25,6 +25,7 @@ import xxhash
 
 from ..envvars import AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, S3_ENDPOINT_URL
 from .access import check_access
+from .client_errors import CHECKSUM_SETTINGS, client_setting_error
 from .errors import (
     NO_BUCKET_CODES,
     NOT_FOUND_CODES,
@@ -457,10 +458,16 @@ def _make_client(
         scoped = core.get_scoped_config()
     except ProfileNotFound:
         scoped = {}
-    for key in ("request_checksum_calculation", "response_checksum_validation"):
-        if not os.environ.get(f"AWS_{key.upper()}") and key not in scoped:
+    for key, variable in CHECKSUM_SETTINGS.items():
+        if not os.environ.get(variable) and key not in scoped:
             config = config.merge(Config(**{key: "when_required"}))
     if addressing_style:
         config = config.merge(Config(s3={"addressing_style": addressing_style}))
-    session = boto3.session.Session(botocore_session=core)
-    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+    try:
+        session = boto3.session.Session(botocore_session=core)
+        return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+    except Exception as exc:
+        refused = client_setting_error(exc, endpoint_url=endpoint_url, region=region)
+        if refused is None:
+            raise
+        raise refused from exc
