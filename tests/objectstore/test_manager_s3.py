@@ -344,6 +344,30 @@ def test_unusable_staging_folder_names_where_it_came_from(tmp_path, s3_root, mon
     assert "pass local_folder= a writable folder" in str(err.value)
 
 
+@pytest.mark.parametrize("local_folder", [5, ""])
+def test_a_local_folder_that_is_not_a_path_is_a_config_error(tmp_path, s3_root, local_folder):
+    """``local_folder`` takes a folder's path: an int was a bare TypeError from ``Path()``,
+    and "" staged the checkpoints in the working directory."""
+    with pytest.raises(ConfigError, match=r"local_folder=(5|''): expected the path of a"):
+        CheckpointManager(
+            model=make()[0],
+            folder=f"{s3_root}/{{run_name}}",
+            local_folder=local_folder,
+            run_name="r",
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_folder_beside_a_local_run_folder_is_ignored_with_a_warning(tmp_path, caplog):
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path / "run", local_folder=tmp_path / "stage", run_name="r"
+    )
+    ck.close()
+    assert "local_folder=" in caplog.text
+    assert "ignored" in caplog.text
+    assert not (tmp_path / "stage").exists()
+
+
 def test_malformed_uri_is_a_config_error(tmp_path, s3_env):
     with pytest.raises(ConfigError, match="folder"):
         CheckpointManager(
