@@ -65,15 +65,19 @@ def log_flush(
     """Log a flush's outcome: a warning naming what is still pending, or a prune still
     waiting on the store after every upload is done; else one info line."""
     if still:
+        failures = (
+            f"; {stats.failures} failed attempt(s), last error: {stats.last_error}"
+            if stats.failures
+            else ""  # a hung store fails nothing: the note says what the upload waits on
+        )
         log.warning(
             "object store: %d checkpoint(s) still not uploaded to %s after %.1fs: %s "
-            "(kept locally; %d failed attempt(s), last error: %s)%s",
+            "(kept locally%s)%s",
             len(still),
             run_uri,
             took,
             ", ".join(still),
-            stats.failures,
-            stats.last_error,
+            failures,
             note,
         )
     elif pruning:
