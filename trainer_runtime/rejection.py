@@ -80,19 +80,29 @@ def is_checkpoint_file(name: str) -> bool:
     return data or name in (METADATA_NAME, MANIFEST_NAME)
 
 
+def is_user_folder(folder: RunFolder, name: str) -> bool:
+    """Whether ``<run>/<name>``, a folder without a manifest, holds something no save writes
+    (a subfolder, a file of another kind: ``tb_logs/``). Such a folder is the user's, neither
+    a checkpoint nor a crashed save's leftover: resume leaves it alone and warns, but does not
+    report it as a checkpoint passed over (it was in every resume's fallbacks, as "not
+    committed")."""
+    path = folder.path(name)
+    foreign = foreign_entry(path) if path.is_dir() else None
+    if foreign is None:
+        return False
+    log.warning(
+        "%s is not a checkpoint (it holds %s, which no save writes): left alone; keep "
+        "other files outside the run folder",
+        path,
+        foreign,
+    )
+    return True
+
+
 def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:
     """Delete a folder without a manifest; one whose manifest is unreadable is moved aside;
     one that holds anything but checkpoint files (not a save's) is left alone."""
-    if not folder.path(name).is_dir():
-        return
-    foreign = foreign_entry(folder.path(name))
-    if foreign is not None:
-        log.warning(
-            "%s is not a checkpoint (it holds %s, which no save writes): left alone; keep "
-            "other files outside the run folder",
-            folder.path(name),
-            foreign,
-        )
+    if not folder.path(name).is_dir() or is_user_folder(folder, name):
         return
     try:
         folder.remove_tree(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import rejection
 from .fallback import first_valid
 from .layout import RunFolder
 
@@ -49,8 +50,11 @@ class Decision:
 
 
 def list_view(folder: RunFolder, quarantined: set[str]) -> dict[str, Listed]:
+    """This rank's candidates; a folder of the user's (``tb_logs/``) is none."""
     view: dict[str, Listed] = {}
     for cand in folder.candidates():
+        if cand.manifest is None and rejection.is_user_folder(folder, cand.name):
+            continue
         if cand.manifest is None:
             view[cand.name] = Listed(cand.sort_key, None, cand.reason or "no manifest")
         elif cand.name in quarantined:

@@ -310,6 +310,27 @@ def test_a_folder_of_the_users_in_the_run_folder_is_not_deleted_as_a_leftover(tm
     assert not crashed.exists() and "removed leftover" in caplog.text
 
 
+def test_a_folder_of_the_users_is_not_reported_as_a_checkpoint_passed_over(tmp_path, caplog):
+    """tb_logs/ in the run folder was listed at every resume as "not resuming from tb_logs:
+    ... manifest.json does not exist (checkpoint not committed)", and in the result's and the
+    resumed event's fallbacks, which are the checkpoints passed over; it is no checkpoint."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.close(save=False)
+    (tmp_path / "ck" / "tb_logs").mkdir()
+    (tmp_path / "ck" / "tb_logs" / "events.out").write_text("the user's")
+
+    for _ in range(2):  # the same at every resume
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "trainer_runtime"):
+            res = manager(tmp_path, make(), interval="2ba").resume()
+        assert res.path.endswith("ep0-ba2") and res.fallbacks == []
+        assert "not resuming from" not in caplog.text
+        assert "tb_logs is not a checkpoint (it holds events.out" in caplog.text
+    assert (tmp_path / "ck" / "tb_logs" / "events.out").read_text() == "the user's"
+
+
 def test_a_checkpoint_committed_before_its_pointer_was_written_is_resumed(tmp_path):
     """A crash between the manifest's commit and the pointer's write (the window a multi-
     process test saw live) leaves a committed checkpoint and no latest.json."""
