@@ -218,6 +218,39 @@ def _folder_template(folder: Any) -> tuple[str, str]:
     return f"{literal}/{{run_name}}", envvars.CHECKPOINT_DIR
 
 
+REMOTE_BACKEND_METHODS = ("submit", "pending", "find_newest", "fetch", "uri_for", "close")
+"""What ``remote=`` must offer (``remote.RemoteBackend``)."""
+
+
+def check_location_arguments(local_folder: object, remote: object) -> None:
+    """``local_folder`` and ``remote`` are first used deep in ``locate_run`` and at the first
+    upload, where a wrong type failed as a bare ``TypeError`` or ``AttributeError``
+    (``remote=3``: "'int' object has no attribute 'uri_for'"), and ``local_folder=""`` staged
+    an ``s3://`` run in the working directory. Checked here, whatever the folder."""
+    if local_folder is not None:
+        if not isinstance(local_folder, str | os.PathLike) or isinstance(
+            os.fspath(local_folder), bytes
+        ):
+            raise ConfigError(
+                f"local_folder={local_folder!r}: expected None or a folder path (str or "
+                f"os.PathLike), got {arguments.kind(local_folder)}"
+            )
+        if not os.fspath(local_folder).strip():
+            raise ConfigError(
+                f"local_folder={local_folder!r}: expected None or a folder path, got an empty "
+                "string"
+            )
+    if remote is not None:
+        missing = [m for m in REMOTE_BACKEND_METHODS if not callable(getattr(remote, m, None))]
+        if missing:
+            raise ConfigError(
+                f"remote={remote!r}: expected None or an object-store backend with "
+                f"{', '.join(REMOTE_BACKEND_METHODS)} (trainer_runtime.remote.RemoteBackend), "
+                f"got {arguments.kind(remote)} without {', '.join(missing)}; for S3 pass "
+                "folder='s3://bucket/prefix/{run_name}' instead"
+            )
+
+
 def _run_name(given: str | None, *, autoresume: bool) -> str | None:
     arg, name = ("run_name", given) if given else (envvars.RUN_NAME, env(envvars.RUN_NAME))
     if name is None:

@@ -27,7 +27,13 @@ from torch import nn
 
 from . import naming
 from . import state as state_mod
-from .config import AsyncPolicy, Settings, check_run_folder, run_folder_source
+from .config import (
+    AsyncPolicy,
+    Settings,
+    check_location_arguments,
+    check_run_folder,
+    run_folder_source,
+)
 from .context import open_run
 from .emergency import PreemptionResponse
 from .errors import ConfigError
@@ -154,6 +160,7 @@ class CheckpointManager:
             final_save=final_save,
             coordination_timeout=coordination_timeout,
         )
+        check_location_arguments(local_folder, remote)
         self.settings = cfg
         self.interval = cfg.interval
         self.sampler = sampler

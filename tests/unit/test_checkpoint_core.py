@@ -363,6 +363,12 @@ def test_retention_spares_checkpoints_still_uploading(tmp_path):
         def uri_for(self, name):
             return f"s3://b/{name}"
 
+        def find_newest(self, *, exclude, pass_over=None):
+            raise AssertionError("this test does not resume")
+
+        def fetch(self, name, run_dir, ranks):
+            raise AssertionError("this test does not resume")
+
         def close(self):
             pass
 
@@ -490,6 +496,21 @@ BAD_ARGUMENTS = {
     ),
     "folder='s3:///root'": ({"folder": "s3:///root"}, "folder='s3:///root' names no bucket"),
     "folder=''": ({"folder": ""}, "folder='': expected a path or an s3:// URI, got an empty"),
+    # a TypeError deep in locate_run for an s3:// folder, accepted silently for a local one
+    "local_folder=3": (
+        {"local_folder": 3},
+        "local_folder=3: expected None or a folder path (str or os.PathLike), got an int",
+    ),
+    # an s3:// run was staged in the working directory
+    "local_folder=''": (
+        {"local_folder": ""},
+        "local_folder='': expected None or a folder path, got an empty string",
+    ),
+    # AttributeError: 'int' object has no attribute 'uri_for'
+    "remote=3": (
+        {"remote": 3},
+        "remote=3: expected None or an object-store backend with submit, pending, find_newest",
+    ),
 }
 
 
