@@ -417,7 +417,6 @@ def locate_run(
     """The local run folder and the object store behind it (``folder="s3://..."`` builds
     one; a bad URI, bucket or credentials fail here, at once). ``arg`` names where the folder
     came from in messages (``folder``, or ``RTJ_CHECKPOINT_DIR``)."""
-    _check_local_folder(local_folder)
     if not is_remote(rendered_folder):
         if local_folder is not None:
             log.warning(
@@ -453,17 +452,6 @@ def locate_run(
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return run_dir, backend
-
-
-def _check_local_folder(local_folder: object) -> None:
-    if local_folder is None:
-        return
-    if not isinstance(local_folder, str | os.PathLike) or not os.fspath(local_folder):
-        got = "an empty string" if isinstance(local_folder, str) else arguments.kind(local_folder)
-        raise ConfigError(
-            f"local_folder={local_folder!r}: expected the path of a writable folder (str or "
-            f"os.PathLike) or None for the default, got {got}"
-        )
 
 
 def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> Path:

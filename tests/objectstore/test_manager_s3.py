@@ -348,7 +348,7 @@ def test_unusable_staging_folder_names_where_it_came_from(tmp_path, s3_root, mon
 def test_a_local_folder_that_is_not_a_path_is_a_config_error(tmp_path, s3_root, local_folder):
     """``local_folder`` takes a folder's path: an int was a bare TypeError from ``Path()``,
     and "" staged the checkpoints in the working directory."""
-    with pytest.raises(ConfigError, match=r"local_folder=(5|''): expected the path of a"):
+    with pytest.raises(ConfigError, match=r"local_folder=(5|''): expected None or a folder path"):
         CheckpointManager(
             model=make()[0],
             folder=f"{s3_root}/{{run_name}}",
