@@ -123,15 +123,16 @@ _NO_GANG = frozenset({Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED})
 def _settle_gang_conditions(
     status: JobStatus, *, reason: str, message: str, now: datetime, generation: int | None
 ) -> None:
-    """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist) and
-    ``CapacityAvailable=False`` (a wait for room that stopped) go, as they are absent while
-    nothing is stuck; ``PreemptionNotice=True`` and ``Blocked=True`` (a name taken, pods refused:
-    nothing is created any more, so nothing waits or is retried) turn False with the phase's
-    reason. The next attempt sets them again."""
+    """No rank runs any more: ``PodsScheduled=False`` (about ranks that no longer exist),
+    ``CapacityAvailable=False`` (a wait for room that stopped) and ``Blocked=True`` (a name taken,
+    pods refused: nothing is created or retried any more) go, as they are absent while nothing
+    is stuck, and ``PreemptionNotice=True`` turns False with the phase's reason. The next
+    attempt sets them again."""
     status.conditions = [
         c
         for c in status.conditions
         if not (c.type in (PODS_SCHEDULED, CAPACITY) and c.status == "False")
+        and not (c.type == BLOCKED and c.status == "True")
     ]
     notice = condition(status, PREEMPTION_NOTICE)
     if notice is not None and notice.status == "True":
@@ -141,17 +142,6 @@ def _settle_gang_conditions(
             False,
             reason=reason,
             message=f"no rank runs: {message}",
-            now=now,
-            generation=generation,
-        )
-    blocked = condition(status, BLOCKED)
-    if blocked is not None and blocked.status == "True":
-        set_condition(
-            status,
-            BLOCKED,
-            False,
-            reason=reason,
-            message=f"no pod is being created: {message}",
             now=now,
             generation=generation,
         )
