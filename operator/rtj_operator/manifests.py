@@ -14,6 +14,11 @@ from . import envvars, names, rbac
 from .api_types import Job
 from .resume import run_root
 
+RANK_WRITTEN_ANNOTATIONS = frozenset({envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION})
+"""Annotations each pod gets from the operator (the notice) and its runtime (the progress
+report), never from the template: a template copied from a pod's YAML carried that pod's
+progress report, which the operator read as a commit of the new gang's and resumed from."""
+
 
 def owner_reference(job: Job) -> dict[str, Any]:
     """Controller reference to the job, so deleting the job garbage-collects what it owns."""
@@ -191,8 +196,13 @@ def build_pod(
         names.LABEL_RANK: str(rank),
     }
     metadata = _metadata(job, name, labels)
-    if tmeta.get("annotations"):
-        metadata["annotations"] = dict(tmeta["annotations"])
+    annotations = {
+        key: value
+        for key, value in (tmeta.get("annotations") or {}).items()
+        if key not in RANK_WRITTEN_ANNOTATIONS
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 

@@ -218,7 +218,8 @@ class TemplateMetadata(ApiModel):
     labels: dict[str, str] | None = None
     """Extra pod labels. The operator's own ``resumable.dev/*`` labels win on conflict."""
     annotations: dict[str, str] | None = None
-    """Extra pod annotations."""
+    """Extra pod annotations. ``resumable.dev/progress`` and ``resumable.dev/preemption-notice``
+    are not copied: each pod's own are written by its runtime and by the operator."""
 
 
 class ContainerTemplate(ApiModel):

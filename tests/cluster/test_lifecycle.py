@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import urllib.request
@@ -243,6 +244,34 @@ def test_pods_service_and_rbac_follow_the_contract(kube, ns, pool, operator):
         ),
         10,
     )
+
+
+def test_a_template_copied_from_a_pod_brings_no_progress_report_or_notice(kube, ns, pool, operator):
+    """A template made from `kubectl get pod -o yaml` carries that pod's annotations: its
+    progress report became every new pod's, and the job recorded it as a commit of its own gang
+    (lastCommittedCheckpoint ep9-ba900, the resume point of the next attempt)."""
+    pool.add(2)
+    name = unique("copied")
+    body = rtj(name, ns, pool.name, 2)
+    copied = {
+        "resumable.dev/progress": json.dumps(
+            {"checkpoint": "ep9-ba900", "uri": "s3://ckpt/other/ep9-ba900", "step": 900}
+        ),
+        "resumable.dev/preemption-notice": json.dumps({"reason": "copied"}),
+        "team": "vision",
+    }
+    body["spec"]["template"]["metadata"] = {"annotations": copied}
+    kube.create_job(body)
+    wait_for(
+        "attempt 0 running", lambda: kube.running(ns, name, 0, 2), 60, on_timeout=operator.tail
+    )
+    wait_phase(kube, ns, name, "Running", 30, op=operator)
+    for pod in kube.pods(ns, name, 0):
+        annotations = pod["metadata"].get("annotations") or {}
+        assert annotations.get("team") == "vision", annotations
+        assert "resumable.dev/progress" not in annotations, annotations
+        assert not annotations.get("resumable.dev/preemption-notice"), annotations
+    assert "lastCommittedCheckpoint" not in kube.status(ns, name)
 
 
 def test_a_changed_master_port_reaches_the_service_with_the_next_attempt(kube, ns, pool, operator):
