@@ -205,11 +205,18 @@ class CheckpointLocation(ApiModel):
     shared volume. Each run writes under ``<dir>/<runName>/``. Passed to every rank as
     RTJ_CHECKPOINT_DIR. Immutable."""
     volume_source: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+        default=None,
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            # Exactly one source, as in a pod's volume: an empty one mounted nothing, so the
+            # checkpoints went to the container's own disk and were lost with it.
+            "minProperties": 1,
+            "maxProperties": 1,
+        },
     )
-    """Optional Kubernetes volume source (for example ``persistentVolumeClaim: {claimName:
-    ckpt}``) that the operator mounts at ``dir`` in the training container. Omit it when ``dir``
-    is an object-store URI or when the pod template mounts the volume itself."""
+    """Optional Kubernetes volume source, exactly one (for example ``persistentVolumeClaim:
+    {claimName: ckpt}``), that the operator mounts at ``dir`` in the training container. Omit it
+    when ``dir`` is an object-store URI or when the pod template mounts the volume itself."""
 
 
 class TemplateMetadata(ApiModel):

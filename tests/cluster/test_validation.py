@@ -34,6 +34,17 @@ CASES = [
         {"checkpoint": {"dir": "s3://bucket", "volumeSource": {"emptyDir": {}}}},
         "spec.checkpoint.dir",
     ),
+    (
+        "empty checkpoint volume source",
+        {"checkpoint": {"dir": "/mnt/ck", "volumeSource": {}}},
+        "spec.checkpoint.volumeSource: Invalid value: 0: spec.checkpoint.volumeSource in body "
+        "should have at least 1 properties",
+    ),
+    (
+        "two checkpoint volume sources",
+        {"checkpoint": {"dir": "/mnt/ck", "volumeSource": {"emptyDir": {}, "nfs": {}}}},
+        "spec.checkpoint.volumeSource: Too many: 2",
+    ),
     ("unknown container", {"containerName": "nope"}, "spec.containerName"),
     (
         "backoff cap below base",
