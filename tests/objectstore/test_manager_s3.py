@@ -267,7 +267,8 @@ def test_load_path_from_the_store(tmp_path, s3_root):
 @pytest.mark.parametrize("fault", ["missing-bucket", "unreachable-endpoint"])
 def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypatch, fault):
     """docs/object-store.md promises ``ObjectStoreConfigError``, docs/runtime.md a
-    ``ConfigError``: either ``except`` catches it, and the message is the store's own."""
+    ``ConfigError``: either ``except`` catches it, and the message is the store's own, with
+    where boto3 found the credentials."""
     folder = f"{s3_root}/{{run_name}}"
     if fault == "missing-bucket":
         folder, reason = "s3://no-such-bucket-rtj/p/{run_name}", "'no-such-bucket-rtj' does not"
@@ -277,6 +278,9 @@ def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypa
     with pytest.raises(ObjectStoreConfigError, match=reason) as err:
         CheckpointManager(model=make()[0], folder=folder, local_folder=tmp_path, run_name="r")
     assert isinstance(err.value, ConfigError)
+    # docs/object-store.md: the error names where boto3 found credentials, never the keys.
+    assert "credentials boto3 found: source env" in str(err.value)
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -63,12 +63,14 @@ def check_access(store: S3Store, uri: S3Uri, *, write: bool = False) -> None:
         raise ObjectStoreConfigError(
             f"cannot use {uri}: the S3 endpoint {store.endpoint} is unreachable ({exc}); "
             "check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / S3_ENDPOINT_URL"
+            f"{_credentials(store)}"
         ) from exc
     except bexc.ClientError as exc:
         code = error_code(exc)
         if code in NO_BUCKET_CODES or (code in NOT_FOUND_CODES and not write):
             raise ObjectStoreConfigError(
                 f"cannot use {uri}: bucket {uri.bucket!r} does not exist at {store.endpoint}"
+                f"{_credentials(store)}"
             ) from exc
         if code in DENIED_CODES:
             raise ObjectStoreConfigError(
@@ -76,9 +78,18 @@ def check_access(store: S3Store, uri: S3Uri, *, write: bool = False) -> None:
                 f"{store.endpoint}; check the credentials boto3 found "
                 f"(source: {store.credential_source()}) and their permissions"
             ) from exc
-        raise ObjectStoreConfigError(f"cannot use {uri} at {store.endpoint}: {exc}") from exc
+        raise ObjectStoreConfigError(
+            f"cannot use {uri} at {store.endpoint}: {exc}{_credentials(store)}"
+        ) from exc
     except bexc.BotoCoreError as exc:
-        raise ObjectStoreConfigError(f"cannot use {uri} at {store.endpoint}: {exc}") from exc
+        raise ObjectStoreConfigError(
+            f"cannot use {uri} at {store.endpoint}: {exc}{_credentials(store)}"
+        ) from exc
+
+
+def _credentials(store: S3Store) -> str:
+    """Where boto3 found the credentials it used (never the keys), for every refusal."""
+    return f" (credentials boto3 found: source {store.credential_source()})"
 
 
 def _probe_read(client: BaseClient, absent: S3Uri) -> None:
