@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from .. import arguments
 from ..envvars import AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, S3_ENDPOINT_URL
 from .access import check_access
 from .client_errors import CHECKSUM_SETTINGS, client_setting_error
@@ -45,6 +46,7 @@ META_XXH3 = "xxh3-128"
 """User-metadata key (``x-amz-meta-xxh3-128``) holding the object's xxh3-128 hex digest."""
 
 MiB = 1 << 20
+MIN_PART_SIZE = 5 * MiB  # S3's smallest part (every part of a multipart upload but the last)
 _MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
 
 
@@ -62,8 +64,28 @@ class TransferSettings:
     multipart_threshold: int = 32 * MiB
     """Files at or below this size go in one PUT / one GET."""
 
+    def __post_init__(self) -> None:
+        """Refuse what no transfer could use: a part under S3's 5 MiB minimum (it was raised
+        to 5 MiB without a word), no stream at all (every multipart transfer then failed, and
+        uploads retried forever), a negative threshold."""
+        arguments.integer(
+            "TransferSettings.part_size",
+            self.part_size,
+            f"bytes >= {MIN_PART_SIZE} (5 MiB, S3's smallest part)",
+            lambda n: n >= MIN_PART_SIZE,
+        )
+        arguments.integer(
+            "TransferSettings.concurrency", self.concurrency, "a count >= 1", lambda n: n >= 1
+        )
+        arguments.integer(
+            "TransferSettings.multipart_threshold",
+            self.multipart_threshold,
+            "bytes >= 0",
+            lambda n: n >= 0,
+        )
+
     def part_size_for(self, size: int) -> int:
-        part = max(5 * MiB, self.part_size)
+        part = self.part_size
         while size > part * _MAX_PARTS:
             part *= 2
         return part
