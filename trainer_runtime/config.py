@@ -240,6 +240,12 @@ def check_location_arguments(local_folder: object, remote: object) -> None:
                 f"local_folder={local_folder!r}: expected None or a folder path, got an empty "
                 "string"
             )
+        if is_remote(os.fspath(local_folder)):  # Path() would make a local folder named "s3:"
+            raise ConfigError(
+                f"local_folder={os.fspath(local_folder)!r}: expected None or a folder on the "
+                "local disk (where an s3:// run commits its checkpoints before uploading them); "
+                "the bucket goes in folder= or RTJ_CHECKPOINT_DIR"
+            )
     if remote is not None:
         missing = [m for m in REMOTE_BACKEND_METHODS if not callable(getattr(remote, m, None))]
         if missing:

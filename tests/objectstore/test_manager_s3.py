@@ -348,11 +348,15 @@ def test_unusable_staging_folder_names_where_it_came_from(tmp_path, s3_root, mon
     assert "pass local_folder= a writable folder" in str(err.value)
 
 
-@pytest.mark.parametrize("local_folder", [5, ""])
-def test_a_local_folder_that_is_not_a_path_is_a_config_error(tmp_path, s3_root, local_folder):
+@pytest.mark.parametrize("local_folder", [5, "", "s3://bucket/staging"])
+def test_a_local_folder_that_is_not_a_path_is_a_config_error(
+    tmp_path, s3_root, local_folder, monkeypatch
+):
     """``local_folder`` takes a folder's path: an int was a bare TypeError from ``Path()``,
-    and "" staged the checkpoints in the working directory."""
-    with pytest.raises(ConfigError, match=r"local_folder=(5|''): expected None or a folder path"):
+    "" staged the checkpoints in the working directory, and an s3:// URI in a local folder
+    named ``s3:``."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=rf"local_folder={local_folder!r}: expected None or a"):
         CheckpointManager(
             model=make()[0],
             folder=f"{s3_root}/{{run_name}}",
