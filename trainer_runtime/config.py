@@ -467,6 +467,12 @@ def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> P
     base = env(envvars.LOCAL_CHECKPOINT_DIR) or os.path.join(
         tempfile.gettempdir(), "rtj-checkpoints"
     )
+    if is_remote(base):  # Path() would make a local folder named "s3:"
+        raise ConfigError(
+            f"{envvars.LOCAL_CHECKPOINT_DIR}={base!r}: expected a folder on the local disk "
+            "(where an s3:// run commits its checkpoints before uploading them); the bucket "
+            f"goes in folder= or {envvars.CHECKPOINT_DIR}"
+        )
     scheme, _, rest = run_uri.partition("://")
     return Path(base) / scheme / rest.strip("/")
 

@@ -366,6 +366,17 @@ def test_a_local_folder_that_is_not_a_path_is_a_config_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_staging_folder_variable_that_names_a_bucket_is_a_config_error(
+    tmp_path, s3_root, monkeypatch
+):
+    """RTJ_LOCAL_CHECKPOINT_DIR=s3://... staged the checkpoints in a local folder named s3:."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RTJ_LOCAL_CHECKPOINT_DIR", "s3://bucket/staging")
+    with pytest.raises(ConfigError, match=r"RTJ_LOCAL_CHECKPOINT_DIR='s3://bucket/staging': exp"):
+        CheckpointManager(model=make()[0], folder=f"{s3_root}/{{run_name}}", run_name="r")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_local_folder_beside_a_local_run_folder_is_ignored_with_a_warning(tmp_path, caplog):
     ck = CheckpointManager(
         model=make()[0], folder=tmp_path / "run", local_folder=tmp_path / "stage", run_name="r"
