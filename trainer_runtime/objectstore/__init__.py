@@ -40,6 +40,7 @@ from .store import (
     resolve_endpoint,
     resolve_region,
 )
+from .transfers import LocalWriteError
 from .uploader import CheckpointUploader
 from .uri import S3Uri, is_s3_uri, parse_s3_uri
 
@@ -48,6 +49,7 @@ __all__ = [
     "CheckpointUploader",
     "ChecksumMismatchError",
     "LocalDataError",
+    "LocalWriteError",
     "NoValidCheckpointError",
     "ObjectInfo",
     "ObjectNotFoundError",
