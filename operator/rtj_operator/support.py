@@ -150,9 +150,10 @@ def conflict_message(job: Job, conflicts: list[str]) -> str:
             " (the PodGroup of a deleted job of the same name is removed once its pods are "
             "gone; the job starts when it is gone)"
         )
+    verb, pronoun = ("exists", "is") if len(conflicts) == 1 else ("exist", "are")
     return (
-        f"{listed} already exist(s) in namespace {job.ref.namespace} and are not controlled by "
-        f"this job; the operator never modifies objects it does not own: {fix}"
+        f"{listed} already {verb} in namespace {job.ref.namespace} and {pronoun} not controlled "
+        f"by this job; the operator never modifies objects it does not own: {fix}"
     )
 
 

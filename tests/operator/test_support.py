@@ -121,7 +121,8 @@ def test_a_foreign_role_is_never_written_and_blocks_the_job_with_a_condition():
     assert cluster.support["Role"]["rules"] == []  # untouched
     blocked = {c["type"]: c for c in cluster.status["conditions"]}["Blocked"]
     assert blocked["status"] == "True" and blocked["reason"] == "NameConflict"
-    assert "Role train-trainer" in blocked["message"]
+    assert "Role train-trainer already exists in namespace" in blocked["message"]
+    assert "and is not controlled by this job" in blocked["message"]
     assert "serviceAccountName" in blocked["message"]
     assert plan.requeue_after is not None
     assert [e.reason for e in plan.events] == ["NameConflict"]
@@ -168,6 +169,17 @@ def test_a_pod_name_held_by_a_deleted_job_of_the_same_name_blocks_instead_of_a_p
     st = cluster.status
     assert st["attempt"] == 0 and st["preemptions"] == 0 and st["gangCreated"]
     assert {c["type"]: c for c in st["conditions"]}["Blocked"]["status"] == "False"
+
+
+def test_the_conflict_message_agrees_with_the_number_of_objects():
+    cluster = FakeCluster.start(replicas=2)
+    for rank in (0, 1):
+        old = make_pod(rank=rank, uid="uid-of-a-deleted-job", deleting=True)
+        cluster.pods[old["metadata"]["name"]] = old
+    cluster.step()
+    blocked = {c["type"]: c for c in cluster.status["conditions"]}["Blocked"]
+    assert "Pod train-a0-r0, Pod train-a0-r1 already exist in namespace" in blocked["message"]
+    assert "and are not controlled by this job" in blocked["message"]
 
 
 def test_marking_the_gang_created_is_followed_by_a_new_decision():
