@@ -89,7 +89,7 @@ def test_corrupt_bytes_fall_back(
     )
     with caplog.at_level(logging.WARNING):
         assert _resume(store, two_remote, tmp_path / "fresh") == "ep0-ba10"
-    assert "cannot resume from" in caplog.text and "checksum" in caplog.text
+    assert "cannot use" in caplog.text and "checksum" in caplog.text
     assert not (tmp_path / "fresh" / "ep0-ba20" / "manifest.json").exists()
 
 

@@ -82,7 +82,10 @@ def list_remote_checkpoints(
     result: list[RemoteCheckpoint] = []
     for cand in folder.candidates():
         if cand.name in exclude:
-            log.info("object store: skipping quarantined remote checkpoint %s", run.join(cand.name))
+            log.info(
+                "object store: skipping remote checkpoint %s (quarantined, or already tried)",
+                run.join(cand.name),
+            )
         elif cand.manifest is None:
             if cand.name == pointer:
                 log.warning(
@@ -246,7 +249,7 @@ def resume_from_remote(
 
     def rejected(ckpt: RemoteCheckpoint, why: str) -> None:
         log.warning(
-            "object store: cannot resume from %s (%s); trying an older checkpoint", ckpt.uri, why
+            "object store: cannot use %s (%s); trying an older checkpoint", ckpt.uri, why
         )
         if on_reject is not None:
             on_reject(ckpt.name, why)
