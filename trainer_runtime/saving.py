@@ -372,17 +372,16 @@ def _yield_cpu_to_training() -> None:
 def unused_name(ctx: RunContext, name: str) -> str:
     """``name``, or a variant that names no quarantined or committed checkpoint.
 
-    Same position as a quarantined checkpoint: a new name, or resume would skip it. A
-    ``filename`` whose folder part has neither ``{batch}`` nor ``{sample}`` renders one name
-    for two saves (two in one epoch with ``ep{epoch}``, or an emergency save and the epoch's
-    end): the second would rewrite the first's files in place, destroying a committed
-    checkpoint before the new one commits. It gets ``-ba<batch>`` instead; rank 0 looks,
-    every rank takes its answer (saves are collective)."""
+    Same position as a quarantined checkpoint: a new name, or resume would skip it. Two saves
+    can render one name: two in one epoch with ``ep{epoch}``, an emergency save and the
+    epoch's end, ``s{sample}`` when ``batch_end()`` counts no samples, ``ba{batch}`` when
+    only ``epoch_end()`` is called. The second would rewrite the first's files in place,
+    destroying a committed checkpoint before the new one commits (it did for ``{sample}`` and
+    ``{batch}`` names, which were taken to differ at every save). It gets ``-ba<batch>``
+    instead; rank 0 looks, every rank takes its answer (saves are collective)."""
     settings = ctx.settings
     if name in settings.quarantined:
         name = f"{name}-a{env(ATTEMPT) or os.getpid()}"
-    if settings.templates.names_each_position:
-        return name
     if ctx.rank == 0:
         base, batch = name, ctx.position.timestamp.batch
         candidates = itertools.chain(

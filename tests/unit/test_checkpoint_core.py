@@ -335,6 +335,34 @@ def test_a_name_without_batch_never_rewrites_a_committed_checkpoint(tmp_path, mo
     assert (tmp_path / "ck" / "ep1" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize(
+    "filename, loop, expected",
+    [
+        # batch_end() without num_samples counts no sample: every save rendered "s0"
+        ("s{sample}/rank{rank}.pt", "batch_end", ["s0", "s0-ba2", "s0-ba3"]),
+        # epoch_end() alone counts no batch: every save rendered "ba0"
+        ("ba{batch}/rank{rank}.pt", "epoch_end", ["ba0", "ba0-ba0", "ba0-ba0-2"]),
+    ],
+)
+def test_a_sample_or_batch_name_that_repeats_never_rewrites_a_committed_checkpoint(
+    tmp_path, filename, loop, expected
+):
+    """Names with {sample} or {batch} were taken to differ at every save, so a repeated one
+    was written into the committed checkpoint of that name, in place: three saves left one
+    folder, "s0", holding the last."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba" if loop == "batch_end" else 1, filename=filename)
+    saved = []
+    for _ in range(3):
+        step(*comps[:3])
+        saved.append(getattr(ck, loop)())
+    ck.close(save=False)
+    assert [s.name for s in saved] == expected
+    assert sorted(m.name for m in ck.folder.committed()) == sorted(expected)
+    for s in saved:  # each checkpoint holds its own position, as committed
+        assert Manifest.read(s.path).timestamp.to_dict() == s.timestamp.to_dict()
+
+
 def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
     comps = make()
     ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=1)
