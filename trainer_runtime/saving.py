@@ -332,7 +332,10 @@ def runtime_record(ctx: RunContext) -> dict[str, Any]:
     timestamp alone misses the steps ``data_skip_steps`` skipped."""
     settings = ctx.settings
     record: dict[str, Any] = {
-        "global_batch_size": ctx.position.last_global_batch,
+        # The run's own global_batch_size when given: the last batch_end count is short at
+        # the end of an epoch that the batch does not divide (100 samples by 16: 4), and a
+        # relaunch with the same global_batch_size then rescaled the step (7 -> 6).
+        "global_batch_size": settings.global_batch_size or ctx.position.last_global_batch,
         "data_overrides": {
             "ignore_data_position": settings.ignore_data_position,
             "data_skip_steps": settings.data_skip_steps,

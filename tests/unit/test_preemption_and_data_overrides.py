@@ -165,6 +165,19 @@ def test_global_batch_size_change_rescales_the_step(tmp_path):
     assert (ck2.timestamp.sample, ck2.timestamp.batch, sampler2.offset) == (16, 2, 16)
 
 
+def test_a_short_last_batch_is_not_a_global_batch_size_change(tmp_path):
+    """40 samples in steps of 16: the epoch's last batch_end counts 8. A relaunch with the
+    same global_batch_size keeps the step (it was rescaled 3 -> 2, as if the batch was 8)."""
+    ck, _ = sampled_run(tmp_path, global_batch_size=16)
+    for count in (16, 16, 8):
+        ck.batch_end(count)
+    ck.close()
+    ck2, sampler2 = sampled_run(tmp_path, global_batch_size=16)
+    ck2.resume()
+    assert (ck2.timestamp.epoch, ck2.timestamp.batch, ck2.timestamp.sample) == (1, 3, 40)
+    assert sampler2.offset == 0
+
+
 def test_data_skip_steps_needs_a_sampler_with_batch_size(tmp_path):
     with pytest.raises(ConfigError, match="data_skip_steps needs sampler"):
         CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", data_skip_steps=3)
