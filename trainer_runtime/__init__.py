@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
     from .manifest import Manifest
     from .objectstore.errors import ObjectStoreConfigError, ObjectStoreError
-    from .sampler import ResumableSampler
+    from .sampler import DataPositionError, ResumableSampler
     from .timestamp import Event, SaveInterval, Timestamp
 
 # Names that need torch (or xxhash) load on first use, so tools that only need the object
@@ -35,6 +35,7 @@ _LAZY = {
     "ObjectStoreConfigError": "objectstore.errors",
     "ObjectStoreError": "objectstore.errors",
     "ResumableSampler": "sampler",
+    "DataPositionError": "sampler",
     "Event": "timestamp",
     "SaveInterval": "timestamp",
     "Timestamp": "timestamp",
@@ -53,6 +54,7 @@ __all__ = [
     "CheckpointManager",
     "ConfigError",
     "CorruptCheckpointError",
+    "DataPositionError",
     "Event",
     "IncompatibleCheckpointError",
     "Manifest",

@@ -121,13 +121,18 @@ class ResumableSampler(Sampler[int]):
             "num_replicas": self.num_replicas,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: dict[str, Any]) -> None:
+        """``DataPositionError`` unless ``state`` is a position in a dataset of this size (a
+        load checks it before it changes any live state)."""
         if state["num_samples_total"] != self.num_samples_total:
             raise DataPositionError(
                 f"the checkpoint's data position is for a dataset of {state['num_samples_total']} "
                 f"samples, this one has {self.num_samples_total}; pass "
                 "ignore_data_position=True to restart the data (weights and step are kept)"
             )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state)
         if (state["seed"], state["shuffle"]) != (self.seed, self.shuffle):
             log.warning(
                 "sampler seed/shuffle changed since the checkpoint (%s/%s -> %s/%s): the rest "

@@ -307,6 +307,21 @@ def _listing(items: list[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def check_data_position(comps: Components, data: dict[str, Any], patterns: Iterable[str]) -> None:
+    """Before anything live changes: a ``DataPositionError`` when the sampler's saved position
+    is another dataset's (it was raised after the weights had been loaded, leaving a model of
+    the checkpoint beside a fresh position)."""
+    sampler = comps.stateful.get("sampler")
+    saved = data.get("state", {}).get("stateful", {}).get("sampler")
+    check = getattr(sampler, "check_state", None)
+    key = ("state", "stateful", "sampler")
+    if check is None or not isinstance(saved, dict):
+        return
+    if path_ignored(key, [p.strip("/") for p in patterns]):
+        return
+    check(saved)
+
+
 def restore(
     comps: Components,
     data: dict[str, Any],
@@ -317,6 +332,7 @@ def restore(
 ) -> dict[str, Any]:
     """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
     patterns = [p.strip("/") for p in ignore_keys]
+    check_data_position(comps, data, patterns)
     dropped = set(drop_keys(data, patterns)) if patterns else set()
     state = data.get("state", {})
     ignored = _ignored_params(comps.model, patterns)

@@ -10,11 +10,12 @@ import textwrap
 import time
 
 import pytest
+import torch
 
-from trainer_runtime import CheckpointManager, ConfigError, Manifest
+from trainer_runtime import CheckpointManager, ConfigError, DataPositionError, Manifest
 from trainer_runtime.sampler import ResumableSampler
 
-from .trainkit import make
+from .trainkit import make, params, step
 
 
 def test_sigterm_saves_at_the_next_step_then_exits_143(tmp_path, caplog):
@@ -176,6 +177,40 @@ def test_a_short_last_batch_is_not_a_global_batch_size_change(tmp_path):
     ck2.resume()
     assert (ck2.timestamp.epoch, ck2.timestamp.batch, ck2.timestamp.sample) == (1, 3, 40)
     assert sampler2.offset == 0
+
+
+def test_a_changed_dataset_is_refused_before_the_live_state_changes(tmp_path):
+    """A resume onto a dataset of another size raises DataPositionError (it used to come
+    after the weights and optimizer state were loaded, the step still 0); the checkpoint
+    stays, and ignore_data_position=True then resumes from it."""
+    model, opt, sched = make()[:3]
+    ck = CheckpointManager(
+        model=model, optimizer=opt, folder=tmp_path, run_name="r", sampler=ResumableSampler(40)
+    )
+    for _ in range(2):
+        step(model, opt, sched)
+        ck.batch_end(4)
+    ck.close()
+    model2, opt2 = make(seed=5)[:2]
+    live = params(model2)
+    grown = CheckpointManager(
+        model=model2, optimizer=opt2, folder=tmp_path, run_name="r", sampler=ResumableSampler(50)
+    )
+    with pytest.raises(DataPositionError, match="dataset of 40 samples, this one has 50"):
+        grown.resume()
+    assert all(torch.equal(a, b) for a, b in zip(live, params(model2), strict=True))
+    assert opt2.state_dict()["state"] == {} and grown.timestamp.batch == 0
+    grown.close(save=False)
+    retry = CheckpointManager(
+        model=model2,
+        optimizer=opt2,
+        folder=tmp_path,
+        run_name="r",
+        sampler=ResumableSampler(50),
+        ignore_data_position=True,
+    )
+    assert retry.resume().path.endswith("ep0-ba2") and retry.timestamp.batch == 2
+    retry.close(save=False)
 
 
 def test_data_skip_steps_needs_a_sampler_with_batch_size(tmp_path):

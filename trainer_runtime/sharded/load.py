@@ -219,6 +219,8 @@ class ShardedLoader:
             ) from exc
         # Unpickled before anything live changes: one that fails fails every rank alike.
         data = self._agreed_rank_state(folder, target[RANKS_KEY][str(source)])
+        if not weights_only:  # the same saved position on every rank: all raise alike
+            state_mod.check_data_position(self.components, data, patterns)
         handed_over = self._optimizer_exchanges(live, target, fresh_optim)
         problems: list[str] = []
         copy_into_live(
