@@ -232,6 +232,12 @@ class CheckpointManager:
             raise ConfigError(
                 "interval counts samples, so batch_end() needs num_samples= (the global batch size)"
             )
+        if num_samples is None and self.sampler is not None and self.sampler.batch_size is None:
+            # Refused before anything is counted: the step would move and the data would not.
+            raise ConfigError(
+                "batch_end() without num_samples= cannot advance the sampler's data position: "
+                "pass num_samples= (the global batch size) or ResumableSampler(batch_size=...)"
+            )
         before = self._ctx.position.count_batch(num_samples)
         if self.sampler is not None:
             self.sampler.advance(num_samples)

@@ -213,6 +213,19 @@ def test_a_changed_dataset_is_refused_before_the_live_state_changes(tmp_path):
     retry.close(save=False)
 
 
+def test_batch_end_without_a_count_needs_the_samplers_batch_size_and_counts_nothing(tmp_path):
+    """Refused before counting: the step moved on while the sampler stayed, and the message
+    named advance(), which the script never called."""
+    sampler = ResumableSampler(40, num_replicas=1, rank=0)
+    ck = CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", sampler=sampler)
+    with pytest.raises(ConfigError, match=r"batch_end\(\) without num_samples="):
+        ck.batch_end()
+    assert (ck.timestamp.batch, sampler.offset) == (0, 0)
+    ck.batch_end(4)
+    assert (ck.timestamp.batch, sampler.offset) == (1, 4)
+    ck.close(save=False)
+
+
 def test_data_skip_steps_needs_a_sampler_with_batch_size(tmp_path):
     with pytest.raises(ConfigError, match="data_skip_steps needs sampler"):
         CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", data_skip_steps=3)
