@@ -248,9 +248,7 @@ def resume_from_remote(
         return None
 
     def rejected(ckpt: RemoteCheckpoint, why: str) -> None:
-        log.warning(
-            "object store: cannot use %s (%s); trying an older checkpoint", ckpt.uri, why
-        )
+        log.warning("object store: cannot use %s (%s); trying an older checkpoint", ckpt.uri, why)
         if on_reject is not None:
             on_reject(ckpt.name, why)
 
