@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .dist import describe_failures
+from .dist import describe_failures, failure_cause
 from .errors import SaveFailedError
 from .layout import RunFolder
 from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, FileEntry, Manifest
@@ -66,14 +66,15 @@ def write_and_commit(
     failure: BaseException | None = None
     try:  # the folder is made inside the collective save, so a failure there is shared
         outcome = engine.write(state, path, staged=staged_keys)
-    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-        # reported to every rank below, then raised (with this one as its cause)
+    except (Exception, CheckpointException, KeyboardInterrupt) as exc:  # DCP's is a BaseException
+        # reported to every rank below, then raised (with this one as its cause); Ctrl-C too,
+        # so the other ranks learn of it and the partial checkpoint goes everywhere
         failure, outcome = exc, describe_write_failure(exc, engine.rank)
     duration = time.monotonic() - started
     gathered = coord.all_gather((outcome, duration, latest_link))
     errors = [o for o, _, _ in gathered if isinstance(o, str)]
     if errors:
-        _abandon(folder, name, errors, failure)
+        _abandon(folder, name, errors, failure, rank=coord.rank)
     manifest = Manifest(
         name=name,
         run_name=run_name,
@@ -93,7 +94,7 @@ def write_and_commit(
     # its time.
     manifest.created_at, problem = coord.broadcast((manifest.created_at, problem))
     if problem is not None:
-        _abandon(folder, name, [problem], failure)
+        _abandon(folder, name, [problem], failure, rank=coord.rank)
     if engine.rank != 0 and not (path / MANIFEST_NAME).exists():
         # Node-local disk: this node holds only its own shard files; it records the commit
         # so retention and listing agree, but resuming needs a shared folder or the store.
@@ -142,11 +143,29 @@ def _write_pointer(folder: RunFolder, manifest: Manifest) -> None:
 
 
 def _abandon(
-    folder: RunFolder, name: str, errors: list[str], cause: BaseException | None
+    folder: RunFolder, name: str, errors: list[str], cause: BaseException | None, *, rank: int
 ) -> NoReturn:
-    """Remove the partial checkpoint on every rank and raise the failure everywhere."""
+    """Remove the partial checkpoint on every rank and raise the failure everywhere: a
+    ``SaveFailedError``, except on a rank whose own write Ctrl-C (SIGINT) broke, which gets its
+    ``KeyboardInterrupt`` back. DCP turns that into a failed write like any other; raised as a
+    ``SaveFailedError`` it stopped nothing in a script that carries on after a failed save."""
     folder.remove_tree(name)  # every rank: on node-local disks each has a copy
     reasons = "; ".join(dict.fromkeys(errors))
-    raise SaveFailedError(
+    failed = SaveFailedError(
         f"checkpoint {name} not committed ({reasons}); earlier checkpoints are intact"
-    ) from cause
+    )
+    if _interrupted(cause, rank):
+        raise KeyboardInterrupt(
+            f"checkpoint {name} not committed (interrupted); earlier checkpoints are intact"
+        ) from failed
+    raise failed from cause
+
+
+def _interrupted(cause: BaseException | None, rank: int) -> bool:
+    """Whether Ctrl-C broke this rank's own write (raised as it is, or wrapped by DCP)."""
+    if isinstance(cause, KeyboardInterrupt):
+        return True
+    if isinstance(cause, CheckpointException):
+        own = cause.failures.get(rank)
+        return own is not None and isinstance(failure_cause(own), KeyboardInterrupt)
+    return False
