@@ -63,6 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
@@ -72,7 +73,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import interrupt
 from harness import (
     MIN_ROUNDS,
     RESUME_MARK,

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -68,7 +69,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import interrupt
 from harness import (
     MIN_ROUNDS,
     RESUME_MARK,

@@ -31,9 +31,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import interrupt
 from operator_latency import (
     Bench,
     cluster_kubeconfig,

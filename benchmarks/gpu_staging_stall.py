@@ -30,11 +30,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from unittest import mock
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
-import interrupt
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 
 from trainer_runtime.dist import Coordinator

@@ -73,11 +73,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
-import interrupt
 from handoff_reads import HandoffReads
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 

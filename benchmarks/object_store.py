@@ -34,10 +34,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import interrupt  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 

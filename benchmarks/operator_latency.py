@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
-
-import interrupt  # noqa: E402
 
 from rtj_operator import names  # noqa: E402
 from rtj_operator.timeutil import iso, utcnow  # noqa: E402

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-import interrupt
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
 import torch
 import torch.distributed.checkpoint as dcp
 from checkpoint import build_empty, dcp_state, train_step, warm_code

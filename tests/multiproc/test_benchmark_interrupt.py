@@ -28,6 +28,10 @@ def group_members(pgid: int) -> list[str]:
     return out.stdout.split()
 
 
+def data_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
 def _default_sigint() -> None:
     """A terminal's foreground job takes Ctrl-C by default; a test run started in the
     background by a non-interactive shell (as CI may start it) inherits SIGINT ignored, and
@@ -59,7 +63,9 @@ def interrupt_midway(tmp_path: Path, script: str, started: str, *extra: str) -> 
             on_timeout=lambda: log.read_text()[-3000:],
         )
         assert proc.poll() is None, log.read_text()[-3000:]
-        wait_for("the run's first files", lambda: any(data.rglob("*")), timeout=300)
+        # A data file, not the folder's own scratch mark (a dot file, there from the start):
+        # the run is midway through its rounds, with ranks and relaunched children at work.
+        wait_for("the run's first data file", lambda: any(data_files(data)), timeout=300)
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
         wait_for("every process ended", lambda: not group_members(proc.pid), timeout=30)
