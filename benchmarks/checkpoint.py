@@ -51,6 +51,7 @@ load average sampled each round), ``ratios`` and ``targets``. Adding a contender
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -60,6 +61,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,10 +199,23 @@ class Bench:
     async_ck: CheckpointManager
     step_s: float = 0.0
     saves: int = 0
+    dcp_in_flight: Future[None] | None = None
+    """The ``dcp.async_save`` whose files are still being written, if any."""
 
     def next_batch(self) -> int:
         self.saves += 1
         return self.saves
+
+    def settle(self) -> None:
+        """Let every write still in flight end, quietly: the run is ending (Ctrl-C, a failure)
+        and its data folder is removed next; a save still writing into it would fail with a
+        traceback or leave files behind. A second Ctrl-C stops the wait."""
+        if self.dcp_in_flight is not None:
+            with contextlib.suppress(Exception):
+                self.dcp_in_flight.result()
+        for ck in (self.sync_ck, self.async_ck):
+            with contextlib.suppress(Exception):
+                ck.close(save=False)
 
 
 def op_raw_write(b: Bench, r: int) -> dict[str, float]:
@@ -259,10 +274,11 @@ def op_dcp_async_save(b: Bench, r: int) -> dict[str, float]:
     path = b.dir / "dcp-async"
     idle_step = statistics.median(timed(lambda: train_step(b.model, b.opt)) for _ in range(3))
     t0 = time.perf_counter()
-    fut = dcp.async_save(dcp_state(b.model, b.opt), checkpoint_id=path)
+    fut = b.dcp_in_flight = dcp.async_save(dcp_state(b.model, b.opt), checkpoint_id=path)
     call = time.perf_counter() - t0
     first = timed(lambda: train_step(b.model, b.opt))
     fut.result()
+    b.dcp_in_flight = None
     persist = time.perf_counter() - t0
     shutil.rmtree(path)
     return {
@@ -501,9 +517,13 @@ def measure(args: argparse.Namespace, size_mib: int) -> None:
     )
     bench.step_s = statistics.median(timed(lambda: train_step(model, opt)) for _ in range(3))
     print("[bench] warm-up round (untimed): staging buffers, allocator, files", flush=True)
-    run_interleaved(bench, OPERATIONS, 1, Samples())
     samples = Samples()
-    run_interleaved(bench, OPERATIONS, args.rounds, samples)
+    try:
+        run_interleaved(bench, OPERATIONS, 1, Samples())
+        run_interleaved(bench, OPERATIONS, args.rounds, samples)
+    except BaseException:  # Ctrl-C included: the data folder goes next
+        bench.settle()
+        raise
     bench.sync_ck.close(save=False)
     bench.async_ck.close(save=False)
 
