@@ -43,7 +43,23 @@ def run(main: Callable[[], int | None]) -> NoReturn:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         status = main()
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not caused_by_ctrl_c(exc):
+            raise
         print(LINE, file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_EXIT) from None
     raise SystemExit(status or 0)
+
+
+def caused_by_ctrl_c(exc: BaseException) -> bool:
+    """``KeyboardInterrupt``, or an error raised while one was being handled: ``torch.save``
+    interrupted inside its zip writer raises a ``RuntimeError`` ("unexpected pos") from the
+    writer's clean-up, which replaces the interrupt."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, KeyboardInterrupt):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False

@@ -90,3 +90,40 @@ def test_engines_benchmark_interrupted_removes_its_folder_and_ranks(tmp_path: Pa
         tmp_path, "checkpoint_engines.py", "[bench] single:", "--configs", "single"
     )
     assert not data.exists(), sorted(str(p) for p in data.rglob("*"))
+
+
+def run_entry_point(body: str) -> subprocess.CompletedProcess[str]:
+    """A benchmark entry point (``interrupt.run``) around ``main``'s ``body``, in a process."""
+    script = (
+        "import sys\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import interrupt\n"
+        "def main():\n"
+        + "".join(f"    {line}\n" for line in body.splitlines())
+        + "interrupt.run(main)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_an_error_raised_while_ctrl_c_is_handled_still_ends_as_an_interrupt() -> None:
+    """``torch.save`` interrupted in its zip writer raises a RuntimeError from its clean-up."""
+    done = run_entry_point(
+        "try:\n    raise KeyboardInterrupt\nexcept KeyboardInterrupt:\n"
+        "    raise RuntimeError('unexpected pos 5282688 vs 5282580')"
+    )
+    assert done.returncode == INTERRUPTED_EXIT, done.stderr
+    assert done.stderr == "[bench] interrupted (Ctrl-C)\n"
+
+
+def test_a_failure_without_ctrl_c_keeps_its_traceback_and_status() -> None:
+    done = run_entry_point("raise RuntimeError('disk on fire')")
+    assert done.returncode == 1
+    assert "RuntimeError: disk on fire" in done.stderr and "interrupted" not in done.stderr
+    assert run_entry_point("return 3").returncode == 3
