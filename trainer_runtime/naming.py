@@ -117,6 +117,15 @@ class NameTemplates:
                     "there is one latest link per rank"
                 )
 
+    @property
+    def names_each_position(self) -> bool:
+        """Whether the checkpoint folder's name uses ``{batch}`` or ``{sample}``, which differ
+        at every saved position as long as the loop counts batches and samples; with only
+        ``{epoch}`` or the in-epoch counts, two saves can render one name (see
+        ``saving.unused_name``)."""
+        checkpoint_part = self.filename.strip("/").rsplit("/", 1)[0]
+        return bool(template_fields("filename", checkpoint_part) & {"batch", "sample"})
+
     def render_folder(self, run_name: str) -> str:
         return self.folder.format(run_name=run_name)
 

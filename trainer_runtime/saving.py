@@ -72,6 +72,9 @@ class Saver:
         self.pending: Future[SavedCheckpoint] | None = None
         """The background save in flight (or finished but not yet collected)."""
         self._pending_name: str | None = None
+        self._rendered: set[str] = set()
+        """Every checkpoint name this process's saves have rendered (the same on every rank:
+        saves are collective), so a repeated one is known without asking the other ranks."""
         self._pending_key: tuple | None = None
         """The position the background save in flight is saving."""
         self._gate: StagingGate | None = None
@@ -124,7 +127,9 @@ class Saver:
             self._checked_newer = True
         started = time.monotonic()
         values = ctx.template_values()
-        checkpoint = unused_name(ctx, settings.templates.render_checkpoint(values)[0])
+        rendered = settings.templates.render_checkpoint(values)[0]
+        checkpoint = unused_name(ctx, rendered, repeated=rendered in self._rendered)
+        self._rendered.add(rendered)
         latest = settings.templates.render_latest(values)
         # Live tensor references plus this rank's small state, already serialized.
         data = ctx.engine.capture(
@@ -372,7 +377,7 @@ def _yield_cpu_to_training() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
-def unused_name(ctx: RunContext, name: str) -> str:
+def unused_name(ctx: RunContext, name: str, *, repeated: bool) -> str:
     """``name``, or a variant that names no quarantined or committed checkpoint.
 
     Same position as a quarantined checkpoint: a new name, or resume would skip it. Two saves
@@ -381,10 +386,16 @@ def unused_name(ctx: RunContext, name: str) -> str:
     only ``epoch_end()`` is called. The second would rewrite the first's files in place,
     destroying a committed checkpoint before the new one commits (it did for ``{sample}`` and
     ``{batch}`` names, which were taken to differ at every save). It gets ``-ba<batch>``
-    instead; rank 0 looks, every rank takes its answer (saves are collective)."""
+    instead; rank 0 looks, every rank takes its answer (saves are collective). A name with
+    ``{batch}`` or ``{sample}`` that no earlier save of this process rendered (``repeated``,
+    the same on every rank) is taken as it is, without that exchange: a checkpoint of an
+    earlier attempt at this position was already refused or uncommitted before this run's first
+    save (``check_newer_checkpoints``)."""
     settings = ctx.settings
     if name in settings.quarantined:
         name = f"{name}-a{env(ATTEMPT) or os.getpid()}"
+    elif settings.templates.names_each_position and not repeated:
+        return name
     if ctx.rank == 0:
         base, batch = name, ctx.position.timestamp.batch
         candidates = itertools.chain(
