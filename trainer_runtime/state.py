@@ -332,7 +332,8 @@ def restore(
 ) -> dict[str, Any]:
     """Load ``data`` into the live components; returns the (filtered) saved ``state`` dict."""
     patterns = [p.strip("/") for p in ignore_keys]
-    check_data_position(comps, data, patterns)
+    if not weights_only:  # a weights-only load leaves the sampler as it is
+        check_data_position(comps, data, patterns)
     dropped = set(drop_keys(data, patterns)) if patterns else set()
     state = data.get("state", {})
     ignored = _ignored_params(comps.model, patterns)

@@ -261,3 +261,34 @@ def test_a_step_longer_than_the_grace_period_still_exits_143_by_the_deadline(tmp
     assert took < 3, f"exited {took:.1f}s after SIGTERM; the deadline is 1 s (3 s - 2 s margin)"
     assert "still busy" in err and "exiting now with 143" in err
     assert not list(tmp_path.glob("ep0-*"))  # no step boundary came: nothing saved
+
+
+def test_a_weights_only_load_ignores_the_saved_data_position(tmp_path):
+    """``load_weights_only=True`` takes the model's weights and nothing else, so a checkpoint of
+    a run over another dataset (fine-tuning elsewhere) loads: its data position is not used."""
+    model, opt, sched = make()[:3]
+    ck = CheckpointManager(
+        model=model,
+        optimizer=opt,
+        folder=tmp_path / "pre",
+        run_name="r",
+        sampler=ResumableSampler(40),
+    )
+    for _ in range(2):
+        step(model, opt, sched)
+        ck.batch_end(4)
+    ck.close()
+    model2, opt2 = make(seed=5)[:2]
+    tuned = CheckpointManager(
+        model=model2,
+        optimizer=opt2,
+        folder=tmp_path / "tune",
+        run_name="t",
+        sampler=ResumableSampler(50),
+        load_path=str(tmp_path / "pre" / "ep0-ba2"),
+        load_weights_only=True,
+    )
+    tuned.resume()
+    assert all(torch.equal(a, b) for a, b in zip(params(model), params(model2), strict=True))
+    assert tuned.timestamp.batch == 0 and tuned.sampler.offset == 0
+    tuned.close(save=False)
