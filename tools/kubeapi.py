@@ -49,8 +49,6 @@ class Kube:
             max_connections=32,
             timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s),
         )
-        self.host = self.transport.host
-        self.timeout_s = timeout_s
         # The CA that verifies this server (kept as bytes: for certificate-authority-data the
         # client library writes a temporary file). Pods get it as their ca.crt.
         self.ca_pem: bytes | None = (
@@ -60,7 +58,7 @@ class Kube:
     @property
     def server_address(self) -> tuple[str, int]:
         """Host and port of the API server (for the in-pod KUBERNETES_SERVICE_* variables)."""
-        parsed = urllib.parse.urlsplit(self.host)
+        parsed = urllib.parse.urlsplit(self.transport.host)
         return parsed.hostname or "127.0.0.1", parsed.port or 443
 
     def request(

@@ -37,8 +37,6 @@ class KubeApi:
             max_connections=workers,
             timeout=REQUEST_TIMEOUT,
         )
-        self.cfg = self.transport.cfg
-        self.host = self.transport.host
         self.threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     def close(self) -> None:
