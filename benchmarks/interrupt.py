@@ -52,14 +52,35 @@ def run(main: Callable[[], int | None]) -> NoReturn:
 
 
 def caused_by_ctrl_c(exc: BaseException) -> bool:
-    """``KeyboardInterrupt``, or an error raised while one was being handled: ``torch.save``
-    interrupted inside its zip writer raises a ``RuntimeError`` ("unexpected pos") from the
-    writer's clean-up, which replaces the interrupt."""
+    """``KeyboardInterrupt``, an error raised while one was being handled, or a failed DCP save
+    or load whose ranks Ctrl-C broke.
+
+    ``torch.save`` interrupted inside its zip writer raises a ``RuntimeError`` ("unexpected
+    pos") from the writer's clean-up, which replaces the interrupt. DCP catches each rank's
+    ``KeyboardInterrupt`` and raises a ``CheckpointException`` that holds it in ``failures``
+    (rank: (exception, stack)), neither cause nor context."""
     seen: set[int] = set()
-    at: BaseException | None = exc
-    while at is not None and id(at) not in seen:
+    todo: list[BaseException] = [exc]
+    while todo:
+        at = todo.pop()
+        if id(at) in seen:
+            continue
+        seen.add(id(at))
         if isinstance(at, KeyboardInterrupt):
             return True
-        seen.add(id(at))
-        at = at.__cause__ or at.__context__
+        todo += [e for e in (at.__cause__, at.__context__) if e is not None]
+        todo += _wrapped_failures(at)
     return False
+
+
+def _wrapped_failures(exc: BaseException) -> list[BaseException]:
+    """The per-rank exceptions of a DCP ``CheckpointException``, without importing torch."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return []
+    found = []
+    for wrapped in failures.values():
+        first = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        if isinstance(first, BaseException):
+            found.append(first)
+    return found
