@@ -134,6 +134,9 @@ def main() -> None:
         sampler=sampler,
         num_workers=args.workers,
         prefetch_factor=4 if args.workers else None,
+        # Workers forked once per process, not at every epoch: a fork while other threads run
+        # (gloo's, the runtime's) can hang the new worker in fork() (docs/runtime.md).
+        persistent_workers=args.workers > 0,
         generator=torch.Generator().manual_seed(0),  # keeps the global RNG stream untouched
     )
     folder = args.folder and f"{args.folder}/{{run_name}}"
