@@ -90,7 +90,10 @@ def reconcile(
         st.start_time = now
         st.attempt = 0
         st.resume_from = ""
-        ctx.phase(Phase.PENDING, "Created", "creating the first gang")
+        if not job.spec.suspend:
+            # A job created suspended goes straight to Suspended (below): its conditions say
+            # why nothing runs, not that a first gang is being created.
+            ctx.phase(Phase.PENDING, "Created", "creating the first gang")
     st.observed_generation = job.ref.generation
     _absorb_progress(ctx)
 

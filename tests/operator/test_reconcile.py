@@ -366,6 +366,22 @@ def test_suspended_from_the_start_creates_nothing_until_resumed():
     assert cluster.status["attempt"] == 0 and len(plan.creations) == 2
 
 
+def test_created_suspended_says_suspended_not_created():
+    """A job created with suspend: true never ran: its Running condition says why (Suspended),
+    not the reason of a first gang being created."""
+    cluster = FakeCluster.start(suspend=True)
+    cluster.step()
+    cond = {c["type"]: c for c in cluster.status["conditions"]}
+    assert cond["Running"]["status"] == "False" and cond["Running"]["reason"] == "Suspended"
+    assert cond["Suspended"]["status"] == "True" and cond["Suspended"]["reason"] == "Suspended"
+    assert "Created" not in {c["reason"] for c in cluster.status["conditions"]}
+    cluster.body["spec"]["suspend"] = False
+    cluster.step()
+    cond = {c["type"]: c for c in cluster.status["conditions"]}
+    assert cond["Suspended"]["status"] == "False" and cond["Running"]["status"] == "False"
+    assert cluster.status["phase"] == "Pending"
+
+
 def test_pods_of_another_incarnation_are_never_touched():
     """A rank's pod that turns out to be another incarnation's once the gang counts as created
     is not ours: never deleted; the job moves past it to a fresh attempt (new names) instead of
