@@ -9,9 +9,10 @@ them. Validation that the API server can do lives here so invalid manifests are 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from . import names
@@ -52,15 +53,54 @@ class ApiModel(BaseModel):
     )
 
 
+TAINT_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A Kubernetes taint key (a qualified name): an optional DNS-1123 subdomain prefix and '/', then
+a name of at most 63 characters."""
+TAINT_KEY_PREFIX_TOO_LONG = r"^[^/]{254,}/"
+"""A prefix over the 253 characters of a DNS subdomain (the pattern cannot count it)."""
+TAINT_KEY_FORM = (
+    "must be a taint key: an optional DNS subdomain prefix (lowercase letters, digits, '-' and "
+    "'.', at most 253 characters) and '/', then a name of at most 63 characters of letters, "
+    "digits, '-', '_' and '.' that starts and ends with a letter or digit (for example "
+    "karpenter.sh/disrupted)"
+)
+
+
 class TaintSelector(ApiModel):
     """A node taint that announces the node is about to go away."""
 
-    key: str = Field(min_length=1, max_length=316)
-    """Taint key to match."""
+    key: str = Field(
+        min_length=1,
+        max_length=317,
+        json_schema_extra={
+            "pattern": TAINT_KEY,
+            "x-kubernetes-validations": [
+                cel(
+                    f"!self.matches('{TAINT_KEY_PREFIX_TOO_LONG}')",
+                    "terminationTaints[].key: the prefix before '/' must be at most 253 "
+                    "characters (a DNS subdomain)",
+                )
+            ],
+        },
+    )
+    """Taint key to match, as Kubernetes spells taint keys: an optional DNS subdomain prefix (at
+    most 253 characters) and '/', then a name of at most 63 characters of letters, digits, '-',
+    '_' and '.' that starts and ends with a letter or digit."""
     value: str | None = Field(default=None, max_length=63)
     """Taint value to match; any value when omitted."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; any effect when omitted."""
+
+    @field_validator("key")
+    @classmethod
+    def _taint_key(cls, key: str) -> str:
+        """The CRD's pattern and prefix rule, for objects that did not pass the API server's."""
+        if not re.search(TAINT_KEY, key) or re.search(TAINT_KEY_PREFIX_TOO_LONG, key):
+            raise ValueError(f"preemptionSignals.terminationTaints[].key {key!r} {TAINT_KEY_FORM}")
+        return key
 
 
 DEFAULT_TERMINATION_TAINTS: tuple[TaintSelector, ...] = (

@@ -180,3 +180,66 @@ def test_the_pod_template_is_a_typed_core_pod_template_spec():
     assert pod["containers"]["maxItems"] == 64  # keeps the CEL cost of containerName bounded
     limits = container["resources"]["properties"]["limits"]["additionalProperties"]
     assert limits == {"x-kubernetes-int-or-string": True}
+
+
+TAINT_KEYS_OK = [
+    "ToBeDeletedByClusterAutoscaler",
+    "karpenter.sh/disrupted",
+    "example.com/Spot_Reclaim.v2",
+    "a",
+    "x" * 63,
+    "p" * 253 + "/" + "n" * 63,
+]
+TAINT_KEYS_BAD = [
+    "spot reclaim",  # a space
+    "-leading-dash",
+    "trailing.",
+    "Example.com/upper-case-prefix",
+    "example.com/",  # empty name
+    "/no-prefix",
+    "a/b/c",
+    "x" * 64,  # name over 63
+    "p" * 254 + "/name",  # prefix over 253
+    "exa mple.com/name",
+]
+
+
+def _taint_body(key: str) -> dict[str, Any]:
+    return job_body(preemptionSignals={"terminationTaints": [{"key": key}]})
+
+
+@pytest.mark.parametrize("key", TAINT_KEYS_OK)
+def test_termination_taint_keys_that_kubernetes_accepts_pass(key):
+    job = parse_job(_taint_body(key))
+    assert [t.key for t in job.spec.preemption_signals.termination_taints] == [key]
+
+
+@pytest.mark.parametrize("key", TAINT_KEYS_BAD)
+def test_termination_taint_keys_that_are_no_taint_key_are_rejected(key):
+    """The operator's own parse rejects them, naming the field and the expected form."""
+    with pytest.raises(ValidationError) as caught:
+        parse_job(_taint_body(key))
+    text = str(caught.value)
+    assert "terminationTaints" in text and "key" in text
+    assert "taint key" in text and "at most 63 characters" in text
+
+
+def test_the_crd_checks_termination_taint_keys_like_the_api_server_checks_taints():
+    """The API server applies the key's schema pattern and CEL rule: every key Kubernetes takes
+    as a taint key passes the pattern, the others fail it or the prefix length rule."""
+    import re
+
+    items = _schema()["properties"]["spec"]["properties"]["preemptionSignals"]["properties"][
+        "terminationTaints"
+    ]["items"]
+    key = items["properties"]["key"]
+    pattern = re.compile(key["pattern"])
+    for ok in TAINT_KEYS_OK:
+        assert pattern.search(ok) and len(ok) <= key["maxLength"], ok
+    (rule,) = key["x-kubernetes-validations"]
+    assert "253" in rule["message"] and "prefix" in rule["message"]
+    long_prefix = re.compile(rule["rule"].removeprefix("!self.matches('").removesuffix("')"))
+    for bad in TAINT_KEYS_BAD:
+        too_long = len(bad) > key["maxLength"] or long_prefix.search(bad)
+        assert not pattern.search(bad) or too_long, bad
+    assert "taint key" in key["description"]
