@@ -98,7 +98,7 @@ def reconcile(
     _absorb_progress(ctx)
 
     if st.phase in TERMINAL_PHASES:
-        _cleanup(ctx, keep_current=st.phase is Phase.SUCCEEDED)
+        _cleanup(ctx, keep_current=False)
     elif job.spec.suspend:
         suspend(ctx)
     else:
@@ -110,7 +110,7 @@ def reconcile(
             ready = ensure_support(ctx)
             if ready and not st.gang_created:
                 create_gang(ctx)
-        _cleanup(ctx, keep_current=True)
+        _cleanup(ctx, keep_current=st.phase not in TERMINAL_PHASES)
 
     if st.model_dump(mode="json") != job.status.model_dump(mode="json"):
         plan.status = st
@@ -151,7 +151,14 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
 
 
 def _cleanup(ctx: ReconcileContext, keep_current: bool) -> None:
-    """Delete pods of older attempts (live ones always, ended ones past the kept attempts)."""
+    """Delete pods of older attempts (live ones always, ended ones past the kept attempts), and
+    unless ``keep_current`` the current attempt's pods that still run.
+
+    Once the job ended the current attempt's pods that ended are kept for their logs; one that
+    still runs is deleted. After a success that is a pod whose training container exited 0 while
+    a regular (non-init) sidecar container keeps it Running: it would hold its node for ever.
+    (Native sidecars, init containers with ``restartPolicy: Always``, stop by themselves and
+    their pod ends ``Succeeded``.)"""
     st = ctx.status
     planned = {d.name for d in ctx.plan.deletions}
     for pod in ctx.owned:

@@ -366,6 +366,63 @@ def test_suspended_from_the_start_creates_nothing_until_resumed():
     assert cluster.status["attempt"] == 0 and len(plan.creations) == 2
 
 
+def _trainer_done_sidecar_running(cluster: FakeCluster, rank: int) -> None:
+    """The training container exited 0; a regular sidecar container keeps the pod Running."""
+    pod = cluster.pod(rank)
+    pod["spec"]["containers"].append({"name": "log-shipper"})
+    pod["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+        {"name": "log-shipper", "state": {"running": {}}},
+    ]
+    pod["status"]["phase"] = "Running"
+
+
+def test_success_deletes_the_pods_a_regular_sidecar_keeps_running():
+    """A rank is done when its training container exits 0, whatever its other containers do;
+    once the job Succeeded, a pod a sidecar still keeps Running (holding its node) is deleted,
+    while a pod that ended is kept for its logs."""
+    cluster = running(replicas=3)
+    _trainer_done_sidecar_running(cluster, 0)
+    _trainer_done_sidecar_running(cluster, 1)
+    plan = cluster.step()
+    assert cluster.status["phase"] == "Running" and not plan.deletions
+    cluster.terminate(2, 0, "Completed")
+    plan = cluster.step()
+    assert cluster.status["phase"] == "Succeeded"
+    assert sorted(d.name for d in plan.deletions) == ["train-a0-r0", "train-a0-r1"]
+    assert {d.reason for d in plan.deletions} == {"job ended"}
+    assert sorted(cluster.pods) == ["train-a0-r2"]
+    assert cluster.step(5).deletions == []
+
+
+def test_success_deletes_a_sidecar_pod_found_after_the_job_ended():
+    """A Succeeded job whose pod still runs (an operator that marked it Succeeded without
+    deleting that pod, before an upgrade) frees the node on its next pass."""
+    cluster = running(replicas=2)
+    cluster.terminate(0, 0, "Completed")
+    cluster.terminate(1, 0, "Completed")
+    cluster.step()
+    assert cluster.status["phase"] == "Succeeded"
+    _trainer_done_sidecar_running(cluster, 1)  # as if the pod still ran
+    plan = cluster.step()
+    assert [d.name for d in plan.deletions] == ["train-a0-r1"]
+
+
+def test_native_sidecars_end_with_the_pod_and_the_pods_are_kept():
+    """Native sidecars (init containers with restartPolicy Always) stop when the training
+    container exits, so the pod ends Succeeded: kept for its logs, nothing deleted."""
+    cluster = running(replicas=2)
+    for rank in range(2):
+        cluster.pod(rank)["spec"]["initContainers"] = [{"name": "proxy", "restartPolicy": "Always"}]
+        cluster.terminate(rank, 0, "Completed")
+        cluster.pod(rank)["status"]["initContainerStatuses"] = [
+            {"name": "proxy", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+        ]
+    plan = cluster.step()
+    assert cluster.status["phase"] == "Succeeded" and not plan.deletions
+    assert len(cluster.pods) == 2
+
+
 def test_created_suspended_says_suspended_not_created():
     """A job created with suspend: true never ran: its Running condition says why (Suspended),
     not the reason of a first gang being created."""
