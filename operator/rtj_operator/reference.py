@@ -88,9 +88,11 @@ def reference_markdown(crd: dict[str, Any]) -> str:
         + ", ".join(c["name"] for c in version["additionalPrinterColumns"] if c.get("priority"))
         + ").",
         "",
-        "`spec.template` is a core/v1 PodTemplateSpec: every field of a Pod's `metadata` and "
-        f"`spec` is accepted and typed by the Kubernetes {podschema.stored_version()} schema "
-        "embedded in the CRD, so an unknown or misspelt field is rejected with its path. The "
+        "`spec.template` is a core/v1 PodTemplateSpec: every field of a Pod's `spec` is accepted "
+        f"and typed by the Kubernetes {podschema.stored_version()} schema embedded in the CRD, so "
+        "an unknown or misspelt field is rejected with its path. Of its `metadata` only `labels` "
+        "and `annotations` are accepted: the operator sets each pod's name, namespace, owner and "
+        "finalizers itself, and a value there is rejected rather than ignored. The "
         "rows below list only the fields the operator reads or constrains. (The alternatives, a "
         "server-side dry-run of the pod at admission or an event naming dropped fields, were "
         "rejected: the first needs a webhook, so a running operator, to accept any job; the "

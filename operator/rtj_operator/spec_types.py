@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import names
@@ -259,14 +259,66 @@ class CheckpointLocation(ApiModel):
     when ``dir`` is an object-store URI or when the pod template mounts the volume itself."""
 
 
+_POD_NAME = "the operator names each rank's pod <job>-a<attempt>-r<rank> (its hostname)"
+_SERVER_SET = "the API server sets it on each pod"
+REJECTED_TEMPLATE_METADATA: dict[str, str] = {
+    "name": _POD_NAME,
+    "generateName": _POD_NAME,
+    "namespace": "the pods run in the job's namespace",
+    "finalizers": "the operator deletes a rank's pod to end an attempt, and a finalizer would "
+    "keep the pod, and its name, from going",
+    "ownerReferences": "the job is the pods' owner (they are deleted with it)",
+    "uid": _SERVER_SET,
+    "resourceVersion": _SERVER_SET,
+    "generation": _SERVER_SET,
+    "creationTimestamp": _SERVER_SET,
+    "deletionTimestamp": _SERVER_SET,
+    "deletionGracePeriodSeconds": _SERVER_SET,
+    "selfLink": _SERVER_SET,
+    "managedFields": _SERVER_SET,
+}
+"""The ObjectMeta fields of ``template.metadata`` that the operator would not copy onto the pods,
+and why. They are refused rather than dropped without a word: a user who writes a finalizer or a
+namespace there expects it to apply."""
+
+
+def _rejected_metadata_message(field: str) -> str:
+    return (
+        f"template.metadata.{field} is not allowed: {REJECTED_TEMPLATE_METADATA[field]}; "
+        "only labels and annotations are copied onto the pods"
+    )
+
+
 class TemplateMetadata(ApiModel):
-    """Labels and annotations copied onto every rank's pod."""
+    """Labels and annotations copied onto every rank's pod. Every other metadata field (name,
+    generateName, namespace, finalizers, ownerReferences and those the API server sets) is
+    rejected: the operator sets them itself."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"!has(self.{field})", _rejected_metadata_message(field), f".{field}")
+                for field in REJECTED_TEMPLATE_METADATA
+            ]
+        }
+    )
 
     labels: dict[str, str] | None = None
     """Extra pod labels. The operator's own ``resumable.dev/*`` labels win on conflict."""
     annotations: dict[str, str] | None = None
     """Extra pod annotations. ``resumable.dev/progress`` and ``resumable.dev/preemption-notice``
     are not copied: each pod's own are written by its runtime and by the operator."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_labels_and_annotations(cls, data: Any) -> Any:
+        """The CRD's rules, for objects that did not pass the API server's (a null is absent,
+        as the API server prunes it)."""
+        if isinstance(data, dict):
+            for field in REJECTED_TEMPLATE_METADATA:
+                if data.get(field) is not None:
+                    raise ValueError(_rejected_metadata_message(field))
+        return data
 
 
 class ContainerTemplate(ApiModel):
@@ -311,7 +363,7 @@ class PodTemplate(ApiModel):
     Kubernetes schema the CRD embeds, so a misspelt field is rejected at apply time)."""
 
     metadata: TemplateMetadata | None = None
-    """Labels and annotations for the pods."""
+    """Labels and annotations for the pods; no other metadata field is accepted."""
     spec: PodSpecTemplate
     """Pod spec for every rank."""
 

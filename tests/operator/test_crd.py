@@ -243,3 +243,48 @@ def test_the_crd_checks_termination_taint_keys_like_the_api_server_checks_taints
         too_long = len(bad) > key["maxLength"] or long_prefix.search(bad)
         assert not pattern.search(bad) or too_long, bad
     assert "taint key" in key["description"]
+
+
+OPERATOR_SET_METADATA = {
+    "name": "pinned",
+    "generateName": "rank-",
+    "namespace": "elsewhere",
+    "finalizers": ["example.com/keep"],
+    "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}],
+    "uid": "0000",
+    "resourceVersion": "7",
+}
+
+
+@pytest.mark.parametrize("field", sorted(OPERATOR_SET_METADATA))
+def test_template_metadata_the_operator_sets_is_rejected_naming_the_field(field):
+    """Pod names, namespace, owners, finalizers are the operator's: a value there used to be
+    dropped without a word; the operator's parse now refuses it, naming the field."""
+    body = job_body()
+    body["spec"]["template"]["metadata"] = {
+        "labels": {"team": "a"},
+        field: OPERATOR_SET_METADATA[field],
+    }
+    with pytest.raises(ValidationError) as caught:
+        parse_job(body)
+    assert f"template.metadata.{field}" in str(caught.value)
+
+
+def test_template_metadata_labels_and_annotations_pass():
+    body = job_body()
+    body["spec"]["template"]["metadata"] = {"labels": {"a": "b"}, "annotations": {"c": "d"}}
+    assert parse_job(body).spec.template.metadata.labels == {"a": "b"}
+
+
+def test_the_crd_rejects_every_template_metadata_field_but_labels_and_annotations():
+    """One CEL rule per ObjectMeta field the operator does not copy, with the field's path, so
+    the API server refuses it at apply time; a field a future schema adds fails this test."""
+    meta = _schema()["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]
+    rules = meta["x-kubernetes-validations"]
+    guarded = {r["fieldPath"].removeprefix("."): r for r in rules}
+    assert set(meta["properties"]) - {"labels", "annotations"} == set(guarded)
+    for field, rule in guarded.items():
+        assert rule["rule"] == f"!has(self.{field})"
+        assert rule["message"].startswith(f"template.metadata.{field} ")
+    assert "owner" in guarded["ownerReferences"]["message"]
+    assert "finalizer" in guarded["finalizers"]["message"]
