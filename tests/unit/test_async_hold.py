@@ -3,9 +3,11 @@ after the first step (``trainer_runtime.staging_gate``), on a real model and fil
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainer_runtime import events
 from trainer_runtime.sharded.engine import ShardedEngine
@@ -30,12 +32,23 @@ def test_the_wait_of_the_next_step_for_the_copy_is_recorded_as_held_time(tmp_pat
     model, opt, sched, _ = comps
     ck = manager(tmp_path, comps, interval="1000ba", async_save=True)
     step(model, opt, sched)
-    ck.engine.on_staging_thread(lambda: time.sleep(0.4) or 0)  # the copy queues behind this
+    # The copy queues behind this blocker, which lets go 0.4 s after the next optimizer step
+    # began: the step must then wait at the gate's hook, however slow a busy machine makes the
+    # forward and backward passes before it.
+    release = threading.Event()
+    ck.engine.on_staging_thread(lambda: release.wait(30) and 0)
+    timer = threading.Timer(0.4, release.set)
+    started = register_optimizer_step_pre_hook(lambda *_: timer.start())  # one step only
     ck.timestamp.batch = 1
     at_save = params(model)
-    ck.save()
+    ck.save()  # its gate's hook comes after the one above
     t0 = time.perf_counter()
-    step(model, opt, sched)  # waits at the pre-step hook until the copy is done
+    try:
+        step(model, opt, sched)  # waits at the pre-step hook until the copy is done
+    finally:
+        started.remove()
+        timer.cancel()
+        release.set()
     step_s = time.perf_counter() - t0
     ck.wait()
     saved = ck.saved[-1]
