@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from .dist import describe_failures, failure_cause
 from .errors import SaveFailedError
 from .layout import RunFolder
-from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, FileEntry, Manifest
+from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
 from .timestamp import Timestamp
 
 if TYPE_CHECKING:
@@ -131,7 +131,9 @@ def _commit_on_rank0(folder: RunFolder, manifest: Manifest) -> tuple[Exception |
 
 def _write_pointer(folder: RunFolder, manifest: Manifest) -> None:
     """Point ``latest.json`` at a committed checkpoint. Failing to is not a failed save: the
-    pointer is replaced atomically, so it still names the previous committed checkpoint."""
+    pointer is replaced atomically, so it still names the previous committed checkpoint.
+    A pointer that named no checkpoint at all (garbage, written from outside) is reported."""
+    fault = folder.pointer_fault()
     try:
         folder.write_pointer(manifest)
     except OSError as exc:
@@ -140,6 +142,9 @@ def _write_pointer(folder: RunFolder, manifest: Manifest) -> None:
             manifest.name,
             exc,
         )
+        return
+    if fault is not None:
+        log.warning("%s %s; it now names %s", folder.root / POINTER_NAME, fault, manifest.name)
 
 
 def _abandon(

@@ -33,6 +33,15 @@ from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
 
 log = logging.getLogger(__name__)
 
+_JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
 REJECTED_DIR = "rejected"
 """Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
 
@@ -183,6 +192,27 @@ class RunFolder:
         """The checkpoint ``latest.json`` names (a hint: resume lists the folder)."""
         name = (self.read_pointer() or {}).get("checkpoint")
         return name if isinstance(name, str) and name else None
+
+    def pointer_fault(self) -> str | None:
+        """What is wrong with the local ``latest.json`` when it names no checkpoint at all
+        (it does not parse, is no JSON object, has no ``checkpoint`` name); None when it is
+        absent or names one (committed or not: resume checks that by listing the folder)."""
+        try:
+            raw = (self.root / POINTER_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot be read ({exc})"
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError included
+            return f"is not JSON ({exc})"
+        if not isinstance(body, dict):
+            return f"is not a JSON object (it holds {_JSON_KINDS.get(type(body), 'a value')})"
+        name = body.get("checkpoint")
+        if not isinstance(name, str) or not name:
+            return f'names no checkpoint ("checkpoint" is {json.dumps(name)}, not a name)'
+        return None
 
     # ------------------------------------------------------------------ local writes
     def write_manifest(self, manifest: Manifest) -> None:

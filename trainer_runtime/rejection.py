@@ -120,13 +120,21 @@ def repoint(folder: RunFolder, chosen: Manifest | None) -> str | None:
     Resume itself does not trust the pointer: it lists the folder, because a crash between a
     manifest and its pointer leaves the pointer one checkpoint behind. Tools and people read it.
     """
-    named = (folder.read_pointer() or {}).get("checkpoint")
+    fault = folder.pointer_fault()
+    named = folder.pointer_name()
     if chosen is not None:
         if named != chosen.name:
             folder.write_pointer(chosen)
-    elif named is not None:
+    elif named is not None or fault is not None:
         with contextlib.suppress(FileNotFoundError):
             (folder.root / POINTER_NAME).unlink()
+    if fault is not None:
+        log.warning(
+            "%s %s; resume does not read it (it lists the run folder); it now %s",
+            folder.root / POINTER_NAME,
+            fault,
+            f"names {chosen.name}" if chosen is not None else "is removed (nothing is committed)",
+        )
     relink(folder, None if chosen is None else chosen.name)
     return None if named is None or (chosen is not None and named == chosen.name) else str(named)
 

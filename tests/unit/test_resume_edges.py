@@ -284,6 +284,79 @@ def test_leftovers_are_cleaned_and_a_stale_pointer_is_reported(tmp_path, caplog)
     assert res.fallbacks == [] and "not resuming from" not in caplog.text  # reported once
 
 
+def pointer_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "latest.json" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "fault"),
+    [
+        (b"{not json", "is not JSON"),
+        (b"\xff\xfe\x00", "is not JSON"),
+        (b"[1, 2]", "not a JSON object (it holds an array)"),
+        (b'{"updated_at": "2026-01-01"}', "names no checkpoint"),
+        (b'{"checkpoint": 5}', "names no checkpoint"),
+        (b'{"checkpoint": "ep9-ba99"}', "latest.json named ep9-ba99"),
+    ],
+)
+def test_a_garbage_pointer_is_reported_once_and_resume_scans_the_folder(
+    tmp_path, caplog, body, fault
+):
+    """A latest.json that did not parse, or named no checkpoint, was rewritten at resume
+    without a word; resume lists the folder either way, and now says what was wrong."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 4)
+    ck.close(save=False)
+    pointer = tmp_path / "ck" / "latest.json"
+    pointer.write_bytes(body)
+
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.path.endswith("ep0-ba4") and res.fallbacks == []
+    warned = pointer_warnings(caplog)
+    assert len(warned) == 1, warned
+    assert fault in warned[0] and "latest.json" in warned[0] and "ep0-ba4" in warned[0]
+    assert ck.folder.read_pointer()["checkpoint"] == "ep0-ba4"
+    assert [m.name for m in ck.folder.committed()] == ["ep0-ba4", "ep0-ba2"]  # none lost
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        manager(tmp_path, make(), interval="2ba").resume()
+    assert pointer_warnings(caplog) == []  # repaired: reported once
+
+
+def test_a_garbage_pointer_in_a_run_folder_without_checkpoints_is_removed(tmp_path, caplog):
+    (tmp_path / "ck").mkdir()
+    pointer = tmp_path / "ck" / "latest.json"
+    pointer.write_bytes(b"garbage")
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make()).resume()
+    assert res.source == "fresh"
+    warned = pointer_warnings(caplog)
+    assert len(warned) == 1 and "is not JSON" in warned[0], warned
+    assert not pointer.exists()  # it named nothing committed, and nothing is
+
+
+def test_a_save_that_replaces_a_garbage_pointer_says_so(tmp_path, caplog):
+    """Without resume (autoresume=False) the first commit replaced the garbage silently."""
+    (tmp_path / "ck").mkdir()
+    pointer = tmp_path / "ck" / "latest.json"
+    pointer.write_bytes(b'{"checkpoint": null}')
+    comps = make()
+    ck = manager(tmp_path, comps, autoresume=False)
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        train(ck, comps, 2)
+    ck.close(save=False)
+    warned = pointer_warnings(caplog)
+    assert len(warned) == 1 and "names no checkpoint" in warned[0], warned
+    assert "ep0-ba1" in warned[0]
+    assert ck.folder.read_pointer()["checkpoint"] == "ep0-ba2"
+
+
 def test_a_folder_of_the_users_in_the_run_folder_is_not_deleted_as_a_leftover(tmp_path, caplog):
     """Resume deleted every folder without a manifest, a user's tb_logs/ included; only
     folders holding nothing but checkpoint files (a crashed save's or download's) go."""
