@@ -26,6 +26,7 @@ from . import arguments, envvars, naming
 from .atomic import makedirs_durable, write_bytes_atomic
 from .errors import ConfigError, OverwriteError
 from .preemption import DEFAULT_EXIT_CODE
+from .shutdown import exit_margin
 from .timestamp import IntervalFn, SaveInterval
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class Settings:
             ),
             handle_sigterm=handle_sigterm,
             notice_file=_notice_file(notice_file),
-            grace_period_s=_grace_period(grace_period_s),
+            grace_period_s=_grace_period(grace_period_s, handle_sigterm=handle_sigterm),
             preemption_exit_code=arguments.integer(
                 "preemption_exit_code",
                 preemption_exit_code,
@@ -377,22 +378,38 @@ def _upload_flush_timeout(given: float | None) -> float | None:
     )
 
 
-def _grace_period(given: float | None) -> float:
+def _grace_period(given: float | None, *, handle_sigterm: bool) -> float:
+    """The grace period, from the argument, else ``RTJ_GRACE_PERIOD_SECONDS``, else 30 s."""
     if given is not None:
-        return arguments.seconds(
+        value = arguments.seconds(
             "grace_period_s", given, "seconds > 0", lambda s: math.isfinite(s) and s > 0
         )
-    raw = env(envvars.GRACE_PERIOD_SECONDS)
-    if raw is None:
-        return DEFAULT_GRACE_PERIOD_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(
-            f"{envvars.GRACE_PERIOD_SECONDS}={raw!r}: expected seconds > 0 (the pod's "
-            "terminationGracePeriodSeconds)"
+        source = f"grace_period_s={given}"
+    else:
+        raw = env(envvars.GRACE_PERIOD_SECONDS)
+        if raw is None:
+            return DEFAULT_GRACE_PERIOD_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{envvars.GRACE_PERIOD_SECONDS}={raw!r}: expected seconds > 0 (the pod's "
+                "terminationGracePeriodSeconds)"
+            )
+        source = f"{envvars.GRACE_PERIOD_SECONDS}={raw}"
+    margin = exit_margin(value)
+    if handle_sigterm and value <= margin:
+        log.warning(
+            "%s: a grace period at or below the emergency path's %.1f s margin leaves no time "
+            "for the emergency save after SIGTERM (the exit deadline is the grace period minus "
+            "the margin, here the signal itself): it is still tried, but the process is ended "
+            "with the preemption exit code at that deadline; give more than %.1f s (the pod's "
+            "terminationGracePeriodSeconds)",
+            source,
+            margin,
+            margin,
         )
     return value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -292,3 +293,50 @@ def test_a_weights_only_load_ignores_the_saved_data_position(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(params(model), params(model2), strict=True))
     assert tuned.timestamp.batch == 0 and tuned.sampler.offset == 0
     tuned.close(save=False)
+
+
+def grace_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "grace period" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("2", None, "RTJ_GRACE_PERIOD_SECONDS=2"),
+        ("0.5", None, "RTJ_GRACE_PERIOD_SECONDS=0.5"),
+        (None, 1.5, "grace_period_s=1.5"),
+        ("60", 2, "grace_period_s=2"),  # the argument wins over the variable, and is named
+    ],
+)
+def test_a_grace_period_within_the_exit_margin_is_warned_about_once(
+    tmp_path, monkeypatch, caplog, case
+):
+    """A grace period at or below the 2 s margin puts the exit deadline at the signal itself:
+    no time for the emergency save, and nothing said about it until a preemption lost work."""
+    env, arg, named = case
+    if env is None:
+        monkeypatch.delenv("RTJ_GRACE_PERIOD_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("RTJ_GRACE_PERIOD_SECONDS", env)
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        ck = CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", grace_period_s=arg)
+        ck.batch_end(4)
+        ck.close()
+    warned = grace_warnings(caplog)
+    assert len(warned) == 1, warned
+    assert named in warned[0] and "2.0 s margin" in warned[0], warned[0]
+    assert ck._response.grace_period_s == float(arg if arg is not None else env)  # still tries
+
+
+@pytest.mark.parametrize(("env", "kw"), [("2.5", {}), ("30", {}), ("1", {"handle_sigterm": False})])
+def test_a_grace_period_past_the_margin_or_unused_is_not_warned_about(
+    tmp_path, monkeypatch, caplog, env, kw
+):
+    monkeypatch.setenv("RTJ_GRACE_PERIOD_SECONDS", env)
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", **kw).close()
+    assert grace_warnings(caplog) == []
