@@ -237,6 +237,7 @@ class Loader:
                 data,
                 weights_only=weights_only,
                 saved_weights_only=manifest.weights_only,
+                saved_world_size=manifest.world_size,
                 **opts,
             )
             # Module weights now live in the parameters; their pages in the buffer are unused.
@@ -280,7 +281,11 @@ class Loader:
             ", straight onto the GPU" if report.onto_gpu else "",
         )
         apply_saved(
-            self.ctx, saved, weights_only=weights_only, saved_weights_only=manifest.weights_only
+            self.ctx,
+            saved,
+            weights_only=weights_only,
+            saved_weights_only=manifest.weights_only,
+            saved_world_size=manifest.world_size,
         )
         return None
 
@@ -298,9 +303,11 @@ class Loader:
         strict: bool,
         ignore_keys: Sequence[str],
         saved_weights_only: bool = False,
+        saved_world_size: int | None = None,
     ) -> None:
         """Restore one version-1 rank file's contents (``saved_weights_only``: the file was
-        saved with ``weights_only=True``)."""
+        saved with ``weights_only=True``; ``saved_world_size``: its manifest's, None for a
+        single file)."""
         saved = state_mod.restore(
             self.ctx.components,
             data,
@@ -309,7 +316,11 @@ class Loader:
             ignore_keys=self._ignored_keys(ignore_keys),
         )
         apply_saved(
-            self.ctx, saved, weights_only=weights_only, saved_weights_only=saved_weights_only
+            self.ctx,
+            saved,
+            weights_only=weights_only,
+            saved_weights_only=saved_weights_only,
+            saved_world_size=saved_world_size,
         )
 
 

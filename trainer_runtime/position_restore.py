@@ -13,23 +13,45 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .context import RUNTIME_KEY, RunContext
+from .state import path_ignored
 from .timestamp import Timestamp
 
+if TYPE_CHECKING:
+    from .sampler import ResumableSampler
+
 log = logging.getLogger("trainer_runtime")
+SAMPLER_KEY = ("state", "stateful", "sampler")
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What a checkpoint says about the batches of the run that saved it."""
+
+    global_batch_size: int | None = None
+    """The ``global_batch_size`` it was given, else its last ``batch_end(num_samples=...)``."""
+    world_size: int | None = None
+    """How many ranks saved it (None: unknown, a single rank file given as ``load_path``)."""
 
 
 def apply_saved(
-    ctx: RunContext, saved: dict[str, Any], *, weights_only: bool, saved_weights_only: bool = False
+    ctx: RunContext,
+    saved: dict[str, Any],
+    *,
+    weights_only: bool,
+    saved_weights_only: bool = False,
+    saved_world_size: int | None = None,
 ) -> None:
     """The runtime's own part of a restored state: position, metrics, extras.
 
     ``weights_only``: the caller wants the model alone (fine-tuning), so the position
     stays as it is. ``saved_weights_only``: the checkpoint holds the model, the timestamp
     and the run name only; its timestamp is restored (a re-run of a ``weights_only=True``
-    job continues where it stopped) and the sampler is placed where the timestamp says.
+    job continues where it stopped) and the sampler is placed where the timestamp says, as
+    it is for a checkpoint saved without a sampler. ``saved_world_size``: the manifest's.
     """
     if weights_only:
         return
@@ -39,15 +61,18 @@ def apply_saved(
     pos.metrics = dict(saved.get("metrics", {}))
     pos.extras = dict(saved.get("extras", {}))
     runtime = pos.extras.pop(RUNTIME_KEY, None) or {}
+    run = SavedRun(runtime.get("global_batch_size"), saved_world_size)
     if saved_weights_only:
         log.info(
             "weights-only checkpoint: model and timestamp restored; optimizer, schedulers "
             "and RNG start fresh"
         )
-        _place_sampler_at_timestamp(ctx)
+        _place_sampler_at_timestamp(ctx, run, "weights-only checkpoint")
+    elif _sampler_state_missing(ctx, saved):
+        _place_sampler_at_timestamp(ctx, run, "checkpoint saved without a sampler")
     _apply_data_overrides(
         ctx,
-        runtime.get("global_batch_size"),
+        run,
         runtime.get("data_overrides") or {},
         runtime.get("data_position"),
     )
@@ -55,29 +80,80 @@ def apply_saved(
     pos.mark_saved()
 
 
-def _place_sampler_at_timestamp(ctx: RunContext) -> None:
-    """Without the sampler's saved state (a ``weights_only`` checkpoint holds none; with
-    ``ignore_data_position`` it is not loaded) the data position is the timestamp's
-    (``sample_in_epoch``, or ``batch_in_epoch`` batches when ``batch_end()`` was not given
-    sample counts), in the sampler's order for the timestamp's epoch."""
+def _sampler_state_missing(ctx: RunContext, saved: Mapping[str, Any]) -> bool:
+    """Whether a registered sampler would keep a position the checkpoint does not hold: it
+    was saved without one. Not when the sampler's state is left out on purpose
+    (``ignore_data_position``: the overrides place it; ``load_ignore_keys``: it keeps its
+    live position)."""
+    if ctx.sampler is None or "sampler" in saved.get("stateful", {}):
+        return False
+    settings = ctx.settings
+    patterns = [p.strip("/") for p in settings.load_ignore_keys]
+    return not settings.ignore_data_position and not path_ignored(SAMPLER_KEY, patterns)
+
+
+def _place_sampler_at_timestamp(ctx: RunContext, run: SavedRun, source: str) -> None:
+    """Without the sampler's saved state (``source`` holds none; with ``ignore_data_position``
+    it is not loaded) the data position is the timestamp's, in the sampler's order for the
+    timestamp's epoch: ``sample_in_epoch`` (the global count ``batch_end(num_samples=...)``
+    added up), else ``batch_in_epoch`` batches of the saving run's global batch size, else of
+    this sampler's ``batch_size`` times the world size when as many ranks saved it. Otherwise
+    the samples of the epoch's batches are unknown: a warning says the data position is not
+    restored, and the sampler starts the timestamp's epoch at its first sample."""
     sampler, ts = ctx.sampler, ctx.position.timestamp
     if sampler is None:
         return
     sampler.epoch, sampler.offset = ts.epoch, 0
     if ts.sample_in_epoch:
         sampler.advance(ts.sample_in_epoch)
-    elif ts.batch_in_epoch and sampler.batch_size:
-        sampler.advance(ts.batch_in_epoch * sampler.batch_size * sampler.num_replicas)
+        how = "its sample count"
     elif ts.batch_in_epoch:
-        log.warning(
-            "the checkpoint records %d batches of epoch %d but no sample "
-            "count, and the sampler has no batch_size: its data restarts at the epoch start",
-            ts.batch_in_epoch,
-            ts.epoch,
-        )
+        per_batch, how = _samples_per_batch(sampler, run)
+        if per_batch is None:
+            log.warning(
+                "data position not restored (%s: no sampler state): its timestamp records %d "
+                "batches of epoch %d but no sample count (%s); the sampler starts "
+                "epoch %d at its first sample. If those batches held ResumableSampler("
+                "batch_size=...) per rank at this world size, pass data_skip_steps=%d",
+                source,
+                ts.batch_in_epoch,
+                ts.epoch,
+                how,
+                ts.epoch,
+                ts.batch_in_epoch,
+            )
+            return
+        sampler.advance(ts.batch_in_epoch * per_batch)
+    else:
+        how = "the start of the epoch"
+    log.info(
+        "%s: no sampler state; the sampler starts at sample %d of epoch %d, placed by the "
+        "checkpoint's timestamp (%s)",
+        source,
+        sampler.offset,
+        sampler.epoch,
+        how,
+    )
 
 
-def _place_sampler_where_saved(ctx: RunContext, saved_position: Mapping[str, Any] | None) -> None:
+def _samples_per_batch(sampler: ResumableSampler, run: SavedRun) -> tuple[int | None, str]:
+    """The global samples in each of the saving run's batches, and how that is known (or,
+    with None, why it is not)."""
+    if run.global_batch_size:
+        return run.global_batch_size, f"batches of the saved global batch {run.global_batch_size}"
+    unknown = "batch_end() was given no num_samples and the run no global_batch_size"
+    if sampler.batch_size is None:
+        return None, f"{unknown}, and this sampler has no batch_size"
+    if run.world_size != sampler.num_replicas:
+        saved_by = "an unknown number of" if run.world_size is None else str(run.world_size)
+        return None, f"{unknown}, and {saved_by} rank(s) saved it, not {sampler.num_replicas}"
+    per_batch = sampler.batch_size * sampler.num_replicas
+    return per_batch, f"batch_size {sampler.batch_size} x {sampler.num_replicas} rank(s)"
+
+
+def _place_sampler_where_saved(
+    ctx: RunContext, run: SavedRun, saved_position: Mapping[str, Any] | None
+) -> None:
     """The sampler's position as the saving run recorded it (``saving.runtime_record``), when
     it is this dataset's; else the timestamp's. The timestamp counts the samples trained, not
     the ``data_skip_steps`` the saving run skipped, so placing the sampler by it alone repeated
@@ -88,7 +164,7 @@ def _place_sampler_where_saved(ctx: RunContext, saved_position: Mapping[str, Any
         or not saved_position
         or saved_position.get("num_samples_total") != sampler.num_samples_total
     ):
-        _place_sampler_at_timestamp(ctx)
+        _place_sampler_at_timestamp(ctx, run, "no recorded data position of this dataset")
         return
     sampler.load_state_dict(dict(saved_position))
 
@@ -114,7 +190,7 @@ def _roll_over_finished_epoch(ctx: RunContext) -> None:
 
 def _apply_data_overrides(
     ctx: RunContext,
-    saved_global_batch: int | None,
+    run: SavedRun,
     saved_overrides: Mapping[str, Any],
     saved_position: Mapping[str, Any] | None = None,
 ) -> None:
@@ -132,7 +208,7 @@ def _apply_data_overrides(
         ignore = False
         # The sampler's saved state was not loaded (with the override it never is: it may
         # be another dataset's); the position the saving run recorded is this dataset's.
-        _place_sampler_where_saved(ctx, saved_position)
+        _place_sampler_where_saved(ctx, run, saved_position)
         log.info(
             "ignore_data_position: already applied by the run that saved this checkpoint; "
             "its data position is kept (epoch %d, sample %d of it)",
@@ -158,7 +234,7 @@ def _apply_data_overrides(
     if skip and sampler is not None:
         sampler.advance(skip * sampler.batch_size * sampler.num_replicas)
         log.info("data_skip_steps: skipped %d steps of data", skip)
-    new = settings.global_batch_size
+    new, saved_global_batch = settings.global_batch_size, run.global_batch_size
     if new and saved_global_batch and new != saved_global_batch:
         ts.batch = ts.sample // new
         ts.batch_in_epoch = ts.sample_in_epoch // new

@@ -340,3 +340,82 @@ def test_a_grace_period_past_the_margin_or_unused_is_not_warned_about(
     with caplog.at_level(logging.INFO, "trainer_runtime"):
         CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", **kw).close()
     assert grace_warnings(caplog) == []
+
+
+def samplerless_run(tmp_path, *, count: int | None, **kw):
+    """Epoch 0 in full (10 batches of 4 of 40 samples), then 3 batches of epoch 1, saved
+    by a manager that has no sampler; ``count`` is what batch_end() is given."""
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path, run_name="r", interval="1ba", sampler=None, **kw
+    )
+    for _ in range(10):
+        ck.batch_end(count)
+    ck.epoch_end()
+    for _ in range(3):
+        ck.batch_end(count)
+    ck.close(save=False)
+    return ck
+
+
+def resume_with_sampler(tmp_path, caplog, **sampler_kw):
+    sampler = ResumableSampler(40, num_replicas=1, rank=0, seed=2, **sampler_kw)
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path, run_name="r", interval="1ba", sampler=sampler
+    )
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        ck.resume()
+    ck.close(save=False)
+    return ck, sampler
+
+
+def epoch1_after(offset: int) -> list[int]:
+    return ResumableSampler(40, num_replicas=1, rank=0, seed=2).epoch_order(1)[offset:]
+
+
+def data_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "data position" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    "saving",
+    [
+        {"count": 4},  # batch_end(num_samples=4): the timestamp counts the samples
+        {"count": None, "global_batch_size": 4},  # batch_end(): the saved global batch counts
+    ],
+)
+def test_a_checkpoint_saved_without_a_sampler_places_one_at_its_timestamp(tmp_path, caplog, saving):
+    """The sampler started epoch 0 at sample 0 although the checkpoint's timestamp said
+    epoch 1, 12 samples in: the run trained epoch 0's data again."""
+    samplerless_run(tmp_path, **saving)
+    ck, sampler = resume_with_sampler(tmp_path, caplog)
+    assert (ck.timestamp.epoch, ck.timestamp.batch_in_epoch) == (1, 3)
+    assert (sampler.epoch, sampler.offset) == (1, 12)
+    assert list(sampler) == epoch1_after(12)
+    assert data_warnings(caplog) == []
+    assert "checkpoint saved without a sampler: no sampler state" in caplog.text
+
+
+def test_a_checkpoint_without_a_sample_count_says_the_data_position_is_not_restored(
+    tmp_path, caplog
+):
+    """batch_end() without num_samples and no global_batch_size: the saving run never said
+    how many samples a batch held, so the position in the epoch is unknown."""
+    samplerless_run(tmp_path, count=None)
+    _, sampler = resume_with_sampler(tmp_path, caplog)
+    assert (sampler.epoch, sampler.offset) == (1, 0)  # the right epoch, from its start
+    assert list(sampler) == epoch1_after(0)
+    warned = data_warnings(caplog)
+    assert len(warned) == 1, warned
+    assert "not restored" in warned[0] and "3 batches of epoch 1" in warned[0]
+    assert "no sample count" in warned[0] and "data_skip_steps=3" in warned[0]
+
+
+def test_a_sampler_with_a_batch_size_at_the_saved_world_size_counts_the_batches(tmp_path, caplog):
+    samplerless_run(tmp_path, count=None)
+    _, sampler = resume_with_sampler(tmp_path, caplog, batch_size=4)
+    assert (sampler.epoch, sampler.offset) == (1, 12)
+    assert data_warnings(caplog) == []
