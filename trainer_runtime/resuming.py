@@ -222,7 +222,10 @@ class Resumer:
         return self._resumed("remote", str(fetched), fallbacks + lines)
 
     def _adopt(self, fetched: Path) -> None:
-        """The local pointer and this rank's latest link name the fetched checkpoint."""
+        """The local pointer and this rank's latest link name the fetched checkpoint, once
+        every rank has loaded it: a rank's ``close()`` may delete it next (keep_local, with
+        nothing saved), and a format-1 load reads its files after every collective."""
+        self.ctx.coord.barrier()
         manifest = Manifest.read(fetched)
         link = self.ctx.settings.templates.render_latest(
             self.ctx.template_values(manifest.timestamp)

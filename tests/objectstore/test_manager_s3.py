@@ -104,6 +104,40 @@ def test_keep_local_zero_deletes_the_checkpoints_the_bucket_holds_that_a_resume_
     assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2", "ep0-ba3", "ep0-ba4"]
 
 
+def test_keep_local_zero_leaves_no_local_copy_when_a_resumed_run_saves_nothing(tmp_path, s3_root):
+    """A run that resumed from the bucket and ended without a save (nothing trained, or
+    close(save=False)) kept the downloaded copy for good: it was to go at the next upload,
+    and there was none. The bucket holds it committed, so close() deletes it."""
+    saved_run(s3_root, tmp_path / "node-a", batches=2)
+    shutil.rmtree(tmp_path / "node-a" / "ep0-ba1")  # the earlier attempt's disk: ep0-ba2 only
+    for disk, close in (
+        (tmp_path / "node-b", {}),  # an empty disk downloads ep0-ba2; nothing trained
+        (tmp_path / "node-a", {"save": False}),  # resumed from the copy an earlier attempt left
+    ):
+        ck = manager(s3_root, disk, make(seed=4), num_local_checkpoints_to_keep=0)
+        res = ck.resume()
+        assert res.path.endswith("ep0-ba2"), res
+        assert (disk / "ep0-ba2" / "manifest.json").is_file()  # loaded from it; kept till close
+        ck.close(**close)
+        assert sorted(p.name for p in disk.glob("ep0-*")) == [], disk
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    assert remote_pointer(store, run_uri) == "ep0-ba2"  # the bucket still holds everything
+    assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2"]
+
+
+def test_keep_local_zero_keeps_at_close_a_local_checkpoint_the_bucket_lacks(tmp_path, s3_root):
+    """close() deletes only local copies the bucket holds committed: one the bucket lacks
+    (pruned there, or its upload dropped) is the only copy left, whatever keep_local says."""
+    saved_run(s3_root, tmp_path / "node", batches=2)
+    store, run_uri = S3Store(), s3_root.join("s3run")
+    store.delete_prefix(run_uri.join("ep0-ba1"), first=("manifest.json",))
+    ck = manager(s3_root, tmp_path / "node", make(seed=4), num_local_checkpoints_to_keep=0)
+    assert ck.resume().path.endswith("ep0-ba2")
+    ck.close()
+    assert sorted(p.name for p in (tmp_path / "node").glob("ep0-*")) == ["ep0-ba1"]
+    assert Manifest.read(tmp_path / "node" / "ep0-ba1").timestamp.batch == 1
+
+
 def test_events_name_each_upload_and_the_remote_resume(tmp_path, s3_root, monkeypatch):
     """The runtime's events (docs/runtime.md) say what was uploaded and where a resume came from."""
     target = tmp_path / "events.jsonl"

@@ -11,7 +11,8 @@ Local checkpoints this process did not upload (the one a resume downloaded, thos
 attempt left on the disk) are *adopted* at start-up: they count like uploaded ones, but go only
 once the bucket holds them committed, and only at the next upload, when every rank has long
 finished loading the one it resumed from (on a shared volume another rank may still read it
-while this one returns from its resume).
+while this one returns from its resume), or at ``close()`` when no upload came (a resumed run
+that saved nothing): a resume from the store ends with every rank's load done.
 """
 
 from __future__ import annotations
@@ -80,19 +81,43 @@ class UploadedLocalCopies:
         with self._lock:
             kept = [c for c in self._kept if c.folder != local_dir]
             kept.append(_LocalCopy(local_dir, manifest, adopted=False))
-            kept.sort(key=lambda c: c.key, reverse=True)
-            self._kept = kept[: self.keep]
-            for copy in kept[self.keep :]:
-                if still_pending(copy.manifest.name):
-                    self._kept.append(copy)  # re-submitted meanwhile: not yet
-                    continue
-                if (copy.adopted or rank != self.leader_rank) and not committed_remotely(
-                    copy.manifest
-                ):
-                    self._kept.append(copy)  # not a remote checkpoint yet: tried again later
-                    continue
-                self._delete(copy, rank)
-            self._kept.sort(key=lambda c: c.key, reverse=True)
+            self._trim(kept, rank, still_pending, committed_remotely)
+
+    def at_close(
+        self,
+        rank: int,
+        *,
+        still_pending: Callable[[str], bool],
+        committed_remotely: Callable[[Manifest], bool],
+    ) -> None:
+        """The uploads are flushed: delete the copies beyond the newest ``keep`` that no
+        upload will come to delete. A run that resumed from the bucket and ends without a
+        save uploads nothing, and its downloaded copy stayed for good (keep_local=0 included).
+        Every rank finished loading at resume (``Resumer._adopt`` waits for all of them)."""
+        with self._lock:
+            self._trim(list(self._kept), rank, still_pending, committed_remotely)
+
+    def _trim(
+        self,
+        kept: list[_LocalCopy],
+        rank: int,
+        still_pending: Callable[[str], bool],
+        committed_remotely: Callable[[Manifest], bool],
+    ) -> None:
+        """Keep the newest ``keep`` of ``kept``; delete the others, except those still
+        pending and those the bucket does not hold committed yet (the only copy). Called
+        with ``self._lock`` held."""
+        kept.sort(key=lambda c: c.key, reverse=True)
+        self._kept = kept[: self.keep]
+        for copy in kept[self.keep :]:
+            if still_pending(copy.manifest.name):
+                self._kept.append(copy)  # re-submitted meanwhile: not yet
+                continue
+            if (copy.adopted or rank != self.leader_rank) and not committed_remotely(copy.manifest):
+                self._kept.append(copy)  # not a remote checkpoint yet: tried again later
+                continue
+            self._delete(copy, rank)
+        self._kept.sort(key=lambda c: c.key, reverse=True)
 
     def _delete(self, copy: _LocalCopy, rank: int) -> None:
         """The whole folder on the leader, and on every rank for an adopted copy (all ranks'

@@ -207,6 +207,14 @@ class CheckpointUploader:
         """
         start = time.monotonic()
         ok = self.flush(timeout)
+        if ok and self.local_copies is not None:
+            # Copies no upload came to delete (a resume's download, with nothing saved after
+            # it); asked with resume's short waits, the flush having just reached the store.
+            self.local_copies.at_close(
+                self.rank,
+                still_pending=self.queue.is_pending,
+                committed_remotely=lambda m: self._committed_remotely(m, self.store.responsive()),
+            )
         self._stop.set()
         self.queue.wake()
         join = 10.0 if timeout is None else max(0.5, timeout - (time.monotonic() - start))
@@ -309,10 +317,12 @@ class CheckpointUploader:
                 committed_remotely=self._committed_remotely,
             )
 
-    def _committed_remotely(self, manifest: Manifest) -> bool:
+    def _committed_remotely(self, manifest: Manifest, store: S3Store | None = None) -> bool:
         """Whether the leader has committed ``manifest``'s checkpoint in the bucket (its
-        manifest is there); False when the store cannot say."""
+        manifest is there); False when the store cannot say. ``store``: another client of
+        it (default: the uploads')."""
         try:
-            return self.store.head(self.run_uri.join(manifest.name, MANIFEST_NAME)) is not None
+            uri = self.run_uri.join(manifest.name, MANIFEST_NAME)
+            return (store or self.store).head(uri) is not None
         except ObjectStoreError:
             return False
