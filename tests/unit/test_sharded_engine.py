@@ -442,6 +442,8 @@ def test_every_async_save_copies_at_full_priority_though_persisting_yields(tmp_p
     """The persisting thread lowers its own priority after the copy and is reused by the next
     save; the copy the next ``optimizer.step()`` waits for must not inherit that."""
 
+    if os.getpriority(os.PRIO_PROCESS, 0) >= 10:
+        pytest.skip("the tests run at nice 10 or lower already: no thread can yield further")
     _, _, _, engine = make()
     seen: list[tuple[int, int]] = []
     stage = engine.stager.stage
