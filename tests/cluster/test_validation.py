@@ -124,6 +124,16 @@ CASES = [
         "spec.preemptionSignals.terminationTaints[0].effect",
     ),
     (
+        "taint key with a space",
+        {"preemptionSignals": {"terminationTaints": [{"key": "spot notice"}]}},
+        "spec.preemptionSignals.terminationTaints[0].key",
+    ),
+    (
+        "taint key prefix over 253 characters",
+        {"preemptionSignals": {"terminationTaints": [{"key": "a" * 254 + "/notice"}]}},
+        "spec.preemptionSignals.terminationTaints[0].key",
+    ),
+    (
         "restart policy",
         {
             "template": {
@@ -143,6 +153,17 @@ def test_invalid_spec_is_rejected_naming_the_field(kube, ns, case, spec, field):
     body["spec"].update(spec)
     message = rejected(kube, body)
     assert field in message, message
+
+
+@pytest.mark.parametrize("field", ["name", "namespace", "finalizers", "generateName"])
+def test_pod_template_metadata_the_operator_sets_is_rejected(kube, ns, field):
+    """Pod names, namespace and finalizers are the operator's; a template that sets them is
+    refused at apply time (they were silently dropped when the pods were built)."""
+    body = rtj("meta", ns, "none")
+    value = ["example.com/keep"] if field == "finalizers" else "x"
+    body["spec"]["template"]["metadata"] = {"labels": {"team": "a"}, field: value}
+    message = rejected(kube, body)
+    assert "spec.template.metadata" in message and field in message, message
 
 
 @pytest.mark.parametrize(
