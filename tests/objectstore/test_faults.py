@@ -188,6 +188,31 @@ def test_server_killed_mid_download_at_resume_is_waited_for(
     assert remote_pointer(store, run) == "ep0-ba10"
 
 
+def test_a_download_the_store_dies_under_removes_what_it_wrote(
+    own_s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The store gone for good after a checkpoint's first file landed: the download fails
+    with the store's error and leaves no partial folder (it was listed as NOT COMMITTED)."""
+    store = S3Store(transfer=SMALL_PARTS, max_attempts=2, connect_timeout=1, read_timeout=5)
+    run = S3Uri(own_s3_server.bucket, f"gone/{RUN}")
+    ups = [CheckpointUploader(store, run, rank=r, world_size=2) for r in range(2)]
+    folder, manifest = make_checkpoint(tmp_path / "node-a" / RUN, "ep0-ba10", 10, world_size=2)
+    for up in ups:
+        up.submit(folder, manifest)
+    for up in ups:
+        assert up.close(timeout=60)
+
+    def kill_at_rank1(params: dict, **_: object) -> None:
+        if params.get("url_path", "").endswith("/rank1.pt"):
+            own_s3_server.kill()
+
+    store.client.meta.events.register("before-call.s3.GetObject", kill_at_rank1)
+    fresh = tmp_path / "node-b" / RUN
+    with pytest.raises(ObjectStoreError):
+        download_checkpoint(store, run.join("ep0-ba10"), fresh, attempts=2, backoff=Backoff(0.1))
+    assert list(fresh.iterdir()) == []
+
+
 def test_a_full_disk_at_resume_download_is_a_local_error_and_the_bucket_keeps_everything(
     s3_env: S3Server, s3_root: S3Uri, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
     NoValidCheckpointError,
+    ObjectNotFoundError,
     S3Backend,
     S3Store,
     S3Uri,
@@ -179,6 +180,49 @@ def test_download_per_rank_into_shared_folder(
     assert download_checkpoint(store, ckpt, run_dir, ranks=[0]) == folder
     manifest = Manifest.read(folder)
     assert all(verify_entry(folder, e) is None for e in manifest.files)
+
+
+def test_a_failed_download_removes_only_what_it_wrote(
+    store: S3Store, two_remote: S3Uri, tmp_path: Path
+) -> None:
+    """A download that fails midway (rank 0's file in place, rank 1's object gone) left the
+    folder with rank0.pt and no manifest: listed as NOT COMMITTED, for someone to delete later
+    while another rank may use it. Now the failed call removes the files and the folder it
+    created; what was there before (another rank's share, a committed checkpoint) stays."""
+    run_dir = tmp_path / "node" / RUN
+    older = download_checkpoint(store, two_remote.join("ep0-ba10"), run_dir)
+    store.delete(two_remote.join("ep0-ba20", "rank1.pt"))
+    with pytest.raises(ObjectNotFoundError):
+        download_checkpoint(store, two_remote.join("ep0-ba20"), run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ep0-ba10"]
+    assert all(verify_entry(older, e) is None for e in Manifest.read(older).files)
+
+    shared = tmp_path / "shared" / RUN
+    folder = download_checkpoint(store, two_remote.join("ep0-ba20"), shared, ranks=[0])
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    with pytest.raises(ObjectNotFoundError):
+        download_checkpoint(store, two_remote.join("ep0-ba20"), shared, ranks=[1])
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # rank 0's share
+
+
+def test_a_checkpoint_that_fails_its_checksum_leaves_no_folder_behind(
+    store: S3Store, s3_env: S3Server, two_remote: S3Uri, tmp_path: Path
+) -> None:
+    """Resume falls back past a checkpoint whose second file has damaged bytes: the first
+    file it had downloaded goes with it, so the local run folder holds only the checkpoint
+    resumed from."""
+    victim = two_remote.join("ep0-ba20", "rank1.pt")
+    info = store.head(victim)
+    assert info is not None
+    s3_env.client().put_object(
+        Bucket=victim.bucket,
+        Key=victim.key,
+        Body=os.urandom(info.size),
+        Metadata=dict(info.metadata),
+    )
+    dest = tmp_path / "fresh" / RUN
+    assert _resume(store, two_remote, dest) == "ep0-ba10"
+    assert sorted(p.name for p in dest.iterdir()) == ["ep0-ba10"]
 
 
 def test_fetch_load_path_forms(store: S3Store, two_remote: S3Uri, tmp_path: Path) -> None:

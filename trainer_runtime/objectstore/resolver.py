@@ -11,7 +11,9 @@ line saying why.
 
 Downloads follow the local commit protocol: each file appears under its name only once its bytes
 are verified and durable, and the manifest is written last, so a crash mid-download leaves a
-folder without a manifest, which is no checkpoint (the same rule as a local save).
+folder without a manifest, which is no checkpoint (the same rule as a local save). A download
+that fails with an error (bytes that fail their checksum, an object gone, the store gone)
+removes what it wrote before raising.
 """
 
 from __future__ import annotations
@@ -154,15 +156,18 @@ def download_checkpoint(
     """Download a committed checkpoint into ``local_run_dir/<name>``, verified; returns it.
 
     The local commit protocol is kept: each file lands atomically (temporary name, fsync,
-    rename) after its xxh3 is checked, and the manifest is written last, so an interrupted
-    download leaves a folder without a manifest, which is no checkpoint. Files already there
-    that verify are not fetched again (a resume interrupted mid-download continues cheaply), so
-    several ranks can fill one shared folder, each with its own ``ranks``. A local manifest
-    that differs from the remote one is removed first. Transient failures are retried
-    (``attempts`` per file, waits from ``backoff``): a server that restarts mid-download is
-    waited for, and the retry fetches the file again. Then ChecksumMismatchError (bytes do
-    not match) or ObjectNotFoundError (object gone) mean "broken, use an older one", while
-    any other ObjectStoreError means the store is not usable right now. A local disk that
+    rename) after its xxh3 is checked, and the manifest is written last, so a download cut
+    short (the process killed) leaves a folder without a manifest, which is no checkpoint. A
+    download that fails with an error removes the files it put in place and the checkpoint
+    folder if it created it and nothing else is in it, before raising; files that were there
+    (another rank's share) stay. Files already there that verify are not fetched again (a
+    resume killed mid-download continues cheaply), so several ranks can fill one shared
+    folder, each with its own ``ranks``. A local manifest that differs from the remote one is
+    removed first. Transient failures are retried (``attempts`` per file, waits from
+    ``backoff``): a server that restarts mid-download is waited for, and the retry fetches the
+    file again. Then ChecksumMismatchError (bytes do not match) or ObjectNotFoundError (object
+    gone) mean "broken, use an older one", while any other ObjectStoreError means the store is
+    not usable right now. A local disk that
     cannot take the file (full, read-only) raises its OSError at once: retrying cannot help.
     """
     wait = backoff or Backoff(initial=1.0, maximum=8.0)
@@ -178,6 +183,7 @@ def download_checkpoint(
     manifest = checkpoint.manifest
     entries = [e for e in manifest.files if ranks is None or e.rank in ranks]
     folder = Path(local_run_dir) / manifest.name
+    made = _Written(folder)
     atomic.makedirs_durable(folder)
     manifest_path = folder / MANIFEST_NAME
     body = manifest.to_json().encode()
@@ -189,24 +195,29 @@ def download_checkpoint(
             manifest_path.unlink()  # uncommit the stale local copy before touching its files
             atomic.fsync_dir(folder)
     fetched = 0
-    for entry in entries:
-        dest = folder / entry.path
-        if dest.exists() and verify_entry(folder, entry) is None:
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        source = checkpoint.uri.join(entry.path)
-        retry_call(
-            lambda source=source, dest=dest, entry=entry: store.download_file(
-                source, dest, size=entry.size, xxh3=entry.xxh3_128
-            ),
-            attempts=attempts,
-            backoff=wait,
-            retryable=is_transient,
-            what=f"GET {source}",
-        )
-        fetched += entry.size
-    if not manifest_path.exists():
-        atomic.write_bytes_atomic(manifest_path, body)
+    try:
+        for entry in entries:
+            dest = folder / entry.path
+            if dest.exists() and verify_entry(folder, entry) is None:
+                continue
+            made.folder_for(dest)
+            source = checkpoint.uri.join(entry.path)
+            retry_call(
+                lambda source=source, dest=dest, entry=entry: store.download_file(
+                    source, dest, size=entry.size, xxh3=entry.xxh3_128
+                ),
+                attempts=attempts,
+                backoff=wait,
+                retryable=is_transient,
+                what=f"GET {source}",
+            )
+            made.files.append(dest)
+            fetched += entry.size
+        if not manifest_path.exists():
+            atomic.write_bytes_atomic(manifest_path, body)
+    except Exception:
+        made.remove(checkpoint.uri)
+        raise
     log.info(
         "object store: fetched %s (%d file(s), %d bytes downloaded) into %s",
         checkpoint.uri,
@@ -215,6 +226,39 @@ def download_checkpoint(
         folder,
     )
     return folder
+
+
+class _Written:
+    """What one ``download_checkpoint`` call put on the disk: the files it renamed into place
+    and the folders it created. A failed download removes exactly these, so it leaves no
+    partial folder (listed as NOT COMMITTED, and deleted later only at the risk of racing a
+    rank that fills the same shared folder), and never touches files that were there before
+    (another rank's share, files that already verified)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.files: list[Path] = []
+        self.folders: list[Path] = [] if folder.exists() else [folder]
+
+    def folder_for(self, dest: Path) -> None:
+        """Create ``dest``'s folder (a manifest entry may lie in a subfolder), noting it."""
+        if not dest.parent.exists():
+            self.folders.append(dest.parent)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+
+    def remove(self, source: S3Uri) -> None:
+        for path in self.files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        for folder in reversed(self.folders):  # innermost first; one another rank uses stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if self.files or self.folders:
+            log.warning(
+                "object store: the download of %s failed; removed the %d file(s) it had "
+                "written and the folder(s) it had created",
+                source,
+                len(self.files),
+            )
 
 
 def resume_from_remote(
