@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _unwritable_out(out: str) -> str | None:
     """Why ``export`` cannot write ``out``, or None. ``Path`` would turn ``s3://b/w.pt`` into
-    the local ``s3:/b/w.pt`` without a word, and a folder only fails after the download."""
+    the local ``s3:/b/w.pt`` without a word, and a folder, or a path under a regular file
+    (``out.txt/w.pt``), only failed after the download."""
     if "://" in out:
         return (
             f"OUT={out!r}: export writes a local file; give a path such as weights.pt "
@@ -106,6 +107,12 @@ def _unwritable_out(out: str) -> str | None:
         )
     if Path(out).is_dir():
         return f"OUT={out!r} is a folder; give the file to write, e.g. {Path(out) / 'weights.pt'}"
+    blocker = next((p for p in Path(out).parents if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():  # OUT's nearest existing ancestor
+        return (
+            f"OUT={out!r}: {blocker} is a file, not a folder; "
+            "give a path whose folders are folders (or do not exist yet)"
+        )
     return None
 
 

@@ -4,6 +4,7 @@ suite's S3 server, configured only by the environment training uses (docs/object
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -149,10 +150,30 @@ def test_export_refuses_an_out_it_cannot_write(tmp_path, s3_env, s3_root):
         assert "Traceback" not in folder.stderr
 
         (tmp_path / "a-file").write_text("x")
-        under_a_file = cli("export", source, str(tmp_path / "a-file" / "w.pt"))
-        assert under_a_file.returncode == 1, under_a_file.stdout + under_a_file.stderr
-        assert under_a_file.stderr.startswith("rtj-checkpoints: export to ")
-        assert len(under_a_file.stderr.splitlines()) == 1, under_a_file.stderr
+        for under in (tmp_path / "a-file" / "w.pt", tmp_path / "a-file" / "sub" / "w.pt"):
+            got = cli("export", source, str(under))
+            assert got.returncode == 2, got.stdout + got.stderr
+            assert f"OUT={str(under)!r}: {tmp_path / 'a-file'} is a file" in got.stderr
+            assert got.stdout == "" and len(got.stderr.splitlines()) == 1, got.stderr
+        assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_an_out_under_a_file_is_refused_before_the_store_is_asked(tmp_path, s3_env, monkeypatch):
+    """A path under a regular file was found unwritable only after the whole checkpoint had
+    been downloaded (exit 1). Now it is refused first: with the endpoint unreachable, the
+    error is still about OUT, not the store."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "x"
+    got = cli("export", f"s3://{s3_env.bucket}/run", str(out))
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert got.stderr == (
+        f"rtj-checkpoints: OUT={str(out)!r}: {tmp_path / 'file.txt'} is a file, not a folder; "
+        "give a path whose folders are folders (or do not exist yet)\n"
+    )
 
 
 def test_ls_and_verify_of_a_checkpoint_folder_show_that_checkpoint(tmp_path, s3_env, s3_root):
