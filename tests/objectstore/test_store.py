@@ -10,6 +10,7 @@ import pytest
 from tests.objectstore.conftest import SMALL_PARTS, point_env_at
 from tests.objectstore.helpers import require_minio, scoped_credentials
 from tests.support.s3server import S3Server, free_port
+from trainer_runtime.errors import ConfigError
 from trainer_runtime.objectstore import (
     ChecksumMismatchError,
     LocalDataError,
@@ -267,3 +268,29 @@ def test_a_bad_addressing_style_names_the_argument_and_the_choices(
     backend = S3Backend(s3_root, "run", addressing_style="path")
     assert backend.store.list_folders(s3_root) == []
     backend.close(1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"flush_timeout_s": -1}, "flush_timeout_s=-1: expected seconds >= 0"),
+        ({"flush_timeout_s": float("nan")}, "flush_timeout_s=nan: expected seconds >= 0"),
+        ({"flush_timeout_s": "5"}, "flush_timeout_s='5': expected seconds >= 0"),
+        ({"peer_timeout_s": -1.5}, "peer_timeout_s=-1.5: expected seconds > 0"),
+        ({"peer_timeout_s": float("nan")}, "peer_timeout_s=nan: expected seconds > 0"),
+        ({"resume_attempts": 0}, "resume_attempts=0: expected a count >= 1"),
+        ({"connect_timeout": -1}, "connect_timeout=-1: expected seconds > 0"),
+        ({"read_timeout": float("nan")}, "read_timeout=nan: expected seconds > 0"),
+        ({"read_timeout": float("inf")}, "read_timeout=inf: expected seconds > 0"),
+        ({"max_attempts": 0}, "max_attempts=0: expected a count >= 1"),
+    ],
+)
+def test_negative_or_nan_timeouts_are_refused_naming_the_argument(
+    s3_env: S3Server, s3_root: S3Uri, kwargs: dict, message: str
+) -> None:
+    """S3Backend(flush_timeout_s=-1) was accepted (close() then did not wait at all), and so
+    were NaN and negative peer and socket timeouts: a ConfigError names the argument now."""
+    with pytest.raises(ConfigError) as caught:
+        S3Backend(s3_root, "run", **kwargs)
+    assert message in str(caught.value)
+    assert not isinstance(caught.value, ObjectStoreConfigError)  # refused before any request

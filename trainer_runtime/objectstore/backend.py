@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import arguments
 from ..fallback import first_valid
 from ..manifest import Manifest
 from ..remote import RemoteChoice
@@ -61,8 +62,19 @@ class S3Backend:
         """``location`` is the checkpoint root ``s3://bucket/prefix``; the run lives under
         ``<location>/<run_name>/``. Raises ValueError (malformed URI) or
         ObjectStoreConfigError (missing bucket, denied credentials, unreachable endpoint).
-        ``arg`` names the user's argument in those messages.
+        ``arg`` names the user's argument in those messages. A negative or NaN
+        ``flush_timeout_s`` / ``peer_timeout_s``, or ``resume_attempts`` < 1, is a
+        ConfigError naming the argument, raised before any request.
         """
+        self.flush_timeout_s = arguments.seconds(
+            "flush_timeout_s", flush_timeout_s, "seconds >= 0", lambda s: s >= 0
+        )
+        peer_timeout_s = arguments.seconds(
+            "peer_timeout_s", peer_timeout_s, "seconds > 0", lambda s: s > 0
+        )
+        self.resume_attempts = arguments.integer(
+            "resume_attempts", resume_attempts, "a count >= 1", lambda n: n >= 1
+        )
         if store is None:
             store, root = open_store(location, arg=arg, transfer=transfer, **store_kwargs)
         else:
@@ -73,8 +85,6 @@ class S3Backend:
         """Resume's listing, downloads and repairs: every rank waits on them, so a hung store
         fails each request within seconds (``S3Store.responsive``); uploads keep ``store``."""
         self.run_uri = root.join(run_name)
-        self.flush_timeout_s = flush_timeout_s
-        self.resume_attempts = resume_attempts
         self.uploader = CheckpointUploader(
             store,
             self.run_uri,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -153,8 +154,13 @@ class S3Store:
         included (standard mode retries connection errors, 5xx and throttling); callers retry
         whole transfers on top of it.
         ``addressing_style`` ("path" or "virtual") overrides boto3's choice; left None, the
-        shared config file's ``s3 = addressing_style = ...`` still applies.
+        shared config file's ``s3 = addressing_style = ...`` still applies. A timeout that is
+        not a finite number of seconds > 0, or ``max_attempts`` < 1, is a ConfigError naming
+        the argument.
         """
+        arguments.integer("max_attempts", max_attempts, "a count >= 1", lambda n: n >= 1)
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
+            arguments.seconds(name, value, "seconds > 0, finite", lambda s: 0 < s < math.inf)
         if addressing_style not in ADDRESSING_STYLES:
             raise ValueError(
                 f"addressing_style={addressing_style!r}: expected None (boto3's choice) or one "
