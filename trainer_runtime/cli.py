@@ -68,7 +68,7 @@ def _run(argv: list[str] | None) -> int:
         return _export(folder, args.out, trusted=args.trusted_pickle)
     only = None
     if (folder / MANIFEST_NAME).is_file() or _uncommitted_checkpoint(folder):
-        folder, only = folder.resolve().parent, folder.resolve().name  # that checkpoint alone
+        folder, only = _split_checkpoint(folder)  # that checkpoint alone
     run = RunFolder(folder)
     check = (lambda m: run.verify(m, list(range(m.world_size)))) if args.cmd == "verify" else None
     return _list(run, check, only=only, foreign=lambda name: _foreign_entry(folder / name))
@@ -82,14 +82,20 @@ def _parser() -> argparse.ArgumentParser:
         ("verify", "check every file of every committed checkpoint"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("folder", help="a run folder (holds latest.json)" + _S3_NOTE)
+        p.add_argument(
+            "folder", metavar="FOLDER", help="a run folder (holds latest.json)" + _S3_NOTE
+        )
     exp = sub.add_parser(
         "export",
         help="write a checkpoint's model weights as a plain state_dict file "
         "(torch.load(path, weights_only=True) reads it)",
     )
-    exp.add_argument("folder", help="a checkpoint folder, or a run folder (its newest)" + _S3_NOTE)
-    exp.add_argument("out", help="the local .pt file to write")
+    exp.add_argument(
+        "folder",
+        metavar="FOLDER",
+        help="a checkpoint folder, or a run folder (its newest)" + _S3_NOTE,
+    )
+    exp.add_argument("out", metavar="OUT", help="the local .pt file to write")
     exp.add_argument(
         "--trusted-pickle", action="store_true", help="the checkpoint was saved with trusted_pickle"
     )
@@ -114,6 +120,21 @@ def _unwritable_out(out: str) -> str | None:
             "give a path whose folders are folders (or do not exist yet)"
         )
     return None
+
+
+def _split_checkpoint(folder: Path) -> tuple[Path, str]:
+    """A checkpoint folder's run folder and name, the run folder as the user wrote it
+    (``ck/ep0-ba2`` gives ``ck``), so what is printed names the path they gave; resolved only
+    when the path has no name of its own (``.``, ``..``) or is a link (``ck/latest-rank0``
+    names the checkpoint it points to)."""
+    if folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    elif folder.is_symlink():
+        real = folder.resolve()
+        if real.parent != folder.parent.resolve():  # a checkpoint in another folder
+            return real.parent, real.name
+        return folder.parent, real.name
+    return folder.parent, folder.name
 
 
 def _uncommitted_checkpoint(folder: Path) -> bool:
@@ -196,7 +217,7 @@ def _main_remote(args: argparse.Namespace) -> int:
     from .objectstore import ObjectStoreConfigError, ObjectStoreError, open_store  # noqa: PLC0415
 
     try:
-        store, uri = open_store(args.folder, arg="folder", write=False)
+        store, uri = open_store(args.folder, arg="FOLDER", write=False)  # as in the usage line
     except (ValueError, ObjectStoreConfigError) as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 2

@@ -97,7 +97,9 @@ def test_ls_verify_and_export_take_an_s3_run_folder(tmp_path, s3_env, s3_root):
 def test_a_bad_s3_location_names_the_argument_and_keeps_the_uri(s3_env):
     bad = cli("ls", "s3://Not_A_Bucket/x")
     assert bad.returncode == 2
-    assert "folder='s3://Not_A_Bucket/x'" in bad.stderr and "s3:/N" not in bad.stderr
+    assert "FOLDER='s3://Not_A_Bucket/x'" in bad.stderr and "s3:/N" not in bad.stderr
+    assert "folder=" not in bad.stderr  # the CLI's argument (its usage line), not the API's
+    assert "FOLDER" in cli("ls", "--help").stdout
     missing = cli("verify", "s3://no-such-bucket-rtj/run")
     assert missing.returncode == 2 and "no-such-bucket-rtj" in missing.stderr, missing.stderr
 

@@ -813,6 +813,32 @@ def test_cli_verify_of_a_checkpoint_folder_without_a_manifest_fails(tmp_path, ca
     assert main(["verify", str(root / "ep0-ba1")]) == 0
 
 
+def test_cli_verify_of_a_checkpoint_folder_prints_the_path_as_given(tmp_path, capsys, monkeypatch):
+    """Given a relative checkpoint folder, verify printed its absolute path (the folder was
+    resolved to find its run folder); now the path the user typed, both for a relative and
+    for an absolute one."""
+    from trainer_runtime.cli import main
+
+    root = write_two(tmp_path)
+    (root / "ep0-ba2" / "manifest.json").unlink()
+    (root / "latest-rank0").unlink()
+    (root / "latest-rank0").symlink_to("ep0-ba1")
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "ck/ep0-ba2"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert " ck/ep0-ba2/manifest.json does not exist" in line and str(tmp_path) not in line
+    monkeypatch.chdir(root / "ep0-ba2")
+    assert main(["verify", "../ep0-ba2"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert " ../ep0-ba2/manifest.json does not exist" in line, line
+    assert main(["verify", str(root / "ep0-ba2")]) == 1
+    assert f" {root}/ep0-ba2/manifest.json does not exist" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "ck/latest-rank0"]) == 0  # a link names the checkpoint it points to
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.split()[:2] == ["ep0-ba1", "epoch"] and line.endswith(" ok"), line
+
+
 def test_async_saves_reuse_staging_buffers_without_mixing_contents(tmp_path):
     comps = make()
     model, opt, sched, _ = comps

@@ -461,7 +461,8 @@ def test_export_of_a_damaged_checkpoint_says_why_in_one_line(tmp_path, capsys):
 def test_a_location_in_another_scheme_gets_trainings_error(capsys):
     assert cli_main(["ls", "gs://bucket/run"]) == 2
     err = capsys.readouterr().err
-    assert "folder='gs://bucket/run': unsupported scheme gs://; expected s3://BUCKET/PREFIX" in err
+    assert "FOLDER='gs://bucket/run': unsupported scheme gs://; expected s3://BUCKET/PREFIX" in err
+    assert "folder=" not in err  # the CLI's argument, not CheckpointManager's
 
 
 # ---------------------------------------------------------------- extras the unpickler refuses
