@@ -3,7 +3,8 @@
 A rank file holds much more than weights (optimizer, RNG, data position, runtime bookkeeping)
 in the runtime's own layout. For inference, fine-tuning elsewhere or sharing, people want what
 ``torch.save(model.state_dict(), path)`` would have written: ``rtj-checkpoints export`` (and
-``export_weights``) write exactly that, from a verified checkpoint, so
+``export_weights``) write exactly that, from a checkpoint whose files verify in full (a named
+checkpoint as well as a run folder's newest), so
 ``model.load_state_dict(torch.load(path, weights_only=True))`` works on the plain model.
 For a format-version-1 checkpoint, model weights are replicated across data-parallel ranks,
 so rank 0's file is the source. For version 2 (sharded), the model's tensors are read from
@@ -21,14 +22,24 @@ import torch
 from . import atomic
 from .errors import CorruptCheckpointError, ManifestError, NoCheckpointError
 from .layout import RunFolder
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME, Manifest, verify_entry
 from .serialization import load_file
 from .sharded.checkpointer import check_files_present
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint folder as given, or a run folder's newest checkpoint that verifies."""
+    """A checkpoint folder as given, or a run folder's newest checkpoint that verifies.
+
+    Either way the files that hold the weights (every rank's for version 2, rank 0's for
+    version 1) are checked against the manifest in full, as ``rtj-checkpoints verify`` does,
+    not only the chunks export reads."""
     if (path / MANIFEST_NAME).exists():
+        manifest = Manifest.read(path)
+        needed = _needed_ranks(manifest)
+        for entry in manifest.files:
+            reason = verify_entry(path, entry) if entry.rank in needed else None
+            if reason is not None:
+                raise NoCheckpointError(f"checkpoint {path} does not verify: {reason}")
         return path
     walk = RunFolder(path).newest_valid(_needed_ranks)
     if walk.chosen is None:
@@ -46,9 +57,6 @@ def _needed_ranks(manifest: Manifest) -> list[int]:
 
 
 def _read_rank0_weights(ckpt: Path, manifest: Manifest, *, trusted: bool) -> object:
-    reason = RunFolder(ckpt.parent).verify(manifest, [0])
-    if reason is not None:
-        raise NoCheckpointError(f"checkpoint {ckpt} does not verify: {reason}")
     entries = manifest.files_for_rank(0)
     if not entries:
         raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no file for rank 0")

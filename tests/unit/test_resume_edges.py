@@ -18,12 +18,14 @@ from torch import nn
 from trainer_runtime import (
     CheckpointManager,
     ConfigError,
+    CorruptCheckpointError,
     Manifest,
     NoCheckpointError,
     OverwriteError,
     ResumableSampler,
 )
 from trainer_runtime.cli import main as cli_main
+from trainer_runtime.export import read_sharded_weights
 from trainer_runtime.serialization import save_rank_file, torch_save_no_crc
 from trainer_runtime.sharded import VerifyingReader
 
@@ -454,8 +456,43 @@ def test_export_of_a_damaged_checkpoint_says_why_in_one_line(tmp_path, capsys):
     assert cli_main(["export", str(checkpoint), str(tmp_path / "w.pt")]) == 1
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("rtj-checkpoints:")]
-    assert "rank 0: ChunkDigestError:" in line and "fail their checksum" in line
+    assert f"{info.relative_path} (rank 0) fails its checksum" in line  # the file check first
     assert "Traceback" not in err
+    # A chunk that changes after that check is caught as it is read, also in one line.
+    with pytest.raises(CorruptCheckpointError) as caught:
+        read_sharded_weights(checkpoint, Manifest.read(checkpoint))
+    (line,) = str(caught.value).splitlines()
+    assert "rank 0: ChunkDigestError:" in line and "fail their checksum" in line
+
+
+def test_export_of_a_named_checkpoint_verifies_every_file_like_a_run_folders(tmp_path, capsys):
+    """Given a run folder, export takes the newest checkpoint whose every file verifies; given
+    that checkpoint by name, it checked only the model chunks it read, so damaged optimizer
+    bytes (which ``verify`` reports BROKEN) went unnoticed and the export succeeded. Now a
+    named checkpoint is verified the same way first, and nothing is written."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba")
+    train(ck, comps, 1)
+    ck.close()
+    checkpoint = tmp_path / "ck" / "ep0-ba1"
+    metadata = VerifyingReader(str(checkpoint)).read_metadata()
+    info = next(
+        v for k, v in metadata.storage_data.items() if not k.fqn.startswith("model.") and v.length
+    )
+    data = checkpoint / info.relative_path
+    raw = bytearray(data.read_bytes())
+    raw[info.offset] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    out = tmp_path / "w.pt"
+    assert cli_main(["verify", str(checkpoint)]) == 1
+    assert "BROKEN" in capsys.readouterr().out
+    assert cli_main(["export", str(checkpoint), str(out)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"rtj-checkpoints: checkpoint {checkpoint} does not verify: "
+        f"{info.relative_path} (rank 0) fails its checksum"
+    )
+    assert not out.exists()
 
 
 def test_a_location_in_another_scheme_gets_trainings_error(capsys):
