@@ -71,6 +71,16 @@ def test_resume_from_empty_disk(store: S3Store, two_remote: S3Uri, tmp_path: Pat
     ]  # no temporary files left behind
 
 
+def _damage_keeping_metadata(s3_env: S3Server, store: S3Store, uri: S3Uri) -> None:
+    """Other bytes of the same size, with the same checksum metadata: HEAD cannot tell, only
+    the downloaded bytes can."""
+    info = store.head(uri)
+    assert info is not None
+    s3_env.client().put_object(
+        Bucket=uri.bucket, Key=uri.key, Body=os.urandom(info.size), Metadata=dict(info.metadata)
+    )
+
+
 def test_corrupt_bytes_fall_back(
     store: S3Store,
     s3_env: S3Server,
@@ -78,16 +88,7 @@ def test_corrupt_bytes_fall_back(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    victim = two_remote.join("ep0-ba20", "rank1.pt")
-    info = store.head(victim)
-    assert info is not None
-    # Same size and checksum metadata (HEAD cannot tell): only the downloaded bytes can.
-    s3_env.client().put_object(
-        Bucket=victim.bucket,
-        Key=victim.key,
-        Body=os.urandom(info.size),
-        Metadata=dict(info.metadata),
-    )
+    _damage_keeping_metadata(s3_env, store, two_remote.join("ep0-ba20", "rank1.pt"))
     with caplog.at_level(logging.WARNING):
         assert _resume(store, two_remote, tmp_path / "fresh") == "ep0-ba10"
     assert "cannot use" in caplog.text and "checksum" in caplog.text
@@ -211,15 +212,7 @@ def test_a_checkpoint_that_fails_its_checksum_leaves_no_folder_behind(
     """Resume falls back past a checkpoint whose second file has damaged bytes: the first
     file it had downloaded goes with it, so the local run folder holds only the checkpoint
     resumed from."""
-    victim = two_remote.join("ep0-ba20", "rank1.pt")
-    info = store.head(victim)
-    assert info is not None
-    s3_env.client().put_object(
-        Bucket=victim.bucket,
-        Key=victim.key,
-        Body=os.urandom(info.size),
-        Metadata=dict(info.metadata),
-    )
+    _damage_keeping_metadata(s3_env, store, two_remote.join("ep0-ba20", "rank1.pt"))
     dest = tmp_path / "fresh" / RUN
     assert _resume(store, two_remote, dest) == "ep0-ba10"
     assert sorted(p.name for p in dest.iterdir()) == ["ep0-ba10"]

@@ -295,11 +295,11 @@ def test_a_weights_only_load_ignores_the_saved_data_position(tmp_path):
     tuned.close(save=False)
 
 
-def grace_warnings(caplog) -> list[str]:
+def warnings_about(caplog, topic: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.levelno == logging.WARNING and "grace period" in r.getMessage()
+        if r.levelno == logging.WARNING and topic in r.getMessage()
     ]
 
 
@@ -326,7 +326,7 @@ def test_a_grace_period_within_the_exit_margin_is_warned_about_once(
         ck = CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", grace_period_s=arg)
         ck.batch_end(4)
         ck.close()
-    warned = grace_warnings(caplog)
+    warned = warnings_about(caplog, "grace period")
     assert len(warned) == 1, warned
     assert named in warned[0] and "2.0 s margin" in warned[0], warned[0]
     assert ck._response.grace_period_s == float(arg if arg is not None else env)  # still tries
@@ -339,7 +339,7 @@ def test_a_grace_period_past_the_margin_or_unused_is_not_warned_about(
     monkeypatch.setenv("RTJ_GRACE_PERIOD_SECONDS", env)
     with caplog.at_level(logging.INFO, "trainer_runtime"):
         CheckpointManager(model=make()[0], folder=tmp_path, run_name="r", **kw).close()
-    assert grace_warnings(caplog) == []
+    assert warnings_about(caplog, "grace period") == []
 
 
 def samplerless_run(tmp_path, *, count: int | None, **kw):
@@ -372,14 +372,6 @@ def epoch1_after(offset: int) -> list[int]:
     return ResumableSampler(40, num_replicas=1, rank=0, seed=2).epoch_order(1)[offset:]
 
 
-def data_warnings(caplog) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno == logging.WARNING and "data position" in r.getMessage()
-    ]
-
-
 @pytest.mark.parametrize(
     "saving",
     [
@@ -395,7 +387,7 @@ def test_a_checkpoint_saved_without_a_sampler_places_one_at_its_timestamp(tmp_pa
     assert (ck.timestamp.epoch, ck.timestamp.batch_in_epoch) == (1, 3)
     assert (sampler.epoch, sampler.offset) == (1, 12)
     assert list(sampler) == epoch1_after(12)
-    assert data_warnings(caplog) == []
+    assert warnings_about(caplog, "data position") == []
     assert "checkpoint saved without a sampler: no sampler state" in caplog.text
 
 
@@ -408,7 +400,7 @@ def test_a_checkpoint_without_a_sample_count_says_the_data_position_is_not_resto
     _, sampler = resume_with_sampler(tmp_path, caplog)
     assert (sampler.epoch, sampler.offset) == (1, 0)  # the right epoch, from its start
     assert list(sampler) == epoch1_after(0)
-    warned = data_warnings(caplog)
+    warned = warnings_about(caplog, "data position")
     assert len(warned) == 1, warned
     assert "not restored" in warned[0] and "3 batches of epoch 1" in warned[0]
     assert "no sample count" in warned[0] and "data_skip_steps=3" in warned[0]
@@ -418,4 +410,4 @@ def test_a_sampler_with_a_batch_size_at_the_saved_world_size_counts_the_batches(
     samplerless_run(tmp_path, count=None)
     _, sampler = resume_with_sampler(tmp_path, caplog, batch_size=4)
     assert (sampler.epoch, sampler.offset) == (1, 12)
-    assert data_warnings(caplog) == []
+    assert warnings_about(caplog, "data position") == []
