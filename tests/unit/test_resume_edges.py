@@ -9,7 +9,9 @@ import logging
 import os
 import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -441,18 +443,29 @@ def test_export_writes_a_plain_state_dict(tmp_path, capsys):
     assert cli_main(["export", str(tmp_path), str(out)]) == 1  # no checkpoint there
 
 
-def test_export_of_a_damaged_checkpoint_says_why_in_one_line(tmp_path, capsys):
+def one_checkpoint_with_a_flipped_byte(
+    tmp_path: Path, chooses: Callable[[str, int], bool], *, at: int = 0
+) -> tuple[Path, Any]:
+    """A run's one checkpoint, with byte ``at`` of the first chunk that ``chooses`` (by its
+    name and length) flipped; the checkpoint and that chunk's storage record."""
     comps = make()
     ck = manager(tmp_path, comps, interval="1ba")
     train(ck, comps, 1)
     ck.close()
     checkpoint = tmp_path / "ck" / "ep0-ba1"
     metadata = VerifyingReader(str(checkpoint)).read_metadata()
-    info = next(v for k, v in metadata.storage_data.items() if k.fqn.startswith("model."))
+    info = next(v for k, v in metadata.storage_data.items() if chooses(k.fqn, v.length))
     data = checkpoint / info.relative_path
     raw = bytearray(data.read_bytes())
-    raw[info.offset + 1] ^= 0xFF
+    raw[info.offset + at] ^= 0xFF
     data.write_bytes(bytes(raw))
+    return checkpoint, info
+
+
+def test_export_of_a_damaged_checkpoint_says_why_in_one_line(tmp_path, capsys):
+    checkpoint, info = one_checkpoint_with_a_flipped_byte(
+        tmp_path, lambda fqn, _: fqn.startswith("model."), at=1
+    )
     assert cli_main(["export", str(checkpoint), str(tmp_path / "w.pt")]) == 1
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("rtj-checkpoints:")]
@@ -470,19 +483,9 @@ def test_export_of_a_named_checkpoint_verifies_every_file_like_a_run_folders(tmp
     that checkpoint by name, it checked only the model chunks it read, so damaged optimizer
     bytes (which ``verify`` reports BROKEN) went unnoticed and the export succeeded. Now a
     named checkpoint is verified the same way first, and nothing is written."""
-    comps = make()
-    ck = manager(tmp_path, comps, interval="1ba")
-    train(ck, comps, 1)
-    ck.close()
-    checkpoint = tmp_path / "ck" / "ep0-ba1"
-    metadata = VerifyingReader(str(checkpoint)).read_metadata()
-    info = next(
-        v for k, v in metadata.storage_data.items() if not k.fqn.startswith("model.") and v.length
+    checkpoint, info = one_checkpoint_with_a_flipped_byte(
+        tmp_path, lambda fqn, length: not fqn.startswith("model.") and length > 0
     )
-    data = checkpoint / info.relative_path
-    raw = bytearray(data.read_bytes())
-    raw[info.offset] ^= 0xFF
-    data.write_bytes(bytes(raw))
     out = tmp_path / "w.pt"
     assert cli_main(["verify", str(checkpoint)]) == 1
     assert "BROKEN" in capsys.readouterr().out
