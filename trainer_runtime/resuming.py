@@ -182,7 +182,14 @@ class Resumer:
 
     def _repoint(self, chosen: Manifest | None, rejected: set[str]) -> None:
         stale = rejection.repoint(self.ctx.folder, chosen)
-        if stale is not None and stale not in rejected:
+        if stale is not None and stale not in rejected and self.ctx.folder.is_committed(stale):
+            # A crash between a manifest and the pointer leaves it behind: expected, no fault.
+            log.info(
+                "latest.json named %s, an older committed checkpoint; it now names %s",
+                stale,
+                chosen.name if chosen is not None else "nothing",
+            )
+        elif stale is not None and stale not in rejected:
             log.warning(
                 "latest.json named %s, which is not a valid checkpoint in %s; it now names %s "
                 "(resume lists the folder and does not trust the pointer)",

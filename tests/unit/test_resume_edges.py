@@ -264,6 +264,24 @@ def test_rank_files_skip_the_zip_crc_without_touching_torchs_global_setting(tmp_
 # ---------------------------------------------------------------- item 9: small things
 
 
+def test_a_pointer_one_checkpoint_behind_is_moved_on_without_a_warning(tmp_path, caplog):
+    """A crash between a manifest and the pointer leaves ``latest.json`` naming the checkpoint
+    before: a valid one, not a fault to warn about."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 4)
+    ck.close(save=False)
+    pointer = tmp_path / "ck" / "latest.json"
+    pointer.write_text(pointer.read_text().replace("ep0-ba4", "ep0-ba2"))
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.path.endswith("ep0-ba4")
+    said = [r for r in caplog.records if "latest.json named ep0-ba2" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO], caplog.text
+    assert "older committed checkpoint" in said[0].getMessage()
+    assert ck.folder.read_pointer()["checkpoint"] == "ep0-ba4"
+
+
 def test_leftovers_are_cleaned_and_a_stale_pointer_is_reported(tmp_path, caplog):
     comps = make()
     ck = manager(tmp_path, comps, interval="2ba")
