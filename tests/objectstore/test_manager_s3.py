@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -123,6 +124,28 @@ def test_keep_local_zero_leaves_no_local_copy_when_a_resumed_run_saves_nothing(t
     store, run_uri = S3Store(), s3_root.join("s3run")
     assert remote_pointer(store, run_uri) == "ep0-ba2"  # the bucket still holds everything
     assert sorted(store.list_folders(run_uri)) == ["ep0-ba1", "ep0-ba2"]
+
+
+def test_keep_local_zero_leaves_no_pointer_to_a_deleted_copy(tmp_path, s3_root, caplog):
+    """The local latest.json and latest link went on naming the copy keep_local=0 deleted, and
+    every later resume on that disk warned that the pointer named no valid checkpoint."""
+    disk = tmp_path / "node"
+    comps = make()
+    ck = manager(s3_root, disk, comps, num_local_checkpoints_to_keep=0)
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end(4)
+    ck.close()
+    assert sorted(p.name for p in disk.glob("ep*")) == []
+    assert not (disk / "latest.json").exists()
+    assert RunFolder(disk).latest_links() == {}
+    with caplog.at_level(logging.INFO, "trainer_runtime"):
+        again = manager(s3_root, disk, make(seed=4), num_local_checkpoints_to_keep=0)
+        res = again.resume()
+        again.close(save=False)
+    assert res.source == "remote" and res.path.endswith("ep0-ba2"), res
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warned if "latest" in w], warned
 
 
 def test_keep_local_zero_keeps_at_close_a_local_checkpoint_the_bucket_lacks(tmp_path, s3_root):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomic
-from ..layout import progress_key
-from ..manifest import MANIFEST_NAME, Manifest
+from ..layout import RunFolder, progress_key
+from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
 
 log = logging.getLogger("trainer_runtime.objectstore.uploader")
 
@@ -138,8 +138,24 @@ class UploadedLocalCopies:
                         (folder / entry.path).unlink()
                 with contextlib.suppress(OSError):
                     folder.rmdir()
+            _unpoint(RunFolder(folder.parent), manifest.name)
             log.info(
                 "object store: deleted local copy %s (uploaded; keep_local=%d)", folder, self.keep
             )
         except OSError as exc:
             log.warning("object store: could not delete local copy %s: %s", folder, exc)
+
+
+def _unpoint(run: RunFolder, name: str) -> None:
+    """The local ``latest.json`` and latest links that named the deleted copy go with it
+    (keep_local=0 deletes the newest): left behind, they named a missing checkpoint and every
+    later resume warned about them. The bucket's pointer still names it. A commit that rewrites
+    the pointer between the read and the unlink loses it until the next commit: resume does not
+    read it (it lists the folder), and no pointer is better than one to nothing."""
+    if run.pointer_name() == name:
+        with contextlib.suppress(FileNotFoundError):
+            (run.root / POINTER_NAME).unlink()
+    for link, target in run.latest_links().items():
+        if target == name:
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
