@@ -283,6 +283,9 @@ def test_a_bad_addressing_style_names_the_argument_and_the_choices(
         ({"read_timeout": float("nan")}, "read_timeout=nan: expected seconds > 0"),
         ({"read_timeout": float("inf")}, "read_timeout=inf: expected seconds > 0"),
         ({"max_attempts": 0}, "max_attempts=0: expected a count >= 1"),
+        ({"keep_local": -1}, "keep_local=-1: expected None or a count >= 0"),
+        ({"keep_local": 1.5}, "keep_local=1.5: expected an int, None or a count >= 0"),
+        ({"keep_remote": 0}, "keep_remote=0: expected -1 (keep all) or a count >= 1"),
     ],
 )
 def test_negative_or_nan_timeouts_are_refused_naming_the_argument(

@@ -28,7 +28,7 @@ from .resolver import (
 )
 from .retry import Backoff, retry_call
 from .store import S3Store, TransferSettings, open_store
-from .uploader import CheckpointUploader
+from .uploader import CheckpointUploader, check_retention
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class S3Backend:
         ``<location>/<run_name>/``. Raises ValueError (malformed URI) or
         ObjectStoreConfigError (missing bucket, denied credentials, unreachable endpoint).
         ``arg`` names the user's argument in those messages. A negative or NaN
-        ``flush_timeout_s`` / ``peer_timeout_s``, or ``resume_attempts`` < 1, is a
+        ``flush_timeout_s`` / ``peer_timeout_s``, ``resume_attempts`` < 1, or a
+        ``keep_local`` / ``keep_remote`` that is no retention count, is a
         ConfigError naming the argument, raised before any request.
         """
         self.flush_timeout_s = arguments.seconds(
@@ -75,6 +76,7 @@ class S3Backend:
         self.resume_attempts = arguments.integer(
             "resume_attempts", resume_attempts, "a count >= 1", lambda n: n >= 1
         )
+        check_retention(keep_local, keep_remote)
         if store is None:
             store, root = open_store(location, arg=arg, transfer=transfer, **store_kwargs)
         else:

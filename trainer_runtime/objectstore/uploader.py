@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import events
+from .. import arguments, events
 from ..errors import ManifestError
 from ..layout import RunFolder
 from ..manifest import MANIFEST_NAME, Manifest
@@ -32,6 +32,15 @@ from .upload_queue import UploadJob, UploadQueue
 from .uri import S3Uri, parse_s3_uri
 
 log = logging.getLogger(__name__)
+
+
+def check_retention(keep_local: object, keep_remote: object) -> None:
+    """A ``ConfigError`` naming ``keep_local`` or ``keep_remote`` when it is no retention
+    count (checked before the store is asked anything)."""
+    arguments.optional_integer("keep_local", keep_local, "a count >= 0", lambda n: n >= 0)
+    arguments.integer(
+        "keep_remote", keep_remote, "-1 (keep all) or a count >= 1", lambda n: n == -1 or n >= 1
+    )
 
 
 class CheckpointUploader:
@@ -60,10 +69,7 @@ class CheckpointUploader:
         that verify, never the one ``latest.json`` names. ``peer_timeout_s`` bounds how long
         the leader waits for other ranks' files before counting the attempt as failed.
         """
-        if keep_local is not None and keep_local < 0:
-            raise ValueError(f"keep_local={keep_local!r}: expected None or a number >= 0")
-        if keep_remote == 0 or keep_remote < -1:
-            raise ValueError(f"keep_remote={keep_remote!r}: expected -1 (keep all) or >= 1")
+        check_retention(keep_local, keep_remote)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is outside world_size={world_size}")
         self.store = store
