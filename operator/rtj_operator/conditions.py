@@ -103,8 +103,10 @@ def set_phase(
                 now=now,
                 generation=generation,
             )
-        elif (current is None and cond_type == RUNNING) or (current and current.status == "True"):
-            # A condition that stops being true says why (the new phase's reason).
+        elif cond_type == RUNNING or (current and current.status == "True"):
+            # A condition that stops being true says why (the new phase's reason); Running,
+            # the one to read for why no rank runs, follows every phase (it kept "Suspended"
+            # after a resume, while the job was Pending or Restarting).
             set_condition(
                 status,
                 cond_type,

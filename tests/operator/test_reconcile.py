@@ -437,6 +437,8 @@ def test_created_suspended_says_suspended_not_created():
     cond = {c["type"]: c for c in cluster.status["conditions"]}
     assert cond["Suspended"]["status"] == "False" and cond["Running"]["status"] == "False"
     assert cluster.status["phase"] == "Pending"
+    # Why no rank runs now: the resume, not the suspend that is over.
+    assert cond["Running"]["reason"] == cond["Suspended"]["reason"] == "Resumed"
 
 
 def test_pods_of_another_incarnation_are_never_touched():
