@@ -69,6 +69,10 @@ TAINT_KEY_FORM = (
 )
 
 
+TAINT_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A Kubernetes taint value (a label value, at most 63 characters by the field's length)."""
+
+
 class TaintSelector(ApiModel):
     """A node taint that announces the node is about to go away."""
 
@@ -89,8 +93,10 @@ class TaintSelector(ApiModel):
     """Taint key to match, as Kubernetes spells taint keys: an optional DNS subdomain prefix (at
     most 253 characters) and '/', then a name of at most 63 characters of letters, digits, '-',
     '_' and '.' that starts and ends with a letter or digit."""
-    value: str | None = Field(default=None, max_length=63)
-    """Taint value to match; any value when omitted."""
+    value: str | None = Field(default=None, max_length=63, pattern=TAINT_VALUE)
+    """Taint value to match, as Kubernetes spells taint values (a label value: at most 63
+    characters of letters, digits, '-', '_' and '.' that start and end with a letter or digit,
+    or empty); any value when omitted."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; any effect when omitted."""
 

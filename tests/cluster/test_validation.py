@@ -129,6 +129,11 @@ CASES = [
         "spec.preemptionSignals.terminationTaints[0].key",
     ),
     (
+        "taint value with a space",
+        {"preemptionSignals": {"terminationTaints": [{"key": "k", "value": "not now"}]}},
+        "spec.preemptionSignals.terminationTaints[0].value",
+    ),
+    (
         "taint key prefix over 253 characters",
         {"preemptionSignals": {"terminationTaints": [{"key": "a" * 254 + "/notice"}]}},
         "spec.preemptionSignals.terminationTaints[0].key",

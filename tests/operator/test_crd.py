@@ -224,6 +224,23 @@ def test_termination_taint_keys_that_are_no_taint_key_are_rejected(key):
     assert "taint key" in text and "at most 63 characters" in text
 
 
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("true", True), ("", True), ("spot-1.a_b", True), ("has space", False), ("-x", False)],
+)
+def test_termination_taint_values_are_label_values(value, ok):
+    """Kubernetes takes a label value as a taint value; any other string never matches a
+    node's taint, and only its length was checked."""
+    body = job_body(preemptionSignals={"terminationTaints": [{"key": "k", "value": value}]})
+    if ok:
+        taints = parse_job(body).spec.preemption_signals.termination_taints
+        assert [t.value for t in taints] == [value]
+        return
+    with pytest.raises(ValidationError) as caught:
+        parse_job(body)
+    assert "terminationTaints" in str(caught.value) and "value" in str(caught.value)
+
+
 def test_the_crd_checks_termination_taint_keys_like_the_api_server_checks_taints():
     """The API server applies the key's schema pattern and CEL rule: every key Kubernetes takes
     as a taint key passes the pattern, the others fail it or the prefix length rule."""
