@@ -74,6 +74,11 @@ def launch(work: Path, name: str, log: Path, events: Path) -> list[subprocess.Po
             "--out",
             str(work / f"{name}.pt"),
             "--async-save",
+            # No DataLoader workers (the data is synthetic, in memory): a rank that forks
+            # workers right after its resume can, under CPython 3.11, leave a worker hung
+            # inside fork() (docs/runtime.md, "Data position"); the demo is about preemption.
+            "--workers",
+            "0",
         ]
         with open(log, "ab") as out:
             procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT))
