@@ -22,7 +22,7 @@ import torch
 from . import atomic
 from .errors import CorruptCheckpointError, ManifestError, NoCheckpointError
 from .layout import RunFolder
-from .manifest import MANIFEST_NAME, Manifest, verify_entry
+from .manifest import MANIFEST_NAME, Manifest, verify_files
 from .serialization import load_file
 from .sharded.checkpointer import check_files_present
 
@@ -35,11 +35,9 @@ def resolve_checkpoint(path: Path) -> Path:
     not only the chunks export reads."""
     if (path / MANIFEST_NAME).exists():
         manifest = Manifest.read(path)
-        needed = _needed_ranks(manifest)
-        for entry in manifest.files:
-            reason = verify_entry(path, entry) if entry.rank in needed else None
-            if reason is not None:
-                raise NoCheckpointError(f"checkpoint {path} does not verify: {reason}")
+        reason = verify_files(path, manifest, _needed_ranks(manifest))
+        if reason is not None:
+            raise NoCheckpointError(f"checkpoint {path} does not verify: {reason}")
         return path
     walk = RunFolder(path).newest_valid(_needed_ranks)
     if walk.chosen is None:

@@ -29,7 +29,7 @@ from typing import Protocol
 from . import atomic
 from .errors import ManifestError
 from .fallback import Walk, first_valid
-from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_entry
+from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_files
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +125,7 @@ class LocalLocation:
         return body if isinstance(body, dict) else None
 
     def verify(self, manifest: Manifest, ranks: list[int] | None) -> str | None:
-        folder = self.root / manifest.name
-        for entry in manifest.files:
-            if ranks is None or entry.rank in ranks:
-                reason = verify_entry(folder, entry)
-                if reason:
-                    return reason
-        return None
+        return verify_files(self.root / manifest.name, manifest, ranks)
 
 
 class RunFolder:

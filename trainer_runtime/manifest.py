@@ -158,6 +158,17 @@ def size_problem(checkpoint_dir: Path, entry: FileEntry) -> str | None:
     return None
 
 
+def verify_files(checkpoint_dir: Path, manifest: Manifest, ranks: list[int] | None) -> str | None:
+    """None when every file of ``ranks`` (None: all) in ``checkpoint_dir`` matches its entry,
+    else the first file's reason."""
+    for entry in manifest.files:
+        if ranks is None or entry.rank in ranks:
+            reason = verify_entry(checkpoint_dir, entry)
+            if reason:
+                return reason
+    return None
+
+
 def verify_entry(checkpoint_dir: Path, entry: FileEntry) -> str | None:
     """None when the file matches its entry, else a reason fit for a log line."""
     problem = size_problem(checkpoint_dir, entry)
