@@ -17,6 +17,7 @@ Rejected: a third mode inside ``Story.run``; it would grow the shared package fo
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from tools.localstack import (
     LocalStack,
@@ -28,7 +29,9 @@ from tools.localstack import (
 )
 
 __all__ = [
+    "ContainerEnd",
     "TorchrunStory",
+    "container_end",
     "container_exit",
     "script_command",
     "start_reference_run",
@@ -65,14 +68,34 @@ class TorchrunStory(Story):
         return ("", -1)  # no notice checkpoint; run() clears it
 
 
-def container_exit(stack: LocalStack, node: str, pod: str, container: str = "trainer") -> int:
-    """The exit code the pod runner of ``node`` logged for a container of ``pod``."""
+@dataclass(frozen=True)
+class ContainerEnd:
+    """How the pod runner saw a container end."""
+
+    stopped: bool
+    """True when the runner stopped it (a deletion's SIGTERM): ``killed`` in its log; False when
+    the process ended by itself (``exited``)."""
+    exit_code: int
+    signal: int | None
+    """The signal that ended the process, when one did (its exit code is then 128+signal)."""
+
+
+def container_end(
+    stack: LocalStack, node: str, pod: str, container: str = "trainer"
+) -> ContainerEnd:
+    """The last end the pod runner of ``node`` logged for a container of ``pod``."""
     log = (stack.node_workdir(node) / "agent.log").read_text(errors="replace")
     pattern = re.compile(
-        rf"{re.escape(stack.cfg.namespace)}/{re.escape(pod)}: (?:exited|killed) "
-        rf"{re.escape(container)} pid=\d+ exit=(\d+)"
+        rf"{re.escape(stack.cfg.namespace)}/{re.escape(pod)}: (exited|killed) "
+        rf"{re.escape(container)} pid=\d+ exit=(\d+)(?: signal=(\d+))?"
     )
     found = pattern.findall(log)
     if not found:
         raise AssertionError(f"no exit of {pod}/{container} in the agent log of {node}")
-    return int(found[-1])
+    verb, code, sig = found[-1]
+    return ContainerEnd(verb == "killed", int(code), int(sig) if sig else None)
+
+
+def container_exit(stack: LocalStack, node: str, pod: str, container: str = "trainer") -> int:
+    """The exit code the pod runner of ``node`` logged for a container of ``pod``."""
+    return container_end(stack, node, pod, container).exit_code
