@@ -199,7 +199,7 @@ class Rank:
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.coord = Coordinator()
         self.root = Path(args.dir)
-        self.layout, self.total = args.layout, args.bytes
+        self.layout, self.total, self.rounds = args.layout, args.bytes, args.rounds
         self.model, self.wrapped, self.opt = build(args.layout, args.bytes, self.world)
         self.width = self.model[0].in_features
         train_step(self.wrapped, self.opt, self.width)
@@ -320,6 +320,13 @@ class Rank:
         fig = json.loads(lines[-1][len(RESUME_MARK) :])
         return self.slowest(fig["load_s"]), self.slowest(fig["extra_s"]), int(fig["bytes_read"])
 
+    def progress(self, round_: int, what: str, started: float) -> None:
+        """Rank 0 says what of the round is done: a round of relaunched loads takes minutes
+        on 2 shared cores, and a run that prints nothing in that time looks hung."""
+        if self.rank == 0:
+            took = time.perf_counter() - started
+            print(f"[bench]   round {round_ + 1}/{self.rounds}: {what} ({took:.0f} s)", flush=True)
+
     def cold(self) -> None:
         self.barrier()
         if self.rank == 0:
@@ -336,6 +343,7 @@ class Rank:
 
     def round(self, round_: int) -> dict[str, float]:
         order = round_order(ENGINES, round_)
+        started = time.perf_counter()
         fig: dict[str, float] = {"load_average_1m": load_average()}
         for e in order:
             self.cold()
@@ -345,6 +353,7 @@ class Rank:
         mine = sum(p.stat().st_size for p in self.name("runtime", round_).glob(f"__{self.rank}_*"))
         self.cold()
         fig["raw.write_s"], _ = self.timed(self.raw_write, round_, mine)
+        self.progress(round_, "sync saves and the raw write", started)
         for e in order:
             if e != "torch":
                 call, stall, persist = self.async_save(e, round_)
@@ -353,17 +362,20 @@ class Rank:
                     stall,
                     persist,
                 )
+        self.progress(round_, "async saves", started)
         nread = 0
         for e in order:
             load_s, extra, got = self.resume(e, round_)
             fig[f"{e}.load_s"], fig[f"{e}.resume_s"] = load_s, load_s + extra
             if e == "runtime":
                 nread = got
+            self.progress(round_, f"{e} resume, relaunched", started)
         if DEVICE.type == "cuda":
             load_s, extra, _ = self.resume(VIA_HOST, round_)
             fig[f"{VIA_HOST}.load_s"], fig[f"{VIA_HOST}.resume_s"] = load_s, load_s + extra
         fig["raw.read_s"] = self.raw_read("raw-touched", round_, nread)
         fig["raw.read_fresh_s"] = self.raw_read("raw-fresh", round_, nread)
+        self.progress(round_, "raw reads, relaunched", started)
         self.barrier()
         if self.rank == 0:
             for e in ENGINES:
