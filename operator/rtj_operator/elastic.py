@@ -150,7 +150,7 @@ def grow_step(
     """Decide the next grow step of a gang of ``size`` pods with room for ``fit``.
 
     ``committed_step`` is the newest committed checkpoint's step; ``last_resize`` when the job
-    last changed size.
+    last changed size, or abandoned a grow if that is later (``grow_wait_start``).
     """
     elastic = spec.elastic
     target = min(fit, spec.replicas)
@@ -252,6 +252,14 @@ def reshrink_step(
 def last_resize_time(status: JobStatus) -> datetime | None:
     """When the job last changed its gang size (the current size's start)."""
     return status.size_history[-1].start_time if status.size_history else None
+
+
+def grow_wait_start(status: JobStatus) -> datetime | None:
+    """Since when the next grow waits ``grow.minIntervalSeconds``: the last size change, or the
+    last abandoned grow when that is later (so a gang that cannot commit in time is not asked
+    to checkpoint again on the very next pass)."""
+    times = [t for t in (last_resize_time(status), status.grow_abandoned_at) if t is not None]
+    return max(times) if times else None
 
 
 def record_size(

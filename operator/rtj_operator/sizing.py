@@ -210,7 +210,7 @@ def watch_for_grow(
         size=ctx.size,
         fit=ctx.fit(),
         all_running=all_running,
-        last_resize=elastic.last_resize_time(st),
+        last_resize=elastic.grow_wait_start(st),
         request=st.grow,
         committed_step=_committed_step_of_attempt(st),
         now=ctx.now,
@@ -233,6 +233,7 @@ def watch_for_grow(
         plan.requeue(elastic.POLL_SECONDS)
     elif decision.action is elastic.GrowAction.ABANDON:
         st.grow = None
+        st.grow_abandoned_at = ctx.now
         plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
     elif decision.action is elastic.GrowAction.RESTART:
         last, lost = committed_and_lost(st)

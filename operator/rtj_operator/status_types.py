@@ -225,6 +225,10 @@ class JobStatus(ApiModel):
     its pods wait to be scheduled once the previous attempt's pods are gone: since when."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
+    grow_abandoned_at: Time | None = None
+    """When the last grow was abandoned (its checkpoint did not commit within
+    ``grow.checkpointTimeoutSeconds``, or the room went away): the next grow waits
+    ``grow.minIntervalSeconds`` from then, as from a size change."""
     size_history: list[SizeRecord] = Field(default_factory=list)
     """Gang sizes the job ran at, oldest first (bounded to the last 20)."""
     preemptions: int = 0

@@ -588,3 +588,31 @@ def test_a_gang_held_by_scheduling_gates_is_not_reshrunk():
     assert cluster.schedule_gang()
     cluster.step(1)
     assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 4
+
+
+def test_an_abandoned_grow_is_tried_again_only_after_min_interval_seconds():
+    """grow.checkpointTimeoutSeconds: without the commit the grow is abandoned and tried again
+    after minIntervalSeconds. The request came back on the very next pass instead: the wait
+    was counted from the last size change, long past."""
+    cluster = spot(
+        replicas=4,
+        nodes=2,
+        minReplicas=2,
+        shrinkAfterSeconds=0,
+        grow={"minIntervalSeconds": 100, "checkpointTimeoutSeconds": 20},
+    )
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["gangSize"] == 2
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    plan = cluster.step(100)
+    assert "GrowRequested" in reasons(plan)
+    plan = cluster.step(20)
+    assert "GrowAbandoned" in reasons(plan) and "grow" not in cluster.status
+    for _ in range(9):
+        plan = cluster.step(10)
+        assert "GrowRequested" not in reasons(plan) and not plan.notices
+    plan = cluster.step(10)
+    assert "GrowRequested" in reasons(plan)
