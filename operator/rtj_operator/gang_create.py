@@ -14,6 +14,7 @@ from .manifests import build_pod, checkpoint_root, owner_reference
 from .reconcile_context import ReconcileContext
 from .sizing import choose_size
 from .status_types import Cause
+from .transitions import choose_resume_point
 
 BLOCKED_RECHECK_SECONDS = 10.0
 """How often a job blocked by a foreign object looks again (its deletion sends no event)."""
@@ -67,9 +68,13 @@ def create_gang(ctx: ReconcileContext) -> None:
         plan.requeue((st.restart_after - ctx.now).total_seconds())
         return
     st.restart_after = None
-    if st.resume_from is None:
-        st.resume_from = ""
     existing = ctx.current_pods()
+    if not existing:
+        # Every rank of a gang must be told the same checkpoint: it is chosen again only
+        # before the first pod exists (status, written first, keeps it for the rest).
+        choose_resume_point(ctx)
+    elif st.resume_from is None:
+        st.resume_from = ""
     if st.gang_size is None and not choose_size(ctx):
         return
     # Mid-creation (an operator restart), the pods that exist decide: one gang, one mechanism.

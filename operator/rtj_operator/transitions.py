@@ -149,9 +149,25 @@ def forget_gang(st: JobStatus) -> None:
     st.gang_scheduling = None
 
 
+def choose_resume_point(ctx: ReconcileContext) -> None:
+    """RTJ_RESUME_FROM of the current attempt: the newest known checkpoint that is not
+    quarantined (else the run's root; empty for attempt 0). Chosen when the attempt begins and
+    again right before its first pod is created, so a checkpoint committed meanwhile (the old
+    gang's emergency save during a failure backoff or a wait for room) is the one named."""
+    st, job = ctx.status, ctx.job
+    point = resume_point(
+        st.attempt,
+        job.spec.checkpoint.dir,
+        job.run_name,
+        st.known_checkpoints,
+        st.quarantined_checkpoints,
+    )
+    st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
+
+
 def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str) -> None:
     """Advance to the next attempt (persisted before its pods exist)."""
-    st, job = ctx.status, ctx.job
+    st = ctx.status
     st.attempt += 1
     st.gang_created = False
     st.attempt_start_time = None
@@ -161,14 +177,7 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.grow = None
     st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
     cond.forget_scheduling(st)
-    point = resume_point(
-        st.attempt,
-        job.spec.checkpoint.dir,
-        job.run_name,
-        st.known_checkpoints,
-        st.quarantined_checkpoints,
-    )
-    st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
+    choose_resume_point(ctx)
     if delay > 0:
         st.restart_after = ctx.now + timedelta(seconds=delay)
         ctx.plan.event(

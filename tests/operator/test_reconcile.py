@@ -563,3 +563,30 @@ def test_suspend_of_a_running_gang_says_it_deletes_it():
     plan = cluster.step(1)
     event = next(e for e in plan.events if e.reason == "Suspended")
     assert event.message == "attempt 0: deleting the gang" and len(plan.deletions) == 2
+
+
+def test_a_checkpoint_committed_during_a_failure_backoff_is_the_next_attempts_resume_point():
+    """RTJ_RESUME_FROM is the newest committed checkpoint the operator knows of. The resume
+    point was fixed when the failure was counted, so the emergency save the surviving rank
+    committed during the backoff was known but not named, and status.resumeCheckpoint (what
+    quarantine blames) named the older checkpoint, while the runtime loaded the newer one."""
+    cluster = running(resumePolicy={"backoffBaseSeconds": 30})
+    cluster.report(0, "ep0-ba100", 100)
+    cluster.step()
+    survivor = cluster.pod(0)
+    cluster.terminate(1, 1)
+    plan = cluster.step(1)
+    assert cluster.status["resumeCheckpoint"] == "ep0-ba100" and not plan.creations
+    # The surviving rank saves on its SIGTERM and reports it while it terminates.
+    survivor["metadata"]["deletionTimestamp"] = "2030-01-01T12:00:02Z"
+    survivor["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
+        {"checkpoint": "ep0-ba130", "uri": "s3://bucket/ckpt/train/ep0-ba130", "step": 130}
+    )
+    cluster.pods[survivor["metadata"]["name"]] = survivor
+    assert not cluster.step(5).creations
+    assert cluster.status["lastCommittedCheckpoint"]["name"] == "ep0-ba130"
+    plan = cluster.step(25)
+    assert len(plan.creations) == 2
+    assert cluster.status["resumeCheckpoint"] == "ep0-ba130"
+    assert cluster.status["resumeFrom"] == "s3://bucket/ckpt/train/ep0-ba130"
+    assert cluster.env(0)["RTJ_RESUME_FROM"] == "s3://bucket/ckpt/train/ep0-ba130"
