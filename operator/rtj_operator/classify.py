@@ -12,7 +12,8 @@ of the checks below is the policy:
 3. a ``DisruptionTarget`` condition (scheduler preemption, taint eviction, the Eviction API,
    PodGC, kubelet shutdown) -> preemption, whatever the exit code;
 4. kubelet reasons (``Evicted``, node shutdown, admission rejections) -> preemption, except an
-   eviction for exceeding the pod's own storage limits (it recurs: a failure);
+   eviction for exceeding the pod's own storage limits or its own ``activeDeadlineSeconds``
+   (they recur: a failure);
 5. a pod being deleted that the operator did not delete -> preemption (it is going away);
 6. a non-zero exit -> failure, *unless* the pod's node was announced for termination or is not
    ready: a rank killed by a dying node is not the code's fault;
@@ -70,6 +71,12 @@ OWN_LIMIT_EVICTIONS = (
 (a container's or the pod's ``ephemeral-storage``, an ``emptyDir`` ``sizeLimit``). Such an
 eviction has reason ``Evicted`` but no ``DisruptionTarget`` condition, and it recurs in every
 attempt: the training's fault, so a failure, or the job would be resubmitted for ever."""
+
+
+OWN_DEADLINE_REASONS = frozenset({"DeadlineExceeded"})
+"""Pod reasons of a kubelet that failed the pod for a limit of its own (``activeDeadlineSeconds``,
+which counts from the pod's start, image pull included): never an admission rejection, also
+before the training container started, since every attempt would hit the same deadline."""
 
 
 class Outcome(StrEnum):
@@ -207,7 +214,7 @@ def classify_rank(
     if reason in KUBELET_REASONS and not own_limit:
         return preempted(KUBELET_REASONS[reason], said)
     rejected = phase == "Failed" and terminated is None and reason and not own_limit
-    if rejected and not _started(pod, container):
+    if rejected and reason not in OWN_DEADLINE_REASONS and not _started(pod, container):
         return preempted(Cause.KUBELET_REJECTED, said)
     # 5. Someone else is deleting it.
     if meta.get("deletionTimestamp"):

@@ -338,3 +338,18 @@ def test_a_node_pressure_eviction_without_the_condition_stays_a_preemption():
     pod["status"]["message"] = "The node was low on resource: memory. "
     out = classify(pod)
     assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.EVICTED
+
+
+def test_a_pod_past_its_own_deadline_before_its_container_started_is_a_failure():
+    """activeDeadlineSeconds runs from the pod's start, image pull included: a pod whose image
+    pull outlasted it was Failed (DeadlineExceeded) before the training container started, and
+    was taken for a kubelet admission rejection (KubeletRejected, a preemption). Every attempt
+    hit the same deadline and was resubmitted at once, with no budget to stop it."""
+    pod = make_pod(phase="Failed", status_reason="DeadlineExceeded")
+    pod["status"]["message"] = "Pod was active on the node longer than the specified deadline"
+    pod["status"]["containerStatuses"] = [
+        {"name": "trainer", "started": False, "state": {"waiting": {"reason": "ErrImagePull"}}}
+    ]
+    out = classify(pod)
+    assert out.outcome is Outcome.FAILED and out.cause is Cause.FAILURE, out
+    assert "DeadlineExceeded" in out.message
