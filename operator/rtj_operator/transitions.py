@@ -105,7 +105,9 @@ def interrupted(
         resumed_from=st.resume_checkpoint,
         committed_this_attempt=st.attempt_checkpoint,
         attempt_started=st.attempt_start_time,
-        failed_at=ctx.now,
+        # When the rank ended, not when the failure was counted (failureSettleSeconds, an
+        # operator that was down): the window is about how soon after the resume it crashed.
+        failed_at=min(trigger.finished_at or ctx.now, ctx.now),
         previous=st.resume_failures,
     )
     st.resume_failures = decision.resume_failures

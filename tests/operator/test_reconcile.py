@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 from rtj_operator import names
 from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
 from rtj_operator.reconcile import reconcile
 from rtj_operator.status_types import Cause
+from rtj_operator.timeutil import iso
 
 from .fakes import FakeCluster, make_node, make_pod
 
@@ -590,3 +592,40 @@ def test_a_checkpoint_committed_during_a_failure_backoff_is_the_next_attempts_re
     assert cluster.status["resumeCheckpoint"] == "ep0-ba130"
     assert cluster.status["resumeFrom"] == "s3://bucket/ckpt/train/ep0-ba130"
     assert cluster.env(0)["RTJ_RESUME_FROM"] == "s3://bucket/ckpt/train/ep0-ba130"
+
+
+def test_quarantine_counts_a_failure_by_when_it_happened_not_when_its_wait_ended():
+    """quarantineWindowSeconds: a failure counts when it *happens* within the window of the
+    attempt's start. With failureSettleSeconds the failure is counted only after the wait, and
+    that later time was checked against the window: crashes 30 s into each attempt, counted
+    90 s later, never quarantined the checkpoint they resumed from."""
+    cluster = running(
+        resumePolicy={
+            "backoffBaseSeconds": 0,
+            "quarantineThreshold": 2,
+            "quarantineWindowSeconds": 60,
+        },
+        preemptionSignals={"failureSettleSeconds": 90},
+    )
+    cluster.report(0, "ep0-ba100", 100)
+    cluster.step()
+    cluster.report(0, "ep0-ba200", 200)
+    cluster.step()
+    cluster.nodes.pop("node-0")  # preempted: resume from ep0-ba200
+    cluster.step(1)
+    assert cluster.status["resumeCheckpoint"] == "ep0-ba200"
+    for expected in (1, 2):
+        cluster.schedule_and_run()
+        cluster.step()
+        started = cluster.now
+        cluster.step(30)
+        cluster.terminate(1, 1)  # crashes 30 s in; rank 0 still runs
+        ended = cluster.pod(1)["status"]["containerStatuses"][0]["state"]["terminated"]
+        ended["finishedAt"] = iso(started + timedelta(seconds=30))
+        cluster.step(1)
+        assert cluster.status["failures"] == expected - 1  # the settle wait
+        cluster.step(90)
+        assert cluster.status["failures"] == expected
+    st = cluster.status
+    assert st["quarantinedCheckpoints"] == ["ep0-ba200"]
+    assert st["resumeCheckpoint"] == "ep0-ba100"
