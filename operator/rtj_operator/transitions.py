@@ -145,10 +145,12 @@ def fail_job(ctx: ReconcileContext, reason: str, message: str) -> None:
 
 def forget_gang(st: JobStatus) -> None:
     """Clear what described a gang that no longer exists: its size and world size and its
-    all-or-nothing mechanism are chosen again before the next gang's pods exist."""
+    all-or-nothing mechanism are chosen again before the next gang's pods exist, and a grow
+    asked of it is over."""
     st.gang_size = None
     st.world_size = None
     st.gang_scheduling = None
+    st.grow = None
 
 
 def choose_resume_point(ctx: ReconcileContext) -> None:
@@ -176,7 +178,6 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
     st.attempt_checkpoint = None
     st.current_step = None
     forget_gang(st)
-    st.grow = None
     st.capacity_wait_since = None  # a wait of the ended gang's pods is not the new attempt's
     cond.forget_scheduling(st)
     choose_resume_point(ctx)

@@ -616,3 +616,18 @@ def test_an_abandoned_grow_is_tried_again_only_after_min_interval_seconds():
         assert "GrowRequested" not in reasons(plan) and not plan.notices
     plan = cluster.step(10)
     assert "GrowRequested" in reasons(plan)
+
+
+def test_a_suspend_during_a_grow_drops_the_grow_request():
+    """status.grow is the grow in progress: a suspend deletes the gang the grow was asked of,
+    but the request stayed in status for as long as the job was suspended."""
+    cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=0)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    assert "GrowRequested" in reasons(cluster.step(400)) and "grow" in cluster.status
+    cluster.body["spec"]["suspend"] = True
+    cluster.step(1)
+    assert cluster.status["phase"] == "Suspended" and "grow" not in cluster.status
