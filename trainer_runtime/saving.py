@@ -75,6 +75,9 @@ class Saver:
         self._rendered: set[str] = set()
         """Every checkpoint name this process's saves have rendered (the same on every rank:
         saves are collective), so a repeated one is known without asking the other ranks."""
+        self._taken: frozenset[str] = frozenset()
+        """The names of the checkpoints committed before this process's first save (rank
+        0's view, the same on every rank), locally or in the bucket."""
         self._pending_key: tuple | None = None
         """The position the background save in flight is saving."""
         self._gate: StagingGate | None = None
@@ -123,12 +126,13 @@ class Saver:
                 return None
             self.wait()
         if not self._checked_newer:
-            check_newer_checkpoints(ctx)
+            self._taken = check_newer_checkpoints(ctx)
             self._checked_newer = True
         started = time.monotonic()
         values = ctx.template_values()
         rendered = settings.templates.render_checkpoint(values)[0]
-        checkpoint = unused_name(ctx, rendered, repeated=rendered in self._rendered)
+        repeated = rendered in self._rendered or rendered in self._taken
+        checkpoint = unused_name(ctx, rendered, repeated=repeated, taken=self._taken)
         self._rendered.add(rendered)
         latest = settings.templates.render_latest(values)
         # Live tensor references plus this rank's small state, already serialized.
@@ -377,7 +381,9 @@ def _yield_cpu_to_training() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
-def unused_name(ctx: RunContext, name: str, *, repeated: bool) -> str:
+def unused_name(
+    ctx: RunContext, name: str, *, repeated: bool, taken: frozenset[str] = frozenset()
+) -> str:
     """``name``, or a variant that names no quarantined or committed checkpoint.
 
     Same position as a quarantined checkpoint: a new name, or resume would skip it. Two saves
@@ -387,10 +393,12 @@ def unused_name(ctx: RunContext, name: str, *, repeated: bool) -> str:
     destroying a committed checkpoint before the new one commits (it did for ``{sample}`` and
     ``{batch}`` names, which were taken to differ at every save). It gets ``-ba<batch>``
     instead; rank 0 looks, every rank takes its answer (saves are collective). A name with
-    ``{batch}`` or ``{sample}`` that no earlier save of this process rendered (``repeated``,
-    the same on every rank) is taken as it is, without that exchange: a checkpoint of an
-    earlier attempt at this position was already refused or uncommitted before this run's first
-    save (``check_newer_checkpoints``)."""
+    ``{batch}`` or ``{sample}`` that neither an earlier save of this process rendered nor a
+    checkpoint committed before its first save has (``repeated``, the same on every rank) is
+    taken as it is, without that exchange: a checkpoint of an earlier attempt at this position
+    was already refused or uncommitted before this run's first save
+    (``check_newer_checkpoints``). An older one can have it: after a relaunch with a larger
+    ``global_batch_size`` the steps count again from a lower number."""
     settings = ctx.settings
     if name in settings.quarantined:
         name = f"{name}-a{env(ATTEMPT) or os.getpid()}"
@@ -401,7 +409,7 @@ def unused_name(ctx: RunContext, name: str, *, repeated: bool) -> str:
         candidates = itertools.chain(
             [base, f"{base}-ba{batch}"], (f"{base}-ba{batch}-{n}" for n in itertools.count(2))
         )
-        name = next(c for c in candidates if not ctx.folder.is_committed(c))
+        name = next(c for c in candidates if c not in taken and not ctx.folder.is_committed(c))
         if name != base:
             log.info(
                 "checkpoint name %s is taken by a committed checkpoint: saving as %s",
@@ -411,28 +419,37 @@ def unused_name(ctx: RunContext, name: str, *, repeated: bool) -> str:
     return ctx.coord.broadcast(name)
 
 
-def check_newer_checkpoints(ctx: RunContext) -> None:
+def check_newer_checkpoints(ctx: RunContext) -> frozenset[str]:
     """Before a run's first save: refuse to write under checkpoints at or after the position
     (or, with ``overwrite=True``, uncommit them). One at the very position would have its
     files rewritten in place by this save, a committed checkpoint destroyed before the new
-    one commits; a resumed run never gets here with one (it saved nothing new yet)."""
+    one commits; a resumed run never gets here with one (it saved nothing new yet). Returns
+    the names of the checkpoints committed then, locally or in the bucket (rank 0's view,
+    on every rank), which no save of this process may write into (``unused_name``)."""
     ts = ctx.position.timestamp
 
     def at_or_after(manifests: list[Manifest]) -> list[Manifest]:
         return [m for m in manifests if m.timestamp.sort_key()[:3] >= ts.sort_key()[:3]]
 
-    newer = at_or_after(ctx.folder.committed())
+    local = ctx.folder.committed()
+    newer = at_or_after(local)
     # The bucket too: a new pod's local folder is empty, and an upload would replace them.
-    remote_newer = at_or_after(ctx.remote_committed(required=False))  # unlistable now: logged
+    remote = ctx.remote_committed(required=False)  # unlistable now: logged
+    remote_newer = at_or_after(remote)
     if (newer or remote_newer) and not ctx.settings.overwrite:
         where, top = (
             (str(ctx.run_dir), newer[0])
             if newer
             else (ctx.remote.uri_for("") if ctx.remote else "", remote_newer[0])
         )
+        samples = (  # progress is ordered by samples first (Timestamp.sort_key)
+            f", {top.timestamp.sample} samples trained against {ts.sample}"
+            if top.timestamp.batch < ts.batch
+            else ""
+        )
         raise OverwriteError(
             f"{where!r} holds checkpoint {top.name} (batch {top.timestamp.batch}) "
-            f"at or after the current position (batch {ts.batch}); resume from "
+            f"at or after the current position (batch {ts.batch}{samples}); resume from "
             "it (autoresume=True) or pass overwrite=True to discard those checkpoints"
         )
     ctx.coord.barrier()
@@ -447,4 +464,10 @@ def check_newer_checkpoints(ctx: RunContext) -> None:
         for m in remote_newer if reject is not None else []:
             log.warning("overwrite=True: uncommitting newer remote checkpoint %s", m.name)
             reject(m.name, "overwrite=True: a run saving before it", newer_than=Timestamp())
-    ctx.coord.barrier()
+    taken = None
+    if ctx.rank == 0:
+        set_aside = {m.name for m in remote_newer} if ctx.settings.overwrite else set()
+        remote_names = {m.name for m in remote} - set_aside
+        taken = {m.name for m in ctx.folder.committed()} | remote_names
+    taken = ctx.coord.broadcast(taken)  # after rank 0's uncommits: the barrier they need
+    return frozenset(taken)

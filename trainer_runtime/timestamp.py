@@ -47,8 +47,13 @@ class Timestamp:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def sort_key(self) -> tuple[int, int, int, float]:
-        """Order of progress: more batches is newer; samples and epochs break ties."""
-        return (self.batch, self.sample, self.epoch, self.wall_time)
+        """Order of progress: more samples is newer; batches, then epochs break ties (all
+        that orders a run that counts no samples). The sample count comes first because it
+        is the one counter a resume never moves back: a relaunch with a larger
+        ``global_batch_size`` rescales the step down (160 samples: step 10 at 16 a step,
+        5 at 32), and ordered by step the checkpoints it saved were older than the one it
+        resumed from (its first save was refused as writing behind it)."""
+        return (self.sample, self.batch, self.epoch, self.wall_time)
 
 
 IntervalFn = Callable[[Timestamp, Event], bool]
