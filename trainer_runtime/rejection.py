@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,6 +35,10 @@ from .sharded.storage import DATA_SUFFIX, METADATA_NAME
 
 log = logging.getLogger("trainer_runtime")
 REASON_FILE = "REJECTED.txt"
+FORMAT1_RANK_FILE = re.compile(r"rank\d+\.pt")
+"""A format-1 data file (``rank{r}.pt``). Not any ``*.pt``: a folder of the user's holding
+one (``export/weights.pt``, the weights ``rtj-checkpoints export`` wrote into the run folder)
+was taken for a crashed save's leftover and deleted at the next resume."""
 
 
 def move_aside(folder: RunFolder, name: str, reason: str) -> Path | None:
@@ -76,7 +81,7 @@ def foreign_entry(path: Path) -> str | None:
 
 def is_checkpoint_file(name: str) -> bool:
     """Whether a save or download writes a file of this name into a checkpoint folder."""
-    data = name.endswith((DATA_SUFFIX, ".pt"))  # format 2's data files; format 1's
+    data = name.endswith(DATA_SUFFIX) or FORMAT1_RANK_FILE.fullmatch(name) is not None
     return data or name in (METADATA_NAME, MANIFEST_NAME)
 
 

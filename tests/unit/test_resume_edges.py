@@ -405,6 +405,34 @@ def test_a_folder_of_the_users_in_the_run_folder_is_not_deleted_as_a_leftover(tm
     assert not crashed.exists() and "removed leftover" in caplog.text
 
 
+def test_weights_exported_into_the_run_folder_are_not_deleted_as_a_leftover(tmp_path, capsys):
+    """Every ``*.pt`` counted as a format-1 data file, so ``export/weights.pt`` (what
+    ``rtj-checkpoints export`` wrote there) made ``export/`` a crashed save's leftover: listed
+    as NOT COMMITTED, and deleted at the next resume. Only ``rank<r>.pt`` is format 1's."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="2ba")
+    train(ck, comps, 2)
+    ck.close(save=False)
+    root = tmp_path / "ck"
+    assert cli_main(["export", str(root), str(root / "export" / "weights.pt")]) == 0
+    (root / "best").mkdir()
+    (root / "best" / "model.pt").write_bytes((root / "export" / "weights.pt").read_bytes())
+    crashed = root / "ep0-ba9"  # a format-1 save cut short
+    crashed.mkdir()
+    (crashed / "rank0.pt").write_bytes(b"partial")
+    capsys.readouterr()
+    assert cli_main(["ls", str(root)]) == 0
+    listed = [line[2:].split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["ep0-ba2", "ep0-ba9"]
+
+    res = manager(tmp_path, make(), interval="2ba").resume()
+    assert res.path.endswith("ep0-ba2")
+    assert [line.split(":")[0] for line in res.fallbacks] == ["ep0-ba9"]  # reported once
+    exported = torch.load(root / "export" / "weights.pt", weights_only=True)
+    assert set(exported) == set(comps[0].state_dict())
+    assert (root / "best" / "model.pt").exists() and not crashed.exists()
+
+
 def test_a_folder_of_the_users_is_not_reported_as_a_checkpoint_passed_over(tmp_path, caplog):
     """tb_logs/ in the run folder was listed at every resume as "not resuming from tb_logs:
     ... manifest.json does not exist (checkpoint not committed)", and in the result's and the
