@@ -363,6 +363,26 @@ def test_a_sample_or_batch_name_that_repeats_never_rewrites_a_committed_checkpoi
         assert Manifest.read(s.path).timestamp.to_dict() == s.timestamp.to_dict()
 
 
+def test_a_repeated_sample_name_is_not_written_into_a_checkpoint_of_an_earlier_attempt(tmp_path):
+    """Only names this process's saves had rendered were looked up: the relaunch's first save
+    rendered "s0" again (no sample counted) and was written into the first attempt's
+    committed s0, in place; it gets s0-ba3."""
+    comps = make()
+    ck = manager(tmp_path, comps, interval="1ba", filename="s{sample}/rank{rank}.pt")
+    for _ in range(2):
+        step(*comps[:3])
+        ck.batch_end()
+    ck.close()
+    first = Manifest.read(tmp_path / "ck" / "s0")
+    again = make()
+    ck = manager(tmp_path, again, interval="1ba", filename="s{sample}/rank{rank}.pt")
+    assert ck.resume().path.endswith("s0-ba2")
+    step(*again[:3])
+    assert ck.batch_end().name == "s0-ba3"
+    ck.close()
+    assert Manifest.read(tmp_path / "ck" / "s0").to_json() == first.to_json()
+
+
 def test_retention_uncommits_at_once_and_deletes_in_the_background(tmp_path):
     comps = make()
     ck = manager(tmp_path, comps, interval="1ba", num_checkpoints_to_keep=1)
