@@ -5,7 +5,8 @@ training container's termination-message file, which the kubelet copies into the
 the container ends, and, best effort, the same JSON plus ``current_step`` in the pod annotation
 ``resumable.dev/progress``. The annotation is what survives a node loss (no kubelet is left to
 publish a termination message); the termination message is what survives a runtime without API
-credentials. The operator reads both and keeps the newest by step.
+credentials. The operator reads both and keeps the newest, in the runtime's order of progress
+(``progress_order``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .classify import training_container_name
 from .envvars import PROGRESS_ANNOTATION
@@ -106,22 +107,42 @@ def pod_reports(pod: dict[str, Any], container_name: str | None) -> list[Report]
     return reports
 
 
-def progress_order(record: CheckpointRecord) -> tuple[int, int]:
-    """How far training was at a checkpoint: its step, then its epoch. An epoch-end save after
-    the epoch's last step has the step of the save before it (``ep7-ba96``, ``ep8-ba96``), and
-    is the newer one."""
-    return record.step, record.epoch if record.epoch is not None else -1
+class Progress(Protocol):
+    """What orders a checkpoint: a report or a status record."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def epoch(self) -> int | None: ...
+    @property
+    def sample(self) -> int | None: ...
+
+
+def progress_order(record: Progress) -> tuple[int, int, int]:
+    """How far training was at a checkpoint, in the runtime's order (its ``Timestamp``): the
+    global sample count first, then the step, then the epoch. The sample count is the one
+    counter a resume never moves back: a relaunch with a larger global batch rescales the step
+    down (160 samples: step 10 at 16 a step, 5 at 32), so ordered by step the checkpoints it
+    commits would look older than the one it resumed from. A run that counts no samples
+    reports 0 and is ordered by its steps; an epoch-end save after the epoch's last step has
+    the step of the save before it (``ep7-ba96``, ``ep8-ba96``) and is the newer one."""
+    sample = record.sample if record.sample is not None else 0
+    return sample, record.step, record.epoch if record.epoch is not None else -1
 
 
 def merge_checkpoints(
     known: Iterable[CheckpointRecord], new: Iterable[CheckpointRecord]
 ) -> list[CheckpointRecord]:
-    """Known checkpoints plus new ones, one per name, newest (highest step) first, bounded."""
+    """Known checkpoints plus new ones, one per name, newest (``progress_order``) first,
+    bounded."""
     by_name: dict[str, CheckpointRecord] = {}
     for record in [*known, *new]:
         current = by_name.get(record.name)
-        newer = current is None or record.step > current.step
-        better = current is not None and record.step == current.step and current.attempt is None
+        order = progress_order(record)
+        newer = current is None or order > progress_order(current)
+        better = (
+            current is not None and order == progress_order(current) and current.attempt is None
+        )
         if newer or better:
             by_name[record.name] = record
     ordered = sorted(by_name.values(), key=progress_order, reverse=True)

@@ -143,10 +143,11 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
         fresh = [
             r
             for r in current_reports
-            if r.checkpoint != st.resume_checkpoint and (resumed is None or r.step > resumed.step)
+            if r.checkpoint != st.resume_checkpoint
+            and (resumed is None or progress_order(r) > progress_order(resumed))
         ]
         if fresh:
-            st.attempt_checkpoint = max(fresh, key=lambda r: r.step).checkpoint
+            st.attempt_checkpoint = max(fresh, key=progress_order).checkpoint
             st.resume_failures = None  # progress past the resume point clears the suspicion
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from .progress import progress_order
 from .spec_types import ResumePolicy
 from .status_types import CheckpointRecord, ResumeFailures
 
@@ -50,7 +51,7 @@ def resume_point(
     if attempt == 0:
         return ResumePoint("", None)
     bad = set(quarantined)
-    usable = sorted((r for r in known if r.name not in bad), key=lambda r: r.step, reverse=True)
+    usable = sorted((r for r in known if r.name not in bad), key=progress_order, reverse=True)
     if usable:
         return ResumePoint(checkpoint_uri(checkpoint_dir, run_name, usable[0]), usable[0].name)
     return ResumePoint(run_root(checkpoint_dir, run_name), None)

@@ -135,3 +135,23 @@ def test_notice_payload_follows_the_contract():
     assert data == {"time": "2030-01-01T00:00:00Z", "reason": "k", "node": "n1"}
     data = json.loads(notice_payload({"key": "k"}, "n1", T0))
     assert data["time"] == "2030-01-01T12:00:00.000Z"
+
+
+def test_checkpoints_are_ordered_by_samples_first_as_the_runtime_orders_them():
+    """A relaunch with a larger global batch rescales the step down (160 samples: step 10 at 16
+    a step, 5 at 32). Ordered by step, the checkpoints it committed (ep0-ba8, 256 samples) were
+    older than the one it resumed from (ep0-ba10, 160 samples): lastCommittedCheckpoint stayed
+    behind and the next attempt was told to resume from the older one."""
+    before = CheckpointRecord(name="ep0-ba10", step=10, epoch=0, sample=160, attempt=0)
+    after = CheckpointRecord(name="ep0-ba8", step=8, epoch=0, sample=256, attempt=1)
+    merged = merge_checkpoints([before], [after])
+    assert [r.name for r in merged] == ["ep0-ba8", "ep0-ba10"]
+    assert resume_point(2, "/ckpt", "run", [before, after], []).checkpoint == "ep0-ba8"
+    # A run that counts no samples (all 0) is ordered by its steps, then its epochs.
+    steps = [CheckpointRecord(name=f"s{n}", step=n, sample=0) for n in (3, 9, 5)]
+    assert [r.name for r in merge_checkpoints([], steps)] == ["s9", "s5", "s3"]
+    ends = [
+        CheckpointRecord(name="ep7-ba96", step=96, epoch=7, sample=768),
+        CheckpointRecord(name="ep8-ba96", step=96, epoch=8, sample=768),
+    ]
+    assert merge_checkpoints([], ends)[0].name == "ep8-ba96"

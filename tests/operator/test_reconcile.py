@@ -11,7 +11,7 @@ from rtj_operator.reconcile import reconcile
 from rtj_operator.status_types import Cause
 from rtj_operator.timeutil import iso
 
-from .fakes import FakeCluster, make_node, make_pod
+from .fakes import FakeCluster, make_node, make_pod, progress
 
 
 def running(replicas: int = 2, **spec) -> FakeCluster:
@@ -581,9 +581,7 @@ def test_a_checkpoint_committed_during_a_failure_backoff_is_the_next_attempts_re
     assert cluster.status["resumeCheckpoint"] == "ep0-ba100" and not plan.creations
     # The surviving rank saves on its SIGTERM and reports it while it terminates.
     survivor["metadata"]["deletionTimestamp"] = "2030-01-01T12:00:02Z"
-    survivor["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
-        {"checkpoint": "ep0-ba130", "uri": "s3://bucket/ckpt/train/ep0-ba130", "step": 130}
-    )
+    survivor["metadata"]["annotations"][PROGRESS_ANNOTATION] = progress("ep0-ba130", 130)
     cluster.pods[survivor["metadata"]["name"]] = survivor
     assert not cluster.step(5).creations
     assert cluster.status["lastCommittedCheckpoint"]["name"] == "ep0-ba130"
