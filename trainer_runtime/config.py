@@ -269,6 +269,13 @@ def _run_name(given: str | None, *, autoresume: bool) -> str | None:
         return None
     if not isinstance(name, str) or "/" in name or not name.strip():
         raise ConfigError(f"{arg}={name!r} must be a non-empty name without '/'")
+    if name in (".", "..") or "\0" in name:
+        # '.' is the checkpoint folder itself and '..' its parent: the run's checkpoints,
+        # retention and rejected/ would land beside other runs' folders.
+        raise ConfigError(
+            f"{arg}={name!r} must be a non-empty name without '/': not '.' or '..' (the "
+            "folder itself or its parent), and without NUL"
+        )
     return name
 
 

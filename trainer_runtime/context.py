@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -99,13 +100,7 @@ class Position:
     def count_batch(self, num_samples: int | None) -> Timestamp:
         """Count one finished batch of ``num_samples`` global samples (None: not counted);
         returns the position before it."""
-        if num_samples is not None and (
-            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0
-        ):
-            raise ConfigError(
-                "batch_end(num_samples=...) must be an int >= 0 (the global batch size), got "
-                f"{num_samples!r}"
-            )
+        num_samples = global_batch(num_samples)
         before = self.timestamp.copy()
         ts = self.timestamp
         ts.batch += 1
@@ -259,3 +254,17 @@ def open_run(
         progress=ProgressReporter() if coord.rank == 0 else None,
         position=Position(last_global_batch=settings.global_batch_size),
     )
+
+
+def global_batch(num_samples: object) -> int | None:
+    """``batch_end(num_samples=...)`` checked: None, or a whole number >= 0 as a Python int
+    (NumPy's and other integer types included, as every count argument takes them)."""
+    if num_samples is None:
+        return None
+    whole = isinstance(num_samples, numbers.Integral) and not isinstance(num_samples, bool)
+    if not whole or num_samples < 0:
+        raise ConfigError(
+            "batch_end(num_samples=...) must be an int >= 0 (the global batch size), got "
+            f"{num_samples!r}"
+        )
+    return int(num_samples)

@@ -34,7 +34,7 @@ from .config import (
     check_run_folder,
     run_folder_source,
 )
-from .context import open_run
+from .context import global_batch, open_run
 from .emergency import PreemptionResponse
 from .errors import ConfigError
 from .loading import Loader
@@ -228,6 +228,7 @@ class CheckpointManager:
         catches the error and goes on keeps its position.
         """
         self.saver.release_hook_if_done()
+        num_samples = global_batch(num_samples)
         if num_samples is None and self.interval.needs_samples:
             raise ConfigError(
                 "interval counts samples, so batch_end() needs num_samples= (the global batch size)"

@@ -24,6 +24,7 @@ from trainer_runtime import (
     Manifest,
     NoCheckpointError,
     OverwriteError,
+    ResumableSampler,
     SaveFailedError,
 )
 from trainer_runtime.manifest import hash_file
@@ -499,6 +500,7 @@ BAD_ARGUMENTS = {
         "load_ignore_keys='optimizer': expected a list of key prefixes",
     ),
     "run_name=5": ({"run_name": 5}, "run_name=5 must be a non-empty name"),
+    "run_name=.": ({"run_name": "."}, "run_name='.' must be a non-empty name without '/': not"),
     # load_path: the same URI checks as the folder, at construction rather than at resume()
     "load_path='gs://x/y'": (
         {"load_path": "gs://x/y"},
@@ -583,6 +585,7 @@ def test_bad_argument_is_a_config_error_naming_it(tmp_path, kw, message):
         ("RTJ_CHECKPOINT_DIR", "s3://", "RTJ_CHECKPOINT_DIR='s3://' names no bucket"),
         ("RTJ_CHECKPOINT_DIR", "s3://Bad_Bucket/p", "RTJ_CHECKPOINT_DIR='s3://Bad_Bucket/p'"),
         ("RTJ_RUN_NAME", "a/b", "RTJ_RUN_NAME='a/b' must be a non-empty name without '/'"),
+        ("RTJ_RUN_NAME", "..", "RTJ_RUN_NAME='..' must be a non-empty name without '/': not '.'"),
         ("RTJ_NOTICE_FILE", "/", "RTJ_NOTICE_FILE='/' is a folder: expected the notice file"),
         (
             "RTJ_GRACE_PERIOD_SECONDS",
@@ -957,6 +960,23 @@ def test_a_malformed_sample_count_is_refused_and_counts_nothing(tmp_path, bad):
     with pytest.raises(ConfigError, match=r"batch_end\(num_samples=\.\.\.\) must be an int >= 0"):
         ck.batch_end(bad)
     assert (ck.timestamp.batch, ck.timestamp.sample) == (0, 0)
+    ck.close(save=False)
+
+
+def test_a_numpy_sample_count_counts_like_an_int(tmp_path):
+    """Every count argument takes NumPy integers (``numbers.Integral``); batch_end refused
+    ``np.int64`` (a length computed with NumPy) although the constructor's counts took it."""
+    sampler = ResumableSampler(40, num_replicas=1, rank=0)
+    ck = CheckpointManager(
+        model=make()[0], folder=tmp_path / "ck", run_name="r", interval="8sp", sampler=sampler
+    )
+    ck.batch_end(np.int64(4))
+    ck.batch_end(np.int32(4))
+    assert (ck.timestamp.batch, ck.timestamp.sample, sampler.offset) == (2, 8, 8)
+    assert type(ck.timestamp.sample) is int
+    assert [s.name for s in ck.saved] == ["ep0-ba2"]
+    with pytest.raises(ConfigError, match=r"must be an int >= 0 .* got np.float64\(4.0\)"):
+        ck.batch_end(np.float64(4.0))
     ck.close(save=False)
 
 
