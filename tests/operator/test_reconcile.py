@@ -14,6 +14,17 @@ from rtj_operator.timeutil import iso
 from .fakes import FakeCluster, make_node, make_pod, progress
 
 
+def resume_from_the_second_of_two_commits(cluster: FakeCluster) -> None:
+    """Two commits, then rank 0's node goes: the next attempt resumes from ep0-ba200."""
+    cluster.report(0, "ep0-ba100", 100)
+    cluster.step()
+    cluster.report(0, "ep0-ba200", 200)
+    cluster.step()
+    cluster.nodes.pop("node-0")
+    cluster.step(1)
+    assert cluster.status["resumeCheckpoint"] == "ep0-ba200"
+
+
 def running(replicas: int = 2, **spec) -> FakeCluster:
     """A job whose first gang is created, scheduled and running."""
     cluster = FakeCluster.start(replicas=replicas, **spec)
@@ -195,13 +206,7 @@ def test_quarantine_resumes_from_the_checkpoint_before():
     cluster = running(
         resumePolicy={"backoffLimit": 10, "backoffBaseSeconds": 0, "quarantineThreshold": 2}
     )
-    cluster.report(0, "ep0-ba100", 100)
-    cluster.step()
-    cluster.report(0, "ep0-ba200", 200)
-    cluster.step()
-    cluster.nodes.pop("node-0")  # preempted: resume from ep0-ba200
-    cluster.step(1)
-    assert cluster.status["resumeCheckpoint"] == "ep0-ba200"
+    resume_from_the_second_of_two_commits(cluster)
     for expected in (1, 2):
         cluster.schedule_and_run()
         cluster.step()
@@ -605,13 +610,7 @@ def test_quarantine_counts_a_failure_by_when_it_happened_not_when_its_wait_ended
         },
         preemptionSignals={"failureSettleSeconds": 90},
     )
-    cluster.report(0, "ep0-ba100", 100)
-    cluster.step()
-    cluster.report(0, "ep0-ba200", 200)
-    cluster.step()
-    cluster.nodes.pop("node-0")  # preempted: resume from ep0-ba200
-    cluster.step(1)
-    assert cluster.status["resumeCheckpoint"] == "ep0-ba200"
+    resume_from_the_second_of_two_commits(cluster)
     for expected in (1, 2):
         cluster.schedule_and_run()
         cluster.step()
