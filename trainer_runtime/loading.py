@@ -13,9 +13,10 @@ the verification.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,12 @@ from typing import Any
 from . import rng
 from . import state as state_mod
 from .context import RunContext
-from .errors import CorruptCheckpointError, NoCheckpointError, WorldSizeMismatchError
+from .errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    NoCheckpointError,
+    WorldSizeMismatchError,
+)
 from .fallback import first_valid
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
@@ -110,12 +116,13 @@ class Loader:
         )
         if found.weights_only:
             self._check_any_model_key(found.data["state"]["model"], shown=shown, arg=arg)
-        self.restore_v1(
-            found.data,
-            weights_only=weights_only or found.weights_only,
-            strict=strict,
-            ignore_keys=ignore_keys,
-        )
+        with naming_the_checkpoint(shown):
+            self.restore_v1(
+                found.data,
+                weights_only=weights_only or found.weights_only,
+                strict=strict,
+                ignore_keys=ignore_keys,
+            )
         found.buffer.release_unused()
 
     def _check_any_model_key(self, weights: Mapping[str, Any], *, shown: str, arg: str) -> None:
@@ -233,13 +240,14 @@ class Loader:
             data = verified.load(trusted=self.ctx.settings.trusted_pickle)
             if new_rank and isinstance(data.get("rng"), dict):
                 data["rng"] = rng.derived(data["rng"], self.ctx.rank)
-            self.restore_v1(
-                data,
-                weights_only=weights_only,
-                saved_weights_only=manifest.weights_only,
-                saved_world_size=manifest.world_size,
-                **opts,
-            )
+            with naming_the_checkpoint(folder):
+                self.restore_v1(
+                    data,
+                    weights_only=weights_only,
+                    saved_weights_only=manifest.weights_only,
+                    saved_world_size=manifest.world_size,
+                    **opts,
+                )
             # Module weights now live in the parameters; their pages in the buffer are unused.
             verified.release_unused()
 
@@ -266,9 +274,10 @@ class Loader:
             return "; ".join(missing)
         keys = self._ignored_keys(ignore_keys)
         try:
-            saved, report = ctx.engine.load(
-                folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
-            )
+            with naming_the_checkpoint(folder):
+                saved, report = ctx.engine.load(
+                    folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
+                )
         except CorruptCheckpointError as exc:
             return str(exc)
         log.info(
@@ -329,3 +338,15 @@ def _some(keys: Mapping[str, Any], shown: int = 4) -> str:
     return ", ".join(names[:shown]) + (
         f" and {len(names) - shown} more" if len(names) > shown else ""
     )
+
+
+@contextlib.contextmanager
+def naming_the_checkpoint(folder: Path | str) -> Iterator[None]:
+    """An ``IncompatibleCheckpointError`` names the checkpoint it came from: the fitting checks
+    name only the keys, and a run folder or an ``s3://`` load path can hold several."""
+    try:
+        yield
+    except IncompatibleCheckpointError as exc:
+        if str(folder) in str(exc):
+            raise
+        raise IncompatibleCheckpointError(f"{folder}: {exc}") from exc

@@ -76,9 +76,12 @@ def test_strict_load_still_refuses_a_changed_layer(tmp_path, saved_by):
     saved_by(tmp_path)
     model, opt = with_new_head()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(IncompatibleCheckpointError, match=r"3\.weight.*load_strict=False"):
+    with pytest.raises(IncompatibleCheckpointError, match=r"3\.weight.*load_strict=False") as exc:
         resume_into(tmp_path, model, opt)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # It names the checkpoint that does not fit, once (the keys alone did not say which).
+    (checkpoint,) = [p for p in (tmp_path / "ck").iterdir() if p.name.startswith("ep")]
+    assert str(exc.value).count(str(checkpoint)) == 1, exc.value
 
 
 def with_extra_layer(seed: int = 7):
