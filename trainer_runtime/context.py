@@ -98,9 +98,8 @@ class Position:
         self._clock_start = time.monotonic()
 
     def count_batch(self, num_samples: int | None) -> Timestamp:
-        """Count one finished batch of ``num_samples`` global samples (None: not counted);
-        returns the position before it."""
-        num_samples = global_batch(num_samples)
+        """Count one finished batch of ``num_samples`` global samples (None: not counted;
+        ``batch_end`` has checked it with ``global_batch``); returns the position before it."""
         before = self.timestamp.copy()
         ts = self.timestamp
         ts.batch += 1

@@ -465,9 +465,8 @@ def check_newer_checkpoints(ctx: RunContext) -> frozenset[str]:
             log.warning("overwrite=True: uncommitting newer remote checkpoint %s", m.name)
             reject(m.name, "overwrite=True: a run saving before it", newer_than=Timestamp())
     taken = None
-    if ctx.rank == 0:
-        set_aside = {m.name for m in remote_newer} if ctx.settings.overwrite else set()
-        remote_names = {m.name for m in remote} - set_aside
-        taken = {m.name for m in ctx.folder.committed()} | remote_names
+    if ctx.rank == 0:  # what the listings held, less what overwrite=True just uncommitted
+        set_aside = {m.name for m in [*newer, *remote_newer]} if ctx.settings.overwrite else set()
+        taken = {m.name for m in [*local, *remote]} - set_aside
     taken = ctx.coord.broadcast(taken)  # after rank 0's uncommits: the barrier they need
     return frozenset(taken)
