@@ -189,6 +189,10 @@ def _list(
         if m is None and foreign is not None and foreign(cand.name) is not None:
             continue  # not a checkpoint, as for resume (which leaves it alone)
         if m is None:
+            if check is not None and cand.damaged:  # a commit's manifest that no longer reads
+                print(f"  {cand.name:28s} BROKEN: {cand.reason}")
+                bad += 1
+                continue
             print(f"  {cand.name:28s} NOT COMMITTED  {cand.reason}")
             bad += check is not None and only is not None  # the checkpoint asked about
             continue

@@ -46,6 +46,16 @@ REJECTED_DIR = "rejected"
 """Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
 
 
+@dataclass(frozen=True)
+class NoManifest:
+    """Why a folder has no manifest that parses. ``present``: a manifest file is there but does
+    not read or parse (damage: the commit writes it whole, by rename); otherwise there is none
+    (a save cut short, or a folder being written)."""
+
+    reason: str
+    present: bool
+
+
 @dataclass
 class Candidate:
     """A folder that may be a checkpoint: its manifest, or why it has none."""
@@ -53,6 +63,8 @@ class Candidate:
     name: str
     manifest: Manifest | None
     reason: str | None = None
+    damaged: bool = False
+    """No manifest that parses, though a manifest file is there (``NoManifest.present``)."""
 
     @property
     def sort_key(self) -> tuple:
@@ -78,7 +90,7 @@ class Location(Protocol):
     def folder_names(self) -> list[str]:
         """Names of the sub-folders (dot-names excluded)."""
 
-    def manifests(self, names: list[str]) -> dict[str, Manifest | str]:
+    def manifests(self, names: list[str]) -> dict[str, Manifest | NoManifest]:
         """Each folder's manifest, or why it has none that parses."""
 
     def read_pointer(self) -> dict | None:
@@ -108,13 +120,14 @@ class LocalLocation:
             if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
         ]
 
-    def manifests(self, names: list[str]) -> dict[str, Manifest | str]:
-        found: dict[str, Manifest | str] = {}
+    def manifests(self, names: list[str]) -> dict[str, Manifest | NoManifest]:
+        found: dict[str, Manifest | NoManifest] = {}
         for name in names:
             try:
                 found[name] = Manifest.read(self.root / name)
             except ManifestError as exc:
-                found[name] = str(exc)
+                there = os.path.lexists(self.root / name / MANIFEST_NAME)
+                found[name] = NoManifest(str(exc), present=there)
         return found
 
     def read_pointer(self) -> dict | None:
@@ -155,7 +168,9 @@ class RunFolder:
         if loc.listing_may_lag and pointer and pointer not in names:
             names.append(pointer)  # trust the pointer even if the listing lags behind it
         found = [
-            Candidate(name, got, None) if isinstance(got, Manifest) else Candidate(name, None, got)
+            Candidate(name, got)
+            if isinstance(got, Manifest)
+            else Candidate(name, None, got.reason, damaged=got.present)
             for name, got in loc.manifests(names).items()
         ]
         found.sort(key=lambda c: (c.sort_key, c.name == pointer), reverse=True)

@@ -212,6 +212,24 @@ def test_verify_of_an_s3_checkpoint_without_a_manifest_fails(tmp_path, s3_env, s
     assert cli("verify", f"{run_uri}/ep0-ba1").returncode == 0
 
 
+def test_verify_of_an_s3_run_folder_fails_on_a_manifest_that_does_not_parse(
+    tmp_path, s3_env, s3_root
+):
+    """As locally: a manifest object that does not parse is a broken checkpoint (exit 1),
+    where one that is missing is a checkpoint not committed (exit 0)."""
+    run_uri = str(s3_root.join("run"))
+    save_two(tmp_path, run_uri)
+    key = f"{s3_root.key}/run/ep0-ba1/manifest.json"
+    s3_env.client().put_object(Bucket=s3_root.bucket, Key=key, Body=b"[1, 2")
+    verified = cli("verify", run_uri)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    (line,) = [x for x in verified.stdout.splitlines() if "ep0-ba1" in x]
+    assert line.split()[1] == "BROKEN:", verified.stdout
+    s3_env.client().delete_object(Bucket=s3_root.bucket, Key=key)
+    verified = cli("verify", run_uri)
+    assert verified.returncode == 0 and "NOT COMMITTED" in verified.stdout, verified.stdout
+
+
 def test_every_subcommand_exits_quietly_when_its_reader_closes_the_pipe(tmp_path, s3_env, s3_root):
     """``rtj-checkpoints ls RUN | head -1``: the reader goes away before the output is written
     (here: before the tool starts). No traceback, exit status 141 (128 + SIGPIPE), local and

@@ -836,6 +836,26 @@ def test_cli_verify_of_a_checkpoint_folder_without_a_manifest_fails(tmp_path, ca
     assert main(["verify", str(root / "ep0-ba1")]) == 0
 
 
+def test_cli_verify_of_a_run_folder_fails_on_a_manifest_that_does_not_parse(tmp_path, capsys):
+    """A manifest that is there but does not parse is damage (the commit writes it whole):
+    ``verify`` of the run folder printed it as NOT COMMITTED and exited 0. Now BROKEN, exit 1;
+    a folder without a manifest (a save cut short) stays NOT COMMITTED and passes."""
+    from trainer_runtime.cli import main
+
+    root = write_two(tmp_path)
+    (root / "ep0-ba9").mkdir()
+    (root / "ep0-ba9" / "__0_0.distcp").write_bytes(b"cut short")
+    assert main(["verify", str(root)]) == 0
+    capsys.readouterr()
+    (root / "ep0-ba1" / "manifest.json").write_text("{ torn")
+    assert main(["verify", str(root)]) == 1
+    lines = {line[2:].split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["ep0-ba1"].split()[1] == "BROKEN:" and "not valid JSON" in lines["ep0-ba1"]
+    assert lines["ep0-ba2"].endswith(" ok") and "NOT COMMITTED" in lines["ep0-ba9"], lines
+    assert main(["ls", str(root)]) == 0  # ls lists; only verify judges
+    assert "NOT COMMITTED" in capsys.readouterr().out
+
+
 def test_cli_verify_of_a_checkpoint_folder_prints_the_path_as_given(tmp_path, capsys, monkeypatch):
     """Given a relative checkpoint folder, verify printed its absolute path (the folder was
     resolved to find its run folder); now the path the user typed, both for a relative and

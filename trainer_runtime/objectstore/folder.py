@@ -15,7 +15,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError
-from ..layout import RunFolder
+from ..layout import NoManifest, RunFolder
 from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, entry_label, wrong_size
 from .errors import ObjectStoreError
 from .store import S3Store
@@ -39,7 +39,7 @@ class StorePrefix:
     def folder_names(self) -> list[str]:
         return [n for n in self.store.list_folders(self.run_uri) if not n.startswith(".")]
 
-    def manifests(self, names: list[str]) -> dict[str, Manifest | str]:
+    def manifests(self, names: list[str]) -> dict[str, Manifest | NoManifest]:
         return remote_manifests(self.store, self.run_uri, names)
 
     def read_pointer(self) -> dict | None:
@@ -57,25 +57,25 @@ class StorePrefix:
 
 def remote_manifests(
     store: S3Store, run_uri: S3Uri, names: list[str] | None = None
-) -> dict[str, Manifest | str]:
+) -> dict[str, Manifest | NoManifest]:
     """Each checkpoint folder's manifest, or the reason it has none that parses."""
     if names is None:
         names = store.list_folders(run_uri)
 
-    def load(name: str) -> Manifest | str:
+    def load(name: str) -> Manifest | NoManifest:
         uri = run_uri.join(name, MANIFEST_NAME)
         try:
             data = store.get_bytes(uri)
         except ObjectStoreError as exc:
-            return f"cannot read {uri}: {exc}"
+            return NoManifest(f"cannot read {uri}: {exc}", present=False)  # unknown: not damage
         if data is None:
-            return f"{uri} does not exist (not committed)"
+            return NoManifest(f"{uri} does not exist (not committed)", present=False)
         try:
             manifest = Manifest.from_json(data, source=str(uri))
         except ManifestError as exc:
-            return str(exc)
+            return NoManifest(str(exc), present=True)
         if manifest.name != name:
-            return f"{uri} names checkpoint {manifest.name!r}, not {name!r}"
+            return NoManifest(f"{uri} names checkpoint {manifest.name!r}, not {name!r}", True)
         return manifest
 
     if not names:
