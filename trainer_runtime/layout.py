@@ -23,6 +23,7 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -44,16 +45,19 @@ _JSON_KINDS = {
 
 REJECTED_DIR = "rejected"
 """Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
+REASON_FILE = "REJECTED.txt"
+"""In a folder moved into ``rejected/``: when and why."""
 
 
 @dataclass(frozen=True)
 class NoManifest:
-    """Why a folder has no manifest that parses. ``present``: a manifest file is there but does
-    not read or parse (damage: the commit writes it whole, by rename); otherwise there is none
-    (a save cut short, or a folder being written)."""
+    """Why a folder has no manifest that parses. ``damaged``: a manifest file is there but does
+    not read or parse (the commit writes it whole, by rename, so that is damage); otherwise
+    there is none (a save cut short, a folder being written), or it names another checkpoint
+    (a copy under another name)."""
 
     reason: str
-    present: bool
+    damaged: bool
 
 
 @dataclass
@@ -64,13 +68,21 @@ class Candidate:
     manifest: Manifest | None
     reason: str | None = None
     damaged: bool = False
-    """No manifest that parses, though a manifest file is there (``NoManifest.present``)."""
+    """A manifest file is there but does not parse (``NoManifest.damaged``)."""
 
     @property
     def sort_key(self) -> tuple:
         if self.manifest is None:
             return ((-1,), "")
         return progress_key(self.manifest)
+
+
+def misnamed(folder: Path | str, named: str) -> str:
+    """The one wording for a manifest that names another checkpoint than its folder."""
+    return (
+        f"{folder}/{MANIFEST_NAME} names checkpoint {named!r}, not {Path(str(folder)).name!r}: "
+        "a copy under another name (cp -rL of a latest link, say) is not a checkpoint"
+    )
 
 
 def progress_key(manifest: Manifest) -> tuple:
@@ -124,10 +136,15 @@ class LocalLocation:
         found: dict[str, Manifest | NoManifest] = {}
         for name in names:
             try:
-                found[name] = Manifest.read(self.root / name)
+                manifest = Manifest.read(self.root / name)
             except ManifestError as exc:
                 there = os.path.lexists(self.root / name / MANIFEST_NAME)
-                found[name] = NoManifest(str(exc), present=there)
+                found[name] = NoManifest(str(exc), damaged=there)
+                continue
+            if manifest.name != name:  # a copy under another name: cp -rL of a latest link
+                found[name] = NoManifest(misnamed(self.root / name, manifest.name), damaged=False)
+            else:
+                found[name] = manifest
         return found
 
     def read_pointer(self) -> dict | None:
@@ -170,7 +187,7 @@ class RunFolder:
         found = [
             Candidate(name, got)
             if isinstance(got, Manifest)
-            else Candidate(name, None, got.reason, damaged=got.present)
+            else Candidate(name, None, got.reason, damaged=got.damaged)
             for name, got in loc.manifests(names).items()
         ]
         found.sort(key=lambda c: (c.sort_key, c.name == pointer), reverse=True)
@@ -241,7 +258,37 @@ class RunFolder:
         )
 
     def link_latest(self, link_name: str, target: str) -> None:
-        atomic.symlink_atomic(target, self.root / link_name)
+        """Point ``link_name`` at checkpoint ``target``. A folder in the link's place (a copy
+        of the run folder that followed its links: ``cp -rL``, ``aws s3 sync`` and back) is
+        moved into ``rejected/`` first: renaming a link over it failed every save."""
+        link = self.root / link_name
+        if link.is_dir() and not link.is_symlink():
+            self.move_aside(link_name, f"a folder where the link {link_name} -> {target} goes")
+        atomic.symlink_atomic(target, link)
+
+    def move_aside(self, name: str, reason: str) -> Path | None:
+        """Rename ``<run>/<name>`` into ``<run>/rejected/`` with a ``REJECTED.txt`` that says
+        when and why; None if it is not there (another rank on a shared folder moved it)."""
+        src = self.path(name)
+        if not src.is_dir():
+            return None
+        dest_root = self.root / REJECTED_DIR
+        atomic.makedirs_durable(dest_root)
+        dest = dest_root / name
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = dest_root / f"{name}.{n}"
+        try:
+            os.rename(src, dest)
+        except FileNotFoundError:
+            return None
+        atomic.fsync_dir(self.root)
+        atomic.fsync_dir(dest_root)
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        atomic.write_bytes_atomic(dest / REASON_FILE, f"set aside on {stamp}: {reason}\n".encode())
+        log.warning("moved %s aside to %s: %s", name, dest, reason)
+        return dest
 
     def latest_links(self) -> dict[Path, str]:
         """The links in the run folder that name a checkpoint folder of it, and that name."""

@@ -24,47 +24,19 @@ import contextlib
 import logging
 import os
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 
 from . import atomic
 from .errors import ManifestError
-from .layout import REJECTED_DIR, RunFolder
+from .layout import RunFolder
 from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest
 from .sharded.storage import DATA_SUFFIX, METADATA_NAME
 
 log = logging.getLogger("trainer_runtime")
-REASON_FILE = "REJECTED.txt"
 FORMAT1_RANK_FILE = re.compile(r"rank\d+\.pt")
 """A format-1 data file (``rank{r}.pt``). Not any ``*.pt``: a folder of the user's holding
 one (``export/weights.pt``, the weights ``rtj-checkpoints export`` wrote into the run folder)
 was taken for a crashed save's leftover and deleted at the next resume."""
-
-
-def move_aside(folder: RunFolder, name: str, reason: str) -> Path | None:
-    """Rename ``<run>/<name>`` into ``<run>/rejected/`` with the reason; None if absent."""
-    src = folder.path(name)
-    if not src.is_dir():
-        return None
-    dest_root = folder.root / REJECTED_DIR
-    atomic.makedirs_durable(dest_root)
-    dest = dest_root / name
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = dest_root / f"{name}.{n}"
-    try:
-        os.rename(src, dest)
-    except FileNotFoundError:
-        return None  # another rank on the same shared folder moved it first
-    atomic.fsync_dir(folder.root)
-    atomic.fsync_dir(dest_root)
-    stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    atomic.write_bytes_atomic(
-        dest / REASON_FILE, f"rejected at resume on {stamp}: {reason}\n".encode()
-    )
-    log.warning("moved rejected checkpoint %s aside to %s: %s", name, dest, reason)
-    return dest
 
 
 def foreign_entry(path: Path) -> str | None:
@@ -112,7 +84,7 @@ def remove_leftover(folder: RunFolder, name: str, reason: str) -> None:
     try:
         folder.remove_tree(name)
     except ManifestError:
-        move_aside(folder, name, reason)
+        folder.move_aside(name, reason)
         return
     log.info("removed leftover %s (%s)", folder.path(name), reason)
 

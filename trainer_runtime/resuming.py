@@ -166,7 +166,7 @@ class Resumer:
         for turn in ("rank 0", "others"):
             if (ctx.rank == 0) == (turn == "rank 0"):
                 for name, why in decision.rejected:
-                    rejection.move_aside(ctx.folder, name, why)
+                    ctx.folder.move_aside(name, why)
                 for name, why in decision.leftovers:
                     rejection.remove_leftover(ctx.folder, name, why)
                 # Every rank: on node-local disks each has its own pointer and link.

@@ -81,7 +81,7 @@ def test_a_fallback_past_two_rejected_checkpoints_does_not_block_the_next_save(
         assert (aside / "manifest.json").exists(), name
         assert why in (aside / "REJECTED.txt").read_text().lower()
         assert not (root / name).exists()
-        assert f"moved rejected checkpoint {name} aside" in caplog.text
+        assert f"moved {name} aside" in caplog.text
     assert ck2.folder.read_pointer()["checkpoint"] == "ep0-ba2"
     assert os.readlink(root / "latest-rank0") == "ep0-ba2", "the link follows the pointer"
     train(ck2, comps2, 4)  # saves ep0-ba4-a<pid> and ep0-ba6: no OverwriteError
@@ -620,3 +620,59 @@ def test_a_checkpoint_folder_that_does_not_load_says_to_give_its_run_folder(tmp_
     loader.load(run)
     assert loader.timestamp.batch == 1
     loader.close(save=False)
+
+
+# ---------------------------------------------------------------- a copy that followed the links
+
+
+def test_a_run_folder_copied_through_its_links_resumes_and_saves(tmp_path, capsys):
+    """``cp -rL`` (or a sync tool that follows links) turns ``latest-rank0`` into a folder
+    holding a copy of the checkpoint it named. Every save then failed: renaming the new link
+    over a folder is ``IsADirectoryError``, so a job resumed from such a copy crash-looped.
+    Now the copy is no checkpoint (its manifest names another folder): listed as not
+    committed, moved into ``rejected/`` at resume, and the save links as before."""
+    import shutil
+
+    comps = make()
+    ck = manager(tmp_path, comps)
+    train(ck, comps, 2)
+    ck.close()
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "ck", copy / "ck", symlinks=False)  # what cp -rL does
+    root = copy / "ck"
+    assert (root / "latest-rank0").is_dir() and not (root / "latest-rank0").is_symlink()
+
+    assert cli_main(["verify", str(root)]) == 0  # the copy is not a broken checkpoint either
+    lines = {line[2:].split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert (
+        "NOT COMMITTED" in lines["latest-rank0"]
+        and "names checkpoint 'ep0-ba2'" in (lines["latest-rank0"])
+    )
+    assert lines["ep0-ba2"].endswith(" ok") and lines["ep0-ba1"].endswith(" ok"), lines
+
+    comps2 = make()
+    ck2 = manager(copy, comps2)
+    assert ck2.resume().path.endswith("ep0-ba2")
+    train(ck2, comps2, 1)
+    ck2.close()
+    assert os.readlink(root / "latest-rank0") == "ep0-ba3"
+    aside = root / "rejected" / "latest-rank0"
+    assert (aside / "manifest.json").is_file() and "names checkpoint" in (
+        aside / "REJECTED.txt"
+    ).read_text()
+
+
+def test_a_folder_in_a_latest_links_place_is_moved_aside_by_the_link(tmp_path):
+    """Without a resume first (``load()`` of another run, then saves), the commit's link meets
+    the folder itself: it is set aside, never deleted, and the link is made."""
+    from trainer_runtime.layout import RunFolder
+
+    run = RunFolder(tmp_path)
+    (tmp_path / "ep0-ba1").mkdir()
+    (tmp_path / "latest-rank0").mkdir()
+    (tmp_path / "latest-rank0" / "keep.txt").write_text("mine")
+    run.link_latest("latest-rank0", "ep0-ba1")
+    assert os.readlink(tmp_path / "latest-rank0") == "ep0-ba1"
+    assert (tmp_path / "rejected" / "latest-rank0" / "keep.txt").read_text() == "mine"
+    run.link_latest("latest-rank0", "ep0-ba1")  # a link in its place: replaced as before
+    assert os.readlink(tmp_path / "latest-rank0") == "ep0-ba1"

@@ -15,7 +15,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError
-from ..layout import NoManifest, RunFolder
+from ..layout import NoManifest, RunFolder, misnamed
 from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, entry_label, wrong_size
 from .errors import ObjectStoreError
 from .store import S3Store
@@ -67,15 +67,15 @@ def remote_manifests(
         try:
             data = store.get_bytes(uri)
         except ObjectStoreError as exc:
-            return NoManifest(f"cannot read {uri}: {exc}", present=False)  # unknown: not damage
+            return NoManifest(f"cannot read {uri}: {exc}", damaged=False)  # unknown: not damage
         if data is None:
-            return NoManifest(f"{uri} does not exist (not committed)", present=False)
+            return NoManifest(f"{uri} does not exist (not committed)", damaged=False)
         try:
             manifest = Manifest.from_json(data, source=str(uri))
         except ManifestError as exc:
-            return NoManifest(str(exc), present=True)
+            return NoManifest(str(exc), damaged=True)
         if manifest.name != name:
-            return NoManifest(f"{uri} names checkpoint {manifest.name!r}, not {name!r}", True)
+            return NoManifest(misnamed(run_uri.join(name), manifest.name), damaged=False)
         return manifest
 
     if not names:
