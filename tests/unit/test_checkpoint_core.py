@@ -742,6 +742,15 @@ def test_load_path_without_checkpoint(tmp_path):
         ck.resume()
 
 
+def test_an_empty_load_path_is_none(tmp_path, monkeypatch):
+    """``load_path=""`` (``os.environ.get("INIT_CKPT", "")``) is no load path, as documented:
+    a fresh start, not the current directory searched for checkpoints."""
+    monkeypatch.chdir(tmp_path)
+    ck = manager(tmp_path, make(), load_path="")
+    assert ck.resume().source == "fresh" and ck.timestamp.batch == 0
+    ck.close(save=False)
+
+
 class SlowToPickle:
     """Makes the background persist take a while, so a save is still in flight."""
 
