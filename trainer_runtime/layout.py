@@ -31,6 +31,7 @@ from . import atomic
 from .errors import ManifestError
 from .fallback import Walk, first_valid
 from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_files
+from .retention import select_for_deletion
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ REJECTED_DIR = "rejected"
 """Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
 REASON_FILE = "REJECTED.txt"
 """In a folder moved into ``rejected/``: when and why."""
+TRIMMED_FILE = "DATA-DELETED.txt"
+"""In a folder in ``rejected/`` whose data files were deleted (``REJECTED_WITH_DATA``)."""
+REJECTED_WITH_DATA = 2
+"""How many folders in ``rejected/`` keep their data files: the newest set aside. Older ones
+keep their manifest, ``.metadata`` and ``REJECTED.txt``, as the bucket keeps its rejected
+checkpoints; kept whole, every checkpoint that resume set aside (one per relaunch when the
+operator quarantines the newest) added a full checkpoint to the node's disk until a save
+failed for want of space."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +297,39 @@ class RunFolder:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         atomic.write_bytes_atomic(dest / REASON_FILE, f"set aside on {stamp}: {reason}\n".encode())
         log.warning("moved %s aside to %s: %s", name, dest, reason)
+        self._trim_rejected(dest_root)
         return dest
+
+    def _trim_rejected(self, root: Path) -> None:
+        """Delete the data files of all but the newest ``REJECTED_WITH_DATA`` folders in
+        ``rejected/`` (by when they were set aside); only files a save writes are deleted."""
+        from .rejection import DATA_FILE  # noqa: PLC0415 - it imports torch; layout need not
+
+        def set_aside_at(path: Path) -> float:
+            try:
+                return (path / REASON_FILE).stat().st_mtime
+            except OSError:
+                return 0.0
+
+        folders = [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+        folders.sort(key=set_aside_at, reverse=True)
+        doomed = select_for_deletion([f.name for f in folders], keep=REJECTED_WITH_DATA)
+        for name in doomed:
+            data = [p for p in (root / name).iterdir() if DATA_FILE.fullmatch(p.name)]
+            if not data:
+                continue
+            freed = 0
+            for path in data:
+                with contextlib.suppress(OSError):
+                    freed += path.stat().st_size
+                    path.unlink()
+            stamp = datetime.now(UTC).isoformat(timespec="seconds")
+            atomic.write_bytes_atomic(  # not into REASON_FILE: its time orders the folders
+                root / name / TRIMMED_FILE,
+                f"data files deleted on {stamp}: only the newest {REJECTED_WITH_DATA} folders "
+                "set aside keep theirs\n".encode(),
+            )
+            log.info("deleted the data of %s (%d bytes): older set-aside folder", name, freed)
 
     def latest_links(self) -> dict[Path, str]:
         """The links in the run folder that name a checkpoint folder of it, and that name."""

@@ -51,10 +51,13 @@ def foreign_entry(path: Path) -> str | None:
     return None
 
 
+DATA_FILE = re.compile(rf"(.+{re.escape(DATA_SUFFIX)}|{FORMAT1_RANK_FILE.pattern})")
+"""A checkpoint's data file: format 2's ``*.distcp``, format 1's ``rank{r}.pt``."""
+
+
 def is_checkpoint_file(name: str) -> bool:
     """Whether a save or download writes a file of this name into a checkpoint folder."""
-    data = name.endswith(DATA_SUFFIX) or FORMAT1_RANK_FILE.fullmatch(name) is not None
-    return data or name in (METADATA_NAME, MANIFEST_NAME)
+    return DATA_FILE.fullmatch(name) is not None or name in (METADATA_NAME, MANIFEST_NAME)
 
 
 def is_user_folder(folder: RunFolder, name: str) -> bool:

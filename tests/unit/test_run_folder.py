@@ -99,3 +99,36 @@ def test_a_missing_folder_has_no_candidates(tmp_path: Path):
     folder = RunFolder(tmp_path / "absent")
     assert folder.candidates() == []
     assert folder.newest_valid(lambda m: None).chosen is None
+
+
+def test_only_the_newest_set_aside_folders_keep_their_data(tmp_path: Path) -> None:
+    """Every checkpoint resume set aside kept its data on the node's disk, one more per
+    relaunch that rejected the newest, until a save failed for want of space. The newest
+    ``REJECTED_WITH_DATA`` keep it; older ones keep their manifest and reason only."""
+    from trainer_runtime.layout import REASON_FILE, REJECTED_WITH_DATA, TRIMMED_FILE
+
+    run = RunFolder(tmp_path)
+    names = [f"ep0-ba{b}" for b in range(1, REJECTED_WITH_DATA + 3)]
+    for i, name in enumerate(names):
+        make_checkpoint(tmp_path, name, i + 1, world_size=2, size=4096)
+        (tmp_path / name / ".metadata").write_bytes(b"meta")
+        run.move_aside(name, f"damaged {name}")
+        # Set aside one after another: a second apart, whatever the clock's resolution.
+        reason = tmp_path / REJECTED_DIR / name / REASON_FILE
+        os.utime(reason, (1_000_000 + i, 1_000_000 + i))
+    run.move_aside("absent", "nothing there")  # no folder: nothing moved, nothing trimmed
+    aside = tmp_path / REJECTED_DIR
+    for name in names[-REJECTED_WITH_DATA:]:
+        assert {p.name for p in (aside / name).iterdir()} == {
+            "rank0.pt",
+            "rank1.pt",
+            ".metadata",
+            MANIFEST_NAME,
+            REASON_FILE,
+        }, name
+    # Each move trimmed the folders beyond the newest two, the last move the newest of them.
+    for name in names[:-REJECTED_WITH_DATA]:
+        left = {p.name for p in (aside / name).iterdir()}
+        assert left == {".metadata", MANIFEST_NAME, REASON_FILE, TRIMMED_FILE}, name
+        assert f"damaged {name}" in (aside / name / REASON_FILE).read_text()
+        assert "data files deleted" in (aside / name / TRIMMED_FILE).read_text()
