@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .spec_types import JobSpec
+from pydantic import Field, model_validator
+
+from .spec_types import ROOT_RULES, ApiModel, JobSpec, enforce
 from .status_types import JobStatus
 
 
@@ -43,6 +45,30 @@ class Job:
         return self.status.run_name or self.spec.run_name or self.ref.name
 
 
+class JobMetadata(ApiModel):
+    """The metadata the object's root rules read."""
+
+    name: str
+    """The job's name."""
+
+
+class JobObject(ApiModel):
+    """The object as one model, so a parse error names its field from the root
+    (``spec.resumePolicy``, ``status.conditions``) and the root rules apply."""
+
+    metadata: JobMetadata
+    """Name (the rest of the metadata is read as is)."""
+    spec: JobSpec
+    """Desired state."""
+    status: JobStatus = Field(default_factory=JobStatus)
+    """Observed state."""
+
+    @model_validator(mode="after")
+    def _root_rules(self) -> JobObject:
+        enforce(ROOT_RULES, self)
+        return self
+
+
 def parse_job(body: dict[str, Any]) -> Job:
     """Parse an API object; raises pydantic.ValidationError on a spec the schema should reject."""
     meta = body.get("metadata") or {}
@@ -55,10 +81,13 @@ def parse_job(body: dict[str, Any]) -> Job:
         resource_version=str(meta.get("resourceVersion") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+    parsed = JobObject.model_validate(
+        {"metadata": {"name": ref.name}, "spec": spec, "status": body.get("status") or {}}
+    )
     return Job(
         ref=ref,
-        spec=JobSpec.model_validate(spec),
-        status=JobStatus.model_validate(body.get("status") or {}),
+        spec=parsed.spec,
+        status=parsed.status,
         raw_template=spec.get("template") or {},
         raw_status=body.get("status") or {},
     )

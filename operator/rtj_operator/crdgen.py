@@ -21,7 +21,7 @@ import yaml
 from . import admission, names, podschema, rbac
 from .reference import reference_markdown
 from .schema import embed, structural_schema
-from .spec_types import ROOT_VALIDATIONS, JobSpec
+from .spec_types import ROOT_RULES, JobSpec
 from .status_types import JobStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def crd() -> dict[str, Any]:
             "the resume path injected."
         ),
         "required": ["spec"],
-        "x-kubernetes-validations": ROOT_VALIDATIONS,
+        "x-kubernetes-validations": [r.schema() for r in ROOT_RULES],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

@@ -10,6 +10,8 @@ them. Validation that the API server can do lives here so invalid manifests are 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,8 +36,49 @@ def cel(
     return out
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One CEL rule of the CRD beside its Python twin: one record, one message for both.
+
+    The API server enforces ``rule``; the operator's parse enforces ``holds`` on the same value
+    (the rule's ``self``: the validated model, or the field's value), for objects that never
+    passed the API server's check: a CRD older than the operator, an API server that does not
+    enforce CEL, an object stored before the rule existed. ``holds`` is None only for a
+    transition rule (``oldSelf``): it compares with the previous object, which one parse does
+    not have, so only the API server can check it.
+    """
+
+    rule: str
+    message: str
+    holds: Callable[[Any], bool] | None
+    field_path: str | None = None
+
+    def schema(self) -> dict[str, str]:
+        """The rule in the CRD's ``x-kubernetes-validations`` shape."""
+        return cel(self.rule, self.message, self.field_path)
+
+
+def validations(rules: Iterable[Rule]) -> dict[str, Any]:
+    """The ``json_schema_extra`` that puts ``rules`` into the CRD."""
+    return {"x-kubernetes-validations": [r.schema() for r in rules]}
+
+
+def enforce(rules: Iterable[Rule], value: Any) -> None:
+    """Raise the message of the first rule ``value`` breaks (for a pydantic validator)."""
+    for rule in rules:
+        if rule.holds is not None and not rule.holds(value):
+            raise ValueError(rule.message)
+
+
+def immutable(field: str) -> Rule:
+    """A field that keeps its value once created (a transition rule: the API server's alone)."""
+    return Rule("self == oldSelf", f"{field} is immutable", None)
+
+
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A DNS-1123 label: what Kubernetes accepts as a container name."""
+DNS_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS-1035 label: what Kubernetes accepts as a Service name."""
 
 MAX_GRACE_PERIOD_SECONDS = 86400
 """Upper bound of terminationGracePeriodSeconds: a day is far beyond any spot notice."""
@@ -73,22 +116,22 @@ TAINT_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 """A Kubernetes taint value (a label value, at most 63 characters by the field's length)."""
 
 
+TAINT_KEY_RULES = (
+    Rule(
+        f"!self.matches('{TAINT_KEY_PREFIX_TOO_LONG}')",
+        f"preemptionSignals.terminationTaints[].key {TAINT_KEY_FORM}",
+        lambda key: not re.search(TAINT_KEY_PREFIX_TOO_LONG, key),
+    ),
+)
+
+
 class TaintSelector(ApiModel):
     """A node taint that announces the node is about to go away."""
 
     key: str = Field(
         min_length=1,
         max_length=317,
-        json_schema_extra={
-            "pattern": TAINT_KEY,
-            "x-kubernetes-validations": [
-                cel(
-                    f"!self.matches('{TAINT_KEY_PREFIX_TOO_LONG}')",
-                    "terminationTaints[].key: the prefix before '/' must be at most 253 "
-                    "characters (a DNS subdomain)",
-                )
-            ],
-        },
+        json_schema_extra={"pattern": TAINT_KEY, **validations(TAINT_KEY_RULES)},
     )
     """Taint key to match, as Kubernetes spells taint keys: an optional DNS subdomain prefix (at
     most 253 characters) and '/', then a name of at most 63 characters of letters, digits, '-',
@@ -104,8 +147,9 @@ class TaintSelector(ApiModel):
     @classmethod
     def _taint_key(cls, key: str) -> str:
         """The CRD's pattern and prefix rule, for objects that did not pass the API server's."""
-        if not re.search(TAINT_KEY, key) or re.search(TAINT_KEY_PREFIX_TOO_LONG, key):
+        if not re.search(TAINT_KEY, key):
             raise ValueError(f"preemptionSignals.terminationTaints[].key {key!r} {TAINT_KEY_FORM}")
+        enforce(TAINT_KEY_RULES, key)
         return key
 
 
@@ -157,21 +201,21 @@ class PreemptionSignals(ApiModel):
     later. Default 0: a failure counts at once."""
 
 
+RESUME_POLICY_RULES = (
+    Rule(
+        "self.backoffBaseSeconds <= self.backoffMaxSeconds",
+        "backoffBaseSeconds must not exceed backoffMaxSeconds (600 when not set): "
+        "lower backoffBaseSeconds or raise backoffMaxSeconds",
+        lambda policy: policy.backoff_base_seconds <= policy.backoff_max_seconds,
+        ".backoffBaseSeconds",
+    ),
+)
+
+
 class ResumePolicy(ApiModel):
     """How interruptions are counted and when the next attempt starts."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.backoffBaseSeconds <= self.backoffMaxSeconds",
-                    "backoffBaseSeconds must not exceed backoffMaxSeconds (600 when not set): "
-                    "lower backoffBaseSeconds or raise backoffMaxSeconds",
-                    ".backoffBaseSeconds",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=validations(RESUME_POLICY_RULES))
 
     max_preemptions: int | None = Field(default=None, ge=0)
     """How many preemptions the job survives; past it the job is Failed with reason
@@ -193,59 +237,87 @@ class ResumePolicy(ApiModel):
     """A failure counts towards quarantine only when it happens within this many seconds of the
     attempt's start, so a late crash never blames a good checkpoint. Default 900."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> ResumePolicy:
+        enforce(RESUME_POLICY_RULES, self)
+        return self
+
+
+S3_URI = r"^s3://[^/]+(/.*)?$"
+S3_BUCKET = r"^s3://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/|$)"
+S3_DOUBLE_DOT = r"^s3://[^/]*[.][.]"
+S3_IP_BUCKET = r"^s3://[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+(/|$)"
+QUERY_OR_FRAGMENT = r"[?#]"
+DOT_SEGMENT = r"(^|/)[.][.]?(/|$)"
+ROOT_DIR = r"^/+$"
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """CEL's ``matches``: an RE2 search anywhere in the string."""
+    return re.search(pattern, text) is not None
+
+
+CHECKPOINT_RULES = (
+    Rule(
+        "!has(self.volumeSource) || self.dir.startsWith('/')",
+        "a checkpoint volumeSource is mounted at dir, so dir must be an absolute path",
+        lambda ck: ck.volume_source is None or ck.dir.startswith("/"),
+        ".dir",
+    ),
+)
+CHECKPOINT_DIR_RULES = (
+    Rule(
+        f"self.startsWith('/') || self.matches('{S3_URI}')",
+        "checkpoint.dir must be an object-store URI such as s3://bucket/prefix or an "
+        "absolute path such as /mnt/checkpoints (the runtime reads s3:// URIs only, "
+        "for S3 and S3-compatible stores)",
+        lambda d: d.startswith("/") or _matches(S3_URI, d),
+    ),
+    Rule(
+        "!self.startsWith('s3://') || "
+        f"(self.matches('{S3_BUCKET}') && "
+        f"!self.matches('{S3_DOUBLE_DOT}') && "
+        f"!self.matches('{S3_IP_BUCKET}'))",
+        "checkpoint.dir must name a valid bucket, as the runtime requires: 3-63 "
+        "lowercase letters, digits, '.', '-' or '_', starting and ending with a "
+        "letter or digit, not an IP address, such as s3://my-bucket/checkpoints",
+        lambda d: (
+            not d.startswith("s3://")
+            or (
+                _matches(S3_BUCKET, d)
+                and not _matches(S3_DOUBLE_DOT, d)
+                and not _matches(S3_IP_BUCKET, d)
+            )
+        ),
+    ),
+    Rule(
+        f"!self.startsWith('s3://') || !self.matches('{QUERY_OR_FRAGMENT}')",
+        "checkpoint.dir must not contain ? or #: the runtime refuses query strings "
+        "and fragments in s3:// URIs",
+        lambda d: not d.startswith("s3://") or not _matches(QUERY_OR_FRAGMENT, d),
+    ),
+    Rule(
+        f"!self.matches('{DOT_SEGMENT}')",
+        "checkpoint.dir must not contain . or .. segments: give the folder itself, "
+        "such as /mnt/checkpoints",
+        lambda d: not _matches(DOT_SEGMENT, d),
+    ),
+    Rule(
+        f"!self.matches('{ROOT_DIR}')",
+        "checkpoint.dir must not be the root directory /: each run writes under "
+        "<dir>/<runName>/ and needs a folder of its own, such as /mnt/checkpoints",
+        lambda d: not _matches(ROOT_DIR, d),
+    ),
+)
+
 
 class CheckpointLocation(ApiModel):
     """Where the runtime writes checkpoints (layout: docs/runtime.md)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.volumeSource) || self.dir.startsWith('/')",
-                    "a checkpoint volumeSource is mounted at dir, so dir must be an absolute path",
-                    ".dir",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=validations(CHECKPOINT_RULES))
 
     dir: str = Field(
-        min_length=1,
-        max_length=1024,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.startsWith('/') || self.matches('^s3://[^/]+(/.*)?$')",
-                    "checkpoint.dir must be an object-store URI such as s3://bucket/prefix or an "
-                    "absolute path such as /mnt/checkpoints (the runtime reads s3:// URIs only, "
-                    "for S3 and S3-compatible stores)",
-                ),
-                cel(
-                    "!self.startsWith('s3://') || "
-                    "(self.matches('^s3://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/|$)') && "
-                    "!self.matches('^s3://[^/]*[.][.]') && "
-                    "!self.matches('^s3://[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+(/|$)'))",
-                    "checkpoint.dir must name a valid bucket, as the runtime requires: 3-63 "
-                    "lowercase letters, digits, '.', '-' or '_', starting and ending with a "
-                    "letter or digit, not an IP address, such as s3://my-bucket/checkpoints",
-                ),
-                cel(
-                    "!self.startsWith('s3://') || !self.matches('[?#]')",
-                    "checkpoint.dir must not contain ? or #: the runtime refuses query strings "
-                    "and fragments in s3:// URIs",
-                ),
-                cel(
-                    "!self.matches('(^|/)[.][.]?(/|$)')",
-                    "checkpoint.dir must not contain . or .. segments: give the folder itself, "
-                    "such as /mnt/checkpoints",
-                ),
-                cel(
-                    "!self.matches('^/+$')",
-                    "checkpoint.dir must not be the root directory /: each run writes under "
-                    "<dir>/<runName>/ and needs a folder of its own, such as /mnt/checkpoints",
-                ),
-            ]
-        },
+        min_length=1, max_length=1024, json_schema_extra=validations(CHECKPOINT_DIR_RULES)
     )
     """Checkpoint root: an object-store URI (``s3://bucket/prefix``) or an absolute path on a
     shared volume. Each run writes under ``<dir>/<runName>/``. Passed to every rank as
@@ -263,6 +335,17 @@ class CheckpointLocation(ApiModel):
     """Optional Kubernetes volume source, exactly one (for example ``persistentVolumeClaim:
     {claimName: ckpt}``), that the operator mounts at ``dir`` in the training container. Omit it
     when ``dir`` is an object-store URI or when the pod template mounts the volume itself."""
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_rules(cls, value: str) -> str:
+        enforce(CHECKPOINT_DIR_RULES, value)
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> CheckpointLocation:
+        enforce(CHECKPOINT_RULES, self)
+        return self
 
 
 _POD_NAME = "the operator names each rank's pod <job>-a<attempt>-r<rank> (its hostname)"
@@ -295,19 +378,25 @@ def _rejected_metadata_message(field: str) -> str:
     )
 
 
+TEMPLATE_METADATA_RULES = tuple(
+    # A null is absent, as the API server prunes it.
+    Rule(
+        f"!has(self.{field})",
+        _rejected_metadata_message(field),
+        lambda meta, field=field: meta.get(field) is None,
+        f".{field}",
+    )
+    for field in REJECTED_TEMPLATE_METADATA
+)
+"""Their ``self`` is ``template.metadata`` as written (a dict), not the model."""
+
+
 class TemplateMetadata(ApiModel):
     """Labels and annotations copied onto every rank's pod. Every other metadata field (name,
     generateName, namespace, finalizers, ownerReferences and those the API server sets) is
     rejected: the operator sets them itself."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(f"!has(self.{field})", _rejected_metadata_message(field), f".{field}")
-                for field in REJECTED_TEMPLATE_METADATA
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=validations(TEMPLATE_METADATA_RULES))
 
     labels: dict[str, str] | None = None
     """Extra pod labels. The operator's own ``resumable.dev/*`` labels win on conflict."""
@@ -318,12 +407,9 @@ class TemplateMetadata(ApiModel):
     @model_validator(mode="before")
     @classmethod
     def _only_labels_and_annotations(cls, data: Any) -> Any:
-        """The CRD's rules, for objects that did not pass the API server's (a null is absent,
-        as the API server prunes it)."""
+        """The CRD's rules, on the object as written: the model drops the fields they refuse."""
         if isinstance(data, dict):
-            for field in REJECTED_TEMPLATE_METADATA:
-                if data.get(field) is not None:
-                    raise ValueError(_rejected_metadata_message(field))
+            enforce(TEMPLATE_METADATA_RULES, data)
         return data
 
 
@@ -403,39 +489,42 @@ class ElasticPolicy(ApiModel):
     """Growing back when capacity returns."""
 
 
+JOB_SPEC_RULES = (
+    Rule(
+        "!has(self.containerName) || "
+        "self.template.spec.containers.exists(c, c.name == self.containerName)",
+        "containerName must name one of template.spec.containers",
+        lambda spec: (
+            spec.container_name is None
+            or any(c.name == spec.container_name for c in spec.template.spec.containers)
+        ),
+        ".containerName",
+    ),
+    Rule(
+        "!has(self.elastic) || self.elastic.minReplicas <= self.replicas",
+        "elastic.minReplicas must not exceed replicas (the full size of the gang)",
+        lambda spec: spec.elastic is None or spec.elastic.min_replicas <= spec.replicas,
+        ".elastic.minReplicas",
+    ),
+    Rule(
+        "has(self.runName) == has(oldSelf.runName) && "
+        "(!has(self.runName) || self.runName == oldSelf.runName)",
+        "runName is immutable",
+        None,
+        ".runName",
+    ),
+)
+
+
 class JobSpec(ApiModel):
     """Desired state of a ResumableTrainingJob."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.containerName) || "
-                    "self.template.spec.containers.exists(c, c.name == self.containerName)",
-                    "containerName must name one of template.spec.containers",
-                    ".containerName",
-                ),
-                cel(
-                    "!has(self.elastic) || self.elastic.minReplicas <= self.replicas",
-                    "elastic.minReplicas must not exceed replicas (the full size of the gang)",
-                    ".elastic.minReplicas",
-                ),
-                cel(
-                    "has(self.runName) == has(oldSelf.runName) && "
-                    "(!has(self.runName) || self.runName == oldSelf.runName)",
-                    "runName is immutable",
-                    ".runName",
-                ),
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=validations(JOB_SPEC_RULES))
 
     replicas: int = Field(
         ge=1,
         le=4096,
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self == oldSelf", "replicas is immutable")]
-        },
+        json_schema_extra=validations([immutable("replicas")]),
     )
     """Number of pods (torchrun's nodes). With ``processesPerPod`` 1 (the default) a pod is one
     rank and this is the world size. Without ``elastic`` the gang always has exactly this many
@@ -444,9 +533,7 @@ class JobSpec(ApiModel):
         default=1,
         ge=1,
         le=256,
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self == oldSelf", "processesPerPod is immutable")]
-        },
+        json_schema_extra=validations([immutable("processesPerPod")]),
     )
     """Training processes in each pod (torchrun's ``--nproc-per-node``; Kubeflow's
     ``nprocPerNode``). The world size is ``replicas * processesPerPod``; each pod gets the ``PET_*``
@@ -466,11 +553,7 @@ class JobSpec(ApiModel):
     """Name of the training run, stable across attempts: checkpoints go under
     ``<checkpoint.dir>/<runName>/``. Default: the job's name. Set at creation or never: it cannot
     be added, changed or removed afterwards."""
-    checkpoint: CheckpointLocation = Field(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self == oldSelf", "checkpoint is immutable")]
-        }
-    )
+    checkpoint: CheckpointLocation = Field(json_schema_extra=validations([immutable("checkpoint")]))
     """Where checkpoints live. Immutable."""
     master_port: int = Field(default=29500, ge=1, le=65535)
     """Port rank 0 listens on for the torch.distributed rendezvous (MASTER_PORT). Default 29500."""
@@ -494,17 +577,37 @@ class JobSpec(ApiModel):
     """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
     is kept; setting it back to false starts the next attempt from the last checkpoint."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> JobSpec:
+        enforce(JOB_SPEC_RULES, self)
+        return self
 
-ROOT_VALIDATIONS = [
-    cel(
+
+ROOT_RULES = (
+    Rule(
         f"self.metadata.name.size() <= {names.MAX_JOB_NAME_LENGTH}",
         f"metadata.name must be at most {names.MAX_JOB_NAME_LENGTH} characters: pod names "
         "<name>-a<attempt>-r<rank> are DNS hostnames (63 characters at most)",
+        lambda obj: len(obj.metadata.name) <= names.MAX_JOB_NAME_LENGTH,
     ),
-    cel(
-        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    Rule(
+        f"self.metadata.name.matches('{DNS_1035}')",
         "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting "
         "with a letter): it names the job's headless Service",
+        lambda obj: _matches(DNS_1035, obj.metadata.name),
     ),
-]
-"""Rules on the whole object (metadata.name is only reachable from the schema root)."""
+)
+"""Rules on the whole object (metadata.name is only reachable from the schema root); their
+``self`` is ``api_types.JobObject``."""
+
+RULES: tuple[Rule, ...] = (
+    *ROOT_RULES,
+    *JOB_SPEC_RULES,
+    *(immutable(f) for f in ("replicas", "processesPerPod", "checkpoint")),
+    *CHECKPOINT_RULES,
+    *CHECKPOINT_DIR_RULES,
+    *RESUME_POLICY_RULES,
+    *TEMPLATE_METADATA_RULES,
+    *TAINT_KEY_RULES,
+)
+"""Every CEL rule of the CRD (a test checks the generated schema has no other)."""

@@ -41,7 +41,7 @@ TEMPLATE = {
 def spec(replicas: int = 4, **elastic: Any) -> JobSpec:
     body: dict[str, Any] = {
         "replicas": replicas,
-        "checkpoint": {"dir": "s3://b/c"},
+        "checkpoint": {"dir": "s3://bucket/c"},
         "template": TEMPLATE,
     }
     if elastic:
