@@ -69,11 +69,10 @@ class JobObject(ApiModel):
         return self
 
 
-def parse_job(body: dict[str, Any]) -> Job:
-    """Parse an API object; raises pydantic.ValidationError on a spec the schema should reject."""
+def job_ref(body: dict[str, Any]) -> JobRef:
+    """The metadata of an API object (written by the API server, so it always reads)."""
     meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    ref = JobRef(
+    return JobRef(
         name=meta["name"],
         namespace=meta["namespace"],
         uid=meta.get("uid", ""),
@@ -81,6 +80,12 @@ def parse_job(body: dict[str, Any]) -> Job:
         resource_version=str(meta.get("resourceVersion") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+def parse_job(body: dict[str, Any]) -> Job:
+    """Parse an API object; raises pydantic.ValidationError on a spec the schema should reject."""
+    spec = body.get("spec") or {}
+    ref = job_ref(body)
     parsed = JobObject.model_validate(
         {"metadata": {"name": ref.name}, "spec": spec, "status": body.get("status") or {}}
     )

@@ -18,7 +18,8 @@ FAILED = "Failed"
 PREEMPTION_NOTICE = "PreemptionNotice"
 BLOCKED = "Blocked"
 """True while a name the job needs is taken by an object it does not control (reason
-NameConflict), or while the API server refuses the attempt's pods (reason PodCreationRefused)."""
+NameConflict), while the API server refuses the attempt's pods (reason PodCreationRefused), or
+while the job does not parse (reason InvalidSpec, invalid_spec.py)."""
 NAME_CONFLICT = "NameConflict"
 POD_CREATION_REFUSED = "PodCreationRefused"
 CAPACITY = "CapacityAvailable"

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import gang, metrics, names, support
-from .api_types import Job, parse_job
+from . import gang, invalid_spec, metrics, names, support
+from .api_types import Job, job_ref, parse_job
 from .discovery import ApiDiscovery
 from .executor import Applied, Executor, foreign_pods
 from .kube import ApiError, KubeApi
@@ -77,6 +77,8 @@ class Controller:
         self.capacity_watchers: set[Key] = set()
         self.discovery = ApiDiscovery(api)
         self.written_versions: dict[Key, str] = {}
+        # Jobs that do not parse, as reported: (uid, generation).
+        self.invalid_reported: dict[Key, tuple[str, int]] = {}
         # Whether kopf peering pauses this replica now (None: standalone, never paused).
         self.pause_check: Callable[[], Awaitable[bool]] | None = None
         self.paused = False
@@ -98,6 +100,7 @@ class Controller:
         if event_type == "DELETED":
             self.queue.forget(key)
             self.written_versions.pop(key, None)
+            self.invalid_reported.pop(key, None)
             metrics.PHASES.forget(key)
             return
         metrics.PHASES.set(key, (body.get("status") or {}).get("phase"))
@@ -173,15 +176,16 @@ class Controller:
         if body is None:
             self.capacity_watchers.discard(key)
             self.queue.forget(key)
+            self.invalid_reported.pop(key, None)
             metrics.PHASES.forget(key)
             return None
         try:
             job = parse_job(body)
         except ValidationError as err:
-            # The CRD schema rejects such objects; this only happens with a stale CRD.
-            log.error("job %s/%s does not parse, leaving it alone: %s", namespace, name, err)
+            # The CRD's schema refuses such objects; one gets here past a CRD older than the
+            # operator, an API server that does not enforce CEL, or stored before a rule.
             metrics.RECONCILE_ERRORS.labels("invalid-spec").inc()
-            return None
+            return await self._report_invalid(key, body, err)
         pods, observed = await asyncio.gather(
             self.api.list_pods(namespace, names.job_selector(name)), self._support(job)
         )
@@ -240,6 +244,34 @@ class Controller:
         if self.resync_seconds > 0:
             requeue = self.resync_seconds if requeue is None else min(requeue, self.resync_seconds)
         return requeue
+
+    async def _report_invalid(
+        self, key: Key, body: dict[str, Any], err: ValidationError
+    ) -> float | None:
+        """Say on the job why it is left alone, once per generation (invalid_spec.py). The
+        stored condition makes it once across operator restarts; the memory, once even when
+        the API server refuses that status write."""
+        ref = job_ref(body)
+        message = invalid_spec.describe(err)
+        seen = (ref.uid, ref.generation)
+        if self.invalid_reported.get(key) == seen:
+            return None
+        now = utcnow()
+        conditions = invalid_spec.blocked_conditions(
+            body.get("status"), ref.generation, message, now
+        )
+        if conditions is not None:
+            log.error("%s/%s: %s", *key, message)
+            try:
+                version = await self.executor.report_invalid(ref, conditions, message, now)
+            except ApiError as write_err:
+                if write_err.conflict:
+                    return 0.0  # changed meanwhile: read it again
+                raise
+            if version:
+                self.written_versions[key] = version
+        self.invalid_reported[key] = seen
+        return None
 
     async def _paused(self) -> bool:
         """Whether peering pauses this replica. kopf's pause stops only its watches; the work

@@ -27,10 +27,11 @@ from typing import Any
 
 from . import conditions as cond
 from . import gang, metrics, names
-from .api_types import Job
+from .api_types import Job, JobRef
 from .envvars import NOTICE_ANNOTATION
+from .invalid_spec import INVALID_SPEC
 from .kube import ApiError, KubeApi
-from .plan_types import Plan
+from .plan_types import EventSpec, Plan
 from .status_types import JobStatus, Phase
 from .support import (
     DEPENDENCY_ORDER,
@@ -91,6 +92,30 @@ class Executor:
             return rv
         result = await self.api.patch_job_status(job.ref.namespace, job.ref.name, patch, rv)
         return str((result.get("metadata") or {}).get("resourceVersion") or rv)
+
+    async def report_invalid(
+        self,
+        ref: JobRef,
+        conditions: list[dict[str, Any]],
+        message: str,
+        now: datetime,
+    ) -> str | None:
+        """A job that does not parse: write its status conditions (CAS on its resourceVersion;
+        raises on a conflict), then one Warning event. Nothing else is written. Returns the new
+        resourceVersion, or None when the status write was refused otherwise (a status the API
+        server will not take back): the event still goes out, as the only word the user gets."""
+        version: str | None = None
+        try:
+            result = await self.api.patch_job_status(
+                ref.namespace, ref.name, {"conditions": conditions}, ref.resource_version
+            )
+            version = str((result.get("metadata") or {}).get("resourceVersion") or "")
+        except ApiError as err:
+            if err.conflict:
+                raise
+            log.warning("could not record that %s does not parse: %s", ref.name, err)
+        self.post_events(ref, [EventSpec("Warning", INVALID_SPEC, message)], now)
+        return version
 
     async def apply(self, job: Job, plan: Plan, now: datetime) -> Applied:
         """Apply ``plan`` (computed from ``job``); raises on conflicts and API errors."""
@@ -288,14 +313,18 @@ class Executor:
     ) -> None:
         """Fire and forget: an Event must never delay or fail a resubmission."""
         events = [e for e in plan.events if not (only_recorded and e.with_creation)]
+        self.post_events(job.ref, events, now)
+
+    def post_events(self, ref: JobRef, events: list[EventSpec], now: datetime) -> None:
+        """Post ``events`` about the job in the background, in order (fire and forget)."""
         if not events:
             return
         involved = {
             "apiVersion": names.API_VERSION,
             "kind": names.KIND,
-            "name": job.ref.name,
-            "namespace": job.ref.namespace,
-            "uid": job.ref.uid,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
         }
 
         async def post() -> None:
@@ -305,9 +334,7 @@ class Executor:
                         involved, event.type, event.reason, event.message, iso(now)
                     )
                 except Exception as err:
-                    log.warning(
-                        "could not post event %s for %s: %s", event.reason, job.ref.name, err
-                    )
+                    log.warning("could not post event %s for %s: %s", event.reason, ref.name, err)
 
         task = asyncio.ensure_future(post())
         self._event_tasks.add(task)

@@ -24,6 +24,7 @@ from . import support
 from .api_types import Job
 from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
+from .invalid_spec import parses_again
 from .nodes import NodeView
 from .plan_types import Plan
 from .podstate import is_deleting, is_finished, pod_attempt, pod_deletion
@@ -95,6 +96,7 @@ def reconcile(
             # why nothing runs, not that a first gang is being created.
             ctx.phase(Phase.PENDING, "Created", "creating the first gang")
     st.observed_generation = job.ref.generation
+    parses_again(st, now=now, generation=job.ref.generation)
     _absorb_progress(ctx)
 
     if st.phase in TERMINAL_PHASES:

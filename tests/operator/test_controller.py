@@ -361,3 +361,89 @@ def test_a_hand_made_pod_under_a_name_of_the_next_attempt_is_never_taken_for_its
     assert not status.get("gangCreated")
     assert api.objects[path]["metadata"]["uid"] == "hand-train-a1-r0"
     assert not any(e[1] == "Resubmitted" for e in api.events)
+
+
+def _blocked(api: FakeApi) -> dict:
+    conditions = (api.job().get("status") or {}).get("conditions") or []
+    return next(c for c in conditions if c["type"] == "Blocked")
+
+
+def _invalid_events(api: FakeApi) -> list[str]:
+    return [m for t, r, m in api.events if (t, r) == ("Warning", "InvalidSpec")]
+
+
+def test_a_spec_that_does_not_parse_is_reported_once_per_generation_and_no_pod_is_touched():
+    """Past a CRD without the rule (or CEL not enforced): the job says which field is wrong."""
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods("node-0")
+    sync(ctrl)
+    pods_before = {n: p["metadata"]["uid"] for n, p in api.pods().items()}
+    job = api.job()
+    job["spec"]["containerName"] = "nope"
+    job["metadata"]["generation"] = 2
+    api.events.clear()
+    api.calls.clear()
+    assert sync(ctrl) is None
+    sync(ctrl)
+    blocked = _blocked(api)
+    assert (blocked["status"], blocked["reason"], blocked["observedGeneration"]) == (
+        "True",
+        "InvalidSpec",
+        2,
+    )
+    assert "spec: containerName must name one of template.spec.containers" in blocked["message"]
+    assert _invalid_events(api) == [blocked["message"]]
+    assert {n: p["metadata"]["uid"] for n, p in api.pods().items()} == pods_before
+    assert not {"delete_pod", "annotate_pod", "create Pod", "list_pods"} & set(api.calls)
+    assert api.job()["status"]["phase"] == "Running"  # the rest of the status stays
+
+    # A restarted operator reads the condition: still no second event for this generation.
+    fresh = Controller(api, resync_seconds=0)  # type: ignore[arg-type]
+    sync(fresh)
+    assert len(_invalid_events(api)) == 1
+
+    # A new generation that is still wrong is reported again, naming the new field.
+    job = api.job()
+    job["spec"]["resumePolicy"] = {"backoffBaseSeconds": 700}
+    job["metadata"]["generation"] = 3
+    sync(ctrl)
+    assert len(_invalid_events(api)) == 2
+    assert "spec.resumePolicy: backoffBaseSeconds must not exceed" in _blocked(api)["message"]
+
+    # Fixed: reconciled again, and Blocked turns False.
+    job = api.job()
+    del job["spec"]["containerName"], job["spec"]["resumePolicy"]
+    job["metadata"]["generation"] = 4
+    sync(ctrl)
+    blocked = _blocked(api)
+    assert (blocked["status"], blocked["reason"]) == ("False", "SpecValid")
+    assert len(_invalid_events(api)) == 2
+
+
+def test_an_unparsable_job_with_a_malformed_status_is_reported_without_crashing():
+    ctrl, api = controller_with_job()
+    api.job()["spec"]["replicas"] = 0
+    api.job()["status"] = {"attempt": "not a number", "conditions": ["junk", {"type": "Running"}]}
+    sync(ctrl)
+    sync(ctrl)
+    status = api.job()["status"]
+    assert status["conditions"][0] == {"type": "Running"}  # what was a condition stays
+    message = _blocked(api)["message"]
+    assert "spec.replicas: Input should be greater than or equal to 1" in message
+    assert "status.attempt" in message
+    assert _invalid_events(api) == [message]
+    assert not api.pods()
+
+
+def test_an_unparsable_job_whose_status_write_is_refused_still_gets_one_event():
+    ctrl, api = controller_with_job(containerName="nope")
+
+    async def refuse(*args, **kwargs):
+        raise ApiError(422, {"reason": "Invalid"}, "PATCH", "status")
+
+    api.patch_job_status = refuse  # type: ignore[method-assign]
+    sync(ctrl)
+    sync(ctrl)
+    assert len(_invalid_events(api)) == 1
+    assert not api.pods()
