@@ -253,8 +253,9 @@ ROOT_DIR = r"^/+$"
 
 
 def _matches(pattern: str, text: str) -> bool:
-    """CEL's ``matches``: an RE2 search anywhere in the string."""
-    return re.search(pattern, text) is not None
+    """CEL's ``matches``: an RE2 search anywhere in the string. RE2's ``$`` is the end of the
+    text only; Python's also matches before a final newline, so it becomes ``\\Z``."""
+    return re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), text) is not None
 
 
 CHECKPOINT_RULES = (

@@ -111,3 +111,13 @@ def test_specs_that_keep_the_rules_parse():
         job_body(name="a" * names.MAX_JOB_NAME_LENGTH),
     ):
         parse_job(body)
+
+
+def test_the_python_checks_read_dollar_as_re2_does():
+    """RE2 (CEL's ``matches``) reads ``$`` as the end of the text; Python's ``re`` also
+    matches it before a final newline, so ``"/\\n"`` passed as the root folder ``^/+$``."""
+    from rtj_operator.spec_types import DOT_SEGMENT, ROOT_DIR, _matches
+
+    assert _matches(ROOT_DIR, "/") and not _matches(ROOT_DIR, "/\n")
+    assert _matches(DOT_SEGMENT, "a/..") and not _matches(DOT_SEGMENT, "a/..\n")
+    assert _matches(DOT_SEGMENT, "a/../b")
