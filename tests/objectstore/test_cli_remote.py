@@ -104,6 +104,25 @@ def test_a_bad_s3_location_names_the_argument_and_keeps_the_uri(s3_env):
     assert missing.returncode == 2 and "no-such-bucket-rtj" in missing.stderr, missing.stderr
 
 
+def test_a_refused_s3_location_names_the_argument(tmp_path, s3_env, s3_root, monkeypatch):
+    """docs/object-store.md (Command line): a bad location exits 2 naming the command's
+    argument, for a missing bucket and refused credentials too, not only a malformed URI."""
+    missing = cli("ls", "s3://no-such-bucket-rtj/run")
+    assert missing.returncode == 2, missing.stderr
+    assert "s3://no-such-bucket-rtj/run (FOLDER): bucket 'no-such-bucket-rtj' does not" in (
+        missing.stderr
+    )
+    require_minio(s3_env)  # moto accepts any secret
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    run_uri = str(s3_root.join("run"))
+    refused = cli("verify", run_uri)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert f"cannot use {run_uri} (FOLDER): access denied (SignatureDoesNotMatch)" in (
+        refused.stderr
+    ), refused.stderr
+    assert "not-the-secret" not in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_credentials_that_may_list_but_not_read_exit_2(tmp_path, s3_env, s3_root, monkeypatch):
     """ "A bad location exits 2 with the same errors as training": credentials without
     s3:GetObject are refused at the access check, not reported as a store failure midway."""

@@ -340,6 +340,26 @@ def test_bad_store_configuration_is_both_error_types(tmp_path, s3_root, monkeypa
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in str(err.value)
 
 
+@pytest.mark.parametrize("source", ["folder", envvars.CHECKPOINT_DIR])
+def test_a_missing_bucket_names_the_argument_or_variable_it_came_from(
+    tmp_path, s3_env, monkeypatch, source
+):
+    """docs/object-store.md: errors on bad input name the argument; a missing bucket said
+    only "cannot use s3://...", so a pod whose RTJ_CHECKPOINT_DIR came from its spec did not
+    say which setting to fix."""
+    uri = "s3://no-such-bucket-rtj/p"
+    kwargs = {"model": make()[0], "local_folder": tmp_path, "run_name": "r"}
+    if source == "folder":
+        kwargs["folder"] = f"{uri}/{{run_name}}"
+    else:
+        monkeypatch.setenv(envvars.CHECKPOINT_DIR, uri)
+    with pytest.raises(ObjectStoreConfigError) as err:
+        CheckpointManager(**kwargs)
+    message = str(err.value)
+    assert f"({source}): bucket 'no-such-bucket-rtj' does not exist at" in message, message
+    assert s3_env.url in message
+
+
 @pytest.mark.parametrize(
     "setting",
     [

@@ -33,19 +33,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer_runtime.objectstore.store")
 
 
-def check_access(store: S3Store, uri: S3Uri, *, write: bool = False) -> None:
+def check_access(
+    store: S3Store, uri: S3Uri, *, write: bool = False, arg: str | None = None
+) -> None:
     """Fail fast with ObjectStoreConfigError if ``location`` cannot be used.
 
     Lists the prefix (needs the bucket to exist and the credentials to be valid) and reads
     an object that is not there (a 404, not a 403: the credentials may read objects, which
     listing alone does not show); with ``write`` also puts and deletes a small probe object,
     so read-only or write-only credentials are caught before training starts instead of at
-    the first resume or upload.
+    the first resume or upload. ``arg`` names the user's argument or variable the location
+    came from (``folder``, ``RTJ_CHECKPOINT_DIR``, the CLI's ``FOLDER``) in every message.
     """
     from botocore import exceptions as bexc  # noqa: PLC0415 - boto3 is optional
 
     action = "list"
     client = store.probe_client or store.client
+    where = f"{uri} ({arg})" if arg else str(uri)
     log.info("object store: checking access to %s at %s", uri, store.endpoint)
     try:
         client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix, MaxKeys=1)
@@ -58,10 +62,10 @@ def check_access(store: S3Store, uri: S3Uri, *, write: bool = False) -> None:
             action = "delete objects in"
             client.delete_object(Bucket=probe.bucket, Key=probe.key)
     except (bexc.NoCredentialsError, bexc.PartialCredentialsError) as exc:
-        raise store.wrap_error(exc, f"cannot use {uri}") from exc
+        raise store.wrap_error(exc, f"cannot use {where}") from exc
     except (bexc.EndpointConnectionError, bexc.ConnectTimeoutError) as exc:
         raise ObjectStoreConfigError(
-            f"cannot use {uri}: the S3 endpoint {store.endpoint} is unreachable ({exc}); "
+            f"cannot use {where}: the S3 endpoint {store.endpoint} is unreachable ({exc}); "
             "check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / S3_ENDPOINT_URL"
             f"{_credentials(store)}"
         ) from exc
@@ -69,21 +73,21 @@ def check_access(store: S3Store, uri: S3Uri, *, write: bool = False) -> None:
         code = error_code(exc)
         if code in NO_BUCKET_CODES or (code in NOT_FOUND_CODES and not write):
             raise ObjectStoreConfigError(
-                f"cannot use {uri}: bucket {uri.bucket!r} does not exist at {store.endpoint}"
+                f"cannot use {where}: bucket {uri.bucket!r} does not exist at {store.endpoint}"
                 f"{_credentials(store)}"
             ) from exc
         if code in DENIED_CODES:
             raise ObjectStoreConfigError(
-                f"cannot use {uri}: access denied ({code}) trying to {action} it at "
+                f"cannot use {where}: access denied ({code}) trying to {action} it at "
                 f"{store.endpoint}; check the credentials boto3 found "
                 f"(source: {store.credential_source()}) and their permissions"
             ) from exc
         raise ObjectStoreConfigError(
-            f"cannot use {uri} at {store.endpoint}: {exc}{_credentials(store)}"
+            f"cannot use {where} at {store.endpoint}: {exc}{_credentials(store)}"
         ) from exc
     except bexc.BotoCoreError as exc:
         raise ObjectStoreConfigError(
-            f"cannot use {uri} at {store.endpoint}: {exc}{_credentials(store)}"
+            f"cannot use {where} at {store.endpoint}: {exc}{_credentials(store)}"
         ) from exc
 
 

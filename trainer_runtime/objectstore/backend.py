@@ -81,7 +81,7 @@ class S3Backend:
             store, root = open_store(location, arg=arg, transfer=transfer, **store_kwargs)
         else:
             root = location if isinstance(location, S3Uri) else parse_s3_uri(location, arg=arg)
-            store.check_access(root, write=True)
+            store.check_access(root, write=True, arg=arg)
         self.store = store
         self.resume_store = store.responsive()
         """Resume's listing, downloads and repairs: every rank waits on them, so a hung store

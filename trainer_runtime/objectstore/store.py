@@ -244,10 +244,13 @@ class S3Store:
 
     # ------------------------------------------------------------------ validation
 
-    def check_access(self, location: S3Uri | str, *, write: bool = False) -> None:
+    def check_access(
+        self, location: S3Uri | str, *, write: bool = False, arg: str | None = None
+    ) -> None:
         """Fail fast with ObjectStoreConfigError if ``location`` cannot be used: it is listed
-        and read (and with ``write``, written and deleted) as training will (``access.py``)."""
-        check_access(self, as_uri(location, "location"), write=write)
+        and read (and with ``write``, written and deleted) as training will (``access.py``).
+        ``arg`` names where the location came from in the messages."""
+        check_access(self, as_uri(location, arg or "location"), write=write, arg=arg)
 
     def credential_source(self) -> str:
         """Where boto3 found credentials (e.g. "env", "shared-credentials-file"), never the keys."""
@@ -440,7 +443,7 @@ def open_store(
     """
     uri = as_uri(location, arg)
     store = S3Store(**kwargs)
-    store.check_access(uri, write=write)
+    store.check_access(uri, write=write, arg=None if arg == "location" else arg)
     return store, uri
 
 
