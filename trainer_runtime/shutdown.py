@@ -152,33 +152,103 @@ def exit_now(exit_code: int) -> None:
 class EmergencyExit(SystemExit):
     """The ``SystemExit`` the emergency path raises: ``code`` is the preemption exit code.
 
-    ``stack`` is where it was raised from: each calling frame and the instruction it was at,
-    so that the exit can tell later whether anything caught it (``propagated_to_the_top``).
+    ``stack`` holds the frames it was raised through, so that their locals can be freed before
+    the process ends (``release_frames``).
     """
 
-    def __init__(self, code: int, stack: list[tuple[FrameType, int]]) -> None:
+    def __init__(self, code: int, stack: list[FrameType]) -> None:
         super().__init__(code)
         self.stack = stack
-
-    def propagated_to_the_top(self) -> bool:
-        """True when every frame it was raised through ended right there (or re-raised it at
-        the end of a ``finally``/``with``, or with a bare ``raise``): nothing caught it and
-        went on. A frame that caught it and carried on ended at another instruction."""
-        return all(
-            frame.f_lasti == at or frame.f_code.co_code[frame.f_lasti] == _RERAISE
-            for frame, at in self.stack
-        )
 
     def release_frames(self) -> None:
         """Free what the recorded frames still hold (a DataLoader iterator holds worker
         processes that the exit would otherwise wait for, forever: they ignore SIGTERM)."""
-        for frame, _ in self.stack:
+        for frame in self.stack:
             with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
                 frame.clear()
         self.stack = []
 
 
-_RERAISE = dis.opmap.get("RERAISE", -1)
+_RETURN_OPS = frozenset(
+    dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap
+)
+
+
+class ProgramEndWatch:
+    """Sees which exception, if any, leaves the outermost frame of the main thread.
+
+    That exception is the one the interpreter ends the program with. The watch traces that one
+    frame (``frame.f_trace``, the mechanism ``pdb`` uses to follow frames already running):
+    each ``exception`` event records the exception passing through it, and its ``return``
+    event tells a normal return (the frame stopped at a return instruction) from an unwind.
+    New frames are not traced (the global trace function returns ``None``), so the code that
+    still runs after the emergency exit (``finally`` blocks, ``except`` blocks that log)
+    pays one call per Python frame at most.
+
+    Installed only when no other tracer is (a debugger, coverage on ``sys.settrace``): the
+    watch would replace it. Without a watch the exit is the ordinary one.
+    (Rejected: reading the instruction each frame stopped at, the previous way. It has to
+    know every way to re-raise (a bare ``raise`` is ``RAISE_VARARGS 0`` on 3.11, ``RERAISE``
+    elsewhere; a re-raise from a nested function leaves the catching frame at a call), and
+    it cannot tell the code of a new ``SystemExit`` raised from the caught one.)
+    """
+
+    def __init__(self, outermost: FrameType) -> None:
+        self.outermost = outermost
+        self.passing: BaseException | None = None
+        self.left_by: BaseException | None = None
+        self.installed = False
+
+    def install(self) -> bool:
+        if sys.gettrace() is not None:
+            return False
+        self.outermost.f_trace_lines = False
+        self.outermost.f_trace = self._trace
+        sys.settrace(_trace_no_new_frames)
+        self.installed = True
+        return True
+
+    def uninstall(self) -> None:
+        if self.installed and sys.gettrace() is _trace_no_new_frames:
+            sys.settrace(None)
+        self.installed = False
+
+    def _trace(self, frame: FrameType, event: str, arg: object) -> object:
+        if event == "exception" and isinstance(arg, tuple):
+            self.passing = arg[1]
+        elif event == "return":
+            returned = frame.f_code.co_code[frame.f_lasti] in _RETURN_OPS
+            self.left_by = None if returned else self.passing
+        return self._trace
+
+    def exit_code(self, emergency: EmergencyExit) -> int | None:
+        """The code the program ends with when the emergency exit ended it, else ``None``.
+
+        It ended it when the exception that left the outermost frame is the emergency exit, or
+        a ``SystemExit`` raised while handling it (``raise SystemExit(1) from exc``,
+        ``sys.exit(5)`` in a ``finally``): that one's code counts.
+        """
+        ending = self.left_by
+        if not isinstance(ending, SystemExit) or not _raised_while_handling(ending, emergency):
+            return None
+        if ending.code is None:
+            return 0
+        return ending.code if isinstance(ending.code, int) else None
+
+
+def _trace_no_new_frames(frame: FrameType, event: str, arg: object) -> None:
+    return None
+
+
+def _raised_while_handling(exc: BaseException, emergency: EmergencyExit) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if current is emergency:
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def raise_emergency_exit(exit_code: int) -> NoReturn:
@@ -191,11 +261,14 @@ def raise_emergency_exit(exit_code: int) -> NoReturn:
     on a quiet 2-core VM; 7-10 s on a loaded one, past the deadline). Nothing in that teardown
     matters to a process whose checkpoint is committed and whose logs are flushed, so an
     ``atexit`` handler, registered now and therefore run first, runs every other handler
-    itself and then ends the process with ``os._exit(exit_code)``.
+    itself and then ends the process with ``os._exit``.
 
     It does so only when this exception really ended the program: raised on the main thread,
-    and nothing caught it (``EmergencyExit.propagated_to_the_top``). A harness that caught it
-    (pytest, a notebook) exits later with its own code through the ordinary shutdown.
+    and it (or a ``SystemExit`` raised while handling it) left the outermost frame
+    (``ProgramEndWatch``). So the common ``except SystemExit: log(...); raise``, a re-raise
+    from a nested function and ``raise SystemExit(code) from exc`` all end fast, with the code
+    the program ends with. A harness that caught it and went on (pytest, a notebook) exits
+    later with its own code through the ordinary shutdown.
     (Rejected: ``gc.freeze()`` before the exit: it skips the teardown too, but extension
     modules that check for leaked objects at shutdown then print warnings into the job's log;
     reading the exception's traceback: CPython 3.11 attaches it only as far as the last
@@ -204,23 +277,26 @@ def raise_emergency_exit(exit_code: int) -> NoReturn:
     stack = []
     frame = sys._getframe(1)
     while frame is not None:
-        stack.append((frame, frame.f_lasti))
+        stack.append(frame)
         frame = frame.f_back
     exc = EmergencyExit(exit_code, stack)
     if threading.current_thread() is threading.main_thread():
-        atexit.register(_end_without_teardown, exc)
+        watch = ProgramEndWatch(stack[-1])
+        if watch.install():
+            atexit.register(_end_without_teardown, exc, watch)
     raise exc
 
 
-def _end_without_teardown(exc: EmergencyExit) -> None:
+def _end_without_teardown(exc: EmergencyExit, watch: ProgramEndWatch) -> None:
     atexit.unregister(_end_without_teardown)
-    uncaught = exc.propagated_to_the_top()
+    watch.uninstall()
+    code = watch.exit_code(exc)
     exc.release_frames()
     run_others = getattr(atexit, "_run_exitfuncs", None)
-    if run_others is None or not uncaught or not isinstance(exc.code, int):
+    if run_others is None or code is None:
         return  # the ordinary shutdown: slower, still correct
     run_others()  # this handler ran first, so every other one runs exactly once
-    exit_now(exc.code)
+    exit_now(code)
 
 
 def _flush_output() -> None:

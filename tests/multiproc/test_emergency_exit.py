@@ -78,6 +78,7 @@ def test_a_caught_emergency_exit_leaves_the_ordinary_shutdown_and_exit_code(tmp_
             ck.batch_end(4)
         except SystemExit as exc:
             assert exc.code == 143
+        # a harness goes on after catching it, and exits later on its own account
         sys.exit(3)
         """,
     )
@@ -119,7 +120,7 @@ def test_an_emergency_exit_caught_at_the_top_level_ends_with_the_scripts_own_cod
     assert (tmp_path / "torn-down").exists()
 
 
-def test_an_emergency_exit_replaced_by_another_exit_ends_with_that_code(tmp_path):
+def test_an_exit_raised_while_handling_it_ends_fast_with_its_own_code(tmp_path):
     code = run(
         tmp_path,
         """
@@ -130,6 +131,86 @@ def test_an_emergency_exit_replaced_by_another_exit_ends_with_that_code(tmp_path
         """,
     )
     assert code == 5
+    assert (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn-down").exists()
+
+
+def test_logging_and_a_bare_reraise_still_skips_the_teardown(tmp_path):
+    """The idiom of real training scripts: ``except SystemExit: log(...); raise``."""
+    code = run(
+        tmp_path,
+        """
+        import logging
+
+        def main():
+            try:
+                ck.batch_end(4)
+            except SystemExit as exc:
+                logging.getLogger("train").warning("stopping: %s", exc)
+                raise
+
+        main()
+        """,
+    )
+    assert code == 143
+    assert (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn-down").exists(), "a bare raise in an except block took the slow exit"
+
+
+def test_a_reraise_from_a_nested_function_skips_the_teardown(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        def report_and_reraise():
+            (out / "reported").write_text("yes")
+            raise
+
+        try:
+            ck.batch_end(4)
+        except SystemExit:
+            report_and_reraise()
+        """,
+    )
+    assert code == 143
+    assert (tmp_path / "reported").exists()
+    assert not (tmp_path / "torn-down").exists()
+
+
+def test_a_new_systemexit_from_the_caught_one_ends_fast_with_the_new_code(tmp_path):
+    code = run(
+        tmp_path,
+        """
+        try:
+            ck.batch_end(4)
+        except SystemExit as exc:
+            raise SystemExit(7) from exc
+        """,
+    )
+    assert code == 7
+    assert (tmp_path / "atexit").exists()
+    assert not (tmp_path / "torn-down").exists()
+
+
+def test_an_exception_other_than_systemexit_ends_through_the_ordinary_shutdown(tmp_path):
+    script_body = """
+        try:
+            ck.batch_end(4)
+        except SystemExit as exc:
+            raise RuntimeError("converted") from exc
+        """
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(body=textwrap.dedent(script_body)))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        check=False,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "RTJ_GRACE_PERIOD_SECONDS": "20"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "RuntimeError: converted" in proc.stderr
     assert (tmp_path / "torn-down").exists()
 
 
