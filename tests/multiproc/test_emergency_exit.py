@@ -154,7 +154,7 @@ def test_logging_and_a_bare_reraise_still_skips_the_teardown(tmp_path):
     )
     assert code == 143
     assert (tmp_path / "atexit").exists()
-    assert not (tmp_path / "torn-down").exists(), "a bare raise in an except block took the slow exit"
+    assert not (tmp_path / "torn-down").exists(), "a bare raise took the slow exit"
 
 
 def test_a_reraise_from_a_nested_function_skips_the_teardown(tmp_path):
