@@ -4,10 +4,14 @@ Pure decisions from the spec, the capacity that fits now (capacity.py) and the s
 rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gangs):
 
 - a fixed job (no ``spec.elastic``) always runs ``replicas`` pods;
-- an elastic attempt starts at ``replicas`` as soon as they fit; otherwise it waits up to
-  ``shrinkAfterSeconds`` for them, then starts at the size that fits if that is at least
-  ``minReplicas``; below ``minReplicas`` it waits (Pending/Restarting with reason
-  ``MinReplicasUnreachable``), never failing and never counting a preemption;
+- an elastic attempt starts at ``replicas`` as soon as they fit; otherwise, once ``minReplicas``
+  fit, it waits up to ``shrinkAfterSeconds`` for them, then starts at the size that fits; below
+  ``minReplicas`` it waits (Pending/Restarting with reason ``MinReplicasUnreachable``), never
+  failing and never counting a preemption. The wait for the full gang starts when
+  ``minReplicas`` first fit and starts again when fewer fit: time spent below the minimum is no
+  sign that the full gang will not come (spot nodes come back in bursts), so counting it would
+  start a partial gang the moment the first nodes return, and grow it (a full restart) seconds
+  later when the rest do;
 - a gang below ``replicas`` grows when more pods fit and the last size change is at least
   ``grow.minIntervalSeconds`` old: the gang is told to checkpoint now (the notice path) and is
   resubmitted at the larger size only once that checkpoint committed, so a grow costs no work
@@ -63,6 +67,9 @@ class StartDecision:
     reason: StartReason
     message: str
     recheck_after: float | None = None
+    wait_since: datetime | None = None
+    """Since when the attempt waits for its full gang with room for ``minReplicas``
+    (``status.capacityWaitSince``); None when it does not: it starts, or fewer fit."""
 
 
 def start_size(
@@ -75,8 +82,9 @@ def start_size(
 ) -> StartDecision:
     """The size of an attempt's gang given ``fit`` pods of room now.
 
-    ``waiting_since`` is when the attempt began waiting for its full gang; ``grown_from`` the
-    size of the gang a grow ended (the grow already waited for its checkpoint: no further wait).
+    ``waiting_since`` is when the attempt began waiting for its full gang with room for
+    ``minReplicas`` (the decision's ``wait_since`` of the previous pass); ``grown_from`` the size
+    of the gang a grow ended (the grow already waited for its checkpoint: no further wait).
     """
     full = spec.replicas
     elastic = spec.elastic
@@ -97,8 +105,8 @@ def start_size(
         return StartDecision(
             fit, StartReason.GROWN, f"room for {fit} of {full} pods (was {grown_from})"
         )
-    waited = (now - waiting_since).total_seconds() if waiting_since is not None else 0.0
-    remaining = elastic.shrink_after_seconds - waited
+    since = waiting_since if waiting_since is not None else now
+    remaining = elastic.shrink_after_seconds - (now - since).total_seconds()
     if remaining > 0:
         return StartDecision(
             None,
@@ -106,6 +114,7 @@ def start_size(
             f"room for {fit} of {full} pods; waiting up to {elastic.shrink_after_seconds}s for "
             f"the full gang before starting {fit}",
             min(remaining, POLL_SECONDS),
+            since,
         )
     return StartDecision(
         fit,

@@ -59,9 +59,8 @@ def choose_size(ctx: ReconcileContext) -> bool:
         grown_from=grown_from,
     )
     capacity = cond.condition(st, cond.CAPACITY)
+    st.capacity_wait_since = decision.wait_since
     if decision.size is None:
-        if st.capacity_wait_since is None:
-            st.capacity_wait_since = ctx.now
         if capacity is None or capacity.reason != decision.reason:
             ctx.plan.event("Warning", "WaitingForCapacity", decision.message)
         cond.set_condition(
@@ -76,7 +75,6 @@ def choose_size(ctx: ReconcileContext) -> bool:
         ctx.phase(Phase.PENDING, decision.reason, f"attempt {st.attempt}: {decision.message}")
         ctx.plan.requeue(decision.recheck_after)
         return False
-    st.capacity_wait_since = None
     st.gang_size = decision.size
     st.world_size = decision.size * job.spec.processes_per_pod
     if job.spec.elastic is not None or capacity is not None:

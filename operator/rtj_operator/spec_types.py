@@ -485,7 +485,9 @@ class ElasticPolicy(ApiModel):
     it: with fewer fitting nodes it waits Pending with reason ``MinReplicasUnreachable``."""
     shrink_after_seconds: int = Field(default=60, ge=0, le=86400)
     """How long an attempt waits for room for the full gang before starting at the size that
-    fits (at least ``minReplicas``). Default 60."""
+    fits (at least ``minReplicas``), counted from when ``minReplicas`` first fit (time with room
+    for fewer does not count; the count starts again when the room falls below
+    ``minReplicas``). Default 60."""
     grow: GrowPolicy = Field(default_factory=GrowPolicy)
     """Growing back when capacity returns."""
 

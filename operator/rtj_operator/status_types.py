@@ -221,8 +221,10 @@ class JobStatus(ApiModel):
     attempt's pods are created: absent while a new attempt backs off or waits for room, and
     while the job is suspended."""
     capacity_wait_since: Time | None = None
-    """While an elastic job's attempt waits for room for its full gang (before its pods exist), or
-    its pods wait to be scheduled once the previous attempt's pods are gone: since when."""
+    """While an elastic job's attempt waits for room for its full gang (before its pods exist):
+    since when room for ``minReplicas`` pods was first seen (absent while fewer fit; the wait
+    starts again when they fit again), the start of ``shrinkAfterSeconds``. While its pods wait
+    to be scheduled once the previous attempt's pods are gone: since when."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
     grow_abandoned_at: Time | None = None

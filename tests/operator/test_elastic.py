@@ -24,6 +24,7 @@ from rtj_operator.plan_types import Plan
 from rtj_operator.reconcile import reconcile
 from rtj_operator.spec_types import JobSpec
 from rtj_operator.status_types import CheckpointRecord, GrowRequest, JobStatus
+from rtj_operator.timeutil import iso
 from rtj_operator.transitions import committed_and_lost
 
 from .fakes import T0, FakeCluster, make_node
@@ -117,6 +118,23 @@ def test_elastic_never_starts_below_min_replicas():
     decision = start_size(s, 2, waiting_since=T0, now=T0 + timedelta(hours=5))
     assert decision.size is None and decision.reason is StartReason.MIN_REPLICAS_UNREACHABLE
     assert "minReplicas=3" in decision.message
+
+
+def test_the_wait_for_the_full_gang_starts_when_min_replicas_first_fit():
+    """The wait was counted from the attempt's first wait, also while fewer than minReplicas fit:
+    after a long wait below the minimum, three of four nodes came back within 0.7 s and the gang
+    started at 3 pods 187 ms before the fourth node registered (and grew 20 s later)."""
+    s = spec(minReplicas=2, shrinkAfterSeconds=60)
+    below = start_size(s, 1, waiting_since=T0, now=T0 + timedelta(hours=1))
+    assert below.size is None and below.wait_since is None  # no wait for the full gang yet
+    now = T0 + timedelta(hours=2)
+    first = start_size(s, 3, waiting_since=None, now=now)
+    assert first.size is None and first.reason is StartReason.WAITING_FOR_FULL_GANG
+    assert first.wait_since == now and first.recheck_after == pytest.approx(5.0)
+    later = now + timedelta(seconds=59)
+    assert start_size(s, 3, waiting_since=now, now=later).wait_since == now
+    assert start_size(s, 3, waiting_since=now, now=now + timedelta(seconds=60)).size == 3
+    assert start_size(s, 4, waiting_since=now, now=later).wait_since is None
 
 
 def test_after_a_grow_the_larger_size_starts_without_waiting():
@@ -328,8 +346,46 @@ def test_min_replicas_unreachable_waits_pending_and_never_fails():
     waits = [p for p in cluster.plans if "WaitingForCapacity" in reasons(p)]
     assert len(waits) == 1  # one event per reason, not one per pass
     cluster.nodes["node-9"] = node("node-9")
-    plan = cluster.step(1)
+    plan = cluster.step(1)  # minReplicas fit: now the wait for the full gang begins
+    assert not plan.creations and "WaitingForCapacity" in reasons(plan)
+    plan = cluster.step(5)
     assert len(plan.creations) == 2 and cluster.env(0)["WORLD_SIZE"] == "2"
+
+
+def test_a_wait_below_min_replicas_does_not_count_towards_shrink_after_seconds():
+    """Replayed spot trace: after a long wait with room below minReplicas, 3 of 4 nodes came
+    back; the gang started at 3 at once and 0.2 s later the fourth node came: a grow (a full
+    restart) 20 s later. The wait for the full gang starts when minReplicas first fit."""
+    cluster = spot(replicas=4, nodes=1, minReplicas=2, shrinkAfterSeconds=60)
+    for _ in range(10):
+        assert not cluster.step(60).creations
+    assert "capacityWaitSince" not in cluster.status
+    cluster.nodes["node-7"] = node("node-7")
+    cluster.nodes["node-8"] = node("node-8")
+    plan = cluster.step(0.3)
+    assert not plan.creations  # room for 3: the wait for the full gang begins now
+    st = cluster.status
+    capacity = {c["type"]: c for c in st["conditions"]}["CapacityAvailable"]
+    assert capacity["reason"] == "WaitingForFullGang"
+    assert st["capacityWaitSince"] == iso(cluster.now)
+    cluster.nodes["node-9"] = node("node-9")
+    plan = cluster.step(0.4)
+    assert len(plan.creations) == 4 and cluster.status["gangSize"] == 4
+    assert [h["reason"] for h in cluster.status["sizeHistory"]] == ["FullSize"]
+
+
+def test_the_wait_for_the_full_gang_restarts_when_room_falls_below_min_replicas():
+    cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=60)
+    assert not cluster.step().creations
+    assert cluster.status["capacityWaitSince"] == iso(cluster.now)
+    assert not cluster.step(40).creations
+    del cluster.nodes["node-1"]
+    assert not cluster.step(10).creations
+    assert "capacityWaitSince" not in cluster.status
+    cluster.nodes["node-1"] = node("node-1")
+    assert not cluster.step(20).creations  # 70 s since the first wait, 0 s since 2 fit again
+    assert not cluster.step(59).creations
+    assert len(cluster.step(1).creations) == 2
 
 
 def test_a_first_attempt_that_starts_small_says_shrunk():
