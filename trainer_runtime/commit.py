@@ -18,6 +18,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -50,6 +51,7 @@ def write_and_commit(
     started: float,
     staged_keys: set[str] | None = None,
     latest_like: re.Pattern[str] | None = None,
+    on_commit: Callable[[Manifest], None] | None = None,
 ) -> Manifest:
     """Write ``state`` as checkpoint ``name`` of ``folder`` and commit it (collective).
 
@@ -59,6 +61,10 @@ def write_and_commit(
     template renders (``NameTemplates.latest_pattern``); links like it that no rank of this
     gang writes (ranks it no longer has, after the world size shrank) are removed, so they
     neither name an older checkpoint nor dangle once retention deletes it.
+    ``on_commit``: called on rank 0 as soon as the manifest is written (the commit), before
+    the other ranks hear of it, so a report of the commit (the ``committed`` event, the
+    progress annotation) is not lost to a kill in the steps after it (pointer, links, the
+    barrier); it must not raise.
     """
     coord = engine.commit_coord
     path = folder.path(name)
@@ -90,6 +96,8 @@ def write_and_commit(
     problem = None
     if engine.rank == 0:
         failure, problem = _commit_on_rank0(folder, manifest)
+        if problem is None and on_commit is not None:
+            on_commit(manifest)
     # One collective serves as the barrier (rank 0 has committed, or failed to) and shares
     # its time.
     manifest.created_at, problem = coord.broadcast((manifest.created_at, problem))

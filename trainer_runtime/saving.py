@@ -272,6 +272,17 @@ class Saver:
         """``sync_called``: when a synchronous save's call began (its hold is the whole
         call); None for an async save, whose hold was recorded at the call and the hook."""
         ctx = self.ctx
+
+        def report(manifest: Manifest) -> None:
+            """Rank 0, at the commit itself: a kill right after it loses no report of it."""
+            if sync_called is not None:
+                timing.call_s = time.perf_counter() - sync_called
+            uri = ctx.remote.uri_for(checkpoint) if ctx.remote else str(ctx.run_dir / checkpoint)
+            record = report_commit(manifest, uri)
+            if ctx.progress is not None:
+                ctx.progress.committed(record)
+            events.committed(manifest, str(record["uri"]), rank=ctx.rank, held_s=timing.held_s)
+
         manifest = write_and_commit(
             ctx.engine,
             ctx.folder,
@@ -284,9 +295,10 @@ class Saver:
             latest_link=latest,
             latest_like=ctx.settings.templates.latest_pattern(),
             started=started,
+            on_commit=report,
         )
         ctx.position.mark_saved(ts)
-        if sync_called is not None:
+        if sync_called is not None and ctx.rank != 0:
             timing.call_s = time.perf_counter() - sync_called
         saved = SavedCheckpoint(
             checkpoint, ctx.folder.path(checkpoint), ts, manifest.save_duration_s, timing
@@ -294,12 +306,6 @@ class Saver:
         self.saved.append(saved)
         if ctx.remote is not None:
             ctx.remote.submit(ctx.run_dir, manifest, ctx.rank)
-        if ctx.rank == 0:
-            uri = ctx.remote.uri_for(checkpoint) if ctx.remote else str(ctx.run_dir / checkpoint)
-            record = report_commit(manifest, uri)
-            if ctx.progress is not None:
-                ctx.progress.committed(record)
-            events.committed(manifest, str(record["uri"]), rank=ctx.rank, held_s=timing.held_s)
         self._apply_retention()
         return saved
 

@@ -228,3 +228,47 @@ def test_a_load_path_run_folder_reports_the_checkpoint_it_loaded(tmp_path, monke
     ]
     assert resumed["checkpoint"] == "ep0-ba1" and resumed["saved_world_size"] == 1
     assert resumed["uri"] == result.path and resumed["fallbacks"] == result.fallbacks
+
+
+KILLED_AFTER_COMMIT = """
+import os, signal, sys, time
+import torch
+from trainer_runtime import CheckpointManager
+from trainer_runtime.context import Position
+
+def killed(self, *args, **kwargs):  # the first thing after the commit: a hard kill here
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Position.mark_saved = killed
+model = torch.nn.Linear(4, 4)
+ck = CheckpointManager(
+    model=model, folder=sys.argv[1], run_name="r", interval="5ba", async_save={async_save}
+)
+for step in range(20):
+    ck.batch_end(4)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_kill_right_after_the_commit_leaves_its_committed_event(tmp_path, async_save):
+    """The manifest is the commit; its event must not wait for the pointer, links or barrier."""
+    target = tmp_path / "events.jsonl"
+    script = tmp_path / "job.py"
+    script.write_text(KILLED_AFTER_COMMIT.format(async_save=async_save))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck")],
+        check=False,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", envvars.EVENTS_FILE: str(target)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    manifests = sorted((tmp_path / "ck").rglob("manifest.json"))
+    assert [m.parent.name for m in manifests] == ["ep0-ba5"]
+    committed = [
+        e for e in events.read_events(target.read_text().splitlines()) if e.type == "committed"
+    ]
+    assert [e.fields["checkpoint"] for e in committed] == ["ep0-ba5"]
