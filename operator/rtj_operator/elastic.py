@@ -12,11 +12,14 @@ rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gang
   sign that the full gang will not come (spot nodes come back in bursts), so counting it would
   start a partial gang the moment the first nodes return, and grow it (a full restart) seconds
   later when the rest do;
-- a gang below ``replicas`` grows when more pods fit and the last size change is at least
-  ``grow.minIntervalSeconds`` old: the gang is told to checkpoint now (the notice path) and is
-  resubmitted at the larger size only once that checkpoint committed, so a grow costs no work
-  beyond the fresh checkpoint. A checkpoint that does not come within
-  ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on;
+- a gang below ``replicas`` grows when more pods fit and it has trained for at least
+  ``grow.minIntervalSeconds`` since its first progress after its resume (``trainingSince``):
+  the gang is told to checkpoint now (the notice path) and is resubmitted at the larger size
+  only once that checkpoint committed, so a grow costs no work beyond the fresh checkpoint. A
+  gang that has not trained since its resume is never asked: counted from its creation, or
+  from its pods Running, the interval could run out while it still loads its checkpoint, and
+  the grow would throw away a whole restart for two steps of training. A checkpoint that does
+  not come within ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on;
 - a gang above ``minReplicas`` whose pods are not all scheduled ``shrinkAfterSeconds`` (at least
   ``SCHEDULING_GRACE_SECONDS``) after
   they were created and the previous attempt's pods were gone (the capacity count was too high:
@@ -151,15 +154,17 @@ def grow_step(
     size: int,
     fit: int,
     all_running: bool,
-    last_resize: datetime | None,
+    trained_since: datetime | None,
+    abandoned_at: datetime | None,
     request: GrowRequest | None,
     committed_step: int | None,
     now: datetime,
 ) -> GrowDecision:
     """Decide the next grow step of a gang of ``size`` pods with room for ``fit``.
 
-    ``committed_step`` is the newest committed checkpoint's step; ``last_resize`` when the job
-    last changed size, or abandoned a grow if that is later (``grow_wait_start``).
+    ``committed_step`` is the newest committed checkpoint's step; ``trained_since`` when the gang
+    first trained past its resume point (None: not yet, no grow); ``abandoned_at`` when the last
+    grow was abandoned. ``grow.minIntervalSeconds`` counts from the later of the two.
     """
     elastic = spec.elastic
     target = min(fit, spec.replicas)
@@ -198,10 +203,11 @@ def grow_step(
             "",
             min(POLL_SECONDS, policy.checkpoint_timeout_seconds - waited),
         )
-    if target <= size or not all_running:
+    if target <= size or not all_running or trained_since is None:
         return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS)
-    since = (now - last_resize).total_seconds() if last_resize is not None else None
-    if since is not None and since < policy.min_interval_seconds:
+    start = max(trained_since, abandoned_at) if abandoned_at is not None else trained_since
+    since = (now - start).total_seconds()
+    if since < policy.min_interval_seconds:
         return GrowDecision(
             GrowAction.NONE, size, "", min(POLL_SECONDS, policy.min_interval_seconds - since)
         )
@@ -256,19 +262,6 @@ def reshrink_step(
         f"only {scheduled} of {size} pods were scheduled within {wait:g}s "
         f"(the capacity count was too high); resubmitting {target} pods",
     )
-
-
-def last_resize_time(status: JobStatus) -> datetime | None:
-    """When the job last changed its gang size (the current size's start)."""
-    return status.size_history[-1].start_time if status.size_history else None
-
-
-def grow_wait_start(status: JobStatus) -> datetime | None:
-    """Since when the next grow waits ``grow.minIntervalSeconds``: the last size change, or the
-    last abandoned grow when that is later (so a gang that cannot commit in time is not asked
-    to checkpoint again on the very next pass)."""
-    times = [t for t in (last_resize_time(status), status.grow_abandoned_at) if t is not None]
-    return max(times) if times else None
 
 
 def record_size(

@@ -7,6 +7,12 @@ the container ends, and, best effort, the same JSON plus ``current_step`` in the
 publish a termination message); the termination message is what survives a runtime without API
 credentials. The operator reads both and keeps the newest, in the runtime's order of progress
 (``progress_order``).
+
+The annotation also tells whether the current attempt's gang has trained since its resume
+(``trained_since_resume``): a grow is asked only of a gang that has, since one asked of a gang
+still loading its checkpoint throws that load away. Every pod is one attempt's, created without
+the annotation, so whatever it holds was written by that attempt's runtime; a pod that is Running
+says nothing of the trainer inside it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,47 @@ def parse_report(text: str | None) -> Report | None:
             world_size=_int(data.get("world_size")),
         )
     return None
+
+
+def _progress_json(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's progress annotation as a JSON object (the last line that is one), also before
+    the attempt's first commit, when it holds only ``current_step``."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+    for line in reversed((text or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def trained_since_resume(
+    pod: dict[str, Any], *, resume_checkpoint: str | None, resumed: CheckpointRecord | None
+) -> bool:
+    """Whether a pod of the current attempt says its gang trained past the point it resumed
+    from (``resume_checkpoint``, known as ``resumed``, or none).
+
+    Trained: a step before the attempt's first commit (the runtime sends ``current_step`` alone
+    after each step), a commit newer than the resume point (commits follow training), or a step
+    past the commit it reports. Not trained: no annotation, or one that repeats the checkpoint it
+    resumed from at that checkpoint's step (a save at the resume point). The step alone is never
+    compared with the resumed checkpoint's: a resume at another world size rescales the step
+    (``progress_order``), so the first step after it may be lower.
+    """
+    data = _progress_json(pod)
+    if data is None:
+        return False
+    current = _int(data.get("current_step"))
+    report = parse_report(json.dumps(data))
+    if report is None:
+        return current is not None
+    if report.checkpoint != resume_checkpoint and (
+        resumed is None or progress_order(report) > progress_order(resumed)
+    ):
+        return True
+    return current is not None and current > report.step
 
 
 def pod_reports(pod: dict[str, Any], container_name: str | None) -> list[Report]:

@@ -34,6 +34,7 @@ from .progress import (
     merge_checkpoints,
     pod_reports,
     progress_order,
+    trained_since_resume,
 )
 from .reconcile_context import ReconcileContext
 from .status_types import TERMINAL_PHASES, Phase
@@ -120,7 +121,9 @@ def reconcile(
 
 
 def _absorb_progress(ctx: ReconcileContext) -> None:
-    """Learn committed checkpoints from every pod of the job (old attempts' emergency saves too)."""
+    """Learn committed checkpoints from every pod of the job (old attempts' emergency saves too),
+    and when the current attempt's gang first trained past its resume point
+    (``status.trainingSince``, which a grow waits for)."""
     st, spec = ctx.status, ctx.job.spec
     current_reports: list[Report] = []
     records = []
@@ -130,6 +133,15 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
         records += [r.record(attempt) for r in reports]
         if attempt == st.attempt:
             current_reports += reports
+    # Looked up before the merge below, which keeps only the newest few checkpoints.
+    resumed = next((k for k in st.known_checkpoints if k.name == st.resume_checkpoint), None)
+    if st.gang_created and st.training_since is None:
+        current = [p for p in ctx.owned if pod_attempt(p) == st.attempt]
+        if any(
+            trained_since_resume(p, resume_checkpoint=st.resume_checkpoint, resumed=resumed)
+            for p in current
+        ):
+            st.training_since = ctx.now
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
@@ -141,7 +153,6 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
         step = highest_current_step(current_reports)
         if step is not None and (st.current_step is None or step > st.current_step):
             st.current_step = step
-        resumed = next((k for k in st.known_checkpoints if k.name == st.resume_checkpoint), None)
         fresh = [
             r
             for r in current_reports

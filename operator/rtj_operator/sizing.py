@@ -208,7 +208,10 @@ def watch_for_grow(
         size=ctx.size,
         fit=ctx.fit(),
         all_running=all_running,
-        last_resize=elastic.grow_wait_start(st),
+        trained_since=st.training_since,
+        # An abandoned grow restarts the interval: a gang that cannot commit in time is not
+        # asked to checkpoint again on the very next pass.
+        abandoned_at=st.grow_abandoned_at,
         request=st.grow,
         committed_step=_committed_step_of_attempt(st),
         now=ctx.now,

@@ -467,9 +467,11 @@ class GrowPolicy(ApiModel):
     enabled: bool = True
     """Grow back when capacity returns. Default true."""
     min_interval_seconds: int = Field(default=300, ge=0, le=604800)
-    """At least this long between the job's last size change (a shrink or a grow), or its last
-    abandoned grow, and a grow, so a flapping node pool does not restart the gang over and over
-    (nor ask it for a checkpoint on every pass); a shrink never waits for it. Default 300."""
+    """At least this long between the running gang's first progress after its resume (its first
+    step or commit, ``status.trainingSince``), or its last abandoned grow, and a grow, so a
+    flapping node pool does not restart the gang over and over (nor ask it for a checkpoint on
+    every pass). A gang that has not trained since its resume is never asked to grow; a shrink
+    never waits for it. Default 300."""
     checkpoint_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """How long the running gang has to commit the checkpoint the grow asked for. Without that
     commit the grow is abandoned (the gang keeps training at its size) and tried again after

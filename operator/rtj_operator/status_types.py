@@ -225,12 +225,18 @@ class JobStatus(ApiModel):
     since when room for ``minReplicas`` pods was first seen (absent while fewer fit; the wait
     starts again when they fit again), the start of ``shrinkAfterSeconds``. While its pods wait
     to be scheduled once the previous attempt's pods are gone: since when."""
+    training_since: Time | None = None
+    """When the operator first saw the current attempt's gang train past the point it resumed
+    from: a step or a commit in rank 0's ``resumable.dev/progress`` annotation (a pod Running
+    says nothing of the trainer, which may still be loading its checkpoint). No grow is asked
+    of a gang before it, and ``grow.minIntervalSeconds`` counts from it. Absent until then, and
+    for each new attempt."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
     grow_abandoned_at: Time | None = None
     """When the last grow was abandoned (its checkpoint did not commit within
     ``grow.checkpointTimeoutSeconds``, or the room went away): the next grow waits
-    ``grow.minIntervalSeconds`` from then, as from a size change."""
+    ``grow.minIntervalSeconds`` from then, as from ``trainingSince``."""
     size_history: list[SizeRecord] = Field(default_factory=list)
     """Gang sizes the job ran at, oldest first (bounded to the last 20)."""
     preemptions: int = 0

@@ -145,12 +145,13 @@ def fail_job(ctx: ReconcileContext, reason: str, message: str) -> None:
 
 def forget_gang(st: JobStatus) -> None:
     """Clear what described a gang that no longer exists: its size and world size and its
-    all-or-nothing mechanism are chosen again before the next gang's pods exist, and a grow
-    asked of it is over."""
+    all-or-nothing mechanism are chosen again before the next gang's pods exist, a grow asked
+    of it is over, and the next gang has yet to train."""
     st.gang_size = None
     st.world_size = None
     st.gang_scheduling = None
     st.grow = None
+    st.training_since = None
 
 
 def choose_resume_point(ctx: ReconcileContext) -> None:

@@ -278,6 +278,13 @@ class FakeCluster:
             name, step, current
         )
 
+    def report_step(self, rank: int, current: int) -> None:
+        """The runtime on a rank annotates its pod with its step, before the attempt's first
+        commit (no checkpoint in the JSON yet)."""
+        self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
+            {"current_step": current, "reported_at": iso(self.now)}
+        )
+
     def env(self, rank: int, attempt: int | None = None) -> dict[str, str]:
         """The environment injected into a rank's training container."""
         container = self.pod(rank, attempt)["spec"]["containers"][0]

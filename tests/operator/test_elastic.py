@@ -18,16 +18,17 @@ from rtj_operator.elastic import (
     reshrink_step,
     start_size,
 )
-from rtj_operator.envvars import NOTICE_ANNOTATION
+from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
 from rtj_operator.nodes import node_view
 from rtj_operator.plan_types import Plan
+from rtj_operator.progress import trained_since_resume
 from rtj_operator.reconcile import reconcile
 from rtj_operator.spec_types import JobSpec
 from rtj_operator.status_types import CheckpointRecord, GrowRequest, JobStatus
 from rtj_operator.timeutil import iso
 from rtj_operator.transitions import committed_and_lost
 
-from .fakes import T0, FakeCluster, make_node
+from .fakes import T0, FakeCluster, make_node, make_pod, progress
 
 POOL = {"pool": "spot"}
 REQUESTS = {"requests": {"cpu": "4", "memory": "1Gi"}}
@@ -158,7 +159,8 @@ def grow(**kw: Any):
         "size": 2,
         "fit": 4,
         "all_running": True,
-        "last_resize": T0,
+        "trained_since": T0,
+        "abandoned_at": None,
         "request": None,
         "committed_step": None,
         "now": T0 + timedelta(seconds=301),
@@ -170,9 +172,34 @@ def grow(**kw: Any):
 def test_grow_is_requested_only_past_the_interval_with_every_rank_running():
     assert grow().action is GrowAction.REQUEST and grow().target == 4
     assert grow(now=T0 + timedelta(seconds=299)).action is GrowAction.NONE
+    assert grow(trained_since=None).action is GrowAction.NONE  # not trained since its resume
+    assert grow(abandoned_at=T0 + timedelta(seconds=2)).action is GrowAction.NONE
+    assert grow(abandoned_at=T0 - timedelta(seconds=2)).action is GrowAction.REQUEST
     assert grow(all_running=False).action is GrowAction.NONE
     assert grow(fit=2).action is GrowAction.NONE
     assert grow(policy={"enabled": False}).action is GrowAction.NONE
+
+
+RESUMED = CheckpointRecord(name="ep0-ba100", step=100, epoch=0, sample=800)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "trained"),
+    [
+        (None, False),
+        ("not json", False),
+        ('{"current_step": 51}', True),  # a step before the first commit (rescaled: below 100)
+        (progress("ep0-ba100", 100, current=100), False),  # a save at the resume point
+        (progress("ep0-ba100", 100, current=101), True),
+        (progress("ep0-ba120", 120), True),  # a newer commit
+        (progress("ep0-ba90", 90), False),  # an older checkpoint than the resume point
+    ],
+)
+def test_a_gang_has_trained_once_its_progress_passes_its_resume_point(
+    annotation: str | None, trained: bool
+) -> None:
+    pod = make_pod(annotations={PROGRESS_ANNOTATION: annotation} if annotation else None)
+    assert trained_since_resume(pod, resume_checkpoint="ep0-ba100", resumed=RESUMED) is trained
 
 
 def test_grow_restarts_only_after_a_commit_past_the_request():
@@ -313,7 +340,9 @@ def test_shrink_after_the_wait_then_grow_back_after_the_requested_checkpoint():
 
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
-    assert not cluster.step(1).notices  # the last resize is too recent
+    assert not cluster.step(40).notices  # Running, but no step since the resume yet
+    cluster.report_step(0, 101)
+    assert not cluster.step(1).notices  # trained, but not yet minIntervalSeconds
     plan = cluster.step(30)
     assert "GrowRequested" in reasons(plan) and len(plan.notices) == 2
     assert all(GROW_REASON in n.payload for n in plan.notices)
@@ -411,6 +440,7 @@ def test_a_real_notice_overwrites_a_grow_notice():
     cluster.schedule_and_run()
     cluster.step()
     assert cluster.status["gangSize"] == 2
+    cluster.report_step(0, 1)
     cluster.nodes["node-7"] = node("node-7")
     cluster.nodes["node-8"] = node("node-8")
     cluster.step(1)
@@ -580,6 +610,7 @@ def test_removing_elastic_drops_a_pending_grow_and_the_next_attempt_is_full_size
     cluster.schedule_and_run()
     cluster.step()
     cluster.report(0, "ep0-ba10", 10, current=12)
+    cluster.step(1)
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
     plan = cluster.step(400)
@@ -661,6 +692,8 @@ def test_an_abandoned_grow_is_tried_again_only_after_min_interval_seconds():
     cluster.schedule_and_run()
     cluster.step()
     assert cluster.status["gangSize"] == 2
+    cluster.report_step(0, 1)
+    cluster.step()
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
     plan = cluster.step(100)
@@ -674,12 +707,70 @@ def test_an_abandoned_grow_is_tried_again_only_after_min_interval_seconds():
     assert "GrowRequested" in reasons(plan)
 
 
+def test_a_grow_is_asked_only_min_interval_seconds_after_the_gang_first_trained():
+    """Replayed spot trace: a gang was asked to grow 20 s after it was created
+    (minIntervalSeconds counted from the size change, and every pod Running says nothing of the
+    trainer), reached its first step 13 s later, trained 2 steps and was replaced. The interval
+    now counts from the gang's first progress after its resume, and a gang that has not trained
+    since its resume is never asked to grow."""
+    cluster = spot(
+        replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=0, grow={"minIntervalSeconds": 20}
+    )
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["phase"] == "Running" and cluster.status["gangSize"] == 2
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    for _ in range(12):  # Running for a minute, loading: no step yet
+        plan = cluster.step(5)
+        assert "GrowRequested" not in reasons(plan) and not plan.notices
+    assert "trainingSince" not in cluster.status
+    cluster.report_step(0, 1)  # the first step
+    plan = cluster.step(1)
+    assert cluster.status["trainingSince"] == iso(cluster.now) and not plan.notices
+    assert not cluster.step(19).notices
+    plan = cluster.step(1)
+    assert "GrowRequested" in reasons(plan) and len(plan.notices) == 2
+
+
+def test_a_resumed_gang_trains_past_its_resume_point_before_it_may_grow():
+    """The progress annotation of the new gang's rank 0 repeating the checkpoint it resumed from
+    is no training; a step past it, a newer commit, or a step before the first commit is (also
+    at a step below the resumed one: a resume at another world size rescales the step)."""
+    cluster = spot(
+        replicas=4, nodes=4, minReplicas=2, shrinkAfterSeconds=0, grow={"minIntervalSeconds": 0}
+    )
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    assert cluster.status["trainingSince"] == iso(cluster.now)
+    del cluster.nodes["node-2"], cluster.nodes["node-3"]
+    cluster.step(1)
+    cluster.schedule_and_run()
+    cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 2 and st["resumeCheckpoint"] == "ep0-ba100"
+    assert "trainingSince" not in st  # the new attempt has not trained yet
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    cluster.report(0, "ep0-ba100", 100, current=100)
+    assert not cluster.step(30).notices and "trainingSince" not in cluster.status
+    cluster.report_step(0, 51)
+    plan = cluster.step(1)
+    assert "trainingSince" in cluster.status and "GrowRequested" in reasons(plan)
+
+
 def test_a_suspend_during_a_grow_drops_the_grow_request():
     """status.grow is the grow in progress: a suspend deletes the gang the grow was asked of,
     but the request stayed in status for as long as the job was suspended."""
     cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=0)
     cluster.step()
     cluster.schedule_and_run()
+    cluster.step()
+    cluster.report_step(0, 1)
     cluster.step()
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
