@@ -60,6 +60,8 @@ class PreemptionResponse:
         watcher = self.manager.preemption
         local = [1 if watcher.terminating else 0, watcher.poll_notice()]
         terminating, notices = self.manager.coord.max_ints(local)
+        if (terminating or notices > self._notices_handled) and self.manager.progress is not None:
+            self.manager.progress.send_now(batch)  # the node may go before the save commits
         if terminating:
             self.emergency_exit(batch)
         if notices > self._notices_handled:

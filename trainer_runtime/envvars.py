@@ -59,6 +59,10 @@ REPORT_FILE = "RTJ_REPORT_FILE"
 # ``kubectl logs`` reads; a user sets it to keep them in a file (e.g. on a shared volume).
 EVENTS_FILE = "RTJ_EVENTS_FILE"
 
+# Optional: seconds between rank 0's reports of its current step to its pod annotation
+# (progress.py; default 2). A user with hundreds of jobs per API server may raise it.
+PROGRESS_INTERVAL_SECONDS = "RTJ_PROGRESS_INTERVAL_SECONDS"
+
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
 # runner points it elsewhere). With KUBERNETES_SERVICE_HOST/PORT, used to annotate our own pod.
 SERVICEACCOUNT_DIR = "RTJ_SERVICEACCOUNT_DIR"
