@@ -20,6 +20,11 @@ rule is unit-tested without a cluster. The rules (docs/operator.md, Elastic gang
   from its pods Running, the interval could run out while it still loads its checkpoint, and
   the grow would throw away a whole restart for two steps of training. A checkpoint that does
   not come within ``grow.checkpointTimeoutSeconds`` abandons the grow; the gang trains on;
+- a grow to a size below ``replicas`` also waits until the room for it has been there
+  ``grow.settleSeconds`` (``growRoomSince``), the grow's mirror of the start's
+  ``shrinkAfterSeconds``: every grow is a full restart, and spot nodes come back in bursts, so
+  growing at each node that registers (2 -> 3, then 3 -> 4 twenty seconds later) pays twice for
+  what one grow to the full size buys. A grow to ``replicas`` never waits for it;
 - a gang above ``minReplicas`` whose pods are not all scheduled ``shrinkAfterSeconds`` (at least
   ``SCHEDULING_GRACE_SECONDS``) after
   they were created and the previous attempt's pods were gone (the capacity count was too high:
@@ -146,6 +151,9 @@ class GrowDecision:
     target: int
     message: str
     recheck_after: float | None = None
+    room_since: datetime | None = None
+    """Since when room for more pods than the gang, but not for all ``replicas``, has been there
+    (``status.growRoomSince``); None while there is no such room."""
 
 
 def grow_step(
@@ -156,6 +164,7 @@ def grow_step(
     all_running: bool,
     trained_since: datetime | None,
     abandoned_at: datetime | None,
+    room_since: datetime | None,
     request: GrowRequest | None,
     committed_step: int | None,
     now: datetime,
@@ -165,6 +174,8 @@ def grow_step(
     ``committed_step`` is the newest committed checkpoint's step; ``trained_since`` when the gang
     first trained past its resume point (None: not yet, no grow); ``abandoned_at`` when the last
     grow was abandoned. ``grow.minIntervalSeconds`` counts from the later of the two.
+    ``room_since`` is the decision's ``room_since`` of the previous pass: since when room for a
+    partial grow has been there (``grow.settleSeconds``).
     """
     elastic = spec.elastic
     target = min(fit, spec.replicas)
@@ -173,6 +184,8 @@ def grow_step(
             return GrowDecision(GrowAction.ABANDON, size, "growing is off")
         return GrowDecision(GrowAction.NONE, size, "")
     policy = elastic.grow
+    partial = size < target < spec.replicas
+    room_since = (room_since or now) if partial else None
     if request is not None:
         if committed_step is not None and (
             request.after_step is None or committed_step > request.after_step
@@ -183,11 +196,13 @@ def grow_step(
                     size,
                     f"checkpoint at step {committed_step} committed but the room for more than "
                     f"{size} pods went away",
+                    room_since=room_since,
                 )
             return GrowDecision(
                 GrowAction.RESTART,
                 target,
                 f"checkpoint at step {committed_step} committed; resubmitting {target} pods",
+                room_since=room_since,
             )
         waited = (now - request.requested_at).total_seconds()
         if waited >= policy.checkpoint_timeout_seconds:
@@ -196,26 +211,31 @@ def grow_step(
                 size,
                 f"no checkpoint committed within {policy.checkpoint_timeout_seconds}s of the "
                 "request; training on",
+                room_since=room_since,
             )
         return GrowDecision(
             GrowAction.NONE,
             request.target_size,
             "",
             min(POLL_SECONDS, policy.checkpoint_timeout_seconds - waited),
+            room_since,
         )
     if target <= size or not all_running or trained_since is None:
-        return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS)
+        return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS, room_since)
     start = max(trained_since, abandoned_at) if abandoned_at is not None else trained_since
-    since = (now - start).total_seconds()
-    if since < policy.min_interval_seconds:
-        return GrowDecision(
-            GrowAction.NONE, size, "", min(POLL_SECONDS, policy.min_interval_seconds - since)
-        )
+    wait = policy.min_interval_seconds - (now - start).total_seconds()
+    if room_since is not None:
+        # Room for a partial grow only: give the rest of the gang time to come back first.
+        wait = max(wait, policy.settle_seconds - (now - room_since).total_seconds())
+    if wait > 0:
+        return GrowDecision(GrowAction.NONE, size, "", min(POLL_SECONDS, wait), room_since)
+    settled = f" for {policy.settle_seconds}s (grow.settleSeconds)" if room_since else ""
     return GrowDecision(
         GrowAction.REQUEST,
         target,
-        f"room for {target} of {spec.replicas} pods; asked the {size} running pods to "
-        "checkpoint now",
+        f"room for {target} of {spec.replicas} pods{settled}; asked the {size} running pods "
+        "to checkpoint now",
+        room_since=room_since,
     )
 
 

@@ -82,6 +82,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
         plan.requeue(verdict.recheck_after)
         if job.spec.elastic is None:
             st.grow = None  # elastic removed meanwhile: a pending grow is dropped with it
+            st.grow_room_since = None
         elif not reshrink(ctx, current):
             watch_for_grow(ctx, verdict.all_running, current)
 

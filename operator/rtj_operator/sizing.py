@@ -212,10 +212,12 @@ def watch_for_grow(
         # An abandoned grow restarts the interval: a gang that cannot commit in time is not
         # asked to checkpoint again on the very next pass.
         abandoned_at=st.grow_abandoned_at,
+        room_since=st.grow_room_since,
         request=st.grow,
         committed_step=_committed_step_of_attempt(st),
         now=ctx.now,
     )
+    st.grow_room_since = decision.room_since
     plan.requeue(decision.recheck_after)
     if decision.action is elastic.GrowAction.REQUEST:
         st.grow = GrowRequest(

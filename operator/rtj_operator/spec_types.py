@@ -472,6 +472,13 @@ class GrowPolicy(ApiModel):
     flapping node pool does not restart the gang over and over (nor ask it for a checkpoint on
     every pass). A gang that has not trained since its resume is never asked to grow; a shrink
     never waits for it. Default 300."""
+    settle_seconds: int = Field(default=60, ge=0, le=86400)
+    """When more pods fit than the gang runs, but not all ``replicas``, how long that room must
+    have been there before the gang grows to it: a grow restarts the whole gang, and spot nodes
+    come back in bursts, so waiting a little for the rest makes one grow to the full size out of
+    two (the grow to ``replicas`` itself never waits for it). Counted from when the partial room
+    was first seen (``status.growRoomSince``), alongside ``minIntervalSeconds``. Default 60, as
+    ``shrinkAfterSeconds``: the same wait for the full gang before settling for fewer."""
     checkpoint_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """How long the running gang has to commit the checkpoint the grow asked for. Without that
     commit the grow is abandoned (the gang keeps training at its size) and tried again after

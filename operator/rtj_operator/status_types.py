@@ -231,6 +231,11 @@ class JobStatus(ApiModel):
     says nothing of the trainer, which may still be loading its checkpoint). No grow is asked
     of a gang before it, and ``grow.minIntervalSeconds`` counts from it. Absent until then, and
     for each new attempt."""
+    grow_room_since: Time | None = None
+    """While an elastic gang runs below ``replicas`` with room for more pods but not for all
+    ``replicas``: since when. A grow to that partial size waits ``grow.settleSeconds`` from then
+    for room for the full gang; absent while there is no such room (it starts again when the
+    room comes back), and for each new gang."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
     grow_abandoned_at: Time | None = None

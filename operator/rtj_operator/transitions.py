@@ -151,6 +151,7 @@ def forget_gang(st: JobStatus) -> None:
     st.world_size = None
     st.gang_scheduling = None
     st.grow = None
+    st.grow_room_since = None
     st.training_since = None
 
 

@@ -161,6 +161,7 @@ def grow(**kw: Any):
         "all_running": True,
         "trained_since": T0,
         "abandoned_at": None,
+        "room_since": None,
         "request": None,
         "committed_step": None,
         "now": T0 + timedelta(seconds=301),
@@ -178,6 +179,23 @@ def test_grow_is_requested_only_past_the_interval_with_every_rank_running():
     assert grow(all_running=False).action is GrowAction.NONE
     assert grow(fit=2).action is GrowAction.NONE
     assert grow(policy={"enabled": False}).action is GrowAction.NONE
+
+
+def test_a_grow_to_a_partial_size_waits_settle_seconds_for_room_for_the_full_gang():
+    now = T0 + timedelta(seconds=301)
+    first = grow(fit=3, policy={"settleSeconds": 30})
+    assert first.action is GrowAction.NONE and first.room_since == now
+    assert first.recheck_after == pytest.approx(5.0)
+    since = now - timedelta(seconds=29)
+    waiting = grow(fit=3, room_since=since, policy={"settleSeconds": 30})
+    assert waiting.action is GrowAction.NONE and waiting.room_since == since
+    assert waiting.recheck_after == pytest.approx(1.0)
+    settled = grow(fit=3, room_since=now - timedelta(seconds=30), policy={"settleSeconds": 30})
+    assert settled.action is GrowAction.REQUEST and settled.target == 3
+    full = grow(fit=4, room_since=since, policy={"settleSeconds": 30})  # the full size: at once
+    assert full.action is GrowAction.REQUEST and full.target == 4 and full.room_since is None
+    assert grow(fit=2, room_since=since).room_since is None  # the room went away
+    assert grow(fit=3, policy={"settleSeconds": 0}).action is GrowAction.REQUEST
 
 
 RESUMED = CheckpointRecord(name="ep0-ba100", step=100, epoch=0, sample=800)
@@ -761,6 +779,51 @@ def test_a_resumed_gang_trains_past_its_resume_point_before_it_may_grow():
     cluster.report_step(0, 51)
     plan = cluster.step(1)
     assert "trainingSince" in cluster.status and "GrowRequested" in reasons(plan)
+
+
+def two_running_of_four(**grow: Any) -> SpotCluster:
+    cluster = spot(replicas=4, nodes=2, minReplicas=2, shrinkAfterSeconds=0, grow=grow)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba10", 10, current=12)
+    cluster.step(1)
+    assert cluster.status["gangSize"] == 2 and "trainingSince" in cluster.status
+    return cluster
+
+
+def test_nodes_coming_back_one_by_one_make_one_grow_not_two():
+    """Replayed spot trace: the gang grew 2 -> 3 when a third node came back, then 3 -> 4
+    twenty seconds later when the fourth did: two full restarts where one would do. A grow to a
+    partial size now waits grow.settleSeconds (default 60) for room for the full gang."""
+    cluster = two_running_of_four(minIntervalSeconds=0)
+    cluster.nodes["node-4"] = node("node-4")
+    plan = cluster.step(1)
+    assert "GrowRequested" not in reasons(plan) and not plan.notices
+    assert cluster.status["growRoomSince"] == iso(cluster.now)
+    assert not cluster.step(20).notices
+    cluster.nodes["node-5"] = node("node-5")
+    plan = cluster.step(1)  # room for the full gang: no settling
+    assert "GrowRequested" in reasons(plan) and cluster.status["grow"]["targetSize"] == 4
+    assert "growRoomSince" not in cluster.status
+    cluster.report(0, "ep0-ba20", 20, current=20)
+    plan = cluster.step(1)
+    assert len(plan.creations) == 4 and "Grown" in reasons(plan)
+    history = [(h["size"], h["reason"]) for h in cluster.status["sizeHistory"]]
+    assert history == [(2, "Shrunk"), (4, "Grown")]
+
+
+def test_a_partial_grow_comes_once_the_room_settled():
+    cluster = two_running_of_four(minIntervalSeconds=0, settleSeconds=30)
+    cluster.nodes["node-4"] = node("node-4")
+    assert not cluster.step(1).notices and "growRoomSince" in cluster.status
+    del cluster.nodes["node-4"]  # the room goes away: the settling starts again when it is back
+    assert not cluster.step(20).notices and "growRoomSince" not in cluster.status
+    cluster.nodes["node-4"] = node("node-4")
+    assert not cluster.step(1).notices
+    assert not cluster.step(29).notices
+    plan = cluster.step(1)
+    assert "GrowRequested" in reasons(plan) and cluster.status["grow"]["targetSize"] == 3
 
 
 def test_a_suspend_during_a_grow_drops_the_grow_request():
