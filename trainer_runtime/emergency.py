@@ -18,6 +18,7 @@ import time
 from typing import Any, Protocol
 
 from . import events
+from .announce import announce
 from .shutdown import ExitWatchdog, exit_now, raise_emergency_exit
 
 log = logging.getLogger("trainer_runtime")
@@ -80,13 +81,17 @@ class PreemptionResponse:
         mgr = self.manager
         watchdog = self.watchdog
         deadline = watchdog.start_clock(mgr.preemption.sigterm_at or time.monotonic())
-        log.warning(
+        speak = mgr.coord.local_rank == 0
+        announce(
+            log,
+            logging.WARNING,
             "SIGTERM: saving at batch %d before exiting (exit within %.1fs of the signal: "
             "grace period %.0fs minus a %.1fs margin)",
             batch,
             deadline.exit_by - deadline.signalled_at,
             deadline.grace_period_s,
             deadline.margin_s,
+            speak=speak,
         )
         events.sigterm(rank=mgr.coord.rank, step=batch, grace_period_s=deadline.grace_period_s)
         saved = None
@@ -104,11 +109,14 @@ class PreemptionResponse:
                 budget = min(budget, self.upload_flush_timeout_s)
             mgr.close(save=False, upload_timeout_s=budget)
         where = saved.name if saved else "the checkpoint already saved at this step"
-        log.warning(
+        announce(
+            log,
+            logging.WARNING,
             "emergency save %s done %.2fs after SIGTERM (grace period %.0fs)",
             where,
             saved_after if saved_after is not None else 0.0,
             deadline.grace_period_s,
+            speak=speak,
         )
         events.emergency_saved(
             rank=mgr.coord.rank,

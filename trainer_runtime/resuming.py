@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import events, rejection, resume
+from .announce import announce
 from .context import RunContext
 from .errors import WorldSizeMismatchError
 from .layout import progress_key
@@ -111,7 +112,14 @@ class Resumer:
                 ctx.position.timestamp = Timestamp()
             fallbacks = fallbacks + loaded.passed_over
             return self._resumed("load_path", loaded.shown, fallbacks, local=str(loaded.local))
-        log.info("starting run %s from scratch (no checkpoint to resume)", ctx.run_name)
+        announce(
+            log,
+            logging.INFO,
+            "starting run %s from scratch (no checkpoint to resume in %s)",
+            ctx.run_name,
+            ctx.run_dir,
+            speak=ctx.coord.local_rank == 0,
+        )
         events.fresh(rank=ctx.rank, run=ctx.run_name, world_size=ctx.world_size)
         self.store.resubmit_unsynced()
         return ResumeResult("fresh", None, ctx.position.timestamp, fallbacks)
@@ -254,12 +262,16 @@ class Resumer:
         self.store.resubmit_unsynced()
         pos.restart_clock()
         pos.mark_saved()
-        log.info(
-            "resumed run %s from %s at epoch %d batch %d",
+        announce(
+            log,
+            logging.INFO,
+            "resumed run %s from %s at epoch %d batch %d%s",
             ctx.run_name,
             path,
             pos.timestamp.epoch,
             pos.timestamp.batch,
+            f" (passed over {'; '.join(fallbacks)})" if fallbacks else "",
+            speak=ctx.coord.local_rank == 0,
         )
         remote_uri = ctx.remote.uri_for(Path(path).name) if ctx.remote is not None else path
         events.resumed(
