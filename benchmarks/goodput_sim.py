@@ -1,0 +1,749 @@
+"""Goodput of a training job on spot capacity, replayed over whole real traces by simulation.
+
+    python benchmarks/goodput_sim.py --trace NAME [NAME ...] --nodes 4 16 64 256
+        [--costs phases.json] [--json out.json] [--policies fixed elastic ...]
+
+Why a simulator next to the on-cluster replay: the cluster replays minutes of a trace at a few
+nodes with emulated steps; whether the product's recovery pays off at 64 or 256 GPU nodes over
+two weeks of real capacity can only be computed. The two meet in the phase costs: the cluster
+benchmark measures each recovery phase, ``--costs`` feeds them in here.
+
+**Goodput** (docs/goodput.md, DESIGN.md section 9) = samples in the newest COMMITTED checkpoint
+at the end of the trace / the ideal, the integral of the nodes available (capped at the job's
+full size) times the per-node rate of the full gang. Work rolled back does not count, nor does
+work done after the last commit. The **ceiling** is the same integral counting only capacity at
+or above ``minReplicas``: what no policy can beat.
+
+The job: ``replicas`` = the scale (4, 16, 64, 256 nodes), data parallel with linear scaling (one
+sample per node-second), state replicated on every node (HSDP/DDP), periodic asynchronous
+checkpoints (a short blocking stage, a commit later), an emergency checkpoint on a spot notice.
+A trace becomes the capacity of a gang of that size through ``spot_traces.scaled`` (the trace
+capped at the size; beyond its own pool, independent pools side by side).
+
+Policies (each a small state machine over the same ledger, the same events):
+
+- ``fixed``: trains only with every replica; any loss ends the gang, which cold-starts from the
+  newest checkpoint once all replicas fit again;
+- ``elastic``: today's product (operator/rtj_operator/elastic.py): shrinks to what fits (at least
+  ``minReplicas``, after waiting ``shrinkAfterSeconds`` for the full size) and grows back (no
+  sooner than ``grow.minIntervalSeconds`` after the last size change, after a checkpoint it
+  asks for); every size change ends the gang and cold-starts every rank;
+- ``elastic-warm``: survivors stay. A loss costs the survivors its detection and a re-formed
+  process group (seconds) and at most the step in flight (none with a notice); new ranks start
+  on their own (pod, image, runtime, state from their peers) while the gang trains on, then
+  join in a re-form. Only a gang that lost every rank starts cold;
+- ``fixed-warm``: the same recovery with every replica required (JobSet's in-place restart of
+  healthy pods): it waits, holding its state, until the lost ranks are replaced.
+
+Rejected: a simulation in time steps (a 2-week trace at 1 s steps times 256 nodes is slow and
+blurs the order of events a few seconds apart); randomised notices (the share of losses that
+get a notice is spread evenly over the losses, so every run gives the same figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+try:
+    from benchmarks import spot_traces
+except ImportError:  # run as a script: benchmarks/ is the script's folder
+    import spot_traces  # type: ignore[no-redef]
+
+Trace = spot_traces.Trace
+INF = math.inf
+POLICIES = ("fixed", "elastic", "elastic-warm", "fixed-warm")
+
+PHASES = (
+    "detected",
+    "old_pods_gone",
+    "pods_created",
+    "bound",
+    "container_started",
+    "runtime_started",
+    "process_group_formed",
+    "checkpoint_fetched",
+    "loaded",
+    "first_step",
+)
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Seconds each recovery phase of a cold gang restart takes, from the milestone before it
+    (``detected`` from the loss). GPU-scale defaults; the cluster benchmark measures them."""
+
+    detected: float = 30.0
+    """A loss without notice seen: a collective's timeout, or the node's pods gone."""
+    old_pods_gone: float = 15.0
+    """The survivors' pods terminated (the runtime's emergency exit, then the kubelet)."""
+    pods_created: float = 1.0
+    bound: float = 3.0
+    """Scheduled as a gang."""
+    container_started: float = 5.0
+    """With the image already on the node; a node without it also pays ``Model.image_pull_s``."""
+    runtime_started: float = 20.0
+    """Interpreter, torch and CUDA imported, the CUDA context made."""
+    process_group_formed: float = 20.0
+    """Rendezvous and NCCL communicators across the gang."""
+    checkpoint_fetched: float = 56.0
+    """A replica's state read from the store: 112 GB (a 7B model with Adam) at 2 GB/s."""
+    loaded: float = 15.0
+    first_step: float = 30.0
+    """The first step after a start: compilation, allocator and data-loader warm-up."""
+
+
+def load_phases(path: str | Path, base: Phases | None = None) -> tuple[Phases, list[str]]:
+    """Phase costs from a JSON file, over ``base`` for the phases it does not name.
+
+    Accepted: ``{"phases": {name: seconds, ...}}`` (other top-level keys ignored) or the phase
+    map itself; a value may be ``{"p50": s}`` (or ``"median"``) as benchmarks write them. Values
+    are each phase's own duration; with ``"cumulative": true`` they are seconds since the loss,
+    and the durations are their differences in phase order. Returns the phases and the names
+    the file set.
+    """
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}:1: a JSON object of phases was expected")
+    table = doc.get("phases", doc)
+    cumulative = bool(doc.get("cumulative", False))
+    if not isinstance(table, dict):
+        raise ValueError(f'{path}:1: "phases" is not an object of phase: seconds')
+    values: dict[str, float] = {}
+    for name, raw in table.items():
+        if name == "cumulative" and table is doc:
+            continue
+        if name not in PHASES:
+            raise ValueError(f"{path}: unknown phase {name!r}; the phases are {', '.join(PHASES)}")
+        value = raw.get("p50", raw.get("median")) if isinstance(raw, dict) else raw
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{path}: phase {name!r} is {raw!r}, not seconds (a number >= 0)")
+        values[name] = float(value)
+    if cumulative:
+        previous, durations = 0.0, {}
+        for name in (p for p in PHASES if p in values):
+            if values[name] < previous:
+                raise ValueError(
+                    f"{path}: cumulative phase {name!r} at {values[name]} s comes before the "
+                    f"phase above it ({previous} s)"
+                )
+            durations[name], previous = values[name] - previous, values[name]
+        values = durations
+    return replace(base or Phases(), **values), sorted(values)
+
+
+@dataclass(frozen=True)
+class Model:
+    """Everything the simulation assumes besides the trace: GPU-scale defaults, each overridable
+    from the command line, the phases from the cluster benchmark (``--costs``)."""
+
+    phases: Phases = field(default_factory=Phases)
+    image_pull_s: float = 120.0
+    """A ~15 GB PyTorch/CUDA image onto a node that never ran the job (~125 MB/s)."""
+    notice_detect_s: float = 2.0
+    """A loss that came with a notice is known at once: only the pods' deletion is seen."""
+    reform_s: float = 5.0
+    """Survivors re-form their process group with a changed membership (elastic-warm)."""
+    checkpoint_gb: float = 112.0
+    """One replica's state (7B parameters: bf16 weights, fp32 master copy, Adam)."""
+    peer_gbps: float = 12.5
+    """A new rank's state from a surviving peer's memory (100 Gb/s)."""
+    write_gbps: float = 1.0
+    """Each node's write rate to the checkpoint store; a save writes 1/N of a replica a node."""
+    save_block_s: float = 5.0
+    """The part of a periodic save that stops training (staging to host memory)."""
+    step_s: float = 2.0
+    interval_s: float | None = None
+    """Seconds of training between checkpoints; None: Young-Daly for the trace (``interval``)."""
+    notice_share: float = 0.5
+    """The share of losses that come with a notice (spread evenly over the losses)."""
+    notice_s: float = 120.0
+    """How long before the loss a notice comes (AWS, where the traces come from: 2 minutes)."""
+    min_fraction: float = 0.5
+    """``minReplicas`` of the elastic policies, as a share of ``replicas`` (rounded up)."""
+    shrink_after_s: float = 60.0
+    grow_min_interval_s: float = 300.0
+    state_replicated: bool = True
+    """Every node holds a whole replica: a survivor can hand the state to a new rank, and a
+    loss rolls back only the step in flight. False: a loss makes elastic-warm reload the newest
+    checkpoint (its survivors still skip the cold start)."""
+
+    def commit_s(self, nodes: int) -> float:
+        """From a save's start to its commit: the stage, then each node's 1/N of a replica."""
+        return self.save_block_s + self.checkpoint_gb / (max(nodes, 1) * self.write_gbps)
+
+    def cold_start(self, pull: bool) -> float:
+        """A new gang from pod creation to its first step done (old pods already gone)."""
+        p = self.phases
+        return (
+            p.pods_created
+            + p.bound
+            + p.container_started
+            + (self.image_pull_s if pull else 0.0)
+            + p.runtime_started
+            + p.process_group_formed
+            + p.checkpoint_fetched
+            + p.loaded
+            + p.first_step
+        )
+
+    def join(self, pull: bool) -> float:
+        """A new rank of a running gang, ready to join: its pod and runtime, the state from a
+        peer (the re-form that admits it is ``reform_s``, paid by everyone)."""
+        p = self.phases
+        return (
+            p.pods_created
+            + p.bound
+            + p.container_started
+            + (self.image_pull_s if pull else 0.0)
+            + p.runtime_started
+            + self.checkpoint_gb / self.peer_gbps
+        )
+
+    def detect(self, noticed: bool) -> float:
+        return self.notice_detect_s if noticed else self.phases.detected
+
+
+def interval(model: Model, capacity: Trace, replicas: int) -> float:
+    """The checkpoint interval: the model's, or Young-Daly's sqrt(2 x blocking save x mean time
+    between losses of this gang), at least one commit long and at most an hour."""
+    if model.interval_s is not None:
+        if not model.interval_s > 0:
+            raise ValueError(f"interval_s={model.interval_s}: must be above 0")
+        return model.interval_s
+    losses = sum(1 for _, before, after in capacity.changes() if after < before)
+    if losses == 0:
+        return 3600.0
+    young_daly = math.sqrt(2 * model.save_block_s * capacity.duration / losses)
+    return min(max(young_daly, model.commit_s(replicas)), 3600.0)
+
+
+class Ledger:
+    """Training progress and checkpoints of one job, in samples (one per node-second).
+
+    ``progress`` is the live state; ``committed`` the newest committed checkpoint's. A save
+    captures ``progress`` when it begins and counts once its commit time has passed; a loss
+    abandons every save not committed by then.
+    """
+
+    def __init__(self, interval_s: float, block_s: float) -> None:
+        self.interval_s, self.block_s = interval_s, block_s
+        self.progress = self.committed = self.captured = 0.0
+        self.pending: list[tuple[float, float]] = []
+        self.since_save = 0.0
+        self.blocked_until = 0.0
+        self.rolled_back = 0.0
+        self.saves = 0
+
+    def train(self, t0: float, t1: float, nodes: int, commit_s: float) -> None:
+        """Train ``nodes`` from ``t0`` to ``t1``, saving every ``interval_s`` of training."""
+        t = max(t0, self.blocked_until)
+        while t < t1:
+            span = min(t1 - t, max(self.interval_s - self.since_save, 0.0))
+            self.progress += span * nodes
+            self.since_save += span
+            t += span
+            if self.since_save >= self.interval_s - 1e-9:
+                self.save(t, commit_s)
+                t = self.blocked_until
+
+    def save(self, t: float, commit_s: float) -> float:
+        """Begin a save of the live state at ``t``; returns when it commits."""
+        self.captured = self.progress
+        self.pending.append((t + commit_s, self.progress))
+        self.since_save = 0.0
+        self.blocked_until = t + self.block_s
+        self.saves += 1
+        return t + commit_s
+
+    def settle(self, t: float) -> None:
+        """Count the saves committed by ``t``."""
+        left = []
+        for at, samples in self.pending:
+            if at <= t:
+                self.committed = max(self.committed, samples)
+            else:
+                left.append((at, samples))
+        self.pending = left
+
+    def abandon_saves(self) -> None:
+        self.pending = []
+
+    def rollback(self) -> None:
+        """Back to the newest committed checkpoint (the gang restarts from it)."""
+        self.abandon_saves()
+        self.rolled_back += self.progress - self.committed
+        self.progress = self.captured = self.committed
+        self.since_save = 0.0
+
+    def lose_step(self, samples: float) -> None:
+        """The step in flight is lost; the live state is that of the step before (never older
+        than the last save began from)."""
+        kept = max(self.captured, self.progress - samples)
+        self.rolled_back += self.progress - kept
+        self.progress = kept
+
+
+class Gang:
+    """What every policy shares: the clock, the capacity, named timers, the ledger."""
+
+    def __init__(self, model: Model, replicas: int, min_replicas: int, ledger: Ledger) -> None:
+        self.model, self.replicas, self.min_replicas = model, replicas, min_replicas
+        self.ledger = ledger
+        self.now = 0.0
+        self.avail = 0
+        self.size = 0
+        self.resume_at = 0.0
+        self.pulled = 0
+        """Available nodes that hold the image (pessimistically the first lost)."""
+        self.timers: dict[str, float] = {}
+        self.interruptions = 0
+        self.cold_starts = 0
+        self.reforms = 0
+
+    def training(self) -> bool:
+        return False
+
+    def advance(self, t: float) -> None:
+        """Train (if the gang is training) from the last event to ``t``."""
+        if self.training():
+            start = max(self.now, self.resume_at)
+            if t > start:
+                self.ledger.train(start, t, self.size, self.model.commit_s(self.size))
+        self.ledger.settle(t)
+        self.now = t
+
+    def next_timer(self) -> float:
+        return min(self.timers.values(), default=INF)
+
+    def fire(self, t: float) -> None:
+        name = min(self.timers, key=self.timers.__getitem__)
+        del self.timers[name]
+        getattr(self, f"on_{name}")(t)
+
+    def capacity(self, before: int, after: int) -> None:
+        self.avail = after
+        self.pulled = min(self.pulled, after)
+
+    def begin(self, t: float, avail: int) -> None:
+        raise NotImplementedError
+
+    def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
+        raise NotImplementedError
+
+    def on_notice(self, t: float, after: int) -> None:
+        raise NotImplementedError
+
+
+class ColdGang(Gang):
+    """Every membership change ends the gang; the next one cold-starts every rank from the
+    newest checkpoint (``fixed``: ``min_replicas == replicas``; ``elastic``: the product)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.state = "down"
+        self.waiting_since = 0.0
+        self.last_change = -INF
+        self.grown = False
+
+    def training(self) -> bool:
+        return self.state == "running"
+
+    def begin(self, t: float, avail: int) -> None:
+        self.avail = avail
+        self.try_start(t)
+
+    def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
+        self.capacity(before, after)
+        if after < before:
+            if self.state != "down" and after < self.size:
+                self.interrupt(t, noticed)
+        elif self.state == "down":
+            self.try_start(t)
+        elif self.state == "running":
+            self.want_grow(t)
+
+    def on_notice(self, t: float, after: int) -> None:
+        # The runtime saves at once on a notice (RTJ_NOTICE_FILE); it counts if it commits
+        # before the node goes.
+        if self.state == "running" and after < self.size:
+            self.ledger.save(t, self.model.commit_s(self.size))
+
+    def interrupt(self, t: float, noticed: bool) -> None:
+        self.interruptions += self.state == "running"
+        self.ledger.rollback()
+        self.state, self.size, self.grown = "down", 0, False
+        self.timers.clear()
+        detect = self.model.detect(noticed)
+        self.waiting_since = t + detect
+        self.timers["teardown"] = t + detect + self.model.phases.old_pods_gone
+
+    def try_start(self, t: float) -> None:
+        if "teardown" in self.timers:
+            return
+        fit = min(self.avail, self.replicas)
+        waited = self.grown or t >= self.waiting_since + self.model.shrink_after_s
+        if fit >= self.replicas or (fit >= self.min_replicas and waited):
+            self.start(t, fit)
+        elif fit >= self.min_replicas:
+            self.timers["shrink"] = self.waiting_since + self.model.shrink_after_s
+
+    def start(self, t: float, size: int) -> None:
+        pull = size > self.pulled
+        self.pulled = max(self.pulled, size)
+        self.state, self.size, self.last_change, self.grown = "starting", size, t, False
+        self.cold_starts += 1
+        self.timers.pop("shrink", None)
+        self.timers["ready"] = t + self.model.cold_start(pull)
+
+    def on_teardown(self, t: float) -> None:
+        self.try_start(t)
+
+    def on_shrink(self, t: float) -> None:
+        if self.state == "down":
+            self.try_start(t)
+
+    def on_ready(self, t: float) -> None:
+        self.state, self.resume_at = "running", t
+        self.ledger.since_save = 0.0
+        self.want_grow(t)
+
+    def want_grow(self, t: float) -> None:
+        growing = "grow" in self.timers or "grow_commit" in self.timers
+        if self.size < self.replicas and self.avail > self.size and not growing:
+            self.timers["grow"] = max(t, self.last_change + self.model.grow_min_interval_s)
+
+    def on_grow(self, t: float) -> None:
+        # The operator asks for a checkpoint and resubmits only once it committed.
+        if self.state == "running" and self.avail > self.size:
+            commit_at = self.ledger.save(t, self.model.commit_s(self.size))
+            self.timers["grow_commit"] = commit_at
+
+    def on_grow_commit(self, t: float) -> None:
+        if self.state != "running" or self.avail <= self.size:
+            return  # capacity went again: the grow is abandoned, the gang trains on
+        self.ledger.rollback()
+        self.state, self.size, self.grown = "down", 0, True
+        self.timers["teardown"] = t + self.model.phases.old_pods_gone
+
+
+class WarmGang(Gang):
+    """Survivors stay and keep their state; only new ranks start, while the gang trains on
+    (``elastic-warm``; ``fixed-warm`` with ``min_replicas == replicas``)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.joining: list[list[Any]] = []
+        """``[ready_at, ranks, cold]`` of each batch of new ranks still starting."""
+
+    def training(self) -> bool:
+        return self.size >= max(self.min_replicas, 1)
+
+    def begin(self, t: float, avail: int) -> None:
+        self.avail = avail
+        self.add_joiners(t)
+
+    def joining_ranks(self) -> int:
+        return sum(batch[1] for batch in self.joining)
+
+    def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
+        self.capacity(before, after)
+        if after > before:
+            self.add_joiners(t)
+            return
+        lost = self.size + self.joining_ranks() - after
+        hit = min(max(lost, 0), self.size)
+        self.drop_joiners(max(lost, 0) - hit)
+        if hit:
+            self.lose(t, hit, noticed)
+
+    def on_notice(self, t: float, after: int) -> None:
+        # Survivors holding a replica need no save; a gang about to lose every rank (or whose
+        # state is not replicated) saves as the product does.
+        lost = self.size + self.joining_ranks() - after
+        alone = lost >= self.size or not self.model.state_replicated
+        if self.training() and lost > 0 and alone:
+            self.ledger.save(t, self.model.commit_s(self.size))
+
+    def lose(self, t: float, ranks: int, noticed: bool) -> None:
+        m = self.model
+        in_step = self.training() and t >= self.resume_at
+        self.interruptions += in_step
+        self.ledger.abandon_saves()
+        self.size -= ranks
+        if self.size == 0:
+            self.ledger.rollback()
+        elif m.state_replicated:
+            if in_step and not noticed:
+                self.ledger.lose_step(m.step_s * (self.size + ranks))
+            self.reforms += 1
+            self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s)
+        else:
+            self.ledger.rollback()
+            self.reforms += 1
+            reload = m.phases.checkpoint_fetched + m.phases.loaded
+            self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s + reload)
+
+    def add_joiners(self, t: float) -> None:
+        want = min(self.avail, self.replicas) - self.size - self.joining_ranks()
+        if want <= 0:
+            return
+        members = self.size + self.joining_ranks() + want
+        pull = members > self.pulled
+        self.pulled = max(self.pulled, members)
+        cold = self.size == 0
+        cost = self.model.cold_start(pull) if cold else self.model.join(pull)
+        self.joining.append([t + cost, want, cold])
+        self.timers["join"] = min(batch[0] for batch in self.joining)
+
+    def drop_joiners(self, ranks: int) -> None:
+        while ranks > 0 and self.joining:
+            batch = self.joining[-1]
+            taken = min(ranks, batch[1])
+            batch[1] -= taken
+            ranks -= taken
+            if batch[1] == 0:
+                self.joining.pop()
+        if self.joining:
+            self.timers["join"] = min(batch[0] for batch in self.joining)
+        else:
+            self.timers.pop("join", None)
+
+    def on_join(self, t: float) -> None:
+        p = self.model.phases
+        for batch in sorted(b for b in self.joining if b[0] <= t):
+            if self.size == 0 and not batch[2]:
+                # Its peers all went while it started: it reads the checkpoint instead.
+                batch[0], batch[2] = (
+                    t + p.checkpoint_fetched + p.loaded + p.process_group_formed,
+                    True,
+                )
+                continue
+            self.joining.remove(batch)
+            if self.size == 0:
+                self.ledger.rollback()
+                self.cold_starts += 1
+                self.resume_at = t
+            else:
+                self.reforms += 1
+                self.resume_at = max(self.resume_at, t + self.model.reform_s)
+            self.size += batch[1]
+        if self.joining:
+            self.timers["join"] = min(batch[0] for batch in self.joining)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One policy at one scale over one trace."""
+
+    trace: str
+    policy: str
+    nodes: int
+    min_replicas: int
+    goodput: float
+    ceiling: float
+    kept_node_h: float
+    ideal_node_h: float
+    rolled_back_node_h: float
+    interruptions: int
+    """Losses that hit a training gang."""
+    cold_starts: int
+    reforms: int
+    interval_s: float
+
+
+def events(capacity: Trace, model: Model) -> list[tuple[float, int, str, int, int, bool]]:
+    """The trace's changes, and a notice ``notice_s`` before each loss that gets one: the
+    ``notice_share`` of losses, spread evenly (loss ``i`` when ``floor((i+1)s) > floor(i s)``)."""
+    out: list[tuple[float, int, str, int, int, bool]] = []
+    losses = 0
+    share = model.notice_share
+    for t, before, after in capacity.changes():
+        noticed = False
+        if after < before:
+            noticed = math.floor((losses + 1) * share + 1e-9) > math.floor(losses * share + 1e-9)
+            losses += 1
+            if noticed:
+                out.append((max(0.0, t - model.notice_s), 0, "notice", before, after, True))
+        out.append((t, 1, "change", before, after, noticed))
+    out.sort(key=lambda e: (e[0], e[1]))
+    return out
+
+
+def min_replicas(policy: str, replicas: int, model: Model) -> int:
+    if policy.startswith("fixed"):
+        return replicas
+    return max(1, min(replicas, math.ceil(model.min_fraction * replicas - 1e-9)))
+
+
+def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Result:
+    """Replay ``capacity`` (already scaled to the job) under ``policy``."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
+    least = min_replicas(policy, replicas, model)
+    every = interval(model, capacity, replicas)
+    ledger = Ledger(every, model.save_block_s)
+    machine = WarmGang if policy.endswith("warm") else ColdGang
+    gang = machine(model, replicas, least, ledger)
+    gang.begin(0.0, min(capacity.points[0][1], replicas))
+    end = capacity.duration
+    queue = events(capacity, model)
+    i = 0
+    while True:
+        te = queue[i][0] if i < len(queue) else INF
+        tt = gang.next_timer()
+        t = min(te, tt)
+        if t >= end:
+            break
+        gang.advance(t)
+        if tt <= te:
+            gang.fire(t)
+            continue
+        _, _, kind, before, after, noticed = queue[i]
+        i += 1
+        if kind == "notice":
+            gang.on_notice(t, min(after, replicas))
+        else:
+            gang.on_change(t, min(before, replicas), min(after, replicas), noticed)
+    gang.advance(end)
+    ideal = capacity.node_seconds(cap=replicas)
+    usable = sum(
+        (t1 - t0) * min(n, replicas)
+        for (t0, n), (t1, _) in itertools.pairwise(capacity.points)
+        if min(n, replicas) >= least
+    )
+    return Result(
+        trace=capacity.name,
+        policy=policy,
+        nodes=replicas,
+        min_replicas=least,
+        goodput=ledger.committed / ideal if ideal else 0.0,
+        ceiling=usable / ideal if ideal else 0.0,
+        kept_node_h=ledger.committed / 3600,
+        ideal_node_h=ideal / 3600,
+        rolled_back_node_h=ledger.rolled_back / 3600,
+        interruptions=gang.interruptions,
+        cold_starts=gang.cold_starts,
+        reforms=gang.reforms,
+        interval_s=every,
+    )
+
+
+def run(
+    trace: Trace,
+    nodes: Sequence[int],
+    model: Model,
+    policies: Sequence[str] = POLICIES,
+    scaling: str = "tile",
+) -> list[Result]:
+    """Every policy at every scale: the trace scaled to each size (``spot_traces.scaled``, or
+    ``proportional``), then replayed whole."""
+    results = []
+    for size in nodes:
+        if scaling == "tile":
+            capacity = spot_traces.scaled(trace, size)
+        else:
+            capacity = spot_traces.proportional(trace, size)
+        results.extend(simulate(capacity, size, policy, model) for policy in policies)
+    return results
+
+
+def table(results: Sequence[Result]) -> str:
+    """The results as a fixed-width table, one row per scale and policy."""
+    head = (
+        f"{'nodes':>5} {'policy':<13} {'min':>4} {'goodput':>7} {'ceiling':>7} "
+        f"{'losses':>6} {'cold':>5} {'reforms':>7} {'rolled back':>11} {'ckpt every':>10}"
+    )
+    rows = [head]
+    for r in results:
+        back = r.rolled_back_node_h / r.ideal_node_h if r.ideal_node_h else 0.0
+        rows.append(
+            f"{r.nodes:>5} {r.policy:<13} {r.min_replicas:>4} {r.goodput:>7.3f} "
+            f"{r.ceiling:>7.3f} {r.interruptions:>6} {r.cold_starts:>5} {r.reforms:>7} "
+            f"{back:>10.1%} {r.interval_s:>9.0f}s"
+        )
+    return "\n".join(rows)
+
+
+def markdown(results: Sequence[Result]) -> str:
+    """The results as a Markdown table: a row per policy, a column per scale, each cell
+    ``goodput (ceiling)`` (what docs/goodput.md shows)."""
+    sizes = sorted({r.nodes for r in results})
+    cells = {(r.policy, r.nodes): f"{r.goodput:.3f} ({r.ceiling:.3f})" for r in results}
+    policies = [p for p in POLICIES if any(r.policy == p for r in results)]
+    rows = [
+        "| policy | " + " | ".join(f"{n} nodes" for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    rows += [f"| {p} | " + " | ".join(cells[p, n] for n in sizes) + " |" for p in policies]
+    return "\n".join(rows)
+
+
+def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
+    phases = Phases(checkpoint_fetched=args.checkpoint_gb / args.fetch_gbps)
+    measured: list[str] = []
+    if args.costs:
+        phases, measured = load_phases(args.costs, phases)
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in fields(Model)
+        if f.name != "phases" and getattr(args, f.name, None) is not None
+    }
+    overrides["state_replicated"] = not args.not_replicated
+    return Model(phases=phases, **overrides), measured
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", nargs="+", required=True, help="spot_traces names, or 'all'")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 16, 64, 256])
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--costs", help="JSON of measured phase seconds (load_phases)")
+    parser.add_argument("--json", help="write every result and the model here")
+    parser.add_argument("--scaling", choices=("tile", "proportional"), default="tile")
+    parser.add_argument("--markdown", action="store_true", help="Markdown tables, not text")
+    parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
+    parser.add_argument(
+        "--not-replicated", action="store_true", help="state sharded, not replicated"
+    )
+    for f in fields(Model):
+        if f.type in ("float", "float | None"):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=float, dest=f.name)
+    args = parser.parse_args(argv)
+    if args.checkpoint_gb is None:
+        args.checkpoint_gb = Model.checkpoint_gb
+    model, measured = _model_from_args(args)
+    names = spot_traces.available_traces() if args.trace == ["all"] else args.trace
+    print(f"phases (s): {asdict(model.phases)}")
+    print(f"  from {args.costs}: {', '.join(measured) or 'none'}" if args.costs else "  defaults")
+    print(
+        f"cold restart {model.cold_start(False):.0f} s (+{model.image_pull_s:.0f} s image pull on "
+        f"a new node), warm join {model.join(True):.0f} s, re-form {model.reform_s:.0f} s, "
+        f"notice on {model.notice_share:.0%} of losses {model.notice_s:.0f} s ahead"
+    )
+    out: list[dict[str, Any]] = []
+    for name in names:
+        trace = spot_traces.load(name)
+        print(f"\n{name}  ({trace.source}, {trace.duration / 3600:.1f} h, scaling: {args.scaling})")
+        results = run(trace, args.nodes, model, args.policies, args.scaling)
+        print(markdown(results) if args.markdown else table(results))
+        out.extend({"trace_name": name, **asdict(r)} for r in results)
+    if args.json:
+        doc = {"model": asdict(model), "phases_measured": measured, "results": out}
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
