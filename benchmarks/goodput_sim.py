@@ -719,12 +719,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for f in fields(Model):
         if f.type in ("float", "float | None"):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=float, dest=f.name)
+            default = "Young-Daly" if f.default is None else f.default
+            parser.add_argument(
+                f"--{f.name.replace('_', '-')}", type=float, dest=f.name, help=f"default {default}"
+            )
     args = parser.parse_args(argv)
     if args.checkpoint_gb is None:
         args.checkpoint_gb = Model.checkpoint_gb
     model, measured = _model_from_args(args)
     names = spot_traces.available_traces() if args.trace == ["all"] else args.trace
+    missing = sorted(set(spot_traces.known_traces()) - set(spot_traces.available_traces()))
+    if args.trace == ["all"] and missing:
+        print(f"not here (spot_traces.py fetch): {', '.join(missing)}", file=sys.stderr)
     print(f"phases (s): {asdict(model.phases)}")
     print(f"  from {args.costs}: {', '.join(measured) or 'none'}" if args.costs else "  defaults")
     print(
