@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
     from .manifest import Manifest
     from .objectstore.errors import ObjectStoreConfigError, ObjectStoreError
+    from .prefetch import Prefetched
     from .sampler import DataPositionError, ResumableSampler
     from .timestamp import Event, SaveInterval, Timestamp
 
@@ -32,6 +33,7 @@ _LAZY = {
     "ResumeResult": "manager",
     "SavedCheckpoint": "manager",
     "Manifest": "manifest",
+    "Prefetched": "prefetch",
     "ObjectStoreConfigError": "objectstore.errors",
     "ObjectStoreError": "objectstore.errors",
     "ResumableSampler": "sampler",
@@ -63,6 +65,7 @@ __all__ = [
     "ObjectStoreConfigError",
     "ObjectStoreError",
     "OverwriteError",
+    "Prefetched",
     "ResumableSampler",
     "ResumeResult",
     "SaveFailedError",

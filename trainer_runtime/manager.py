@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from . import naming
+from . import arguments, naming
 from . import state as state_mod
 from .config import (
     AsyncPolicy,
@@ -284,6 +284,14 @@ class CheckpointManager:
         """Block until any background save has committed and retention has deleted the
         checkpoints it uncommitted; raise if the save failed."""
         self.saver.wait()
+
+    def steps(self, total: int) -> range:
+        """The step numbers a step-based loop (no epochs) still has to run: from the resumed
+        position (``timestamp.batch``) up to ``total``, excluded. The end is tested before each
+        step, so a re-run of a finished job trains no step; ``total`` that is not an int >= 0
+        is a ``ConfigError``."""
+        end = arguments.integer("steps(total)", total, "a number of steps >= 0", lambda n: n >= 0)
+        return range(min(self.timestamp.batch, end), end)
 
     # ------------------------------------------------------------------ loading
     def resume(self) -> ResumeResult:
