@@ -52,6 +52,9 @@ NOTICE = "notice"
 SIGTERM = "sigterm"
 EMERGENCY_SAVED = "emergency_saved"
 UPLOADED = "uploaded"
+STARTED = "started"
+FETCHED = "fetched"
+FIRST_STEP = "first_step"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     FRESH: ("run", "world_size"),
@@ -80,6 +83,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     SIGTERM: ("step", "grace_period_s"),
     EMERGENCY_SAVED: ("checkpoint", "step", "seconds", "grace_period_s"),
     UPLOADED: ("checkpoint", "uri", "bytes", "seconds"),
+    STARTED: ("process_started", "world_size", "attempt"),
+    FETCHED: ("checkpoint", "uri", "bytes", "seconds"),
+    FIRST_STEP: ("step", "seconds"),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
 
@@ -311,3 +317,45 @@ def read_events(text: str | Iterable[str], kind: str | None = None) -> list[Runt
     lines = text.splitlines() if isinstance(text, str) else text
     found = [e for e in (parse_line(line) for line in lines) if e is not None]
     return [e for e in found if kind is None or e.type == kind]
+
+
+def started(*, rank: int, world_size: int, attempt: str | None) -> None:
+    """The manager is built (the process group formed before it); ``process_started``: when
+    the interpreter started (Linux; ``None`` elsewhere). With the container's start (the
+    kubelet's) and ``resumed``, it splits a recovery's start-up into its phases."""
+    emit(
+        STARTED,
+        rank=rank,
+        process_started=process_start_time(),
+        world_size=world_size,
+        attempt=attempt,
+    )
+
+
+def fetched(*, rank: int, checkpoint: str, uri: str, sent: int, seconds: float) -> None:
+    """This rank fetched a checkpoint from the object store: ``bytes``, the size of its files
+    now on the local disk; ``seconds``, the fetch's wall time."""
+    emit(FETCHED, rank=rank, checkpoint=checkpoint, uri=uri, bytes=sent, seconds=round(seconds, 3))
+
+
+def first_step(*, rank: int, step: int, seconds: float) -> None:
+    """The first step after ``resume()`` is done (rank 0): training goes on from here.
+    ``seconds``: since the resume ended."""
+    emit(FIRST_STEP, rank=rank, step=step, seconds=round(seconds, 3))
+
+
+def process_start_time() -> str | None:
+    """When this process started, as UTC ISO 8601 (from ``/proc``: boot time plus the process's
+    start in clock ticks); ``None`` where ``/proc`` does not say."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        at = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from torch import nn
 
-from . import arguments, naming
+from . import arguments, envvars, events, naming
 from . import state as state_mod
 from .config import (
     AsyncPolicy,
@@ -201,6 +202,13 @@ class CheckpointManager:
             remote=ctx.remote_committed(),
             remote_uri=None if ctx.remote is None else ctx.remote.uri_for(""),
         )
+        self._resumed_at: float | None = None
+        """When ``resume()`` ended, until the first step after it (its event)."""
+        events.started(
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            attempt=os.environ.get(envvars.ATTEMPT, "").strip() or None,
+        )
 
     # ------------------------------------------------------------------ live position
     timestamp = _position_field("timestamp", "The training position (resume restores it).")
@@ -244,6 +252,11 @@ class CheckpointManager:
             self.sampler.advance(num_samples)
         if self.progress is not None:
             self.progress.step(self.timestamp.batch)
+        if self._resumed_at is not None:
+            if self.rank == 0:
+                since = time.monotonic() - self._resumed_at
+                events.first_step(rank=0, step=self.timestamp.batch, seconds=since)
+            self._resumed_at = None
         self._collect_background_failure()
         return self._loop_point(before, Event.BATCH_END)
 
@@ -302,7 +315,9 @@ class CheckpointManager:
         ``load_path``, else a fresh start.
         """
         self.saver.release_staging_buffers()
-        return self.resumer.resume()
+        result = self.resumer.resume()
+        self._resumed_at = time.monotonic()
+        return result
 
     def load(
         self,

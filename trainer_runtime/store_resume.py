@@ -12,10 +12,12 @@ each runs and loads what was fetched.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from . import events
 from .context import RunContext
 from .errors import NoCheckpointError, WorldSizeMismatchError
 from .fallback import first_valid
@@ -70,8 +72,16 @@ class StoreResume:
         def fetch_everywhere(found: tuple[str, int]) -> str | None:
             name, saved_world = found
             path, problem = None, None
+            began = time.monotonic()
             try:  # every file: version 2 spreads each rank's state over all of them
                 path = remote.fetch(name, ctx.run_dir, None)
+                events.fetched(
+                    rank=ctx.rank,
+                    checkpoint=name,
+                    uri=remote.uri_for(name),
+                    sent=folder_bytes(path),
+                    seconds=time.monotonic() - began,
+                )
             except (ObjectNotFoundError, ChecksumMismatchError) as exc:
                 problem = ("broken", str(exc))
             except Exception as exc:  # the store failed: no silent fresh start
@@ -166,3 +176,8 @@ def listed_on_rank0(ctx: RunContext, listing: Callable[[], T]) -> T:
     if got.error is not None:
         raise ObjectStoreError(f"rank 0 could not list the object store: {got.error}")
     return got.value
+
+
+def folder_bytes(path: Path) -> int:
+    """The size of the files of a fetched checkpoint folder (what the load reads)."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())

@@ -180,6 +180,10 @@ def test_events_name_each_upload_and_the_remote_resume(tmp_path, s3_root, monkey
     (resumed,) = [e for e in found if e.type == "resumed"]
     assert resumed["source"] == "remote" and resumed["uri"] == f"{run_uri}/ep0-ba2"
     assert resumed["step"] == 2 and resumed["saved_world_size"] == 1
+    (fetched,) = [e for e in found if e.type == "fetched"]
+    assert fetched["checkpoint"] == "ep0-ba2" and fetched["uri"] == f"{run_uri}/ep0-ba2"
+    assert fetched["bytes"] > 0 and fetched["seconds"] >= 0
+    assert fetched.time <= resumed.time
 
 
 def test_local_copy_wins_when_it_is_newest(tmp_path, s3_root):

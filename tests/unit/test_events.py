@@ -152,8 +152,14 @@ def test_training_with_a_bad_events_file_saves_resumes_and_reports(tmp_path, mon
     again = CheckpointManager(model=make()[0], folder=tmp_path / "ck", run_name="r")
     assert again.resume().timestamp.batch == 4
     again.close(save=False)
-    found = stderr_events(capfd.readouterr().err)
-    assert [e.type for e in found] == ["fresh", "committed", "committed", "resumed"]
+    every = stderr_events(capfd.readouterr().err)
+    kinds = ["started", "fresh", "first_step", "committed", "committed", "started", "resumed"]
+    assert [e.type for e in every] == kinds
+    started, first_step = every[0], every[2]
+    assert started["world_size"] == 1 and started["attempt"] is None
+    assert started["process_started"] is not None and started["process_started"] < started.time
+    assert first_step["step"] == 1 and 0 <= first_step["seconds"] < 60
+    found = [e for e in every if e.type not in ("started", "first_step")]
     first, second = found[1], found[2]
     assert (first["checkpoint"], first["step"]) == ("ep0-ba2", 2)
     assert (second["checkpoint"], second["step"]) == ("ep0-ba4", 4)
@@ -183,7 +189,7 @@ def test_sigterm_and_notice_events(tmp_path, monkeypatch, capfd):
     os.kill(os.getpid(), signal.SIGTERM)
     with pytest.raises(SystemExit):
         ck.batch_end(1)
-    found = events.read_events(target.read_text())
+    found = [e for e in events.read_events(target.read_text()) if e.type != "started"]
     kinds = [e.type for e in found]
     assert kinds == ["notice", "committed", "sigterm", "committed", "emergency_saved"], kinds
     assert found[0]["reason"] == "cloud.google.com/impending-node-termination"
