@@ -10,10 +10,13 @@ operator process and statistics).
   2 nodes are deleted. Measured: from just before the DELETEs to both pods of the 2-rank gang
   Running.
 * grow: 2 nodes come back. Measured: from the node creations to all 4 pods of the next gang
-  Running. kwok runs no trainer, so the benchmark answers the grow's notice itself the moment it
-  appears, with the progress annotation the runtime writes after the requested commit (the
-  time a real trainer needs for that checkpoint is its own save time, measured in
-  ``benchmarks/checkpoint.py``).
+  Running. kwok runs no trainer, so the benchmark plays rank 0's runtime in the progress
+  annotation: a step past the resume point as soon as a gang is created (the operator asks no
+  grow of a gang that has not trained since its resume, ``status.trainingSince``), and a fresh
+  commit the moment a grow's notice appears (the time a real trainer needs for that checkpoint
+  is its own save time, measured in ``benchmarks/checkpoint.py``). The nodes come back only once
+  the operator has seen the shrunk gang train, so the figure is the grow of a gang that trains,
+  not the wait for its first step.
 * spot trace: the same scripted trace (4 nodes; 2 lost for half the trace; back) under a fixed
   4-rank job (the user's alternative: wait for capacity) and an elastic one, interleaved. The
   fraction of wall time during which a whole gang was Running is sampled every 0.1 s.
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from operator_latency import (
     Bench,
+    apply_crds,
     cluster_kubeconfig,
     log,
     start_operator,
@@ -46,15 +50,16 @@ from operator_latency import (
 from rtj_operator import names
 from rtj_operator.kube import KubeApi
 from rtj_operator.timeutil import iso, utcnow
-from tools.kubeapi import ApiError
+from tests.cluster.kubeclient import Kube
+from tests.cluster.node_verbs import POOL_LABEL
+from tools.kubeapi import MERGE, ApiError
 
-MERGE = "application/merge-patch+json"
 CPU = "4"
 
 
 def node(bench: Bench, name: str, pool: str) -> None:
-    """A kwok node holding exactly one rank."""
-    bench.node(name, pool, kwok=True, cpu=CPU)
+    """A kwok node holding exactly one rank (not waited for: the grow is timed from here)."""
+    bench.kube.make_node(name, pool, cpu=CPU, kwok=True)
 
 
 def job(ns: str, name: str, pool: str, elastic: bool) -> dict[str, Any]:
@@ -63,7 +68,7 @@ def job(ns: str, name: str, pool: str, elastic: bool) -> dict[str, Any]:
         "checkpoint": {"dir": "s3://bench"},
         "template": {
             "spec": {
-                "nodeSelector": {"rtj-bench/pool": pool},
+                "nodeSelector": {POOL_LABEL: pool},
                 "terminationGracePeriodSeconds": 0,
                 "containers": [
                     {
@@ -91,11 +96,11 @@ def job(ns: str, name: str, pool: str, elastic: bool) -> dict[str, Any]:
 
 def running_gang(bench: Bench, ns: str, name: str) -> tuple[int, int] | None:
     """(attempt, size) when every live pod of the current attempt runs, else None."""
-    status = (bench.req("GET", f"{KubeApi.job_path(ns, name)}").get("status")) or {}
+    status = (bench.kube.req("GET", f"{KubeApi.job_path(ns, name)}").get("status")) or {}
     attempt, size = status.get("attempt"), status.get("gangSize")
     if attempt is None or not size or not status.get("gangCreated"):
         return None
-    pods = bench.req(
+    pods = bench.kube.req(
         "GET",
         f"/api/v1/namespaces/{ns}/pods",
         query={"labelSelector": f"{names.LABEL_JOB}={name},{names.LABEL_ATTEMPT}={attempt}"},
@@ -106,34 +111,61 @@ def running_gang(bench: Bench, ns: str, name: str) -> tuple[int, int] | None:
     return None
 
 
-def answer_grow_notices(bench: Bench, ns: str, name: str, step: list[int]) -> None:
-    """Play the runtime: a grow notice on rank 0 gets a fresh commit in the progress annotation."""
-    status = bench.req("GET", KubeApi.job_path(ns, name)).get("status") or {}
-    if not status.get("grow"):
-        return
-    pod = names.pod_name(name, status["attempt"], 0)
-    step[0] += 10
-    report = {
-        "checkpoint": f"ep0-ba{step[0]}",
-        "uri": f"s3://bench/{name}/ep0-ba{step[0]}",
-        "step": step[0],
-        "time": iso(utcnow()),
-        "current_step": step[0],
-    }
-    try:
-        bench.req(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{pod}",
-            content_type=MERGE,
-            body={"metadata": {"annotations": {"resumable.dev/progress": json.dumps(report)}}},
-        )
-    except ApiError as err:
-        if not err.not_found:
-            raise
+class Runtime:
+    """Plays rank 0's runtime in its progress annotation (kwok runs no trainer)."""
+
+    def __init__(self) -> None:
+        self.step = 100
+        self.trained: set[int] = set()
+        """Attempts whose rank 0 reported a step past its resume point."""
+
+    def play(self, bench: Bench, ns: str, name: str) -> dict[str, Any]:
+        """One look at the job: a new gang reports its first step after the resume (the runtime
+        sends ``current_step`` alone before the attempt's first commit), a grow notice gets a
+        fresh commit. Returns the job's status."""
+        status = bench.kube.req("GET", KubeApi.job_path(ns, name)).get("status") or {}
+        attempt = status.get("attempt")
+        if attempt is None or not status.get("gangCreated"):
+            return status
+        if status.get("grow"):
+            self.step += 10
+            self._annotate(
+                bench,
+                ns,
+                names.pod_name(name, attempt, 0),
+                {
+                    "checkpoint": f"ep0-ba{self.step}",
+                    "uri": f"s3://bench/{name}/ep0-ba{self.step}",
+                    "step": self.step,
+                    "time": iso(utcnow()),
+                    "current_step": self.step,
+                },
+            )
+        elif attempt not in self.trained and "trainingSince" not in status:
+            pod = names.pod_name(name, attempt, 0)
+            if self._annotate(bench, ns, pod, {"current_step": self.step + 1}):
+                self.trained.add(attempt)
+        return status
+
+    @staticmethod
+    def _annotate(bench: Bench, ns: str, pod: str, report: dict[str, Any]) -> bool:
+        report["reported_at"] = iso(utcnow())
+        try:
+            bench.kube.req(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/{pod}",
+                content_type=MERGE,
+                body={"metadata": {"annotations": {"resumable.dev/progress": json.dumps(report)}}},
+            )
+        except ApiError as err:
+            if not err.not_found:
+                raise
+            return False
+        return True
 
 
 def wait_gang(
-    bench: Bench, ns: str, name: str, *, size: int, after: int, timeout: float, step: list[int]
+    bench: Bench, ns: str, name: str, *, size: int, after: int, timeout: float, runtime: Runtime
 ) -> tuple[float, int]:
     """When a gang of ``size`` of an attempt after ``after`` runs, and that attempt."""
     deadline = time.monotonic() + timeout
@@ -141,9 +173,19 @@ def wait_gang(
         gang = running_gang(bench, ns, name)
         if gang and gang[1] == size and gang[0] > after:
             return time.monotonic(), gang[0]
-        answer_grow_notices(bench, ns, name, step)
+        runtime.play(bench, ns, name)
         time.sleep(0.02)
     raise TimeoutError(f"{name}: no running gang of {size} after attempt {after}")
+
+
+def wait_training(bench: Bench, ns: str, name: str, runtime: Runtime, timeout: float) -> None:
+    """Until the operator has seen the current gang train since its resume."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "trainingSince" in runtime.play(bench, ns, name):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"{name}: the operator never saw the gang train (status.trainingSince)")
 
 
 def measure_resizes(bench: Bench, ns: str, runs: int) -> dict[str, list[float]]:
@@ -153,27 +195,32 @@ def measure_resizes(bench: Bench, ns: str, runs: int) -> dict[str, list[float]]:
     for n in nodes:
         node(bench, n, pool)
     name = f"el-{uuid.uuid4().hex[:6]}"
-    bench.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic=True))
-    step = [100]
-    _, attempt = wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
+    bench.kube.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic=True))
+    runtime = Runtime()
+    _, attempt = wait_gang(bench, ns, name, size=4, after=-1, timeout=120, runtime=runtime)
     shrink, grow = [], []
     for run in range(runs):
         gone, nodes = nodes[2:], nodes[:2]
         start = time.monotonic()
         for n in gone:
-            bench.delete_node(n)
-        done, attempt = wait_gang(bench, ns, name, size=2, after=attempt, timeout=120, step=step)
+            bench.kube.delete_node(n)
+        done, attempt = wait_gang(
+            bench, ns, name, size=2, after=attempt, timeout=120, runtime=runtime
+        )
         shrink.append(done - start)
+        wait_training(bench, ns, name, runtime, timeout=60)
         back = [f"{pool}-r{run}-{i}" for i in range(2)]
         start = time.monotonic()
         for n in back:
             node(bench, n, pool)
-        done, attempt = wait_gang(bench, ns, name, size=4, after=attempt, timeout=120, step=step)
+        done, attempt = wait_gang(
+            bench, ns, name, size=4, after=attempt, timeout=120, runtime=runtime
+        )
         grow.append(done - start)
         nodes += back
         log(f"run {run + 1}/{runs}: shrink {shrink[-1]:.2f}s grow {grow[-1]:.2f}s")
     for n in nodes:
-        bench.delete_node(n)
+        bench.kube.delete_node(n)
     return {"shrink": shrink, "grow": grow}
 
 
@@ -184,16 +231,16 @@ def spot_trace(bench: Bench, ns: str, elastic: bool, seconds: float) -> float:
     for n in nodes:
         node(bench, n, pool)
     name = f"tr-{'e' if elastic else 'f'}-{uuid.uuid4().hex[:6]}"
-    bench.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic))
-    step = [100]
-    wait_gang(bench, ns, name, size=4, after=-1, timeout=120, step=step)
+    bench.kube.req("POST", KubeApi.job_path(ns), body=job(ns, name, pool, elastic))
+    runtime = Runtime()
+    wait_gang(bench, ns, name, size=4, after=-1, timeout=120, runtime=runtime)
     start = time.monotonic()
     training = samples = 0
     lost = returned = False
     while (now := time.monotonic() - start) < seconds:
         if not lost and now >= seconds * 0.25:
             for n in nodes[2:]:
-                bench.delete_node(n)
+                bench.kube.delete_node(n)
             lost = True
         if not returned and now >= seconds * 0.75:
             nodes = nodes[:2] + [f"{pool}-back-{i}" for i in range(2)]
@@ -202,11 +249,11 @@ def spot_trace(bench: Bench, ns: str, elastic: bool, seconds: float) -> float:
             returned = True
         samples += 1
         training += running_gang(bench, ns, name) is not None
-        answer_grow_notices(bench, ns, name, step)
+        runtime.play(bench, ns, name)
         time.sleep(0.1)
-    bench.req("DELETE", KubeApi.job_path(ns, name))
+    bench.kube.req("DELETE", KubeApi.job_path(ns, name))
     for n in nodes:
-        bench.delete_node(n)
+        bench.kube.delete_node(n)
     return training / samples
 
 
@@ -221,10 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args(argv)
     kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
-    bench = Bench(kubeconfig)
-    bench.apply_crds()
+    kube = Kube(kubeconfig)
+    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
+    apply_crds(kube)
     ns = f"rtj-bench-el-{bench.tag}"
-    bench.namespace(ns)
+    kube.create_namespace(ns)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     operator = start_operator(bench.kubeconfig, "rtj-bench-el-*", args.json.with_suffix(".log"))
     try:
@@ -245,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         "time": iso(utcnow()),
         "what": "seconds from 2 of 4 nodes deleted to the 2-rank gang Running (shrink, "
         "shrinkAfterSeconds 0) and from 2 nodes added to the 4-rank gang Running (grow, the "
-        "requested checkpoint answered at once); fraction of a scripted spot trace (half of "
+        "requested checkpoint answered at once, the shrunk gang seen training before the nodes "
+        "came back); fraction of a scripted spot trace (half of "
         "the capacity lost for the middle half) during which a whole gang ran",
         "shrink": {**summary(resizes["shrink"]), "min_s": round(min(resizes["shrink"]), 4)},
         "grow": {**summary(resizes["grow"]), "min_s": round(min(resizes["grow"]), 4)},
