@@ -17,6 +17,11 @@ from .errors import (
     SaveFailedError,
     WorldSizeMismatchError,
 )
+from .warm_start import start_from_environment as _start_prefetch
+
+# In a pod of a new attempt, start fetching the checkpoint the operator named while the script
+# goes on to import torch and form its process group (warm_start.py); elsewhere a no-op.
+_start_prefetch()
 
 if TYPE_CHECKING:
     from .manager import CheckpointManager, ResumeResult, SavedCheckpoint

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -484,11 +484,17 @@ def locate_run(
     return run_dir, backend
 
 
-def _staging_dir(run_uri: str, local_folder: str | os.PathLike[str] | None) -> Path:
-    """Where checkpoints of an s3:// run are committed locally before upload."""
+def _staging_dir(
+    run_uri: str,
+    local_folder: str | os.PathLike[str] | None,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """Where checkpoints of an s3:// run are committed locally before upload
+    (``RTJ_LOCAL_CHECKPOINT_DIR`` read from ``environ``, the process's by default)."""
     if local_folder is not None:
         return Path(local_folder)
-    base = env(envvars.LOCAL_CHECKPOINT_DIR) or os.path.join(
+    source = os.environ if environ is None else environ
+    base = source.get(envvars.LOCAL_CHECKPOINT_DIR, "").strip() or os.path.join(
         tempfile.gettempdir(), "rtj-checkpoints"
     )
     if is_remote(base):  # Path() would make a local folder named "s3:"

@@ -63,6 +63,9 @@ EVENTS_FILE = "RTJ_EVENTS_FILE"
 # (progress.py; default 2). A user with hundreds of jobs per API server may raise it.
 PROGRESS_INTERVAL_SECONDS = "RTJ_PROGRESS_INTERVAL_SECONDS"
 
+# Optional: "0" turns off the download of RTJ_RESUME_FROM at import (warm_start.py).
+PREFETCH = "RTJ_PREFETCH"
+
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
 # runner points it elsewhere). With KUBERNETES_SERVICE_HOST/PORT, used to annotate our own pod.
 SERVICEACCOUNT_DIR = "RTJ_SERVICEACCOUNT_DIR"

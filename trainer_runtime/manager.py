@@ -45,6 +45,7 @@ from .resuming import Resumer, ResumeResult
 from .sampler import ResumableSampler
 from .saving import SavedCheckpoint, Saver
 from .timestamp import Event, IntervalFn, Timestamp
+from .warm_start import wait_for_prefetch
 
 __all__ = ["CheckpointManager", "ResumeResult", "SavedCheckpoint"]
 
@@ -165,6 +166,7 @@ class CheckpointManager:
         self.settings = cfg
         self.interval = cfg.interval
         self.sampler = sampler
+        wait_for_prefetch()  # the run folder is the prefetch's until it is done (warm_start)
         ctx = self._ctx = open_run(
             cfg,
             self.components,

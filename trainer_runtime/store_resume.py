@@ -25,6 +25,7 @@ from .manifest import Manifest
 from .objectstore.errors import ChecksumMismatchError, ObjectNotFoundError, ObjectStoreError
 from .resume import QUARANTINE_REASON, Decision
 from .timestamp import Timestamp
+from .warm_start import folder_bytes
 
 log = logging.getLogger("trainer_runtime")
 T = TypeVar("T")
@@ -176,8 +177,3 @@ def listed_on_rank0(ctx: RunContext, listing: Callable[[], T]) -> T:
     if got.error is not None:
         raise ObjectStoreError(f"rank 0 could not list the object store: {got.error}")
     return got.value
-
-
-def folder_bytes(path: Path) -> int:
-    """The size of the files of a fetched checkpoint folder (what the load reads)."""
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
