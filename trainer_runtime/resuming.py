@@ -35,6 +35,7 @@ from .store_resume import (
 )
 from .timestamp import Timestamp
 from .verified_load import VerifiedFile
+from .warm_start import prefetched
 
 log = logging.getLogger("trainer_runtime")
 
@@ -83,13 +84,17 @@ class Resumer:
                 if newer is not None:
                     return newer
                 path = ctx.folder.path(decision.chosen)
+                # fetched from the store by this process, at import (warm_start)
+                source: Literal["checkpoint", "remote"] = (
+                    "remote" if prefetched(ctx.run_dir) == decision.chosen else "checkpoint"
+                )
                 verified, self._verified = self._verified, None
                 if self._loaded == decision.chosen:  # version 2: loaded while choosing
                     self._loaded = None
-                    return self._resumed("checkpoint", str(path), fallbacks)
+                    return self._resumed(source, str(path), fallbacks)
                 files = verified[1] if verified and verified[0] == decision.chosen else None
                 self.loader.load_checkpoint_dir(path, weights_only=False, files=files, **opts)
-                return self._resumed("checkpoint", str(path), fallbacks)
+                return self._resumed(source, str(path), fallbacks)
             if ctx.remote is not None:
                 fetched, passed = self.store.fetch_agreed()
                 fallbacks = fallbacks + lines_not_named(passed, decision)

@@ -71,6 +71,7 @@ class CheckpointPrefetch:
 
     def __init__(self, plan: PrefetchPlan) -> None:
         self.plan = plan
+        self.fetched: Path | None = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="rtj-prefetch", daemon=True)
@@ -90,6 +91,7 @@ class CheckpointPrefetch:
             log.warning("prefetch of %s failed (%s); resume() fetches", plan.checkpoint_uri, exc)
             return
         self.seconds = time.monotonic() - began
+        self.fetched = path
         events.fetched(
             rank=plan.rank,
             checkpoint=path.name,
@@ -120,6 +122,15 @@ def start_from_environment() -> CheckpointPrefetch | None:
             if plan is not None:
                 _prefetch = CheckpointPrefetch(plan)
         return _prefetch
+
+
+def prefetched(run_dir: Path) -> str | None:
+    """The checkpoint this process's prefetch put into ``run_dir``, if any: a resume from it
+    is a resume from the store (its ``resumed`` event says ``remote``)."""
+    done = _prefetch
+    if done is None or done.fetched is None or done.fetched.parent != Path(run_dir):
+        return None
+    return done.fetched.name
 
 
 def wait_for_prefetch() -> None:

@@ -79,11 +79,13 @@ def test_the_named_checkpoint_is_on_disk_before_the_manager_and_resumed_from_the
     got = relaunch(tmp_path, s3_root, s3_env.env())
     assert got["before"], "the checkpoint was not fetched while the script waited"
     assert got["batch"] == 2 and got["path"].endswith("ep0-ba2")
-    assert got["source"] == "checkpoint", "resume() fetched it again instead of using the disk"
+    assert got["source"] == "remote", "a checkpoint fetched from the store is a remote resume"
     found = events.read_events((tmp_path / "events.jsonl").read_text())
     kinds = [e.type for e in found]
     assert kinds.index("fetched") < kinds.index("started") < kinds.index("resumed"), kinds
-    assert kinds.count("fetched") == 1
+    assert kinds.count("fetched") == 1, "resume() fetched it again instead of using the disk"
+    (resumed,) = [e for e in found if e.type == "resumed"]
+    assert resumed["source"] == "remote" and resumed["uri"] == f"{s3_root}/s3run/ep0-ba2"
 
 
 def test_rtj_prefetch_0_leaves_the_fetch_to_resume(tmp_path, s3_root, s3_env):
