@@ -56,6 +56,20 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.lastCommittedCheckpoint.step",
         "description": "Step of the last committed checkpoint",
     },
+    {
+        "name": "Goodput",
+        "type": "string",
+        "jsonPath": ".status.goodput.percent",
+        "description": "Committed samples over what the full gang would have kept in the same "
+        "time (status.goodput.fraction)",
+    },
+    {
+        "name": "Lost",
+        "type": "string",
+        "jsonPath": ".status.goodput.lost",
+        "description": "Time lost so far to waits for capacity, restarts, backoff and work rolled "
+        "back (status.goodput.lostSeconds)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     {"name": "Quarantined", "type": "integer", "jsonPath": ".status.quarantined", "priority": 1},

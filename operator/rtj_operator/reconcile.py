@@ -10,8 +10,9 @@ starting another.
 
 The steps live in modules with one job each: ``gang_create`` (support objects, size, pods),
 ``gang_watch`` (classify the ranks, act on the verdict), ``sizing`` (elastic sizes: start size,
-re-shrink, grow), ``transitions`` (interruptions, budgets, the next attempt). This module only
-learns progress, orders the steps and cleans up old attempts' pods.
+re-shrink, grow), ``transitions`` (interruptions, budgets, the next attempt), ``goodput`` (what
+spot cost the job). This module only learns progress, orders the steps and cleans up old
+attempts' pods.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from . import support
+from . import goodput, support
 from .api_types import Job
 from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
@@ -97,6 +98,7 @@ def reconcile(
             # why nothing runs, not that a first gang is being created.
             ctx.phase(Phase.PENDING, "Created", "creating the first gang")
     st.observed_generation = job.ref.generation
+    goodput.open_account(st, now)
     parses_again(st, now=now, generation=job.ref.generation)
     _absorb_progress(ctx)
 
@@ -115,6 +117,10 @@ def reconcile(
                 create_gang(ctx)
         _cleanup(ctx, keep_current=st.phase not in TERMINAL_PHASES)
 
+    goodput.account(st, job.status, replicas=job.spec.replicas, now=now)
+    if plan.after_creation is not None and st.goodput is not None:
+        # Written after the pods exist, over the status above: it must carry the same account.
+        plan.after_creation.goodput = st.goodput.model_copy(deep=True)
     if st.model_dump(mode="json") != job.status.model_dump(mode="json"):
         plan.status = st
     return plan

@@ -188,6 +188,126 @@ class Condition(ApiModel):
     """The spec generation the condition was computed from."""
 
 
+class Activity(StrEnum):
+    """What the job was doing, for the goodput account: every second since ``goodput.since``
+    falls in exactly one of these."""
+
+    STARTING = "Starting"
+    """Before the job's first interruption, not training yet: the first gang is created,
+    scheduled, started and loads (a cost any job pays, spot or not)."""
+    TRAINING = "Training"
+    """A gang trains: from ``trainingSince`` until the operator sees it interrupted or ended."""
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    """No room: an elastic attempt waits for room for its gang (``CapacityAvailable=False``), or
+    a rank of the current attempt cannot be scheduled (``PodsScheduled=False``: Unschedulable, or
+    SchedulingGated while a queue has not admitted the gang)."""
+    RESTARTING = "Restarting"
+    """After an interruption, until the next gang trains: the old pods go, the new ones are
+    created, start and load the checkpoint (waits for room and backoff not included)."""
+    BACKING_OFF = "BackingOff"
+    """The failure backoff: the next attempt may not start before ``restartAfter``."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend``: the user's pause, counted apart and left out of the fraction."""
+    ENDED = "Ended"
+    """Succeeded or Failed: the account is closed."""
+
+
+class RateSource(StrEnum):
+    """Where ``goodput.fullSizeSamplesPerSecond`` comes from."""
+
+    MEASURED = "Measured"
+    """Measured while the gang ran at ``replicas`` pods."""
+    SCALED = "Scaled"
+    """No full-size gang has committed twice yet: a smaller gang's rate times ``replicas`` over
+    its size (linear scaling, an upper bound for most jobs, so the fraction is a lower bound)."""
+
+
+class PendingRollback(ApiModel):
+    """An interrupted gang whose lost work is settled once the next gang trains (by then any
+    emergency save it made in its grace period has committed and is the resume point)."""
+
+    attempt: int
+    """The interrupted attempt."""
+    interrupted_at: Time
+    """When the operator saw it interrupted."""
+    trained_since: Time
+    """When that gang first trained past its resume point."""
+    reached_step: int | None = None
+    """The highest step it reported."""
+
+
+class Goodput(ApiModel):
+    """What spot cost the job so far: wall time by activity, work rolled back, and the share of
+    the ideal that was kept. Durations are closed (added up) whenever the operator writes the
+    status: at every transition, at every progress report of a training gang, and otherwise at
+    the first pass a minute after the last (not while suspended or ended). The open part is
+    ``activity``/``activitySince``."""
+
+    since: Time
+    """When accounting started: the job's first reconcile (for a job created before the
+    operator kept this account, the first reconcile by such an operator)."""
+    activity: Activity
+    """What the job is doing now (Starting, Training, WaitingForCapacity, Restarting,
+    BackingOff, Suspended, Ended)."""
+    activity_since: Time
+    """Since when the time of ``activity`` is not yet added to its field."""
+    starting_seconds: float = 0.0
+    """Time before the job's first interruption spent not training yet (first gang created,
+    scheduled, started, loading), waits for room excluded."""
+    training_seconds: float = 0.0
+    """Time a gang trained: from its first progress past its resume point (``trainingSince``)
+    until the operator saw it interrupted or ended. Includes ``rolledBackSeconds``."""
+    waiting_for_capacity_seconds: float = 0.0
+    """Time waiting for room: an elastic attempt waiting before its pods exist, or ranks of the
+    current attempt unschedulable or held by a queue's scheduling gates (also a new gang's wait
+    for its predecessor's pods to free their nodes)."""
+    restarting_seconds: float = 0.0
+    """Time from each interruption's detection until the next gang trained, waits for room and
+    backoff excluded: old pods going, new ones created, started, loading the checkpoint."""
+    backoff_seconds: float = 0.0
+    """Time in the failure backoff (``restartAfter``)."""
+    suspended_seconds: float = 0.0
+    """Time suspended (``spec.suspend``); not counted as lost nor in the fraction."""
+    rolled_back_seconds: float = 0.0
+    """Training time whose work was thrown away: per interruption, from the interrupted gang's
+    last kept commit (or its first progress, when it kept none) to the interruption's
+    detection, so it includes the time the loss took to be seen. Part of
+    ``trainingSeconds``."""
+    rolled_back_steps: int = 0
+    """Steps redone: per interruption, the highest step the gang reported minus the step of the
+    newest checkpoint it (or an earlier attempt) committed, as known when the next gang first
+    trained: unlike ``interruptions[].stepsLost``, an emergency save committed in the grace
+    period counts."""
+    rolled_back_samples: int = 0
+    """``rolledBackSteps`` in samples: each interruption's steps times its kept checkpoint's
+    samples per step (sample over step). Stays 0 for a run that reports no sample counts."""
+    lost_seconds: float = 0.0
+    """``waitingForCapacitySeconds + restartingSeconds + backoffSeconds +
+    rolledBackSeconds``."""
+    lost: str = "0s"
+    """``lostSeconds`` for people (``1h5m``): the LOST column."""
+    committed_samples: int | None = None
+    """Global samples in the newest committed checkpoint (``lastCommittedCheckpoint.sample``)."""
+    samples_per_second: float | None = None
+    """Training rate of the newest gang that committed twice: the sample counts of its commits
+    (up to the last 10) over their commit times."""
+    full_size_samples_per_second: float | None = None
+    """The rate of a gang at ``replicas`` pods (see ``fullSizeRate``): the ideal's rate."""
+    full_size_rate: RateSource | None = None
+    """Measured (the last full-size gang that committed twice) or Scaled (from a smaller
+    gang's rate, linearly)."""
+    fraction: float | None = None
+    """Goodput: ``committedSamples / (fullSizeSamplesPerSecond * (elapsed -
+    suspendedSeconds))``, elapsed counted from ``since`` to now (or to the job's end). The
+    ideal assumes the full gang could have run the whole time: the operator does not know
+    what capacity the cloud had, so this is committed work over what the job would have kept
+    on dedicated nodes (docs/operator.md, What spot costs this job)."""
+    percent: str | None = None
+    """``fraction`` for people (``87%``): the GOODPUT column."""
+    pending_rollback: PendingRollback | None = None
+    """An interruption whose rolled-back work is settled when the next gang trains."""
+
+
 class JobStatus(ApiModel):
     """Observed state of a ResumableTrainingJob, written only by the operator."""
 
@@ -278,3 +398,6 @@ class JobStatus(ApiModel):
     """When the job Succeeded or Failed."""
     observed_generation: int | None = None
     """The spec generation last reconciled."""
+    goodput: Goodput | None = None
+    """What spot cost the job so far: time by activity, work rolled back, goodput (docs/operator.md,
+    What spot costs this job)."""

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import conditions as cond
+from . import goodput
 from .backoff import failure_delay
 from .classify import GangVerdict
 from .podstate import live_pods, pod_deletion
@@ -43,8 +44,10 @@ def committed_and_lost(st: JobStatus) -> tuple[int | None, int | None]:
 
 
 def record_interruption(ctx: ReconcileContext, interruption: Interruption) -> None:
-    """Append to the bounded interruption history and tell the plan (metrics)."""
+    """Append to the bounded interruption history, tell the plan (metrics) and the goodput
+    account (called before the ended gang is forgotten)."""
     st = ctx.status
+    goodput.note_interruption(st, ctx.now)
     st.interruptions = [*st.interruptions, interruption][-MAX_INTERRUPTIONS:]
     ctx.plan.interruption = interruption
 
