@@ -196,7 +196,16 @@ def merge_checkpoints(
     return ordered[:MAX_KNOWN_CHECKPOINTS]
 
 
-def highest_current_step(reports: Iterable[Report]) -> int | None:
-    """The furthest step any rank said it reached (for the steps lost at an interruption)."""
-    steps = [r.current_step if r.current_step is not None else r.step for r in reports]
+def highest_current_step(
+    pods: Iterable[dict[str, Any]], container_name: str | None = None
+) -> int | None:
+    """The furthest step the gang said it reached (for the steps lost at an interruption): the
+    annotation's ``current_step``, also before the attempt's first commit, when that is all it
+    holds, and the step of every commit a pod reports."""
+    steps = []
+    for pod in pods:
+        current = _int((_progress_json(pod) or {}).get("current_step"))
+        if current is not None:
+            steps.append(current)
+        steps += [r.step for r in pod_reports(pod, container_name)]
     return max(steps) if steps else None

@@ -148,6 +148,11 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
             for p in current
         ):
             st.training_since = ctx.now
+    if st.gang_created:
+        current = (p for p in ctx.owned if pod_attempt(p) == st.attempt)
+        step = highest_current_step(current, spec.container_name)
+        if step is not None and (st.current_step is None or step > st.current_step):
+            st.current_step = step
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
@@ -156,9 +161,6 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
     if last is None or progress_order(newest) > progress_order(last):
         st.last_committed_checkpoint = newest
     if st.gang_created and current_reports:
-        step = highest_current_step(current_reports)
-        if step is not None and (st.current_step is None or step > st.current_step):
-            st.current_step = step
         fresh = [
             r
             for r in current_reports

@@ -195,13 +195,13 @@ def test_failure_backoff_is_its_own_cause():
     assert cluster.step(5).creations  # t=70: the backoff is over
     acc = account_of(cluster)
     assert acc["backoffSeconds"] == 10 and acc["activity"] == "Restarting"
-    # No checkpoint: all 50 s of its training are lost. Its steps are not known: the operator
-    # learns a step only with a commit (status.currentStep).
+    # No checkpoint: all 50 s of its training are lost, and the 5 steps rank 0 reported
+    # before its first commit (status.currentStep).
     cluster.schedule_and_run()
     cluster.report_step(0, 1)
     cluster.step(20)
     acc = account_of(cluster)
-    assert acc["restartingSeconds"] == 20 and acc["rolledBackSteps"] == 0
+    assert acc["restartingSeconds"] == 20 and acc["rolledBackSteps"] == 5
     assert acc["rolledBackSeconds"] == 50 and acc["lostSeconds"] == 80
 
 

@@ -110,7 +110,15 @@ def test_pod_reports_reads_annotation_and_termination_message():
     )
     reports = pod_reports(pod, None)
     assert {r.checkpoint for r in reports} == {"ep0-ba10", "ep0-ba20"}
-    assert highest_current_step(reports) == 20
+    assert highest_current_step([pod]) == 20
+
+
+def test_the_current_step_is_read_before_the_attempts_first_commit():
+    """Rank 0 sends ``current_step`` alone until its attempt commits: a loss then still counts
+    the steps the gang reached (it counted none: the step came only with a commit)."""
+    before_commit = make_pod(annotations={"resumable.dev/progress": '{"current_step": 7}'})
+    assert highest_current_step([before_commit]) == 7
+    assert highest_current_step([make_pod()]) is None
 
 
 def test_merge_checkpoints_dedupes_orders_and_bounds():
