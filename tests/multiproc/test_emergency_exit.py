@@ -47,9 +47,15 @@ os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
 
 
 def run(tmp: Path, body: str) -> int:
+    proc = launch(tmp, body)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode
+
+
+def launch(tmp: Path, body: str) -> subprocess.CompletedProcess[str]:
     script = tmp / "job.py"
     script.write_text(SCRIPT.format(body=textwrap.dedent(body)))
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script), str(tmp)],
         check=False,
         cwd=ROOT,
@@ -58,8 +64,6 @@ def run(tmp: Path, body: str) -> int:
         text=True,
         timeout=120,
     )
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc.returncode
 
 
 def test_an_uncaught_emergency_exit_skips_the_teardown_after_the_atexit_handlers(tmp_path):
@@ -192,22 +196,14 @@ def test_a_new_systemexit_from_the_caught_one_ends_fast_with_the_new_code(tmp_pa
 
 
 def test_an_exception_other_than_systemexit_ends_through_the_ordinary_shutdown(tmp_path):
-    script_body = """
+    proc = launch(
+        tmp_path,
+        """
         try:
             ck.batch_end(4)
         except SystemExit as exc:
             raise RuntimeError("converted") from exc
-        """
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(body=textwrap.dedent(script_body)))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        check=False,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "RTJ_GRACE_PERIOD_SECONDS": "20"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+        """,
     )
     assert proc.returncode == 1
     assert "RuntimeError: converted" in proc.stderr
