@@ -68,17 +68,30 @@ def test_shrinks_to_the_nodes_left_then_grows_back_after_a_checkpoint(kube, ns, 
     assert shrunk["stepsLost"] == 20
     wait_events(kube, ns, name, {"WaitingForCapacity", "Shrunk"})
 
-    pool.add(2, cpu="4")
-    wait_for(
-        "the grow's notice",
-        lambda: all(
+    def grow_notices() -> list[bool]:
+        return [
             "resumable.dev/grow"
             in (p["metadata"].get("annotations") or {}).get("resumable.dev/preemption-notice", "")
             for p in kube.pods(ns, name, 1)
-        ),
+        ]
+
+    # Room for the full gang, but the shrunk gang has not trained since its resume (its ranks
+    # could still be loading the checkpoint): no grow is asked of it, however long it runs.
+    pool.add(2, cpu="4")
+    time.sleep(6)  # a node change wakes the operator at once; it also looks every 5 s
+    status = kube.status(ns, name)
+    assert not any(grow_notices()), operator.tail()
+    assert "grow" not in status and "trainingSince" not in status, status
+    assert status["attempt"] == 1 and status["gangSize"] == 2
+    # Rank 0 reports a step past the checkpoint it resumed from: the gang trains, it may grow.
+    kube.report_progress(ns, f"{name}-a1-r0", "ep0-ba100", 100, current_step=101)
+    wait_for(
+        "the grow's notice",
+        lambda: (notices := grow_notices()) and all(notices),
         30,
         on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
     )
+    assert "trainingSince" in kube.status(ns, name)
     time.sleep(2)
     assert kube.status(ns, name)["attempt"] == 1  # no restart before the checkpoint commits
     kube.report_progress(ns, f"{name}-a1-r0", "ep0-ba140", 140)
