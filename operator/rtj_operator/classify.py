@@ -20,14 +20,17 @@ of the checks below is the policy:
 7. a NotReady node -> preemption once ``nodeNotReadySeconds`` have passed, otherwise wait.
 
 At the gang level a preemption of any rank wins over failures of the others, because the
-surviving ranks of a broken gang typically crash (NCCL timeouts) right after one goes.
+surviving ranks of a broken gang typically crash (NCCL timeouts) right after one goes. A failed
+gang is described by the rank that ended first, for the same reason: the others' exits are
+usually its consequence. What a failure then does (count, retry, fail the job) is the user's
+policy, ``resumePolicy.exitCodeRules``, applied in exit_policy.py to that rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -109,6 +112,14 @@ class RankOutcome:
     """Seconds until this classification may change by time alone (NotReady grace)."""
     finished_at: datetime | None = None
     """When the training container terminated, if it did."""
+    exit_reason: str | None = None
+    """The training container's termination reason (``OOMKilled``, ``Error``, ...), if it
+    terminated."""
+    own_exit: bool = False
+    """A failure that is the training container's own exit: it terminated with a non-zero code
+    and the kubelet did not fail the pod itself (a pod reason such as ``DeadlineExceeded``, or
+    ``Evicted`` for its own limits, means its kill made the code). Only such a failure is
+    matched against ``resumePolicy.exitCodeRules`` (exit_policy.py)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +257,8 @@ def classify_rank(
             cause=Cause.FAILURE,
             message=what,
             finished_at=finished_at,
+            exit_reason=how,
+            own_exit=exit_code is not None and not reason,
             **base,
         )
     # 7. NotReady nodes get a grace period.
@@ -306,7 +319,8 @@ class GangVerdict:
 
     outcome: Outcome
     trigger: RankOutcome | None = None
-    """The rank whose signal decided the verdict (first preempted, else first failed)."""
+    """The rank whose signal decided the verdict: the first preempted by rank, else the failed
+    rank whose training container ended first (``first_to_end``)."""
     all_running: bool = False
     recheck_after: float | None = None
 
@@ -330,9 +344,10 @@ def gang_verdict(
     if preempted:
         return GangVerdict(Outcome.PREEMPTED, preempted[0])
     if failed:
+        first = first_to_end(failed)
         troubled = [o for o in ranks if o.node_trouble is not None]
         if troubled:
-            first, culprit = failed[0], troubled[0]
+            culprit = troubled[0]
             state = "announced for termination" if culprit.notice else "not ready"
             return GangVerdict(
                 Outcome.PREEMPTED,
@@ -352,7 +367,7 @@ def gang_verdict(
             return GangVerdict(
                 Outcome.ACTIVE, recheck_after=left if recheck is None else min(left, recheck)
             )
-        return GangVerdict(Outcome.FAILED, failed[0])
+        return GangVerdict(Outcome.FAILED, first)
     if ranks and all(o.outcome is Outcome.SUCCEEDED for o in ranks):
         return GangVerdict(Outcome.SUCCEEDED)
     active = [o for o in ranks if o.outcome is Outcome.ACTIVE]
@@ -362,6 +377,20 @@ def gang_verdict(
         and bool(active)
     )
     return GangVerdict(Outcome.ACTIVE, all_running=all_running, recheck_after=recheck)
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def first_to_end(failed: Sequence[RankOutcome]) -> RankOutcome:
+    """The failed rank that speaks for the gang: the one whose training container terminated
+    first (the others usually crash because it went: NCCL errors, timeouts), the lowest rank
+    among those that ended in the same second (``finishedAt`` has seconds only), and ranks
+    without a finish time (the pod failed before the container ended) after every timed one."""
+    return min(
+        failed,
+        key=lambda o: (o.finished_at is None, o.finished_at or _NEVER, o.rank),
+    )
 
 
 def _settle_left(

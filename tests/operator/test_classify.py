@@ -218,6 +218,29 @@ def test_gang_plain_failure():
     assert verdict.outcome is Outcome.FAILED and verdict.trigger.rank == 0
 
 
+def test_a_failed_gang_is_described_by_the_rank_that_ended_first():
+    def failed(rank, after=None):
+        ended = None if after is None else T0 + timedelta(seconds=after)
+        return _o(rank, Outcome.FAILED, cause=Cause.FAILURE, finished_at=ended)
+
+    assert gang_verdict([failed(0, 2), failed(1, 1), failed(2, 3)]).trigger.rank == 1
+    assert gang_verdict([failed(0, 1), failed(1, 1)]).trigger.rank == 0  # same second
+    assert gang_verdict([failed(0), failed(1, 5)]).trigger.rank == 1  # no time: last
+    assert gang_verdict([failed(0), failed(1)]).trigger.rank == 0
+
+
+def test_the_training_containers_own_exit_is_told_apart_from_the_kubelets_kill():
+    """What exit code rules may match: the container's own exit, with its reason."""
+    out = classify(make_pod(phase="Failed", exit_code=137, reason="OOMKilled"))
+    assert (out.exit_code, out.exit_reason, out.own_exit) == (137, "OOMKilled", True)
+    past_deadline = make_pod(phase="Failed", exit_code=137, status_reason="DeadlineExceeded")
+    out = classify(past_deadline)
+    assert out.outcome is Outcome.FAILED and not out.own_exit
+    before_the_container_ended = make_pod(phase="Failed")
+    out = classify(before_the_container_ended)
+    assert out.outcome is Outcome.FAILED and not out.own_exit
+
+
 def test_gang_success_needs_every_rank():
     assert (
         gang_verdict([_o(0, Outcome.SUCCEEDED), _o(1, Outcome.ACTIVE, running=True)]).outcome
