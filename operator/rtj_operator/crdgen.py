@@ -72,6 +72,13 @@ PRINTER_COLUMNS = [
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
+    {
+        "name": "Retries",
+        "type": "integer",
+        "jsonPath": ".status.retries",
+        "description": "Failures retried by an exitCodeRules Retry rule (resumePolicy.maxRetries)",
+        "priority": 1,
+    },
     {"name": "Quarantined", "type": "integer", "jsonPath": ".status.quarantined", "priority": 1},
     {
         "name": "Checkpoint",

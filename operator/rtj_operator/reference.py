@@ -43,6 +43,9 @@ def _constraints(node: dict[str, Any]) -> str:
             parts.append(f"{label} `{node[key]}`")
     for rule in node.get("x-kubernetes-validations", []):
         parts.append(rule["message"])
+    items = node.get("items") if node.get("type") == "array" else None
+    if isinstance(items, dict) and (each := _constraints(items)):
+        parts.append(f"each item: {each}")
     return "; ".join(parts)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -201,6 +202,90 @@ class PreemptionSignals(ApiModel):
     later. Default 0: a failure counts at once."""
 
 
+class ExitCodeAction(StrEnum):
+    """What a failure matched by an exit code rule does to the job."""
+
+    RETRY = "Retry"
+    """A transient error: resubmit the gang as after a failure, with the same backoff, but
+    counted against ``maxRetries`` (``status.retries``), not ``backoffLimit``; it never counts
+    towards quarantine."""
+    FAIL_JOB = "FailJob"
+    """An error no retry can fix: the job fails at once (reason ExitCodeFailJob)."""
+    COUNT = "Count"
+    """A failure like any other: ``backoffLimit``, backoff, quarantine (what an exit no rule
+    matches does)."""
+
+
+MAX_EXIT_CODE_RULES = 20
+"""Bound of ``resumePolicy.exitCodeRules``."""
+
+EXIT_CODES_RULES = (
+    Rule(
+        "self.all(code, code >= 1 && code <= 255)",
+        "resumePolicy.exitCodeRules[].exitCodes must hold exit codes from 1 to 255: 0 is a "
+        "success, never a failure, and a container's exit code is at most 255 (128+N when "
+        "signal N killed it, such as 137 for SIGKILL)",
+        lambda codes: all(1 <= code <= 255 for code in codes),
+    ),
+)
+"""Their ``self`` is the rule's ``exitCodes`` list."""
+
+EXIT_CODE_RULE_RULES = (
+    Rule(
+        "has(self.exitCodes) || has(self.reasons)",
+        "resumePolicy.exitCodeRules[] must list exitCodes, reasons or both: what the rule "
+        "matches, such as exitCodes: [75] or reasons: [OOMKilled]",
+        lambda rule: rule.exit_codes is not None or rule.reasons is not None,
+    ),
+)
+"""Their ``self`` is one rule (``ExitCodeRule``)."""
+
+
+class ExitCodeRule(ApiModel):
+    """One rule of ``resumePolicy.exitCodeRules``: which failures it matches and what they do."""
+
+    model_config = ConfigDict(json_schema_extra=validations(EXIT_CODE_RULE_RULES))
+
+    exit_codes: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        json_schema_extra=validations(EXIT_CODES_RULES),
+    )
+    """Exit codes of the training container (``containerName``) that match, from 1 to 255.
+    When ``reasons`` is set too, both must match."""
+    reasons: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
+    """Termination reasons of the training container, as the kubelet reports them in its
+    ``state.terminated.reason`` (exact spelling: ``OOMKilled``, ``Error``,
+    ``ContainerCannotRun``, ``StartError``), that match. When ``exitCodes`` is set too, both
+    must match."""
+    action: ExitCodeAction
+    """Retry (a transient error: restart against ``maxRetries``, not ``backoffLimit``), FailJob
+    (fail the job at once) or Count (a failure against ``backoffLimit``, as when no rule
+    matches)."""
+
+    @field_validator("exit_codes")
+    @classmethod
+    def _exit_codes(cls, codes: list[int] | None) -> list[int] | None:
+        if codes is not None:
+            enforce(EXIT_CODES_RULES, codes)
+        return codes
+
+    @model_validator(mode="after")
+    def _rules(self) -> ExitCodeRule:
+        enforce(EXIT_CODE_RULE_RULES, self)
+        return self
+
+    def matches(self, exit_code: int | None, reason: str | None) -> bool:
+        """Whether a failure with this exit code and termination reason matches: every
+        criterion the rule sets must hold."""
+        if self.exit_codes is not None and exit_code not in self.exit_codes:
+            return False
+        return self.reasons is None or reason in self.reasons
+
+
 RESUME_POLICY_RULES = (
     Rule(
         "self.backoffBaseSeconds <= self.backoffMaxSeconds",
@@ -236,6 +321,19 @@ class ResumePolicy(ApiModel):
     quarantine_window_seconds: int = Field(default=900, ge=0, le=604800)
     """A failure counts towards quarantine only when it happens within this many seconds of the
     attempt's start, so a late crash never blames a good checkpoint. Default 900."""
+    max_retries: int = Field(default=10, ge=0, le=10000)
+    """How many failures that an ``exitCodeRules`` rule with action Retry matches are retried
+    (``status.retries``); the next one fails the job with reason RetryLimitExceeded. They never
+    touch ``backoffLimit``. Default 10."""
+    exit_code_rules: list[ExitCodeRule] = Field(
+        default_factory=list, max_length=MAX_EXIT_CODE_RULES
+    )
+    """What a failure means by the training container's exit code or termination reason, in
+    order: the first rule that matches decides (Retry, FailJob or Count); a failure no rule
+    matches counts against ``backoffLimit``. They apply to failures only (a non-zero exit
+    without any disruption signal): a preemption stays a preemption whatever the code. In a
+    gang, the failed rank whose training container ended first decides. At most 20 rules.
+    See docs/operator.md, Exit code rules."""
 
     @model_validator(mode="after")
     def _rules(self) -> ResumePolicy:
@@ -619,6 +717,8 @@ RULES: tuple[Rule, ...] = (
     *CHECKPOINT_RULES,
     *CHECKPOINT_DIR_RULES,
     *RESUME_POLICY_RULES,
+    *EXIT_CODE_RULE_RULES,
+    *EXIT_CODES_RULES,
     *TEMPLATE_METADATA_RULES,
     *TAINT_KEY_RULES,
 )

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PlainSerializer
 
-from .spec_types import ApiModel
+from .spec_types import ApiModel, ExitCodeAction
 from .timeutil import iso
 
 MAX_INTERRUPTIONS = 20
@@ -117,6 +117,13 @@ class Interruption(ApiModel):
     """That rank's node."""
     exit_code: int | None = None
     """Exit code of the training container, when it terminated."""
+    action: ExitCodeAction | None = None
+    """For a failure: what the operator did about it. Count (counted against backoffLimit),
+    Retry (against maxRetries) or FailJob (the job failed at once), by ``exitCodeRule``, or
+    Count when no rule matched. Absent for other interruptions."""
+    exit_code_rule: int | None = None
+    """Index in ``spec.resumePolicy.exitCodeRules`` of the rule that decided ``action``; absent
+    when none matched."""
     message: str | None = None
     """Human-readable detail."""
     last_committed_step: int | None = None
@@ -368,6 +375,9 @@ class JobStatus(ApiModel):
     """Preemptions so far (counted against resumePolicy.maxPreemptions)."""
     failures: int = 0
     """Real failures so far (counted against resumePolicy.backoffLimit)."""
+    retries: int = 0
+    """Failures retried by an ``exitCodeRules`` rule with action Retry (counted against
+    resumePolicy.maxRetries, never against backoffLimit)."""
     quarantined: int = 0
     """Number of quarantined checkpoints."""
     quarantined_checkpoints: list[str] = Field(default_factory=list)

@@ -47,6 +47,10 @@ def _template_metadata(field: str) -> Callable[[dict[str, Any]], None]:
     return lambda body: body["spec"]["template"].update(metadata={field: "x"})
 
 
+def _exit_rules(*rules: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    return _spec(resumePolicy={"exitCodeRules": list(rules)})
+
+
 VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "name too long": _name("a" * (names.MAX_JOB_NAME_LENGTH + 1)),
     "name not a DNS-1035 label": _name("1-train"),
@@ -65,6 +69,9 @@ VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
         preemptionSignals={"terminationTaints": [{"key": "p" * 254 + "/name"}]}
     ),
     **{f"template.metadata.{f}": _template_metadata(f) for f in REJECTED_TEMPLATE_METADATA},
+    "exit code 0": _exit_rules({"exitCodes": [0], "action": "Retry"}),
+    "exit code 256": _exit_rules({"exitCodes": [75, 256], "action": "Retry"}),
+    "exit code rule matching nothing": _exit_rules({"action": "FailJob"}),
 }
 """One spec per rule that breaks that rule alone."""
 
@@ -109,6 +116,15 @@ def test_specs_that_keep_the_rules_parse():
         job_body(resumePolicy={"backoffBaseSeconds": 600}),
         job_body(checkpoint={"dir": "/mnt/ck", "volumeSource": {"emptyDir": {}}}),
         job_body(name="a" * names.MAX_JOB_NAME_LENGTH),
+        job_body(
+            resumePolicy={
+                "exitCodeRules": [
+                    {"exitCodes": [1, 255], "action": "Retry"},
+                    {"reasons": ["OOMKilled"], "action": "Count"},
+                    {"exitCodes": [137], "reasons": ["Error"], "action": "FailJob"},
+                ]
+            }
+        ),
     ):
         parse_job(body)
 

@@ -86,6 +86,7 @@ def test_names_short_name_status_subresource_and_columns():
     assert columns["Attempt"] == ".status.attempt"
     assert columns["Preemptions"] == ".status.preemptions"
     assert columns["Failures"] == ".status.failures"
+    assert columns["Retries"] == ".status.retries"
     assert columns["Step"] == ".status.lastCommittedCheckpoint.step"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
