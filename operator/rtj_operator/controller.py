@@ -26,6 +26,7 @@ from .nodes import NodeView, node_view
 from .plan_types import Plan
 from .podstate import pod_attempt
 from .reconcile import reconcile
+from .spec_types import ExitCodeAction
 from .status_types import TERMINAL_PHASES, Cause
 from .timeutil import utcnow
 from .watch_cache import WatchCache
@@ -343,6 +344,8 @@ class Controller:
                 if plan.interruption.cause is Cause.GROW
                 else "reshrink"
                 if plan.interruption.cause is Cause.UNSCHEDULABLE
+                else "retry"
+                if plan.interruption.action is ExitCodeAction.RETRY
                 else "failure"
             )
             metrics.INTERRUPTIONS.labels(plan.interruption.cause.value, kind).inc()

@@ -13,6 +13,7 @@ from . import gang, support
 from .manifests import build_pod, checkpoint_root, owner_reference
 from .reconcile_context import ReconcileContext
 from .sizing import choose_size
+from .spec_types import ExitCodeAction
 from .status_types import Cause
 from .transitions import choose_resume_point
 
@@ -136,6 +137,8 @@ def create_gang(ctx: ReconcileContext) -> None:
         plan.resubmission = (
             "preemption"
             if last.preemption
+            else "retry"
+            if last.action is ExitCodeAction.RETRY
             else "failure"
             if last.cause is Cause.FAILURE
             else "grow"

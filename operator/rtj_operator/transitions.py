@@ -1,6 +1,7 @@
 """Status bookkeeping when an attempt ends: the interruption record, the budgets, the next attempt.
 
-Every way an attempt can end (preemption, failure, suspend, a grow or re-shrink of an elastic gang)
+Every way an attempt can end (preemption, failure, a failure an exit code rule retries or makes
+fatal, suspend, a grow or re-shrink of an elastic gang)
 goes through ``record_interruption`` and ``next_attempt`` here, so the history, the counters and
 the resume point are kept by one set of rules. The next attempt's number and resume point are
 persisted in status before its pods exist (reconcile.py explains why that order matters).
@@ -15,10 +16,12 @@ from typing import Any
 from . import conditions as cond
 from . import goodput
 from .backoff import failure_delay
-from .classify import GangVerdict
+from .classify import GangVerdict, RankOutcome
+from .exit_policy import ExitDecision, decide
 from .podstate import live_pods, pod_deletion
 from .reconcile_context import ReconcileContext
 from .resume import after_failure, resume_point
+from .spec_types import ExitCodeAction
 from .status_types import (
     MAX_INTERRUPTIONS,
     Cause,
@@ -58,10 +61,14 @@ def interrupted(
     current: Mapping[int, dict[str, Any]],
     preemption: bool,
 ) -> None:
-    """An attempt ended early: record it, stop the rest of its gang, start the next one."""
-    st, plan, policy = ctx.status, ctx.plan, ctx.job.spec.resume_policy
+    """An attempt ended early: record it, stop the rest of its gang, start the next one (a
+    failure first goes through the job's exit code rules, exit_policy.py)."""
+    st, plan = ctx.status, ctx.plan
     trigger = verdict.trigger
     assert trigger is not None
+    exit_decision = (
+        None if preemption else decide(ctx.job.spec.resume_policy.exit_code_rules, trigger)
+    )
     last, lost = committed_and_lost(st)
     record_interruption(
         ctx,
@@ -74,6 +81,8 @@ def interrupted(
             pod=trigger.pod,
             node=trigger.node,
             exit_code=trigger.exit_code,
+            action=exit_decision.action if exit_decision else None,
+            exit_code_rule=exit_decision.rule if exit_decision else None,
             message=trigger.message,
             last_committed_step=last,
             steps_lost=lost,
@@ -84,25 +93,70 @@ def interrupted(
     where = f"rank {trigger.rank} (pod {trigger.pod}" + (
         f" on node {trigger.node})" if trigger.node else ")"
     )
-    if preemption:
-        st.preemptions += 1
-        plan.event(
-            "Warning",
-            "Preempted",
-            f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}",
-        )
-        if policy.max_preemptions is not None and st.preemptions > policy.max_preemptions:
-            fail_job(
-                ctx,
-                "PreemptionLimitExceeded",
-                f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}",
-            )
-            return
-        next_attempt(ctx, 0.0, "Preempted", f"{trigger.cause} of {where}")
-        return
+    if exit_decision is None:
+        _preempted(ctx, trigger, where)
+    elif exit_decision.action is ExitCodeAction.RETRY:
+        _retry(ctx, trigger, where, exit_decision)
+    elif exit_decision.action is ExitCodeAction.FAIL_JOB:
+        st.failures += 1
+        what = f"{where}: {trigger.message} matches {exit_decision.describe()}"
+        plan.event("Warning", "FatalExit", f"attempt {st.attempt}: {what}")
+        fail_job(ctx, "ExitCodeFailJob", what)
+    else:
+        _failed(ctx, trigger, where, exit_decision)
 
+
+def _preempted(ctx: ReconcileContext, trigger: RankOutcome, where: str) -> None:
+    """A preemption: counted against maxPreemptions, the next attempt at once."""
+    st, policy = ctx.status, ctx.job.spec.resume_policy
+    st.preemptions += 1
+    ctx.plan.event(
+        "Warning",
+        "Preempted",
+        f"attempt {st.attempt}: {where}: {trigger.cause}: {trigger.message}",
+    )
+    if policy.max_preemptions is not None and st.preemptions > policy.max_preemptions:
+        fail_job(
+            ctx,
+            "PreemptionLimitExceeded",
+            f"{st.preemptions} preemptions exceed maxPreemptions={policy.max_preemptions}",
+        )
+        return
+    next_attempt(ctx, 0.0, "Preempted", f"{trigger.cause} of {where}")
+
+
+def _retry(ctx: ReconcileContext, trigger: RankOutcome, where: str, rule: ExitDecision) -> None:
+    """A failure a Retry rule matched: counted against maxRetries with the failures' backoff
+    (the retry count as its exponent), never against backoffLimit nor towards quarantine (the
+    user called the error transient: the checkpoint is not to blame, and a quarantine count
+    already started is left as it is)."""
+    st, policy = ctx.status, ctx.job.spec.resume_policy
+    st.retries += 1
+    what = f"{where}: {trigger.message} matches {rule.describe()}"
+    ctx.plan.event(
+        "Warning",
+        "RetryableExit",
+        f"attempt {st.attempt}: {what}; retry {st.retries} (maxRetries={policy.max_retries})",
+    )
+    if st.retries > policy.max_retries:
+        fail_job(
+            ctx,
+            "RetryLimitExceeded",
+            f"{st.retries} retries exceed maxRetries={policy.max_retries}; last: {what}",
+        )
+        return
+    delay = failure_delay(st.retries, policy.backoff_base_seconds, policy.backoff_max_seconds)
+    next_attempt(ctx, delay, "Retrying", what, backing_off_for=f"retry {st.retries}")
+
+
+def _failed(ctx: ReconcileContext, trigger: RankOutcome, where: str, rule: ExitDecision) -> None:
+    """A failure (no rule, or a Count rule): backoffLimit, backoff and quarantine."""
+    st, plan, policy = ctx.status, ctx.plan, ctx.job.spec.resume_policy
     st.failures += 1
-    plan.event("Warning", "RankFailed", f"attempt {st.attempt}: {where}: {trigger.message}")
+    matched = f" (matches {rule.describe()})" if rule.rule is not None else ""
+    plan.event(
+        "Warning", "RankFailed", f"attempt {st.attempt}: {where}: {trigger.message}{matched}"
+    )
     decision = after_failure(
         policy,
         resumed_from=st.resume_checkpoint,
@@ -174,8 +228,16 @@ def choose_resume_point(ctx: ReconcileContext) -> None:
     st.resume_from, st.resume_checkpoint = point.uri, point.checkpoint
 
 
-def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str) -> None:
-    """Advance to the next attempt (persisted before its pods exist)."""
+def next_attempt(
+    ctx: ReconcileContext,
+    delay: float,
+    reason: str,
+    message: str,
+    *,
+    backing_off_for: str | None = None,
+) -> None:
+    """Advance to the next attempt (persisted before its pods exist); ``backing_off_for`` names
+    what a delay follows (default: the failure count)."""
     st = ctx.status
     st.attempt += 1
     st.gang_created = False
@@ -191,7 +253,8 @@ def next_attempt(ctx: ReconcileContext, delay: float, reason: str, message: str)
         ctx.plan.event(
             "Normal",
             "BackingOff",
-            f"attempt {st.attempt} starts in {delay:.0f}s (failure {st.failures})",
+            f"attempt {st.attempt} starts in {delay:.0f}s "
+            f"({backing_off_for or f'failure {st.failures}'})",
         )
     else:
         st.restart_after = None
@@ -231,8 +294,14 @@ def _suspend_message(ctx: ReconcileContext) -> str:
     if live_pods(ctx.current_pods()):
         return "deleting the gang"
     if st.restart_after is not None and ctx.now < st.restart_after:
+        last = st.interruptions[-1] if st.interruptions else None
+        after = (
+            f"retry {st.retries}"
+            if last is not None and last.action is ExitCodeAction.RETRY
+            else f"failure {st.failures}"
+        )
         return (
-            f"no gang exists (backing off after failure {st.failures}); the attempt starts "
+            f"no gang exists (backing off after {after}); the attempt starts "
             f"once spec.suspend is cleared, not before {iso(st.restart_after)}"
         )
     return "no gang exists; the attempt starts once spec.suspend is cleared"
