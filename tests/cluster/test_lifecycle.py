@@ -311,6 +311,8 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
             "FAILURES",
             "SIZE",
             "STEP",
+            "GOODPUT",
+            "LOST",
             "AGE",
         ]
         assert row.split()[0] == name and row.split()[2] == "1" and row.split()[3] == "1"

@@ -47,6 +47,26 @@ CASES = [
     ),
     ("unknown container", {"containerName": "nope"}, "spec.containerName"),
     (
+        "exit code 0 in a rule",
+        {"resumePolicy": {"exitCodeRules": [{"exitCodes": [0], "action": "Retry"}]}},
+        "spec.resumePolicy.exitCodeRules[0].exitCodes",
+    ),
+    (
+        "exit code above 255",
+        {"resumePolicy": {"exitCodeRules": [{"exitCodes": [256], "action": "Retry"}]}},
+        "spec.resumePolicy.exitCodeRules[0].exitCodes",
+    ),
+    (
+        "an exit code rule matching nothing",
+        {"resumePolicy": {"exitCodeRules": [{"action": "FailJob"}]}},
+        "spec.resumePolicy.exitCodeRules[0]",
+    ),
+    (
+        "an unknown exit code action",
+        {"resumePolicy": {"exitCodeRules": [{"exitCodes": [75], "action": "Ignore"}]}},
+        "spec.resumePolicy.exitCodeRules[0].action",
+    ),
+    (
         "backoff cap below base",
         {"resumePolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 10}},
         "spec.resumePolicy.backoffBaseSeconds",
