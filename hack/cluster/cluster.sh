@@ -91,6 +91,14 @@ wait_apiserver() {
   done
 }
 
+apiserver_ready_within() {
+  local deadline=$((SECONDS + $1))
+  until k get --raw /readyz >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 1
+  done
+}
+
 # Objects a test expects a normal cluster to have before it creates pods.
 wait_defaults() {
   local deadline=$((SECONDS + ${1:-120})) restarted=0
@@ -213,7 +221,15 @@ cmd_up() {
   if cluster_exists; then
     log "cluster ${name} exists; starting it if stopped"
     "${kwokctl}" start cluster --name "${name}" >&2 8>&- || true
-  else
+    # A stopped cluster keeps the ports it was created with; another cluster created since may
+    # hold them now, and then it never starts again ("bind: address already in use" in its
+    # logs). Its state is scratch: recreate it on ports free now.
+    if ! apiserver_ready_within 90; then
+      log "cluster ${name} did not start (logs under ${KWOK_WORKDIR}/clusters/${name}/logs); recreating it"
+      "${kwokctl}" delete cluster --name "${name}" --kubeconfig "${kubeconfig}" >&2 8>&- || true
+    fi
+  fi
+  if ! cluster_exists; then
     log "creating cluster ${name} (kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
     # bindAddress is only settable from a config file. The admission plugins are set here too:
     # kwokctl 0.8 indexes --extra-args patches wrongly once a second component has two of them.
