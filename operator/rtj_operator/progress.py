@@ -196,6 +196,27 @@ def merge_checkpoints(
     return ordered[:MAX_KNOWN_CHECKPOINTS]
 
 
+def comparable_step(
+    step: int | None,
+    last: CheckpointRecord | None,
+    *,
+    world_size: int | None,
+    committed_here: bool,
+) -> int | None:
+    """``step`` when it counts in the same units as ``last`` (the newest commit), else None.
+
+    A gang resumed at another world size may train at another global batch, and the runtime
+    then rescales its step (``progress_order``): until the gang commits itself, its steps and
+    the last commit's do not subtract (a 2-rank gang at step 101 after a 4-rank commit at step
+    50 of twice the batch lost 1 step, not 51). Unknown is better than wrong there.
+    """
+    if step is None or last is None or committed_here:
+        return step
+    if last.world_size is None or world_size is None or last.world_size == world_size:
+        return step
+    return None
+
+
 def highest_current_step(
     pods: Iterable[dict[str, Any]], container_name: str | None = None
 ) -> int | None:

@@ -31,6 +31,7 @@ from .plan_types import Plan
 from .podstate import is_deleting, is_finished, pod_attempt, pod_deletion
 from .progress import (
     Report,
+    comparable_step,
     highest_current_step,
     merge_checkpoints,
     pod_reports,
@@ -150,7 +151,12 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
             st.training_since = ctx.now
     if st.gang_created:
         current = (p for p in ctx.owned if pod_attempt(p) == st.attempt)
-        step = highest_current_step(current, spec.container_name)
+        step = comparable_step(
+            highest_current_step(current, spec.container_name),
+            st.last_committed_checkpoint,
+            world_size=st.world_size,
+            committed_here=bool(current_reports),
+        )
         if step is not None and (st.current_step is None or step > st.current_step):
             st.current_step = step
     if not records:

@@ -7,7 +7,13 @@ from datetime import timedelta
 
 from rtj_operator.backoff import failure_delay
 from rtj_operator.notice import notice_payload, taint_matches, termination_taint
-from rtj_operator.progress import highest_current_step, merge_checkpoints, parse_report, pod_reports
+from rtj_operator.progress import (
+    comparable_step,
+    highest_current_step,
+    merge_checkpoints,
+    parse_report,
+    pod_reports,
+)
 from rtj_operator.resume import after_failure, resume_point, run_root
 from rtj_operator.spec_types import ResumePolicy, TaintSelector
 from rtj_operator.status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord, ResumeFailures
@@ -119,6 +125,18 @@ def test_the_current_step_is_read_before_the_attempts_first_commit():
     before_commit = make_pod(annotations={"resumable.dev/progress": '{"current_step": 7}'})
     assert highest_current_step([before_commit]) == 7
     assert highest_current_step([make_pod()]) is None
+
+
+def test_a_step_after_a_resume_at_another_world_size_is_not_subtracted_from_its_commit():
+    """The runtime rescales steps when the global batch changes with the world size: before
+    the resized gang commits, its step and the last commit's are in different units."""
+    four = CheckpointRecord(name="ep0-ba50", step=50, sample=400, world_size=4)
+    assert comparable_step(101, four, world_size=2, committed_here=False) is None
+    assert comparable_step(101, four, world_size=2, committed_here=True) == 101
+    assert comparable_step(57, four, world_size=4, committed_here=False) == 57
+    unknown = CheckpointRecord(name="ep0-ba50", step=50)
+    assert comparable_step(57, unknown, world_size=2, committed_here=False) == 57
+    assert comparable_step(None, four, world_size=2, committed_here=False) is None
 
 
 def test_merge_checkpoints_dedupes_orders_and_bounds():
