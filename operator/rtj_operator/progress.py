@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from .classify import training_container_name
 from .envvars import PROGRESS_ANNOTATION
-from .status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord
+from .status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord, Interruption
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,32 @@ def merge_checkpoints(
             by_name[record.name] = record
     ordered = sorted(by_name.values(), key=progress_order, reverse=True)
     return ordered[:MAX_KNOWN_CHECKPOINTS]
+
+
+def settle_losses(
+    interruptions: Iterable[Interruption], records: Iterable[CheckpointRecord]
+) -> None:
+    """Take a commit an interrupted attempt made after its interruption was seen (the save on
+    SIGTERM, during the grace period) out of that interruption's ``stepsLost``.
+
+    The loss is counted when the operator sees the interruption; the ended gang may still
+    commit the steps it reached, and then nothing was lost. Only commits of the same attempt
+    count (same step units); the steps reached stay what was reported at the time.
+    """
+    by_attempt: dict[int, int] = {}
+    for record in records:
+        if record.attempt is not None:
+            by_attempt[record.attempt] = max(
+                by_attempt.get(record.attempt, record.step), record.step
+            )
+    for gone in interruptions:
+        newest = by_attempt.get(gone.attempt)
+        if newest is None or gone.steps_lost is None or gone.last_committed_step is None:
+            continue
+        if newest > gone.last_committed_step:
+            reached = gone.last_committed_step + gone.steps_lost
+            gone.last_committed_step = newest
+            gone.steps_lost = max(0, reached - newest)
 
 
 def comparable_step(

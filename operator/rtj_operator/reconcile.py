@@ -36,6 +36,7 @@ from .progress import (
     merge_checkpoints,
     pod_reports,
     progress_order,
+    settle_losses,
     trained_since_resume,
 )
 from .reconcile_context import ReconcileContext
@@ -162,6 +163,7 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
+    settle_losses(st.interruptions, records)
     newest = max(records, key=progress_order)
     last = st.last_committed_checkpoint
     if last is None or progress_order(newest) > progress_order(last):

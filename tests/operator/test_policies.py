@@ -13,10 +13,17 @@ from rtj_operator.progress import (
     merge_checkpoints,
     parse_report,
     pod_reports,
+    settle_losses,
 )
 from rtj_operator.resume import after_failure, resume_point, run_root
 from rtj_operator.spec_types import ResumePolicy, TaintSelector
-from rtj_operator.status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord, ResumeFailures
+from rtj_operator.status_types import (
+    MAX_KNOWN_CHECKPOINTS,
+    Cause,
+    CheckpointRecord,
+    Interruption,
+    ResumeFailures,
+)
 
 from .fakes import T0, make_pod, progress
 
@@ -181,3 +188,26 @@ def test_checkpoints_are_ordered_by_samples_first_as_the_runtime_orders_them():
         CheckpointRecord(name="ep8-ba96", step=96, epoch=8, sample=768),
     ]
     assert merge_checkpoints([], ends)[0].name == "ep8-ba96"
+
+
+def test_a_commit_of_the_interrupted_attempt_after_its_interruption_settles_its_loss():
+    """The save on SIGTERM commits after the operator saw the interruption: the steps it
+    committed were not lost (the annotation said 7 lost where the ranks lost none)."""
+    gone = Interruption(
+        time=T0, attempt=1, cause=Cause.NODE_DELETED, preemption=True,
+        last_committed_step=40, steps_lost=7,
+    )  # fmt: skip
+    later = [
+        CheckpointRecord(name="ep0-ba47", step=47, attempt=1),
+        CheckpointRecord(name="ep0-ba90", step=90, attempt=2),  # another attempt: other units
+    ]
+    settle_losses([gone], later)
+    assert (gone.last_committed_step, gone.steps_lost) == (47, 0)
+    partial = Interruption(
+        time=T0, attempt=1, cause=Cause.NODE_DELETED, preemption=True,
+        last_committed_step=40, steps_lost=7,
+    )  # fmt: skip
+    settle_losses([partial], [CheckpointRecord(name="ep0-ba44", step=44, attempt=1)])
+    assert (partial.last_committed_step, partial.steps_lost) == (44, 3)
+    settle_losses([partial], [CheckpointRecord(name="ep0-ba30", step=30, attempt=1)])
+    assert partial.steps_lost == 3, "an older commit changes nothing"
