@@ -6,8 +6,8 @@ with a fixed and an elastic job side by side, each on its own pool of nodes foll
         [--json out.json]
 
 ``--window-start`` and ``--window`` are in the trace's own seconds; the replay lasts
-``window / compress`` seconds. DESIGN.md section 9 defines the figure; docs/goodput.md
-("Replayed on the local cluster") has the figures of record.
+``window / compress`` seconds. docs/goodput.md defines the figure ("What goodput is") and has
+the figures of record ("Replayed on the local cluster").
 
 Why on the cluster and not only in ``goodput_sim.py``: the simulator's costs are assumptions,
 and what the product really does after a loss (detection, teardown, gang scheduling, the elastic
@@ -74,10 +74,8 @@ from tools.localstack import (  # noqa: E402
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_RANK,
-    NODE_PREFIX,
     S3_SECRET,
     LocalStack,
-    Proc,
     StackConfig,
 )
 from tools.waiting import wait_for  # noqa: E402
@@ -277,37 +275,8 @@ class PoolStack(LocalStack):
     def add_pool_node(self, pool: str) -> str:
         """Start one pod-runner agent registering its Node with ``pool=<pool>``; its name (not
         waited for: the trace says the capacity is back now, and its registration is part of
-        what the job waits for). ``LocalStack.add_node`` with one more argument."""
-        while True:
-            name = f"{NODE_PREFIX}{self._node_seq}"
-            self._node_seq += 1
-            if name not in self.agents and self.kube.get(f"/api/v1/nodes/{name}") is None:
-                break
-        workdir = self.node_workdir(name)
-        argv = [
-            sys.executable,
-            "-m",
-            "tools.podrunner",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--node",
-            name,
-            "--workdir",
-            str(workdir),
-            "--state-dir",
-            str(self.state_dir),
-            "--image-path",
-            f"/app={REPO}",
-            "--shutdown-grace",
-            "30",
-            "--label",
-            f"{POOL_LABEL}={pool}",
-        ]
-        env = self._env(PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        self.agents[name] = Proc.start(name, argv, workdir / "agent.log", env=env)
-        self._on_stop(f"node {name}", lambda: self._remove_node(name))
-        return name
+        what the job waits for)."""
+        return self.add_node(wait=False, labels={POOL_LABEL: pool})
 
 
 class Pool:

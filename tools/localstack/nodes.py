@@ -23,8 +23,9 @@ from .process import Proc
 class NodesPart(StackBase):
     """Starting, losing and tainting pod-runner Nodes."""
 
-    def add_node(self, *, wait: bool = True) -> str:
-        """Start one more pod-runner agent (a new spot Node); its name."""
+    def add_node(self, *, wait: bool = True, labels: dict[str, str] | None = None) -> str:
+        """Start one more pod-runner agent (a new spot Node); its name. ``labels``: set on the
+        Node when it registers (a node pool's label, say), never after."""
         assert self.kubeconfig is not None
         while True:
             name = f"{NODE_PREFIX}{self._node_seq}"
@@ -49,6 +50,8 @@ class NodesPart(StackBase):
             "--shutdown-grace",
             "30",
         ]
+        for key, value in (labels or {}).items():
+            argv += ["--label", f"{key}={value}"]
         env = self._env(PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         agent = Proc.start(name, argv, workdir / "agent.log", env=env)
