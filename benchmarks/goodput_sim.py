@@ -8,7 +8,7 @@ nodes with emulated steps; whether the product's recovery pays off at 64 or 256 
 two weeks of real capacity can only be computed. The two meet in the phase costs: the cluster
 benchmark measures each recovery phase, ``--costs`` feeds them in here.
 
-**Goodput** (docs/goodput.md, DESIGN.md section 9) = samples in the newest COMMITTED checkpoint
+**Goodput** (docs/goodput.md) = samples in the newest COMMITTED checkpoint
 at the end of the trace / the ideal, the integral of the nodes available (capped at the job's
 full size) times the per-node rate of the full gang. Work rolled back does not count, nor does
 work done after the last commit. The **ceiling** is the same integral counting only capacity at

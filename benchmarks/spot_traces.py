@@ -241,7 +241,8 @@ def busiest_window(trace: Trace, duration_s: float, nodes: int) -> float:
 
 @dataclass(frozen=True)
 class TraceStats:
-    """What a trace does to a gang of ``nodes``: the figures DESIGN.md section 9 quotes."""
+    """What a trace does to a gang of ``nodes``: capacity changes per hour of the gang and
+    node losses per node-hour."""
 
     name: str
     nodes: int
