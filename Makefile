@@ -5,15 +5,19 @@ UV ?= $(shell hack/bootstrap-uv.sh)
 export UV
 RUN := $(UV) run --frozen --all-extras
 
-.PHONY: setup tools images realnode-images test test-fast test-realnodes test-gpu lint format crds demo demo-local bench clean
+.PHONY: setup tools kueue images realnode-images test test-fast test-realnodes test-gpu lint format crds demo demo-local bench clean
 
 setup:  ## create .venv from uv.lock with both halves and the test tools
 	@test -n "$(UV)" || { echo "uv is required and could not be installed (see above)" >&2; exit 1; }
 	$(UV) sync --frozen --all-extras
 
-tools:  ## build once, then reuse from ~/.cache/rtj: control plane, kwok, helm, MinIO
+tools:  ## build once, then reuse from ~/.cache/rtj: control plane, kwok, helm, MinIO, Kueue
 	hack/cluster/build.sh
 	hack/s3/build-minio.sh
+	$(MAKE) --no-print-directory kueue
+
+kueue:  ## Kueue's controller and manifests (hack/kueue), built once per version, for tests/cluster/test_kueue.py
+	hack/kueue/build.sh
 
 # The Go builds are CPU-bound, the image builds mostly disk-bound: side by side, a cold machine
 # is ready sooner than with one after the other.
