@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import arguments, envvars, naming
 from .atomic import makedirs_durable, write_bytes_atomic
+from .auto_interval import AutoIntervalOptions
 from .errors import ConfigError, OverwriteError
 from .preemption import DEFAULT_EXIT_CODE
 from .shutdown import exit_margin
@@ -81,6 +82,14 @@ class Settings:
     upload_flush_timeout_s: float | None
     final_save: bool
     coordination_timeout: timedelta
+    auto_interval: AutoIntervalOptions | None = None
+    """Bounds of ``interval="auto"``; None for any other interval."""
+    total_steps: int | None = None
+    """The job's total steps: ``total_steps=`` or ``RTJ_TOTAL_STEPS`` (None: unknown)."""
+    epochs: int | None = None
+    """The job's epochs, for a total of ``epochs * steps_per_epoch``."""
+    steps_per_epoch: int | None = None
+    """Steps in one epoch (None: learned at the first epoch's end)."""
 
     @classmethod
     def resolve(
@@ -119,6 +128,11 @@ class Settings:
         upload_flush_timeout_s: float | None,
         final_save: bool,
         coordination_timeout: timedelta,
+        interval_min: float | timedelta | None = None,
+        interval_max: float | timedelta | None = None,
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
     ) -> Settings:
         flags = {
             "weights_only": weights_only,
@@ -149,8 +163,21 @@ class Settings:
             num_local_checkpoints_to_keep, num_remote_checkpoints_to_keep, folder_template
         )
         name = _run_name(run_name, autoresume=autoresume)
+        auto = None
+        if isinstance(interval, str) and interval.strip() == AUTO:
+            auto = AutoIntervalOptions.resolve(interval_min, interval_max)
+        elif interval_min is not None or interval_max is not None:
+            raise ConfigError(
+                f"interval_min/interval_max bound interval='auto' only; interval={interval!r}"
+            )
         return cls(
-            interval=SaveInterval.parse(interval),
+            interval=SaveInterval("fn", fn=_auto_decides) if auto else SaveInterval.parse(interval),
+            auto_interval=auto,
+            total_steps=_total_steps(total_steps),
+            epochs=arguments.optional_integer("epochs", epochs, "an epoch count >= 1", _positive),
+            steps_per_epoch=arguments.optional_integer(
+                "steps_per_epoch", steps_per_epoch, "a step count >= 1", _positive
+            ),
             templates=naming.NameTemplates(
                 folder=folder_template, filename=filename, latest_filename=latest_filename
             ),
@@ -195,6 +222,32 @@ class Settings:
             final_save=final_save,
             coordination_timeout=arguments.duration("coordination_timeout", coordination_timeout),
         )
+
+
+AUTO = "auto"
+"""``interval="auto"``: the Young-Daly interval from measured save costs (auto_interval.py)."""
+
+
+def _auto_decides(now: Any, event: Any) -> bool:
+    """The schedule of ``interval="auto"`` as a ``SaveInterval``: never by itself (the manager's
+    ``AutoInterval`` decides by time)."""
+    return False
+
+
+def _positive(n: int) -> bool:
+    return n >= 1
+
+
+def _total_steps(total_steps: int | None) -> int | None:
+    """``total_steps=``, else ``RTJ_TOTAL_STEPS``, else None; each must be an int >= 1."""
+    if total_steps is not None:
+        return arguments.integer("total_steps", total_steps, "a step count >= 1", _positive)
+    raw = env(envvars.TOTAL_STEPS)
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{envvars.TOTAL_STEPS}={raw!r}: expected a whole number of steps >= 1")
+    return int(raw)
 
 
 def _folder_template(folder: Any) -> tuple[str, str]:

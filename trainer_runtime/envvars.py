@@ -63,6 +63,14 @@ EVENTS_FILE = "RTJ_EVENTS_FILE"
 # (progress.py; default 2). A user with hundreds of jobs per API server may raise it.
 PROGRESS_INTERVAL_SECONDS = "RTJ_PROGRESS_INTERVAL_SECONDS"
 
+# Optional, set by the user: the steps the job trains in all (progress.py reports it beside the
+# current step, for the operator's progress and ETA); ``total_steps=`` or ``steps(total)`` win.
+TOTAL_STEPS = "RTJ_TOTAL_STEPS"
+
+# Injected by the operator: the job's observed mean time between interruptions, in seconds (a
+# one-hour prior before the first), for ``interval="auto"`` (auto_interval.py).
+MTBI_SECONDS = "RTJ_MTBI_SECONDS"
+
 # Optional: "0" turns off the download of RTJ_RESUME_FROM at import (warm_start.py).
 PREFETCH = "RTJ_PREFETCH"
 
@@ -101,6 +109,7 @@ ALL_RTJ = (
     NOTICE_FILE,
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
+    MTBI_SECONDS,
 )
 """Every RTJ_* variable the operator may inject; the contract test compares this tuple."""
 

@@ -55,6 +55,7 @@ UPLOADED = "uploaded"
 STARTED = "started"
 FETCHED = "fetched"
 FIRST_STEP = "first_step"
+INTERVAL_CHOSEN = "interval_chosen"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     FRESH: ("run", "world_size"),
@@ -86,6 +87,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
     STARTED: ("process_started", "world_size", "attempt"),
     FETCHED: ("checkpoint", "uri", "bytes", "seconds"),
     FIRST_STEP: ("step", "seconds"),
+    INTERVAL_CHOSEN: (
+        "interval_s",
+        "reason",
+        "save_cost_s",
+        "commit_s",
+        "mtbi_s",
+        "mtbi_source",
+        "measured_saves",
+        "clamped",
+    ),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
 
@@ -359,3 +370,34 @@ def process_start_time() -> str | None:
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
+
+
+def interval_chosen(
+    *,
+    rank: int,
+    interval_s: float,
+    reason: str,
+    save_cost_s: float,
+    commit_s: float | None,
+    mtbi_s: float,
+    mtbi_source: str,
+    measured_saves: int,
+    clamped: str | None,
+) -> None:
+    """``interval="auto"`` chose the seconds between saves (rank 0): ``reason`` ``start`` (at
+    construction, from the prior save cost) or ``measured`` (the measured save cost moved it by
+    more than a fifth); ``save_cost_s``: the mean time the last saves held training;
+    ``commit_s``: the longest recent commit's wall time; ``mtbi_source``: ``operator``
+    (RTJ_MTBI_SECONDS) or ``prior``; ``clamped``: ``min``, ``max``, ``commit`` or None."""
+    emit(
+        INTERVAL_CHOSEN,
+        rank=rank,
+        interval_s=round(interval_s, 3),
+        reason=reason,
+        save_cost_s=round(save_cost_s, 3),
+        commit_s=None if commit_s is None else round(commit_s, 3),
+        mtbi_s=round(mtbi_s, 3),
+        mtbi_source=mtbi_source,
+        measured_saves=measured_saves,
+        clamped=clamped,
+    )

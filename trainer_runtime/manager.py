@@ -28,6 +28,7 @@ from torch import nn
 
 from . import arguments, envvars, events, naming
 from . import state as state_mod
+from .auto_interval import AutoSchedule
 from .config import (
     AsyncPolicy,
     Settings,
@@ -40,6 +41,7 @@ from .emergency import PreemptionResponse
 from .errors import ConfigError
 from .loading import Loader
 from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
+from .progress import TotalWork
 from .remote import RemoteBackend, close_remote
 from .resuming import Resumer, ResumeResult
 from .sampler import ResumableSampler
@@ -89,6 +91,11 @@ class CheckpointManager:
         latest_filename: str | None = naming.DEFAULT_LATEST,
         run_name: str | None = None,
         interval: int | str | IntervalFn = "1ep",
+        interval_min: float | timedelta | None = None,
+        interval_max: float | timedelta | None = None,
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
         num_checkpoints_to_keep: int = -1,
         weights_only: bool = False,
         overwrite: bool = False,
@@ -161,6 +168,11 @@ class CheckpointManager:
             upload_flush_timeout_s=upload_flush_timeout_s,
             final_save=final_save,
             coordination_timeout=coordination_timeout,
+            interval_min=interval_min,
+            interval_max=interval_max,
+            total_steps=total_steps,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
         )
         check_location_arguments(local_folder, remote)
         self.settings = cfg
@@ -204,6 +216,15 @@ class CheckpointManager:
             remote=ctx.remote_committed(),
             remote_uri=None if ctx.remote is None else ctx.remote.uri_for(""),
         )
+        self.total_work = TotalWork(cfg.total_steps, cfg.epochs, cfg.steps_per_epoch)
+        """The job's total steps, reported beside the current step (progress.py)."""
+        self._report_total()
+        self.auto_interval = (
+            None
+            if cfg.auto_interval is None
+            else AutoSchedule(cfg.auto_interval, rank=ctx.rank, coord=ctx.coord)
+        )
+        """``interval="auto"``'s schedule (auto_interval.py); None for other intervals."""
         self._resumed_at: float | None = None
         """When ``resume()`` ended, until the first step after it (its event)."""
         events.started(
@@ -253,7 +274,7 @@ class CheckpointManager:
         if self.sampler is not None:
             self.sampler.advance(num_samples)
         if self.progress is not None:
-            self.progress.step(self.timestamp.batch)
+            self.progress.step(self.timestamp.batch, self.timestamp.sample)
         if self._resumed_at is not None:
             if self.rank == 0:
                 since = time.monotonic() - self._resumed_at
@@ -266,6 +287,8 @@ class CheckpointManager:
         """Count one finished epoch (before a background failure is raised, as batch_end) and
         save if the interval (or a preemption) says so."""
         before = self._ctx.position.count_epoch()
+        if self.total_work.epoch_ended(self.timestamp.batch, self.timestamp.epoch):
+            self._report_total()
         if self.sampler is not None:
             self.sampler.set_epoch(self.timestamp.epoch)
         self._collect_background_failure()
@@ -282,9 +305,22 @@ class CheckpointManager:
     def _loop_point(self, before: Timestamp, event: Event) -> SavedCheckpoint | None:
         """Shared tail of batch_end/epoch_end: preemption first, then the save schedule."""
         saved = self._response.at_step_boundary(self.timestamp.batch)
+        auto = self.auto_interval
+        if auto is not None:
+            auto.observe(self.saver.saved)
+            if saved is not None:
+                auto.saving()
+            if event is Event.BATCH_END and auto.due():  # every rank, every step: a collective
+                auto.saving()
+                return self.save() or saved
+            return saved
         if self.interval.should_save(self.timestamp, before, event):
             return self.save() or saved
         return saved
+
+    def _report_total(self) -> None:
+        if self.progress is not None:
+            self.progress.total(self.total_work.known())
 
     # ------------------------------------------------------------------ saving
     def save(self, *, blocking: bool | None = None) -> SavedCheckpoint | None:
@@ -304,8 +340,12 @@ class CheckpointManager:
         """The step numbers a step-based loop (no epochs) still has to run: from the resumed
         position (``timestamp.batch``) up to ``total``, excluded. The end is tested before each
         step, so a re-run of a finished job trains no step; ``total`` that is not an int >= 0
-        is a ``ConfigError``."""
+        is a ``ConfigError``. ``total`` is also the job's total work from then on (the progress
+        report's ``total_steps``)."""
         end = arguments.integer("steps(total)", total, "a number of steps >= 0", lambda n: n >= 0)
+        if end and end != self.total_work.steps:
+            self.total_work.steps = end
+            self._report_total()
         return range(min(self.timestamp.batch, end), end)
 
     # ------------------------------------------------------------------ loading

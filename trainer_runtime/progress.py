@@ -4,11 +4,13 @@ The termination message (``reporting.py``) only reaches the API server when a co
 normally; when a node is lost it never does. So rank 0 also keeps the annotation
 ``resumable.dev/progress`` on its pod current: the last committed checkpoint (at once after each
 commit) and the current step (every ``interval_s``, default 2 s, and at once on SIGTERM or a
-notice). The operator reads it to resume from the right checkpoint and to count the steps an
-interruption lost, so the step must stay current whatever the commit rate: the cadence is a
-fixed clock that commits do not reset. (It was a wait restarted by each commit: with commits
-more often than the interval, only each commit's step was ever sent, and every loss without
-notice recorded ``stepsLost`` 0 however many steps it rolled back.)
+notice). The operator reads it to resume from the right checkpoint, to count the steps an
+interruption lost and to show the job's progress and ETA (``total_steps``, when the runtime
+knows the job's total work, and ``current_sample``, for a rate in samples), so the step must
+stay current whatever the commit rate: the cadence is a fixed clock that commits do not reset.
+(It was a wait restarted by each commit: with commits more often than the interval, only each
+commit's step was ever sent, and every loss without notice recorded ``stepsLost`` 0 however
+many steps it rolled back.)
 
 It speaks plain HTTPS to the API server with the pod's service-account token (the runtime must
 not depend on the kubernetes client), from a daemon thread: training never waits on the API
@@ -25,6 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,11 +88,21 @@ class ProgressReporter:
             self._thread = threading.Thread(target=self._run, name="rtj-progress", daemon=True)
             self._thread.start()
 
-    def step(self, current_step: int) -> None:
-        """Cheap: records the step; the thread sends it on its next tick."""
+    def step(self, current_step: int, current_sample: int | None = None) -> None:
+        """Cheap: records the step (and the global sample count, when counted); the thread
+        sends it on its next tick."""
         if self.enabled:
             self._state["current_step"] = current_step
+            if current_sample:
+                self._state["current_sample"] = current_sample
             self._ensure_thread()
+
+    def total(self, total_steps: int | None) -> None:
+        """The job's total steps (None: unknown), sent with the next report."""
+        if total_steps is None:
+            self._state.pop("total_steps", None)
+        else:
+            self._state["total_steps"] = int(total_steps)
 
     def send_now(self, current_step: int | None = None) -> None:
         """Send the current step at once (SIGTERM or a notice: the node may go any moment)."""
@@ -159,3 +172,32 @@ class ProgressReporter:
             self._thread = None
         if self.enabled:
             self.flush()
+
+
+@dataclass
+class TotalWork:
+    """The job's total steps, as far as the runtime can know them: given (``total_steps=``,
+    ``RTJ_TOTAL_STEPS``, ``steps(total)``), or ``epochs`` times the steps of one epoch (given
+    as ``steps_per_epoch``, else learned when the first epoch ends: the runtime does not know
+    how many batches a loader yields before it has seen them). None while unknown."""
+
+    steps: int | None = None
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+
+    def known(self) -> int | None:
+        if self.steps is not None:
+            return self.steps
+        if self.epochs is not None and self.steps_per_epoch is not None:
+            return self.epochs * self.steps_per_epoch
+        return None
+
+    def epoch_ended(self, batch: int, epoch: int) -> bool:
+        """Learn the steps per epoch at an epoch's end (``batch`` global steps after ``epoch``
+        epochs); True when that made the total known."""
+        if self.steps is not None or self.epochs is None or self.steps_per_epoch is not None:
+            return False
+        if epoch < 1 or batch < 1:
+            return False
+        self.steps_per_epoch = max(1, batch // epoch)
+        return True

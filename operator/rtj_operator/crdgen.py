@@ -70,6 +70,19 @@ PRINTER_COLUMNS = [
         "description": "Time lost so far to waits for capacity, restarts, backoff and work rolled "
         "back (status.goodput.lostSeconds)",
     },
+    {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": ".status.progress.percent",
+        "description": "Current step over the job's total steps (status.progress.fraction)",
+    },
+    {
+        "name": "ETA",
+        "type": "string",
+        "jsonPath": ".status.progress.eta",
+        "description": "Training time left at the current gang's rate, or why there is no "
+        "estimate (status.progress.etaSeconds, status.progress.reason)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     {

@@ -42,6 +42,12 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 # Where the runtime writes its one-line progress report (the container's terminationMessagePath).
 REPORT_FILE = "RTJ_REPORT_FILE"
 
+# The job's observed mean time between interruptions, in seconds (mtbi.mtbi_seconds): the
+# runtime's ``interval="auto"`` sets its save interval from it.
+MTBI_SECONDS = "RTJ_MTBI_SECONDS"
+# Not injected: a user may set it in the template; the runtime reports it as the job's total steps.
+TOTAL_STEPS = "RTJ_TOTAL_STEPS"
+
 TORCH = (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
 """The torch.distributed variables, in the order the operator writes them."""
 
@@ -66,6 +72,7 @@ ALL_RTJ = (
     NOTICE_FILE,
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
+    MTBI_SECONDS,
 )
 """Every RTJ_* variable the operator injects, in the runtime's order (a contract test compares)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import envvars, names, rbac
 from .api_types import Job
+from .mtbi import mtbi_seconds
 from .resume import run_root
 
 RANK_WRITTEN_ANNOTATIONS = frozenset({envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION})
@@ -116,6 +117,7 @@ def rank_environment(
         envvars.NOTICE_FILE: names.NOTICE_FILE,
         envvars.GRACE_PERIOD_SECONDS: str(save_budget_seconds(job)),
         envvars.REPORT_FILE: report_file,
+        envvars.MTBI_SECONDS: str(round(mtbi_seconds(job.status))),
     }
     return [{"name": key, "value": value} for key, value in values.items()]
 

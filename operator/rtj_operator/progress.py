@@ -6,7 +6,8 @@ the container ends, and, best effort, the same JSON plus ``current_step`` in the
 ``resumable.dev/progress``. The annotation is what survives a node loss (no kubelet is left to
 publish a termination message); the termination message is what survives a runtime without API
 credentials. The operator reads both and keeps the newest, in the runtime's order of progress
-(``progress_order``).
+(``progress_order``). Rank 0's annotation also carries the job's total steps, when the
+runtime knows them, and its global sample count: ``live_report``, for ``status.progress``.
 
 The annotation also tells whether the current attempt's gang has trained since its resume
 (``trained_since_resume``): a grow is asked only of a gang that has, since one asked of a gang
@@ -108,6 +109,32 @@ def _progress_json(pod: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(data, dict):
             return data
     return None
+
+
+@dataclass(frozen=True)
+class Live:
+    """What rank 0's annotation says of the gang now: its step, its global samples, the job's
+    total steps (when the runtime knows them) and when it sent them."""
+
+    current_step: int | None
+    current_sample: int | None
+    total_steps: int | None
+    reported_at: str | None
+
+
+def live_report(pod: dict[str, Any]) -> Live | None:
+    """The live figures of a pod's progress annotation; None without one."""
+    data = _progress_json(pod)
+    if data is None:
+        return None
+    total = _int(data.get("total_steps"))
+    at = data.get("reported_at")
+    return Live(
+        current_step=_int(data.get("current_step")),
+        current_sample=_int(data.get("current_sample")),
+        total_steps=total if total is not None and total > 0 else None,
+        reported_at=at if isinstance(at, str) else None,
+    )
 
 
 def trained_since_resume(

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from . import goodput, support
+from . import goodput, job_progress, support
 from .api_types import Job
 from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
@@ -120,9 +120,12 @@ def reconcile(
         _cleanup(ctx, keep_current=st.phase not in TERMINAL_PHASES)
 
     goodput.account(st, job.status, replicas=job.spec.replicas, now=now)
+    job_progress.update(st, ctx.current_pods().get(0) if st.gang_created else None, now=now)
     if plan.after_creation is not None and st.goodput is not None:
         # Written after the pods exist, over the status above: it must carry the same account.
         plan.after_creation.goodput = st.goodput.model_copy(deep=True)
+    if plan.after_creation is not None and st.progress is not None:
+        plan.after_creation.progress = st.progress.model_copy(deep=True)
     if st.model_dump(mode="json") != job.status.model_dump(mode="json"):
         plan.status = st
     return plan

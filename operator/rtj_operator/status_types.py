@@ -23,6 +23,8 @@ MAX_SIZE_HISTORY = 20
 """Bound of the gang-size history kept in status (the oldest entries are dropped)."""
 MAX_KNOWN_CHECKPOINTS = 10
 """Bound of the committed checkpoints remembered for quarantine fallback."""
+MAX_PROGRESS_POINTS = 40
+"""Bound of the progress reports kept for the training rate (``progress.window``)."""
 
 
 Time = Annotated[datetime, PlainSerializer(iso, return_type=str, when_used="json")]
@@ -315,6 +317,56 @@ class Goodput(ApiModel):
     """An interruption whose rolled-back work is settled when the next gang trains."""
 
 
+class ProgressPoint(ApiModel):
+    """One progress report of the current gang's rank 0, kept for the rate."""
+
+    time: Time
+    """When rank 0 sent it (its ``reported_at``; the operator's clock when absent)."""
+    step: int
+    """The step it reported."""
+    sample: int | None = None
+    """The global sample count it reported, when the run counts samples."""
+
+
+class JobProgress(ApiModel):
+    """How far the job is and when it should end: the PROGRESS and ETA columns. The step and
+    the total come from rank 0's progress annotation (the runtime reports ``total_steps``
+    when it knows the job's total work); the rate is measured over the current gang's recent
+    reports only, so time without a running gang (waits for capacity, restarts) never lowers
+    it."""
+
+    state: Activity
+    """What the job is doing (the goodput account's activity): only Training has an ETA."""
+    reason: str | None = None
+    """Why ``etaSeconds`` is absent: the state (Starting, WaitingForCapacity, Restarting,
+    BackingOff, Suspended), Succeeded or Failed, TotalUnknown (the runtime reported no total)
+    or RateUnknown (fewer than two reports of the current gang yet, and none before)."""
+    step: int | None = None
+    """The current step: the highest the current gang reported, else the last commit's."""
+    total_steps: int | None = None
+    """The job's total steps, as the runtime last reported them."""
+    fraction: float | None = None
+    """``step / totalSteps`` (at most 1)."""
+    percent: str | None = None
+    """``fraction`` for people (``42%``): the PROGRESS column."""
+    steps_per_second: float | None = None
+    """Training rate over the current gang's last reports (up to ``RATE_WINDOW_SECONDS``); the
+    previous gang's until the current one reported twice."""
+    samples_per_second: float | None = None
+    """The same rate in global samples, when the run counts samples."""
+    rate_seconds: float | None = None
+    """The span of reports the rate was measured over."""
+    eta_seconds: float | None = None
+    """Estimated seconds of training left: ``(totalSteps - step) / stepsPerSecond``. Absent when
+    no gang trains (see ``reason``): the time the job will wait or restart is not known."""
+    eta: str | None = None
+    """``etaSeconds`` for people (``1h5m``), else the ``reason``: the ETA column."""
+    attempt: int | None = None
+    """The attempt whose reports ``window`` holds."""
+    window: list[ProgressPoint] = Field(default_factory=list)
+    """Recent reports of that attempt's rank 0, oldest first (bounded)."""
+
+
 class JobStatus(ApiModel):
     """Observed state of a ResumableTrainingJob, written only by the operator."""
 
@@ -411,3 +463,5 @@ class JobStatus(ApiModel):
     goodput: Goodput | None = None
     """What spot cost the job so far: time by activity, work rolled back, goodput (docs/operator.md,
     What spot costs this job)."""
+    progress: JobProgress | None = None
+    """Progress and ETA: step, total, rate and the time left (docs/progress-and-interval.md)."""

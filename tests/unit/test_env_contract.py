@@ -34,6 +34,8 @@ def test_every_injected_variable_is_read_by_the_runtime_under_the_same_name():
         "MASTER_PORT",
         "NOTICE_ANNOTATION",
         "PROGRESS_ANNOTATION",
+        "TOTAL_STEPS",
+        "MTBI_SECONDS",
     ):
         assert op[name] == getattr(runtime_env, name), name
 
