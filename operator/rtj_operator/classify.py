@@ -10,7 +10,9 @@ of the checks below is the policy:
 2. the pod's node is deleted (spot reclaim) -> preemption, even though the pod still says Running,
    because no kubelet will ever report on it again (PodGC only cleans up ~40 s later);
 3. a ``DisruptionTarget`` condition (scheduler preemption, taint eviction, the Eviction API,
-   PodGC, kubelet shutdown) -> preemption, whatever the exit code;
+   PodGC, kubelet shutdown) -> preemption, whatever the exit code; so is Kueue's
+   ``TerminationTarget`` (Kueue evicted the gang's Workload: a higher-priority workload took
+   its quota, or the quota was reclaimed), which Kueue sets right before it deletes the pods;
 4. kubelet reasons (``Evicted``, node shutdown, admission rejections) -> preemption, except an
    eviction for exceeding the pod's own storage limits or its own ``activeDeadlineSeconds``
    (they recur: a failure);
@@ -54,6 +56,12 @@ DISRUPTION_CAUSES = {
     KUBELET_TERMINATION: Cause.NODE_SHUTDOWN,
 }
 """DisruptionTarget reasons the control plane uses, and the cause they mean."""
+
+KUEUE_TERMINATION = "TerminationTarget"
+"""The condition Kueue's pod integration sets on every pod of a Workload it stops (reason
+``WorkloadEvicted`` for a preemption or reclaim, with the Workload's eviction message), then it
+deletes the pods. Read as its own signal rather than as a deletion by someone: the message then
+names Kueue and why it evicted the gang."""
 
 KUBELET_REASONS = {
     "Evicted": Cause.EVICTED,
@@ -156,6 +164,14 @@ def disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def kueue_stop(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Kueue's ``TerminationTarget`` condition when it is True (Kueue stopped the pod)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == KUEUE_TERMINATION and cond.get("status") == "True":
+            return cond
+    return None
+
+
 def _node_trouble(node: NodeView | None, signals: Signals) -> tuple[Cause | None, dict | None]:
     if node is None or not node.exists:
         return None, None
@@ -218,6 +234,11 @@ def classify_rank(
             cause = KUBELET_REASONS.get(status.get("reason") or "", cause)
         detail = disruption.get("message") or reason
         return preempted(cause, f"DisruptionTarget {reason}: {detail}".strip())
+    stopped = kueue_stop(pod)
+    if stopped is not None:
+        reason = stopped.get("reason") or ""
+        detail = stopped.get("message") or reason
+        return preempted(Cause.DISRUPTION, f"Kueue {KUEUE_TERMINATION} {reason}: {detail}")
     # 4. The kubelet ended or rejected it.
     reason = status.get("reason") or ""
     said = f"{reason}: {status.get('message') or ''}".strip()

@@ -41,6 +41,10 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+"""Set to ``"false"``: the operator never replaces a pod inside an attempt's group (the next
+attempt is a new group), so Kueue must not hold the group's quota waiting for replacements; it
+finishes the Workload once the pods have ended, and the quota goes to the next attempt."""
 
 
 class Mechanism(StrEnum):
@@ -112,7 +116,11 @@ def link_pod(
         KUEUE_QUEUE_LABEL: job.spec.queue_name or "",
         KUEUE_GROUP_LABEL: group,
     }
-    meta["annotations"] = {**(meta.get("annotations") or {}), KUEUE_TOTAL_ANNOTATION: str(size)}
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        KUEUE_TOTAL_ANNOTATION: str(size),
+        KUEUE_RETRIABLE_ANNOTATION: "false",
+    }
     return pod
 
 

@@ -1,0 +1,331 @@
+"""The operator against a running Kueue (v0.17.0, ``hack/kueue``): gangs admitted whole, jobs
+over quota waiting and then running one after the other, and a preemption by a higher-priority
+workload handled as a preemption, resumed from the checkpoint the ranks saved on SIGTERM.
+
+Kueue runs as a local process (``tools/kueue.py``) on a control plane of its own
+(``<RTJ_TEST_CLUSTER_NAME>-kueue``), not the session's shared one: its pod webhook
+(``failurePolicy: Fail``) sees every pod of the cluster, and its API makes the operator choose
+the ``Kueue`` mechanism where the other suites check what happens without it. The ranks are real
+processes on pod-runner nodes (``tools/podrunner``), which honour scheduling gates: a rank runs
+only once Kueue has admitted its gang and removed its gate.
+
+Locally a missing build skips this module; with ``CI=true`` the build runs here if
+``make tools`` has not (and fails loudly).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI, TEST_CLUSTER_NAME, require, unique
+from tools import kueue as kq
+from tools.controlplane import CLUSTER_SH, ControlPlane, ControlPlaneError, binaries_ready
+from tools.waiting import wait_for
+
+from .conftest import E2E_NAMESPACES, ROOT, OperatorProcess, start_operator
+from .kubeclient import Kube, rtj
+from .node_verbs import POOL_LABEL
+from .scenario import condition
+
+EXAMPLE = ROOT / "examples" / "train_deterministic.py"
+
+
+@dataclass
+class Bed:
+    """The Kueue test bed: cluster, Kueue, operator and pod-runner nodes."""
+
+    kube: Kube
+    kubeconfig: str
+    kueue: kq.Kueue
+    operator: OperatorProcess
+    workdir: Path
+    pool: str
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def add_node(self, cpu: str = "8") -> str:
+        """One more pod-runner node of the bed's pool; its name once Ready."""
+        name = unique("kq-node")
+        workdir = self.workdir / "nodes" / name
+        workdir.mkdir(parents=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "tools.podrunner",
+            "--kubeconfig",
+            self.kubeconfig,
+            "--node",
+            name,
+            "--workdir",
+            str(workdir),
+            "--state-dir",
+            str(self.workdir / "podrunner-state"),
+            "--image-path",
+            f"/app={ROOT}",
+            "--label",
+            f"{POOL_LABEL}={self.pool}",
+            "--cpu",
+            cpu,
+            "--shutdown-grace",
+            "20",
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+        with (workdir / "agent.log").open("ab") as log:
+            self.agents[name] = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+            )
+        wait_for(f"node {name} Ready", lambda: self.kube.node_ready(name), 60)
+        return name
+
+    def pod_log(self, ns: str, pod: str) -> str:
+        """A rank's log, from whichever node ran it."""
+        pattern = f"nodes/*/logs/{ns}_{pod}_*/trainer.log"
+        return "".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob(pattern)))
+
+    def stop(self) -> None:
+        """Stop the nodes (their pods end with them) and delete their Node objects."""
+        for name, agent in self.agents.items():
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGKILL)
+                agent.wait(10)
+            self.kube.delete_node(name)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    """A control plane with Kueue, the operator and two 8-CPU pod-runner nodes."""
+    require(CLUSTER_SH.exists(), f"{CLUSTER_SH} is missing")
+    if not IN_CI:
+        require(binaries_ready(), "control-plane binaries not built: run hack/cluster/build.sh")
+        require(kq.built(), f"Kueue {kq.version()} not built: run hack/kueue/build.sh")
+    else:
+        kq.build()
+    plane = ControlPlane(
+        f"{TEST_CLUSTER_NAME}-kueue", keep=os.environ.get("RTJ_TEST_KEEP_CLUSTER") == "1"
+    )
+    try:
+        kubeconfig = plane.up(nodes=0, timeout=1800 if IN_CI else 540)
+    except ControlPlaneError as err:
+        pytest.fail(str(err))
+    workdir = tmp_path_factory.mktemp("kueue-bed")
+    kube = Kube(kubeconfig)
+    wait_for("the API server", lambda: kube.get("/readyz") is not None, 60)
+    for crd in sorted((ROOT / "crds").glob("*.yaml")):
+        kube.apply_file(crd)
+    kueue = kq.Kueue(kubeconfig, Path(kubeconfig).parent / "kueue").up()
+    op = start_operator(
+        kubeconfig, workdir / "operator.log", "--namespace", E2E_NAMESPACES, "--standalone"
+    )
+    time.sleep(3)  # kopf's namespace watch starts after its first listing (see conftest)
+    state = Bed(kube, kubeconfig, kueue, op, workdir, unique("kq-pool"))
+    try:
+        state.add_node()
+        state.add_node()
+        yield state
+    finally:
+        op.stop()
+        state.stop()
+        kueue.down()
+        plane.down(wait=30)
+        print(f"\nKueue log: {kueue.log}\noperator log: {op.log}")
+
+
+@pytest.fixture
+def ns(bed: Bed) -> Iterator[str]:
+    """A fresh namespace served by the operator, deleted after the test (its ClusterQueue
+    too)."""
+    name = unique("rtj-e2e-kq")
+    bed.kube.create_namespace(name)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: bed.kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        60,
+    )
+    time.sleep(0.2)
+    yield name
+    bed.kube.delete_namespace(name)
+    kq.delete(bed.kube, kq.path_of("ClusterQueue", f"{name}-cq"))
+
+
+def sleeper(seconds: float, cpu: str = "1") -> dict[str, Any]:
+    """A rank that sleeps, then exits 0."""
+    return {
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "rtj-train:0.1.0",
+                "command": ["python", "-c", f"import time; time.sleep({seconds})"],
+                "resources": {"requests": {"cpu": cpu}},
+            }
+        ],
+    }
+
+
+def queued_job(bed: Bed, ns: str, name: str, replicas: int, spec: dict[str, Any], **extra: Any):
+    """A job of the bed's pool submitted to the namespace's LocalQueue ``queue``."""
+    body = rtj(name, ns, bed.pool, replicas, queueName="queue", template_spec=spec, **extra)
+    return bed.kube.create_job(body)
+
+
+def workload_of(bed: Bed, ns: str, group: str) -> dict[str, Any] | None:
+    """The Workload Kueue made for a pod group (named after the group's pods' owner)."""
+    for wl in kq.workloads(bed.kube, ns):
+        labels = wl["metadata"].get("labels") or {}
+        if labels.get("kueue.x-k8s.io/pod-group-name") == group or wl["metadata"]["name"] == group:
+            return wl
+    return None
+
+
+def gates(pod: dict[str, Any]) -> list[str]:
+    """The pod's scheduling gates."""
+    return [g["name"] for g in (pod["spec"].get("schedulingGates") or [])]
+
+
+def diagnostics(bed: Bed, ns: str, *jobs: str) -> str:
+    """What to look at on a timeout: the jobs' status, pods, Workloads, the logs' tails."""
+    lines = []
+    for job in jobs:
+        lines.append(f"{job}: {bed.kube.status(ns, job)}")
+        for pod in bed.kube.pods(ns, job):
+            lines.append(
+                f"  {pod['metadata']['name']}: {pod['status'].get('phase')} "
+                f"node={pod['spec'].get('nodeName')} gates={gates(pod)}"
+            )
+    for wl in kq.workloads(bed.kube, ns):
+        conds = {c["type"]: (c["status"], c.get("message")) for c in wl["status"]["conditions"]}
+        lines.append(f"workload {wl['metadata']['name']}: {conds}")
+    lines += ["operator:", bed.operator.tail(20), "kueue:", bed.kueue.tail(10)]
+    return "\n".join(lines)
+
+
+def test_a_gang_is_admitted_as_one_workload_whole(bed: Bed, ns: str) -> None:
+    """Three ranks, one Workload with one pod set of three, and no rank ungated before the
+    others: the quota holds the whole gang or none of it."""
+    kq.ensure_queue(bed.kube, ns, {"cpu": "3"})
+    name = unique("gang")
+    queued_job(bed, ns, name, 3, sleeper(20))
+    group = f"{name}-a0"
+    wl = wait_for(
+        "the gang's Workload admitted",
+        lambda: w if kq.admitted(w := workload_of(bed, ns, group)) else None,
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    (pod_set,) = wl["spec"]["podSets"]
+    assert pod_set["count"] == 3, wl["spec"]["podSets"]
+    assert len(kq.workloads(bed.kube, ns)) == 1
+    assert bed.kube.status(ns, name)["gangScheduling"] == "Kueue"
+    pods = wait_for(
+        "all three ranks running",
+        lambda: bed.kube.running(ns, name, 0, 3),
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    for pod in pods:
+        assert not gates(pod)
+        labels, notes = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "queue"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == group
+        assert notes["kueue.x-k8s.io/pod-group-total-count"] == "3"
+    # Ungated together: every rank's PodScheduled turned True after the Workload's admission.
+    admitted_at = kq.condition(wl, "Admitted")["lastTransitionTime"]
+    for pod in pods:
+        scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert scheduled["lastTransitionTime"] >= admitted_at
+
+
+def test_a_gang_larger_than_the_quota_is_never_partly_admitted(bed: Bed, ns: str) -> None:
+    """Quota for 2 of 3 ranks: no rank runs, every rank keeps Kueue's gate, and the job says
+    it waits for the queue; raising the quota to 3 starts all three together."""
+    cq, _ = kq.ensure_queue(bed.kube, ns, {"cpu": "2"})
+    name = unique("big")
+    queued_job(bed, ns, name, 3, sleeper(10))
+    wl = wait_for(
+        "the Workload pending",
+        lambda: (
+            w
+            if kq.condition(w := workload_of(bed, ns, f"{name}-a0"), "QuotaReserved").get("status")
+            == "False"
+            else None
+        ),
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    assert "insufficient" in kq.condition(wl, "QuotaReserved")["message"], wl["status"]
+    cond = wait_for(
+        "PodsScheduled=False",
+        lambda: c if (c := condition(bed.kube, ns, name, "PodsScheduled")).get("status") else None,
+        30,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    assert cond["reason"] == "SchedulingGated", cond
+    assert kq.ADMISSION_GATE in cond["message"] and "queue queue" in cond["message"], cond
+    time.sleep(3)
+    pods = bed.kube.pods(ns, name, 0)
+    assert len(pods) == 3 and all(kq.ADMISSION_GATE in gates(p) for p in pods), pods
+    assert not [p for p in pods if p["spec"].get("nodeName")]
+
+    kq.apply(bed.kube, kq.cluster_queue(cq, {"cpu": "3"}, namespace=ns))
+    wait_for(
+        "all three ranks running",
+        lambda: bed.kube.running(ns, name, 0, 3),
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+
+
+def test_two_jobs_competing_for_one_quota_run_one_after_the_other(bed: Bed, ns: str) -> None:
+    """Quota for one 2-rank gang: the second job waits (gated, its Workload pending) while the
+    first runs, and starts when the first has succeeded and released the quota."""
+    kq.ensure_queue(bed.kube, ns, {"cpu": "2"})
+    first, second = unique("first"), unique("second")
+    queued_job(bed, ns, first, 2, sleeper(8))
+    wait_for(
+        f"{first} running",
+        lambda: bed.kube.running(ns, first, 0, 2),
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, first),
+    )
+    queued_job(bed, ns, second, 2, sleeper(2))
+    wait_for(
+        f"{second}'s Workload pending",
+        lambda: (
+            kq.condition(workload_of(bed, ns, f"{second}-a0"), "QuotaReserved").get("status")
+            == "False"
+        ),
+        30,
+        on_timeout=lambda: diagnostics(bed, ns, first, second),
+    )
+    assert bed.kube.status(ns, second).get("phase") == "Pending"
+    assert all(kq.ADMISSION_GATE in gates(p) for p in bed.kube.pods(ns, second, 0))
+    wait_for(
+        f"{second} succeeded",
+        lambda: bed.kube.status(ns, second).get("phase") == "Succeeded",
+        90,
+        on_timeout=lambda: diagnostics(bed, ns, first, second),
+    )
+    done = bed.kube.status(ns, first)
+    assert done["phase"] == "Succeeded", done
+    # One after the other: the second gang started only after the first one's ranks ended.
+    first_end = max(
+        s["state"]["terminated"]["finishedAt"]
+        for p in bed.kube.pods(ns, first, 0)
+        for s in p["status"]["containerStatuses"]
+    )
+    second_start = min(
+        s["state"]["terminated"]["startedAt"]
+        for p in bed.kube.pods(ns, second, 0)
+        for s in p["status"]["containerStatuses"]
+    )
+    assert second_start >= first_end, (first_end, second_start)
+    assert done["failures"] == 0 and bed.kube.status(ns, second)["failures"] == 0
