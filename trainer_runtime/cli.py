@@ -1,5 +1,6 @@
 """``rtj-checkpoints``: look at a run folder from a shell (what exists, what verifies), and
-export a checkpoint's weights as a plain ``state_dict`` file.
+export a checkpoint's weights as a plain ``state_dict`` file, a safetensors folder or a DCP
+folder (docs/export.md).
 
 Each folder argument may be local or ``s3://BUCKET/PREFIX/...``. A bucket prefix is read through
 the runtime's own remote run-folder model (``objectstore.folder``) and verified downloads
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "export":
-        problem = _unwritable_out(args.out)
+        problem = _export_problem(args)
         if problem is not None:  # before anything is downloaded or read
             print(f"rtj-checkpoints: {problem}", file=sys.stderr)
             return 2
@@ -65,7 +66,7 @@ def _run(argv: list[str] | None) -> int:
         print(f"rtj-checkpoints: {folder} is not a folder", file=sys.stderr)
         return 2
     if args.cmd == "export":
-        return _export(folder, args.out, trusted=args.trusted_pickle)
+        return _export(folder, args)
     only = None
     if (folder / MANIFEST_NAME).is_file() or _uncommitted_checkpoint(folder):
         folder, only = _split_checkpoint(folder)  # that checkpoint alone
@@ -88,18 +89,64 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser(
         "export",
         help="write a checkpoint's model weights as a plain state_dict file "
-        "(torch.load(path, weights_only=True) reads it)",
+        "(torch.load(path, weights_only=True) reads it), a safetensors folder or a DCP folder",
+        description="Write a checkpoint's model weights in a standard format (docs/export.md). "
+        "pt: one torch.save file of the state_dict; safetensors: a Hugging Face-style folder "
+        "of sharded .safetensors files and model.safetensors.index.json; dcp: a folder that "
+        "torch.distributed.checkpoint.load reads with FileSystemReader. The folder formats "
+        "read and write a few hundred MB at a time, not the whole model.",
     )
     exp.add_argument(
         "folder",
         metavar="FOLDER",
         help="a checkpoint folder, or a run folder (its newest)" + _S3_NOTE,
     )
-    exp.add_argument("out", metavar="OUT", help="the local .pt file to write")
+    exp.add_argument(
+        "out",
+        metavar="OUT",
+        help="the local .pt file to write (--format pt), or the new (or empty) local folder "
+        "to create (safetensors, dcp)",
+    )
+    exp.add_argument(
+        "--format",
+        choices=_export_formats(),
+        default="pt",
+        help="what to write (default: pt)",
+    )
+    exp.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32"),
+        help="cast floating tensors to this dtype (integer and boolean ones keep theirs); "
+        "default: as saved",
+    )
+    exp.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        help="--format safetensors: the most bytes of tensors in one file, as bytes or with "
+        "KB/MB/GB (powers of 1000) or KiB/MiB/GiB (powers of 1024); default 5GB",
+    )
     exp.add_argument(
         "--trusted-pickle", action="store_true", help="the checkpoint was saved with trusted_pickle"
     )
     return ap
+
+
+def _export_formats() -> tuple[str, ...]:
+    return ("pt", "safetensors", "dcp")  # export.FORMATS, without importing torch for ls
+
+
+def _export_problem(args: argparse.Namespace) -> str | None:
+    """Why ``export`` with these options cannot run (options, OUT), or None."""
+    if args.format == "pt" and args.max_shard_size is None:
+        return _unwritable_out(args.out)
+    from .errors import ConfigError  # noqa: PLC0415
+    from .export import check_options, new_folder_problem  # noqa: PLC0415 - imports torch
+
+    try:
+        args.max_shard_bytes = check_options(args.format, args.dtype, args.max_shard_size)
+    except ConfigError as exc:
+        return str(exc)
+    return new_folder_problem(args.out, args.format)
 
 
 def _unwritable_out(out: str) -> str | None:
@@ -155,18 +202,42 @@ def _is_s3(text: str) -> bool:
     return is_s3_uri(text)
 
 
-def _export(folder: Path, out: Path, *, trusted: bool, shown: str | None = None) -> int:
-    from .export import export_weights  # noqa: PLC0415 - torch only for this command
+def _export(folder: Path, args: argparse.Namespace, *, shown: str | None = None) -> int:
+    from .export import export_checkpoint  # noqa: PLC0415 - torch only for this command
 
+    out: Path = args.out
     try:
-        ckpt = export_weights(folder, out, trusted=trusted)
+        done = export_checkpoint(
+            folder,
+            out,
+            fmt=args.format,
+            dtype=args.dtype,
+            max_shard_size=getattr(args, "max_shard_bytes", None),
+            trusted=args.trusted_pickle,
+        )
     except CheckpointError as exc:
         print(f"rtj-checkpoints: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a local file that cannot be read, or OUT written (disk full, ...)
         print(f"rtj-checkpoints: export to {out} failed: {exc}", file=sys.stderr)
         return 1
-    print(f"exported the model weights of {shown or ckpt} to {out}")
+    if done.left_out:
+        names = ", ".join(done.left_out[:5]) + (" ..." if len(done.left_out) > 5 else "")
+        print(
+            f"rtj-checkpoints: left out {len(done.left_out)} model entries that are not "
+            f"tensors ({names}): --format {args.format} holds tensors only, --format pt "
+            "keeps them",
+            file=sys.stderr,
+        )
+    detail = ""
+    if args.format != "pt":
+        data = [f for f in done.files if not f.endswith(".json") and not f.startswith(".")]
+        files = f"{len(data)} data file" + ("s" if len(data) != 1 else "")
+        detail = f" ({args.format}: {files}, {done.total_bytes} bytes of tensors"
+        detail += f", floating tensors as {args.dtype})" if args.dtype else ")"
+    elif args.dtype:
+        detail = f" (floating tensors as {args.dtype})"
+    print(f"exported the model weights of {shown or done.checkpoint} to {out}{detail}")
     return 0
 
 
@@ -230,7 +301,7 @@ def _main_remote(args: argparse.Namespace) -> int:
             print(f"rtj-checkpoints: {uri} is not a folder (no object under it)", file=sys.stderr)
             return 2
         if args.cmd == "export":
-            return _export_remote(store, uri, args.out, trusted=args.trusted_pickle)
+            return _export_remote(store, uri, args)
         if uri.key and (
             store.head(uri.join(MANIFEST_NAME)) is not None
             or _uncommitted_remote_checkpoint(store, uri)
@@ -311,7 +382,7 @@ def _download_check(store: S3Store, run_uri: S3Uri, manifest: Manifest) -> str |
     return None
 
 
-def _export_remote(store: S3Store, uri: S3Uri, out: Path, *, trusted: bool) -> int:
+def _export_remote(store: S3Store, uri: S3Uri, args: argparse.Namespace) -> int:
     """Download the checkpoint ``uri`` (or the newest of the run folder ``uri`` that downloads
     intact), verified, into a temporary folder, and export that."""
     from .objectstore import download_checkpoint, resume_from_remote  # noqa: PLC0415
@@ -325,7 +396,7 @@ def _export_remote(store: S3Store, uri: S3Uri, out: Path, *, trusted: bool) -> i
                 print(f"rtj-checkpoints: folder {uri} holds no checkpoint", file=sys.stderr)
                 return 1
             ckpt, local = found[0].uri, found[1]
-        return _export(local, out, trusted=trusted, shown=str(ckpt))
+        return _export(local, args, shown=str(ckpt))
 
 
 if __name__ == "__main__":
