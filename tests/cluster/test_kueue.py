@@ -31,11 +31,13 @@ from tests.conftest import IN_CI, TEST_CLUSTER_NAME, require, unique
 from tools import kueue as kq
 from tools.controlplane import CLUSTER_SH, ControlPlane, ControlPlaneError, binaries_ready
 from tools.waiting import wait_for
+from trainer_runtime import events
+from trainer_runtime.events import read_events
 
 from .conftest import E2E_NAMESPACES, ROOT, OperatorProcess, start_operator
 from .kubeclient import Kube, rtj
 from .node_verbs import POOL_LABEL
-from .scenario import condition
+from .scenario import condition, wait_events
 
 EXAMPLE = ROOT / "examples" / "train_deterministic.py"
 
@@ -329,3 +331,118 @@ def test_two_jobs_competing_for_one_quota_run_one_after_the_other(bed: Bed, ns: 
     )
     assert second_start >= first_end, (first_end, second_start)
     assert done["failures"] == 0 and bed.kube.status(ns, second)["failures"] == 0
+
+
+def trainer(bed: Bed, name: str) -> dict[str, Any]:
+    """A real training rank (``examples/train_deterministic.py``, 48 steps of about 0.5 s, a
+    checkpoint every 4): it saves on SIGTERM and resumes from the newest checkpoint."""
+    return {
+        "terminationGracePeriodSeconds": 20,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "rtj-train:0.1.0",
+                "workingDir": "/app",
+                "command": [
+                    "python",
+                    "/app/examples/train_deterministic.py",
+                    "--epochs=4",
+                    "--dataset-size=96",
+                    "--batch-size=4",
+                    "--interval=4ba",
+                    "--workers=0",
+                    "--step-sleep=0.5",
+                    f"--out={bed.workdir / 'out'}/{name}.pt",
+                ],
+                "resources": {"requests": {"cpu": "1"}},
+            }
+        ],
+    }
+
+
+def test_a_kueue_preemption_is_a_preemption_and_resumes_from_the_sigterm_save(
+    bed: Bed, ns: str
+) -> None:
+    """A higher-priority workload takes the quota of a running 2-rank job: Kueue evicts the
+    gang's Workload and deletes its pods, the ranks save on SIGTERM, the operator records a
+    preemption (no failure) that names Kueue, the next attempt waits in the queue, and once the
+    quota is free again it resumes at the step the SIGTERM save committed."""
+    kq.ensure_queue(bed.kube, ns, {"cpu": "2"})
+    kq.apply(bed.kube, kq.workload_priority_class("rtj-kq-high", 1000))
+    name = unique("victim")
+    (bed.workdir / "out").mkdir(exist_ok=True)
+    queued_job(bed, ns, name, 2, trainer(bed, name), checkpoint={"dir": str(bed.workdir / "ckpt")})
+    wait_for(
+        "a committed checkpoint",
+        lambda: bed.kube.status(ns, name).get("lastCommittedCheckpoint"),
+        120,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    preemptor = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "preemptor",
+            "labels": {
+                "kueue.x-k8s.io/queue-name": "queue",
+                "kueue.x-k8s.io/priority-class": "rtj-kq-high",
+            },
+        },
+        "spec": {
+            **sleeper(12, cpu="2"),
+            "restartPolicy": "Never",
+            "nodeSelector": {POOL_LABEL: bed.pool},
+        },
+    }
+    bed.kube.req("POST", f"/api/v1/namespaces/{ns}/pods", body=preemptor)
+    status = wait_for(
+        "the interruption recorded",
+        lambda: s if (s := bed.kube.status(ns, name)).get("interruptions") else None,
+        60,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    (interruption,) = status["interruptions"]
+    assert interruption["preemption"] is True and interruption["attempt"] == 0, interruption
+    assert "Kueue TerminationTarget WorkloadEvicted" in interruption["message"], interruption
+    assert "Preempted" in interruption["message"], interruption
+    assert status["failures"] == 0 and status["preemptions"] == 1, status
+    wait_events(bed.kube, ns, name, {"Preempted"})  # posted after the status write
+    event = next(e for e in bed.kube.events(ns, name) if e["reason"] == "Preempted")
+    assert "Kueue" in event["message"], event
+
+    # The next attempt queues behind the preemptor, then runs when its quota is free again.
+    queued = wait_for(
+        "attempt 1's pods",
+        lambda: p if len(p := bed.kube.pods(ns, name, 1)) == 2 else None,
+        30,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    if (bed.kube.pod(ns, "preemptor") or {}).get("status", {}).get("phase") == "Running":
+        assert all(kq.ADMISSION_GATE in gates(p) for p in queued), [gates(p) for p in queued]
+    wait_for(
+        "the preemptor succeeded",
+        lambda: (bed.kube.pod(ns, "preemptor") or {}).get("status", {}).get("phase") == "Succeeded",
+        90,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    wait_for(
+        f"{name} succeeded",
+        lambda: bed.kube.status(ns, name).get("phase") == "Succeeded",
+        180,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    final = bed.kube.status(ns, name)
+    assert final["attempt"] == 1 and final["failures"] == 0, final
+    saved = {}
+    for rank in (0, 1):
+        log = bed.pod_log(ns, f"{name}-a0-r{rank}")
+        emergency = read_events(log, events.EMERGENCY_SAVED)
+        assert emergency, f"rank {rank} did not save on SIGTERM:\n{log[-2000:]}"
+        saved[rank] = emergency[-1]["checkpoint"]
+    assert saved[0] == saved[1], saved
+    steps = dict(
+        (e["checkpoint"], int(e["step"]))
+        for e in read_events(bed.pod_log(ns, f"{name}-a0-r0"), events.COMMITTED)
+    )
+    resumed = read_events(bed.pod_log(ns, f"{name}-a1-r0"), events.RESUMED)
+    assert resumed and int(resumed[-1]["step"]) == steps[saved[0]], (resumed, steps, saved)
