@@ -15,6 +15,10 @@ follows a checkpoint that grows or a disk that slows. ``M`` comes from the opera
 before the first); outside a cluster it is that prior. The result is clamped within
 ``interval_min``/``interval_max`` and, for asynchronous saves, never below the wall time of a
 commit (a save cannot start before the previous one committed without waiting or skipping).
+The MTBI also grows while this process runs uninterrupted, as the operator's own figure would:
+``M + t / (n + 1)`` after ``t`` seconds, ``n`` being the interruptions it was computed over
+(``RTJ_INTERRUPTIONS``). Without that a job would keep the one-hour prior for its whole first
+attempt, however long that attempt lives.
 
 Rejected: a step-count interval derived from the time one (the step time varies with the data
 and across ranks, so the ranks could not agree on it without communicating anyway), and letting
@@ -97,6 +101,17 @@ class AutoIntervalOptions:
         return cls(min_s=low, max_s=high)
 
 
+def interruptions_from(env: Mapping[str, str]) -> int:
+    """``RTJ_INTERRUPTIONS``, the count the operator's MTBI was computed over (0 when unset);
+    a value that is not a whole number >= 0 is a ``ConfigError`` naming the variable."""
+    raw = env.get(envvars.INTERRUPTIONS, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise ConfigError(f"{envvars.INTERRUPTIONS}={raw!r}: expected a whole number >= 0")
+    return int(raw)
+
+
 def mtbi_from(env: Mapping[str, str]) -> tuple[float, str]:
     """The mean time between interruptions and where it came from: ``RTJ_MTBI_SECONDS``
     (``operator``) or the one-hour prior (``prior``). A value that is not a positive number is
@@ -133,17 +148,32 @@ class AutoInterval:
 
     options: AutoIntervalOptions
     mtbi_s: float
+    """The MTBI when this process started."""
     mtbi_source: str = "prior"
+    interruptions: int = 0
+    """The interruptions ``mtbi_s`` was computed over (its growth while this process lives)."""
+    started_at: float | None = None
+    """This process's first look at the clock."""
+    now: float | None = None
+    """The clock at the last look (``due``)."""
     holds: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     commits: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     last_save_at: float | None = None
     reported_s: float | None = None
 
+    @property
+    def mtbi_now(self) -> float:
+        """The MTBI with this process's own time up counted in: ``M + t / (n + 1)``."""
+        if self.started_at is None or self.now is None:
+            return self.mtbi_s
+        return self.mtbi_s + max(self.now - self.started_at, 0.0) / (self.interruptions + 1)
+
     def choose(self) -> Choice:
         """The interval the measurements so far call for."""
         cost = sum(self.holds) / len(self.holds) if self.holds else DEFAULT_SAVE_COST_S
         commit = max(self.commits) if self.commits else None
-        ideal = young_daly(cost, self.mtbi_s)
+        mtbi = self.mtbi_now
+        ideal = young_daly(cost, mtbi)
         low = self.options.min_s
         floor = "min"
         if commit is not None and commit > low:
@@ -156,7 +186,7 @@ class AutoInterval:
             interval_s=value,
             save_cost_s=cost,
             commit_s=commit,
-            mtbi_s=self.mtbi_s,
+            mtbi_s=mtbi,
             mtbi_source=self.mtbi_source,
             measured_saves=len(self.holds),
             clamped=clamped,
@@ -182,20 +212,26 @@ class AutoInterval:
         self.reported_s = choice.interval_s
         return choice
 
-    def start(self, now: float) -> None:
-        """The clock starts (at the first step after the resume)."""
+    def look(self, now: float) -> None:
+        """Move the clock (the first look starts it)."""
+        if self.started_at is None:
+            self.started_at = now
         if self.last_save_at is None:
             self.last_save_at = now
+        self.now = now
 
     def saved(self, now: float) -> None:
         """A save began now: the next one is due an interval later."""
+        self.look(now)
         self.last_save_at = now
 
     def due(self, now: float) -> bool:
         """Whether an interval has passed since the last save (or the start)."""
-        if self.last_save_at is None:
-            self.last_save_at = now
+        first = self.started_at is None
+        self.look(now)
+        if first:
             return False
+        assert self.last_save_at is not None
         return now - self.last_save_at >= self.interval_s
 
 
@@ -228,8 +264,10 @@ class AutoSchedule:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        mtbi, source = mtbi_from(os.environ if environ is None else environ)
-        self.rule = AutoInterval(options, mtbi, source)
+        env = os.environ if environ is None else environ
+        mtbi, source = mtbi_from(env)
+        count = interruptions_from(env) if source == "operator" else 0
+        self.rule = AutoInterval(options, mtbi, source, interruptions=count)
         self.rank, self.coord, self.clock = rank, coord, clock
         self._seen = 0
         self.report("start")

@@ -70,6 +70,9 @@ TOTAL_STEPS = "RTJ_TOTAL_STEPS"
 # Injected by the operator: the job's observed mean time between interruptions, in seconds (a
 # one-hour prior before the first), for ``interval="auto"`` (auto_interval.py).
 MTBI_SECONDS = "RTJ_MTBI_SECONDS"
+# With it: the preemptions and failures it was computed over (the runtime grows the MTBI by
+# its own time up over this count plus one, as the operator would).
+INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 
 # Optional: "0" turns off the download of RTJ_RESUME_FROM at import (warm_start.py).
 PREFETCH = "RTJ_PREFETCH"
@@ -110,6 +113,7 @@ ALL_RTJ = (
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
     MTBI_SECONDS,
+    INTERRUPTIONS,
 )
 """Every RTJ_* variable the operator may inject; the contract test compares this tuple."""
 

@@ -45,6 +45,9 @@ REPORT_FILE = "RTJ_REPORT_FILE"
 # The job's observed mean time between interruptions, in seconds (mtbi.mtbi_seconds): the
 # runtime's ``interval="auto"`` sets its save interval from it.
 MTBI_SECONDS = "RTJ_MTBI_SECONDS"
+# With it: the preemptions and failures it was computed over (the runtime grows the MTBI by
+# its own time up over this count plus one, as the operator would).
+INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 # Not injected: a user may set it in the template; the runtime reports it as the job's total steps.
 TOTAL_STEPS = "RTJ_TOTAL_STEPS"
 
@@ -73,6 +76,7 @@ ALL_RTJ = (
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
     MTBI_SECONDS,
+    INTERRUPTIONS,
 )
 """Every RTJ_* variable the operator injects, in the runtime's order (a contract test compares)."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import envvars, names, rbac
 from .api_types import Job
-from .mtbi import mtbi_seconds
+from .mtbi import interruptions, mtbi_seconds
 from .resume import run_root
 
 RANK_WRITTEN_ANNOTATIONS = frozenset({envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION})
@@ -118,6 +118,7 @@ def rank_environment(
         envvars.GRACE_PERIOD_SECONDS: str(save_budget_seconds(job)),
         envvars.REPORT_FILE: report_file,
         envvars.MTBI_SECONDS: str(round(mtbi_seconds(job.status))),
+        envvars.INTERRUPTIONS: str(interruptions(job.status)),
     }
     return [{"name": key, "value": value} for key, value in values.items()]
 

@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from rtj_operator import crdgen
-from rtj_operator.envvars import MTBI_SECONDS, PROGRESS_ANNOTATION
+from rtj_operator.envvars import INTERRUPTIONS, MTBI_SECONDS, PROGRESS_ANNOTATION
 from rtj_operator.job_progress import MIN_POINT_SPACING_SECONDS, RATE_WINDOW_SECONDS, update
-from rtj_operator.mtbi import PRIOR_MTBI_SECONDS, mtbi_seconds
+from rtj_operator.mtbi import PRIOR_MTBI_SECONDS, interruptions, mtbi_seconds
 from rtj_operator.status_types import Activity, Goodput, JobStatus, Phase
 from rtj_operator.timeutil import iso
 
@@ -189,6 +189,7 @@ def test_every_attempt_gets_the_mtbi_in_its_environment():
     cluster = FakeCluster.start(replicas=2)
     cluster.step()
     assert cluster.env(0)[MTBI_SECONDS] == str(round(PRIOR_MTBI_SECONDS))
+    assert cluster.env(0)[INTERRUPTIONS] == "0"
     for attempt in (1, 2):
         cluster.schedule_and_run()
         live(cluster, 1)
@@ -199,6 +200,7 @@ def test_every_attempt_gets_the_mtbi_in_its_environment():
         cluster.step(10)
         assert cluster.status["attempt"] == attempt
         assert cluster.env(0, attempt)[MTBI_SECONDS] == str(round(mtbi_seconds(before)))
+        assert cluster.env(0, attempt)[INTERRUPTIONS] == str(interruptions(before))
     # The second gang's pods knew of the first preemption: (up + prior) / 2.
     up = before.goodput
     assert up is not None and before.preemptions == 1

@@ -20,6 +20,7 @@ from trainer_runtime.auto_interval import (
     AutoIntervalOptions,
     AutoSchedule,
     clamp,
+    interruptions_from,
     mtbi_from,
     young_daly,
 )
@@ -90,6 +91,17 @@ def test_only_material_changes_are_reported():
     assert r.to_report() is not None
 
 
+def test_the_mtbi_grows_with_the_time_this_process_is_up():
+    r = AutoInterval(AutoIntervalOptions(1.0, 1e6), 1800.0, "operator", interruptions=2)
+    r.record(10.0, commit_s=None)
+    assert not r.due(100.0)
+    assert r.mtbi_now == 1800.0
+    r.due(100.0 + 3 * 3600)  # three hours up: the operator would now say 1800 + 10800 / 3
+    assert r.mtbi_now == 1800.0 + 3600.0
+    assert r.interval_s == pytest.approx(young_daly(10.0, 5400.0))
+    assert r.choose().mtbi_s == 5400.0
+
+
 def test_the_clock_is_due_an_interval_after_the_last_save():
     r = rule(min_s=60.0, max_s=60.0)
     assert not r.due(1000.0)  # the first look starts the clock
@@ -109,6 +121,9 @@ def test_options_are_validated_and_name_the_argument():
 
 
 def test_the_mtbi_comes_from_the_operator_or_the_prior():
+    assert interruptions_from({}) == 0 and interruptions_from({envvars.INTERRUPTIONS: "4"}) == 4
+    with pytest.raises(ConfigError, match=envvars.INTERRUPTIONS):
+        interruptions_from({envvars.INTERRUPTIONS: "-1"})
     assert mtbi_from({}) == (DEFAULT_MTBI_S, "prior")
     assert mtbi_from({envvars.MTBI_SECONDS: "1800"}) == (1800.0, "operator")
     for bad in ("0", "-5", "soon", "inf"):
@@ -220,7 +235,8 @@ ck.close()
 
 
 def test_a_real_process_reports_its_interval_and_saves_at_that_cadence(tmp_path):
-    """MTBI 20 s from the environment; the prior cost (5 s) asks sqrt(200) = 14 s, clamped to
+    """MTBI 20 s over 9 interruptions from the environment; the prior cost (5 s) asks
+    sqrt(200) = 14 s, clamped to
     interval_max 3 s; the first save measures a cost of a few ms, and sqrt(2 * C * 20) moves
     the interval down materially: a second event, and the saves follow it."""
     target = tmp_path / "events.jsonl"
@@ -235,6 +251,7 @@ def test_a_real_process_reports_its_interval_and_saves_at_that_cadence(tmp_path)
             "PATH": "/usr/bin:/bin",
             envvars.EVENTS_FILE: str(target),
             envvars.MTBI_SECONDS: "20",
+            envvars.INTERRUPTIONS: "9",
         },
         capture_output=True,
         text=True,
@@ -248,7 +265,8 @@ def test_a_real_process_reports_its_interval_and_saves_at_that_cadence(tmp_path)
     assert chosen[0]["mtbi_source"] == "operator"
     assert len(chosen) >= 2 and chosen[1]["reason"] == "measured", [e.fields for e in chosen]
     for e in chosen[1:]:
-        ideal = young_daly(e["save_cost_s"], 20.0)
+        assert 20.0 <= e["mtbi_s"] <= 20.0 + 15 / 10  # grows by the time up over 9 + 1
+        ideal = young_daly(e["save_cost_s"], e["mtbi_s"])
         floor = max(0.3, e["commit_s"] or 0.0)
         assert e["interval_s"] == pytest.approx(clamp(ideal, floor, 3.0), abs=0.01)
     # Each gap between commits is the interval in force when it began (plus a step or two and

@@ -36,6 +36,7 @@ def test_every_injected_variable_is_read_by_the_runtime_under_the_same_name():
         "PROGRESS_ANNOTATION",
         "TOTAL_STEPS",
         "MTBI_SECONDS",
+        "INTERRUPTIONS",
     ):
         assert op[name] == getattr(runtime_env, name), name
 
