@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import gang, invalid_spec, metrics, names, support
+from . import gang, invalid_spec, kueue_workload, metrics, names, support
 from .api_types import Job, job_ref, parse_job
 from .discovery import ApiDiscovery
 from .executor import Applied, Executor, foreign_pods
@@ -329,6 +329,10 @@ class Controller:
                     self.api.pod_group_path(job.ref.namespace, group)
                 ),
             }
+        if job.status.gang_created and job.status.gang_scheduling == gang.Mechanism.KUEUE:
+            workload = await kueue_workload.read(self.api, job)
+            if workload is not False:
+                observed = {**observed, kueue_workload.WORKLOAD: workload}
         return observed
 
     @staticmethod

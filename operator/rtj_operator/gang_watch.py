@@ -17,6 +17,7 @@ from . import elastic, gang, names
 from .api_types import Job
 from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
+from .kueue_workload import report_admission
 from .notice import notice_payload
 from .plan_types import NoticeWrite
 from .podstate import UNSCHEDULABLE, as_deleted, is_deleting, scheduling_hold
@@ -79,6 +80,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
                 f"all {ctx.size} ranks of attempt {st.attempt} are running",
             )
         _report_scheduling(ctx, current)
+        report_admission(ctx)
         plan.requeue(verdict.recheck_after)
         if job.spec.elastic is None:
             st.grow = None  # elastic removed meanwhile: a pending grow is dropped with it

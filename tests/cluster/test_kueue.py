@@ -272,6 +272,16 @@ def test_a_gang_larger_than_the_quota_is_never_partly_admitted(bed: Bed, ns: str
     )
     assert cond["reason"] == "SchedulingGated", cond
     assert kq.ADMISSION_GATE in cond["message"] and "queue queue" in cond["message"], cond
+    # Why it waits, in Kueue's words, with the queue's name.
+    admitted = wait_for(
+        "Admitted=False",
+        lambda: c if (c := condition(bed.kube, ns, name, "Admitted")).get("status") else None,
+        30,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    assert admitted["status"] == "False" and admitted["reason"] == "Pending", admitted
+    assert f"Workload {name}-a0 waits in Kueue queue queue" in admitted["message"], admitted
+    assert "insufficient quota for cpu" in admitted["message"], admitted
     time.sleep(3)
     pods = bed.kube.pods(ns, name, 0)
     assert len(pods) == 3 and all(kq.ADMISSION_GATE in gates(p) for p in pods), pods
@@ -284,6 +294,13 @@ def test_a_gang_larger_than_the_quota_is_never_partly_admitted(bed: Bed, ns: str
         60,
         on_timeout=lambda: diagnostics(bed, ns, name),
     )
+    wait_for(
+        "Admitted=True",
+        lambda: condition(bed.kube, ns, name, "Admitted").get("status") == "True",
+        30,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    assert f"ClusterQueue {cq}" in condition(bed.kube, ns, name, "Admitted")["message"]
 
 
 def test_two_jobs_competing_for_one_quota_run_one_after_the_other(bed: Bed, ns: str) -> None:

@@ -1,0 +1,124 @@
+"""What Kueue says about an attempt's gang: its Workload's admission, as a condition of the job.
+
+Under ``gangScheduling: Kueue`` the ranks wait behind Kueue's admission gate while the queue
+has not admitted the gang, and the pods say no more than that they are gated. Why they wait
+(no quota left in the ClusterQueue, a higher-priority workload ahead, a flavor that does not
+fit) is on the Workload Kueue made for the pod group, named after the group
+(``<job>-a<attempt>``, gang.py). The operator reads that Workload on each pass while the gang
+is not admitted and reports it as the job's ``Admitted`` condition: False with Kueue's reason
+and message and the queue's name while the gang waits, True once Kueue admitted it.
+
+Reading Kueue's own object was chosen over repeating the ClusterQueue's arithmetic (quota minus
+usage, priorities, borrowing): only Kueue knows all of its rules, and its message already
+says which one holds the gang back. Without permission to read Workloads (an RBAC set without
+``kueue.x-k8s.io``) the condition is left out: the ``PodsScheduled`` condition still says the
+ranks are held by Kueue's gate.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import conditions as cond
+from . import gang
+from .api_types import Job
+from .kube import ApiError, KubeApi
+from .reconcile_context import ReconcileContext
+
+log = logging.getLogger(__name__)
+
+WORKLOAD = "KueueWorkload"
+"""Key of the attempt's Workload among the observed support objects (``support.Observed``):
+read with them by the controller, so the reconcile stays a pure function of what was read."""
+ADMITTED = "Admitted"
+"""The job's condition: whether Kueue admitted the current attempt's gang."""
+API_VERSION = "v1beta2"
+
+
+def workload_path(namespace: str, group: str) -> str:
+    """The API path of a pod group's Workload."""
+    return f"/apis/{gang.KUEUE_GROUP}/{API_VERSION}/namespaces/{namespace}/workloads/{group}"
+
+
+_forbidden_said = False
+
+
+async def read(api: KubeApi, job: Job) -> dict[str, Any] | bool | None:
+    """The current attempt's Workload (None: Kueue has not made it yet), or False when it need
+    not or cannot be read: this attempt's gang was already seen admitted, or the operator may
+    not read Workloads (said once in the log)."""
+    global _forbidden_said  # noqa: PLW0603 - one warning per process, not per job and pass
+    group = gang.group_name(job.ref.name, job.status.attempt)
+    for entry in job.status.conditions:
+        seen = entry.type == ADMITTED and entry.status == "True"
+        if seen and f"Workload {group} " in (entry.message or ""):
+            return False
+    try:
+        return await api.get_object(workload_path(job.ref.namespace, group))
+    except ApiError as err:
+        if not err.forbidden:
+            raise
+        if not _forbidden_said:
+            _forbidden_said = True
+            log.warning(
+                "cannot read Kueue Workloads (%s): the Admitted condition is left out; grant "
+                "get on workloads.kueue.x-k8s.io to show why queued gangs wait",
+                err.message,
+            )
+        return False
+
+
+def _condition(workload: dict[str, Any], kind: str) -> dict[str, Any]:
+    for entry in (workload.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return entry
+    return {}
+
+
+def admission(workload: dict[str, Any] | None) -> tuple[bool, str, str] | None:
+    """(admitted, reason, Kueue's message) of a Workload; None when there is none yet.
+
+    A Workload not admitted says why in its ``QuotaReserved`` condition (reason ``Pending``
+    with the quota it lacks) or, with quota reserved, in ``Admitted`` (admission checks)."""
+    if not workload:
+        return None
+    admitted = _condition(workload, "Admitted")
+    if admitted.get("status") == "True":
+        return True, "Admitted", str(admitted.get("message") or "")
+    reserved = _condition(workload, "QuotaReserved")
+    why = reserved if reserved.get("status") != "True" and reserved else admitted
+    if not why:
+        return False, "Pending", "the Workload has no admission condition yet"
+    return False, str(why.get("reason") or "Pending"), str(why.get("message") or "")
+
+
+def report_admission(ctx: ReconcileContext) -> None:
+    """Set the job's ``Admitted`` condition from the current attempt's Workload (only under
+    ``gangScheduling: Kueue``, and only when the controller could read the Workload)."""
+    st = ctx.status
+    if st.gang_scheduling != gang.Mechanism.KUEUE or WORKLOAD not in ctx.observed_support:
+        return
+    workload = ctx.observed_support.get(WORKLOAD)
+    seen = admission(workload)
+    if seen is None:
+        return
+    admitted, reason, message = seen
+    group = gang.group_name(ctx.job.ref.name, st.attempt)
+    queue = ctx.job.spec.queue_name
+    cluster_queue = ((workload or {}).get("status") or {}).get("admission", {}).get("clusterQueue")
+    if admitted:
+        text = f"Kueue admitted Workload {group} of queue {queue}" + (
+            f" in ClusterQueue {cluster_queue}" if cluster_queue else ""
+        )
+    else:
+        text = f"Workload {group} waits in Kueue queue {queue}: {message}"
+    cond.set_condition(
+        st,
+        ADMITTED,
+        admitted,
+        reason=reason,
+        message=text,
+        now=ctx.now,
+        generation=ctx.generation,
+    )
