@@ -141,7 +141,11 @@ def _plain(value: object, to: torch.dtype | None) -> object:
     if not isinstance(value, torch.Tensor):
         return value
     cast = cast_dtype(value.dtype, to)
-    return value.to(cast) if cast != value.dtype else value.clone()
+    if cast != value.dtype:
+        return value.to(cast)
+    if value.untyped_storage().nbytes() != value.nbytes:  # torch.save writes a whole storage
+        return value.clone()
+    return value  # read for this export alone: a copy would only double the memory
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
