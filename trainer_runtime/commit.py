@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .dist import describe_failures, failure_cause
-from .errors import SaveFailedError
+from .errors import SaveFailedError, StaleMembershipError
+from .fence import Fence
 from .layout import RunFolder
 from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
 from .timestamp import Timestamp
@@ -52,6 +53,7 @@ def write_and_commit(
     staged_keys: set[str] | None = None,
     latest_like: re.Pattern[str] | None = None,
     on_commit: Callable[[Manifest], None] | None = None,
+    fence: Fence | None = None,
 ) -> Manifest:
     """Write ``state`` as checkpoint ``name`` of ``folder`` and commit it (collective).
 
@@ -91,17 +93,20 @@ def write_and_commit(
         created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         save_duration_s=round(max(d for _, d, _ in gathered), 6),
         format_version=FORMAT_VERSION_SHARDED,
-        extra={"engine": ENGINE_NAME},
+        extra={"engine": ENGINE_NAME} | ({} if fence is None else {"membershipEpoch": fence.epoch}),
     )
     problem = None
     if engine.rank == 0:
-        failure, problem = _commit_on_rank0(folder, manifest)
+        failure, problem = _commit_on_rank0(folder, manifest, fence)
         if problem is None and on_commit is not None:
             on_commit(manifest)
     # One collective serves as the barrier (rank 0 has committed, or failed to) and shares
     # its time.
     manifest.created_at, problem = coord.broadcast((manifest.created_at, problem))
     if problem is not None:
+        if isinstance(failure, StaleMembershipError) or problem.startswith(_STALE):
+            # the folder may be the newer gang's checkpoint of the same name: leave it
+            raise StaleMembershipError(f"checkpoint {name} not committed: {problem}")
         _abandon(folder, name, [problem], failure, rank=coord.rank)
     if engine.rank != 0 and not (path / MANIFEST_NAME).exists():
         # Node-local disk: this node holds only its own shard files; it records the commit
@@ -124,9 +129,17 @@ def describe_write_failure(exc: BaseException, rank: int) -> str:
     return f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def _commit_on_rank0(folder: RunFolder, manifest: Manifest) -> tuple[Exception | None, str | None]:
+_STALE = "fenced out: "
+
+
+def _commit_on_rank0(
+    folder: RunFolder, manifest: Manifest, fence: Fence | None
+) -> tuple[Exception | None, str | None]:
     """Write the manifest (the commit), then the pointer; the failure and its one-line
-    description when the manifest could not be written."""
+    description when the manifest could not be written (or the gang was fenced out)."""
+    stale = fence.stale() if fence is not None else None
+    if stale is not None:
+        return StaleMembershipError(stale), _STALE + stale
     try:
         folder.write_manifest(manifest)
     except OSError as exc:

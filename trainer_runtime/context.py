@@ -25,9 +25,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import membership
 from .config import Settings, locate_run
 from .dist import Coordinator
 from .errors import CheckpointError, ConfigError
+from .fence import Fence
 from .layout import RunFolder
 from .progress import ProgressReporter
 from .sharded.engine import ShardedEngine
@@ -140,6 +142,8 @@ class RunContext:
     sampler: ResumableSampler | None
     progress: ProgressReporter | None
     position: Position = field(default_factory=Position)
+    fence: Fence | None = None
+    """The run's fence for this gang's membership epoch (None outside a managed gang)."""
 
     @property
     def rank(self) -> int:
@@ -252,7 +256,14 @@ def open_run(
         sampler=sampler,
         progress=ProgressReporter() if coord.rank == 0 else None,
         position=Position(last_global_batch=settings.global_batch_size),
+        fence=_fence(run_dir),
     )
+
+
+def _fence(run_dir: Path) -> Fence | None:
+    """The fence for ``RTJ_MEMBERSHIP_EPOCH`` (fence.py); None when the variable is unset."""
+    epoch = membership.epoch_from(os.environ)
+    return None if epoch is None else Fence(run_dir, epoch)
 
 
 def global_batch(num_samples: object) -> int | None:

@@ -50,6 +50,14 @@ QUARANTINED = "RTJ_QUARANTINED"
 NOTICE_FILE = "RTJ_NOTICE_FILE"
 GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 
+# Membership without a restart (trainer_runtime/membership.py, docs/survivors.md): the epoch of
+# the gang this process belongs to (it only grows; every commit is fenced by it), the downward
+# API file the in-pod agent watches for a new membership, and how long a survivor whose worker
+# stopped waits for one before it gives up and exits (the operator then replaces the gang).
+MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
+MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
+REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+
 # Where the runtime reports its last committed checkpoint (the container's termination
 # message path, so the operator reads it from the pod status).
 REPORT_FILE = "RTJ_REPORT_FILE"
@@ -112,6 +120,9 @@ ALL_RTJ = (
     NOTICE_FILE,
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
+    MEMBERSHIP_EPOCH,
+    MEMBERSHIP_FILE,
+    REJOIN_SECONDS,
     MTBI_SECONDS,
     INTERRUPTIONS,
 )
@@ -122,3 +133,6 @@ ALL_RTJ = (
 NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
 # Written by rank 0 onto its own pod: the last committed checkpoint and the current step.
 PROGRESS_ANNOTATION = "resumable.dev/progress"
+# Written by the operator onto every pod of a gang that changes membership in place; the agent
+# reads it through the downward API file RTJ_MEMBERSHIP_FILE.
+MEMBERSHIP_ANNOTATION = "resumable.dev/membership"

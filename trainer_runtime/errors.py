@@ -37,6 +37,11 @@ class SaveFailedError(CheckpointError):
     """A save did not commit. Nothing was committed and earlier checkpoints are intact."""
 
 
+class StaleMembershipError(SaveFailedError):
+    """A newer gang has claimed the run (its membership epoch is above this process's): this
+    gang's saves are refused so that it never commits behind the new gang (``fence.py``)."""
+
+
 class NoCheckpointError(CheckpointError):
     """A load path was given but holds no checkpoint that verifies."""
 

@@ -55,6 +55,7 @@ UPLOADED = "uploaded"
 STARTED = "started"
 FETCHED = "fetched"
 FIRST_STEP = "first_step"
+MEMBERSHIP = "membership"
 INTERVAL_CHOSEN = "interval_chosen"
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -87,6 +88,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     STARTED: ("process_started", "world_size", "attempt"),
     FETCHED: ("checkpoint", "uri", "bytes", "seconds"),
     FIRST_STEP: ("step", "seconds"),
+    MEMBERSHIP: ("epoch", "nnodes", "node_rank", "stop", "stop_s"),
     INTERVAL_CHOSEN: (
         "interval_s",
         "reason",
@@ -353,6 +355,23 @@ def first_step(*, rank: int, step: int, seconds: float) -> None:
     """The first step after ``resume()`` is done (rank 0): training goes on from here.
     ``seconds``: since the resume ended."""
     emit(FIRST_STEP, rank=rank, step=step, seconds=round(seconds, 3))
+
+
+def membership(
+    *, rank: int, epoch: int, nnodes: int, node_rank: int, stop: str, stop_s: float
+) -> None:
+    """The pod's agent re-formed its workers in place for membership ``epoch`` (the agent, once
+    per pod): ``stop``: how the old workers ended (``save`` or ``kill``), ``stop_s``: how long
+    that took."""
+    emit(
+        MEMBERSHIP,
+        rank=rank,
+        epoch=epoch,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        stop=stop,
+        stop_s=round(stop_s, 3),
+    )
 
 
 def process_start_time() -> str | None:

@@ -216,6 +216,8 @@ class CheckpointManager:
             remote=ctx.remote_committed(),
             remote_uri=None if ctx.remote is None else ctx.remote.uri_for(""),
         )
+        if ctx.fence is not None and ctx.rank == 0:
+            ctx.fence.claim()  # from now on an older gang can no longer commit (fence.py)
         self.total_work = TotalWork(cfg.total_steps, cfg.epochs, cfg.steps_per_epoch)
         """The job's total steps, reported beside the current step (progress.py)."""
         self._report_total()

@@ -296,6 +296,7 @@ class Saver:
             latest_like=ctx.settings.templates.latest_pattern(),
             started=started,
             on_commit=report,
+            fence=ctx.fence,
         )
         ctx.position.mark_saved(ts)
         if sync_called is not None and ctx.rank != 0:

@@ -39,6 +39,13 @@ QUARANTINED = "RTJ_QUARANTINED"
 NOTICE_FILE = "RTJ_NOTICE_FILE"
 GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 
+# Membership without a restart (docs/survivors.md): the gang's epoch (only grows; the runtime
+# fences every commit with it), the downward-API file of the membership annotation, and how
+# long a survivor waits for a new membership after its worker stopped.
+MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
+MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
+REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+
 # Where the runtime writes its one-line progress report (the container's terminationMessagePath).
 REPORT_FILE = "RTJ_REPORT_FILE"
 
@@ -75,6 +82,9 @@ ALL_RTJ = (
     NOTICE_FILE,
     GRACE_PERIOD_SECONDS,
     REPORT_FILE,
+    MEMBERSHIP_EPOCH,
+    MEMBERSHIP_FILE,
+    REJOIN_SECONDS,
     MTBI_SECONDS,
     INTERRUPTIONS,
 )
@@ -85,6 +95,9 @@ NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
 """Written by the operator when the pod's node is about to go; read by the runtime as a file."""
 PROGRESS_ANNOTATION = "resumable.dev/progress"
 """Written by the runtime after every committed checkpoint; read by the operator."""
+MEMBERSHIP_ANNOTATION = "resumable.dev/membership"
+"""Written by the operator on each pod of a gang whose membership changes in place; read by the
+in-pod agent as the file RTJ_MEMBERSHIP_FILE."""
 
 # Read by the operator itself, from its own pod.
 OPERATOR_POD_ID = "POD_ID"

@@ -15,7 +15,9 @@ from .api_types import Job
 from .mtbi import interruptions, mtbi_seconds
 from .resume import run_root
 
-RANK_WRITTEN_ANNOTATIONS = frozenset({envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION})
+RANK_WRITTEN_ANNOTATIONS = frozenset(
+    {envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION, envvars.MEMBERSHIP_ANNOTATION}
+)
 """Annotations each pod gets from the operator (the notice) and its runtime (the progress
 report), never from the template: a template copied from a pod's YAML carried that pod's
 progress report, which the operator read as a commit of the new gang's and resumed from."""
@@ -117,6 +119,11 @@ def rank_environment(
         envvars.NOTICE_FILE: names.NOTICE_FILE,
         envvars.GRACE_PERIOD_SECONDS: str(save_budget_seconds(job)),
         envvars.REPORT_FILE: report_file,
+        # The gang's membership epoch: each attempt's rank 0 raises the run's fence to it, so
+        # a gang of an earlier attempt (cut off, slow to die) can no longer commit.
+        envvars.MEMBERSHIP_EPOCH: str(attempt),
+        envvars.MEMBERSHIP_FILE: names.MEMBERSHIP_FILE,
+        envvars.REJOIN_SECONDS: str(names.REJOIN_SECONDS),
         envvars.MTBI_SECONDS: str(round(mtbi_seconds(job.status))),
         envvars.INTERRUPTIONS: str(interruptions(job.status)),
     }
@@ -157,7 +164,15 @@ def build_pod(
                         "fieldRef": {
                             "fieldPath": f"metadata.annotations['{envvars.NOTICE_ANNOTATION}']"
                         },
-                    }
+                    },
+                    {
+                        "path": names.MEMBERSHIP_FILE_NAME,
+                        "fieldRef": {
+                            "fieldPath": (
+                                f"metadata.annotations['{envvars.MEMBERSHIP_ANNOTATION}']"
+                            )
+                        },
+                    },
                 ]
             },
         }

@@ -31,6 +31,11 @@ NOTICE_VOLUME = "rtj-preemption-notice"
 NOTICE_MOUNT_DIR = "/etc/resumable"
 NOTICE_FILE_NAME = "preemption-notice"
 NOTICE_FILE = f"{NOTICE_MOUNT_DIR}/{NOTICE_FILE_NAME}"
+MEMBERSHIP_FILE_NAME = "membership"
+MEMBERSHIP_FILE = f"{NOTICE_MOUNT_DIR}/{MEMBERSHIP_FILE_NAME}"
+"""The membership annotation as a file (the agent reads it; docs/survivors.md)."""
+REJOIN_SECONDS = 30
+"""How long a pod's agent waits for a new membership after its worker stopped."""
 CHECKPOINT_VOLUME = "rtj-checkpoints"
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_GRACE_PERIOD_SECONDS = 30

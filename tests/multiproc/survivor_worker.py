@@ -1,0 +1,74 @@
+"""A DDP training process for membership changes in place (run under trainer_runtime.agent).
+
+Each step takes the global batch ``step`` (the same samples whatever the world size; this rank's
+share by rank), sleeps ``--step-s`` (the emulated step time), and appends ``epoch step rank
+ids`` to ``<out>/steps-<epoch>-<rank>.txt``. Rank 0 writes ``<out>/final.pt`` (the model and
+optimizer state) at the end, and every rank writes ``<out>/first-<epoch>-<rank>`` with the wall
+time of its first step, so a test can time how long a membership change took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer_runtime import CheckpointManager
+
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folder", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--step-s", type=float, default=0.1)
+    ap.add_argument("--interval", default="5ba")
+    args = ap.parse_args()
+    out = Path(args.out)
+    epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    # one gradient-bucket layout for the whole run: bitwise equal across a restart
+    # (docs/runtime.md, "Exact resume at more than two ranks")
+    model = DistributedDataParallel(inner, find_unused_parameters=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ckpt = CheckpointManager(
+        model=model, optimizer=opt, folder=args.folder, run_name="survivors", interval=args.interval
+    )
+    ckpt.resume()
+    first = True
+    for step in ckpt.steps(args.steps):
+        ids = list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))[rank::world]
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randn(GLOBAL_BATCH, 8, generator=gen)[rank::world]
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(args.step_s)
+        with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
+            log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
+        if first:
+            (out / f"first-{epoch}-{rank}").write_text(repr(time.time()))
+            first = False
+        ckpt.batch_end(num_samples=GLOBAL_BATCH)
+    ckpt.close()
+    if rank == 0:
+        torch.save(
+            {"model": model.module.state_dict(), "optim": opt.state_dict()}, out / "final.pt"
+        )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

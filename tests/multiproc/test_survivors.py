@@ -1,0 +1,263 @@
+"""Membership changes in place, with real processes and real signals (docs/survivors.md).
+
+Each "pod" is ``python -m trainer_runtime.agent -- python survivor_worker.py`` in its own
+session; a node loss is SIGKILL to a pod's whole process group; the test plays the operator's
+part by writing each staying pod's membership file and starting the replacement pod. Shown:
+the surviving pods' agents stay (the same processes from start to end) through a loss, a
+shrink and a grow; the final weights of a fixed-size gang that lost a pod are bitwise those of
+an uninterrupted run and every step's samples are trained exactly once in the kept line; a grow
+announced with ``stop: save`` loses no step; a survivor with no new membership gives up after
+``RTJ_REJOIN_SECONDS`` with its worker's exit code; a gang of an older epoch cannot commit once
+a newer one claimed the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools.ports import free_port
+from trainer_runtime import Manifest
+
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-process on Linux"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("survivor_worker.py")
+STEPS = 40
+
+
+class Pods:
+    """Agent pods on this machine, each in its own session (a node)."""
+
+    def __init__(self, tmp: Path, steps: int = STEPS, step_s: float = 0.1) -> None:
+        self.tmp, self.folder, self.out = tmp, tmp / "ckpt", tmp / "out"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.args = ["--folder", str(self.folder), "--out", str(self.out)]
+        self.args += ["--steps", str(steps), "--step-s", str(step_s)]
+        self.pods: dict[str, subprocess.Popen] = {}
+        self.lost: set[str] = set()
+
+    def start(
+        self, name: str, *, node_rank: int, nnodes: int, port: int, epoch: int, **env: str
+    ) -> subprocess.Popen:
+        penv = {
+            **os.environ,
+            "RANK": str(node_rank),
+            "WORLD_SIZE": str(nnodes),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+            "RTJ_MEMBERSHIP_EPOCH": str(epoch),
+            "RTJ_MEMBERSHIP_FILE": str(self.tmp / f"membership-{name}"),
+            "RTJ_REJOIN_SECONDS": "30",
+            "RTJ_GRACE_PERIOD_SECONDS": "20",
+            **env,
+        }
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        agent = [sys.executable, "-m", "trainer_runtime.agent", "--", sys.executable, str(WORKER)]
+        proc = subprocess.Popen(
+            [*agent, *self.args],
+            env=penv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        self.pods[name] = proc
+        return proc
+
+    def announce(self, name: str, **fields: object) -> None:
+        """The operator's write of a new membership into one pod's file (atomic rename)."""
+        path = self.tmp / f"membership-{name}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"masterAddr": "127.0.0.1", **fields}))
+        tmp.replace(path)
+
+    def lose(self, name: str) -> float:
+        """The pod's node is gone: SIGKILL to its whole session."""
+        os.killpg(self.pods[name].pid, signal.SIGKILL)
+        self.pods[name].wait(10)
+        self.lost.add(name)
+        return time.time()
+
+    def steps_done(self, epoch: int, rank: int = 0) -> int:
+        path = self.out / f"steps-{epoch}-{rank}.txt"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def wait_steps(self, epoch: int, n: int, timeout: float = 240) -> None:
+        end = time.monotonic() + timeout
+        while self.steps_done(epoch) < n:
+            assert time.monotonic() < end, self.logs()
+            for name, p in self.pods.items():
+                assert name in self.lost or p.poll() is None, (name, self.logs())
+            time.sleep(0.1)
+
+    def wait_all(self, timeout: float = 300) -> dict[str, int]:
+        end = time.monotonic() + timeout
+        codes = {}
+        for name, p in self.pods.items():
+            if name in self.lost:
+                continue
+            try:
+                codes[name] = p.wait(max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                raise AssertionError(self.logs()) from None
+        return codes
+
+    def first_step(self, epoch: int, rank: int) -> float:
+        return float((self.out / f"first-{epoch}-{rank}").read_text())
+
+    def kept_lines(self) -> dict[int, list[tuple[int, int, list[int]]]]:
+        """step -> [(epoch, rank, ids)] of the newest epoch that trained it."""
+        by_step: dict[int, list[tuple[int, int, list[int]]]] = {}
+        for path in self.out.glob("steps-*.txt"):
+            for line in path.read_text().splitlines():
+                epoch, step, rank, ids = line.split()
+                by_step.setdefault(int(step), []).append(
+                    (int(epoch), int(rank), [int(i) for i in ids.split(",")])
+                )
+        return {
+            step: [e for e in entries if e[0] == max(x[0] for x in entries)]
+            for step, entries in by_step.items()
+        }
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in self.tmp.glob("*.log")
+        )
+
+
+def assert_exactly_once(pods: Pods, steps: int) -> None:
+    kept = pods.kept_lines()
+    assert sorted(kept) == list(range(steps))
+    for step, entries in kept.items():
+        ids = sorted(i for _, _, batch in entries for i in batch)
+        assert ids == list(range(step * 12, (step + 1) * 12)), (step, entries)
+
+
+def reference_weights(tmp: Path, nnodes: int) -> dict:
+    ref = Pods(tmp / "reference")
+    port = free_port()
+    for r in range(nnodes):
+        ref.start(f"pod{r}", node_rank=r, nnodes=nnodes, port=port, epoch=1)
+    assert set(ref.wait_all().values()) == {0}, ref.logs()
+    return torch.load(ref.out / "final.pt", weights_only=True)
+
+
+def test_a_lost_pod_is_replaced_and_the_survivors_stay(tmp_path: Path) -> None:
+    pods = Pods(tmp_path / "run")
+    port = free_port()
+    for r in range(4):
+        pods.start(f"pod{r}", node_rank=r, nnodes=4, port=port, epoch=1)
+    survivors = {f"pod{r}": pods.pods[f"pod{r}"] for r in range(3)}
+    pods.wait_steps(1, 12)
+    lost_at = pods.lose("pod3")
+    new_port = free_port()
+    for r in range(3):
+        pods.announce(f"pod{r}", epoch=2, nnodes=4, nodeRank=r, masterPort=new_port)
+    pods.start("pod3-new", node_rank=3, nnodes=4, port=new_port, epoch=2)
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    for name, proc in survivors.items():  # the same agent processes, from start to end
+        assert pods.pods[name] is proc and proc.returncode == 0
+        assert "restarted in place" in (pods.tmp / f"{name}.log").read_text()
+    recovery = max(pods.first_step(2, r) for r in range(3)) - lost_at
+    print(f"\nloss -> every surviving rank trained a step again: {recovery:.2f} s")
+    assert_exactly_once(pods, STEPS)
+    final = torch.load(pods.out / "final.pt", weights_only=True)
+    expected = reference_weights(tmp_path, 4)
+    for part in ("model",):
+        for key, value in expected[part].items():
+            assert torch.equal(final[part][key], value), key
+    assert final["optim"]["state"].keys() == expected["optim"]["state"].keys()
+    for idx, st in expected["optim"]["state"].items():
+        assert torch.equal(final["optim"]["state"][idx]["momentum_buffer"], st["momentum_buffer"])
+
+
+def test_a_shrink_then_a_grow_keep_the_survivors(tmp_path: Path) -> None:
+    pods = Pods(tmp_path)
+    port = free_port()
+    for r in range(3):
+        pods.start(f"pod{r}", node_rank=r, nnodes=3, port=port, epoch=1)
+    staying = {f"pod{r}": pods.pods[f"pod{r}"] for r in range(2)}
+    pods.wait_steps(1, 8)
+    pods.lose("pod2")  # shrink: no replacement, the two others go on as a gang of 2
+    port2 = free_port()
+    for r in range(2):
+        pods.announce(f"pod{r}", epoch=2, nnodes=2, nodeRank=r, masterPort=port2)
+    pods.wait_steps(2, pods.steps_done(2) + 6)
+    grown_from = pods.steps_done(2)
+    port3 = free_port()  # grow: every old member alive, so they save first (stop: save)
+    for r in range(2):
+        pods.announce(f"pod{r}", epoch=3, nnodes=3, nodeRank=r, masterPort=port3, stop="save")
+    pods.start("pod2-new", node_rank=2, nnodes=3, port=port3, epoch=3)
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    for name, proc in staying.items():
+        assert pods.pods[name] is proc and proc.returncode == 0
+    assert_exactly_once(pods, STEPS)
+    epoch2 = [int(x.split()[1]) for x in (pods.out / "steps-2-0.txt").read_text().splitlines()]
+    epoch3 = [int(x.split()[1]) for x in (pods.out / "steps-3-0.txt").read_text().splitlines()]
+    assert len(epoch2) >= grown_from
+    # the save on the way out committed the last step: the grown gang goes on from the next one
+    assert epoch3[0] == epoch2[-1] + 1, (epoch2, epoch3)
+
+
+def test_a_survivor_without_a_new_membership_gives_up_with_the_worker_code(
+    tmp_path: Path,
+) -> None:
+    pods = Pods(tmp_path, steps=400)
+    port = free_port()
+    for r in range(2):
+        pods.start(f"pod{r}", node_rank=r, nnodes=2, port=port, epoch=1, RTJ_REJOIN_SECONDS="3")
+    pods.wait_steps(1, 3)
+    lost_at = pods.lose("pod1")
+    code = pods.pods["pod0"].wait(120)
+    waited = time.time() - lost_at
+    assert code != 0, pods.logs()
+    assert 3 <= waited < 60, waited
+    assert "waiting up to 3 s for a new membership" in (tmp_path / "pod0.log").read_text()
+
+
+def test_an_older_gang_cannot_commit_once_a_newer_one_claimed_the_run(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=2000, step_s=0.05)
+    old_port = free_port()
+    for r in range(2):
+        pods.start(f"old{r}", node_rank=r, nnodes=2, port=old_port, epoch=1)
+    pods.wait_steps(1, 12)  # the old gang has committed
+    # A new gang (epoch 2) starts on the same run while the old one is still training: the old
+    # one is partitioned from the operator and did not get its kill.
+    new = Pods(tmp_path / "new", steps=2000, step_s=0.05)
+    new.folder, new.args[1] = pods.folder, str(pods.folder)
+    new_port = free_port()
+    for r in range(2):
+        new.start(f"new{r}", node_rank=r, nnodes=2, port=new_port, epoch=2)
+    new.wait_steps(2, 12)
+    claimed = (pods.folder / "fence.json").stat().st_mtime
+    old_codes = [pods.pods[f"old{r}"].wait(120) for r in range(2)]
+    assert all(c != 0 for c in old_codes), pods.logs()
+    assert "StaleMembershipError" in pods.logs()
+    for proc in new.pods.values():
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    run = pods.folder
+    for manifest_path in run.glob("*/manifest.json"):
+        manifest = Manifest.from_json(manifest_path.read_text())
+        if manifest.extra.get("membershipEpoch") == 1:
+            assert manifest_path.stat().st_mtime < claimed, manifest.name
+    pointer = json.loads((run / "latest.json").read_text())["checkpoint"]
+    newest = Manifest.from_json((run / pointer / "manifest.json").read_text())
+    assert newest.extra["membershipEpoch"] == 2

@@ -1,0 +1,157 @@
+"""The agent's loop: run the pod's workers, and re-form them in place when the membership changes.
+
+The operator announces each new membership of the gang by rewriting one annotation on every
+pod that stays (``membership.py``); the kubelet (or the local pod runner) refreshes its
+downward-API file, which this loop reads every ``poll_s``. On a newer epoch it stops the
+workers (a collective emergency save first when every old member is alive, ``stop: save``;
+at once when one is gone, ``stop: kill``: a save would wait on the lost rank) and starts new
+ones with the new ranks, world size, rendezvous address, checkpoint and epoch. The pod, its
+node, its image, its interpreter and ``import torch`` all stay; that is the restart this
+avoids.
+
+When a worker ends with an error before any new membership came (its collective failed because
+a peer was lost), the others are stopped and the loop waits ``rejoin_s`` for one. None coming
+means the operator chose to replace the whole gang, or the failure was the script's own: the
+agent then exits with the worker's code, and the operator's failure handling sees exactly what
+it would have seen without the agent. SIGTERM to the agent goes to the workers, which save and
+exit; the agent exits with their code and restarts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import events, membership
+from ..announce import announce
+from ..errors import ConfigError
+from ..membership import Membership
+from . import worker
+from .command import WorkerCommand
+
+log = logging.getLogger("trainer_runtime.agent")
+
+
+@dataclass
+class AgentSettings:
+    command: WorkerCommand
+    nproc_per_node: int
+    base_env: dict[str, str]
+    membership_file: str | None
+    rejoin_s: float = 30.0
+    stop_grace_s: float = 30.0
+    poll_s: float = 0.05
+
+
+@dataclass
+class Supervisor:
+    settings: AgentSettings
+    initial: Membership
+    clock: Callable[[], float] = time.monotonic
+    workers: list[worker.Worker] = field(default_factory=list)
+    current: Membership | None = None
+    terminating: bool = False
+    restarts: int = 0
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        newer = self._newer_membership()
+        self._start(newer or self.initial)
+        while True:
+            time.sleep(self.settings.poll_s)
+            codes = [w.poll() for w in self.workers]
+            if not self.terminating:
+                newer = self._newer_membership()
+                if newer is not None:
+                    self._restart(newer)
+                    continue
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed and not self.terminating:
+                code = self._after_failure(failed[0])
+                if code is not None:
+                    return code
+                continue
+            if all(code is not None for code in codes):
+                return max(code or 0 for code in codes)
+
+    # ------------------------------------------------------------------ membership changes
+    def _newer_membership(self) -> Membership | None:
+        if not self.settings.membership_file:
+            return None
+        try:
+            found = membership.read(self.settings.membership_file)
+        except (ConfigError, OSError) as exc:
+            log.warning("agent: %s", exc)
+            return None
+        base = self.current or self.initial
+        return found if found is not None and found.epoch > base.epoch else None
+
+    def _restart(self, new: Membership) -> None:
+        began = self.clock()
+        self._stop(save=new.stop == membership.STOP_SAVE)
+        self.restarts += 1
+        stopped_s = self.clock() - began
+        _say(
+            f"agent: membership epoch {new.epoch}: {new.nnodes} pods, this one node rank "
+            f"{new.node_rank}; workers restarted in place ({stopped_s:.2f} s to stop the old ones)"
+        )
+        events.membership(
+            rank=new.node_rank * self.settings.nproc_per_node,
+            epoch=new.epoch,
+            nnodes=new.nnodes,
+            node_rank=new.node_rank,
+            stop=new.stop,
+            stop_s=stopped_s,
+        )
+        self._start(new)
+
+    def _after_failure(self, code: int) -> int | None:
+        """A worker failed: stop the rest, wait for a new membership; the exit code when none
+        came (None: restarted)."""
+        self._stop(save=False)
+        deadline = self.clock() + self.settings.rejoin_s
+        _say(
+            f"agent: a worker exited with {code}; waiting up to {self.settings.rejoin_s:g} s "
+            "for a new membership"
+        )
+        while self.clock() < deadline and not self.terminating:
+            newer = self._newer_membership()
+            if newer is not None:
+                self._restart(newer)
+                return None
+            time.sleep(self.settings.poll_s)
+        return code
+
+    # ------------------------------------------------------------------ workers
+    def _start(self, chosen: Membership) -> None:
+        self.current = chosen
+        nproc = self.settings.nproc_per_node
+        self.workers = []
+        for local_rank in range(nproc):
+            env = {**self.settings.base_env, **chosen.worker_environment(nproc, local_rank)}
+            self.workers.append(worker.start(self.settings.command, env, local_rank))
+
+    def _stop(self, *, save: bool) -> None:
+        """End every worker: SIGTERM and up to ``stop_grace_s`` to save, or SIGKILL at once."""
+        if save:
+            for w in self.workers:
+                w.signal(signal.SIGTERM)
+            deadline = self.clock() + self.settings.stop_grace_s
+            while self.clock() < deadline and any(w.poll() is None for w in self.workers):
+                time.sleep(self.settings.poll_s)
+        for w in self.workers:
+            w.signal(signal.SIGKILL)
+        while any(w.poll() is None for w in self.workers):
+            time.sleep(0.01)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.terminating = True
+        for w in self.workers:
+            w.signal(signal.SIGTERM)
+
+
+def _say(text: str) -> None:
+    announce(log, logging.WARNING, "%s", text, speak=True)
