@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.multiproc.launch import Gang
 from trainer_runtime import envvars, events, naming
 from trainer_runtime.auto_interval import (
     DEFAULT_MTBI_S,
@@ -282,3 +283,45 @@ def test_a_real_process_reports_its_interval_and_saves_at_that_cadence(tmp_path)
         assert interval * 0.8 <= gap <= interval + 1.0, gaps
     first_gap_after_change = [g for g, i in gaps if i < 3.0]
     assert first_gap_after_change and max(first_gap_after_change) < 2.9, gaps
+
+
+GANG_JOB = """
+import json, sys, time
+import torch, torch.distributed as dist
+from trainer_runtime import CheckpointManager
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ck = CheckpointManager(
+    model=torch.nn.Linear(64, 64), folder=sys.argv[1], run_name="r", interval="auto",
+    interval_min=0.3, interval_max=1.5, final_save=False,
+)
+for _ in range(300):
+    ck.batch_end(4)
+    time.sleep(0.01 * (1 + 2 * rank))  # rank 1 is slower: each rank's clock says another thing
+ck.close()
+print("SAVED", json.dumps([s.name for s in ck.saved]), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_agree_on_every_automatic_save(tmp_path):
+    """Each rank times its own saves; a save is due on every rank at the same step (a rank
+    that saved alone would hang the collective save)."""
+    script = tmp_path / "gang.py"
+    script.write_text(GANG_JOB)
+    target = tmp_path / "events.jsonl"
+    env = {envvars.EVENTS_FILE: str(target), envvars.MTBI_SECONDS: "20"}
+    gang = Gang(script, [str(tmp_path / "ck")], 2, tmp_path / "logs", env)
+    assert gang.wait(180) == [0, 0], [
+        (tmp_path / "logs" / f"rank{r}.log").read_text()[-2000:] for r in range(2)
+    ]
+    saved = []
+    for rank in range(2):
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        saved.append(next(line for line in log.splitlines() if line.startswith("SAVED ")))
+    assert saved[0] == saved[1]
+    found = events.read_events(target.read_text().splitlines())
+    chosen = [e for e in found if e.type == events.INTERVAL_CHOSEN]
+    assert chosen and {e.rank for e in chosen} == {0}
+    assert len([e for e in found if e.type == events.COMMITTED]) >= 3
