@@ -156,10 +156,12 @@ class ShardedSource(WeightSource):
         planner_data = self._metadata.planner_data or {}
         for flat, md in self._metadata.state_dict_metadata.items():
             path = planner_data.get(flat)
-            if path is None or len(path) != 2 or path[0] != MODEL_KEY:
+            if path is None or len(path) < 2 or path[0] != MODEL_KEY:
                 continue  # optimizer state, per-rank state, or not the model's
-            name = str(path[1])
-            if isinstance(md, TensorStorageMetadata):
+            name = ".".join(str(p) for p in path[1:])
+            if len(path) > 2:  # a nested container inside the model's state dict
+                others.append(name)
+            elif isinstance(md, TensorStorageMetadata):
                 stored = md.properties.dtype
                 shape = tuple(int(d) for d in md.size)
                 entries.append(TensorEntry(name, cast_dtype(stored, cast), shape, stored))

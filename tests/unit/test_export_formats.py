@@ -433,3 +433,34 @@ def test_an_s3_run_folder_exports_to_both_folder_formats(tmp_path, s3_server):
     assert got.returncode == 0, got.stderr
     bf16 = cast(expected, torch.bfloat16)
     assert_bitwise(read_dcp_folder(tmp_path / "dcp", bf16), bf16)
+
+
+class Noted(torch.nn.Linear):
+    """A layer with non-tensor state of its own (as TransformerEngine's layers have)."""
+
+    def get_extra_state(self):
+        return "calibrated"
+
+    def set_extra_state(self, state):
+        self.note = state
+
+
+def test_non_tensor_model_entries_are_left_out_of_folders_and_named(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Noted(4, 4), torch.nn.Linear(4, 2))
+    ck = CheckpointManager(model=model, folder=tmp_path / "ck", run_name="run", interval="1ba")
+    ck.batch_end(1)
+    ck.close()
+    expected = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert (
+        cli_main(["export", "--format", "safetensors", str(tmp_path / "ck"), str(tmp_path / "hf")])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "left out 1 model entries that are not tensors (0._extra_state)" in err, err
+    assert_bitwise(read_safetensors_folder(tmp_path / "hf"), expected)
+    done = export_checkpoint(tmp_path / "ck", tmp_path / "dcp", fmt="dcp")
+    assert done.left_out == ["0._extra_state"]
+    assert_bitwise(read_dcp_folder(tmp_path / "dcp", expected), expected)
+    export_checkpoint(tmp_path / "ck", tmp_path / "w.pt")
+    assert torch.load(tmp_path / "w.pt", weights_only=True)["0._extra_state"] == "calibrated"
