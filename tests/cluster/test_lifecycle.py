@@ -313,6 +313,8 @@ def test_kubectl_short_name_printer_columns_and_metrics(kube, kubeconfig, ns, po
             "STEP",
             "GOODPUT",
             "LOST",
+            "PROGRESS",
+            "ETA",
             "AGE",
         ]
         assert row.split()[0] == name and row.split()[2] == "1" and row.split()[3] == "1"
