@@ -464,3 +464,18 @@ def test_non_tensor_model_entries_are_left_out_of_folders_and_named(tmp_path, ca
     assert_bitwise(read_dcp_folder(tmp_path / "dcp", expected), expected)
     export_checkpoint(tmp_path / "ck", tmp_path / "w.pt")
     assert torch.load(tmp_path / "w.pt", weights_only=True)["0._extra_state"] == "calibrated"
+
+
+def test_without_the_safetensors_package_the_message_says_what_to_install(
+    ckpt, tmp_path, monkeypatch, capsys
+):
+    from trainer_runtime import cli as cli_mod
+    from trainer_runtime import export as export_mod
+
+    assert cli_mod._export_formats() == export_mod.FORMATS  # the CLI's copy, kept in step
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors fails
+    assert cli_main(["export", "--format", "safetensors", str(ckpt), str(tmp_path / "hf")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--format safetensors needs the safetensors package" in line
+    assert "resumable-training[export]" in line
+    assert cli_main(["export", "--format", "dcp", str(ckpt), str(tmp_path / "dcp")]) == 0
