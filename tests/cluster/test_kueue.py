@@ -463,3 +463,59 @@ def test_a_kueue_preemption_is_a_preemption_and_resumes_from_the_sigterm_save(
     )
     resumed = read_events(bed.pod_log(ns, f"{name}-a1-r0"), events.RESUMED)
     assert resumed and int(resumed[-1]["step"]) == steps[saved[0]], (resumed, steps, saved)
+
+
+def test_a_gang_on_borrowed_quota_that_is_reclaimed_is_preempted_and_comes_back(
+    bed: Bed, ns: str
+) -> None:
+    """A job runs on quota borrowed from a ClusterQueue of its cohort; a job of the lender's
+    queue reclaims it: Kueue evicts the borrower's gang, the operator records a preemption and no
+    failure, and the next attempt runs once the lender's job is done."""
+    cohort = f"{ns}-cohort"
+    borrow, _ = kq.ensure_queue(bed.kube, ns, {"cpu": "0"}, name=f"{ns}-borrow", cohort=cohort)
+    lend, _ = kq.ensure_queue(bed.kube, ns, {"cpu": "2"}, name=f"{ns}-lend", cohort=cohort)
+    try:
+        victim, lender = unique("borrower"), unique("lender")
+        bed.kube.create_job(
+            rtj(victim, ns, bed.pool, 2, queueName=borrow, template_spec=sleeper(15))
+        )
+        wait_for(
+            f"{victim} running on borrowed quota",
+            lambda: bed.kube.running(ns, victim, 0, 2),
+            60,
+            on_timeout=lambda: diagnostics(bed, ns, victim),
+        )
+        wait_for(  # the ClusterQueue's status is written a moment after the admission
+            f"ClusterQueue {borrow} borrowing 2 cpu",
+            lambda: (
+                bed.kube.get(kq.path_of("ClusterQueue", borrow))["status"]["flavorsUsage"][0][
+                    "resources"
+                ][0]["borrowed"]
+                == "2"
+            ),
+            30,
+            on_timeout=lambda: str(bed.kube.get(kq.path_of("ClusterQueue", borrow))["status"]),
+        )
+        bed.kube.create_job(rtj(lender, ns, bed.pool, 2, queueName=lend, template_spec=sleeper(4)))
+        status = wait_for(
+            f"{victim}'s interruption recorded",
+            lambda: s if (s := bed.kube.status(ns, victim)).get("interruptions") else None,
+            60,
+            on_timeout=lambda: diagnostics(bed, ns, victim, lender),
+        )
+        (interruption,) = status["interruptions"]
+        assert interruption["preemption"] is True, interruption
+        assert "Kueue TerminationTarget WorkloadEvicted" in interruption["message"], interruption
+        assert "reclamation within the cohort" in interruption["message"], interruption
+        for job in (lender, victim):
+            wait_for(
+                f"{job} succeeded",
+                lambda j=job: bed.kube.status(ns, j).get("phase") == "Succeeded",
+                120,
+                on_timeout=lambda: diagnostics(bed, ns, victim, lender),
+            )
+        final = bed.kube.status(ns, victim)
+        assert final["attempt"] == 1 and final["failures"] == 0 and final["preemptions"] == 1
+    finally:
+        for name in (borrow, lend):
+            kq.delete(bed.kube, kq.path_of("ClusterQueue", name))
