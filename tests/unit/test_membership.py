@@ -1,0 +1,110 @@
+"""The membership file, the agent's reading of a container command, and the run's fence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer_runtime import membership
+from trainer_runtime.agent.command import EXEC, FORK, parse
+from trainer_runtime.agent.initial import initial_membership, nproc_per_node
+from trainer_runtime.errors import ConfigError
+from trainer_runtime.fence import Fence
+
+GOOD = {"epoch": 3, "nnodes": 4, "nodeRank": 1, "masterAddr": "a.b", "masterPort": 29501}
+
+
+def test_a_membership_gives_each_worker_its_ranks() -> None:
+    got = membership.parse(json.dumps({**GOOD, "resumeFrom": "s3://b/r/ck", "stop": "save"}))
+    assert got is not None and got.stop == "save"
+    env = got.worker_environment(nproc_per_node=2, local_rank=1)
+    assert env["RANK"] == "3" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "a.b" and env["MASTER_PORT"] == "29501"
+    assert env["RTJ_RESUME_FROM"] == "s3://b/r/ck" and env["RTJ_MEMBERSHIP_EPOCH"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"epoch": -1}, "epoch"),
+        ({"nodeRank": 4}, "nodeRank"),
+        ({"masterPort": 0}, "masterPort"),
+        ({"masterAddr": ""}, "masterAddr"),
+        ({"nnodes": "4"}, "nnodes"),
+        ({"stop": "drain"}, "stop"),
+        ({"epoch": True}, "epoch"),
+    ],
+)
+def test_a_bad_membership_names_the_field(change: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        membership.parse(json.dumps({**GOOD, **change}), source="m")
+
+
+def test_no_membership_yet(tmp_path: Path) -> None:
+    assert membership.read(tmp_path / "absent") is None
+    (tmp_path / "empty").write_text("")
+    assert membership.read(tmp_path / "empty") is None
+    with pytest.raises(ConfigError, match="not JSON"):
+        membership.parse("{", source="m")
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode", "target", "module", "nproc"),
+    [
+        (["python", "-u", "train.py", "--lr", "1"], FORK, "train.py", False, None),
+        (["python3.11", "-m", "pkg.train", "x"], FORK, "pkg.train", True, None),
+        (["train.py"], FORK, "train.py", False, None),
+        (["torchrun", "--nproc-per-node=8", "train.py"], FORK, "train.py", False, 8),
+        (["torchrun", "--nproc_per_node", "2", "--standalone", "-m", "m"], FORK, "m", True, 2),
+        (["bash", "run.sh"], EXEC, "bash", False, None),
+        (["python", "-c", "print(1)"], EXEC, "python", False, None),
+    ],
+)
+def test_commands_the_agent_runs(argv, mode, target, module, nproc) -> None:
+    command = parse(argv)
+    assert (command.mode, command.target, command.module, command.nproc_per_node) == (
+        mode,
+        target,
+        module,
+        nproc,
+    )
+
+
+def test_torchrun_options_the_agent_cannot_honour_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--rdzv-backend"):
+        parse(["torchrun", "--rdzv-backend=c10d", "train.py"])
+    with pytest.raises(ConfigError, match="integer >= 1"):
+        parse(["torchrun", "--nproc-per-node=0", "train.py"])
+    with pytest.raises(ConfigError, match="no command"):
+        parse([])
+
+
+def test_the_first_membership_is_the_pods_environment() -> None:
+    env = {
+        "PET_NNODES": "3",
+        "PET_NODE_RANK": "2",
+        "PET_NPROC_PER_NODE": "4",
+        "MASTER_ADDR": "job-a1-r0.job",
+        "MASTER_PORT": "29500",
+        "RTJ_MEMBERSHIP_EPOCH": "5",
+        "RTJ_RESUME_FROM": "s3://b/r",
+    }
+    command = parse(["torchrun", "train.py"])
+    assert nproc_per_node(command, env) == 4
+    first = initial_membership(command, env)
+    assert (first.epoch, first.nnodes, first.node_rank) == (5, 3, 2)
+    assert first.master_addr == "job-a1-r0.job" and first.resume_from == "s3://b/r"
+    with pytest.raises(ConfigError, match="RTJ_MEMBERSHIP_EPOCH"):
+        initial_membership(command, {**env, "RTJ_MEMBERSHIP_EPOCH": "x"})
+
+
+def test_the_fence_only_rises_and_names_the_newer_gang(tmp_path: Path) -> None:
+    old, new = Fence(tmp_path, 1), Fence(tmp_path, 2)
+    assert old.stale() is None
+    old.claim()
+    new.claim()
+    old.claim()  # an older gang never lowers it
+    assert new.current() == 2 and new.stale() is None
+    assert "epoch 1 is older than the run's fence 2" in (old.stale() or "")
