@@ -30,6 +30,7 @@ import pytest
 from tests.conftest import IN_CI, TEST_CLUSTER_NAME, require, unique
 from tools import kueue as kq
 from tools.controlplane import CLUSTER_SH, ControlPlane, ControlPlaneError, binaries_ready
+from tools.localstack import start_reference_run, training_command, weights_equal
 from tools.waiting import wait_for
 from trainer_runtime import events
 from trainer_runtime.events import read_events
@@ -39,7 +40,9 @@ from .kubeclient import Kube, rtj
 from .node_verbs import POOL_LABEL
 from .scenario import condition, wait_events
 
-EXAMPLE = ROOT / "examples" / "train_deterministic.py"
+SPOT_JOB = ROOT / "tests" / "e2e" / "manifests" / "spot-job.yaml"
+"""The e2e story's job: its training command (``examples/train_deterministic.py``, 48 steps, a
+checkpoint every 4) is the preemption test's, and its uninterrupted reference run the baseline."""
 
 
 @dataclass
@@ -351,8 +354,11 @@ def test_two_jobs_competing_for_one_quota_run_one_after_the_other(bed: Bed, ns: 
 
 
 def trainer(bed: Bed, name: str) -> dict[str, Any]:
-    """A real training rank (``examples/train_deterministic.py``, 48 steps of about 0.5 s, a
-    checkpoint every 4): it saves on SIGTERM and resumes from the newest checkpoint."""
+    """A real training rank (the e2e story's command, steps of about 0.5 s): it saves on SIGTERM
+    and resumes from the newest checkpoint; rank 0 writes the final weights."""
+    command = [
+        a for a in training_command(SPOT_JOB) if not a.startswith(("--out=", "--step-sleep="))
+    ]
     return {
         "terminationGracePeriodSeconds": 20,
         "containers": [
@@ -360,17 +366,7 @@ def trainer(bed: Bed, name: str) -> dict[str, Any]:
                 "name": "trainer",
                 "image": "rtj-train:0.1.0",
                 "workingDir": "/app",
-                "command": [
-                    "python",
-                    "/app/examples/train_deterministic.py",
-                    "--epochs=4",
-                    "--dataset-size=96",
-                    "--batch-size=4",
-                    "--interval=4ba",
-                    "--workers=0",
-                    "--step-sleep=0.5",
-                    f"--out={bed.workdir / 'out'}/{name}.pt",
-                ],
+                "command": [*command, "--step-sleep=0.5", f"--out={bed.workdir / 'out'}/{name}.pt"],
                 "resources": {"requests": {"cpu": "1"}},
             }
         ],
@@ -383,7 +379,9 @@ def test_a_kueue_preemption_is_a_preemption_and_resumes_from_the_sigterm_save(
     """A higher-priority workload takes the quota of a running 2-rank job: Kueue evicts the
     gang's Workload and deletes its pods, the ranks save on SIGTERM, the operator records a
     preemption (no failure) that names Kueue, the next attempt waits in the queue, and once the
-    quota is free again it resumes at the step the SIGTERM save committed."""
+    quota is free again it resumes at the step the SIGTERM save committed and ends with the
+    weights of an uninterrupted run, bit for bit."""
+    reference = start_reference_run(SPOT_JOB, bed.workdir / f"reference-{ns}")
     kq.ensure_queue(bed.kube, ns, {"cpu": "2"})
     kq.apply(bed.kube, kq.workload_priority_class("rtj-kq-high", 1000))
     name = unique("victim")
@@ -463,6 +461,11 @@ def test_a_kueue_preemption_is_a_preemption_and_resumes_from_the_sigterm_save(
     )
     resumed = read_events(bed.pod_log(ns, f"{name}-a1-r0"), events.RESUMED)
     assert resumed and int(resumed[-1]["step"]) == steps[saved[0]], (resumed, steps, saved)
+    try:
+        equal, why = weights_equal(reference.wait(), bed.workdir / "out" / f"{name}.pt")
+    finally:
+        reference.kill()
+    assert equal, f"final weights differ from the uninterrupted run: {why}"
 
 
 def test_a_gang_on_borrowed_quota_that_is_reclaimed_is_preempted_and_comes_back(
