@@ -46,6 +46,8 @@ class Membership:
     master_port: int
     resume_from: str = ""
     stop: str = STOP_KILL
+    attempt: int | None = None
+    """The operator's attempt this membership belongs to (``RTJ_ATTEMPT`` of the new workers)."""
 
     def worker_environment(self, nproc_per_node: int, local_rank: int) -> dict[str, str]:
         """The variables of one worker process of this pod under this membership."""
@@ -58,7 +60,7 @@ class Membership:
             envvars.MASTER_PORT: str(self.master_port),
             envvars.RESUME_FROM: self.resume_from,
             envvars.MEMBERSHIP_EPOCH: str(self.epoch),
-        }
+        } | ({} if self.attempt is None else {envvars.ATTEMPT: str(self.attempt)})
 
 
 _FIELDS = {
@@ -102,6 +104,11 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         raise ConfigError(f"{source}: stop={stop!r}: expected one of {', '.join(STOP_MODES)}")
     if not isinstance(resume_from, str):
         raise ConfigError(f"{source}: resumeFrom={resume_from!r}: expected a string")
+    attempt = data.get("attempt")
+    if attempt is not None and (
+        not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0
+    ):
+        raise ConfigError(f"{source}: attempt={attempt!r}: expected an integer >= 0")
     return Membership(
         epoch=values["epoch"],
         nnodes=values["nnodes"],
@@ -110,6 +117,7 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         master_port=values["masterPort"],
         resume_from=resume_from,
         stop=stop,
+        attempt=attempt,
     )
 
 

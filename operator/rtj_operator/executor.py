@@ -129,6 +129,7 @@ class Executor:
         side += [
             self.api.annotate_pod(ns, n.pod, {NOTICE_ANNOTATION: n.payload}) for n in plan.notices
         ]
+        side += [self.api.relabel_pod(ns, m.pod, m.labels, m.annotations) for m in plan.memberships]
         metrics.NOTICES.inc(sum(1 for n in plan.notices if n.payload))  # not the withdrawals
         applied = Applied(resource_version=rv, status=status)
 

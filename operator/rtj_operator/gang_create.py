@@ -9,7 +9,7 @@ operator restarted mid-creation finishes this attempt instead of starting anothe
 from __future__ import annotations
 
 from . import conditions as cond
-from . import gang, support
+from . import gang, support, survivors
 from .manifests import build_pod, checkpoint_root, owner_reference
 from .reconcile_context import ReconcileContext
 from .sizing import choose_size
@@ -26,7 +26,7 @@ def ensure_support(ctx: ReconcileContext) -> bool:
     whether the gang may be created (no name it needs, support object or pod of the attempt
     still to create, is taken by an object the job does not own)."""
     st, job = ctx.status, ctx.job
-    decision = support.decide(job, st.attempt, ctx.observed_support)
+    decision = support.decide(job, st.attempt, ctx.observed_support, st.kept_pods)
     ctx.plan.support = decision.writes
     conflicts = list(decision.conflicts)
     if not st.gang_created:
@@ -85,6 +85,8 @@ def create_gang(ctx: ReconcileContext) -> None:
         else gang.choose(job, ctx.native_gang, ctx.kueue)
     )
     st.gang_scheduling = mechanism.value
+    survivors.adopt(ctx, mechanism, existing)
+    kept = len(st.kept_pods)
     if job.spec.queue_name and mechanism is not gang.Mechanism.KUEUE and not existing:
         plan.event(
             "Warning",
@@ -102,13 +104,14 @@ def create_gang(ctx: ReconcileContext) -> None:
                 size=ctx.size,
                 resume_from=st.resume_from,
                 quarantined=list(st.quarantined_checkpoints),
+                master_addr=survivors.master_addr(ctx),
             ),
             job,
             st.attempt,
             ctx.size,
             mechanism,
         )
-        for rank in range(ctx.size)
+        for rank in range(kept, ctx.size)
         if rank not in existing
     ]
     if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
@@ -147,7 +150,7 @@ def create_gang(ctx: ReconcileContext) -> None:
             if last.cause is Cause.UNSCHEDULABLE
             else "resume"
         )
-    if not plan.creations:
+    if not plan.creations and not plan.memberships:
         return  # all exist (an operator restart mid-creation): only the mark is missing
     source = st.resume_from or "scratch"
     if st.resume_from and st.resume_checkpoint is None:
@@ -155,7 +158,9 @@ def create_gang(ctx: ReconcileContext) -> None:
     plan.event(
         "Normal",
         "Resubmitted" if st.attempt else "Started",
-        f"attempt {st.attempt}: creating {ctx.size} pods, resuming from {source}"
+        f"attempt {st.attempt}: creating {len(plan.creations)} pods"
+        + (f", keeping {kept}" if kept else "")
+        + f", resuming from {source}"
         + (
             f" (quarantined: {','.join(st.quarantined_checkpoints)})"
             if st.quarantined_checkpoints

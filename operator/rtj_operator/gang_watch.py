@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from . import conditions as cond
-from . import elastic, gang, names
+from . import elastic, gang, survivors
 from .api_types import Job
 from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
@@ -45,7 +45,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
     signals = _signals(job)
     outcomes: list[RankOutcome] = []
     for rank in range(ctx.size):
-        expected = names.pod_name(job.ref.name, st.attempt, rank)
+        expected = survivors.pod_for_rank(ctx, rank)
         pod = current.get(rank) or as_deleted(ctx.departed.get(expected))
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
         outcomes.append(
@@ -61,7 +61,8 @@ def watch_gang(ctx: ReconcileContext) -> None:
     _deliver_notices(ctx, outcomes, current)
     verdict = gang_verdict(outcomes, settle_seconds=signals.failure_settle_seconds, now=ctx.now)
     if verdict.outcome is Outcome.PREEMPTED:
-        interrupted(ctx, verdict, current, preemption=True)
+        keep = survivors.keepable(ctx, outcomes, current)
+        interrupted(ctx, verdict, current, preemption=True, keep=keep)
     elif verdict.outcome is Outcome.FAILED:
         interrupted(ctx, verdict, current, preemption=False)
     elif verdict.outcome is Outcome.SUCCEEDED:

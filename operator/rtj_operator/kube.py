@@ -153,6 +153,27 @@ class KubeApi:
             if not err.not_found:
                 raise
 
+    async def relabel_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        annotations: dict[str, str | None],
+    ) -> None:
+        """Merge-patch a pod's labels and annotations (a None value removes one): a kept pod
+        adopted into a new attempt (survivors.py). Gone already is fine: the next pass sees a
+        lost rank."""
+        try:
+            await self.request(
+                "PATCH",
+                self.core_path(namespace, "pods", name),
+                body={"metadata": {"labels": labels, "annotations": annotations}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
     # -- gang scheduling -------------------------------------------------------------------
 
     @staticmethod

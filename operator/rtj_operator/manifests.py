@@ -8,12 +8,17 @@ template is copied verbatim and only the fields the contract needs are overridde
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from . import envvars, names, rbac
 from .api_types import Job
 from .mtbi import interruptions, mtbi_seconds
 from .resume import run_root
+from .spec_types import Survivors
+
+AGENT_COMMAND = ("python", "-m", "trainer_runtime.agent", "--")
+"""Put in front of the training container's command when survivors stay."""
 
 RANK_WRITTEN_ANNOTATIONS = frozenset(
     {envvars.NOTICE_ANNOTATION, envvars.PROGRESS_ANNOTATION, envvars.MEMBERSHIP_ANNOTATION}
@@ -84,6 +89,7 @@ def rank_environment(
     quarantined: list[str],
     report_file: str,
     size: int | None = None,
+    master_addr: str | None = None,
 ) -> list[dict[str, str]]:
     """The pod environment contract for one pod (``rank`` is the pod's index, torchrun's
     node rank), in contract order.
@@ -96,7 +102,7 @@ def rank_environment(
     """
     per_pod = job.spec.processes_per_pod
     size = job.spec.replicas if size is None else size
-    master_addr = names.master_addr(job.ref.name, attempt)
+    master_addr = master_addr or names.master_addr(job.ref.name, attempt)
     values = {
         envvars.RANK: str(rank * per_pod),
         envvars.WORLD_SIZE: str(size * per_pod),
@@ -138,8 +144,11 @@ def build_pod(
     resume_from: str,
     quarantined: list[str],
     size: int | None = None,
+    master_addr: str | None = None,
 ) -> dict[str, Any]:
-    """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``)."""
+    """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``);
+    ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
+    pod, survivors.py)."""
     size = job.spec.replicas if size is None else size
     name = names.pod_name(job.ref.name, attempt, rank)
     template = copy.deepcopy(job.raw_template)
@@ -194,11 +203,16 @@ def build_pod(
         resume_from=resume_from,
         quarantined=quarantined,
         report_file=report_file,
+        master_addr=master_addr,
     )
     injected = {item["name"] for item in env}
     # Ours first: user variables may refer to them with $(RANK) and similar.
     user_env = [e for e in container.get("env") or [] if e.get("name") not in injected]
     container["env"] = env + user_env
+    if job.spec.recovery.survivors is Survivors.STAY:
+        # The agent keeps the workers warm across membership changes (docs/survivors.md).
+        command = [*(container.get("command") or []), *(container.pop("args", None) or [])]
+        container["command"] = [*AGENT_COMMAND, *command]
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in ours]
     mounts.append(
         {"name": names.NOTICE_VOLUME, "mountPath": names.NOTICE_MOUNT_DIR, "readOnly": True}
@@ -259,11 +273,13 @@ def build_service_account(job: Job) -> dict[str, Any]:
     }
 
 
-def build_role(job: Job, attempt: int) -> dict[str, Any]:
+def build_role(job: Job, attempt: int, kept: Sequence[str] = ()) -> dict[str, Any]:
     """May get and patch only the pods of the given attempt and of the one before it: the
-    previous gang may still be inside its grace period, reporting its final (emergency) save."""
+    previous gang may still be inside its grace period, reporting its final (emergency) save;
+    and the pods the attempt kept from earlier ones (``kept``, survivors.py)."""
     attempts = [attempt - 1, attempt] if attempt > 0 else [attempt]
     pods = [names.pod_name(job.ref.name, a, r) for a in attempts for r in range(job.spec.replicas)]
+    pods += [name for name in kept if name not in pods]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",

@@ -33,6 +33,16 @@ class NoticeWrite:
 
 
 @dataclass(frozen=True)
+class MembershipWrite:
+    """Adopt a kept pod into the current attempt: new labels, the membership annotation, and
+    annotations to remove (None values) (survivors.py)."""
+
+    pod: str
+    labels: dict[str, str]
+    annotations: dict[str, str | None]
+
+
+@dataclass(frozen=True)
 class EventSpec:
     """A Kubernetes Event about the job."""
 
@@ -52,6 +62,8 @@ class Plan:
     """New status to write first (None: unchanged)."""
     deletions: list[PodDeletion] = field(default_factory=list)
     notices: list[NoticeWrite] = field(default_factory=list)
+    memberships: list[MembershipWrite] = field(default_factory=list)
+    """Kept pods to relabel into the attempt and tell its membership (before the gang mark)."""
     support: list[SupportWrite] = field(default_factory=list)
     """Support objects to create or update, in dependency order, before any pod."""
     pod_group: dict[str, Any] | None = None

@@ -198,6 +198,8 @@ def _cleanup(ctx: ReconcileContext, keep_current: bool) -> None:
         attempt = pod_attempt(pod)
         if is_deleting(pod) or attempt is None or pod["metadata"].get("name") in planned:
             continue
+        if pod["metadata"].get("name") in st.kept_pods:
+            continue  # kept by the current attempt, relabelled into it at its creation
         if attempt == st.attempt:
             if not keep_current and not is_finished(pod):
                 ctx.plan.deletions.append(pod_deletion(pod, "job ended"))

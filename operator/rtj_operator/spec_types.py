@@ -549,6 +549,27 @@ class PodSpecTemplate(ApiModel):
     docs/operator.md)."""
 
 
+class Survivors(StrEnum):
+    """What happens to the healthy ranks' pods when a gang loses some of its pods."""
+
+    REPLACE = "Replace"
+    """Every rank's pod is replaced: the whole gang is resubmitted and cold-starts."""
+    STAY = "Stay"
+    """The healthy pods stay and are told the new membership; their in-pod agent restarts the
+    workers in place, warm (docs/survivors.md). Only the lost places get new pods. The training
+    container's ``command`` is run under ``python -m trainer_runtime.agent --``."""
+
+
+class RecoveryPolicy(ApiModel):
+    """How a gang recovers from a preemption of some of its pods."""
+
+    survivors: Survivors = Survivors.REPLACE
+    """``Replace`` (default) or ``Stay``. With ``Stay`` a preemption (node lost, evicted,
+    disrupted) of some pods keeps every other pod that runs on a healthy node; it still counts
+    as a preemption and starts a new attempt, whose lost places get new pods. A failure (a rank's
+    own non-zero exit) always replaces the whole gang."""
+
+
 class PodTemplate(ApiModel):
     """Template of every rank's pod: a core/v1 PodTemplateSpec (every field is typed by the
     Kubernetes schema the CRD embeds, so a misspelt field is rejected at apply time)."""
@@ -599,6 +620,14 @@ class ElasticPolicy(ApiModel):
     """Growing back when capacity returns."""
 
 
+def training_container(spec: JobSpec) -> ContainerTemplate:
+    """The training container: ``containerName``, else the first."""
+    for container in spec.template.spec.containers:
+        if container.name == spec.container_name:
+            return container
+    return spec.template.spec.containers[0]
+
+
 JOB_SPEC_RULES = (
     Rule(
         "!has(self.containerName) || "
@@ -615,6 +644,20 @@ JOB_SPEC_RULES = (
         "elastic.minReplicas must not exceed replicas (the full size of the gang)",
         lambda spec: spec.elastic is None or spec.elastic.min_replicas <= spec.replicas,
         ".elastic.minReplicas",
+    ),
+    Rule(
+        "!has(self.recovery) || !has(self.recovery.survivors) || "
+        "self.recovery.survivors != 'Stay' || self.template.spec.containers.exists(c, "
+        "(has(self.containerName) ? c.name == self.containerName : "
+        "c.name == self.template.spec.containers[0].name) && has(c.command) && "
+        "size(c.command) > 0)",
+        "recovery.survivors Stay needs the training container's command in the template: the "
+        "operator runs it under the in-pod agent (python -m trainer_runtime.agent -- COMMAND)",
+        lambda spec: (
+            spec.recovery.survivors is not Survivors.STAY
+            or bool(training_container(spec).model_extra.get("command"))
+        ),
+        ".recovery.survivors",
     ),
     Rule(
         "has(self.runName) == has(oldSelf.runName) && "
@@ -683,6 +726,8 @@ class JobSpec(ApiModel):
     so Kueue admits the gang as one workload. On a cluster that does not serve Kueue's API
     (``kueue.x-k8s.io``) it is set aside with a Warning event ``QueueNotServed`` and the gang is
     scheduled as without it. See docs/operator.md, All-or-nothing scheduling."""
+    recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+    """What happens to the healthy pods when some of the gang's pods are lost."""
     suspend: bool = False
     """Suspend the job: the gang is deleted (each rank gets its grace period to save) and status
     is kept; setting it back to false starts the next attempt from the last checkpoint."""

@@ -377,6 +377,10 @@ class JobStatus(ApiModel):
     gang_created: bool = False
     """Whether every pod of the current attempt has been created. A pod missing after this is a
     lost pod; before it, a pod still to create."""
+    kept_pods: list[str] = Field(default_factory=list)
+    """With ``recovery.survivors: Stay``: the pods of earlier attempts the current attempt kept
+    (they run its first ranks: rank ``i`` in ``keptPods[i]``) and told the new membership,
+    instead of replacing them. Written before they are relabelled into this attempt."""
     run_name: str | None = None
     """Effective run name (spec.runName or the job's name), fixed at the first reconcile."""
     resume_from: str | None = None

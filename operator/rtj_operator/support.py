@@ -15,7 +15,7 @@ instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,12 +79,13 @@ class SupportDecision:
         return not self.conflicts
 
 
-def desired(job: Job, attempt: int) -> dict[str, dict[str, Any]]:
-    """Every support object the job needs for ``attempt``, by kind, in dependency order."""
+def desired(job: Job, attempt: int, kept: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Every support object the job needs for ``attempt`` (which keeps the pods ``kept``), by
+    kind, in dependency order."""
     wanted: dict[str, dict[str, Any]] = {}
     if uses_trainer_identity(job):
         wanted[SERVICE_ACCOUNT] = build_service_account(job)
-        wanted[ROLE] = build_role(job, attempt)
+        wanted[ROLE] = build_role(job, attempt, kept)
         wanted[ROLE_BINDING] = build_role_binding(job)
     wanted[SERVICE] = build_service(job)
     return wanted
@@ -104,10 +105,10 @@ def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
 
 
-def decide(job: Job, attempt: int, observed: Observed) -> SupportDecision:
+def decide(job: Job, attempt: int, observed: Observed, kept: Sequence[str] = ()) -> SupportDecision:
     """Compare the desired support objects with the observed ones."""
     decision = SupportDecision()
-    for kind, body in desired(job, attempt).items():
+    for kind, body in desired(job, attempt, kept).items():
         found = observed.get(kind)
         if found is None:
             decision.writes.append(SupportWrite(kind, body))

@@ -9,7 +9,7 @@ persisted in status before its pods exist (reconcile.py explains why that order 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -60,9 +60,11 @@ def interrupted(
     verdict: GangVerdict,
     current: Mapping[int, dict[str, Any]],
     preemption: bool,
+    keep: Sequence[str] = (),
 ) -> None:
     """An attempt ended early: record it, stop the rest of its gang, start the next one (a
-    failure first goes through the job's exit code rules, exit_policy.py)."""
+    failure first goes through the job's exit code rules, exit_policy.py). ``keep``: pods of a
+    preempted gang that the next attempt keeps (survivors.py), unless the job ends here."""
     st, plan = ctx.status, ctx.plan
     trigger = verdict.trigger
     assert trigger is not None
@@ -89,12 +91,21 @@ def interrupted(
         ),
     )
     for pod in live_pods(current):
-        plan.deletions.append(pod_deletion(pod, f"attempt {st.attempt} was interrupted"))
+        if pod["metadata"].get("name") not in keep:
+            plan.deletions.append(pod_deletion(pod, f"attempt {st.attempt} was interrupted"))
     where = f"rank {trigger.rank} (pod {trigger.pod}" + (
         f" on node {trigger.node})" if trigger.node else ")"
     )
     if exit_decision is None:
         _preempted(ctx, trigger, where)
+        if st.phase is not Phase.FAILED and keep:
+            st.kept_pods = list(keep)
+            plan.event(
+                "Normal",
+                "SurvivorsStay",
+                f"attempt {st.attempt} keeps {len(keep)} running pods "
+                f"({', '.join(keep)}) and replaces the lost ones",
+            )
     elif exit_decision.action is ExitCodeAction.RETRY:
         _retry(ctx, trigger, where, exit_decision)
     elif exit_decision.action is ExitCodeAction.FAIL_JOB:
@@ -241,6 +252,7 @@ def next_attempt(
     st = ctx.status
     st.attempt += 1
     st.gang_created = False
+    st.kept_pods = []
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None

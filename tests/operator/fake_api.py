@@ -116,6 +116,24 @@ class FakeApi:
         if pod is not None:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
 
+    async def relabel_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        annotations: dict[str, str | None],
+    ) -> None:
+        self.calls.append("relabel_pod")
+        pod = self.objects.get(KubeApi.core_path(namespace, "pods", name))
+        if pod is not None:
+            pod["metadata"].setdefault("labels", {}).update(labels)
+            found = pod["metadata"].setdefault("annotations", {})
+            for key, value in annotations.items():
+                if value is None:
+                    found.pop(key, None)
+                else:
+                    found[key] = value
+
     async def get_node(self, name: str) -> dict[str, Any] | None:
         self.calls.append("get_node")
         return copy.deepcopy(self.nodes.get(name))

@@ -208,6 +208,16 @@ class FakeCluster:
                 del self.pods[deletion.name]
         for notice in plan.notices:
             self.pods[notice.pod]["metadata"]["annotations"][NOTICE_ANNOTATION] = notice.payload
+        for member in plan.memberships:
+            if member.pod in self.pods:
+                meta = self.pods[member.pod]["metadata"]
+                meta.setdefault("labels", {}).update(member.labels)
+                found = meta.setdefault("annotations", {})
+                for key, value in member.annotations.items():
+                    if value is None:
+                        found.pop(key, None)
+                    else:
+                        found[key] = value
         for write in plan.support:
             if write.update:
                 self.support[write.kind] = copy.deepcopy(write.body)

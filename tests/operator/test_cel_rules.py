@@ -51,7 +51,13 @@ def _exit_rules(*rules: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     return _spec(resumePolicy={"exitCodeRules": list(rules)})
 
 
+def _survivors_without_command(body: dict[str, Any]) -> None:
+    body["spec"]["recovery"] = {"survivors": "Stay"}
+    body["spec"]["template"]["spec"]["containers"][0].pop("command", None)
+
+
 VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "survivors stay without a command": _survivors_without_command,
     "name too long": _name("a" * (names.MAX_JOB_NAME_LENGTH + 1)),
     "name not a DNS-1035 label": _name("1-train"),
     "unknown container": _spec(containerName="nope"),
@@ -113,6 +119,12 @@ def test_every_checkable_rule_of_the_crd_is_caught_by_the_parse_with_its_message
 def test_specs_that_keep_the_rules_parse():
     for body in (
         job_body(containerName="trainer", elastic={"minReplicas": 2}),
+        job_body(
+            recovery={"survivors": "Stay"},
+            template={
+                "spec": {"containers": [{"name": "t", "image": "i", "command": ["python", "t.py"]}]}
+            },
+        ),
         job_body(resumePolicy={"backoffBaseSeconds": 600}),
         job_body(checkpoint={"dir": "/mnt/ck", "volumeSource": {"emptyDir": {}}}),
         job_body(name="a" * names.MAX_JOB_NAME_LENGTH),

@@ -1,0 +1,111 @@
+"""recovery.survivors Stay: a preempted gang keeps its healthy pods (survivors.py)."""
+
+from __future__ import annotations
+
+import json
+
+from rtj_operator import names
+from rtj_operator.envvars import MEMBERSHIP_ANNOTATION, PROGRESS_ANNOTATION
+
+from .fakes import FakeCluster
+
+TEMPLATE = {
+    "spec": {
+        "containers": [{"name": "trainer", "image": "img", "command": ["python"], "args": ["t.py"]}]
+    }
+}
+
+
+def running(replicas: int = 3, **spec) -> FakeCluster:
+    cluster = FakeCluster.start(
+        replicas=replicas, template=TEMPLATE, recovery={"survivors": "Stay"}, **spec
+    )
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    return cluster
+
+
+def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
+    cluster = running()
+    cluster.report(0, "ep0-ba100", 100, current=130)
+    cluster.step()
+    del cluster.nodes["node-1"]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["preemptions"] == 1 and st["failures"] == 0
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r2"]
+    assert {d.name for d in plan.deletions} == {"train-a0-r1"}
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r2"]
+    assert [(m.pod, m.labels[names.LABEL_RANK]) for m in plan.memberships] == [
+        ("train-a0-r0", "0"),
+        ("train-a0-r2", "1"),
+    ]
+    kept = cluster.pods["train-a0-r2"]
+    assert kept["metadata"]["labels"][names.LABEL_ATTEMPT] == "1"
+    assert PROGRESS_ANNOTATION not in kept["metadata"]["annotations"]
+    told = json.loads(kept["metadata"]["annotations"][MEMBERSHIP_ANNOTATION])
+    assert told == {
+        "epoch": 1,
+        "attempt": 1,
+        "nnodes": 3,
+        "nodeRank": 1,
+        "masterAddr": "train-a0-r0.train",
+        "masterPort": 29500,
+        "resumeFrom": "s3://bucket/ckpt/train/ep0-ba100",
+        "stop": "kill",
+    }
+    env = cluster.env(2)
+    assert env["MASTER_ADDR"] == "train-a0-r0.train" and env["RANK"] == "2"
+    assert env["RTJ_MEMBERSHIP_EPOCH"] == "1"
+    assert any(e.reason == "SurvivorsStay" for e in plan.events)
+    role_pods = cluster.support["Role"]["rules"][0]["resourceNames"]
+    assert {"train-a0-r0", "train-a0-r2", "train-a1-r2"} <= set(role_pods)
+    cluster.schedule_and_run()
+    plan = cluster.step()
+    assert cluster.status["phase"] == "Running"
+    assert not plan.deletions  # the kept pods are the attempt's, not old ones to clean up
+    assert len(cluster.current_pods()) == 3
+
+
+def test_the_training_command_runs_under_the_agent():
+    cluster = running(replicas=2)
+    container = cluster.pod(0)["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "trainer_runtime.agent", "--", "python", "t.py"]
+    assert "args" not in container
+
+
+def test_a_second_loss_keeps_the_kept_pods_again():
+    cluster = running()
+    del cluster.nodes["node-1"]
+    cluster.step(1)
+    cluster.schedule_and_run()
+    cluster.step()
+    del cluster.nodes["node-0"]  # rank 0 of attempt 1: the kept train-a0-r0
+    plan = cluster.step(1)
+    assert cluster.status["attempt"] == 2
+    assert cluster.status["keptPods"] == ["train-a0-r2", "train-a1-r2"]
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a2-r2"]
+    told = json.loads(cluster.pods["train-a1-r2"]["metadata"]["annotations"][MEMBERSHIP_ANNOTATION])
+    assert (
+        told["epoch"] == 2 and told["nodeRank"] == 1 and told["masterAddr"] == "train-a0-r2.train"
+    )
+
+
+def test_a_failure_replaces_the_whole_gang():
+    cluster = running()
+    cluster.terminate(1, 1)
+    plan = cluster.step(1)
+    assert cluster.status["failures"] == 1 and not cluster.status.get("keptPods")
+    assert {d.name for d in plan.deletions} == {"train-a0-r0", "train-a0-r2"}
+
+
+def test_without_stay_the_gang_is_replaced_whole():
+    cluster = FakeCluster.start(replicas=3, template=TEMPLATE)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    del cluster.nodes["node-1"]
+    plan = cluster.step(1)
+    assert len(plan.creations) == 3 and not plan.memberships
+    assert cluster.pod(0)["spec"]["containers"][0]["command"] == ["python"]
