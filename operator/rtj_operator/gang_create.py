@@ -115,7 +115,9 @@ def create_gang(ctx: ReconcileContext) -> None:
         if rank not in existing
     ]
     if mechanism is gang.Mechanism.POD_GROUP and plan.creations:
-        plan.pod_group = gang.pod_group(job, st.attempt, ctx.size, owner_reference(job))
+        # kept pods are bound already: the group holds the new ones, placed all or none
+        size = len(plan.creations) if st.kept_pods else ctx.size
+        plan.pod_group = gang.pod_group(job, st.attempt, size, owner_reference(job))
     created = st.model_copy(deep=True)
     created.gang_created = True
     refused = cond.condition(created, cond.BLOCKED)

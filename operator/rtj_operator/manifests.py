@@ -74,6 +74,13 @@ def save_budget_seconds(job: Job) -> int:
     return grace
 
 
+def rejoin_seconds(job: Job) -> int:
+    """How long a kept pod's agent waits for its new membership (``RTJ_REJOIN_SECONDS``): an
+    elastic job's next attempt may first wait ``shrinkAfterSeconds`` for the full gang."""
+    wait = job.spec.elastic.shrink_after_seconds if job.spec.elastic is not None else 0
+    return names.REJOIN_SECONDS + int(wait)
+
+
 def uses_trainer_identity(job: Job) -> bool:
     """Whether the pods run as the operator-made ServiceAccount (the template names none)."""
     spec = job.raw_template.get("spec") or {}
@@ -129,7 +136,7 @@ def rank_environment(
         # a gang of an earlier attempt (cut off, slow to die) can no longer commit.
         envvars.MEMBERSHIP_EPOCH: str(attempt),
         envvars.MEMBERSHIP_FILE: names.MEMBERSHIP_FILE,
-        envvars.REJOIN_SECONDS: str(names.REJOIN_SECONDS),
+        envvars.REJOIN_SECONDS: str(rejoin_seconds(job)),
         envvars.MTBI_SECONDS: str(round(mtbi_seconds(job.status))),
         envvars.INTERRUPTIONS: str(interruptions(job.status)),
     }

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import conditions as cond
-from . import elastic
+from . import elastic, survivors
 from .notice import notice_payload
 from .plan_types import NoticeWrite
 from .podstate import (
@@ -157,9 +157,12 @@ def reshrink(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bo
             steps_lost=0,
         ),
     )
+    kept = survivors.all_running(ctx, current)[: decision.size]
     for pod in live:
-        plan.deletions.append(pod_deletion(pod, f"shrinking to {decision.size} pods"))
+        if pod["metadata"].get("name") not in kept:
+            plan.deletions.append(pod_deletion(pod, f"shrinking to {decision.size} pods"))
     next_attempt(ctx, 0.0, "Reshrinking", decision.message)
+    survivors.keep(ctx, kept, f"shrinks to {decision.size} pods")
     # The size is decided here, from what could be scheduled, not again from the capacity count
     # that was just proven too high.
     st.gang_size = decision.size
@@ -252,7 +255,10 @@ def watch_for_grow(
                 steps_lost=lost,
             ),
         )
+        kept = survivors.all_running(ctx, current)
         for pod in live_pods(current):
-            plan.deletions.append(pod_deletion(pod, f"growing to {decision.target} pods"))
+            if pod["metadata"].get("name") not in kept:
+                plan.deletions.append(pod_deletion(pod, f"growing to {decision.target} pods"))
         plan.event("Normal", "Growing", f"attempt {st.attempt}: {decision.message}")
         next_attempt(ctx, 0.0, "Growing", decision.message)
+        survivors.keep(ctx, kept, f"adds pods to grow to {decision.target}")

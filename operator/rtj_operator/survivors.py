@@ -12,10 +12,11 @@ container's command by ``manifests.build_pod``) restarts the workers in place, w
 lost places get new pods. Its progress annotation is cleared with the relabelling: every
 report a pod of the attempt carries must be that attempt's.
 
-A pod is kept only when it is Running, not being deleted, on a node without a termination
-notice, and the gang is kept all-or-nothing by the operator's own capacity check: a PodGroup or
-a Kueue workload names its pods when it is created, so a gang scheduled by one is replaced
-whole. A failure (a rank's own non-zero exit) always replaces the whole gang: the failure may
+A pod is kept only when it is Running, not being deleted, and on a node without a termination
+notice. Under native gang scheduling the new attempt's PodGroup holds only its new pods
+(``minCount`` = their number): the kept ones are bound already, and the new ones are still
+placed all or none. A gang Kueue admits is replaced whole: Kueue admits a pod group by its
+labels and count as one workload, which kept pods of an earlier group would break. A failure (a rank's own non-zero exit) always replaces the whole gang: the failure may
 be in the state the survivors hold. A kept pod that cannot rejoin (its agent waited
 ``RTJ_REJOIN_SECONDS`` for the membership and gave up) ends with its worker's exit code, and the
 attempt is handled as any ended attempt: the next one replaces every pod. (Rejected: restarting
@@ -36,25 +37,58 @@ from .plan_types import MembershipWrite
 from .podstate import is_deleting, pod_deletion
 from .reconcile_context import ReconcileContext
 from .spec_types import Survivors
+from .status_types import Phase
+
+
+def _keeps(ctx: ReconcileContext) -> bool:
+    return ctx.job.spec.recovery.survivors is Survivors.STAY and ctx.status.gang_scheduling in (
+        None,
+        gang.Mechanism.OPERATOR.value,
+        gang.Mechanism.POD_GROUP.value,
+    )
+
+
+def _running(pod: dict[str, Any] | None) -> bool:
+    return (
+        pod is not None
+        and not is_deleting(pod)
+        and (pod.get("status") or {}).get("phase") == "Running"
+    )
 
 
 def keepable(
     ctx: ReconcileContext, outcomes: Sequence[RankOutcome], current: Mapping[int, dict[str, Any]]
 ) -> list[str]:
-    """The pods a preempted attempt may keep, by rank order; [] unless the job keeps survivors."""
-    if ctx.job.spec.recovery.survivors is not Survivors.STAY:
+    """The pods a preempted attempt may keep, by rank order; [] unless the job keeps survivors:
+    running, and on a node that is neither lost nor announced for termination."""
+    if not _keeps(ctx):
         return []
-    if ctx.status.gang_scheduling not in (None, gang.Mechanism.OPERATOR.value):
+    return [
+        current[o.rank]["metadata"]["name"]
+        for o in outcomes
+        if o.outcome is Outcome.ACTIVE and o.notice is None and _running(current.get(o.rank))
+    ]
+
+
+def all_running(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> list[str]:
+    """Every running pod of a gang that ends healthy (a grow, a re-shrink), by rank; [] unless
+    the job keeps survivors."""
+    if not _keeps(ctx):
         return []
-    kept = []
-    for outcome in outcomes:
-        pod = current.get(outcome.rank)
-        if pod is None or outcome.outcome is not Outcome.ACTIVE or outcome.notice is not None:
-            continue
-        if is_deleting(pod) or (pod.get("status") or {}).get("phase") != "Running":
-            continue
-        kept.append(pod["metadata"]["name"])
-    return kept
+    return [pod["metadata"]["name"] for _, pod in sorted(current.items()) if _running(pod)]
+
+
+def keep(ctx: ReconcileContext, names_: Sequence[str], why: str) -> None:
+    """Record the pods the next attempt keeps (call after ``next_attempt``)."""
+    if not names_ or ctx.status.phase is Phase.FAILED:
+        return
+    ctx.status.kept_pods = list(names_)
+    ctx.plan.event(
+        "Normal",
+        "SurvivorsStay",
+        f"attempt {ctx.status.attempt} keeps {len(names_)} running pods "
+        f"({', '.join(names_)}) and {why}",
+    )
 
 
 def master_addr(ctx: ReconcileContext) -> str:
@@ -97,8 +131,8 @@ def adopt(ctx: ReconcileContext, mechanism: gang.Mechanism, existing: Mapping[in
     if not st.kept_pods:
         return
     by_name = {p["metadata"]["name"]: p for p in ctx.owned}
-    usable = mechanism is gang.Mechanism.OPERATOR and len(st.kept_pods) <= ctx.size
-    gone = [name for name in st.kept_pods if name not in by_name or is_deleting(by_name[name])]
+    usable = mechanism is not gang.Mechanism.KUEUE and len(st.kept_pods) <= ctx.size
+    gone = [name for name in st.kept_pods if not _running(by_name.get(name))]
     if not usable or gone:
         for name in st.kept_pods:
             pod = by_name.get(name)

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import conditions as cond
-from . import goodput
+from . import goodput, survivors
 from .backoff import failure_delay
 from .classify import GangVerdict, RankOutcome
 from .exit_policy import ExitDecision, decide
@@ -98,14 +98,7 @@ def interrupted(
     )
     if exit_decision is None:
         _preempted(ctx, trigger, where)
-        if st.phase is not Phase.FAILED and keep:
-            st.kept_pods = list(keep)
-            plan.event(
-                "Normal",
-                "SurvivorsStay",
-                f"attempt {st.attempt} keeps {len(keep)} running pods "
-                f"({', '.join(keep)}) and replaces the lost ones",
-            )
+        survivors.keep(ctx, keep, "replaces the lost ones")
     elif exit_decision.action is ExitCodeAction.RETRY:
         _retry(ctx, trigger, where, exit_decision)
     elif exit_decision.action is ExitCodeAction.FAIL_JOB:

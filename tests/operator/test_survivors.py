@@ -6,6 +6,8 @@ import json
 
 from rtj_operator import names
 from rtj_operator.envvars import MEMBERSHIP_ANNOTATION, PROGRESS_ANNOTATION
+from rtj_operator.plan_types import Plan
+from rtj_operator.reconcile import reconcile
 
 from .fakes import FakeCluster
 
@@ -109,3 +111,37 @@ def test_without_stay_the_gang_is_replaced_whole():
     plan = cluster.step(1)
     assert len(plan.creations) == 3 and not plan.memberships
     assert cluster.pod(0)["spec"]["containers"][0]["command"] == ["python"]
+
+
+def test_under_native_gang_scheduling_the_new_podgroup_holds_only_the_new_pods():
+    cluster = FakeCluster.start(replicas=3, template=TEMPLATE, recovery={"survivors": "Stay"})
+    cluster.native_gang = True
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    assert cluster.status["gangScheduling"] == "PodGroup"
+    del cluster.nodes["node-2"]
+    plan = cluster.step(1)
+    assert cluster.status["keptPods"] == ["train-a0-r0", "train-a0-r1"]
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r2"]
+    assert plan.pod_group is not None
+    assert plan.pod_group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 1
+    assert plan.creations[0]["spec"]["schedulingGroup"]["podGroupName"].endswith("a1")
+
+
+def test_a_kept_pod_that_ended_before_its_adoption_makes_the_attempt_replace_every_pod():
+    cluster = running()
+    del cluster.nodes["node-1"]
+    plan = reconcile(cluster.job, list(cluster.pods.values()), cluster.node_views(), cluster.now)
+    # the operator dies right after writing the status: nothing else of the plan happens
+    cluster.apply(Plan(status=plan.status))
+    assert cluster.status["keptPods"] == ["train-a0-r0", "train-a0-r2"]
+    cluster.pods["train-a0-r2"]["status"]["phase"] = "Failed"  # its agent gave up meanwhile
+    plan = cluster.step(1)
+    assert not cluster.status.get("keptPods") and not plan.memberships
+    assert "train-a0-r0" in {d.name for d in plan.deletions}
+    assert [p["metadata"]["name"] for p in plan.creations] == [
+        "train-a1-r0",
+        "train-a1-r1",
+        "train-a1-r2",
+    ]

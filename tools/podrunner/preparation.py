@@ -91,13 +91,34 @@ class PodPreparation:
         self.volumes: PodVolumes | None = None
         self.account: ServiceAccountFolder | None = None
 
+    def _local_rendezvous(
+        self, addr: str, port: str, namespace: str, subdomain: str
+    ) -> tuple[str, str]:
+        """A rendezvous address as this machine reaches it (``rewrite_rendezvous``)."""
+        env = {"MASTER_ADDR": addr, "MASTER_PORT": port}
+        rewrite_rendezvous(
+            env,
+            namespace,
+            resolves=self.ctx.resolves,
+            port_for=self.ctx.ports.port_for,
+            subdomain=subdomain,
+        )
+        return env["MASTER_ADDR"], env["MASTER_PORT"]
+
     def build(self, pod: Obj) -> None:
         """Materialize the volumes (and the service-account folder) and plan each container."""
         ctx = self.ctx
         pod_dir = ctx.pod_dir(self.uid)
         pod_dir.mkdir(parents=True, exist_ok=True)
         if self.volumes is None:
-            self.volumes = PodVolumes(pod_dir, ctx.state_dir, self.fetch, self.token, ctx.addrs)
+            self.volumes = PodVolumes(
+                pod_dir,
+                ctx.state_dir,
+                self.fetch,
+                self.token,
+                ctx.addrs,
+                rendezvous=self._local_rendezvous,
+            )
         paths = self.volumes.materialize(pod)
         namespace = pod["metadata"]["namespace"]
         spec = pod["spec"]

@@ -18,6 +18,7 @@ change, which is how the operator's preemption notice reaches the training proce
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import shutil
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_operator.envvars import MEMBERSHIP_ANNOTATION
+
 from .translate import ConfigError, Fetch, PodAddresses, field_value, object_bytes, resource_value
 
 log = logging.getLogger("podrunner")
@@ -33,6 +36,8 @@ log = logging.getLogger("podrunner")
 Obj = dict[str, Any]
 DATA_LINK = "..data"
 TokenSource = Callable[[Obj, Obj], bytes]
+Rendezvous = Callable[[str, str, str, str], tuple[str, str]]
+
 """``token(pod, serviceAccountToken source)`` → a service-account token (may be empty)."""
 
 
@@ -121,6 +126,9 @@ class PodVolumes:
     addrs: PodAddresses = field(default_factory=PodAddresses)
     paths: dict[str, Path] = field(default_factory=dict)
     refreshable: list[str] = field(default_factory=list)
+    rendezvous: Rendezvous | None = None
+    """The networking stand-in for a rendezvous named in a downward-API file (the operator's
+    membership annotation): (address, port, namespace, subdomain) -> local address and port."""
 
     def materialize(self, pod: Obj) -> dict[str, Path]:
         """Create every volume; ConfigError when one cannot be made yet (retried by the caller)."""
@@ -262,5 +270,25 @@ class PodVolumes:
                 value = resource_value(container, ref["resource"], ref.get("divisor"))
             else:
                 raise ConfigError(f"downwardAPI item {item.get('path')!r} has no source")
+            if self.rendezvous is not None and MEMBERSHIP_ANNOTATION in item.get(
+                "fieldRef", {}
+            ).get("fieldPath", ""):
+                value = self._local_membership(pod, value)
             files[item["path"]] = value.encode()
         return files
+
+    def _local_membership(self, pod: Obj, value: str) -> str:
+        """The membership with its rendezvous rewritten like MASTER_ADDR is (translate.py)."""
+        try:
+            body = json.loads(value)
+        except ValueError:
+            return value
+        if not isinstance(body, dict) or not body.get("masterAddr") or self.rendezvous is None:
+            return value
+        addr, port = self.rendezvous(
+            str(body["masterAddr"]),
+            str(body.get("masterPort", 29500)),
+            pod["metadata"]["namespace"],
+            (pod.get("spec") or {}).get("subdomain", ""),
+        )
+        return json.dumps({**body, "masterAddr": addr, "masterPort": int(port)})

@@ -1,0 +1,97 @@
+"""Survivors stay, on the local control plane with real training in every pod.
+
+A 3-rank fixed-size job (``manifests/spot-job.yaml`` with ``recovery.survivors: Stay``) runs on 4
+pod-runner nodes. One rank's node is reclaimed without notice. The operator records the
+preemption, keeps the two pods on healthy nodes (the same pods, same uids, never restarted),
+relabels them into the next attempt, tells them the new membership through their annotation,
+and creates a pod only for the lost place, on the spare node. Each kept pod's in-pod agent
+restarts its worker in place; the job resumes from the last commit and Succeeds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools.controlplane import ControlPlane
+from tools.localstack import LocalStack
+from tools.waiting import wait_for
+
+from .conftest import say, stack_config
+
+pytestmark = pytest.mark.cluster
+
+MANIFEST = Path(__file__).with_name("manifests") / "spot-job.yaml"
+REPLICAS = 3
+
+
+def survivors_manifest(tmp: Path) -> Path:
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    job = next(d for d in docs if d.get("kind") == "ResumableTrainingJob")
+    job["metadata"]["name"] = "survivors"
+    job["spec"]["replicas"] = REPLICAS
+    job["spec"]["recovery"] = {"survivors": "Stay"}
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [
+        "--step-sleep=0.3" if arg.startswith("--step-sleep") else arg
+        for arg in container["command"]
+    ]
+    path = tmp / "survivors-job.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(
+    prerequisites: None, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    workdir = tmp_path_factory.mktemp("survivors-stack")
+    cfg = stack_config(control_plane, workdir, "rtj-survivors", nodes=REPLICAS + 1)
+    with LocalStack(cfg) as running:
+        yield running
+
+
+def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Path) -> None:
+    job = stack.apply(survivors_manifest(tmp_path))
+    wait_for(
+        "a first commit",
+        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
+        timeout=240,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
+    assert len(first) == REPLICAS
+    lost = first[f"{job}-a0-r1"]
+    stack.reclaim_node(lost["spec"]["nodeName"])
+    lost_at = time.time()
+    say(f"reclaimed {lost['spec']['nodeName']} (rank 1)")
+    wait_for(
+        "the job to succeed",
+        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    status = stack.job(job)["status"]
+    assert status["attempt"] == 1 and status["preemptions"] == 1 and status["failures"] == 0
+    kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
+    assert status.get("keptPods") == kept, (status, stack.diagnostics(job))
+    second = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=1)}
+    assert set(second) == {*kept, f"{job}-a1-r2"}, set(second)
+    for name in kept:  # the same pods: never deleted, never recreated
+        assert second[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+        memberships = stack.runtime_events(name, "membership")
+        assert [e.fields["epoch"] for e in memberships] == [1], memberships
+    reasons = [e.get("reason") for e in stack.events(job)]
+    assert "SurvivorsStay" in reasons
+    resumed = [
+        at
+        for e in stack.runtime_events(f"{job}-a0-r0", "first_step")
+        if (at := datetime.fromisoformat(e.time).timestamp()) > lost_at
+    ]
+    assert resumed, stack.pod_log(f"{job}-a0-r0")[-3000:]
+    say(f"loss -> kept rank 0's first step after resuming: {resumed[0] - lost_at:.1f} s")
