@@ -34,6 +34,10 @@ read with them by the controller, so the reconcile stays a pure function of what
 ADMITTED = "Admitted"
 """The job's condition: whether Kueue admitted the current attempt's gang."""
 API_VERSION = "v1beta2"
+RECHECK_SECONDS = 10.0
+"""How often a gang Kueue has not admitted reads its Workload again: the operator does not watch
+Workloads (a changed message sends it no event), and the admission itself ungates the pods,
+whose events start a pass at once."""
 
 
 def workload_path(namespace: str, group: str) -> str:
@@ -101,6 +105,8 @@ def report_admission(ctx: ReconcileContext) -> None:
         return
     workload = ctx.observed_support.get(WORKLOAD)
     seen = admission(workload)
+    if seen is None or not seen[0]:
+        ctx.plan.requeue(RECHECK_SECONDS)
     if seen is None:
         return
     admitted, reason, message = seen

@@ -277,8 +277,12 @@ def test_a_gang_larger_than_the_quota_is_never_partly_admitted(bed: Bed, ns: str
     assert kq.ADMISSION_GATE in cond["message"] and "queue queue" in cond["message"], cond
     # Why it waits, in Kueue's words, with the queue's name.
     admitted = wait_for(
-        "Admitted=False",
-        lambda: c if (c := condition(bed.kube, ns, name, "Admitted")).get("status") else None,
+        "Admitted=False with Kueue's message",
+        lambda: (
+            c
+            if "insufficient" in (c := condition(bed.kube, ns, name, "Admitted")).get("message", "")
+            else None
+        ),
         30,
         on_timeout=lambda: diagnostics(bed, ns, name),
     )

@@ -3,13 +3,16 @@ condition, Kueue's stop of a pod read as a preemption, and the pod-group annotat
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from rtj_operator import gang, kueue_workload
 from rtj_operator.classify import Outcome
 from rtj_operator.status_types import Cause
 
 from .fakes import make_pod
 from .test_classify import classify
-from .test_gang import controller, sync
+from .test_gang import KEY, controller, sync
 
 PENDING = {
     "status": {
@@ -43,6 +46,17 @@ def test_admission_of_a_workload():
     assert kueue_workload.admission({"status": {}})[:2] == (False, "Pending")
 
 
+def sync_requeue(ctrl) -> float | None:
+    """One pass; the seconds after which it asks to be run again."""
+
+    async def run() -> float | None:
+        after = await ctrl.sync(KEY, time.monotonic())
+        await asyncio.gather(*ctrl.executor._event_tasks)
+        return after
+
+    return asyncio.run(run())
+
+
 def condition(api, kind):
     return next((c for c in api.job()["status"].get("conditions") or [] if c["type"] == kind), {})
 
@@ -57,6 +71,9 @@ def test_a_queued_gang_says_why_it_waits_then_that_it_was_admitted():
     assert waits["status"] == "False" and waits["reason"] == "Pending"
     assert waits["message"].startswith("Workload train-a0 waits in Kueue queue spot-queue: ")
     assert "insufficient quota for cpu" in waits["message"]
+
+    # Kueue's later words come without an event: the waiting gang reads its Workload again.
+    assert sync_requeue(ctrl) == kueue_workload.RECHECK_SECONDS
 
     api.objects[path] = ADMITTED
     sync(ctrl)
