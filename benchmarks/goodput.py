@@ -3,6 +3,7 @@ with a fixed and an elastic job side by side, each on its own pool of nodes foll
 
     python benchmarks/goodput.py [--trace NAME --window-start S --window SECONDS --compress F]
         [--replicas 4 --min-replicas 2 --step-sleep 0.5 --notice-share 0.5 --repeat N]
+        [--survivors Replace|Stay]
         [--json out.json]
 
 ``--window-start`` and ``--window`` are in the trace's own seconds; the replay lasts
@@ -121,6 +122,8 @@ class Config:
     warmup_commits: int = 4
     poll_s: float = 0.5
     repeat: int = 1
+    survivors: str = "Replace"
+    """Both jobs' ``spec.recovery.survivors`` (``Stay``: docs/survivors.md)."""
 
     def capacity(self) -> spot_traces.Trace:
         """The window, capped at the job's size, compressed: what each pool follows."""
@@ -234,6 +237,8 @@ def job_manifest(name: str, pool: str, cfg: Config, *, elastic: bool) -> Obj:
             }
         },
     }
+    if cfg.survivors != "Replace":
+        spec["recovery"] = {"survivors": cfg.survivors}
     if elastic:
         spec["elastic"] = {
             "minReplicas": cfg.min_replicas,
@@ -1141,6 +1146,12 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--grow-interval", type=int, default=defaults.grow_interval_s)
     p.add_argument("--grow-settle", type=int, default=defaults.grow_settle_s)
     p.add_argument("--repeat", type=int, default=defaults.repeat)
+    p.add_argument(
+        "--survivors",
+        choices=("Replace", "Stay"),
+        default=defaults.survivors,
+        help="both jobs' spec.recovery.survivors",
+    )
     p.add_argument("--json", help="write the runs, the summary and the phase costs here")
     p.add_argument("--cluster-name", default="rtj-goodput")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and pod folders")
@@ -1161,6 +1172,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         grow_interval_s=args.grow_interval,
         grow_settle_s=args.grow_settle,
         repeat=args.repeat,
+        survivors=args.survivors,
     )
     return cfg, args
 
