@@ -359,3 +359,68 @@ def test_the_port_registry_records_whole_ports(tmp_path: Path) -> None:
     recorded = json.loads((tmp_path / "ports.json").read_text())
     assert recorded["team/job-a0-r0.job:29500"]["port"] == port
     assert isinstance(recorded["team/job-a0-r0.job:29500"]["port"], int)
+
+
+def test_the_membership_files_rendezvous_is_rewritten_like_master_addr(tmp_path: Path) -> None:
+    """The operator's membership annotation names a cluster rendezvous; the pod runner turns it
+    into the same loopback port as MASTER_ADDR of that name (one port per name and port)."""
+    told = {
+        "epoch": 2,
+        "nnodes": 3,
+        "nodeRank": 1,
+        "masterAddr": "job-a0-r0.job",
+        "masterPort": 29500,
+    }
+    pod = {
+        **POD,
+        "metadata": {
+            **POD["metadata"],
+            "annotations": {"resumable.dev/membership": json.dumps(told)},
+        },
+        "spec": {
+            **POD["spec"],
+            "subdomain": "job",
+            "volumes": [
+                {
+                    "name": "rtj",
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "membership",
+                                "fieldRef": {
+                                    "fieldPath": "metadata.annotations['resumable.dev/membership']"
+                                },
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+    registry = PortRegistry(tmp_path / "ports")
+    env = {"MASTER_ADDR": "job-a0-r0.job", "MASTER_PORT": "29500"}
+    rewrite_rendezvous(
+        env,
+        POD["metadata"]["namespace"],
+        resolves=lambda _: False,
+        port_for=registry.port_for,
+        subdomain="job",
+    )
+
+    def rendezvous(addr: str, port: str, namespace: str, subdomain: str) -> tuple[str, str]:
+        local = {"MASTER_ADDR": addr, "MASTER_PORT": port}
+        rewrite_rendezvous(
+            local,
+            namespace,
+            resolves=lambda _: False,
+            port_for=registry.port_for,
+            subdomain=subdomain,
+        )
+        return local["MASTER_ADDR"], local["MASTER_PORT"]
+
+    volumes = PodVolumes(
+        tmp_path / "pod", tmp_path / "state", lambda *_: None, lambda *_: b"", rendezvous=rendezvous
+    )
+    paths = volumes.materialize(pod)
+    written = json.loads((paths["rtj"] / "membership").read_text())
+    assert written == {**told, "masterAddr": "127.0.0.1", "masterPort": int(env["MASTER_PORT"])}
