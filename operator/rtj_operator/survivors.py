@@ -16,7 +16,8 @@ A pod is kept only when it is Running, not being deleted, and on a node without 
 notice. Under native gang scheduling the new attempt's PodGroup holds only its new pods
 (``minCount`` = their number): the kept ones are bound already, and the new ones are still
 placed all or none. A gang Kueue admits is replaced whole: Kueue admits a pod group by its
-labels and count as one workload, which kept pods of an earlier group would break. A failure (a rank's own non-zero exit) always replaces the whole gang: the failure may
+labels and count as one workload, which kept pods of an earlier group would break. A failure
+(a rank's own non-zero exit) always replaces the whole gang: the failure may
 be in the state the survivors hold. A kept pod that cannot rejoin (its agent waited
 ``RTJ_REJOIN_SECONDS`` for the membership and gave up) ends with its worker's exit code, and the
 attempt is handled as any ended attempt: the next one replaces every pod. (Rejected: restarting
