@@ -83,6 +83,12 @@ JOB_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
         "one gang-scheduled PodGroup per attempt where the cluster serves the API; read first, as "
         "its name may still be held by a deleted job's group",
     ),
+    (
+        ["kueue.x-k8s.io"],
+        ["workloads"],
+        ["get"],
+        "the Admitted condition of a job with spec.queueName: why Kueue keeps its gang waiting",
+    ),
     ([""], ["serviceaccounts"], ["get", "create"], "the ranks' own identity"),
     (
         ["rbac.authorization.k8s.io"],

@@ -30,6 +30,10 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "create", "delete"]
+# The Admitted condition of a job with spec.queueName: why Kueue keeps its gang waiting.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get"]
 # Each job's own ServiceAccount for its ranks.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
