@@ -394,6 +394,11 @@ class Recorder:
             },
         )
         seen["node"] = spec.get("nodeName") or seen.get("node")
+        # A pod kept by a later attempt (recovery.survivors: Stay) is relabelled into it: it
+        # joined that attempt when its label changed (its creation, binding and start are older).
+        attempt = int(meta["labels"].get(LABEL_ATTEMPT, 0))
+        if attempt != seen["attempt"] and attempt not in seen.setdefault("kept_into", {}):
+            seen["kept_into"][attempt] = (int(meta["labels"].get(LABEL_RANK, 0)), time.time())
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
                 seen.setdefault("bound", gp.wall(cond.get("lastTransitionTime")))
@@ -452,11 +457,17 @@ def committed_in_bucket(stack: LocalStack, job: str) -> list[Obj]:
     return sorted(found, key=lambda m: m["sample"])
 
 
-def runtime_marks(stack: LocalStack, pod: str) -> dict[str, float | None]:
+def runtime_marks(
+    stack: LocalStack, pod: str, after: float | None = None
+) -> dict[str, float | None]:
     """The runtime's milestones in one pod's log (wall clock): interpreter start, manager built
-    (process group formed), fetched, resumed (loaded), first step."""
+    (process group formed), fetched, resumed (loaded), first step; only those after ``after``
+    (a kept pod's log holds every attempt it served)."""
     marks: dict[str, float | None] = {}
     for event in stack.runtime_events(pod):
+        at = gp.wall(event.time)
+        if after is not None and (at is None or at < after):
+            continue
         if event.type == events.STARTED:
             marks.setdefault("runtime_started", gp.wall(event.get("process_started")))
             marks.setdefault("process_group_formed", gp.wall(event.time))
@@ -853,6 +864,20 @@ class Replay:
                     shift(seen.get("gone")),
                 )
             )
+            for attempt, (rank, joined) in (seen.get("kept_into") or {}).items():
+                out.setdefault(attempt, []).append(
+                    gp.PodSeen(
+                        name,
+                        attempt,
+                        rank,
+                        seen.get("node"),
+                        shift(joined),
+                        shift(joined),
+                        shift(joined),
+                        shift(seen.get("finished")),
+                        shift(seen.get("gone")),
+                    )
+                )
         return out
 
     def _recoveries(
@@ -886,7 +911,7 @@ class Replay:
                 loss = None
             runtime: dict[str, list[float | None]] = {}
             for pod in new:
-                marks = runtime_marks(self.stack, pod.name)
+                marks = runtime_marks(self.stack, pod.name, after=detected + self.t0)
                 for name, at in marks.items():
                     if name != "first_step" or pod.rank == 0:
                         runtime.setdefault(name, []).append(None if at is None else at - self.t0)
