@@ -123,6 +123,12 @@ class Narrator:
                 f"checkpoint {last['name']} committed at step {last.get('step')} "
                 f"(attempt {last.get('attempt')}), in the object store"
             )
+            progress = status.get("progress") or {}
+            if progress.get("percent"):
+                self.say(
+                    f"kubectl get rtj: PROGRESS {progress['percent']} of "
+                    f"{progress.get('totalSteps')} steps, ETA {progress.get('eta') or '-'}"
+                )
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PreemptionNotice" and cond.get("status") == "True":
                 self._once(
