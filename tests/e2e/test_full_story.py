@@ -93,6 +93,13 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
     # Format version 2: one data file per rank, DCP's .metadata, the manifest committed last.
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json"} <= names, names
 
+    # What kubectl get rtj shows of the finished job: all of its steps (the example trainer
+    # passes its epochs, the job's total work) and, with no gang training, its state as the ETA.
+    table = stack.kubectl("get", "rtj", result.job, "-n", stack.cfg.namespace)
+    header, row = table.splitlines()[:2]
+    columns = dict(zip(header.split(), row.split(), strict=False))
+    assert columns["PROGRESS"] == "100%" and columns["ETA"] == "Succeeded", table
+
     equal, why = weights_equal(reference.wait(), result.weights)
     assert equal, f"final weights differ from the uninterrupted run: {why}"
     say(
