@@ -105,6 +105,7 @@ def create_gang(ctx: ReconcileContext) -> None:
                 resume_from=st.resume_from,
                 quarantined=list(st.quarantined_checkpoints),
                 master_addr=survivors.master_addr(ctx),
+                status=st,  # the interruption this pass saw counts in the MTBI already
             ),
             job,
             st.attempt,

@@ -16,6 +16,7 @@ from .api_types import Job
 from .mtbi import interruptions, mtbi_seconds
 from .resume import run_root
 from .spec_types import Survivors
+from .status_types import JobStatus
 
 AGENT_COMMAND = ("python", "-m", "trainer_runtime.agent", "--")
 """Put in front of the training container's command when survivors stay."""
@@ -97,6 +98,7 @@ def rank_environment(
     report_file: str,
     size: int | None = None,
     master_addr: str | None = None,
+    status: JobStatus | None = None,
 ) -> list[dict[str, str]]:
     """The pod environment contract for one pod (``rank`` is the pod's index, torchrun's
     node rank), in contract order.
@@ -107,6 +109,7 @@ def rank_environment(
     pod runs one process. With several, torchrun overwrites RANK, LOCAL_RANK and WORLD_SIZE for
     each worker it starts from the ``PET_*`` variables.
     """
+    status = job.status if status is None else status
     per_pod = job.spec.processes_per_pod
     size = job.spec.replicas if size is None else size
     master_addr = master_addr or names.master_addr(job.ref.name, attempt)
@@ -137,8 +140,8 @@ def rank_environment(
         envvars.MEMBERSHIP_EPOCH: str(attempt),
         envvars.MEMBERSHIP_FILE: names.MEMBERSHIP_FILE,
         envvars.REJOIN_SECONDS: str(rejoin_seconds(job)),
-        envvars.MTBI_SECONDS: str(round(mtbi_seconds(job.status))),
-        envvars.INTERRUPTIONS: str(interruptions(job.status)),
+        envvars.MTBI_SECONDS: str(round(mtbi_seconds(status))),
+        envvars.INTERRUPTIONS: str(interruptions(status)),
     }
     return [{"name": key, "value": value} for key, value in values.items()]
 
@@ -152,6 +155,7 @@ def build_pod(
     quarantined: list[str],
     size: int | None = None,
     master_addr: str | None = None,
+    status: JobStatus | None = None,
 ) -> dict[str, Any]:
     """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``);
     ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
@@ -211,6 +215,7 @@ def build_pod(
         quarantined=quarantined,
         report_file=report_file,
         master_addr=master_addr,
+        status=status,
     )
     injected = {item["name"] for item in env}
     # Ours first: user variables may refer to them with $(RANK) and similar.

@@ -184,8 +184,8 @@ def test_mtbi_is_the_prior_then_up_time_over_interruptions():
 
 
 def test_every_attempt_gets_the_mtbi_in_its_environment():
-    """From the status the pass that creates the gang started from: an interruption seen in
-    the same pass counts from the next attempt on."""
+    """Counting the interruption the pass that creates the gang has just seen (the attempt
+    after a preemption knows of it)."""
     cluster = FakeCluster.start(replicas=2)
     cluster.step()
     assert cluster.env(0)[MTBI_SECONDS] == str(round(PRIOR_MTBI_SECONDS))
@@ -199,13 +199,14 @@ def test_every_attempt_gets_the_mtbi_in_its_environment():
         before = JobStatus.model_validate(cluster.status)
         cluster.step(10)
         assert cluster.status["attempt"] == attempt
-        assert cluster.env(0, attempt)[MTBI_SECONDS] == str(round(mtbi_seconds(before)))
-        assert cluster.env(0, attempt)[INTERRUPTIONS] == str(interruptions(before))
-    # The second gang's pods knew of the first preemption: (up + prior) / 2.
+        seen = before.model_copy(update={"preemptions": before.preemptions + 1})
+        assert cluster.env(0, attempt)[MTBI_SECONDS] == str(round(mtbi_seconds(seen)))
+        assert cluster.env(0, attempt)[INTERRUPTIONS] == str(attempt)
+    # The second gang's pods knew of both preemptions: (up + prior) / 3.
     up = before.goodput
     assert up is not None and before.preemptions == 1
     seconds = up.starting_seconds + up.training_seconds + up.restarting_seconds
-    assert float(cluster.env(0, 2)[MTBI_SECONDS]) == round((seconds + PRIOR_MTBI_SECONDS) / 2)
+    assert float(cluster.env(0, 2)[MTBI_SECONDS]) == round((seconds + PRIOR_MTBI_SECONDS) / 3)
 
 
 def test_the_columns_and_the_status_block_are_in_the_generated_crd():
