@@ -63,6 +63,9 @@ NOT_REQUESTED = {
     # Checked by the OwnerReferencesPermissionEnforcement admission plugin when an object names
     # its job as owner with blockOwnerDeletion; no such request exists.
     (names.GROUP, f"{names.PLURAL}/finalizers", "update"): "admission check",
+    # A queued job's Workload (spec.queueName); this control plane runs no Kueue. Kueue's own
+    # control plane exercises it (tests/cluster/test_kueue.py: the Admitted condition).
+    ("kueue.x-k8s.io", "workloads", "get"): "needs Kueue",
     # The all-namespaces peering; this run serves one namespace (kopfpeerings are used).
     **{
         ("kopf.dev", "clusterkopfpeerings", verb): "all-namespaces mode"
