@@ -152,7 +152,8 @@ def main() -> None:
         async_save=args.async_save,
         elastic=args.elastic,
         global_batch_size=split.global_batch_size,
-        epochs=args.epochs,  # the job's total work: PROGRESS and ETA in kubectl get rtj
+        # the job's total work (PROGRESS and ETA in kubectl get rtj); --epochs 0 only resumes
+        epochs=args.epochs or None,
     )
     resumed = ckpt.resume()
     digests = open(f"{args.digests}.rank{rank}", "a") if args.digests else None  # noqa: SIM115

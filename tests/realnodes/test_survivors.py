@@ -1,14 +1,14 @@
 """Survivors stay on real nodes: one rank of a 2-rank job is evicted, the other pod stays.
 
-The job (the job story's trainer, ``recovery.survivors: Stay``, 2 ranks) runs on the node that
-keeps the runtime image after the job story (node 1): both pods there. One rank's pod is evicted
+The job (the job story's trainer, ``recovery.survivors: Stay``, 2 ranks) runs on node 1, both
+pods there (it runs before the tests that lose nodes: conftest.py). One rank's pod is evicted
 through the Eviction API, a preemption; the operator keeps the other pod (same uid, never
 restarted), relabels it into the next attempt, writes its membership annotation (the kubelet
 refreshes the downward-API file), and creates one pod. The kept pod's agent restarts its worker
 in place, the new gang meets at the kept pod's DNS name through CoreDNS, resumes from the last
 commit, and the job Succeeds with one preemption and no failure. What the user sees is read
-with kubectl. (The node-loss case runs on the pod-runner cluster, tests/e2e; here the job
-story's loss of node 3 leaves one node with the runtime image.)
+with kubectl. (The node-loss case runs on the pod-runner cluster, tests/e2e: of the three real
+nodes only nodes 1 and 3 hold the runtime image, and the job story loses node 3.)
 """
 
 from __future__ import annotations
