@@ -413,8 +413,10 @@ def interval_chosen(
         rank=rank,
         interval_s=round(interval_s, 3),
         reason=reason,
-        save_cost_s=round(save_cost_s, 3),
-        commit_s=None if commit_s is None else round(commit_s, 3),
+        # microseconds, as a manifest's save_duration_s: a save of a few milliseconds rounded
+        # to the millisecond would not reproduce the interval chosen from it
+        save_cost_s=round(save_cost_s, 6),
+        commit_s=None if commit_s is None else round(commit_s, 6),
         mtbi_s=round(mtbi_s, 3),
         mtbi_source=mtbi_source,
         measured_saves=measured_saves,
