@@ -88,6 +88,28 @@ def names(name: str, value: object, what: str) -> tuple[str, ...]:
     return items
 
 
+def environment_seconds(
+    variable: str,
+    environ: Mapping[str, str],
+    default: float,
+    expected: str,
+    ok: Callable[[float], bool],
+) -> float:
+    """A number of seconds from an environment variable: ``default`` when unset or empty, else
+    a finite decimal number for which ``ok`` holds. A bad value is a ``ConfigError`` naming the
+    variable and ``expected``."""
+    raw = environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not ok(value):
+        raise ConfigError(f"{variable}={raw!r}: expected {expected}")
+    return value
+
+
 def environment_integer(
     variable: str,
     environ: Mapping[str, str],

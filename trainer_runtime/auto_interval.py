@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
-from . import envvars, events
+from . import arguments, envvars, events
 from .errors import ConfigError
 
 DEFAULT_MTBI_S = 3600.0
@@ -116,15 +116,11 @@ def mtbi_from(env: Mapping[str, str]) -> tuple[float, str]:
     """The mean time between interruptions and where it came from: ``RTJ_MTBI_SECONDS``
     (``operator``) or the one-hour prior (``prior``). A value that is not a positive number is
     a ``ConfigError`` naming the variable."""
-    raw = env.get(envvars.MTBI_SECONDS, "").strip()
-    if not raw:
+    if not env.get(envvars.MTBI_SECONDS, "").strip():
         return DEFAULT_MTBI_S, "prior"
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{envvars.MTBI_SECONDS}={raw!r}: expected a positive number of seconds")
+    value = arguments.environment_seconds(
+        envvars.MTBI_SECONDS, env, DEFAULT_MTBI_S, "a positive number of seconds", lambda s: s > 0
+    )
     return value, "operator"
 
 

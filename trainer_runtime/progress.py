@@ -32,8 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import envvars
-from .errors import ConfigError
+from . import arguments, envvars
 
 log = logging.getLogger(__name__)
 DEFAULT_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -43,18 +42,13 @@ DEFAULT_INTERVAL_S = 2.0
 def interval_from(env: dict[str, str]) -> float:
     """``RTJ_PROGRESS_INTERVAL_SECONDS``, or the default; a value that is not a positive number
     is a ``ConfigError`` naming the variable."""
-    raw = env.get(envvars.PROGRESS_INTERVAL_SECONDS, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(
-            f"{envvars.PROGRESS_INTERVAL_SECONDS}={raw!r}: expected a positive number of seconds"
-        )
-    return value
+    return arguments.environment_seconds(
+        envvars.PROGRESS_INTERVAL_SECONDS,
+        env,
+        DEFAULT_INTERVAL_S,
+        "a positive number of seconds",
+        lambda s: s > 0,
+    )
 
 
 class ProgressReporter:

@@ -30,16 +30,9 @@ def nproc_per_node(command: WorkerCommand, environ: Mapping[str, str]) -> int:
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ConfigError(f"{name}={raw!r}: expected a number of seconds >= 0")
-    return value
+    return arguments.environment_seconds(
+        name, environ, default, "a number of seconds >= 0", lambda s: s >= 0
+    )
 
 
 def settings_from(command: WorkerCommand, environ: Mapping[str, str]) -> AgentSettings:
