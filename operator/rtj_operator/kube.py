@@ -142,16 +142,7 @@ class KubeApi:
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Merge-patch pod annotations (the preemption notice). Gone already is fine."""
-        try:
-            await self.request(
-                "PATCH",
-                self.core_path(namespace, "pods", name),
-                body={"metadata": {"annotations": annotations}},
-                content_type="application/merge-patch+json",
-            )
-        except ApiError as err:
-            if not err.not_found:
-                raise
+        await self._patch_pod_metadata(namespace, name, {"annotations": annotations})
 
     async def relabel_pod(
         self,
@@ -163,11 +154,18 @@ class KubeApi:
         """Merge-patch a pod's labels and annotations (a None value removes one): a kept pod
         adopted into a new attempt (survivors.py). Gone already is fine: the next pass sees a
         lost rank."""
+        await self._patch_pod_metadata(
+            namespace, name, {"labels": labels, "annotations": annotations}
+        )
+
+    async def _patch_pod_metadata(
+        self, namespace: str, name: str, metadata: dict[str, Any]
+    ) -> None:
         try:
             await self.request(
                 "PATCH",
                 self.core_path(namespace, "pods", name),
-                body={"metadata": {"labels": labels, "annotations": annotations}},
+                body={"metadata": metadata},
                 content_type="application/merge-patch+json",
             )
         except ApiError as err:

@@ -11,6 +11,19 @@ from typing import Any
 from rtj_operator.kube import ApiError, KubeApi
 
 
+def merge_metadata(
+    meta: dict[str, Any], labels: dict[str, str], annotations: dict[str, str | None]
+) -> None:
+    """What a JSON merge patch of labels and annotations does (None removes a key)."""
+    meta.setdefault("labels", {}).update(labels)
+    found = meta.setdefault("annotations", {})
+    for key, value in annotations.items():
+        if value is None:
+            found.pop(key, None)
+        else:
+            found[key] = value
+
+
 def _apply_merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(target)
     for key, value in patch.items():
@@ -126,13 +139,7 @@ class FakeApi:
         self.calls.append("relabel_pod")
         pod = self.objects.get(KubeApi.core_path(namespace, "pods", name))
         if pod is not None:
-            pod["metadata"].setdefault("labels", {}).update(labels)
-            found = pod["metadata"].setdefault("annotations", {})
-            for key, value in annotations.items():
-                if value is None:
-                    found.pop(key, None)
-                else:
-                    found[key] = value
+            merge_metadata(pod["metadata"], labels, annotations)
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         self.calls.append("get_node")

@@ -21,6 +21,8 @@ from rtj_operator.plan_types import Plan
 from rtj_operator.reconcile import reconcile
 from rtj_operator.timeutil import iso
 
+from .fake_api import merge_metadata
+
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "uid-1234"
 
@@ -210,14 +212,7 @@ class FakeCluster:
             self.pods[notice.pod]["metadata"]["annotations"][NOTICE_ANNOTATION] = notice.payload
         for member in plan.memberships:
             if member.pod in self.pods:
-                meta = self.pods[member.pod]["metadata"]
-                meta.setdefault("labels", {}).update(member.labels)
-                found = meta.setdefault("annotations", {})
-                for key, value in member.annotations.items():
-                    if value is None:
-                        found.pop(key, None)
-                    else:
-                        found[key] = value
+                merge_metadata(self.pods[member.pod]["metadata"], member.labels, member.annotations)
         for write in plan.support:
             if write.update:
                 self.support[write.kind] = copy.deepcopy(write.body)

@@ -54,7 +54,8 @@ class Supervisor:
     workers: list[worker.Worker] = field(default_factory=list)
     current: Membership | None = None
     terminating: bool = False
-    restarts: int = 0
+    unreadable: str | None = None
+    """The last problem with the membership file, said once (the file is read every poll)."""
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -84,15 +85,17 @@ class Supervisor:
         try:
             found = membership.read(self.settings.membership_file)
         except (ConfigError, OSError) as exc:
-            log.warning("agent: %s", exc)
+            if str(exc) != self.unreadable:
+                log.warning("agent: %s", exc)
+                self.unreadable = str(exc)
             return None
+        self.unreadable = None
         base = self.current or self.initial
         return found if found is not None and found.epoch > base.epoch else None
 
     def _restart(self, new: Membership) -> None:
         began = self.clock()
         self._stop(save=new.stop == membership.STOP_SAVE)
-        self.restarts += 1
         stopped_s = self.clock() - began
         _say(
             f"agent: membership epoch {new.epoch}: {new.nnodes} pods, this one node rank "

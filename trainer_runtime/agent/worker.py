@@ -76,10 +76,9 @@ def start(command: WorkerCommand, environ: Mapping[str, str], local_rank: int) -
 def _run_forked(command: WorkerCommand, environ: Mapping[str, str]) -> None:
     code = 1
     try:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(
-                signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler
-            )
+        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(environ)
         from .. import warm_start  # noqa: PLC0415 - the agent imported it; now with our env
