@@ -57,6 +57,10 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
 MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
 REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+# Set to "1" on a pod the operator adds to a gang that trains on meanwhile (a warm grow): its
+# agent imports torch and the runtime, says so in AGENT_READY_ANNOTATION on its own pod, and
+# starts no worker until a membership names it. Not in ALL_RTJ: only such pods get it.
+STANDBY = "RTJ_STANDBY"
 
 # Where the runtime reports its last committed checkpoint (the container's termination
 # message path, so the operator reads it from the pod status).
@@ -128,11 +132,14 @@ ALL_RTJ = (
 )
 """Every RTJ_* variable the operator may inject; the contract test compares this tuple."""
 
-# Annotations shared with the operator (the runtime reads the notice through the downward API
-# file; it writes nothing to the API server itself).
+# Annotations shared with the operator (the runtime reads the notice and the membership through
+# downward API files; it writes only annotations of its own pod, own_pod.py).
 NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
 # Written by rank 0 onto its own pod: the last committed checkpoint and the current step.
 PROGRESS_ANNOTATION = "resumable.dev/progress"
 # Written by the operator onto every pod of a gang that changes membership in place; the agent
 # reads it through the downward API file RTJ_MEMBERSHIP_FILE.
 MEMBERSHIP_ANNOTATION = "resumable.dev/membership"
+# Written by a standby pod's agent onto its own pod once it is warm (JSON: the epoch it waits to
+# join, the seconds its start took); the operator then switches the gang to the new membership.
+AGENT_READY_ANNOTATION = "resumable.dev/agent-ready"

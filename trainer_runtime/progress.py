@@ -12,8 +12,7 @@ stay current whatever the commit rate: the cadence is a fixed clock that commits
 commit's step was ever sent, and every loss without notice recorded ``stepsLost`` 0 however
 many steps it rolled back.)
 
-It speaks plain HTTPS to the API server with the pod's service-account token (the runtime must
-not depend on the kubernetes client), from a daemon thread: training never waits on the API
+It patches its own pod (``own_pod.py``) from a daemon thread: training never waits on the API
 server, and a failure is logged once, not raised.
 """
 
@@ -22,20 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from . import arguments, envvars
+from .own_pod import PATCH_ERRORS, OwnPod
 
 log = logging.getLogger(__name__)
-DEFAULT_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_INTERVAL_S = 2.0
 
 
@@ -57,19 +52,8 @@ class ProgressReporter:
     ) -> None:
         env = dict(os.environ if environ is None else environ)
         self.interval_s = interval_from(env) if interval_s is None else interval_s
-        self.pod = env.get(envvars.POD_NAME, "").strip()
-        host = env.get(envvars.KUBERNETES_SERVICE_HOST, "").strip()
-        port = env.get(envvars.KUBERNETES_SERVICE_PORT, "443").strip()
-        sa = Path(env.get(envvars.SERVICEACCOUNT_DIR, "").strip() or DEFAULT_SA_DIR)
-        ns = env.get(envvars.NAMESPACE, "").strip()
-        if not ns and (sa / "namespace").exists():
-            ns = (sa / "namespace").read_text().strip()
-        self.namespace = ns
-        self.token_file = sa / "token"
-        self.ca_file = sa / "ca.crt"
-        host = f"[{host}]" if ":" in host else host
-        self.url = f"https://{host}:{port}/api/v1/namespaces/{ns}/pods/{self.pod}"
-        self.enabled = bool(self.pod and host and ns and self.token_file.exists())
+        self.own_pod = OwnPod(env)
+        self.enabled = self.own_pod.enabled
         self._state: dict[str, Any] = {}
         self._sent: dict[str, Any] | None = None
         self._wake = threading.Event()
@@ -131,32 +115,16 @@ class ProgressReporter:
         if not state or state == self._sent:
             return
         state["reported_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-        body = {"metadata": {"annotations": {envvars.PROGRESS_ANNOTATION: json.dumps(state)}}}
         try:
-            self._patch(body)
+            self._send({envvars.PROGRESS_ANNOTATION: json.dumps(state)})
             self._sent = {k: v for k, v in state.items() if k != "reported_at"}
-        except (OSError, urllib.error.URLError, ssl.SSLError) as exc:
+        except PATCH_ERRORS as exc:
             if not self._warned:
                 log.warning("cannot report progress to the API server (%s); training goes on", exc)
                 self._warned = True
 
-    def _patch(self, body: dict[str, Any]) -> None:
-        token = self.token_file.read_text().strip()
-        ctx = ssl.create_default_context(
-            cafile=str(self.ca_file) if self.ca_file.exists() else None
-        )
-        req = urllib.request.Request(  # noqa: S310 - https URL built from the kubelet's env
-            self.url,
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/merge-patch+json",
-                "Accept": "application/json",
-            },
-        )
-        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:  # noqa: S310
-            resp.read()
+    def _send(self, annotations: dict[str, str]) -> None:
+        self.own_pod.annotate(annotations)
 
     def close(self) -> None:
         if self._thread is not None:

@@ -45,6 +45,10 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
 MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
 REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+# "1" on the pods a warm grow adds (survivors.py): their agent warms up, says so in
+# AGENT_READY_ANNOTATION and starts no worker before a membership names the pod. Not in
+# ALL_RTJ: only those pods get it.
+STANDBY = "RTJ_STANDBY"
 
 # Where the runtime writes its one-line progress report (the container's terminationMessagePath).
 REPORT_FILE = "RTJ_REPORT_FILE"
@@ -98,6 +102,9 @@ PROGRESS_ANNOTATION = "resumable.dev/progress"
 MEMBERSHIP_ANNOTATION = "resumable.dev/membership"
 """Written by the operator on each pod of a gang whose membership changes in place; read by the
 in-pod agent as the file RTJ_MEMBERSHIP_FILE."""
+AGENT_READY_ANNOTATION = "resumable.dev/agent-ready"
+"""Written by a standby pod's agent once it is warm (the epoch it waits for); read by the
+operator, which then gives every pod of the gang its new membership."""
 
 # Read by the operator itself, from its own pod.
 OPERATOR_POD_ID = "POD_ID"

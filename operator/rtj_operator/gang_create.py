@@ -106,6 +106,7 @@ def create_gang(ctx: ReconcileContext) -> None:
                 quarantined=list(st.quarantined_checkpoints),
                 master_addr=survivors.master_addr(ctx),
                 status=st,  # the interruption this pass saw counts in the MTBI already
+                standby=st.membership_pending_since is not None,
             ),
             job,
             st.attempt,

@@ -80,6 +80,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
                 "AllRanksRunning",
                 f"all {ctx.size} ranks of attempt {st.attempt} are running",
             )
+        survivors.switch_when_warm(ctx, current)
         _report_scheduling(ctx, current)
         report_admission(ctx)
         plan.requeue(verdict.recheck_after)

@@ -156,10 +156,12 @@ def build_pod(
     size: int | None = None,
     master_addr: str | None = None,
     status: JobStatus | None = None,
+    standby: bool = False,
 ) -> dict[str, Any]:
     """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``);
     ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
-    pod, survivors.py)."""
+    pod, survivors.py); ``standby``: its agent starts no worker before a membership names it
+    (a warm grow, survivors.py)."""
     size = job.spec.replicas if size is None else size
     name = names.pod_name(job.ref.name, attempt, rank)
     template = copy.deepcopy(job.raw_template)
@@ -217,6 +219,8 @@ def build_pod(
         master_addr=master_addr,
         status=status,
     )
+    if standby:
+        env.append({"name": envvars.STANDBY, "value": "1"})
     injected = {item["name"] for item in env}
     # Ours first: user variables may refer to them with $(RANK) and similar.
     user_env = [e for e in container.get("env") or [] if e.get("name") not in injected]

@@ -243,6 +243,9 @@ def watch_for_grow(
         plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
     elif decision.action is elastic.GrowAction.RESTART:
         last, lost = committed_and_lost(st)
+        kept = survivors.all_running(ctx, current)
+        if kept:
+            lost = 0  # they train on until the new pods are warm, then save (survivors.py)
         record_interruption(
             ctx,
             Interruption(
@@ -255,10 +258,14 @@ def watch_for_grow(
                 steps_lost=lost,
             ),
         )
-        kept = survivors.all_running(ctx, current)
         for pod in live_pods(current):
             if pod["metadata"].get("name") not in kept:
                 plan.deletions.append(pod_deletion(pod, f"growing to {decision.target} pods"))
         plan.event("Normal", "Growing", f"attempt {st.attempt}: {decision.message}")
         next_attempt(ctx, 0.0, "Growing", decision.message)
-        survivors.keep(ctx, kept, f"adds pods to grow to {decision.target}")
+        survivors.keep(
+            ctx,
+            kept,
+            f"adds pods to grow to {decision.target}; they train on until the new pods are warm",
+            warm_join=True,
+        )

@@ -381,6 +381,11 @@ class JobStatus(ApiModel):
     """With ``recovery.survivors: Stay``: the pods of earlier attempts the current attempt kept
     (they run its first ranks: rank ``i`` in ``keptPods[i]``) and told the new membership,
     instead of replacing them. Written before they are relabelled into this attempt."""
+    membership_pending_since: Time | None = None
+    """With ``recovery.survivors: Stay``, while an elastic gang grows: since when the kept pods
+    train on under their previous membership while the attempt's new pods start in standby.
+    Cleared when every pod is given the new membership (each new pod's agent said it is warm,
+    or ``survivors.STANDBY_WAIT_SECONDS`` passed)."""
     run_name: str | None = None
     """Effective run name (spec.runName or the job's name), fixed at the first reconcile."""
     resume_from: str | None = None

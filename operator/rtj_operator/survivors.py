@@ -23,6 +23,14 @@ be in the state the survivors hold. A kept pod that cannot rejoin (its agent wai
 attempt is handled as any ended attempt: the next one replaces every pod. (Rejected: restarting
 the kept pods' containers in place with a container restart rule: the interpreter and ``import
 torch`` would be paid again, which is most of a restart.)
+
+A grow keeps the running gang training through the new pods' cold start (a warm join): the new
+pods are created in standby (``RTJ_STANDBY=1``: the agent imports torch and the runtime, writes
+``resumable.dev/agent-ready`` on its pod, and starts no worker), the kept pods are relabelled
+but not yet told the new membership, and only when every new pod is warm (or after
+``STANDBY_WAIT_SECONDS``) does every pod get it, the kept ones with ``stop: save``: their
+workers commit the step they reached and re-form the gang with the new ones at once. So a grow
+costs the running ranks an emergency save and an in-place restart, not the new pods' start.
 """
 
 from __future__ import annotations
@@ -31,14 +39,25 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import gang, names
+from . import elastic, gang, names
 from .classify import Outcome, RankOutcome
-from .envvars import MEMBERSHIP_ANNOTATION, PROGRESS_ANNOTATION
+from .envvars import (
+    AGENT_READY_ANNOTATION,
+    MEMBERSHIP_ANNOTATION,
+    NOTICE_ANNOTATION,
+    PROGRESS_ANNOTATION,
+)
 from .plan_types import MembershipWrite
 from .podstate import is_deleting, pod_deletion
 from .reconcile_context import ReconcileContext
 from .spec_types import Survivors
 from .status_types import Phase
+
+STANDBY_WAIT_SECONDS = 120.0
+"""How long a warm join waits for its new pods' agents to say they are warm before it gives
+every pod the new membership anyway (the kept ranks then wait for the late ones in
+``init_process_group``, as without the wait)."""
+STOP_SAVE, STOP_KILL = "save", "kill"
 
 
 def _keeps(ctx: ReconcileContext) -> bool:
@@ -79,11 +98,16 @@ def all_running(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) ->
     return [pod["metadata"]["name"] for _, pod in sorted(current.items()) if _running(pod)]
 
 
-def keep(ctx: ReconcileContext, names_: Sequence[str], why: str) -> None:
-    """Record the pods the next attempt keeps (call after ``next_attempt``)."""
+def keep(
+    ctx: ReconcileContext, names_: Sequence[str], why: str, *, warm_join: bool = False
+) -> None:
+    """Record the pods the next attempt keeps (call after ``next_attempt``); ``warm_join``:
+    they train on until the attempt's new pods are warm (every old member is alive: a grow)."""
     if not names_ or ctx.status.phase is Phase.FAILED:
         return
     ctx.status.kept_pods = list(names_)
+    if warm_join:
+        ctx.status.membership_pending_since = ctx.now
     ctx.plan.event(
         "Normal",
         "SurvivorsStay",
@@ -107,8 +131,11 @@ def pod_for_rank(ctx: ReconcileContext, rank: int) -> str:
     return names.pod_name(ctx.job.ref.name, ctx.status.attempt, rank)
 
 
-def membership_payload(ctx: ReconcileContext, rank: int) -> str:
-    """The membership annotation of the current attempt's rank ``rank`` (docs/survivors.md)."""
+def membership_payload(
+    ctx: ReconcileContext, rank: int, *, stop: str = STOP_KILL, resume_from: str | None = None
+) -> str:
+    """The membership annotation of the current attempt's rank ``rank`` (docs/survivors.md);
+    ``resume_from`` default: the attempt's resume point."""
     st = ctx.status
     return json.dumps(
         {
@@ -118,8 +145,8 @@ def membership_payload(ctx: ReconcileContext, rank: int) -> str:
             "nodeRank": rank,
             "masterAddr": master_addr(ctx),
             "masterPort": ctx.job.spec.master_port,
-            "resumeFrom": st.resume_from or "",
-            "stop": "kill",
+            "resumeFrom": (st.resume_from or "") if resume_from is None else resume_from,
+            "stop": stop,
         },
         separators=(",", ":"),
     )
@@ -141,16 +168,80 @@ def adopt(ctx: ReconcileContext, mechanism: gang.Mechanism, existing: Mapping[in
                 plan.deletions.append(pod_deletion(pod, "its attempt replaces the whole gang"))
         st.kept_pods = []
         return
+    pending = st.membership_pending_since is not None
     for rank, name in enumerate(st.kept_pods):
         if rank in existing:
             continue  # relabelled already (an operator restart mid-creation)
+        annotations: dict[str, str | None] = {PROGRESS_ANNOTATION: None}
+        if _grow_notice(by_name.get(name)):
+            annotations[NOTICE_ANNOTATION] = None  # answered: its checkpoint is committed
+        if not pending:  # a warm join tells them once the new pods are warm (switch_when_warm)
+            annotations[MEMBERSHIP_ANNOTATION] = membership_payload(ctx, rank)
         plan.memberships.append(
             MembershipWrite(
                 pod=name,
                 labels={names.LABEL_ATTEMPT: str(st.attempt), names.LABEL_RANK: str(rank)},
+                annotations=annotations,
+            )
+        )
+
+
+def _grow_notice(pod: Mapping[str, Any] | None) -> bool:
+    """Whether the pod's notice is a grow's request to checkpoint (not a real one)."""
+    raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(NOTICE_ANNOTATION)
+    try:
+        said = json.loads(raw or "null")
+    except ValueError:
+        return False
+    return isinstance(said, dict) and said.get("reason") == elastic.GROW_REASON
+
+
+def ready_epoch(pod: Mapping[str, Any] | None) -> int | None:
+    """The epoch a standby pod's agent said it is warm for (``resumable.dev/agent-ready``)."""
+    raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(AGENT_READY_ANNOTATION)
+    try:
+        said = json.loads(raw or "null")
+    except ValueError:
+        return None
+    value = said.get("epoch") if isinstance(said, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> None:
+    """A warm join: once every new pod's agent is warm (or ``STANDBY_WAIT_SECONDS`` passed),
+    give every pod of the attempt its membership; the kept ones save the step they reached
+    first (``stop: save``) and every rank resumes from the newest commit."""
+    st, plan = ctx.status, ctx.plan
+    since = st.membership_pending_since
+    if since is None or not st.gang_created:
+        return
+    kept = len(st.kept_pods)
+    new = [current.get(rank) for rank in range(kept, ctx.size)]
+    warm = sum(1 for pod in new if _running(pod) and ready_epoch(pod) == st.attempt)
+    waited = (ctx.now - since).total_seconds()
+    if warm < len(new) and waited < STANDBY_WAIT_SECONDS:
+        plan.requeue(min(1.0, STANDBY_WAIT_SECONDS - waited))
+        return
+    for rank in range(ctx.size):
+        stop = STOP_SAVE if rank < kept else STOP_KILL
+        plan.memberships.append(
+            MembershipWrite(
+                pod=pod_for_rank(ctx, rank),
+                labels={},
                 annotations={
-                    MEMBERSHIP_ANNOTATION: membership_payload(ctx, rank),
-                    PROGRESS_ANNOTATION: None,
+                    MEMBERSHIP_ANNOTATION: membership_payload(ctx, rank, stop=stop, resume_from="")
                 },
             )
         )
+    st.membership_pending_since = None
+    how = (
+        f"all {len(new)} new pods are warm"
+        if warm == len(new)
+        else f"{warm} of {len(new)} new pods are warm after {STANDBY_WAIT_SECONDS:g}s"
+    )
+    plan.event(
+        "Normal",
+        "MembershipSwitched",
+        f"attempt {st.attempt}: {how} ({waited:.1f}s); the {kept} kept pods save and every pod "
+        f"re-forms the gang of {ctx.size}",
+    )

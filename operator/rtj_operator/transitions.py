@@ -246,6 +246,7 @@ def next_attempt(
     st.attempt += 1
     st.gang_created = False
     st.kept_pods = []
+    st.membership_pending_since = None
     st.attempt_start_time = None
     st.attempt_checkpoint = None
     st.current_step = None

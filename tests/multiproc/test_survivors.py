@@ -6,7 +6,8 @@ part by writing each staying pod's membership file and starting the replacement 
 the surviving pods' agents stay (the same processes from start to end) through a loss, a
 shrink and a grow; the final weights of a fixed-size gang that lost a pod are bitwise those of
 an uninterrupted run and every step's samples are trained exactly once in the kept line; a grow
-announced with ``stop: save`` loses no step; a survivor with no new membership gives up after
+announced with ``stop: save`` loses no step, and its new pod waits warm in standby while the
+gang trains on; a survivor with no new membership gives up after
 ``RTJ_REJOIN_SECONDS`` with its worker's exit code; a gang of an older epoch cannot commit once
 a newer one claimed the run.
 """
@@ -81,7 +82,8 @@ def test_a_lost_pod_is_replaced_and_the_survivors_stay(tmp_path: Path) -> None:
 
 
 def test_a_shrink_then_a_grow_keep_the_survivors(tmp_path: Path) -> None:
-    pods = Pods(tmp_path)
+    steps = 150  # the new pod's standby start must fit inside the run
+    pods = Pods(tmp_path, steps=steps)
     port = free_port()
     for r in range(3):
         pods.start(f"pod{r}", node_rank=r, nnodes=3, port=port, epoch=1)
@@ -92,16 +94,27 @@ def test_a_shrink_then_a_grow_keep_the_survivors(tmp_path: Path) -> None:
     for r in range(2):
         pods.announce(f"pod{r}", epoch=2, nnodes=2, nodeRank=r, masterPort=port2)
     pods.wait_steps(2, pods.steps_done(2) + 6)
+    # grow as the operator does it (a warm join): the new pod starts in standby and says so;
+    # the gang of 2 trains on meanwhile; then every pod is told, the old ones with stop: save
+    port3 = free_port()
+    pods.start("pod2-new", node_rank=2, nnodes=3, port=port3, epoch=3, RTJ_STANDBY="1")
+    standby_log = tmp_path / "pod2-new.log"
+    end = time.monotonic() + 120
+    while "standby for membership epoch 3" not in standby_log.read_text():
+        assert time.monotonic() < end, pods.logs()
+        time.sleep(0.1)
+    warm_at = pods.steps_done(2)
+    pods.wait_steps(2, warm_at + 3)  # training goes on while the new pod waits, warm
+    assert pods.steps_done(3) == 0 and not (pods.out / "steps-3-2.txt").exists()
     grown_from = pods.steps_done(2)
-    port3 = free_port()  # grow: every old member alive, so they save first (stop: save)
     for r in range(2):
         pods.announce(f"pod{r}", epoch=3, nnodes=3, nodeRank=r, masterPort=port3, stop="save")
-    pods.start("pod2-new", node_rank=2, nnodes=3, port=port3, epoch=3)
+    pods.announce("pod2-new", epoch=3, nnodes=3, nodeRank=2, masterPort=port3)
     codes = pods.wait_all()
     assert set(codes.values()) == {0}, pods.logs()
     for name, proc in staying.items():
         assert pods.pods[name] is proc and proc.returncode == 0
-    assert_exactly_once(pods, STEPS)
+    assert_exactly_once(pods, steps)
     epoch2 = [int(x.split()[1]) for x in (pods.out / "steps-2-0.txt").read_text().splitlines()]
     epoch3 = [int(x.split()[1]) for x in (pods.out / "steps-3-0.txt").read_text().splitlines()]
     assert len(epoch2) >= grown_from

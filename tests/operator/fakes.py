@@ -262,6 +262,10 @@ class FakeCluster:
     def pod(self, rank: int, attempt: int | None = None) -> dict[str, Any]:
         """One rank's pod of an attempt (default: the current one)."""
         attempt = self.status.get("attempt", 0) if attempt is None else attempt
+        labels = {names.LABEL_ATTEMPT: str(attempt), names.LABEL_RANK: str(rank)}
+        for pod in self.pods.values():  # a kept pod keeps its first name (survivors.py)
+            if labels.items() <= pod["metadata"].get("labels", {}).items():
+                return pod
         return self.pods[names.pod_name(self.body["metadata"]["name"], attempt, rank)]
 
     def terminate(

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 
 from rtj_operator import names
-from rtj_operator.envvars import MEMBERSHIP_ANNOTATION, PROGRESS_ANNOTATION
+from rtj_operator.envvars import (
+    AGENT_READY_ANNOTATION,
+    MEMBERSHIP_ANNOTATION,
+    NOTICE_ANNOTATION,
+    PROGRESS_ANNOTATION,
+    STANDBY,
+)
 from rtj_operator.plan_types import Plan
 from rtj_operator.reconcile import reconcile
+from rtj_operator.survivors import STANDBY_WAIT_SECONDS
 
 from .fakes import FakeCluster
+from .test_elastic import SpotCluster, node, spot
 
 TEMPLATE = {
     "spec": {
@@ -145,3 +153,81 @@ def test_a_kept_pod_that_ended_before_its_adoption_makes_the_attempt_replace_eve
         "train-a1-r1",
         "train-a1-r2",
     ]
+
+
+def shrunk_to_two_with_room_for_four() -> SpotCluster:
+    """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
+    has room for all four again."""
+    cluster = spot(minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30})
+    cluster.body["spec"]["template"] = TEMPLATE
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    for lost in ("node-2", "node-3"):
+        del cluster.nodes[lost]
+    cluster.step(1)  # the lost places get pods, which cannot be placed
+    cluster.step(1)
+    cluster.step(60)  # shrinkAfterSeconds: the gang goes on as its two kept pods
+    assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report_step(0, 111)
+    cluster.nodes["node-4"] = node("node-4")
+    cluster.nodes["node-5"] = node("node-5")
+    cluster.step(1)  # trained since the resume
+    assert "GrowRequested" in [e.reason for e in cluster.step(31).events]
+    cluster.report(0, "ep0-ba130", 130, current=130)
+    return cluster
+
+
+def ready(cluster: SpotCluster, pod_name: str, epoch: int) -> None:
+    annotations = cluster.pods[pod_name]["metadata"].setdefault("annotations", {})
+    annotations[AGENT_READY_ANNOTATION] = json.dumps({"epoch": epoch})
+
+
+def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
+    cluster = shrunk_to_two_with_room_for_four()
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 3 and st["keptPods"] == ["train-a0-r0", "train-a0-r1"]
+    assert st["membershipPendingSince"] is not None
+    assert not plan.deletions and len(plan.creations) == 2
+    assert st["interruptions"][-1]["cause"] == "Grow" and st["interruptions"][-1]["stepsLost"] == 0
+    # The new pods start in standby; the kept ones are relabelled but told nothing yet.
+    assert cluster.env(2)[STANDBY] == "1" and cluster.env(3)[STANDBY] == "1"
+    for name in st["keptPods"]:
+        annotations = cluster.pods[name]["metadata"]["annotations"]
+        assert json.loads(annotations[MEMBERSHIP_ANNOTATION])["epoch"] == 2  # the shrink's
+        assert NOTICE_ANNOTATION not in annotations  # the grow's request was answered
+        assert cluster.pods[name]["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
+    cluster.schedule_and_run()
+    ready(cluster, "train-a3-r2", 3)
+    assert not cluster.step(1).memberships  # one new pod is still cold
+    ready(cluster, "train-a3-r3", 2)  # an earlier epoch's word does not count
+    assert not cluster.step(1).memberships
+    ready(cluster, "train-a3-r3", 3)
+    plan = cluster.step(1)
+    told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
+    assert set(told) == {"train-a0-r0", "train-a0-r1", "train-a3-r2", "train-a3-r3"}
+    assert [told[p]["nodeRank"] for p in sorted(told)] == [0, 1, 2, 3]
+    assert {told[p]["stop"] for p in ("train-a0-r0", "train-a0-r1")} == {"save"}
+    assert all(
+        t["resumeFrom"] == "" and t["epoch"] == 3 and t["nnodes"] == 4 for t in told.values()
+    )
+    assert "MembershipSwitched" in [e.reason for e in plan.events]
+    assert "membershipPendingSince" not in cluster.status
+    assert not cluster.step(1).memberships  # said once
+
+
+def test_a_grow_whose_new_pods_never_get_warm_switches_after_the_wait():
+    cluster = shrunk_to_two_with_room_for_four()
+    cluster.step(1)
+    cluster.schedule_and_run()
+    assert not cluster.step(STANDBY_WAIT_SECONDS - 5).memberships
+    plan = cluster.step(5)
+    assert len(plan.memberships) == 4
+    switched = next(e for e in plan.events if e.reason == "MembershipSwitched")
+    assert "0 of 2 new pods are warm" in switched.message

@@ -32,8 +32,8 @@ class Recording(ProgressReporter):
         super().__init__(interval_s=interval_s, environ=environ)
         self.sent: list[tuple[float, dict[str, Any]]] = []
 
-    def _patch(self, body: dict[str, Any]) -> None:
-        state = json.loads(body["metadata"]["annotations"][envvars.PROGRESS_ANNOTATION])
+    def _send(self, annotations: dict[str, str]) -> None:
+        state = json.loads(annotations[envvars.PROGRESS_ANNOTATION])
         self.sent.append((time.monotonic(), state))
 
 

@@ -29,10 +29,10 @@ def sent(tmp_path, monkeypatch) -> list[dict[str, Any]]:
         monkeypatch.setenv(name, value)
     reports: list[dict[str, Any]] = []
 
-    def record(self: ProgressReporter, body: dict[str, Any]) -> None:
-        reports.append(json.loads(body["metadata"]["annotations"][envvars.PROGRESS_ANNOTATION]))
+    def record(self: ProgressReporter, annotations: dict[str, str]) -> None:
+        reports.append(json.loads(annotations[envvars.PROGRESS_ANNOTATION]))
 
-    monkeypatch.setattr(ProgressReporter, "_patch", record)
+    monkeypatch.setattr(ProgressReporter, "_send", record)
     return reports
 
 

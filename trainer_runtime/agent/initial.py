@@ -14,6 +14,7 @@ from .. import arguments, envvars, membership
 from ..errors import ConfigError
 from ..membership import Membership
 from .command import WorkerCommand
+from .standby import is_standby
 from .supervisor import AgentSettings
 
 DEFAULT_REJOIN_S = 30.0
@@ -44,6 +45,7 @@ def settings_from(command: WorkerCommand, environ: Mapping[str, str]) -> AgentSe
         membership_file=environ.get(envvars.MEMBERSHIP_FILE, "").strip() or None,
         rejoin_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_REJOIN_S),
         stop_grace_s=_seconds(environ, envvars.GRACE_PERIOD_SECONDS, DEFAULT_STOP_GRACE_S),
+        standby=is_standby(environ),
     )
 
 

@@ -29,7 +29,7 @@ from .. import events, membership
 from ..announce import announce
 from ..errors import ConfigError
 from ..membership import Membership
-from . import worker
+from . import standby, worker
 from .command import WorkerCommand
 
 log = logging.getLogger("trainer_runtime.agent")
@@ -44,6 +44,8 @@ class AgentSettings:
     rejoin_s: float = 30.0
     stop_grace_s: float = 30.0
     poll_s: float = 0.05
+    standby: bool = False
+    """Start no worker before a membership of the initial epoch or newer (``standby.py``)."""
 
 
 @dataclass
@@ -59,8 +61,19 @@ class Supervisor:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        newer = self._newer_membership()
-        self._start(newer or self.initial)
+        if self.settings.standby:
+            standby.announce_ready(self.settings.base_env, self.initial.epoch)
+            first = standby.wait_for_membership(
+                self.initial,
+                lambda epoch: self._newer_membership(at_least=epoch),
+                lambda: self.terminating,
+                self.settings.poll_s,
+            )
+            if first is None:
+                return 128 + signal.SIGTERM  # deleted while it waited: nothing ran
+            self._start(first)
+        else:
+            self._start(self._newer_membership() or self.initial)
         while True:
             time.sleep(self.settings.poll_s)
             codes = [w.poll() for w in self.workers]
@@ -79,7 +92,9 @@ class Supervisor:
                 return max(code or 0 for code in codes)
 
     # ------------------------------------------------------------------ membership changes
-    def _newer_membership(self) -> Membership | None:
+    def _newer_membership(self, at_least: int | None = None) -> Membership | None:
+        """The membership file's, when newer than the current one (or of epoch ``at_least`` or
+        more); None otherwise, and while the file is missing, empty or unreadable."""
         if not self.settings.membership_file:
             return None
         try:
@@ -90,8 +105,8 @@ class Supervisor:
                 self.unreadable = str(exc)
             return None
         self.unreadable = None
-        base = self.current or self.initial
-        return found if found is not None and found.epoch > base.epoch else None
+        floor = (self.current or self.initial).epoch + 1 if at_least is None else at_least
+        return found if found is not None and found.epoch >= floor else None
 
     def _restart(self, new: Membership) -> None:
         began = self.clock()
