@@ -6,10 +6,14 @@ preemption, keeps the two pods on healthy nodes (the same pods, same uids, never
 relabels them into the next attempt, tells them the new membership through their annotation,
 and creates a pod only for the lost place, on the spare node. Each kept pod's in-pod agent
 restarts its worker in place; the job resumes from the last commit and Succeeds.
+
+Then an elastic job at 2 of 3 pods grows when the capacity comes back: its new pod starts in
+standby while the two kept ranks train on, and the gang re-forms at 3 once the new pod is warm.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -18,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rtj_operator.envvars import AGENT_READY_ANNOTATION
 from tools.controlplane import ControlPlane
 from tools.localstack import LocalStack
 from tools.waiting import wait_for
@@ -30,18 +35,30 @@ MANIFEST = Path(__file__).with_name("manifests") / "spot-job.yaml"
 REPLICAS = 3
 
 
-def survivors_manifest(tmp: Path) -> Path:
+def survivors_manifest(
+    tmp: Path,
+    *,
+    name: str = "survivors",
+    epochs: int | None = None,
+    cpu: str | None = None,
+    **spec: object,
+) -> Path:
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     job = next(d for d in docs if d.get("kind") == "ResumableTrainingJob")
-    job["metadata"]["name"] = "survivors"
+    job["metadata"]["name"] = name
     job["spec"]["replicas"] = REPLICAS
     job["spec"]["recovery"] = {"survivors": "Stay"}
+    job["spec"].update(spec)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [
-        "--step-sleep=0.3" if arg.startswith("--step-sleep") else arg
+        "--step-sleep=0.3"
+        if arg.startswith("--step-sleep")
+        else (f"--epochs={epochs}" if epochs and arg.startswith("--epochs") else arg)
         for arg in container["command"]
     ]
-    path = tmp / "survivors-job.yaml"
+    if cpu:
+        container["resources"] = {"requests": {"cpu": cpu}}
+    path = tmp / f"{name}-job.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     return path
 
@@ -95,3 +112,85 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     ]
     assert resumed, stack.pod_log(f"{job}-a0-r0")[-3000:]
     say(f"loss -> kept rank 0's first step after resuming: {resumed[0] - lost_at:.1f} s")
+
+
+HOLD = "example.com/hold"
+
+
+def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """An elastic job at 2 of 3 pods grows when a node comes back: the new pod starts in
+    standby while the two kept ranks train on, and only then does the gang re-form at 3."""
+    stack.ensure_nodes(REPLICAS)
+    spare = stack.live_nodes()[REPLICAS - 1 :]
+    for name in spare:  # capacity for 2 pods only
+        stack.taint_node(name, HOLD)
+    path = survivors_manifest(
+        tmp_path,
+        name="grows",
+        epochs=12,
+        cpu="20",  # one pod per node
+        elastic={
+            "minReplicas": 2,
+            "shrinkAfterSeconds": 5,
+            "grow": {"minIntervalSeconds": 5, "settleSeconds": 0},
+        },
+    )
+    job = stack.apply(path)
+    wait_for(
+        "the 2-pod gang's first commit",
+        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
+        timeout=240,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    at_two = stack.job(job)["status"]
+    assert at_two["gangSize"] == 2
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=at_two["attempt"])}
+    for name in spare:
+        stack.untaint_node(name, HOLD)
+    say("room for the third pod is back")
+    wait_for(
+        "the job to succeed",
+        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    status = stack.job(job)["status"]
+    assert status["gangSize"] == REPLICAS and status["failures"] == 0, status
+    assert status["interruptions"][-1]["cause"] == "Grow", status["interruptions"]
+    reasons = [e.get("reason") for e in stack.events(job)]
+    assert "MembershipSwitched" in reasons, reasons
+    grown = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    kept = status["keptPods"]
+    assert sorted(kept) == sorted(first) and len(grown) == REPLICAS
+    for name in kept:  # the same pods, told once, saving on the way (stop: save)
+        assert grown[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+        told = stack.runtime_events(name, "membership")
+        assert [(e.fields["epoch"], e.fields["stop"]) for e in told] == [
+            (status["attempt"], "save")
+        ], told
+    (new,) = set(grown) - set(kept)
+    ready = json.loads(grown[new]["metadata"]["annotations"][AGENT_READY_ANNOTATION])
+    assert ready["epoch"] == status["attempt"]
+    started = datetime.fromisoformat(ready["processStarted"]).timestamp()
+    warm = datetime.fromisoformat(ready["readyAt"]).timestamp()
+    rank0 = kept[0]
+    trained_meanwhile = [
+        e
+        for e in stack.runtime_events(rank0, "committed")
+        if e.fields.get("world_size") == 2
+        and started < datetime.fromisoformat(e.time).timestamp() < warm + 1
+    ]
+    assert trained_meanwhile, (ready, stack.pod_log(rank0)[-3000:])
+    switched = datetime.fromisoformat(stack.runtime_events(rank0, "membership")[0].time)
+    back = [
+        datetime.fromisoformat(e.time)
+        for e in stack.runtime_events(rank0, "first_step")
+        if datetime.fromisoformat(e.time) > switched
+    ]
+    assert back, stack.pod_log(rank0)[-3000:]
+    say(
+        f"new pod's start {warm - started:.1f} s, {len(trained_meanwhile)} commits meanwhile; "
+        f"kept rank 0 stopped -> first step at 3 pods: {(back[0] - switched).total_seconds():.1f} s"
+    )

@@ -129,6 +129,14 @@ class NodesPart(StackBase):
             content_type=MERGE,
         )
 
+    def untaint_node(self, name: str, key: str) -> None:
+        """Remove the taints with ``key`` (capacity that comes back)."""
+        node = self.kube.request("GET", f"/api/v1/nodes/{name}")
+        taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != key]
+        self.kube.request(
+            "PATCH", f"/api/v1/nodes/{name}", body={"spec": {"taints": taints}}, content_type=MERGE
+        )
+
     def shut_down_node(self, name: str, timeout: float = 60) -> None:
         """The node shuts down gracefully (SIGTERM to its agent: DisruptionTarget, SIGTERM to the
         pods, their grace period), then the machine is gone and its Node object deleted."""
