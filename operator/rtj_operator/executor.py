@@ -130,6 +130,7 @@ class Executor:
             self.api.annotate_pod(ns, n.pod, {NOTICE_ANNOTATION: n.payload}) for n in plan.notices
         ]
         side += [self.api.relabel_pod(ns, m.pod, m.labels, m.annotations) for m in plan.memberships]
+        side += [self._create_spare(ns, pod) for pod in plan.spares]
         metrics.NOTICES.inc(sum(1 for n in plan.notices if n.payload))  # not the withdrawals
         applied = Applied(resource_version=rv, status=status)
 
@@ -274,6 +275,13 @@ class Executor:
             "updated" if write.update else "created",
             write.kind,
         )
+
+    async def _create_spare(self, namespace: str, pod: dict[str, Any]) -> None:
+        """Create a spare pod; a refusal (a quota, admission) costs the job only the spare."""
+        try:
+            await self.api.create(self.api.core_path(namespace, "pods"), pod)
+        except ApiError as err:
+            log.warning("%s/%s: spare not created: %s", namespace, pod["metadata"]["name"], err)
 
     async def _create_pods(self, job: Job, plan: Plan) -> tuple[str | None, list[str]]:
         """Create every missing rank. Returns the API server's message when the template is

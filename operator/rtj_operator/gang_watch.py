@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from . import conditions as cond
-from . import elastic, gang, survivors
+from . import elastic, gang, spares, survivors
 from .api_types import Job
 from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .envvars import NOTICE_ANNOTATION
@@ -61,7 +61,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
     _deliver_notices(ctx, outcomes, current)
     verdict = gang_verdict(outcomes, settle_seconds=signals.failure_settle_seconds, now=ctx.now)
     if verdict.outcome is Outcome.PREEMPTED:
-        keep = survivors.keepable(ctx, outcomes, current)
+        keep = spares.fill_places(ctx, survivors.keepable(ctx, outcomes, current), ctx.size)
         interrupted(ctx, verdict, current, preemption=True, keep=keep)
     elif verdict.outcome is Outcome.FAILED:
         interrupted(ctx, verdict, current, preemption=False)
@@ -81,6 +81,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
                 f"all {ctx.size} ranks of attempt {st.attempt} are running",
             )
         survivors.switch_when_warm(ctx, current)
+        spares.tend(ctx, current, verdict.all_running)
         _report_scheduling(ctx, current)
         report_admission(ctx)
         plan.requeue(verdict.recheck_after)

@@ -148,7 +148,7 @@ class KubeApi:
         self,
         namespace: str,
         name: str,
-        labels: dict[str, str],
+        labels: dict[str, str | None],
         annotations: dict[str, str | None],
     ) -> None:
         """Merge-patch a pod's labels and annotations (a None value removes one): a kept pod

@@ -295,6 +295,11 @@ def build_role(job: Job, attempt: int, kept: Sequence[str] = ()) -> dict[str, An
     and the pods the attempt kept from earlier ones (``kept``, survivors.py)."""
     attempts = [attempt - 1, attempt] if attempt > 0 else [attempt]
     pods = [names.pod_name(job.ref.name, a, r) for a in attempts for r in range(job.spec.replicas)]
+    pods += [
+        names.spare_name(job.ref.name, a, i)
+        for a in attempts
+        for i in range(job.spec.recovery.spares)
+    ]  # a spare says it is warm on its own pod (spares.py)
     pods += [name for name in kept if name not in pods]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -19,6 +19,9 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 LABEL_JOB = f"{GROUP}/job-name"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_RANK = f"{GROUP}/rank"
+LABEL_ROLE = f"{GROUP}/role"
+"""On a spare pod (value ``ROLE_SPARE``): a started rank waiting to take a lost one's place."""
+ROLE_SPARE = "spare"
 
 COMPONENT = "rtj-operator"
 """Reported as the source of Kubernetes Events and as the field manager of API writes."""
@@ -47,6 +50,12 @@ TORCHRUN_SHUTDOWN_SECONDS = 30
 def pod_name(job: str, attempt: int, rank: int) -> str:
     """Name (and DNS hostname) of one rank's pod in one attempt."""
     return f"{job}-a{attempt}-r{rank}"
+
+
+def spare_name(job: str, attempt: int, index: int) -> str:
+    """Name (and DNS hostname) of a spare pod started during ``attempt`` (``recovery.spares``).
+    It keeps the name when it takes a rank."""
+    return f"{job}-a{attempt}-s{index}"
 
 
 def service_name(job: str) -> str:

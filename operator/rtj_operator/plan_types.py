@@ -38,7 +38,7 @@ class MembershipWrite:
     annotations to remove (None values) (survivors.py)."""
 
     pod: str
-    labels: dict[str, str]
+    labels: dict[str, str | None]
     annotations: dict[str, str | None]
 
 
@@ -71,6 +71,8 @@ class Plan:
     success); the previous attempt's group is deleted then."""
     creations: list[dict[str, Any]] = field(default_factory=list)
     """Pods of the current attempt to create (409 is success: they exist)."""
+    spares: list[dict[str, Any]] = field(default_factory=list)
+    """Spare pods to create (spares.py): best effort, a refusal is logged, never retried."""
     after_creation: JobStatus | None = None
     """Status to write once every creation succeeded (marks the gang created)."""
     events: list[EventSpec] = field(default_factory=list)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from . import goodput, job_progress, support
+from . import goodput, job_progress, spares, support
 from .api_types import Job
 from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
@@ -119,6 +119,8 @@ def reconcile(
                 create_gang(ctx)
         _cleanup(ctx, keep_current=st.phase not in TERMINAL_PHASES)
 
+    if st.phase in TERMINAL_PHASES or job.spec.suspend:
+        spares.release(ctx, "the job ended" if st.phase in TERMINAL_PHASES else "suspended")
     goodput.account(st, job.status, replicas=job.spec.replicas, now=now)
     job_progress.update(st, ctx.current_pods().get(0) if st.gang_created else None, now=now)
     if plan.after_creation is not None and st.goodput is not None:

@@ -53,14 +53,13 @@ class ReconcileContext:
         """Pods in the current attempt's gang."""
         return self.status.gang_size or self.job.spec.replicas
 
-    def fit(self) -> int:
-        """How many of the job's pods the cluster's nodes could take now (all of them when the
-        caller passed no node list)."""
+    def fit(self, limit: int | None = None) -> int:
+        """How many of the job's pods the cluster's nodes could take now, at most ``limit``
+        (default ``replicas``; all of them when the caller passed no node list)."""
+        limit = self.job.spec.replicas if limit is None else limit
         if self.cluster_nodes is None:
-            return self.job.spec.replicas
-        return fitting_pods(
-            self.cluster_nodes, self.job.raw_template.get("spec") or {}, self.job.spec.replicas
-        )
+            return limit
+        return fitting_pods(self.cluster_nodes, self.job.raw_template.get("spec") or {}, limit)
 
     def phase(self, phase: Phase, reason: str, message: str) -> None:
         cond.set_phase(

@@ -568,6 +568,12 @@ class RecoveryPolicy(ApiModel):
     disrupted) of some pods keeps every other pod that runs on a healthy node; it still counts
     as a preemption and starts a new attempt, whose lost places get new pods. A failure (a rank's
     own non-zero exit) always replaces the whole gang."""
+    spares: int = Field(default=0, ge=0, le=64)
+    """With ``survivors: Stay`` and a fixed-size gang: how many spare pods to keep started
+    beside the gang (interpreter up, torch and the runtime imported, no worker), on nodes the
+    gang does not need. A preemption gives a lost rank's place to a spare that is warm instead
+    of a new pod that cold-starts, and a new spare is started when there is room. A spare that
+    cannot be placed while a rank waits for a node is deleted: ranks come first. Default 0."""
 
 
 class PodTemplate(ApiModel):
@@ -658,6 +664,19 @@ JOB_SPEC_RULES = (
             or bool(training_container(spec).model_extra.get("command"))
         ),
         ".recovery.survivors",
+    ),
+    Rule(
+        "!has(self.recovery) || !has(self.recovery.spares) || self.recovery.spares == 0 || "
+        "(has(self.recovery.survivors) && self.recovery.survivors == 'Stay' && "
+        "!has(self.elastic))",
+        "recovery.spares needs recovery.survivors Stay and a fixed-size gang (no elastic): a "
+        "spare takes a lost rank's place in a gang that keeps its healthy pods, and an elastic "
+        "gang grows into free nodes instead",
+        lambda spec: (
+            spec.recovery.spares == 0
+            or (spec.recovery.survivors is Survivors.STAY and spec.elastic is None)
+        ),
+        ".recovery.spares",
     ),
     Rule(
         "has(self.runName) == has(oldSelf.runName) && "

@@ -173,17 +173,17 @@ def adopt(ctx: ReconcileContext, mechanism: gang.Mechanism, existing: Mapping[in
         if rank in existing:
             continue  # relabelled already (an operator restart mid-creation)
         annotations: dict[str, str | None] = {PROGRESS_ANNOTATION: None}
+        labels: dict[str, str | None] = {
+            names.LABEL_ATTEMPT: str(st.attempt),
+            names.LABEL_RANK: str(rank),
+        }
+        if names.LABEL_ROLE in (by_name[name]["metadata"].get("labels") or {}):
+            labels[names.LABEL_ROLE] = None  # a spare takes the place (spares.py)
         if _grow_notice(by_name.get(name)):
             annotations[NOTICE_ANNOTATION] = None  # answered: its checkpoint is committed
         if not pending:  # a warm join tells them once the new pods are warm (switch_when_warm)
             annotations[MEMBERSHIP_ANNOTATION] = membership_payload(ctx, rank)
-        plan.memberships.append(
-            MembershipWrite(
-                pod=name,
-                labels={names.LABEL_ATTEMPT: str(st.attempt), names.LABEL_RANK: str(rank)},
-                annotations=annotations,
-            )
-        )
+        plan.memberships.append(MembershipWrite(pod=name, labels=labels, annotations=annotations))
 
 
 def _grow_notice(pod: Mapping[str, Any] | None) -> bool:

@@ -12,16 +12,16 @@ from rtj_operator.kube import ApiError, KubeApi
 
 
 def merge_metadata(
-    meta: dict[str, Any], labels: dict[str, str], annotations: dict[str, str | None]
+    meta: dict[str, Any], labels: dict[str, str | None], annotations: dict[str, str | None]
 ) -> None:
     """What a JSON merge patch of labels and annotations does (None removes a key)."""
-    meta.setdefault("labels", {}).update(labels)
-    found = meta.setdefault("annotations", {})
-    for key, value in annotations.items():
-        if value is None:
-            found.pop(key, None)
-        else:
-            found[key] = value
+    for field, changes in (("labels", labels), ("annotations", annotations)):
+        found = meta.setdefault(field, {})
+        for key, value in changes.items():
+            if value is None:
+                found.pop(key, None)
+            else:
+                found[key] = value
 
 
 def _apply_merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class FakeApi:
         self,
         namespace: str,
         name: str,
-        labels: dict[str, str],
+        labels: dict[str, str | None],
         annotations: dict[str, str | None],
     ) -> None:
         self.calls.append("relabel_pod")

@@ -218,6 +218,8 @@ class FakeCluster:
                 self.support[write.kind] = copy.deepcopy(write.body)
             else:
                 self.support.setdefault(write.kind, copy.deepcopy(write.body))
+        for pod in plan.spares:
+            self.create(pod)
         for index, pod in enumerate(plan.creations):
             if crash_after_creations is not None and index >= crash_after_creations:
                 return
@@ -242,8 +244,8 @@ class FakeCluster:
         """Bind every pending pod to the node of its rank and mark it Running."""
         for pod in self.pods.values():
             if pod["status"].get("phase") == "Pending":
-                rank = pod["metadata"]["labels"][names.LABEL_RANK]
-                node = f"node-{rank}"
+                rank = pod["metadata"]["labels"].get(names.LABEL_RANK)
+                node = f"node-{rank}" if rank is not None else f"node-{pod['metadata']['name']}"
                 if node not in self.nodes:
                     self.nodes[node] = make_node(node)
                 pod["spec"]["nodeName"] = node
@@ -256,7 +258,9 @@ class FakeCluster:
         """Pods of the attempt recorded in status."""
         attempt = str(self.status.get("attempt", 0))
         return [
-            p for p in self.pods.values() if p["metadata"]["labels"][names.LABEL_ATTEMPT] == attempt
+            p
+            for p in self.pods.values()
+            if p["metadata"]["labels"].get(names.LABEL_ATTEMPT) == attempt
         ]
 
     def pod(self, rank: int, attempt: int | None = None) -> dict[str, Any]:

@@ -58,6 +58,7 @@ def _survivors_without_command(body: dict[str, Any]) -> None:
 
 VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "survivors stay without a command": _survivors_without_command,
+    "spares without survivors staying": _spec(recovery={"spares": 1}),
     "name too long": _name("a" * (names.MAX_JOB_NAME_LENGTH + 1)),
     "name not a DNS-1035 label": _name("1-train"),
     "unknown container": _spec(containerName="nope"),

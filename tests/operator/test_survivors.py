@@ -231,3 +231,82 @@ def test_a_grow_whose_new_pods_never_get_warm_switches_after_the_wait():
     assert len(plan.memberships) == 4
     switched = next(e for e in plan.events if e.reason == "MembershipSwitched")
     assert "0 of 2 new pods are warm" in switched.message
+
+
+def test_a_running_gang_starts_its_spares_in_standby_under_their_own_names():
+    cluster = running()
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", "spares": 2}
+    plan = cluster.step(1)
+    assert [p["metadata"]["name"] for p in plan.spares] == ["train-a0-s0", "train-a0-s1"]
+    spare = cluster.pods["train-a0-s0"]
+    labels = spare["metadata"]["labels"]
+    assert labels[names.LABEL_ROLE] == names.ROLE_SPARE
+    assert names.LABEL_ATTEMPT not in labels and names.LABEL_RANK not in labels
+    env = {e["name"]: e.get("value") for e in spare["spec"]["containers"][0]["env"]}
+    assert env[STANDBY] == "1" and env["RTJ_POD_NAME"] == "train-a0-s0"
+    assert env["RTJ_MEMBERSHIP_EPOCH"] == "1"  # it can join attempt 1 or any later one
+    command = spare["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "trainer_runtime.agent"]
+    assert spare["spec"]["hostname"] == "train-a0-s0"
+    role_pods = cluster.support["Role"]["rules"][0]["resourceNames"]
+    assert {"train-a0-s0", "train-a0-s1"} <= set(role_pods)
+    assert not cluster.step(1).spares  # started once
+    assert len(cluster.current_pods()) == 3  # the gang does not count them
+
+
+def test_a_warm_spare_takes_the_lost_rank_and_a_new_spare_is_started():
+    cluster = running()
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", "spares": 1}
+    cluster.step(1)
+    cluster.schedule_and_run()
+    ready(cluster, "train-a0-s0", 1)
+    cluster.report(0, "ep0-ba100", 100, current=130)
+    cluster.step(1)
+    del cluster.nodes["node-1"]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r2", "train-a0-s0"]
+    assert not plan.creations  # every place is taken by a pod that is already up
+    spare = cluster.pods["train-a0-s0"]["metadata"]
+    assert spare["labels"][names.LABEL_RANK] == "2" and names.LABEL_ROLE not in spare["labels"]
+    told = json.loads(spare["annotations"][MEMBERSHIP_ANNOTATION])
+    assert told["nodeRank"] == 2 and told["epoch"] == 1 and told["stop"] == "kill"
+    plan = cluster.step(1)
+    assert cluster.status["phase"] == "Running" and len(cluster.current_pods()) == 3
+    assert [p["metadata"]["name"] for p in plan.spares] == ["train-a1-s0"]
+
+
+def test_a_cold_spare_does_not_take_a_place():
+    cluster = running()
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", "spares": 1}
+    cluster.step(1)
+    cluster.schedule_and_run()  # Running, but its agent has not said it is warm
+    del cluster.nodes["node-1"]
+    plan = cluster.step(1)
+    assert cluster.status["keptPods"] == ["train-a0-r0", "train-a0-r2"]
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r2"]
+
+
+def test_an_unplaced_spare_yields_to_a_waiting_rank_and_all_go_when_the_job_ends():
+    cluster = running()
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", "spares": 1}
+    cluster.step(1)  # the spare is created, and no node takes it
+    del cluster.nodes["node-1"]
+    cluster.step(1)  # the lost rank's new pod waits for a node too
+    plan = cluster.step(1)
+    assert "train-a0-s0" in {d.name for d in plan.deletions}
+    assert "train-a0-s0" not in cluster.pods
+    cluster.schedule_and_run()
+    cluster.step(1)
+    cluster.schedule_and_run()
+    ready(cluster, sorted(p for p in cluster.pods if "-s" in p)[0], 2)
+    for pod in cluster.current_pods():
+        pod["status"] = {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+            ],
+        }
+    plan = cluster.step(1)
+    assert cluster.status["phase"] == "Succeeded"
+    assert [d.name for d in plan.deletions if "-s" in d.name]
