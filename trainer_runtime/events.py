@@ -361,8 +361,8 @@ def membership(
     *, rank: int, epoch: int, nnodes: int, node_rank: int, stop: str, stop_s: float
 ) -> None:
     """The pod's agent re-formed its workers in place for membership ``epoch`` (the agent, once
-    per pod): ``stop``: how the old workers ended (``save`` or ``kill``), ``stop_s``: how long
-    that took."""
+    per pod): ``stop``: how the old workers ended (``save`` or ``kill``; ``standby``: there were
+    none, a standby pod was named into the gang), ``stop_s``: how long that took."""
     emit(
         MEMBERSHIP,
         rank=rank,

@@ -24,7 +24,8 @@
 #                      node-monitor-period 5s, node-monitor-grace-period 40s, kwok node
 #                      status every 10s; kwokctl's own default 5 makes node loss take 200s)
 #   RTJ_KUBE_FEATURE_GATES  feature gates of every component (default:
-#                      GenericWorkload=true,GangScheduling=true); a cluster created with others
+#                      GenericWorkload=true,GangScheduling=true,WorkloadAwarePreemption=true);
+#                      a cluster created with others
 #                      is recreated by up
 #
 # kwok manages only Nodes annotated kwok.x-k8s.io/node=fake; Nodes registered by
@@ -182,9 +183,10 @@ lock_cluster() {
 }
 
 # Native all-or-nothing scheduling (docs/operator.md): the alpha Workload/PodGroup API
-# (scheduling.k8s.io/v1alpha2) and the scheduler's gang plugin. RTJ_KUBE_FEATURE_GATES replaces
+# (scheduling.k8s.io/v1alpha2), the scheduler's gang plugin, and its preemption of a whole
+# PodGroup (disruptionMode, priorityClassName). RTJ_KUBE_FEATURE_GATES replaces
 # the list (a test cluster that serves the API with the scheduler's plugin off).
-kube_feature_gates="${RTJ_KUBE_FEATURE_GATES:-GenericWorkload=true,GangScheduling=true}"
+kube_feature_gates="${RTJ_KUBE_FEATURE_GATES:-GenericWorkload=true,GangScheduling=true,WorkloadAwarePreemption=true}"
 kube_runtime_config="scheduling.k8s.io/v1alpha2=true"
 # Admission as hardened clusters (OpenShift among them) run it: setting blockOwnerDeletion on an
 # ownerReference needs "update" on the owner's finalizers, so an RBAC set lacking it fails here.

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import gang, invalid_spec, kueue_workload, metrics, names, support
+from . import gang, invalid_spec, kueue_workload, metrics, names, spares, support
 from .api_types import Job, job_ref, parse_job
 from .discovery import ApiDiscovery
 from .executor import Applied, Executor, foreign_pods
@@ -142,7 +142,8 @@ class Controller:
         wanted = {
             (p.get("spec") or {}).get("nodeName")
             for p in pods
-            if support.controlled_by(p, job.ref.uid) and pod_attempt(p) == job.status.attempt
+            if support.controlled_by(p, job.ref.uid)
+            and (pod_attempt(p) == job.status.attempt or spares.is_spare(p))
         } - {None, ""}
         views: dict[str, NodeView] = {}
         missing = []

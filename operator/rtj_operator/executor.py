@@ -84,6 +84,9 @@ class Executor:
     def __init__(self, api: KubeApi):
         self.api = api
         self._event_tasks: set[asyncio.Task[None]] = set()
+        self.whole_gang_preemption = True
+        """Whether the API server took PodGroups preempted whole (``gang.WHOLE_GANG_FIELDS``);
+        False once it refused them: the feature gate is off, and it stays off."""
 
     async def write_status(self, job: Job, old: dict[str, Any], new: JobStatus, rv: str) -> str:
         """Write ``new`` over the stored ``old`` (CAS on ``rv``); returns the new version."""
@@ -247,7 +250,7 @@ class Executor:
             return []
         ns, attempt = job.ref.namespace, plan.after_creation.attempt if plan.after_creation else 0
         name = plan.pod_group["metadata"]["name"]
-        if not await self.api.create(self.api.pod_group_path(ns), plan.pod_group):
+        if not await self._create_pod_group(ns, plan.pod_group):
             held = await self.api.get_object(self.api.pod_group_path(ns, name))
             if held is not None and not controlled_by(held, job.ref.uid):
                 return [f"{POD_GROUP} {name}"]
@@ -260,6 +263,24 @@ class Executor:
             except ApiError as err:
                 log.warning("could not delete the PodGroup of attempt %d: %s", attempt - 1, err)
         return []
+
+    async def _create_pod_group(self, namespace: str, group: dict[str, Any]) -> bool:
+        """Create the group, preempted whole where the cluster serves that; else as before."""
+        path = self.api.pod_group_path(namespace)
+        if self.whole_gang_preemption:
+            try:
+                return await self.api.create(path, group)
+            except ApiError as err:
+                if not (err.invalid and gang.refuses_whole_gang_fields(err.message)):
+                    raise
+                self.whole_gang_preemption = False
+                log.info(
+                    "the API server refuses PodGroup %s: gangs are scheduled all or "
+                    "nothing but may be preempted pod by pod (feature gate "
+                    "WorkloadAwarePreemption off)",
+                    ", ".join(gang.WHOLE_GANG_FIELDS),
+                )
+        return await self.api.create(path, gang.without_whole_gang_fields(group))
 
     async def _write_support(self, namespace: str, write: SupportWrite) -> None:
         path = self.api.support_path(namespace, write.kind)

@@ -84,8 +84,22 @@ def group_name(job: str, attempt: int) -> str:
     return f"{job}-a{attempt}"
 
 
+WHOLE_GANG_FIELDS = ("disruptionMode", "priorityClassName")
+"""PodGroup fields the API server serves only under the WorkloadAwarePreemption feature gate
+(Kubernetes 1.36): with them the scheduler preempts the whole gang or none of it."""
+
+
 def pod_group(job: Job, attempt: int, size: int, owner: dict[str, Any]) -> dict[str, Any]:
-    """The PodGroup of one attempt: gang policy with ``minCount`` = the gang's size."""
+    """The PodGroup of one attempt: gang policy with ``minCount`` = the gang's size, preempted
+    whole (``disruptionMode: PodGroup``) at the template's ``priorityClassName``, if any.
+    ``without_whole_gang_fields`` gives the group a cluster without them accepts."""
+    spec: dict[str, Any] = {
+        "schedulingPolicy": {"gang": {"minCount": size}},
+        "disruptionMode": "PodGroup",
+    }
+    priority_class = (job.raw_template.get("spec") or {}).get("priorityClassName")
+    if priority_class:
+        spec["priorityClassName"] = priority_class
     return {
         "apiVersion": GROUP_VERSION,
         "kind": "PodGroup",
@@ -95,8 +109,21 @@ def pod_group(job: Job, attempt: int, size: int, owner: dict[str, Any]) -> dict[
             "labels": {names.LABEL_JOB: job.ref.name, names.LABEL_ATTEMPT: str(attempt)},
             "ownerReferences": [owner],
         },
-        "spec": {"schedulingPolicy": {"gang": {"minCount": size}}},
+        "spec": spec,
     }
+
+
+def without_whole_gang_fields(group: dict[str, Any]) -> dict[str, Any]:
+    """``group`` without ``WHOLE_GANG_FIELDS`` (a copy)."""
+    group = copy.deepcopy(group)
+    for field in WHOLE_GANG_FIELDS:
+        group["spec"].pop(field, None)
+    return group
+
+
+def refuses_whole_gang_fields(message: str) -> bool:
+    """Whether an API server's refusal of a PodGroup names one of ``WHOLE_GANG_FIELDS``."""
+    return any(f"spec.{field}" in message for field in WHOLE_GANG_FIELDS)
 
 
 def link_pod(

@@ -102,6 +102,10 @@ def test_ranks_bound_one_by_one_under_an_unenforced_pod_group_are_reported(
         pods = kube.pods(ns, name, 0)
         assert all(p["spec"]["schedulingGroup"] == {"podGroupName": f"{name}-a0"} for p in pods)
         assert sum(1 for p in pods if p["spec"].get("nodeName")) == 2
+        # WorkloadAwarePreemption is off too: the API server drops the group's disruptionMode
+        # (its default, Pod: ranks may be preempted one by one) and the gang is created anyway
+        group = kube.get(f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-a0")
+        assert group["spec"].get("disruptionMode", "Pod") == "Pod", group["spec"]
 
         pool.add(1, cpu="4")
         wait_phase(kube, ns, name, "Running", 30, op=op)

@@ -215,3 +215,61 @@ def test_a_pod_group_the_job_does_not_control_is_never_deleted_by_its_next_attem
     assert held is not None and held["metadata"]["uid"] == uid, held
     assert not held["metadata"].get("deletionTimestamp"), held
     kube.req("DELETE", path)
+
+
+def priority_class(kube, name: str, value: int) -> None:
+    kube.req(
+        "POST",
+        "/apis/scheduling.k8s.io/v1/priorityclasses",
+        body={
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        },
+    )
+
+
+def test_a_gang_of_higher_priority_preempts_a_whole_gang_not_one_rank(kube, ns, pool, operator):
+    """The PodGroup says ``disruptionMode: PodGroup`` with the template's priority class, so
+    the scheduler's workload-aware preemption takes the whole low-priority gang as one victim:
+    both of its ranks go for the one node the high-priority rank needs, none is left running
+    alone, and the operator counts one preemption."""
+    low, high = unique("low"), unique("high")
+    priority_class(kube, low, 10)
+    priority_class(kube, high, 1000)
+    try:
+        pool.add(2, cpu="4")
+
+        def template(priority: str) -> dict:
+            return {
+                "priorityClassName": priority,
+                "containers": [
+                    {"name": "trainer", "image": "x", "resources": {"requests": {"cpu": "4"}}}
+                ],
+            }
+
+        victim = unique("victim")
+        kube.create_job(rtj(victim, ns, pool.name, 2, template_spec=template(low)))
+        wait_phase(kube, ns, victim, "Running", 30, op=operator)
+        group = kube.get(f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{victim}-a0")
+        assert group["spec"]["disruptionMode"] == "PodGroup"
+        assert group["spec"]["priorityClassName"] == low
+        ranks = {p["metadata"]["name"] for p in kube.pods(ns, victim, 0)}
+
+        urgent = unique("urgent")
+        kube.create_job(rtj(urgent, ns, pool.name, 1, template_spec=template(high)))
+        wait_phase(kube, ns, urgent, "Running", 60, op=operator)
+        wait_for(
+            "the preemption counted",
+            lambda: kube.status(ns, victim).get("preemptions") == 1,
+            30,
+        )
+        events = kube.req("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        preempted = {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"}
+        assert ranks <= preempted, (ranks, preempted)  # both ranks, not one
+        status = kube.status(ns, victim)
+        assert status["failures"] == 0 and status["attempt"] == 1
+    finally:
+        for name in (low, high):
+            kube.req("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")

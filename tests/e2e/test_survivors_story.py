@@ -194,3 +194,59 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
         f"new pod's start {warm - started:.1f} s, {len(trained_meanwhile)} commits meanwhile; "
         f"kept rank 0 stopped -> first step at 3 pods: {(back[0] - switched).total_seconds():.1f} s"
     )
+
+
+def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Path) -> None:
+    """A fixed 3-rank job keeps one spare pod warm on a fourth node; a reclaimed rank's place
+    goes to the spare (no new rank pod), and a new spare starts on the fifth node."""
+    stack.ensure_nodes(REPLICAS + 2)
+    for name in stack.live_nodes():
+        stack.untaint_node(name, HOLD)
+    job = stack.apply(
+        survivors_manifest(
+            tmp_path,
+            name="spares",
+            epochs=8,
+            cpu="20",
+            recovery={"survivors": "Stay", "spares": 1},
+        )
+    )
+    spare = f"{job}-a0-s0"
+
+    def spare_warm() -> bool:
+        pod = stack.pod(spare) or {}
+        return AGENT_READY_ANNOTATION in (pod.get("metadata") or {}).get("annotations", {})
+
+    wait_for("the spare to be warm", spare_warm, timeout=240, on_timeout=stack.diagnostics)
+    wait_for(
+        "a first commit",
+        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
+        timeout=240,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    lost = stack.pod(f"{job}-a0-r1")
+    assert lost is not None
+    stack.reclaim_node(lost["spec"]["nodeName"])
+    lost_at = time.time()
+    say(f"reclaimed {lost['spec']['nodeName']} (rank 1); {spare} is warm")
+    wait_for(
+        "the job to succeed",
+        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    status = stack.job(job)["status"]
+    assert status["attempt"] == 1 and status["preemptions"] == 1 and status["failures"] == 0
+    assert status["keptPods"] == [f"{job}-a0-r0", f"{job}-a0-r2", spare], status
+    second = {p["metadata"]["name"] for p in stack.pods(job, attempt=1)}
+    assert second == set(status["keptPods"]), second  # no rank pod was created
+    told = stack.runtime_events(spare, "membership")
+    assert [e.fields["epoch"] for e in told] == [1], told
+    assert "SurvivorsStay" in [e.get("reason") for e in stack.events(job)]
+    resumed = [
+        at
+        for e in stack.runtime_events(f"{job}-a0-r0", "first_step")
+        if (at := datetime.fromisoformat(e.time).timestamp()) > lost_at
+    ]
+    assert resumed, stack.pod_log(f"{job}-a0-r0")[-3000:]
+    say(f"loss -> kept rank 0's first step with the spare in rank 2: {resumed[0] - lost_at:.1f} s")

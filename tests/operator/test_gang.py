@@ -7,6 +7,7 @@ import time
 
 from rtj_operator import gang
 from rtj_operator.controller import Controller
+from rtj_operator.kube_transport import ApiError
 
 from .fake_api import FakeApi
 from .fakes import FakeCluster, job_body, make_job, make_node
@@ -51,6 +52,7 @@ def test_native_gang_creates_the_pod_group_before_the_pods_and_links_them():
     assert creates.index("create PodGroup") < creates.index("create Pod")
     group = api.objects[api.pod_group_path("ns", "train-a0")]
     assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert group["spec"]["disruptionMode"] == "PodGroup"  # preempted whole
     assert group["metadata"]["ownerReferences"][0]["name"] == "train"
     pods = api.pods()
     assert len(pods) == 3
@@ -238,3 +240,19 @@ def test_ranks_bound_after_the_refusal_are_the_gang_binding_now():
     pass between two of its bindings says nothing of non-enforcement."""
     message = pods_scheduled_message("2030-01-01T12:00:07Z", "2030-01-01T12:00:00Z")
     assert "binds no pod until all 3 fit" in message and "does not enforce" not in message
+
+
+def test_a_cluster_that_refuses_whole_gang_preemption_gets_the_group_without_it():
+    """An API server that validates the PodGroup strictly without WorkloadAwarePreemption
+    refuses ``disruptionMode``: the group is created without it, and later ones too."""
+    ctrl, api = controller(native=True)
+    refusal = "PodGroup.scheduling.k8s.io is invalid: spec.disruptionMode: Forbidden: disabled"
+    api.fail_kind_once["PodGroup"] = ApiError(
+        422, {"reason": "Invalid", "message": refusal}, "POST", ""
+    )
+    sync(ctrl)
+    group = api.objects[api.pod_group_path("ns", "train-a0")]
+    assert "disruptionMode" not in group["spec"]
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert len(api.pods()) == 3
+    assert ctrl.executor.whole_gang_preemption is False

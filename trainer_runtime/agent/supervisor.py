@@ -71,6 +71,7 @@ class Supervisor:
             )
             if first is None:
                 return 128 + signal.SIGTERM  # deleted while it waited: nothing ran
+            self._announce(first, stop="standby", stopped_s=0.0, how="workers started warm")
             self._start(first)
         else:
             self._start(self._newer_membership() or self.initial)
@@ -112,19 +113,27 @@ class Supervisor:
         began = self.clock()
         self._stop(save=new.stop == membership.STOP_SAVE)
         stopped_s = self.clock() - began
+        self._announce(
+            new,
+            stop=new.stop,
+            stopped_s=stopped_s,
+            how=f"workers restarted in place ({stopped_s:.2f} s to stop the old ones)",
+        )
+        self._start(new)
+
+    def _announce(self, new: Membership, *, stop: str, stopped_s: float, how: str) -> None:
         _say(
             f"agent: membership epoch {new.epoch}: {new.nnodes} pods, this one node rank "
-            f"{new.node_rank}; workers restarted in place ({stopped_s:.2f} s to stop the old ones)"
+            f"{new.node_rank}; {how}"
         )
         events.membership(
             rank=new.node_rank * self.settings.nproc_per_node,
             epoch=new.epoch,
             nnodes=new.nnodes,
             node_rank=new.node_rank,
-            stop=new.stop,
+            stop=stop,
             stop_s=stopped_s,
         )
-        self._start(new)
 
     def _after_failure(self, code: int) -> int | None:
         """A worker failed: stop the rest, wait for a new membership; the exit code when none
