@@ -238,7 +238,7 @@ def classify_rank(
     if stopped is not None:
         reason = stopped.get("reason") or ""
         detail = stopped.get("message") or reason
-        return preempted(Cause.DISRUPTION, f"Kueue {KUEUE_TERMINATION} {reason}: {detail}")
+        return preempted(Cause.KUEUE_EVICTION, f"Kueue {KUEUE_TERMINATION} {reason}: {detail}")
     # 4. The kubelet ended or rejected it.
     reason = status.get("reason") or ""
     said = f"{reason}: {status.get('message') or ''}".strip()

@@ -41,7 +41,7 @@ from .progress import (
 )
 from .reconcile_context import ReconcileContext
 from .status_types import TERMINAL_PHASES, Phase
-from .transitions import suspend, unsuspend
+from .transitions import committed_and_lost, suspend, unsuspend
 
 KEEP_FINISHED_ATTEMPTS = 2
 """Ended pods of the last attempts are kept for ``kubectl logs``; older ones are deleted."""
@@ -103,6 +103,7 @@ def reconcile(
     goodput.open_account(st, now)
     parses_again(st, now=now, generation=job.ref.generation)
     _absorb_progress(ctx)
+    st.steps_at_risk = committed_and_lost(st)[1]
 
     if st.phase in TERMINAL_PHASES:
         _cleanup(ctx, keep_current=False)

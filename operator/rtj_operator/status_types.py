@@ -65,6 +65,9 @@ class Cause(StrEnum):
     GROW = "Grow"
     """The operator ended the attempt itself, right after the checkpoint it asked for, to
     resubmit the gang at a larger size (neither a preemption nor a failure)."""
+    KUEUE_EVICTION = "KueueEviction"
+    """Kueue evicted the gang's Workload (its ``TerminationTarget`` on the pods): a workload of
+    higher priority took its quota, or the quota it borrowed was reclaimed. A preemption."""
     UNSCHEDULABLE = "Unschedulable"
     """An elastic gang's pods were not all scheduled within ``shrinkAfterSeconds``: the operator
     ended the attempt itself to resubmit the gang smaller (neither a preemption nor a failure)."""
@@ -453,6 +456,10 @@ class JobStatus(ApiModel):
     """Newest checkpoint committed by the current attempt's gang."""
     current_step: int | None = None
     """Highest step the current attempt's ranks reported."""
+    steps_at_risk: int | None = None
+    """The steps an interruption now would throw away: ``currentStep`` less the step of
+    ``lastCommittedCheckpoint`` (committed at its ``time``); None while either is unknown. For
+    checkpoint-aware choices of a victim: ``kubectl get rtj --sort-by=.status.stepsAtRisk``."""
     interruptions: list[Interruption] = Field(default_factory=list)
     """Most recent interruptions, oldest first (bounded to the last 20)."""
     conditions: list[Condition] = Field(

@@ -422,6 +422,7 @@ def test_a_kueue_preemption_is_a_preemption_and_resumes_from_the_sigterm_save(
     )
     (interruption,) = status["interruptions"]
     assert interruption["preemption"] is True and interruption["attempt"] == 0, interruption
+    assert interruption["cause"] == "KueueEviction", interruption
     assert "Kueue TerminationTarget WorkloadEvicted" in interruption["message"], interruption
     assert "Preempted" in interruption["message"], interruption
     assert status["failures"] == 0 and status["preemptions"] == 1, status

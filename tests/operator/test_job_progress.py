@@ -223,3 +223,18 @@ def test_the_columns_and_the_status_block_are_in_the_generated_crd():
     for field in ("state", "reason", "step", "totalSteps", "percent", "stepsPerSecond", "eta"):
         assert fields[field].get("description"), field
     assert fields["etaSeconds"]["type"] == "number"
+
+
+def test_steps_at_risk_are_the_steps_since_the_last_commit():
+    cluster = FakeCluster.start(replicas=2)
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step(1)
+    assert cluster.status.get("stepsAtRisk") is None  # nothing reported yet
+    cluster.report(0, "ep0-ba100", 100, current=130)
+    cluster.step(1)
+    assert cluster.status["stepsAtRisk"] == 30
+    assert cluster.status["lastCommittedCheckpoint"]["step"] == 100
+    cluster.report(0, "ep0-ba130", 130, current=131)
+    cluster.step(1)
+    assert cluster.status["stepsAtRisk"] == 1

@@ -106,7 +106,7 @@ def test_kueue_stopping_a_pod_is_a_preemption_that_names_kueue():
         "ClusterQueue",
     }
     out = classify(make_pod(conditions=[stop], deleting=True, exit_code=143, phase="Failed"))
-    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.DISRUPTION
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.KUEUE_EVICTION
     assert out.message.startswith("Kueue TerminationTarget WorkloadEvicted: Preempted")
 
 
