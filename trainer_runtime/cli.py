@@ -22,6 +22,8 @@ from .config import is_remote
 from .errors import CheckpointError
 from .layout import RunFolder
 from .manifest import MANIFEST_NAME, Manifest
+from .rejection import foreign_entry
+from .run_folder.names import is_checkpoint_file
 
 if TYPE_CHECKING:
     from .objectstore import S3Store, S3Uri
@@ -72,7 +74,7 @@ def _run(argv: list[str] | None) -> int:
         folder, only = _split_checkpoint(folder)  # that checkpoint alone
     run = RunFolder(folder)
     check = (lambda m: run.verify(m, list(range(m.world_size)))) if args.cmd == "verify" else None
-    return _list(run, check, only=only, foreign=lambda name: _foreign_entry(folder / name))
+    return _list(run, check, only=only, foreign=lambda name: foreign_entry(folder / name))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,13 +189,7 @@ def _split_checkpoint(folder: Path) -> tuple[Path, str]:
 def _uncommitted_checkpoint(folder: Path) -> bool:
     """A folder of checkpoint files without a manifest (a save cut short): shown as such,
     where reading it as a run folder printed nothing, and ``verify`` passed."""
-    return any(folder.iterdir()) and _foreign_entry(folder) is None
-
-
-def _foreign_entry(path: Path) -> str | None:
-    from .rejection import foreign_entry  # noqa: PLC0415 - it imports torch; ls need not
-
-    return foreign_entry(path)
+    return any(folder.iterdir()) and foreign_entry(folder) is None
 
 
 def _is_s3(text: str) -> bool:
@@ -340,8 +336,6 @@ def _remote_entries(store: S3Store, uri: S3Uri) -> Iterator[str]:
 
 
 def _foreign_name(entry: str) -> bool:
-    from .rejection import is_checkpoint_file  # noqa: PLC0415 - it imports torch
-
     return entry.endswith("/") or not is_checkpoint_file(entry)
 
 

@@ -28,7 +28,8 @@ from .dist import describe_failures, failure_cause
 from .errors import SaveFailedError, StaleMembershipError
 from .fence import Fence
 from .layout import RunFolder
-from .manifest import FORMAT_VERSION_SHARDED, MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
+from .manifest import FORMAT_VERSION_SHARDED, FileEntry, Manifest
+from .run_folder.names import MANIFEST_NAME, POINTER_NAME
 from .timestamp import Timestamp
 
 if TYPE_CHECKING:

@@ -8,9 +8,11 @@ pointer names), reads manifests and the pointer, and verifies a checkpoint's fil
 way for a local path and for an ``s3://`` prefix; only the ``Location`` differs (a local
 folder here; ``objectstore.folder.StorePrefix`` wraps the object-store backend). The writes
 (commit, retention, set-aside) are the local commit protocol's and need a local folder; the
-object store is written only by the uploader, in its own order. (Rejected: a separate remote
-listing with its own ordering and manifest checks, which is what the resolver had, and which
-disagreed with the local one on ties and on what counts as committed.)
+object store is written only by the uploader, in its own order. Deleting and setting aside
+are ``run_folder``'s, the same for both places; the file names are ``run_folder.names``.
+(Rejected: a separate remote listing with its own ordering and manifest checks, which is what
+the resolver had, and which disagreed with the local one on ties and on what counts as
+committed.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,8 +31,10 @@ from typing import Protocol
 from . import atomic
 from .errors import ManifestError
 from .fallback import Walk, first_valid
-from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest, verify_files
-from .retention import select_for_deletion
+from .manifest import Manifest, verify_files
+from .run_folder import set_aside
+from .run_folder.deleter import LocalDeleter
+from .run_folder.names import MANIFEST_NAME, POINTER_NAME, REJECTED_DIR
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +46,6 @@ _JSON_KINDS = {
     bool: "a boolean",
     type(None): "null",
 }
-
-REJECTED_DIR = "rejected"
-"""Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
-REASON_FILE = "REJECTED.txt"
-"""In a folder moved into ``rejected/``: when and why."""
-TRIMMED_FILE = "DATA-DELETED.txt"
-"""In a folder in ``rejected/`` whose data files were deleted (``REJECTED_WITH_DATA``)."""
-REJECTED_WITH_DATA = 2
-"""How many folders in ``rejected/`` keep their data files: the newest set aside. Older ones
-keep their manifest, ``.metadata`` and ``REJECTED.txt``, as the bucket keeps its rejected
-checkpoints; kept whole, every checkpoint that resume set aside (one per relaunch when the
-operator quarantines the newest) added a full checkpoint to the node's disk until a save
-failed for want of space."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +87,17 @@ def misnamed(folder: Path | str, named: str) -> str:
 def progress_key(manifest: Manifest) -> tuple:
     """Order of checkpoints: training progress, then creation time."""
     return (manifest.timestamp.sort_key(), manifest.created_at)
+
+
+def pointer_body(manifest: Manifest, updated_at: str | None = None) -> dict:
+    """``latest.json``'s contents for a checkpoint, the same locally and in a bucket;
+    ``updated_at`` is now unless given (the local commit gives the manifest's time)."""
+    return {
+        "checkpoint": manifest.name,
+        "manifest": f"{manifest.name}/{MANIFEST_NAME}",
+        "timestamp": manifest.timestamp.to_dict(),
+        "updated_at": updated_at or datetime.now(UTC).isoformat(),
+    }
 
 
 class Location(Protocol):
@@ -256,12 +257,7 @@ class RunFolder:
         )
 
     def write_pointer(self, manifest: Manifest) -> None:
-        body = {
-            "checkpoint": manifest.name,
-            "manifest": f"{manifest.name}/{MANIFEST_NAME}",
-            "timestamp": manifest.timestamp.to_dict(),
-            "updated_at": manifest.created_at,
-        }
+        body = pointer_body(manifest, manifest.created_at)
         atomic.write_bytes_atomic(
             self.root / POINTER_NAME, (json.dumps(body, indent=2) + "\n").encode()
         )
@@ -277,59 +273,8 @@ class RunFolder:
 
     def move_aside(self, name: str, reason: str) -> Path | None:
         """Rename ``<run>/<name>`` into ``<run>/rejected/`` with a ``REJECTED.txt`` that says
-        when and why; None if it is not there (another rank on a shared folder moved it)."""
-        src = self.path(name)
-        if not src.is_dir():
-            return None
-        dest_root = self.root / REJECTED_DIR
-        atomic.makedirs_durable(dest_root)
-        dest = dest_root / name
-        n = 1
-        while dest.exists():
-            n += 1
-            dest = dest_root / f"{name}.{n}"
-        try:
-            os.rename(src, dest)
-        except FileNotFoundError:
-            return None
-        atomic.fsync_dir(self.root)
-        atomic.fsync_dir(dest_root)
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        atomic.write_bytes_atomic(dest / REASON_FILE, f"set aside on {stamp}: {reason}\n".encode())
-        log.warning("moved %s aside to %s: %s", name, dest, reason)
-        self._trim_rejected(dest_root)
-        return dest
-
-    def _trim_rejected(self, root: Path) -> None:
-        """Delete the data files of all but the newest ``REJECTED_WITH_DATA`` folders in
-        ``rejected/`` (by when they were set aside); only files a save writes are deleted."""
-        from .rejection import DATA_FILE  # noqa: PLC0415 - it imports torch; layout need not
-
-        def set_aside_at(path: Path) -> float:
-            try:
-                return (path / REASON_FILE).stat().st_mtime
-            except OSError:
-                return 0.0
-
-        folders = [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-        folders.sort(key=set_aside_at, reverse=True)
-        doomed = select_for_deletion([f.name for f in folders], keep=REJECTED_WITH_DATA)
-        for name in doomed:
-            data = [p for p in (root / name).iterdir() if DATA_FILE.fullmatch(p.name)]
-            if not data:
-                continue
-            freed = 0
-            for path in data:
-                with contextlib.suppress(OSError):
-                    freed += path.stat().st_size
-                    path.unlink()
-            stamp = datetime.now(UTC).isoformat(timespec="seconds")
-            atomic.write_bytes_atomic(  # not into REASON_FILE: its time orders the folders
-                root / name / TRIMMED_FILE,
-                f"data files deleted on {stamp}: only the newest {REJECTED_WITH_DATA} folders "
-                "set aside keep theirs\n".encode(),
-            )
-            log.info("deleted the data of %s (%d bytes): older set-aside folder", name, freed)
+        when and why; None if it is not there (``run_folder.set_aside.move_aside``)."""
+        return set_aside.move_aside(self.root, name, reason)
 
     def latest_links(self) -> dict[Path, str]:
         """The links in the run folder that name a checkpoint folder of it, and that name."""
@@ -358,25 +303,15 @@ class RunFolder:
 
     def uncommit(self, name: str) -> None:
         """Remove the manifest first: from then on the folder is no longer a checkpoint."""
-        with contextlib.suppress(FileNotFoundError):
-            (self.path(name) / MANIFEST_NAME).unlink()
-            atomic.fsync_dir(self.path(name))
-
-    def remove_files(self, name: str, files: list[str]) -> None:
-        for rel in files:
-            with contextlib.suppress(FileNotFoundError):
-                (self.path(name) / rel).unlink()
-
-    def remove_if_empty(self, name: str) -> None:
-        with contextlib.suppress(OSError):
-            self.path(name).rmdir()
+        LocalDeleter(self.root).uncommit(name)
 
     def remove_tree(self, name: str) -> None:
-        """Delete a folder that holds no manifest (a crash leftover)."""
+        """Delete a folder that holds no manifest (an uncommitted checkpoint, a crash
+        leftover)."""
         folder = self.path(name)
         if (folder / MANIFEST_NAME).exists():
             raise ManifestError(f"refusing to delete committed checkpoint {folder}")
-        shutil.rmtree(folder, ignore_errors=True)
+        LocalDeleter(self.root).remove_rest(name)
 
     def remove_temp_files(self, name: str) -> None:
         folder = self.path(name)

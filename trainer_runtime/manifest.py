@@ -17,6 +17,7 @@ from typing import Any
 import xxhash
 
 from .errors import ManifestError
+from .run_folder.names import MANIFEST_NAME
 from .timestamp import Timestamp
 
 FORMAT = "rtj-checkpoint"
@@ -28,8 +29,6 @@ FORMAT_VERSION_SHARDED = 2
 FORMAT_VERSION = FORMAT_VERSION_PER_RANK
 """The version a manifest gets when its writer names none."""
 READABLE_VERSIONS = (FORMAT_VERSION_PER_RANK, FORMAT_VERSION_SHARDED)
-MANIFEST_NAME = "manifest.json"
-POINTER_NAME = "latest.json"
 _CHUNK = 8 << 20
 
 

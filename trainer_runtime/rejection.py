@@ -23,20 +23,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from pathlib import Path
 
 from . import atomic
 from .errors import ManifestError
 from .layout import RunFolder
-from .manifest import MANIFEST_NAME, POINTER_NAME, Manifest
-from .sharded.storage import DATA_SUFFIX, METADATA_NAME
+from .manifest import Manifest
+from .run_folder.names import MANIFEST_NAME, POINTER_NAME, is_checkpoint_file
 
 log = logging.getLogger("trainer_runtime")
-FORMAT1_RANK_FILE = re.compile(r"rank\d+\.pt")
-"""A format-1 data file (``rank{r}.pt``). Not any ``*.pt``: a folder of the user's holding
-one (``export/weights.pt``, the weights ``rtj-checkpoints export`` wrote into the run folder)
-was taken for a crashed save's leftover and deleted at the next resume."""
 
 
 def foreign_entry(path: Path) -> str | None:
@@ -49,15 +44,6 @@ def foreign_entry(path: Path) -> str | None:
         if not (is_checkpoint_file(name) or atomic.is_temp(Path(entry.path))):
             return name
     return None
-
-
-DATA_FILE = re.compile(rf"(.+{re.escape(DATA_SUFFIX)}|{FORMAT1_RANK_FILE.pattern})")
-"""A checkpoint's data file: format 2's ``*.distcp``, format 1's ``rank{r}.pt``."""
-
-
-def is_checkpoint_file(name: str) -> bool:
-    """Whether a save or download writes a file of this name into a checkpoint folder."""
-    return DATA_FILE.fullmatch(name) is not None or name in (METADATA_NAME, MANIFEST_NAME)
 
 
 def is_user_folder(folder: RunFolder, name: str) -> bool:

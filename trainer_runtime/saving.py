@@ -8,11 +8,11 @@ thing that must not happen meanwhile is an optimizer step changing tensors mid-c
 optimizer pre-step hook waits for the copy (not the write); module buffers, which the forward
 pass changes before any step, are cloned at the call. A failed background save is logged at
 once and raised as ``SaveFailedError`` by the next call into the manager, never lost. The
-commit itself is ``commit.write_and_commit``, the one commit path; retention after it is
-``retention.select_for_deletion``. (Rejected: staging on the training thread, which makes the
-stall the copy time; and a background process, which would first have to receive the staged
-state through shared memory and set up its own process group, while file writes and hashing
-release the GIL anyway: docs/sharded-checkpoints.md.)
+commit itself is ``commit.write_and_commit``, the one commit path; retention after it
+is ``run_folder.retention.select_for_deletion``. (Rejected: staging on the training thread,
+which makes the stall the copy time; and a background process, which would first have to
+receive the staged state through shared memory and set up its own process group, while file
+writes and hashing release the GIL anyway: docs/sharded-checkpoints.md.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .errors import OverwriteError, SaveFailedError
 from .layout import RunFolder
 from .manifest import Manifest
 from .reporting import report_commit
-from .retention import select_for_deletion
+from .run_folder.retention import select_for_deletion
 from .sharded.staging import copy_buffers
 from .staging_gate import SaveTiming, StagingGate, StagingPrewarm
 from .timestamp import Timestamp

@@ -10,9 +10,9 @@ import pytest
 
 from tests.objectstore.helpers import RUN, make_checkpoint
 from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import MANIFEST_NAME, POINTER_NAME
 from trainer_runtime.objectstore import Backoff, CheckpointUploader, S3Store, S3Uri
 from trainer_runtime.objectstore.folder import StorePrefix, remote_run_folder
+from trainer_runtime.run_folder.names import MANIFEST_NAME, POINTER_NAME
 
 
 @pytest.fixture

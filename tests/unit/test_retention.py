@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_runtime.retention import select_for_deletion
+from trainer_runtime.run_folder.retention import select_for_deletion
 
 NAMES = ["ep0-ba5", "ep0-ba4", "ep0-ba3", "ep0-ba2", "ep0-ba1"]
 

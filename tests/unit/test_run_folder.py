@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.helpers import make_checkpoint
-from trainer_runtime.layout import REJECTED_DIR, RunFolder
-from trainer_runtime.manifest import MANIFEST_NAME, POINTER_NAME
+from trainer_runtime.layout import RunFolder
+from trainer_runtime.run_folder.names import (
+    MANIFEST_NAME,
+    POINTER_NAME,
+    REASON_FILE,
+    REJECTED_DIR,
+    REJECTED_WITH_DATA,
+    TRIMMED_FILE,
+)
 
 
 def flip_byte(path: Path) -> None:
@@ -105,8 +112,6 @@ def test_only_the_newest_set_aside_folders_keep_their_data(tmp_path: Path) -> No
     """Every checkpoint resume set aside kept its data on the node's disk, one more per
     relaunch that rejected the newest, until a save failed for want of space. The newest
     ``REJECTED_WITH_DATA`` keep it; older ones keep their manifest and reason only."""
-    from trainer_runtime.layout import REASON_FILE, REJECTED_WITH_DATA, TRIMMED_FILE
-
     run = RunFolder(tmp_path)
     names = [f"ep0-ba{b}" for b in range(1, REJECTED_WITH_DATA + 3)]
     for i, name in enumerate(names):

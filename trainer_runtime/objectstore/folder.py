@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError
 from ..layout import NoManifest, RunFolder, misnamed
-from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest, entry_label, wrong_size
+from ..manifest import Manifest, entry_label, wrong_size
+from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
 from .errors import ObjectStoreError
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import atomic
 from ..layout import RunFolder, progress_key
-from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
+from ..manifest import Manifest
+from ..run_folder.deleter import LocalDeleter, delete
+from ..run_folder.names import POINTER_NAME
+from ..run_folder.retention import beyond_newest
 
 log = logging.getLogger("trainer_runtime.objectstore.uploader")
 
@@ -108,8 +109,9 @@ class UploadedLocalCopies:
         pending and those the bucket does not hold committed yet (the only copy). Called
         with ``self._lock`` held."""
         kept.sort(key=lambda c: c.key, reverse=True)
-        self._kept = kept[: self.keep]
-        for copy in kept[self.keep :]:
+        beyond = beyond_newest(kept, self.keep)
+        self._kept = [c for c in kept if c not in beyond]
+        for copy in beyond:
             if still_pending(copy.manifest.name):
                 self._kept.append(copy)  # re-submitted meanwhile: not yet
                 continue
@@ -123,21 +125,13 @@ class UploadedLocalCopies:
         """The whole folder on the leader, and on every rank for an adopted copy (all ranks'
         files are remote); otherwise this rank's own files."""
         folder, manifest = copy.folder, copy.manifest
+        whole = rank == self.leader_rank or copy.adopted
+        own = None if whole else [entry.path for entry in manifest.files_for_rank(rank)]
         try:
             # Every rank uncommits first, so a half-deleted folder is no checkpoint: on
             # node-local disks each node holds a copy of the manifest over its own files, and
             # on a shared disk the leader removes the rest (the bucket holds it committed).
-            with contextlib.suppress(FileNotFoundError):
-                (folder / MANIFEST_NAME).unlink()
-                atomic.fsync_dir(folder)
-            if rank == self.leader_rank or copy.adopted:
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
-                for entry in manifest.files_for_rank(rank):
-                    with contextlib.suppress(FileNotFoundError):
-                        (folder / entry.path).unlink()
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+            delete(LocalDeleter(folder.parent), folder.name, own)
             _unpoint(RunFolder(folder.parent), manifest.name)
             log.info(
                 "object store: deleted local copy %s (uploaded; keep_local=%d)", folder, self.keep

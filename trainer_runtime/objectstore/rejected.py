@@ -3,7 +3,8 @@
 The bucket's half of moving a rejected checkpoint aside. S3 has no rename, and copying a
 multi-gigabyte checkpoint to keep it costs as much as uploading it again, so the evidence kept
 is the manifest and the reason (``<run>/rejected/<name>/manifest.json`` and ``reason.json``);
-the checkpoint itself is then deleted manifest first, exactly as retention prunes one. If
+the checkpoint itself is then deleted manifest first, exactly as retention prunes one
+(``run_folder.set_aside.set_aside_in_bucket``). If
 ``latest.json`` named it, the pointer moves to the newest checkpoint still committed (it never
 names an uncommitted one), or is deleted when none is left.
 """
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import UTC, datetime
 
 from ..errors import ManifestError
-from ..layout import REJECTED_DIR
-from ..manifest import MANIFEST_NAME, POINTER_NAME, Manifest
+from ..layout import pointer_body
+from ..manifest import Manifest
+from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
+from ..run_folder.set_aside import set_aside_in_bucket
 from ..timestamp import Timestamp
 from .folder import remote_run_folder
-from .remote_commit import pointer_body
 from .store import S3Store
 from .uri import S3Uri
 
@@ -41,13 +42,7 @@ def reject_remote(
         manifest = None
     if manifest is not None and manifest.timestamp.sort_key() <= newer_than.sort_key():
         return False  # older than the resume position: it blocks nothing
-    aside = run_uri.join(REJECTED_DIR, name)
-    store.put_bytes(aside.join(MANIFEST_NAME), body, content_type="application/json")
-    store.put_json(
-        aside.join("reason.json"),
-        {"checkpoint": name, "reason": reason, "rejected_at": datetime.now(UTC).isoformat()},
-    )
-    store.delete_prefix(ckpt, first=(MANIFEST_NAME,))
+    aside = set_aside_in_bucket(store, run_uri, name, body, reason)
     _repoint_after(store, run_uri, name)
     log.warning("object store: set rejected checkpoint %s aside (%s): %s", ckpt, aside, reason)
     return True

@@ -18,13 +18,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import ManifestError
-from ..layout import RunFolder
-from ..manifest import MANIFEST_NAME, POINTER_NAME, FileEntry, Manifest
-from ..retention import select_for_deletion
+from ..layout import RunFolder, pointer_body
+from ..manifest import FileEntry, Manifest
+from ..run_folder.deleter import BucketDeleter, delete
+from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
+from ..run_folder.retention import select_for_deletion
 from ..timestamp import Timestamp
 from .errors import ObjectStoreError
 from .folder import remote_run_folder, verify_remote
@@ -33,16 +34,6 @@ from .store import S3Store
 from .uri import S3Uri
 
 log = logging.getLogger("trainer_runtime.objectstore.uploader")
-
-
-def pointer_body(manifest: Manifest) -> dict:
-    """The ``latest.json`` contents for a checkpoint (same shape as the local pointer)."""
-    return {
-        "checkpoint": manifest.name,
-        "manifest": f"{manifest.name}/{MANIFEST_NAME}",
-        "timestamp": manifest.timestamp.to_dict(),
-        "updated_at": datetime.now(UTC).isoformat(),
-    }
 
 
 def matches(info: object, entry: FileEntry) -> bool:
@@ -202,8 +193,9 @@ def prune_remote(store: S3Store, run_uri: S3Uri, *, keep: int) -> list[str]:
         ),
     )
     deleted: list[str] = []
+    bucket = BucketDeleter(store, run_uri)
     for manifest in (by_name[name] for name in doomed):
-        store.delete_prefix(run_uri.join(manifest.name), first=(MANIFEST_NAME,))
+        delete(bucket, manifest.name)
         deleted.append(manifest.name)
         log.info(
             "object store: pruned remote checkpoint %s (keep_remote=%d)",

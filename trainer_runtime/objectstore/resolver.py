@@ -30,6 +30,7 @@ from .. import atomic
 from ..errors import ManifestError, NoCheckpointError
 from ..fallback import first_valid
 from ..manifest import MANIFEST_NAME, Manifest, verify_entry
+from ..run_folder.deleter import LocalDeleter
 from .errors import (
     ChecksumMismatchError,
     NoValidCheckpointError,
@@ -192,8 +193,8 @@ def download_checkpoint(
             log.warning(
                 "object store: local %s differs from the remote one; replacing it", manifest_path
             )
-            manifest_path.unlink()  # uncommit the stale local copy before touching its files
-            atomic.fsync_dir(folder)
+            # uncommit the stale local copy before touching its files
+            LocalDeleter(folder.parent).uncommit(folder.name)
     fetched = 0
     try:
         for entry in entries:
