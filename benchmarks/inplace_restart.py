@@ -12,6 +12,17 @@ gang goes on as 2 (a shrink: no replacement to wait for, so the figure is the su
 
 The figure is the time from the loss to the last surviving rank's first step after resuming,
 median of ``--repeats`` runs, and the ratio cold / in place. ``--json`` writes the samples.
+
+``--replace`` measures the fixed-size case instead: the gang stays at 3, so the lost place needs
+a new pod, and the survivors (in place, under the agent) wait for it. Two sides:
+
+- cold pod: the replacement starts when the loss is seen (a new pod's process: the interpreter,
+  ``import torch``; no scheduling, container or image, so again a lower bound of the gap);
+- warm spare: a standby pod (``RTJ_STANDBY=1``, what ``recovery.spares`` keeps) started before
+  the loss is named into the gang at once.
+
+The figure is then the time from the loss to the last rank of the new gang of 3 (the
+replacement included) at its first step.
 """
 
 from __future__ import annotations
@@ -73,27 +84,72 @@ def one(tmp: Path, *, in_place: bool) -> float:
         stop(pods)
 
 
+def wait_standby(pods: Pods, name: str, timeout: float = 120) -> None:
+    log = pods.tmp / f"{name}.log"
+    end = time.monotonic() + timeout
+    while "waiting to be named" not in (log.read_text() if log.exists() else ""):
+        if time.monotonic() > end:
+            raise TimeoutError(pods.logs())
+        time.sleep(0.05)
+
+
+def one_replacement(tmp: Path, *, spare: bool) -> float:
+    pods = Pods(tmp, steps=100000, step_s=0.1)
+    port, port2 = free_port(), free_port()
+    for r in range(3):
+        pods.start(f"pod{r}", node_rank=r, nnodes=3, port=port, epoch=1)
+    try:
+        if spare:
+            pods.start("spare", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
+            wait_standby(pods, "spare")
+        pods.wait_steps(1, 8)
+        lost_at = pods.lose("pod2")
+        for r in range(2):
+            pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port2)
+        if spare:
+            pods.announce("spare", epoch=2, nnodes=3, nodeRank=2, masterPort=port2)
+        else:
+            pods.start("new2", node_rank=2, nnodes=3, port=port2, epoch=2)
+        return wait_first_steps(pods, 2, 3) - lost_at
+    finally:
+        stop(pods)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--replace", action="store_true", help="fixed size: a cold replacement pod or a warm spare"
+    )
     args = ap.parse_args()
-    samples: dict[str, list[float]] = {"in_place": [], "cold": []}
+    if args.replace:
+        sides = {"warm_spare": "warm spare (standby)", "cold_pod": "cold replacement pod"}
+        title = "recovery after a pod loss, replaced (3 -> 3 ranks)"
+    else:
+        sides = {"in_place": "in place (agent)", "cold": "cold start of the processes"}
+        title = "recovery after a pod loss (3 -> 2 ranks)"
+    samples: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="rtj-inplace-") as root:
         for i in range(args.repeats):
-            for side in ("in_place", "cold"):  # alternated, so load drifts hit both
-                seconds = one(Path(root) / f"{side}-{i}", in_place=side == "in_place")
+            for side in sides:  # alternated, so load drifts hit both
+                tmp = Path(root) / f"{side}-{i}"
+                if args.replace:
+                    seconds = one_replacement(tmp, spare=side == "warm_spare")
+                else:
+                    seconds = one(tmp, in_place=side == "in_place")
                 samples[side].append(seconds)
                 print(f"run {i + 1}/{args.repeats} {side}: {seconds:.2f} s", flush=True)
-    inplace, cold = statistics.median(samples["in_place"]), statistics.median(samples["cold"])
-    print("| recovery after a pod loss (3 -> 2 ranks) | median s | samples |")
+    fast, slow = (statistics.median(samples[side]) for side in sides)
+    print(f"| {title} | median s | samples |")
     print("|---|---:|---|")
-    for side, med in (("in place (agent)", inplace), ("cold start of the processes", cold)):
-        key = "in_place" if side.startswith("in") else "cold"
-        print(f"| {side} | {med:.2f} | {', '.join(f'{s:.2f}' for s in samples[key])} |")
-    print(f"cold / in place: {cold / inplace:.2f}x")
+    for side, label in sides.items():
+        med = statistics.median(samples[side])
+        print(f"| {label} | {med:.2f} | {', '.join(f'{s:.2f}' for s in samples[side])} |")
+    names = list(sides)
+    print(f"{names[1]} / {names[0]}: {slow / fast:.2f}x")
     if args.json:
-        args.json.write_text(json.dumps({"samples": samples, "ratio": cold / inplace}, indent=2))
+        args.json.write_text(json.dumps({"samples": samples, "ratio": slow / fast}, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -63,6 +64,40 @@ def survivors_manifest(
     return path
 
 
+def wait_status(
+    stack: LocalStack, job: str, what: str, key: str, value: object = None
+) -> dict[str, Any]:
+    """Wait until ``status[key]`` is set (or equals ``value``); the status then."""
+
+    def reached() -> dict[str, Any] | None:
+        status = stack.job(job).get("status") or {}
+        found = status.get(key)
+        return status if (found == value if value is not None else found) else None
+
+    return wait_for(what, reached, timeout=400, on_timeout=lambda: stack.diagnostics(job))
+
+
+def reclaim_rank(stack: LocalStack, job: str, pod: str, note: str = "") -> float:
+    """Reclaim the node of ``pod`` without notice; when it happened."""
+    lost = stack.pod(pod)
+    assert lost is not None, pod
+    stack.reclaim_node(lost["spec"]["nodeName"])
+    at = time.time()
+    say(f"reclaimed {lost['spec']['nodeName']} ({pod}){note}")
+    return at
+
+
+def first_step_after(stack: LocalStack, pod: str, after: float) -> float:
+    """Seconds from ``after`` to the pod's first training step after it."""
+    steps = [
+        at
+        for e in stack.runtime_events(pod, "first_step")
+        if (at := datetime.fromisoformat(e.time).timestamp()) > after
+    ]
+    assert steps, stack.pod_log(pod)[-3000:]
+    return steps[0] - after
+
+
 @pytest.fixture(scope="module")
 def stack(
     prerequisites: None, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
@@ -75,25 +110,11 @@ def stack(
 
 def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Path) -> None:
     job = stack.apply(survivors_manifest(tmp_path))
-    wait_for(
-        "a first commit",
-        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
-        timeout=240,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     assert len(first) == REPLICAS
-    lost = first[f"{job}-a0-r1"]
-    stack.reclaim_node(lost["spec"]["nodeName"])
-    lost_at = time.time()
-    say(f"reclaimed {lost['spec']['nodeName']} (rank 1)")
-    wait_for(
-        "the job to succeed",
-        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
-        timeout=400,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    status = stack.job(job)["status"]
+    lost_at = reclaim_rank(stack, job, f"{job}-a0-r1")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["attempt"] == 1 and status["preemptions"] == 1 and status["failures"] == 0
     kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
     assert status.get("keptPods") == kept, (status, stack.diagnostics(job))
@@ -105,13 +126,8 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
         assert [e.fields["epoch"] for e in memberships] == [1], memberships
     reasons = [e.get("reason") for e in stack.events(job)]
     assert "SurvivorsStay" in reasons
-    resumed = [
-        at
-        for e in stack.runtime_events(f"{job}-a0-r0", "first_step")
-        if (at := datetime.fromisoformat(e.time).timestamp()) > lost_at
-    ]
-    assert resumed, stack.pod_log(f"{job}-a0-r0")[-3000:]
-    say(f"loss -> kept rank 0's first step after resuming: {resumed[0] - lost_at:.1f} s")
+    back = first_step_after(stack, f"{job}-a0-r0", lost_at)
+    say(f"loss -> kept rank 0's first step after resuming: {back:.1f} s")
 
 
 HOLD = "example.com/hold"
@@ -138,25 +154,13 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
         },
     )
     job = stack.apply(path)
-    wait_for(
-        "the 2-pod gang's first commit",
-        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
-        timeout=240,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    at_two = stack.job(job)["status"]
+    at_two = wait_status(stack, job, "the 2-pod gang's first commit", "lastCommittedCheckpoint")
     assert at_two["gangSize"] == 2
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=at_two["attempt"])}
     for name in spare:
         stack.untaint_node(name, HOLD)
     say("room for the third pod is back")
-    wait_for(
-        "the job to succeed",
-        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
-        timeout=400,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    status = stack.job(job)["status"]
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["gangSize"] == REPLICAS and status["failures"] == 0, status
     assert status["interruptions"][-1]["cause"] == "Grow", status["interruptions"]
     reasons = [e.get("reason") for e in stack.events(job)]
@@ -184,15 +188,10 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
     ]
     assert trained_meanwhile, (ready, stack.pod_log(rank0)[-3000:])
     switched = datetime.fromisoformat(stack.runtime_events(rank0, "membership")[0].time)
-    back = [
-        datetime.fromisoformat(e.time)
-        for e in stack.runtime_events(rank0, "first_step")
-        if datetime.fromisoformat(e.time) > switched
-    ]
-    assert back, stack.pod_log(rank0)[-3000:]
+    back = first_step_after(stack, rank0, switched.timestamp())
     say(
         f"new pod's start {warm - started:.1f} s, {len(trained_meanwhile)} commits meanwhile; "
-        f"kept rank 0 stopped -> first step at 3 pods: {(back[0] - switched).total_seconds():.1f} s"
+        f"kept rank 0 stopped -> first step at 3 pods: {back:.1f} s"
     )
 
 
@@ -218,24 +217,9 @@ def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Pa
         return AGENT_READY_ANNOTATION in (pod.get("metadata") or {}).get("annotations", {})
 
     wait_for("the spare to be warm", spare_warm, timeout=240, on_timeout=stack.diagnostics)
-    wait_for(
-        "a first commit",
-        lambda: (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint"),
-        timeout=240,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    lost = stack.pod(f"{job}-a0-r1")
-    assert lost is not None
-    stack.reclaim_node(lost["spec"]["nodeName"])
-    lost_at = time.time()
-    say(f"reclaimed {lost['spec']['nodeName']} (rank 1); {spare} is warm")
-    wait_for(
-        "the job to succeed",
-        lambda: (stack.job(job).get("status") or {}).get("phase") == "Succeeded",
-        timeout=400,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    status = stack.job(job)["status"]
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    lost_at = reclaim_rank(stack, job, f"{job}-a0-r1", f"; {spare} is warm")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["attempt"] == 1 and status["preemptions"] == 1 and status["failures"] == 0
     assert status["keptPods"] == [f"{job}-a0-r0", f"{job}-a0-r2", spare], status
     second = {p["metadata"]["name"] for p in stack.pods(job, attempt=1)}
@@ -243,10 +227,5 @@ def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Pa
     told = stack.runtime_events(spare, "membership")
     assert [e.fields["epoch"] for e in told] == [1], told
     assert "SurvivorsStay" in [e.get("reason") for e in stack.events(job)]
-    resumed = [
-        at
-        for e in stack.runtime_events(f"{job}-a0-r0", "first_step")
-        if (at := datetime.fromisoformat(e.time).timestamp()) > lost_at
-    ]
-    assert resumed, stack.pod_log(f"{job}-a0-r0")[-3000:]
-    say(f"loss -> kept rank 0's first step with the spare in rank 2: {resumed[0] - lost_at:.1f} s")
+    back = first_step_after(stack, f"{job}-a0-r0", lost_at)
+    say(f"loss -> kept rank 0's first step with the spare in rank 2: {back:.1f} s")
