@@ -20,7 +20,7 @@ import kopf
 
 from . import envvars, metrics
 from .controller import Controller
-from .handlers import PeeringOptions, build_registry
+from .handlers import PeeringOptions, QuietEventHandlers, build_registry
 from .kube import KubeApi
 
 
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     # leaves the process's logging as it found it.
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if not args.verbose:
+        logging.getLogger("kopf.objects").addFilter(QuietEventHandlers())
     api = KubeApi()
     controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)

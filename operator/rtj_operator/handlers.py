@@ -30,6 +30,71 @@ PAUSE_CHECK_TTL = 1.0
 """Seconds an answer of the pause check is reused (one peering read a second at most)."""
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, for change-detecting handlers: this registry has none, yet kopf builds
+    the "essence" of every object on every watch event (a deep copy of the body, then of its
+    labels and annotations) to compare it with a stored one. With a few hundred jobs that was
+    most of the event loop's time while a mass reclaim's pod events poured in (the ranks'
+    resubmissions waited behind it). Nothing is built, fetched or stored."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """An empty essence (no handler reads it)."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing was stored."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to store (kopf calls it only after change-detecting handlers)."""
+
+
+class NoProgress(kopf.ProgressStorage):
+    """kopf's per-handler progress, for retried change-detecting handlers and daemons: none
+    here. The default one deep-copies both essences on every event to clear its own fields."""
+
+    def fetch(self, *, key: Any, body: kopf.Body) -> kopf.ProgressRecord | None:
+        """Nothing was stored."""
+        return None
+
+    def store(self, *, key: Any, record: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        """Nothing to store."""
+
+    def purge(self, *, key: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        """Nothing to purge."""
+
+    def touch(self, *, body: kopf.Body, patch: kopf.Patch, value: str | None) -> None:
+        """Nothing to touch."""
+
+    def clear(self, *, essence: kopf.BodyEssence) -> kopf.BodyEssence:
+        """The essence as it is (it holds no progress fields)."""
+        return essence
+
+
+EVENT_HANDLERS = ("job_event", "pod_event", "node_event")
+"""The names of the event handlers below (kopf's handler ids end with them)."""
+
+
+class QuietEventHandlers(logging.Filter):
+    """Drops kopf's "Handler '...' succeeded." INFO line of the event handlers (on the
+    ``kopf.objects`` logger): one per watch event, thousands a minute while many jobs' pods
+    change, and formatting and writing them cost the event loop as much as the reconciles did.
+    Their failures are still logged, and ``--verbose`` keeps every line. (kopf itself logs its
+    indexers, called as often, only from WARNING up.)"""
+
+    ENDINGS = tuple(f".{name}' succeeded." for name in EVENT_HANDLERS)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is kept."""
+        msg = record.msg
+        return not (
+            record.levelno == logging.INFO
+            and isinstance(msg, str)
+            and msg.startswith("Handler '")
+            and msg.endswith(self.ENDINGS)
+        )
+
+
 @dataclass(frozen=True)
 class PeeringOptions:
     """How this replica takes part in kopf peering (None in build_registry: standalone)."""
@@ -133,6 +198,9 @@ def build_registry(
         settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB
         # Handlers log a lot at INFO; that must not become Kubernetes Events on every pod.
         settings.posting.level = logging.WARNING
+        # Only event handlers here: kopf's change-detection bookkeeping is pure cost.
+        settings.persistence.diffbase_storage = NoDiffBase()
+        settings.persistence.progress_storage = NoProgress()
         if peering_options is not None and api is not None:
             try:  # a missing peering object is said at start, not only by the first probe
                 await _blocking_records(api, peering_options)

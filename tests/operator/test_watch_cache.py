@@ -1,0 +1,96 @@
+"""Routing of node events to jobs (watch_cache.py), and the kopf bookkeeping the handlers turn
+off (handlers.py): what a mass reclaim's flood of watch events goes through."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from rtj_operator import names
+from rtj_operator.handlers import NoDiffBase, NoProgress, QuietEventHandlers
+from rtj_operator.watch_cache import WatchCache
+
+
+def pod(job: str, name: str, node: str | None, ns: str = "ns") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": {names.LABEL_JOB: job}},
+        "spec": {"nodeName": node} if node else {},
+    }
+
+
+def deleted_node(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}}
+
+
+def test_a_node_routes_to_a_job_while_any_of_its_pods_is_there():
+    cache = WatchCache()
+    cache.pod_event("ADDED", pod("a", "a-0", "n1"))
+    cache.pod_event("ADDED", pod("a", "a-1", "n1"))
+    cache.pod_event("ADDED", pod("b", "b-0", "n1"))
+    assert cache.jobs_on_node["n1"] == {("ns", "a"), ("ns", "b")}
+    cache.pod_event("MODIFIED", pod("a", "a-0", "n1"))  # the same route again: counted once
+    cache.pod_event("DELETED", pod("a", "a-0", "n1"))
+    assert cache.jobs_on_node["n1"] == {("ns", "a"), ("ns", "b")}  # a-1 is still there
+    cache.pod_event("DELETED", pod("a", "a-1", "n1"))
+    assert cache.jobs_on_node["n1"] == {("ns", "b")}
+    cache.pod_event("DELETED", pod("b", "b-0", "n1"))
+    assert "n1" not in cache.jobs_on_node
+    assert cache.pods_on_node == {}
+    assert cache.node_event("DELETED", deleted_node("n1")) == []
+
+
+def test_a_pod_bound_later_moves_its_route_to_its_node():
+    cache = WatchCache()
+    cache.pod_event("ADDED", pod("a", "a-0", None))  # not bound yet: no node
+    assert dict(cache.jobs_on_node) == {}
+    cache.pod_event("MODIFIED", pod("a", "a-0", "n2"))
+    cache.pod_event("ADDED", pod("a", "a-1", "n3"))
+    assert cache.node_event("DELETED", deleted_node("n2")) == [("ns", "a")]
+    cache.pod_event("DELETED", pod("a", "a-0", "n2"))
+    assert set(cache.jobs_on_node) == {"n3"}
+    assert cache.pods_on_node == {("n3", ("ns", "a")): 1}
+
+
+def test_many_jobs_route_by_counts_not_by_a_scan():
+    cache = WatchCache()
+    for job in range(300):
+        for rank in range(4):
+            cache.pod_event("ADDED", pod(f"j{job}", f"j{job}-{rank}", f"n{(job + rank) % 60}"))
+    hit = cache.node_event("DELETED", deleted_node("n7"))
+    assert sorted(hit) == sorted(("ns", f"j{j}") for j in range(300) if (7 - j) % 60 in range(4))
+    for job in range(300):
+        for rank in range(4):
+            cache.pod_event("DELETED", pod(f"j{job}", f"j{job}-{rank}", f"n{(job + rank) % 60}"))
+    assert dict(cache.jobs_on_node) == {}
+    assert cache.pods_on_node == {}
+
+
+def test_kopf_builds_no_diff_base_and_keeps_no_progress():
+    body = kopf.Body({"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"x": [1, 2]}})
+    essence = NoDiffBase().build(body=body)
+    assert essence == {}
+    assert NoDiffBase().fetch(body=body) is None
+    progress = NoProgress()
+    assert progress.clear(essence=essence) is essence  # no copy
+    assert progress.fetch(key=kopf.HandlerId("h"), body=body) is None
+
+
+def record(msg: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("kopf.objects", level, __file__, 1, msg, None, None)
+
+
+def test_only_the_event_handlers_success_lines_are_dropped():
+    quiet = QuietEventHandlers()
+    assert not quiet.filter(record("Handler 'build_registry.<locals>.pod_event' succeeded."))
+    assert not quiet.filter(record("Handler 'build_registry.<locals>.node_event' succeeded."))
+    assert not quiet.filter(record("Handler 'build_registry.<locals>.job_event' succeeded."))
+    # failures, other handlers and other levels are kept
+    assert quiet.filter(
+        record("Handler 'build_registry.<locals>.pod_event' failed with an exception.")
+    )
+    assert quiet.filter(record("Handler 'build_registry.<locals>.configure' succeeded."))
+    assert quiet.filter(
+        record("Handler 'build_registry.<locals>.pod_event' succeeded.", logging.WARNING)
+    )
