@@ -50,6 +50,18 @@ read fills costs more the longer after a drop it is filled.
   ``ring-4m-handoff`` the same with the reads as before ``RingReads``, ``ring-4m-1lane`` with
   one reading thread).
 
+``--same-process``: loads in one process that keeps its model and optimizer (a running job, or
+one that loads more than once): the runtime's verified load (``CheckpointManager.load`` of a
+committed checkpoint folder: manifest, every chunk's digest, then the live state) against DCP's
+documented load of the same state, unverified (``dcp.save``d once beside it;
+``get_*_state_dict``, ``dcp.load``, ``set_*_state_dict``), alternating in a seeded order, each
+followed by the first training step and two steady ones (the first step's extra time counts: a
+load that leaves memory for the step to fault in is not done). Both checkpoints are saved by
+that process (the runtime's by its manager) before the rounds; one untimed load of each first,
+so the memory either load reuses exists. The page cache is dropped before every timed load, as
+for the contenders above (``--warm``: not dropped, both sides reading from the page cache).
+Each sample has the phase timers of ``instrument``.
+
 Medians [min-max] of the rounds, seconds; the JSON has every sample.
 """
 
@@ -74,13 +86,28 @@ from pathlib import Path
 from typing import Any
 
 import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
+import torch.distributed.checkpoint as dcp
 import xxhash
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
 from handoff_reads import HandoffReads
-from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
+from harness import (
+    MiB,
+    conditions,
+    drop_whole_page_cache,
+    load_average,
+    round_order,
+    write_json,
+)
 
+from trainer_runtime import CheckpointManager
 from trainer_runtime.dist import Coordinator
 from trainer_runtime.layout import RunFolder
 from trainer_runtime.manifest import Manifest
@@ -358,6 +385,188 @@ def prepare(args: argparse.Namespace) -> None:
     os._exit(0)
 
 
+SAME = ("verified", "dcp", "read-whole-16m")
+"""``--same-process``'s contenders by default: the runtime's load (``CheckpointManager.load``),
+DCP's, and the runtime's data files read into touched memory of their size in 16 MiB requests
+(DCP's reads are one per tensor, 16 MiB here), unhashed: the floor of any load of them. Also
+``verified-<size>-blocks``: the runtime's load with the host path's reads in that size."""
+SAME_ALL = (*SAME, *(f"verified-{b}-blocks" for b in BLOCKS))
+
+
+def dcp_state(model: Any, opt: Any) -> dict[str, Any]:
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+
+def same_process(args: argparse.Namespace) -> None:
+    """``--same-process``: both loads in this one process, alternating; one line per sample."""
+    bench.use_device(args.device)
+    root = Path(args.dir)
+    model, wrapped, opt = bench.build("single", args.bytes, 1)
+    width = model[0].in_features
+    bench.train_step(wrapped, opt, width)
+    manager = CheckpointManager(  # a trainer's own manager, built before any clock starts
+        model=model,
+        optimizer=opt,
+        folder=root / "manager",
+        run_name="same",
+        autoresume=False,
+        interval="1000000ba",
+        handle_sigterm=False,
+        final_save=False,
+    )
+    saved = manager.save(blocking=True)  # the same state twice: the runtime's and DCP's
+    assert saved is not None
+    dcp.save(dcp_state(model, opt), checkpoint_id=root / "dcp" / "r0")
+
+    def verified() -> None:
+        manager.load(saved.path)
+
+    def plain() -> None:  # DCP's documented load, reading into the live tensors
+        state = dcp_state(model, opt)
+        dcp.load(state, checkpoint_id=root / "dcp" / "r0")
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+
+    def with_blocks(block: int) -> Callable[[], None]:
+        def load() -> None:
+            reading.READ_BLOCK = block
+            try:
+                verified()
+            finally:
+                reading.READ_BLOCK = default_block
+
+        return load
+
+    default_block = reading.READ_BLOCK
+    every = {"verified": verified, "dcp": plain}
+    every |= {f"verified-{b}-blocks": with_blocks(size) for b, size in BLOCKS.items()}
+    if "read-whole-16m" in args.contenders.split(","):  # a GiB more, touched: only if asked
+        files = data_files(saved.path)
+        every["read-whole-16m"] = plain_read(files, 16 * MiB, False, False, "whole")
+    loads = {name: every[name] for name in args.contenders.split(",")}
+    phases = Phases()
+    instrument(phases)
+    phases.wrap(sys.modules[__name__], "set_model_state_dict", "set_state_dict")
+    phases.wrap(sys.modules[__name__], "set_optimizer_state_dict", "set_state_dict")
+    tiny, _, tiny_opt = bench.build("single", MiB, 1)
+    for load in loads.values():  # untimed: what any load reuses exists from here on
+        load()
+        bench.train_step(wrapped, opt, width)
+    for r in range(args.rounds):
+        for name in round_order(list(loads), r):
+            dropped = drop_whole_page_cache() if not args.warm else False
+            bench.train_step(tiny, tiny_opt, tiny[0].in_features)  # torch's code warm
+            phases.seconds.clear()
+            t = time.perf_counter()
+            loads[name]()
+            bench.sync()
+            took = time.perf_counter() - t
+            timings = dict(phases.seconds)
+            first = timed_step(wrapped, opt, width)
+            steady = statistics.median(timed_step(wrapped, opt, width) for _ in range(2))
+            extra = max(0.0, first - steady)
+            figures = {
+                "round": r,
+                "name": name,
+                "seconds": took,
+                "first_step_extra": extra,
+                "with_first_step": took + extra,
+                "steady_step": steady,
+                "dropped": dropped,
+                "load_average": load_average(),
+                **timings,
+            }
+            print(MARK + json.dumps(figures), flush=True)
+    os._exit(0)
+
+
+def timed_step(wrapped: Any, opt: Any, width: int) -> float:
+    t = time.perf_counter()
+    bench.train_step(wrapped, opt, width)
+    return time.perf_counter() - t
+
+
+def run_same_process(args: argparse.Namespace) -> None:
+    """The parent of ``--same-process``: one child for every round; the report, rewritten
+    after every sample (a run stopped by a time limit keeps what it measured)."""
+    cmd = [sys.executable, __file__, "--dir", args.dir, "--device", args.device]
+    cmd += ["--size-mib", str(args.size_mib), "--rounds", str(args.rounds), "--worker", "same"]
+    cmd += ["--same-process", "--contenders", args.contenders or ",".join(SAME)]
+    cmd += ["--warm"] if args.warm else []
+    samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    dropped = not args.warm
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if not line.startswith(MARK):
+                continue
+            fig = json.loads(line[len(MARK) :])
+            name, r = fig.pop("name"), fig.pop("round")
+            dropped = bool(fig.pop("dropped")) and dropped
+            samples[name].append(fig)
+            print(
+                f"[phases] round {r} {name}: {fig['seconds']:.3f} s, with the first step "
+                f"{fig['with_first_step']:.3f} s",
+                flush=True,
+            )
+            if args.json:
+                write_same_process(args, samples, dropped)
+    if child.returncode:
+        raise SystemExit(f"--same-process: the child failed ({child.returncode})")
+    report = write_same_process(args, samples, dropped)
+    for name, figures in report["medians"].items():
+        cells = ", ".join(f"{k} {v[0]:.3f} [{v[1]:.3f}-{v[2]:.3f}]" for k, v in figures.items())
+        print(f"[phases] {name}: {cells}", flush=True)
+    for name, ratio in report["ratios"].items():
+        cells = f"{ratio['from_medians']} from the medians, {ratio['paired']} paired"
+        print(f"[phases] {name}: {cells}", flush=True)
+
+
+def write_same_process(
+    args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], dropped: bool
+) -> dict[str, Any]:
+    report = summarize(samples)
+    report["ratios"] = same_process_ratios(samples)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "conditions": conditions(page_cache_dropped=dropped),
+                "mode": "same-process",
+                "device": args.device,
+                "size_mib": args.size_mib,
+                "read_ahead_kb": read_ahead(),
+                **report,
+                "samples": samples,
+            },
+        )
+    return report
+
+
+def same_process_ratios(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each contender against DCP's load and against the raw read: from the medians, and the
+    median of the rounds' own ratios (each round has one of each)."""
+    out: dict[str, Any] = {}
+    for base in ("dcp", "read-whole-16m"):
+        if base not in samples:
+            continue
+        for name, runs in samples.items():
+            if name == base:
+                continue
+            for key in ("seconds", "with_first_step"):
+                mine = [s[key] for s in runs]
+                theirs = [s[key] for s in samples[base]]
+                if not mine or not theirs:
+                    continue
+                median = statistics.median(mine) / statistics.median(theirs)
+                paired = statistics.median(a / b for a, b in zip(mine, theirs, strict=False))
+                out[f"{name} / {base}, {key}"] = {
+                    "from_medians": round(median, 3),
+                    "paired": round(paired, 3),
+                }
+    return out
+
+
 def run_child(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -387,14 +596,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default="")
     ap.add_argument("--contenders", help="comma-separated subset (default: all)")
+    ap.add_argument(
+        "--same-process",
+        action="store_true",
+        help="the runtime's verified load against DCP's, in one process (see above)",
+    )
+    ap.add_argument("--warm", action="store_true", help="--same-process without cache drops")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.bytes = args.size_mib * MiB
+    if args.worker == "same":
+        return same_process(args)
     if args.worker:
         return worker(args)
     if args.prepare:
         return prepare(args)
+    if args.same_process:
+        unknown = sorted(set((args.contenders or "verified").split(",")) - set(SAME_ALL))
+        if unknown:
+            raise SystemExit(f"--contenders: unknown {unknown}; expected some of {list(SAME_ALL)}")
+        own = not args.dir
+        if own:
+            args.dir = str(Path(os.environ.get("TMPDIR", "/var/tmp")) / f"rtj-same-{os.getpid()}")
+        try:
+            return run_same_process(args)
+        finally:
+            if own:
+                shutil.rmtree(args.dir, ignore_errors=True)
     contenders = ["load", "load-plain", "load-handoff", "load-16slots"]
     contenders += ["load-1lane", "load-2lanes"]
     contenders += ["load-warm", "load-warm-copy", *READS, *BEHIND, *RINGS]
