@@ -87,6 +87,17 @@ def reclaim_rank(stack: LocalStack, job: str, pod: str, note: str = "") -> float
     return at
 
 
+def phases(stack: LocalStack, pod: str, after: float) -> str:
+    """The pod's runtime events after ``after``, as seconds since it (where recoveries go)."""
+    kinds = ("membership", "started", "fetched", "resumed", "first_step")
+    seen = [
+        f"{e.type} +{at - after:.1f}"
+        for e in stack.runtime_events(pod)
+        if e.type in kinds and (at := datetime.fromisoformat(e.time).timestamp()) > after
+    ]
+    return f"{pod}: {', '.join(seen)}"
+
+
 def first_step_after(stack: LocalStack, pod: str, after: float) -> float:
     """Seconds from ``after`` to the pod's first training step after it."""
     steps = [
@@ -128,6 +139,8 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     assert "SurvivorsStay" in reasons
     back = first_step_after(stack, f"{job}-a0-r0", lost_at)
     say(f"loss -> kept rank 0's first step after resuming: {back:.1f} s")
+    for pod in (f"{job}-a0-r0", f"{job}-a1-r2"):
+        say(phases(stack, pod, lost_at))
 
 
 HOLD = "example.com/hold"
@@ -229,3 +242,5 @@ def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Pa
     assert "SurvivorsStay" in [e.get("reason") for e in stack.events(job)]
     back = first_step_after(stack, f"{job}-a0-r0", lost_at)
     say(f"loss -> kept rank 0's first step with the spare in rank 2: {back:.1f} s")
+    for pod in (f"{job}-a0-r0", spare):
+        say(phases(stack, pod, lost_at))

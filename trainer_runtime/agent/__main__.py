@@ -1,36 +1,48 @@
 """``python -m trainer_runtime.agent [--rejoin-seconds S] -- COMMAND...``: see ``__init__``.
 
-The agent imports torch and the runtime first (what each restarted worker then skips), with the
-import-time checkpoint prefetch held back: a worker starts it with its own environment.
+The agent imports torch and the runtime first (what each restarted worker then skips). Importing
+the runtime starts the checkpoint prefetch the pod's environment asks for (warm_start.py), in
+this process; and for a run in an object store the agent loads boto3 and the S3 client's data
+(``store.warm_up``). Before it forks a worker it waits for the prefetch: a fork beside a running
+thread could hand the child a lock that thread held. The first worker then finds the checkpoint
+on the local disk and builds its S3 clients without loading anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
-from .. import envvars
+import torch  # imported once here, inherited by every forked worker
+import torch.distributed
+import torch.distributed.checkpoint  # noqa: F401
 
-# The prefetch at import belongs to the workers (each with its own RTJ_RESUME_FROM); the agent
-# imports the runtime with it off, then gives the workers the environment as it was.
-_PREFETCH_BEFORE = os.environ.get(envvars.PREFETCH)
-os.environ[envvars.PREFETCH] = "0"
-import torch  # noqa: E402 - imported once here, inherited by every forked worker
-import torch.distributed  # noqa: E402
-import torch.distributed.checkpoint  # noqa: E402, F401
+import trainer_runtime  # noqa: F401
 
-import trainer_runtime  # noqa: E402, F401
+from .. import envvars, warm_start
+from ..errors import ConfigError
+from .command import parse
+from .initial import initial_membership, settings_from
+from .supervisor import Supervisor
 
-from ..errors import ConfigError  # noqa: E402
-from .command import parse  # noqa: E402
-from .initial import initial_membership, settings_from  # noqa: E402
-from .supervisor import Supervisor  # noqa: E402
+log = logging.getLogger("trainer_runtime.agent")
 
-if _PREFETCH_BEFORE is None:
-    del os.environ[envvars.PREFETCH]
-else:
-    os.environ[envvars.PREFETCH] = _PREFETCH_BEFORE
+
+def prepare_to_fork(environ: dict[str, str]) -> None:
+    """Finish what the workers would otherwise each do again: the prefetch, the S3 client's
+    data (only for a run in an object store; without boto3 the workers report it)."""
+    if environ.get(envvars.CHECKPOINT_DIR, "").startswith("s3://"):
+        from ..objectstore.errors import ObjectStoreConfigError  # noqa: PLC0415
+        from ..objectstore.store import warm_up  # noqa: PLC0415
+
+        try:
+            seconds = warm_up()
+            log.info("agent: S3 client data loaded in %.2f s", seconds)
+        except ObjectStoreConfigError as exc:
+            log.warning("agent: %s", exc)
+    warm_start.wait_for_prefetch()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rtj: agent: {exc}", file=sys.stderr)
         return 2
+    prepare_to_fork(dict(os.environ))
     return Supervisor(settings, initial).run()
 
 

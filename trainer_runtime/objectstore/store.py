@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -451,6 +452,50 @@ def as_uri(location: S3Uri | str, arg: str) -> S3Uri:
     return location if isinstance(location, S3Uri) else parse_s3_uri(location, arg=arg)
 
 
+_LOADER_LOCK = threading.Lock()
+_SHARED: dict[str, Any] = {}
+"""``loader``: the botocore data loader every client of this process shares (``_core_session``)."""
+
+
+def _core_session() -> Any:
+    """A new botocore session (so credentials and configuration are read afresh) over the
+    process's one data loader: the S3 service model and the endpoint rules, JSON files that
+    take a second or more to load on a busy machine, are loaded once per process, not once per
+    client (a store builds two, and resume two more); and a process forked after ``warm_up``
+    (the in-pod agent's workers) inherits them loaded."""
+    import botocore.session  # noqa: PLC0415 - optional dependency, imported on first use
+
+    core = botocore.session.get_session()
+    with _LOADER_LOCK:
+        loader = _SHARED.get("loader")
+    if loader is not None:  # the first client's, kept once it was built (_keep_loader)
+        core.register_component("data_loader", loader)
+    return core
+
+
+def _keep_loader(core: Any) -> None:
+    """Share the loader of a session that built a client (its profile and paths resolved)."""
+    with _LOADER_LOCK:
+        if "loader" not in _SHARED:
+            _SHARED["loader"] = core.get_component("data_loader")
+
+
+def warm_up() -> float:
+    """Import boto3 and load what an S3 client needs, without a request; the seconds it took.
+    The in-pod agent calls it before it forks its workers (agent/__main__.py)."""
+    began = time.perf_counter()
+    _make_client(
+        endpoint_url="http://127.0.0.1:1",  # never contacted: the client makes no request
+        region="us-east-1",
+        max_attempts=1,
+        pool=1,
+        connect_timeout=1.0,
+        read_timeout=1.0,
+        addressing_style=None,
+    )
+    return time.perf_counter() - began
+
+
 def _make_client(
     *,
     endpoint_url: str | None,
@@ -463,14 +508,13 @@ def _make_client(
 ) -> BaseClient:
     try:
         import boto3  # noqa: PLC0415 - optional dependency, imported on first use
-        import botocore.session  # noqa: PLC0415
         from botocore.config import Config  # noqa: PLC0415
         from botocore.exceptions import ProfileNotFound  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ObjectStoreConfigError(
             "s3:// locations need boto3: pip install 'resumable-training[s3]'"
         ) from exc
-    core = botocore.session.get_session()
+    core = _core_session()
     config = Config(
         retries={"mode": "standard", "total_max_attempts": max_attempts},  # first try included
         max_pool_connections=pool,
@@ -496,7 +540,9 @@ def _make_client(
         config = config.merge(Config(s3={"addressing_style": addressing_style}))
     try:
         session = boto3.session.Session(botocore_session=core)
-        return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        _keep_loader(core)
+        return client
     except Exception as exc:
         refused = client_setting_error(exc, endpoint_url=endpoint_url, region=region)
         if refused is None:
