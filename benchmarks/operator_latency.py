@@ -1,6 +1,8 @@
 """Preemption-to-resubmission latency of the operator, against the built-in Job controller.
 
     python benchmarks/operator_latency.py --json OUT [--quick] [--preemptions N] [--baseline N]
+    python benchmarks/operator_latency.py --mass-reclaim --json OUT [--jobs 200] [--nodes 60]
+        [--delete 10] [--rounds 3]   (benchmarks/mass_reclaim.py: many jobs hit at once)
 
 On the local control plane (``hack/cluster/cluster.sh``; or the cluster named by KUBECONFIG):
 
@@ -172,10 +174,16 @@ def apply_crds(kube: Kube) -> None:
 
 
 def start_operator(
-    kubeconfig: str, namespaces: str, log_path: Path, *peering: str
+    kubeconfig: str,
+    namespaces: str,
+    log_path: Path,
+    *peering: str,
+    quiet: bool = True,
+    profile: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """The operator as it runs in production (a separate process); standalone unless
-    ``peering`` arguments are given."""
+    ``peering`` arguments are given; warnings only when ``quiet`` (the chart's default logs
+    at INFO); under cProfile, its stats written to ``profile`` at exit, when given."""
     env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
@@ -185,12 +193,13 @@ def start_operator(
     return subprocess.Popen(
         [
             sys.executable,
+            *(("-m", "cProfile", "-o", str(profile)) if profile else ()),
             "-m",
             "rtj_operator",
             "--namespace",
             namespaces,
             *(peering or ("--standalone",)),
-            "--quiet",
+            *(("--quiet",) if quiet else ()),
             "--metrics-port",
             "0",
         ],
@@ -499,6 +508,11 @@ def cluster_kubeconfig(keep: bool) -> tuple[str, ControlPlane | None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run both measurements and write the JSON report."""
+    args_given = sys.argv[1:] if argv is None else argv
+    if "--mass-reclaim" in args_given:  # many jobs, many nodes at once: its own module
+        import mass_reclaim  # noqa: PLC0415 (it imports this module)
+
+        return mass_reclaim.main([a for a in args_given if a != "--mass-reclaim"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,0 +1,329 @@
+"""Mass reclaim: many 4-rank jobs, many nodes deleted at once, the operator's time to new gangs.
+
+    python benchmarks/mass_reclaim.py --json OUT [--jobs 200] [--nodes 60] [--delete 10]
+        [--rounds 3]
+    python benchmarks/operator_latency.py --mass-reclaim --json OUT ...   (the same)
+
+The single-job case of ``operator_latency.py`` times one node of one gang; a spot market takes
+several nodes at once, and then every job with a rank on them is resubmitted in the same
+seconds, by the same work queue, API client and API server. Here, on the local control plane
+(or the cluster KUBECONFIG names): ``--jobs`` fixed-size 4-rank ResumableTrainingJobs (the
+default ``survivors: Replace``) spread by the scheduler over ``--nodes`` kwok nodes; once every
+gang runs, ``--delete`` nodes carrying pods are deleted at once (parallel DELETEs). For every job
+with a rank on them: from just before the first DELETE to the moment a watch on the namespace has
+seen every pod of its next attempt created (ADDED events), timed as in ``operator_latency.py``.
+Then as many nodes are added back, every gang runs again, and the next round deletes others.
+
+The operator runs as the chart runs it (INFO logs, 8 workers, 300 s resync); its log is kept
+beside the JSON, and each round also reports, per job hit, the operator's own log line of the
+new gang's creation (``created=N``) against the deletion's wall clock: the operator's part
+without the watch's delivery to this process.
+
+The JSON holds every round's samples, p50/p95/max, the operator's CPU time from the deletion to
+the last new gang (a figure the machine's other load moves less than the latencies), the medians
+over rounds, and whether the target (p95 <= 3 s, the operator's part) is met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import interrupt  # first of the third-party imports: Ctrl-C during them ends quietly
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from operator_latency import (
+    REPLICAS,
+    Bench,
+    PodWatch,
+    apply_crds,
+    clean_up,
+    cluster_kubeconfig,
+    log,
+    start_operator,
+    summary,
+    wait,
+)
+
+from rtj_operator import names
+from rtj_operator.timeutil import iso, utcnow
+from tests.cluster.kubeclient import Kube, rtj
+
+TARGET_P95 = 3.0
+CREATED_LINE = re.compile(
+    r"^\[(?P<time>[0-9-]+ [0-9:,]+)\] .*? (?P<ns>[^ /]+)/(?P<job>[^ :]+): phase=\S+ "
+    r"attempt=(?P<attempt>\d+) created=(?P<created>\d+)"
+)
+"""The controller's INFO line of a pass that created pods (kopf's log format, local time)."""
+
+
+def live_pods(kube: Kube, ns: str) -> list[dict[str, Any]]:
+    """The namespace's rank pods that are not being deleted."""
+    items = kube.req("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def current_attempts(pods: list[dict[str, Any]]) -> dict[str, int]:
+    """Each job's newest attempt among its live pods."""
+    newest: dict[str, int] = {}
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        job, attempt = labels.get(names.LABEL_JOB), labels.get(names.LABEL_ATTEMPT)
+        if job and attempt is not None:
+            newest[job] = max(newest.get(job, -1), int(attempt))
+    return newest
+
+
+def all_running(kube: Kube, ns: str, attempts: dict[str, int]) -> bool:
+    """Whether every job's gang of the given attempt has all its pods Running."""
+    running: dict[tuple[str, int], int] = {}
+    for pod in live_pods(kube, ns):
+        labels = pod["metadata"].get("labels") or {}
+        if pod["status"].get("phase") == "Running":
+            key = (labels.get(names.LABEL_JOB, ""), int(labels.get(names.LABEL_ATTEMPT, -1)))
+            running[key] = running.get(key, 0) + 1
+    return all(running.get((job, a), 0) == REPLICAS for job, a in attempts.items())
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def operator_created(log_path: Path, offset: int, ns: str) -> dict[tuple[str, int], float]:
+    """(job, attempt) -> wall-clock time of the operator's log line that created its pods, from
+    the part of the log written after ``offset``."""
+    found: dict[tuple[str, int], float] = {}
+    with log_path.open("rb") as handle:
+        handle.seek(offset)
+        for raw in handle:
+            match = CREATED_LINE.match(raw.decode(errors="replace"))
+            if match and match["ns"] == ns and int(match["created"]) > 0:
+                stamp = datetime.strptime(match["time"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                found.setdefault((match["job"], int(match["attempt"])), stamp)
+    return found
+
+
+def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict[str, Any]]:
+    """Set up the jobs, then ``args.rounds`` mass deletions; one record per round."""
+    ns = f"rtj-bench-mass-{bench.tag}"
+    pool = f"mass-{bench.tag}"
+    kube = bench.kube
+    kube.create_namespace(ns)
+    workers = ("--standalone", "--workers", str(args.workers)) if args.workers else ()
+    operator = start_operator(
+        bench.kubeconfig,
+        "rtj-bench-mass-*",
+        log_path,
+        *workers,
+        quiet=False,
+        profile=args.profile,
+    )
+    watch = PodWatch(kube, ns)
+    watch.start()
+    watch.ready.wait(10)
+    serial = 0
+
+    def add_nodes(count: int) -> None:
+        nonlocal serial
+        made = [f"{pool}-{serial + i}" for i in range(count)]
+        serial += count
+        for node in made:
+            kube.make_node(node, pool, cpu="64", kwok=True)
+        wait(f"{count} nodes ready", lambda: all(kube.node_ready(n) for n in made), 120, 0.5)
+
+    rng = random.Random(args.seed)
+    rounds: list[dict[str, Any]] = []
+    try:
+        add_nodes(args.nodes)
+        jobs = [f"mass-{i:03d}" for i in range(args.jobs)]
+        for job in jobs:
+            kube.create_job(rtj(job, ns, pool, REPLICAS))
+        attempts = dict.fromkeys(jobs, 0)
+        log(f"{args.jobs} jobs created; waiting for every gang to run")
+        wait("every gang running", lambda: all_running(kube, ns, attempts), 600, 1.0)
+        for index in range(args.rounds):
+            time.sleep(args.settle)
+            pods = live_pods(kube, ns)
+            attempts = current_attempts(pods)
+            on_node: dict[str, set[str]] = {}
+            for pod in pods:
+                labels = pod["metadata"]["labels"]
+                if int(labels[names.LABEL_ATTEMPT]) == attempts[labels[names.LABEL_JOB]]:
+                    on_node.setdefault(pod["spec"].get("nodeName"), set()).add(
+                        labels[names.LABEL_JOB]
+                    )
+            victims = rng.sample(sorted(n for n in on_node if n), args.delete)
+            hit = sorted(set().union(*(on_node[n] for n in victims)))
+            following = {
+                job: [names.pod_name(job, attempts[job] + 1, r) for r in range(REPLICAS)]
+                for job in hit
+            }
+            offset = log_path.stat().st_size
+            cpu_before = cpu_seconds(operator.pid)
+            with ThreadPoolExecutor(len(victims)) as pool_threads:
+                wall, started = time.time(), time.monotonic()
+                list(pool_threads.map(kube.delete_node, victims))
+            sent = time.monotonic() - started
+            done: dict[str, float] = {}
+
+            def all_created(
+                f: dict[str, list[str]] = following, done: dict[str, float] = done
+            ) -> bool:
+                for job, gang in f.items():
+                    if job not in done and (seen := watch.seen_all(gang)) is not None:
+                        done[job] = seen
+                return len(done) == len(f)
+
+            wait(f"round {index + 1}: {len(hit)} next gangs created", all_created, 300, 0.005)
+            samples = [done[job] - started for job in hit]
+            cpu = cpu_seconds(operator.pid) - cpu_before
+            time.sleep(1.0)  # the log lines of the last passes are flushed
+            logged = operator_created(log_path, offset, ns)
+            own = [
+                logged[(job, attempts[job] + 1)] - wall
+                for job in hit
+                if (job, attempts[job] + 1) in logged
+            ]
+            record = {
+                "round": index + 1,
+                "nodes_deleted": len(victims),
+                "jobs_hit": len(hit),
+                "deletes_sent_s": round(sent, 4),
+                "operator_cpu_s": round(cpu, 2),
+                "watch": summary(samples),
+                "operator_log": summary(own),
+            }
+            rounds.append(record)
+            log(
+                f"round {index + 1}/{args.rounds}: {len(hit)} jobs hit; next gangs created p50 "
+                f"{record['watch']['p50_s']:.2f} s, p95 {record['watch']['p95_s']:.2f} s, max "
+                f"{record['watch']['max_s']:.2f} s (operator log: p95 "
+                f"{record['operator_log']['p95_s']:.2f} s; operator CPU {cpu:.1f} s)"
+            )
+            for job in hit:
+                attempts[job] += 1
+            add_nodes(args.delete)
+            wait("every gang running again", lambda a=attempts: all_running(kube, ns, a), 600, 1.0)
+    finally:
+        watch.stopped = True
+        operator.terminate()
+        operator.wait(60)  # a profile is written at its exit
+        # Pods of deleted nodes wait for PodGC (a minute) and would load the next run. On a
+        # loaded machine the collection's DELETE may outlast the client's 30 s: it goes on.
+        try:
+            kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
+        except Exception as err:  # a clean-up step: the rounds are measured already
+            log(f"deleting the pods of {ns}: {err}")
+        clean_up(bench, None, [f"{pool}-{i}" for i in range(serial)], ns)
+        wait(f"namespace {ns} gone", lambda: kube.get(f"/api/v1/namespaces/{ns}") is None, 600, 1)
+    return rounds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of this case (also taken by ``operator_latency.py --mass-reclaim``)."""
+    parser.add_argument("--jobs", type=int, default=200, help="4-rank jobs (default 200)")
+    parser.add_argument("--nodes", type=int, default=60, help="kwok nodes (default 60)")
+    parser.add_argument("--delete", type=int, default=10, help="nodes deleted at once (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="mass deletions (default 3)")
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds of quiet before each round"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="which nodes are deleted")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="the operator's --workers (default: its own)"
+    )
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="run the operator under cProfile, stats here"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rounds and write the JSON report."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
+    parser.add_argument(
+        "--keep-cluster", action="store_true", help="leave a cluster this run started"
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+
+    kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
+    kube = Kube(kubeconfig)
+    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
+    version = kube.req("GET", "/version").get("gitVersion")
+    apply_crds(kube)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    log_path = args.json.with_suffix(".operator.log")
+    log_path.touch()
+    try:
+        log(
+            f"mass reclaim: {args.jobs} jobs x {REPLICAS} ranks, {args.nodes} nodes, "
+            f"{args.delete} deleted at once, {args.rounds} rounds"
+        )
+        rounds = measure(bench, args, log_path)
+    finally:
+        if plane is not None:
+            plane.down()
+    medians: dict[str, Any] = {
+        side: {
+            stat: round(median(r[side][stat] for r in rounds), 4)
+            for stat in ("p50_s", "p95_s", "max_s")
+        }
+        for side in ("watch", "operator_log")
+    }
+    medians["operator_cpu_s"] = round(median(r["operator_cpu_s"] for r in rounds), 2)
+    report = {
+        "benchmark": "mass_reclaim",
+        "time": iso(utcnow()),
+        "what": "seconds from the first of several node DELETEs sent at once to every pod of a "
+        "hit job's next attempt created, as seen by a pod watch (watch) and by the operator's "
+        "own log line of that creation (operator_log, wall clock)",
+        "cluster": {
+            "server": version,
+            "replicas": REPLICAS,
+            "jobs": args.jobs,
+            "nodes": args.nodes,
+            "deleted_per_round": args.delete,
+        },
+        "host": {
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "python": platform.python_version(),
+        },
+        "operator_log_file": log_path.name,
+        "rounds": rounds,
+        "jobs_hit": [r["jobs_hit"] for r in rounds],
+        "median_of_rounds": medians,
+        "target": {"p95_s": TARGET_P95, "met": medians["watch"]["p95_s"] <= TARGET_P95},
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    watch, own = medians["watch"], medians["operator_log"]
+    log(
+        f"medians of {len(rounds)} rounds (jobs hit {report['jobs_hit']}): p50 "
+        f"{watch['p50_s']:.2f} s, p95 {watch['p95_s']:.2f} s, max {watch['max_s']:.2f} s; "
+        f"operator log p50 {own['p50_s']:.2f} s, p95 {own['p95_s']:.2f} s; operator CPU "
+        f"{medians['operator_cpu_s']:.1f} s a round; target p95 <= "
+        f"{TARGET_P95:.0f} s met: {report['target']['met']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    interrupt.run(main)
