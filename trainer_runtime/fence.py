@@ -14,8 +14,9 @@ before the manifest (the commit). A gang whose epoch is below the fence gets a
 a folder of the same name may be the new gang's.
 
 Limits (docs/survivors.md): the fence lives in the run's folder, so it protects a shared folder
-(a volume every pod mounts); with node-local folders each node has its own, and in an object
-store the remote commit does not read it yet. Raising it is a read then a write: two gangs that
+(a volume every pod mounts); with node-local folders each node has its own (a run in an object
+store has one in the bucket too: ``objectstore/bucket_fence.py``). Raising it is a read then a
+write: two gangs that
 start at the same moment could each read the other's lower value, but a stale gang is by
 definition one that started earlier, so the newest gang's claim is the one that lands last.
 (Rejected: a lock or lease in the API server: the runtime talks to no API server for its own
@@ -35,21 +36,30 @@ log = logging.getLogger(__name__)
 FENCE_NAME = "fence.json"
 
 
-@dataclass(frozen=True)
-class Fence:
-    """The fence of the run folder ``root`` as seen by a gang of membership ``epoch``."""
+class FenceRules:
+    """What a fence means, wherever it is kept: ``epoch`` is this gang's; a subclass reads and
+    writes the fence's JSON body (``_read``: None when there is none) and says where it is."""
 
-    root: Path
     epoch: int
 
+    def _read(self) -> str | None:
+        raise NotImplementedError
+
+    def _write(self, body: str) -> None:
+        raise NotImplementedError
+
+    def where(self) -> str:
+        raise NotImplementedError
+
     def current(self) -> int | None:
-        """The fence's epoch, or None when no gang has claimed the run (or the file is bad)."""
-        try:
-            body = json.loads((self.root / FENCE_NAME).read_text())
-        except FileNotFoundError:
+        """The fence's epoch, or None when no gang has claimed the run (or the body is bad)."""
+        text = self._read()
+        if text is None:
             return None
-        except (OSError, ValueError) as exc:
-            log.warning("%s cannot be read (%s); treated as absent", self.root / FENCE_NAME, exc)
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            log.warning("%s cannot be read (%s); treated as absent", self.where(), exc)
             return None
         value = body.get("epoch") if isinstance(body, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -59,9 +69,7 @@ class Fence:
         current = self.current()
         if current is not None and current >= self.epoch:
             return
-        atomic.makedirs_durable(self.root)
-        body = json.dumps({"epoch": self.epoch}) + "\n"
-        atomic.write_bytes_atomic(self.root / FENCE_NAME, body.encode())
+        self._write(json.dumps({"epoch": self.epoch}) + "\n")
 
     def stale(self) -> str | None:
         """Why this gang may not commit (a newer gang claimed the run), or None."""
@@ -70,5 +78,29 @@ class Fence:
             return None
         return (
             f"this gang's membership epoch {self.epoch} is older than the run's fence "
-            f"{current} ({self.root / FENCE_NAME}): a newer gang owns the run"
+            f"{current} ({self.where()}): a newer gang owns the run"
         )
+
+
+@dataclass(frozen=True)
+class Fence(FenceRules):
+    """The fence of the run folder ``root`` as seen by a gang of membership ``epoch``."""
+
+    root: Path
+    epoch: int
+
+    def where(self) -> str:
+        return str(self.root / FENCE_NAME)
+
+    def _read(self) -> str | None:
+        try:
+            return (self.root / FENCE_NAME).read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("%s cannot be read (%s); treated as absent", self.where(), exc)
+            return None
+
+    def _write(self, body: str) -> None:
+        atomic.makedirs_durable(self.root)
+        atomic.write_bytes_atomic(self.root / FENCE_NAME, body.encode())

@@ -17,6 +17,7 @@ from ..fallback import first_valid
 from ..manifest import Manifest
 from ..remote import RemoteChoice
 from ..timestamp import Timestamp
+from .bucket_fence import claim_at_start
 from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
 from .folder import remote_run_folder
 from .rejected import reject_remote, repair_pointer
@@ -87,6 +88,7 @@ class S3Backend:
         """Resume's listing, downloads and repairs: every rank waits on them, so a hung store
         fails each request within seconds (``S3Store.responsive``); uploads keep ``store``."""
         self.run_uri = root.join(run_name)
+        claim_at_start(store, self.run_uri, rank)  # a managed gang's rank 0 (bucket_fence.py)
         self.uploader = CheckpointUploader(
             store,
             self.run_uri,

@@ -27,6 +27,7 @@ from ..run_folder.deleter import BucketDeleter, delete
 from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
 from ..run_folder.retention import select_for_deletion
 from ..timestamp import Timestamp
+from .bucket_fence import check_before_commit
 from .errors import ObjectStoreError
 from .folder import remote_run_folder, verify_remote
 from .retry import Backoff
@@ -127,6 +128,7 @@ class RemoteCommitter:
             Manifest.from_json(body, source=str(local_manifest))
         except (OSError, ManifestError):
             body = manifest.to_json().encode()
+        check_before_commit(self.store, self.run_uri, manifest)  # a newer gang owns the run?
         self.store.put_bytes(ckpt.join(MANIFEST_NAME), body, content_type="application/json")
         pointer_uri = self.run_uri.join(POINTER_NAME)
         current = None

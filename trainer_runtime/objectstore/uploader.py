@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import arguments, events
-from ..errors import ManifestError
+from ..errors import ManifestError, StaleMembershipError
 from ..layout import RunFolder
 from ..manifest import MANIFEST_NAME, Manifest
 from .errors import LocalDataError, ObjectStoreError
@@ -254,6 +254,11 @@ class CheckpointUploader:
                 sent = self.committer.upload(
                     job.manifest, job.local_dir, job.rank, check_first=retrying
                 )
+            except StaleMembershipError as exc:
+                self.stats.abandoned += 1
+                self.stats.last_error = str(exc)
+                log.error("object store: not committed (never retried): %s", exc)
+                return False
             except LocalDataError as exc:
                 self.stats.abandoned += 1
                 self.stats.last_error = str(exc)

@@ -1,0 +1,67 @@
+"""The run's fence in the bucket (objectstore/bucket_fence.py): a stale gang's checkpoint is
+not committed remotely, against a real S3 server."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.objectstore.helpers import RUN, make_checkpoint
+from tests.objectstore.test_uploader import _uploader
+from trainer_runtime import atomic
+from trainer_runtime.manifest import MANIFEST_NAME, Manifest
+from trainer_runtime.objectstore import S3Backend, S3Store, S3Uri, remote_pointer
+from trainer_runtime.objectstore.bucket_fence import BucketFence, claim_at_start
+
+
+def fenced_checkpoint(run_dir: Path, name: str, batch: int, epoch: int) -> Path:
+    """A committed local checkpoint whose manifest records the gang's membership epoch."""
+    folder, manifest = make_checkpoint(run_dir, name, batch=batch)
+    marked: Manifest = dataclasses.replace(manifest, extra={"membershipEpoch": epoch})
+    atomic.write_bytes_atomic(folder / MANIFEST_NAME, marked.to_json().encode())
+    return folder
+
+
+def test_rank_0_of_a_managed_gang_raises_the_fence_and_never_lowers_it(
+    store: S3Store, s3_root: S3Uri
+) -> None:
+    run_uri = s3_root.join(RUN)
+    claim_at_start(store, run_uri, 1, {"RTJ_MEMBERSHIP_EPOCH": "3"})  # not rank 0
+    claim_at_start(store, run_uri, 0, {})  # an unmanaged run
+    assert BucketFence(store, run_uri, 0).current() is None
+    claim_at_start(store, run_uri, 0, {"RTJ_MEMBERSHIP_EPOCH": "3"})
+    claim_at_start(store, run_uri, 0, {"RTJ_MEMBERSHIP_EPOCH": "2"})  # a stale gang's start
+    assert BucketFence(store, run_uri, 2).current() == 3
+    assert "older than the run's fence 3" in (BucketFence(store, run_uri, 2).stale() or "")
+    assert BucketFence(store, run_uri, 3).stale() is None
+
+
+def test_a_stale_gangs_checkpoint_is_not_committed_to_the_bucket(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path
+) -> None:
+    run_uri = s3_root.join(RUN)
+    run_dir = tmp_path / RUN
+    claim_at_start(store, run_uri, 0, {"RTJ_MEMBERSHIP_EPOCH": "2"})  # the new gang started
+    up = _uploader(store, s3_root)
+    up.submit(fenced_checkpoint(run_dir, "ep0-ba30", 30, epoch=1))  # the old gang, further on
+    up.submit(fenced_checkpoint(run_dir, "ep0-ba20", 20, epoch=2))
+    assert up.flush(60)
+    assert store.get_bytes(run_uri.join("ep0-ba30").join(MANIFEST_NAME)) is None
+    assert store.get_bytes(run_uri.join("ep0-ba20").join(MANIFEST_NAME)) is not None
+    assert remote_pointer(store, run_uri) == "ep0-ba20"  # never the stale line's
+    assert up.stats.abandoned == 1 and up.stats.failures == 0  # refused once, not retried
+    assert "membership epoch 1 is older than the run's fence 2" in up.stats.last_error
+    up.close()
+
+
+def test_a_managed_gangs_backend_raises_the_fence_when_it_opens(
+    s3_root: S3Uri, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RTJ_MEMBERSHIP_EPOCH", "4")
+    backend = S3Backend(s3_root, RUN, rank=0)
+    try:
+        assert BucketFence(backend.store, backend.run_uri, 0).current() == 4
+    finally:
+        backend.close()
