@@ -39,20 +39,34 @@ def test_rank_0_of_a_managed_gang_raises_the_fence_and_never_lowers_it(
 
 
 def test_a_stale_gangs_checkpoint_is_not_committed_to_the_bucket(
-    store: S3Store, s3_root: S3Uri, tmp_path: Path
+    store: S3Store, s3_root: S3Uri, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_uri = s3_root.join(RUN)
-    run_dir = tmp_path / RUN
     claim_at_start(store, run_uri, 0, {"RTJ_MEMBERSHIP_EPOCH": "2"})  # the new gang started
+    monkeypatch.setenv("RTJ_MEMBERSHIP_EPOCH", "1")  # this process: the old gang, further on
     up = _uploader(store, s3_root)
-    up.submit(fenced_checkpoint(run_dir, "ep0-ba30", 30, epoch=1))  # the old gang, further on
-    up.submit(fenced_checkpoint(run_dir, "ep0-ba20", 20, epoch=2))
+    up.submit(fenced_checkpoint(tmp_path / RUN, "ep0-ba30", 30, epoch=1))
     assert up.flush(60)
     assert store.get_bytes(run_uri.join("ep0-ba30").join(MANIFEST_NAME)) is None
-    assert store.get_bytes(run_uri.join("ep0-ba20").join(MANIFEST_NAME)) is not None
-    assert remote_pointer(store, run_uri) == "ep0-ba20"  # never the stale line's
+    assert remote_pointer(store, run_uri) is None  # the pointer never names the stale line
     assert up.stats.abandoned == 1 and up.stats.failures == 0  # refused once, not retried
     assert "membership epoch 1 is older than the run's fence 2" in up.stats.last_error
+    up.close()
+
+
+def test_a_newer_gang_sends_an_older_gangs_committed_checkpoint_on(
+    store: S3Store, s3_root: S3Uri, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old gang committed on this disk but its upload was cut short; the new gang (the
+    fence's epoch) finds it and uploads it: the epoch that counts is the uploader's."""
+    run_uri = s3_root.join(RUN)
+    claim_at_start(store, run_uri, 0, {"RTJ_MEMBERSHIP_EPOCH": "2"})
+    monkeypatch.setenv("RTJ_MEMBERSHIP_EPOCH", "2")
+    up = _uploader(store, s3_root)
+    up.submit(fenced_checkpoint(tmp_path / RUN, "ep0-ba30", 30, epoch=1))
+    assert up.flush(60)
+    assert remote_pointer(store, run_uri) == "ep0-ba30"
+    assert up.stats.abandoned == 0
     up.close()
 
 

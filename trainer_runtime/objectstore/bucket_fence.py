@@ -5,9 +5,11 @@ more place a stale gang could write: its uploads, whose remote commit (``remote_
 puts ``manifest.json`` and moves ``latest.json``. So ``fence.json`` is kept at the run's root in
 the bucket too: rank 0 of each managed gang raises it to its epoch when its backend opens (the
 gang's start), and the leader checks it right before the manifest of each remote commit. A
-checkpoint whose manifest records an older epoch (``extra.membershipEpoch``) is then not
-committed remotely (``StaleMembershipError``: never retried, its files stay where they are, and
-no pointer moves). Like the local fence it is a read then a write, not an atomic compare.
+process of an older epoch (a stale gang) then commits nothing remotely (``StaleMembershipError``:
+never retried, its files stay where they are, and no pointer moves). What counts is the epoch of
+the process that uploads, not the one the manifest records: a newer gang that finds an older
+gang's committed checkpoint still on its disk (its upload cut short by the grace period) sends
+it on as before. Like the local fence it is a read then a write, not an atomic compare.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from .store import S3Store
 from .uri import S3Uri
 
 log = logging.getLogger(__name__)
-EPOCH_KEY = "membershipEpoch"
-"""Where a fenced gang's manifest records its epoch (``extra``)."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,14 @@ def claim_at_start(
         log.warning("object store: could not raise %s to epoch %d: %s", fence.where(), epoch, exc)
 
 
-def check_before_commit(store: S3Store, run_uri: S3Uri, manifest: Manifest) -> None:
-    """Raise ``StaleMembershipError`` when a newer gang has claimed the run in the bucket."""
-    epoch = manifest.extra.get(EPOCH_KEY)
-    if not isinstance(epoch, int) or isinstance(epoch, bool):
-        return  # an unmanaged run's checkpoint: nothing fences it
+def check_before_commit(
+    store: S3Store, run_uri: S3Uri, manifest: Manifest, environ: Mapping[str, str] | None = None
+) -> None:
+    """Raise ``StaleMembershipError`` when a newer gang than this process's has claimed the run
+    in the bucket."""
+    epoch = epoch_from(os.environ if environ is None else environ)
+    if epoch is None:
+        return  # not a managed gang: nothing fences it
     stale = BucketFence(store, run_uri, epoch).stale()
     if stale is not None:
         raise StaleMembershipError(f"{manifest.name} is not committed to {run_uri}: {stale}")
