@@ -15,6 +15,7 @@ from .errors import (
     NoCheckpointError,
     OverwriteError,
     SaveFailedError,
+    StaleMembershipError,
     WorldSizeMismatchError,
 )
 from .warm_start import start_from_environment as _start_prefetch
@@ -76,6 +77,7 @@ __all__ = [
     "SaveFailedError",
     "SaveInterval",
     "SavedCheckpoint",
+    "StaleMembershipError",
     "Timestamp",
     "WorldSizeMismatchError",
 ]

@@ -281,8 +281,12 @@ def test_a_real_process_reports_its_interval_and_saves_at_that_cadence(tmp_path)
         gaps.append((at[id(after)] - at[id(before)], in_force))
     for gap, interval in gaps:
         assert interval * 0.8 <= gap <= interval + 1.0, gaps
-    first_gap_after_change = [g for g, i in gaps if i < 3.0]
-    assert first_gap_after_change and max(first_gap_after_change) < 2.9, gaps
+    if any(e["interval_s"] < 3.0 for e in chosen[1:]):
+        # The measured cost moved the interval down (a save costs a few ms on a quiet machine;
+        # on a loaded one it may measure long enough to stay clamped at 3 s, checked above):
+        # the saves then come sooner than the old interval.
+        first_gap_after_change = [g for g, i in gaps if i < 3.0]
+        assert first_gap_after_change and max(first_gap_after_change) < 2.9, gaps
 
 
 GANG_JOB = """
