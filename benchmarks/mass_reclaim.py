@@ -34,7 +34,6 @@ import random
 import re
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -49,10 +48,9 @@ from operator_latency import (
     REPLICAS,
     Bench,
     PodWatch,
-    apply_crds,
     clean_up,
-    cluster_kubeconfig,
     log,
+    open_session,
     start_operator,
     summary,
     wait,
@@ -264,13 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
 
-    kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
-    kube = Kube(kubeconfig)
-    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
-    version = kube.req("GET", "/version").get("gitVersion")
-    apply_crds(kube)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    log_path = args.json.with_suffix(".operator.log")
+    session = open_session(args.keep_cluster, args.json)
+    version = session.version
+    bench, plane, log_path = session.bench, session.plane, session.log_path
     log_path.touch()
     try:
         log(

@@ -506,6 +506,28 @@ def cluster_kubeconfig(keep: bool) -> tuple[str, ControlPlane | None]:
     return plane.up(nodes=0), plane
 
 
+@dataclass
+class Session:
+    """A benchmark's cluster, client and operator log, as ``open_session`` sets them up."""
+
+    bench: Bench
+    plane: ControlPlane | None
+    version: str | None
+    log_path: Path
+
+
+def open_session(keep_cluster: bool, json_path: Path) -> Session:
+    """The cluster (brought up here unless KUBECONFIG names one), the CRDs applied, and the
+    operator's log file beside ``json_path``."""
+    kubeconfig, plane = cluster_kubeconfig(keep_cluster)
+    kube = Kube(kubeconfig)
+    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
+    version = kube.req("GET", "/version").get("gitVersion")
+    apply_crds(kube)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    return Session(bench, plane, version, json_path.with_suffix(".operator.log"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both measurements and write the JSON report."""
     args_given = sys.argv[1:] if argv is None else argv
@@ -538,13 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     baseline = args.baseline or (3 if args.quick else 10)
     restarts = args.restarts or (3 if args.quick else 8)
 
-    kubeconfig, plane = cluster_kubeconfig(args.keep_cluster)
-    kube = Kube(kubeconfig)
-    bench = Bench(kube, kubeconfig, uuid.uuid4().hex[:6])
-    version = kube.req("GET", "/version").get("gitVersion")
-    apply_crds(kube)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    log_path = args.json.with_suffix(".operator.log")
+    session = open_session(args.keep_cluster, args.json)
+    version = session.version
+    bench, plane, log_path = session.bench, session.plane, session.log_path
     try:
         log(f"operator: {preemptions} preemptions of a {REPLICAS}-rank job")
         operator = measure_operator(bench, preemptions, log_path)
