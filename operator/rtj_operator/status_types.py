@@ -388,7 +388,7 @@ class JobStatus(ApiModel):
     """With ``recovery.survivors: Stay``, while an elastic gang grows: since when the kept pods
     train on under their previous membership while the attempt's new pods start in standby.
     Cleared when every pod is given the new membership (each new pod's agent said it is warm,
-    or ``survivors.STANDBY_WAIT_SECONDS`` passed)."""
+    or 120 s passed)."""
     run_name: str | None = None
     """Effective run name (spec.runName or the job's name), fixed at the first reconcile."""
     resume_from: str | None = None
@@ -458,7 +458,7 @@ class JobStatus(ApiModel):
     """Highest step the current attempt's ranks reported."""
     steps_at_risk: int | None = None
     """The steps an interruption now would throw away: ``currentStep`` less the step of
-    ``lastCommittedCheckpoint`` (committed at its ``time``); None while either is unknown. For
+    ``lastCommittedCheckpoint`` (committed at its ``time``); absent while either is unknown. For
     checkpoint-aware choices of a victim: ``kubectl get rtj --sort-by=.status.stepsAtRisk``."""
     interruptions: list[Interruption] = Field(default_factory=list)
     """Most recent interruptions, oldest first (bounded to the last 20)."""
