@@ -93,9 +93,9 @@ def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = Fals
         _EmptyStateDictLoadPlanner,
     )
 
+    from .run_folder.names import METADATA_NAME  # noqa: PLC0415
     from .sharded.keys import MODEL_KEY  # noqa: PLC0415
     from .sharded.reading import VerifyingReader  # noqa: PLC0415
-    from .sharded.storage import METADATA_NAME  # noqa: PLC0415
 
     problem = check_files_present(ckpt, manifest)
     if problem is not None:

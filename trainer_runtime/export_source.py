@@ -131,9 +131,9 @@ class ShardedSource(WeightSource):
     ) -> None:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: PLC0415
 
+        from .run_folder.names import METADATA_NAME  # noqa: PLC0415
         from .sharded.keys import MODEL_KEY  # noqa: PLC0415
         from .sharded.reading import VerifyingReader  # noqa: PLC0415
-        from .sharded.storage import METADATA_NAME  # noqa: PLC0415
 
         problem = check_files_present(ckpt, manifest)
         if problem is not None:

@@ -52,9 +52,8 @@ from torch.futures import Future
 
 from .. import atomic
 from ..manifest import FileEntry
+from ..run_folder.names import DATA_SUFFIX, METADATA_NAME
 
-METADATA_NAME = ".metadata"
-DATA_SUFFIX = ".distcp"
 _IO_BLOCK = 16 << 20
 """Writes go in blocks this size; the hashing thread hashes one while the next is written."""
 
