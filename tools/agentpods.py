@@ -4,6 +4,7 @@ and whose membership file it rewrites the way the operator's annotation would.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "multiproc" / "survivor_worker.py"
@@ -19,6 +21,20 @@ STEPS = 40
 
 class Pods:
     """Agent pods on this machine, each in its own session (a node)."""
+
+    started: ClassVar[list[subprocess.Popen]] = []
+    """Every pod of every ``Pods`` of this process (``kill_leftovers``)."""
+
+    @classmethod
+    def kill_leftovers(cls) -> None:
+        """End every pod still running (a test that failed midway leaves a standby pod waiting
+        for a membership that never comes)."""
+        for proc in cls.started:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        cls.started.clear()
 
     def __init__(self, tmp: Path, steps: int = STEPS, step_s: float = 0.1) -> None:
         self.tmp, self.folder, self.out = tmp, tmp / "ckpt", tmp / "out"
@@ -66,6 +82,7 @@ class Pods:
             cwd=ROOT,
         )
         self.pods[name] = proc
+        Pods.started.append(proc)
         return proc
 
     def announce(self, name: str, **fields: object) -> None:
