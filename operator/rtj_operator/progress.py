@@ -19,7 +19,7 @@ says nothing of the trainer inside it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,10 +97,10 @@ def parse_report(text: str | None) -> Report | None:
     return None
 
 
-def _progress_json(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """The pod's progress annotation as a JSON object (the last line that is one), also before
-    the attempt's first commit, when it holds only ``current_step``."""
-    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+def annotation_json(pod: Mapping[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """The pod's annotation ``key`` as a JSON object (its last line that is one: the runtime's
+    progress may carry several), or None when absent or not an object."""
+    text = (((pod or {}).get("metadata") or {}).get("annotations") or {}).get(key)
     for line in reversed((text or "").strip().splitlines()):
         try:
             data = json.loads(line)
@@ -109,6 +109,12 @@ def _progress_json(pod: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(data, dict):
             return data
     return None
+
+
+def _progress_json(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's progress annotation as a JSON object (the last line that is one), also before
+    the attempt's first commit, when it holds only ``current_step``."""
+    return annotation_json(pod, PROGRESS_ANNOTATION)
 
 
 @dataclass(frozen=True)

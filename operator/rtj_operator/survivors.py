@@ -49,6 +49,7 @@ from .envvars import (
 )
 from .plan_types import MembershipWrite
 from .podstate import is_deleting, pod_deletion
+from .progress import annotation_json
 from .reconcile_context import ReconcileContext
 from .spec_types import Survivors
 from .status_types import Phase
@@ -188,22 +189,13 @@ def adopt(ctx: ReconcileContext, mechanism: gang.Mechanism, existing: Mapping[in
 
 def _grow_notice(pod: Mapping[str, Any] | None) -> bool:
     """Whether the pod's notice is a grow's request to checkpoint (not a real one)."""
-    raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(NOTICE_ANNOTATION)
-    try:
-        said = json.loads(raw or "null")
-    except ValueError:
-        return False
-    return isinstance(said, dict) and said.get("reason") == elastic.GROW_REASON
+    said = annotation_json(pod, NOTICE_ANNOTATION) or {}
+    return said.get("reason") == elastic.GROW_REASON
 
 
 def ready_epoch(pod: Mapping[str, Any] | None) -> int | None:
     """The epoch a standby pod's agent said it is warm for (``resumable.dev/agent-ready``)."""
-    raw = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(AGENT_READY_ANNOTATION)
-    try:
-        said = json.loads(raw or "null")
-    except ValueError:
-        return None
-    value = said.get("epoch") if isinstance(said, dict) else None
+    value = (annotation_json(pod, AGENT_READY_ANNOTATION) or {}).get("epoch")
     return value if isinstance(value, int) else None
 
 
