@@ -99,6 +99,7 @@ def rank_environment(
     size: int | None = None,
     master_addr: str | None = None,
     status: JobStatus | None = None,
+    pod_name: str | None = None,
 ) -> list[dict[str, str]]:
     """The pod environment contract for one pod (``rank`` is the pod's index, torchrun's
     node rank), in contract order.
@@ -128,7 +129,7 @@ def rank_environment(
         envvars.NAMESPACE: job.ref.namespace,
         envvars.RUN_NAME: job.run_name,
         envvars.ATTEMPT: str(attempt),
-        envvars.POD_NAME: names.pod_name(job.ref.name, attempt, rank),
+        envvars.POD_NAME: pod_name or names.pod_name(job.ref.name, attempt, rank),
         envvars.CHECKPOINT_DIR: job.spec.checkpoint.dir,
         envvars.RESUME_FROM: resume_from,
         envvars.QUARANTINED: ",".join(quarantined),
@@ -157,13 +158,15 @@ def build_pod(
     master_addr: str | None = None,
     status: JobStatus | None = None,
     standby: bool = False,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``);
     ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
     pod, survivors.py); ``standby``: its agent starts no worker before a membership names it
-    (a warm grow, survivors.py)."""
+    (a warm grow, survivors.py); ``name``: the pod's name and hostname when it is not the
+    rank's (a spare, spares.py)."""
     size = job.spec.replicas if size is None else size
-    name = names.pod_name(job.ref.name, attempt, rank)
+    name = name or names.pod_name(job.ref.name, attempt, rank)
     template = copy.deepcopy(job.raw_template)
     tmeta = template.get("metadata") or {}
     spec: dict[str, Any] = template.get("spec") or {}
@@ -218,6 +221,7 @@ def build_pod(
         report_file=report_file,
         master_addr=master_addr,
         status=status,
+        pod_name=name,
     )
     if standby:
         env.append({"name": envvars.STANDBY, "value": "1"})

@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import gang, names
-from .envvars import POD_NAME
 from .manifests import build_pod
 from .podstate import is_deleting, is_finished, pod_deletion
 from .reconcile_context import ReconcileContext
@@ -124,16 +123,10 @@ def _spare_pod(ctx: ReconcileContext, index: int) -> dict[str, Any]:
         quarantined=list(st.quarantined_checkpoints),
         status=st,
         standby=True,
+        name=name,
     )
-    meta = pod["metadata"]
-    meta["name"] = name
-    labels = meta["labels"]
+    labels = pod["metadata"]["labels"]
     labels.pop(names.LABEL_ATTEMPT, None)
     labels.pop(names.LABEL_RANK, None)
     labels[names.LABEL_ROLE] = names.ROLE_SPARE
-    pod["spec"]["hostname"] = name
-    for container in pod["spec"]["containers"]:
-        for item in container.get("env") or []:
-            if item.get("name") == POD_NAME:
-                item["value"] = name
     return pod
