@@ -12,7 +12,7 @@ which are per handler and do not expose a deleted object's last state to another
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from . import names
@@ -41,11 +41,10 @@ class WatchCache:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeView] = {}
         self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
-        self.jobs_on_node: dict[str, set[Key]] = defaultdict(set)
-        # How many of a job's rank pods each node holds (a job leaves a node's set at 0): a
-        # count, not a scan of every route on each pod event, which with hundreds of jobs made
-        # the pod events of a mass reclaim quadratic.
-        self.pods_on_node: dict[tuple[str, Key], int] = {}
+        # The jobs on each node, with how many of their rank pods it holds (a job leaves at 0):
+        # a count, not a scan of every route on each pod event, which with hundreds of jobs
+        # made the pod events of a mass reclaim quadratic.
+        self.jobs_on_node: dict[str, Counter[Key]] = defaultdict(Counter)
         self.departed: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = defaultdict(dict)
         # Jobs with a rank pod missing from the list whose DELETED event is still on its way.
         self.unexplained: dict[Key, float] = {}
@@ -68,19 +67,16 @@ class WatchCache:
             node = (body.get("spec") or {}).get("nodeName")
             self.pod_routes[pod_id] = (key, node)
             if node:
-                self.jobs_on_node[node].add(key)
-                self.pods_on_node[node, key] = self.pods_on_node.get((node, key), 0) + 1
+                self.jobs_on_node[node][key] += 1
         return key
 
     def _unroute(self, node: str, key: Key) -> None:
-        left = self.pods_on_node.get((node, key), 0) - 1
-        if left > 0:
-            self.pods_on_node[node, key] = left
-            return
-        self.pods_on_node.pop((node, key), None)
-        self.jobs_on_node[node].discard(key)
-        if not self.jobs_on_node[node]:
-            self.jobs_on_node.pop(node, None)
+        jobs = self.jobs_on_node[node]
+        jobs[key] -= 1
+        if jobs[key] <= 0:
+            del jobs[key]
+        if not jobs:
+            del self.jobs_on_node[node]
 
     def node_event(self, event_type: str | None, body: dict[str, Any]) -> list[Key] | None:
         """Remember a node's state; the jobs on it when something that matters changed, None

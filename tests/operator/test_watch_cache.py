@@ -29,15 +29,14 @@ def test_a_node_routes_to_a_job_while_any_of_its_pods_is_there():
     cache.pod_event("ADDED", pod("a", "a-0", "n1"))
     cache.pod_event("ADDED", pod("a", "a-1", "n1"))
     cache.pod_event("ADDED", pod("b", "b-0", "n1"))
-    assert cache.jobs_on_node["n1"] == {("ns", "a"), ("ns", "b")}
+    assert cache.jobs_on_node["n1"] == {("ns", "a"): 2, ("ns", "b"): 1}
     cache.pod_event("MODIFIED", pod("a", "a-0", "n1"))  # the same route again: counted once
     cache.pod_event("DELETED", pod("a", "a-0", "n1"))
-    assert cache.jobs_on_node["n1"] == {("ns", "a"), ("ns", "b")}  # a-1 is still there
+    assert cache.jobs_on_node["n1"] == {("ns", "a"): 1, ("ns", "b"): 1}  # a-1 is still there
     cache.pod_event("DELETED", pod("a", "a-1", "n1"))
-    assert cache.jobs_on_node["n1"] == {("ns", "b")}
+    assert cache.jobs_on_node["n1"] == {("ns", "b"): 1}
     cache.pod_event("DELETED", pod("b", "b-0", "n1"))
     assert "n1" not in cache.jobs_on_node
-    assert cache.pods_on_node == {}
     assert cache.node_event("DELETED", deleted_node("n1")) == []
 
 
@@ -49,8 +48,7 @@ def test_a_pod_bound_later_moves_its_route_to_its_node():
     cache.pod_event("ADDED", pod("a", "a-1", "n3"))
     assert cache.node_event("DELETED", deleted_node("n2")) == [("ns", "a")]
     cache.pod_event("DELETED", pod("a", "a-0", "n2"))
-    assert set(cache.jobs_on_node) == {"n3"}
-    assert cache.pods_on_node == {("n3", ("ns", "a")): 1}
+    assert cache.jobs_on_node == {"n3": {("ns", "a"): 1}}
 
 
 def test_many_jobs_route_by_counts_not_by_a_scan():
@@ -64,7 +62,6 @@ def test_many_jobs_route_by_counts_not_by_a_scan():
         for rank in range(4):
             cache.pod_event("DELETED", pod(f"j{job}", f"j{job}-{rank}", f"n{(job + rank) % 60}"))
     assert dict(cache.jobs_on_node) == {}
-    assert cache.pods_on_node == {}
 
 
 def test_kopf_builds_no_diff_base_and_keeps_no_progress():
