@@ -15,8 +15,11 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import TypeVar
 
 from .errors import ConfigError
+
+T = TypeVar("T", int, float)
 
 
 def kind(value: object) -> str:
@@ -98,16 +101,7 @@ def environment_seconds(
     """A number of seconds from an environment variable: ``default`` when unset or empty, else
     a finite decimal number for which ``ok`` holds. A bad value is a ``ConfigError`` naming the
     variable and ``expected``."""
-    raw = environ.get(variable, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not ok(value):
-        raise ConfigError(f"{variable}={raw!r}: expected {expected}")
-    return value
+    return _from_environment(variable, environ, default, expected, parse=_finite_float, ok=ok)
 
 
 def environment_integer(
@@ -121,13 +115,39 @@ def environment_integer(
     when unset or empty, else a decimal int for which ``ok`` holds. A bad value is a
     ``ConfigError`` naming the variable (``int()``'s own ``ValueError`` named neither the
     variable nor what was expected)."""
+    return _from_environment(variable, environ, default, expected, parse=_int_or_none, ok=ok)
+
+
+def _finite_float(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _int_or_none(raw: str) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _from_environment(
+    variable: str,
+    environ: Mapping[str, str],
+    default: T,
+    expected: str,
+    *,
+    parse: Callable[[str], T | None],
+    ok: Callable[[T], bool],
+) -> T:
+    """``default`` when the variable is unset or empty, else its parsed value for which ``ok``
+    holds; otherwise a ``ConfigError`` naming the variable and ``expected``."""
     raw = environ.get(variable, "").strip()
     if not raw:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
+    value = parse(raw)
     if value is None or not ok(value):
         raise ConfigError(f"{variable}={raw!r}: expected {expected}")
     return value
