@@ -18,14 +18,19 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from . import envvars, metrics
-from .controller import Controller
-from .handlers import PeeringOptions, QuietEventHandlers, build_registry
-from .kube import KubeApi
+from .act import metrics
+from .act.controller import Controller
+from .act.handlers import PeeringOptions, QuietEventHandlers, build_registry
+from .act.kube import KubeApi
+from .api import envvars
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse the command line."""
+    """Parse the command line.
+
+    Long on purpose: it is the table of the operator's flags, one ``add_argument`` each with its
+    help text, read top to bottom as ``--help`` prints it; the checks across flags are
+    ``_invalid``'s."""
     parser = argparse.ArgumentParser(
         prog="rtj-operator",
         description=__doc__,
@@ -192,9 +197,9 @@ def _cannot_listen(host: str, port: int) -> str | None:
         return os.strerror(err.errno) if err.errno else str(err)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the operator until SIGINT/SIGTERM."""
-    args = parse_args(argv)
+def _bind_listeners(args: argparse.Namespace) -> str | None:
+    """Start the metrics server and check that the liveness endpoint can listen; the error
+    line to print (the process then exits 2), else None."""
     if args.metrics_port:
         # Bound here, not in a kopf startup handler: kopf retries a failed startup handler every
         # minute, so a port in use left a live process that served no job and said so only in
@@ -202,48 +207,65 @@ def main(argv: list[str] | None = None) -> int:
         try:
             metrics.serve(args.metrics_port, args.metrics_address)
         except OSError as err:
-            print(
+            return (
                 f"rtj-operator: error: --metrics-port {args.metrics_port} on --metrics-address "
-                f"{args.metrics_address}: cannot listen: {err.strerror or err}",
-                file=sys.stderr,
+                f"{args.metrics_address}: cannot listen: {err.strerror or err}"
             )
-            return 2
     if args.liveness:
         # kopf binds it inside its running loop, where a failure was a traceback and exit 1.
         host, port = _liveness_address(args.liveness)
         problem = _cannot_listen(host, port)
         if problem:
-            print(
+            return (
                 f"rtj-operator: error: --liveness {args.liveness}: cannot listen on "
-                f"{host}:{port}: {problem}",
-                file=sys.stderr,
+                f"{host}:{port}: {problem}"
             )
-            return 2
-    # Logging is configured only once nothing can refuse the start any more: an early exit
-    # leaves the process's logging as it found it.
+    return None
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """kopf's and the package's log levels; handler chatter hidden unless ``--verbose``."""
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rtj_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(QuietEventHandlers())
+
+
+def _peering_options(
+    args: argparse.Namespace, identity: str, priority: int
+) -> PeeringOptions | None:
+    """How this replica takes part in peering (None: ``--standalone``)."""
+    if args.standalone:
+        return None
+    max_pause = args.max_pause_seconds
+    return PeeringOptions(
+        name=args.peering,
+        identity=identity,
+        priority=priority,
+        lifetime=args.peering_lifetime,
+        max_pause=2.0 * args.peering_lifetime if max_pause is None else max_pause,
+        namespaces=None if args.all_namespaces else tuple(args.namespace),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the operator until SIGINT/SIGTERM."""
+    args = parse_args(argv)
+    refusal = _bind_listeners(args)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    # Logging is configured only once nothing can refuse the start any more: an early exit
+    # leaves the process's logging as it found it.
+    _configure_logging(args)
     api = KubeApi()
     controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     identity = args.id or f"rtj-operator@{socket.gethostname()}/{os.getpid()}"
-    peering = None
-    if not args.standalone:
-        max_pause = args.max_pause_seconds
-        peering = PeeringOptions(
-            name=args.peering,
-            identity=identity,
-            priority=priority,
-            lifetime=args.peering_lifetime,
-            max_pause=2.0 * args.peering_lifetime if max_pause is None else max_pause,
-            namespaces=None if args.all_namespaces else tuple(args.namespace),
-        )
     registry = build_registry(
         controller,
         api=api,
-        peering=peering,
+        peering=_peering_options(args, identity, priority),
     )
     kopf.run(
         registry=registry,

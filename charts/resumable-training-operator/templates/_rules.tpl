@@ -1,6 +1,6 @@
 {{/*
 Namespaced rules of the operator ("-jobs" ClusterRole or per-namespace Role); they mirror
-JOB_RULES in operator/rtj_operator/rbac.py.
+JOB_RULES in operator/rtj_operator/api/rbac.py.
 */}}
 {{- define "rtj.jobRules" -}}
 # The jobs themselves (the operator never writes their spec).
@@ -33,6 +33,10 @@ JOB_RULES in operator/rtj_operator/rbac.py.
 # The Admitted condition of a job with spec.queueName: why Kueue keeps its gang waiting.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
+  verbs: ["get"]
+# Which ClusterQueue an elastic job's spec.queueName submits to: its free quota sizes the gang.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
   verbs: ["get"]
 # Each job's own ServiceAccount for its ranks.
 - apiGroups: [""]

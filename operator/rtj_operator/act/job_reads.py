@@ -1,0 +1,118 @@
+"""What one reconcile reads about a job besides the job itself: its pods, their nodes, and the
+objects beside the gang (support objects, the attempt's PodGroup, Kueue's Workload and
+ClusterQueue).
+
+Everything that decides is read from the API server (consistent reads, controller.py); only the
+nodes come from the node watch's cache, where a miss falls back to a GET. Objects the decision
+cannot use are not read at all: nothing beside a job that has ended, is deleted or suspended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import names
+from ..api.api_types import Job
+from ..api.status_types import TERMINAL_PHASES
+from ..decide import gang, kueue_quota, kueue_workload, spares, support, survivors
+from ..decide.gang_mechanisms import of_status
+from ..decide.nodes import NodeView, node_view
+from ..decide.podstate import pod_attempt
+from . import kueue_reads
+from .discovery import ApiDiscovery
+from .executor import foreign_pods
+from .kube import KubeApi
+from .watch_cache import WatchCache
+
+
+@dataclass
+class JobInputs:
+    """What the reconcile of one job is decided from, besides the job."""
+
+    pods: list[dict[str, Any]]
+    observed: support.Observed
+    nodes: dict[str, NodeView]
+
+
+class JobReader:
+    """Reads the inputs of a job's reconcile for one operator process."""
+
+    def __init__(self, api: KubeApi, discovery: ApiDiscovery, watched: WatchCache):
+        self.api = api
+        self.discovery = discovery
+        self.watched = watched
+
+    async def read(self, job: Job) -> JobInputs:
+        """The job's pods (with any unlabelled pod holding a name of its attempt), its support
+        objects as they are now, and the nodes its pods run on."""
+        pods, observed = await asyncio.gather(
+            self.api.list_pods(job.ref.namespace, names.job_selector(job.ref.name)),
+            self.support(job),
+        )
+        pods += await self.unlabelled_holders(job, pods)
+        return JobInputs(pods=pods, observed=observed, nodes=await self.node_views(job, pods))
+
+    async def node_views(self, job: Job, pods: list[dict[str, Any]]) -> dict[str, NodeView]:
+        """The nodes of the attempt's pods and spares: from the node watch, else a GET."""
+        wanted = {
+            (p.get("spec") or {}).get("nodeName")
+            for p in pods
+            if support.controlled_by(p, job.ref.uid)
+            and (pod_attempt(p) == job.status.attempt or spares.is_spare(p))
+        } - {None, ""}
+        views: dict[str, NodeView] = {}
+        missing = []
+        for name in wanted:
+            cached = self.watched.nodes.get(name)
+            if cached is not None:
+                views[name] = cached
+            else:
+                missing.append(name)
+        fetched = await asyncio.gather(*(self.api.get_node(n) for n in missing))
+        for name, body in zip(missing, fetched, strict=True):
+            views[name] = node_view(name, body)
+        return views
+
+    async def unlabelled_holders(
+        self, job: Job, listed: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Pods without the job's labels (made by hand) that hold a pod name of the attempt
+        still to be created: the label selector cannot see them, and creating the rank's pod
+        would answer 409 as if it were the job's own. Read only while a gang is created."""
+        st = job.status
+        if job.ref.deleting or st.phase in TERMINAL_PHASES or job.spec.suspend or st.gang_created:
+            return []
+        wanted = set(survivors.attempt_pod_names(job)) - {p["metadata"]["name"] for p in listed}
+        return await foreign_pods(self.api, job.ref.namespace, wanted, job.ref.uid)
+
+    async def support(self, job: Job) -> support.Observed:
+        """The job's support objects as they are now (not read once the job has ended)."""
+        if job.ref.deleting or job.status.phase in TERMINAL_PHASES or job.spec.suspend:
+            return {}
+        wanted = {
+            kind: body["metadata"]["name"]
+            for kind, body in support.desired(job, job.status.attempt).items()
+        }
+        observed = await self.api.get_support(job.ref.namespace, wanted)
+        if not job.status.gang_created and await self.discovery.pod_groups():
+            # Its name may still be held by the group of a deleted job of the same name.
+            group = gang.group_name(job.ref.name, job.status.attempt)
+            observed = {
+                **observed,
+                support.POD_GROUP: await self.api.get_object(
+                    self.api.pod_group_path(job.ref.namespace, group)
+                ),
+            }
+        if job.status.gang_created and of_status(job.status.gang_scheduling).queued:
+            # A queue admits the gang: Kueue's Workload says whether it did, and why not.
+            workload = await kueue_reads.read_workload(self.api, job)
+            if workload is not False:
+                observed = {**observed, kueue_workload.WORKLOAD: workload}
+        if job.spec.elastic is not None and job.spec.queue_name and await self.discovery.kueue():
+            # Elastic sizing counts the queue's free quota as well as node room.
+            queue = await kueue_reads.read_cluster_queue(self.api, job)
+            if queue is not False:
+                observed = {**observed, kueue_quota.CLUSTER_QUEUE: queue}
+        return observed
