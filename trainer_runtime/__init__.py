@@ -18,18 +18,18 @@ from .errors import (
     StaleMembershipError,
     WorldSizeMismatchError,
 )
-from .warm_start import start_from_environment as _start_prefetch
+from .resume.warm_start import start_from_environment as _start_prefetch
 
 # In a pod of a new attempt, start fetching the checkpoint the operator named while the script
-# goes on to import torch and form its process group (warm_start.py); elsewhere a no-op.
+# goes on to import torch and form its process group (resume/warm_start.py); elsewhere a no-op.
 _start_prefetch()
 
 if TYPE_CHECKING:
     from .manager import CheckpointManager, ResumeResult, SavedCheckpoint
-    from .manifest import Manifest
     from .objectstore.errors import ObjectStoreConfigError, ObjectStoreError
     from .prefetch import Prefetched
     from .sampler import DataPositionError, ResumableSampler
+    from .save.manifest import Manifest
     from .timestamp import Event, SaveInterval, Timestamp
 
 # Names that need torch (or xxhash) load on first use, so tools that only need the object
@@ -38,7 +38,7 @@ _LAZY = {
     "CheckpointManager": "manager",
     "ResumeResult": "manager",
     "SavedCheckpoint": "manager",
-    "Manifest": "manifest",
+    "Manifest": "save.manifest",
     "Prefetched": "prefetch",
     "ObjectStoreConfigError": "objectstore.errors",
     "ObjectStoreError": "objectstore.errors",

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import arguments
 from .errors import ConfigError
+from .run import arguments
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import is_remote
 from .errors import CheckpointError
-from .layout import RunFolder
-from .manifest import MANIFEST_NAME, Manifest
-from .rejection import foreign_entry
+from .resume.rejection import foreign_entry
+from .run.config import is_remote
+from .run_folder.layout import RunFolder
 from .run_folder.names import is_checkpoint_file
+from .save.manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
     from .objectstore import S3Store, S3Uri

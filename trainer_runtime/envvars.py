@@ -1,7 +1,7 @@
 """Names of every environment variable the runtime reads: the runtime half of the pod contract.
 
 The operator injects these into each rank's container (docs/operator.md); its own copy of the
-names lives in ``rtj_operator.envvars`` and a test checks that both halves agree. Keeping the
+names lives in ``rtj_operator.api.envvars`` and a test checks that both halves agree. Keeping the
 names here, and nowhere else in the runtime, is what makes that check meaningful.
 """
 
@@ -50,7 +50,7 @@ QUARANTINED = "RTJ_QUARANTINED"
 NOTICE_FILE = "RTJ_NOTICE_FILE"
 GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 
-# Membership without a restart (trainer_runtime/membership.py, docs/survivors.md): the epoch of
+# Membership without a restart (trainer_runtime/pod/membership.py, docs/survivors.md): the epoch of
 # the gang this process belongs to (it only grows; every commit is fenced by it), the downward
 # API file the in-pod agent watches for a new membership, and how long a survivor whose worker
 # stopped waits for one before it gives up and exits (the operator then replaces the gang).
@@ -61,6 +61,13 @@ REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
 # agent imports torch and the runtime, says so in AGENT_READY_ANNOTATION on its own pod, and
 # starts no worker until a membership names it. Not in ALL_RTJ: only such pods get it.
 STANDBY = "RTJ_STANDBY"
+# Saving the last finished step from a survivor's memory (save/survivor.py): the agent gives
+# each worker a file to say it can (SURVIVOR_SAVE_FILE, the agent's own, not the user's) and
+# waits up to SURVIVOR_SAVE_SECONDS for that worker's save; the user sets SURVIVOR_SAVE=0 to
+# turn the save off. Not in ALL_RTJ: the operator injects none of them.
+SURVIVOR_SAVE = "RTJ_SURVIVOR_SAVE"
+SURVIVOR_SAVE_FILE = "RTJ_SURVIVOR_SAVE_FILE"
+SURVIVOR_SAVE_SECONDS = "RTJ_SURVIVOR_SAVE_SECONDS"
 
 # Where the runtime reports its last committed checkpoint (the container's termination
 # message path, so the operator reads it from the pod status).
@@ -72,21 +79,21 @@ REPORT_FILE = "RTJ_REPORT_FILE"
 EVENTS_FILE = "RTJ_EVENTS_FILE"
 
 # Optional: seconds between rank 0's reports of its current step to its pod annotation
-# (progress.py; default 2). A user with hundreds of jobs per API server may raise it.
+# (pod/progress.py; default 2). A user with hundreds of jobs per API server may raise it.
 PROGRESS_INTERVAL_SECONDS = "RTJ_PROGRESS_INTERVAL_SECONDS"
 
-# Optional, set by the user: the steps the job trains in all (progress.py reports it beside the
+# Optional, set by the user: the steps the job trains in all (pod/progress.py reports it beside the
 # current step, for the operator's progress and ETA); ``total_steps=`` or ``steps(total)`` win.
 TOTAL_STEPS = "RTJ_TOTAL_STEPS"
 
 # Injected by the operator: the job's observed mean time between interruptions, in seconds (a
-# one-hour prior before the first), for ``interval="auto"`` (auto_interval.py).
+# one-hour prior before the first), for ``interval="auto"`` (save/auto_interval.py).
 MTBI_SECONDS = "RTJ_MTBI_SECONDS"
 # With it: the preemptions and failures it was computed over (the runtime grows the MTBI by
 # its own time up over this count plus one, as the operator would).
 INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 
-# Optional: "0" turns off the download of RTJ_RESUME_FROM at import (warm_start.py).
+# Optional: "0" turns off the download of RTJ_RESUME_FROM at import (resume/warm_start.py).
 PREFETCH = "RTJ_PREFETCH"
 
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
@@ -133,7 +140,7 @@ ALL_RTJ = (
 """Every RTJ_* variable the operator may inject; the contract test compares this tuple."""
 
 # Annotations shared with the operator (the runtime reads the notice and the membership through
-# downward API files; it writes only annotations of its own pod, own_pod.py).
+# downward API files; it writes only annotations of its own pod, pod/own_pod.py).
 NOTICE_ANNOTATION = "resumable.dev/preemption-notice"
 # Written by rank 0 onto its own pod: the last committed checkpoint and the current step.
 PROGRESS_ANNOTATION = "resumable.dev/progress"

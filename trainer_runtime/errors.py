@@ -39,7 +39,7 @@ class SaveFailedError(CheckpointError):
 
 class StaleMembershipError(SaveFailedError):
     """A newer gang has claimed the run (its membership epoch is above this process's): this
-    gang's saves are refused so that it never commits behind the new gang (``fence.py``)."""
+    gang's saves are refused so that it never commits behind the new gang (``save/fence.py``)."""
 
 
 class NoCheckpointError(CheckpointError):

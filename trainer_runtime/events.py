@@ -12,7 +12,7 @@ The line goes to **stderr** always, so an event is read wherever the container's
 names a file, the bare JSON object (without the prefix) is also appended there, one line per
 event, in one ``write`` of an ``O_APPEND`` descriptor, so several ranks may share one file without
 tearing each other's lines. The alternative rejected was to extend the progress annotation
-(``progress.py``): it keeps only the latest state, reaches the API server only from rank 0 and
+(``pod/progress.py``): it keeps only the latest state, reaches the API server only from rank 0 and
 not at all outside a cluster, and a resume or an emergency save is an event, not a state.
 
 Events are best effort: a file that cannot be written is logged once (naming the variable, the
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from . import envvars
 
 if TYPE_CHECKING:
-    from .manifest import Manifest
+    from .save.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ FETCHED = "fetched"
 FIRST_STEP = "first_step"
 MEMBERSHIP = "membership"
 INTERVAL_CHOSEN = "interval_chosen"
+SURVIVOR_SAVED = "survivor_saved"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     FRESH: ("run", "world_size"),
@@ -99,6 +100,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "measured_saves",
         "clamped",
     ),
+    SURVIVOR_SAVED: ("checkpoint", "step", "seconds", "epoch", "why_not"),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
 
@@ -223,7 +225,7 @@ def resumed(
 
 def _saved_world_size(path: str) -> int | None:
     from .errors import ManifestError  # noqa: PLC0415
-    from .manifest import Manifest  # noqa: PLC0415 - only a resume needs it
+    from .save.manifest import Manifest  # noqa: PLC0415 - only a resume needs it
 
     try:
         return Manifest.read(Path(path)).world_size
@@ -277,6 +279,23 @@ def emergency_saved(
         step=step,
         seconds=None if seconds is None else round(seconds, 3),
         grace_period_s=grace_period_s,
+    )
+
+
+def survivor_saved(
+    *, rank: int, checkpoint: str | None, step: int, seconds: float, epoch: int, why_not: str | None
+) -> None:
+    """A rank was lost without notice and this survivor, named rank 0 of the new gang (membership
+    ``epoch``), saved the last finished step from its memory ``seconds`` after it was named
+    (``save/survivor.py``); ``checkpoint`` None: nothing saved, ``why_not`` says why."""
+    emit(
+        SURVIVOR_SAVED,
+        rank=rank,
+        checkpoint=checkpoint,
+        step=step,
+        seconds=round(seconds, 3),
+        epoch=epoch,
+        why_not=why_not,
     )
 
 

@@ -34,13 +34,20 @@ from typing import TypeVar
 
 import torch
 
-from . import atomic
 from .errors import ConfigError, ManifestError, NoCheckpointError
-from .export_source import DTYPES, READ_BATCH_BYTES, WeightSource, cast_dtype, dcp_read, open_source
-from .layout import RunFolder
-from .manifest import MANIFEST_NAME, Manifest, verify_files
-from .serialization import load_file
-from .sharded.checkpointer import check_files_present
+from .export_formats.source import (
+    DTYPES,
+    READ_BATCH_BYTES,
+    WeightSource,
+    cast_dtype,
+    dcp_read,
+    metadata_entry,
+    open_source,
+)
+from .run_folder.layout import RunFolder
+from .save import atomic
+from .save.manifest import MANIFEST_NAME, Manifest, verify_files
+from .save.rank_file import load_file
 
 FORMATS = ("pt", "safetensors", "dcp")
 """``--format`` choices: ``pt`` (one ``torch.save`` file, the default) or a folder."""
@@ -93,16 +100,10 @@ def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = Fals
         _EmptyStateDictLoadPlanner,
     )
 
-    from .run_folder.names import METADATA_NAME  # noqa: PLC0415
     from .sharded.keys import MODEL_KEY  # noqa: PLC0415
     from .sharded.reading import VerifyingReader  # noqa: PLC0415
 
-    problem = check_files_present(ckpt, manifest)
-    if problem is not None:
-        raise NoCheckpointError(f"checkpoint {ckpt} is incomplete: {problem}")
-    meta = next((f for f in manifest.files if f.path == METADATA_NAME), None)
-    if meta is None:
-        raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no {METADATA_NAME}")
+    meta = metadata_entry(ckpt, manifest)
     state: dict = {}
     dcp_read(
         ckpt,
@@ -209,22 +210,22 @@ def _write_format(
     weights: WeightSource, folder: Path, fmt: str, max_bytes: int | None, read_batch: int
 ) -> list[str]:
     if fmt == "safetensors":
-        from . import export_safetensors  # noqa: PLC0415
+        from .export_formats import hf_safetensors  # noqa: PLC0415
 
         assert max_bytes is not None
-        written = export_safetensors.write_folder(
+        written = hf_safetensors.write_folder(
             weights, folder, max_shard_size=max_bytes, read_batch=read_batch
         )
         return written.files
-    from . import export_dcp  # noqa: PLC0415
+    from .export_formats import dcp  # noqa: PLC0415
 
-    return export_dcp.write_folder(weights, folder, read_batch=read_batch)
+    return dcp.write_folder(weights, folder, read_batch=read_batch)
 
 
 def check_options(fmt: str, dtype: str | None, max_shard_size: int | str | None) -> int | None:
     """``ConfigError`` naming the option for a bad choice; the shard size in bytes for
     ``safetensors`` (else None). Checks what can be checked before any checkpoint is read."""
-    from . import export_safetensors  # noqa: PLC0415
+    from .export_formats import hf_safetensors  # noqa: PLC0415
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format={fmt!r}: expected one of {', '.join(FORMATS)}")
@@ -235,11 +236,11 @@ def check_options(fmt: str, dtype: str | None, max_shard_size: int | str | None)
                 f"--max-shard-size applies to --format safetensors only, not --format {fmt}"
             )
         return None
-    export_safetensors.require_library()
+    hf_safetensors.require_library()
     if max_shard_size is None:
-        max_shard_size = export_safetensors.DEFAULT_MAX_SHARD_SIZE
+        max_shard_size = hf_safetensors.DEFAULT_MAX_SHARD_SIZE
     if isinstance(max_shard_size, str):
-        return export_safetensors.parse_size(max_shard_size)
+        return hf_safetensors.parse_size(max_shard_size)
     if (
         isinstance(max_shard_size, bool)
         or not isinstance(max_shard_size, int)

@@ -3,11 +3,12 @@
 A facade: it counts the loop (``batch_end``/``epoch_end``), asks the save schedule and the
 preemption watcher at each step boundary, and hands the work to parts with one job each:
 
-- ``config.py``: constructor arguments and environment, validated once; the run's location;
-- ``saving.py``: sync and async saves (staging, background persist, failure propagation);
-- ``commit.py``: the commit protocol (every rank's files, then the manifest, then the pointer);
-- ``resuming.py`` and ``loading.py``: choosing the checkpoint to continue from, and loading it;
-- ``emergency.py``: the response to a preemption notice or SIGTERM.
+- ``run/config.py``: constructor arguments and environment, validated once; the run's location;
+- ``save/policy.py``: sync and async saves (staging, background persist, failure propagation);
+- ``save/commit.py``: the commit protocol (every rank's files, then the manifest, then the pointer);
+- ``resume/flow.py`` and ``resume/restore.py``: choosing the checkpoint to continue from, and
+  loading it;
+- ``save/emergency.py``: the response to a preemption notice or SIGTERM.
 
 They share one ``context.RunContext`` (the run, its channels, its live position). Everything
 the manager needs to know inside a managed pod comes from the environment (``envvars``);
@@ -22,32 +23,30 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
+from types import TracebackType
 from typing import Any
 
 from torch import nn
 
-from . import arguments, envvars, events, naming
-from . import state as state_mod
-from .auto_interval import AutoSchedule
-from .config import (
-    AsyncPolicy,
-    Settings,
-    check_location_arguments,
-    check_run_folder,
-    run_folder_source,
-)
-from .context import global_batch, open_run
-from .emergency import PreemptionResponse
+from . import events
 from .errors import ConfigError
-from .loading import Loader
-from .preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
-from .progress import TotalWork
-from .remote import RemoteBackend, close_remote
-from .resuming import Resumer, ResumeResult
+from .pod.preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
+from .pod.progress import TotalWork
+from .remote import RemoteBackend
+from .resume.flow import Resumer, ResumeResult
+from .resume.restore import Loader
+from .run import arguments
+from .run.config import AsyncPolicy, Settings
+from .run.context import RunContext, global_batch
+from .run.setup import release, set_up
 from .sampler import ResumableSampler
-from .saving import SavedCheckpoint, Saver
-from .timestamp import Event, IntervalFn, Timestamp
-from .warm_start import wait_for_prefetch
+from .save import naming
+from .save.auto_interval import AutoSchedule
+from .save.emergency import PreemptionResponse
+from .save.policy import SavedCheckpoint, Saver
+from .save.rank_contents import Components
+from .save.survivor import SurvivorSave
+from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 
 __all__ = ["CheckpointManager", "ResumeResult", "SavedCheckpoint"]
 
@@ -77,6 +76,30 @@ class CheckpointManager:
             ckpt.epoch_end()
         ckpt.close()
     """
+
+    # Set by the constructor (manager_setup.set_up), in this order.
+    settings: Settings
+    components: Components
+    interval: SaveInterval
+    sampler: ResumableSampler | None
+    preemption: PreemptionWatcher
+    _ctx: RunContext
+    """The run, its channels, its live position: what every part shares (run/context.py). The
+    constructor copies its names to the manager (coord, commit_coord, rank, world_size,
+    run_name, run_dir, folder, remote, engine, progress)."""
+    saver: Saver
+    loader: Loader
+    resumer: Resumer
+    _response: PreemptionResponse
+    _closed: bool
+    _survivor: SurvivorSave | None
+    """Saves the last finished step from memory if a rank is lost (save/survivor.py)."""
+    total_work: TotalWork
+    """The job's total steps, reported beside the current step (pod/progress.py)."""
+    auto_interval: AutoSchedule | None
+    """``interval="auto"``'s schedule (save/auto_interval.py); None for other intervals."""
+    _resumed_at: float | None
+    """When ``resume()`` ended, until the first step after it (its event)."""
 
     def __init__(
         self,
@@ -126,114 +149,7 @@ class CheckpointManager:
         final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
     ) -> None:
-        self.components = state_mod.checked_components(
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            stateful=stateful,
-            sampler=sampler,
-        )
-        cfg = Settings.resolve(
-            folder=folder,
-            filename=filename,
-            latest_filename=latest_filename,
-            run_name=run_name,
-            interval=interval,
-            num_checkpoints_to_keep=num_checkpoints_to_keep,
-            num_local_checkpoints_to_keep=num_local_checkpoints_to_keep,
-            num_remote_checkpoints_to_keep=num_remote_checkpoints_to_keep,
-            weights_only=weights_only,
-            overwrite=overwrite,
-            autoresume=autoresume,
-            resume_from=resume_from,
-            load_path=load_path,
-            load_weights_only=load_weights_only,
-            load_strict=load_strict,
-            load_ignore_keys=load_ignore_keys,
-            async_save=async_save,
-            async_policy=async_policy,
-            trusted_pickle=trusted_pickle,
-            quarantined=quarantined,
-            data_skip_steps=data_skip_steps,
-            sampler_batch_size=None if sampler is None else sampler.batch_size,
-            has_sampler=sampler is not None,
-            ignore_data_position=ignore_data_position,
-            elastic=elastic,
-            global_batch_size=global_batch_size,
-            handle_sigterm=handle_sigterm,
-            notice_file=notice_file,
-            grace_period_s=grace_period_s,
-            preemption_exit_code=preemption_exit_code,
-            upload_flush_timeout_s=upload_flush_timeout_s,
-            final_save=final_save,
-            coordination_timeout=coordination_timeout,
-            interval_min=interval_min,
-            interval_max=interval_max,
-            total_steps=total_steps,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-        )
-        check_location_arguments(local_folder, remote)
-        self.settings = cfg
-        self.interval = cfg.interval
-        self.sampler = sampler
-        wait_for_prefetch()  # the run folder is the prefetch's until it is done (warm_start)
-        ctx = self._ctx = open_run(
-            cfg,
-            self.components,
-            sampler=sampler,
-            remote=remote,
-            local_folder=local_folder,
-            keep_local=cfg.num_local_checkpoints_to_keep,
-            keep_remote=cfg.num_remote_checkpoints_to_keep,
-            coordination_timeout=cfg.coordination_timeout,
-        )
-        self.coord, self.commit_coord = ctx.coord, ctx.commit_coord
-        self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.run_name, self.run_dir, self.folder = ctx.run_name, ctx.run_dir, ctx.folder
-        self.remote, self.engine, self.progress = ctx.remote, ctx.engine, ctx.progress
-        self.preemption = PreemptionWatcher(
-            notice_file=cfg.notice_file, handle_sigterm=cfg.handle_sigterm
-        )
-        self.saver = Saver(self._ctx)
-        self.loader = Loader(self._ctx)
-        self.resumer = Resumer(self._ctx, self.loader)
-        self._response = PreemptionResponse(
-            self,
-            grace_period_s=cfg.grace_period_s,
-            exit_code=cfg.preemption_exit_code,
-            upload_flush_timeout_s=cfg.upload_flush_timeout_s,
-        )
-        self.preemption.on_sigterm = self._response.watchdog.start_clock
-        self._closed = False
-        check_run_folder(
-            ctx.folder,
-            run_name=ctx.run_name,
-            rank=ctx.rank,
-            overwrite=cfg.overwrite,
-            source=run_folder_source(cfg, local_folder),
-            remote=ctx.remote_committed(),
-            remote_uri=None if ctx.remote is None else ctx.remote.uri_for(""),
-        )
-        if ctx.fence is not None and ctx.rank == 0:
-            ctx.fence.claim()  # from now on an older gang can no longer commit (fence.py)
-        self.total_work = TotalWork(cfg.total_steps, cfg.epochs, cfg.steps_per_epoch)
-        """The job's total steps, reported beside the current step (progress.py)."""
-        self._report_total()
-        self.auto_interval = (
-            None
-            if cfg.auto_interval is None
-            else AutoSchedule(cfg.auto_interval, rank=ctx.rank, coord=ctx.coord)
-        )
-        """``interval="auto"``'s schedule (auto_interval.py); None for other intervals."""
-        self._resumed_at: float | None = None
-        """When ``resume()`` ended, until the first step after it (its event)."""
-        events.started(
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            attempt=os.environ.get(envvars.ATTEMPT, "").strip() or None,
-        )
+        set_up(self, {k: v for k, v in locals().items() if k != "self"})  # run/setup.py
 
     # ------------------------------------------------------------------ live position
     timestamp = _position_field("timestamp", "The training position (resume restores it).")
@@ -275,6 +191,8 @@ class CheckpointManager:
         before = self._ctx.position.count_batch(num_samples)
         if self.sampler is not None:
             self.sampler.advance(num_samples)
+        if self._survivor is not None:
+            self._survivor.boundary()
         if self.progress is not None:
             self.progress.step(self.timestamp.batch, self.timestamp.sample)
         if self._resumed_at is not None:
@@ -293,6 +211,8 @@ class CheckpointManager:
             self._report_total()
         if self.sampler is not None:
             self.sampler.set_epoch(self.timestamp.epoch)
+        if self._survivor is not None:
+            self._survivor.boundary()
         self._collect_background_failure()
         return self._loop_point(before, Event.EPOCH_END)
 
@@ -389,38 +309,14 @@ class CheckpointManager:
         """
         if self._closed:
             return
+        if self._survivor is not None:
+            self._survivor.close()
         try:
             if self.settings.final_save if save is None else save:
                 self._save_final()
         finally:
             self._closed = True
-            if self.progress is not None:
-                self.progress.close()
-            try:
-                self.wait()
-            finally:
-                self.saver.shutdown()
-                try:
-                    if self.remote is not None:
-                        timeout = upload_timeout_s
-                        if timeout is None:
-                            timeout = self.settings.upload_flush_timeout_s
-                        close_remote(self.remote, timeout)
-                finally:
-                    self._release_groups()
-                    # SIGTERM stays handled until the uploads are flushed: a signal during the
-                    # flush starts the watchdog's clock, so the uploads get the grace period
-                    # and the process ends with the preemption exit code at its deadline,
-                    # instead of dying at once by the default action.
-                    self.preemption.close()
-                    self._response.watchdog.close()  # idle: ended; signalled: keeps its deadline
-
-    def _release_groups(self) -> None:
-        """Destroy both coordination groups, once no save thread of this rank can use them."""
-        if self.saver.persisting():
-            return  # still persisting (close interrupted): leave them to the process's end
-        self.coord.close()
-        self.commit_coord.close()
+            release(self, upload_timeout_s)  # run/setup.py: set_up's parts, in order
 
     def _save_final(self) -> None:
         ts = self.timestamp
@@ -434,6 +330,10 @@ class CheckpointManager:
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(
+        self, exc_type: object, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and self._survivor is not None:
+            self._survivor.hold(exc)  # a lost rank: this one may be named to save (survivor_save)
         # After an exception the state may be mid-step: no final save then.
         self.close(save=None if exc_type is None else False)

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from . import arguments
-from .dist import env_rank, env_world_size
 from .errors import CheckpointError, ConfigError
+from .run import arguments
+from .run.dist import env_rank, env_world_size
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``python -m trainer_runtime.agent [--rejoin-seconds S] -- COMMAND...``: see ``__init__``.
 
 The agent imports torch and the runtime first (what each restarted worker then skips). Importing
-the runtime starts the checkpoint prefetch the pod's environment asks for (warm_start.py), in
+the runtime starts the checkpoint prefetch the pod's environment asks for (resume/warm_start.py), in
 this process; and for a run in an object store the agent loads boto3 and the S3 client's data
 (``store.warm_up``). Before it forks a worker it waits for the prefetch: a fork beside a running
 thread could hand the child a lock that thread held. The first worker then finds the checkpoint
@@ -21,8 +21,9 @@ import torch.distributed.checkpoint  # noqa: F401
 
 import trainer_runtime  # noqa: F401
 
-from .. import envvars, warm_start
+from .. import envvars
 from ..errors import ConfigError
+from ..resume import warm_start
 from .command import parse
 from .initial import initial_membership, settings_from
 from .supervisor import Supervisor

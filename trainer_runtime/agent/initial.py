@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .. import arguments, envvars, membership
+from .. import envvars
 from ..errors import ConfigError
-from ..membership import Membership
+from ..pod import membership
+from ..pod.membership import Membership
+from ..run import arguments
 from .command import WorkerCommand
 from .standby import is_standby
 from .supervisor import AgentSettings
 
 DEFAULT_REJOIN_S = 30.0
 DEFAULT_STOP_GRACE_S = 30.0
+DEFAULT_SURVIVOR_SAVE_S = 120.0
 
 
 def nproc_per_node(command: WorkerCommand, environ: Mapping[str, str]) -> int:
@@ -46,6 +49,7 @@ def settings_from(command: WorkerCommand, environ: Mapping[str, str]) -> AgentSe
         rejoin_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_REJOIN_S),
         stop_grace_s=_seconds(environ, envvars.GRACE_PERIOD_SECONDS, DEFAULT_STOP_GRACE_S),
         standby=is_standby(environ),
+        survivor_save_s=_seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_SURVIVOR_SAVE_S),
     )
 
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from .. import envvars, events
-from ..announce import announce
-from ..membership import Membership
-from ..own_pod import PATCH_ERRORS, OwnPod
+from ..pod.membership import Membership
+from ..pod.own_pod import PATCH_ERRORS, OwnPod
+from ..run.announce import announce
 
 log = logging.getLogger("trainer_runtime.agent")
 

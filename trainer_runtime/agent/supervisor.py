@@ -1,7 +1,7 @@
 """The agent's loop: run the pod's workers, and re-form them in place when the membership changes.
 
 The operator announces each new membership of the gang by rewriting one annotation on every
-pod that stays (``membership.py``); the kubelet (or the local pod runner) refreshes its
+pod that stays (``pod/membership.py``); the kubelet (or the local pod runner) refreshes its
 downward-API file, which this loop reads every ``poll_s``. On a newer epoch it stops the
 workers (a collective emergency save first when every old member is alive, ``stop: save``;
 at once when one is gone, ``stop: kill``: a save would wait on the lost rank) and starts new
@@ -20,15 +20,19 @@ exit; the agent exits with their code and restarts nothing.
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .. import events, membership
-from ..announce import announce
+from .. import envvars, events
 from ..errors import ConfigError
-from ..membership import Membership
+from ..pod import membership
+from ..pod.membership import Membership
+from ..run.announce import announce
 from . import standby, worker
 from .command import WorkerCommand
 
@@ -46,6 +50,9 @@ class AgentSettings:
     poll_s: float = 0.05
     standby: bool = False
     """Start no worker before a membership of the initial epoch or newer (``standby.py``)."""
+    survivor_save_s: float = 120.0
+    """How long a worker named to save the last finished step from memory gets for it
+    (``save/survivor.py``) before it is killed."""
 
 
 @dataclass
@@ -58,8 +65,17 @@ class Supervisor:
     terminating: bool = False
     unreadable: str | None = None
     """The last problem with the membership file, said once (the file is read every poll)."""
+    markers: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rtj-agent-")))
+    """Where each worker says it can save from memory (``RTJ_SURVIVOR_SAVE_FILE``)."""
 
     def run(self) -> int:
+        """Supervise the workers until they end; the exit code of the pod's command."""
+        try:
+            return self._supervise()
+        finally:
+            shutil.rmtree(self.markers, ignore_errors=True)
+
+    def _supervise(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.settings.standby:
             standby.announce_ready(self.settings.base_env, self.initial.epoch)
@@ -111,6 +127,8 @@ class Supervisor:
 
     def _restart(self, new: Membership) -> None:
         began = self.clock()
+        if new.stop == membership.STOP_KILL and new.node_rank == 0:
+            self._let_survivor_save()
         self._stop(save=new.stop == membership.STOP_SAVE)
         stopped_s = self.clock() - began
         self._announce(
@@ -152,13 +170,41 @@ class Supervisor:
             time.sleep(self.settings.poll_s)
         return code
 
+    def _let_survivor_save(self) -> None:
+        """A rank was lost and this pod is the new gang's node rank 0: its local rank 0 worker,
+        if it said it can, saves the last finished step from memory and ends by itself
+        (``save/survivor.py``); wait for that, up to ``survivor_save_s``."""
+        first = self.workers[0] if self.workers else None
+        if first is None or first.poll() is not None or not self._marker(0).exists():
+            return
+        began = self.clock()
+        deadline = began + self.settings.survivor_save_s
+        while self.clock() < deadline and first.poll() is None:
+            time.sleep(self.settings.poll_s)
+        if first.poll() is None:
+            log.warning(
+                "agent: the worker named to save from memory did not end within %.0f s",
+                self.settings.survivor_save_s,
+            )
+        else:
+            _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
+
     # ------------------------------------------------------------------ workers
+    def _marker(self, local_rank: int) -> Path:
+        return self.markers / f"survivor-{local_rank}"
+
     def _start(self, chosen: Membership) -> None:
         self.current = chosen
         nproc = self.settings.nproc_per_node
         self.workers = []
         for local_rank in range(nproc):
-            env = {**self.settings.base_env, **chosen.worker_environment(nproc, local_rank)}
+            marker = self._marker(local_rank)
+            marker.unlink(missing_ok=True)
+            env = {
+                **self.settings.base_env,
+                **chosen.worker_environment(nproc, local_rank),
+                envvars.SURVIVOR_SAVE_FILE: str(marker),
+            }
             self.workers.append(worker.start(self.settings.command, env, local_rank))
 
     def _stop(self, *, save: bool) -> None:

@@ -17,7 +17,6 @@ import runpy
 import signal
 import subprocess
 import sys
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,7 +80,7 @@ def _run_forked(command: WorkerCommand, environ: Mapping[str, str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(environ)
-        from .. import warm_start  # noqa: PLC0415 - the agent imported it; now with our env
+        from ..resume import warm_start  # noqa: PLC0415 - the agent imported it; now with our env
 
         warm_start.start_from_environment()
         sys.argv = command.argv
@@ -89,7 +88,9 @@ def _run_forked(command: WorkerCommand, environ: Mapping[str, str]) -> None:
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException:
-        traceback.print_exc()
+        # What the interpreter does with an uncaught exception: the runtime's hook may wait for
+        # the gang's new membership first (save/survivor.py)
+        sys.excepthook(*sys.exc_info())
         code = 1
     finally:
         try:

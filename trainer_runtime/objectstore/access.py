@@ -23,19 +23,16 @@ from .errors import (
     ObjectStoreConfigError,
     error_code,
 )
+from .objects import Store
 from .uri import S3Uri
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
-    from .store import S3Store
-
 log = logging.getLogger("trainer_runtime.objectstore.store")
 
 
-def check_access(
-    store: S3Store, uri: S3Uri, *, write: bool = False, arg: str | None = None
-) -> None:
+def check_access(store: Store, uri: S3Uri, *, write: bool = False, arg: str | None = None) -> None:
     """Fail fast with ObjectStoreConfigError if ``location`` cannot be used.
 
     Lists the prefix (needs the bucket to exist and the credentials to be valid) and reads
@@ -91,7 +88,7 @@ def check_access(
         ) from exc
 
 
-def _credentials(store: S3Store) -> str:
+def _credentials(store: Store) -> str:
     """Where boto3 found the credentials it used (never the keys), for every refusal."""
     return f" (credentials boto3 found: source {store.credential_source()})"
 

@@ -3,28 +3,30 @@
 It only adapts: the uploader does the write path, the resolver the read path. Building one
 checks the location (URI, bucket, credentials, endpoint, write permission) at once, so a bad
 configuration fails before training starts, not at the first upload an hour later.
+
+Rank 0 names the checkpoint to resume (``find_newest``) and every rank fetches it (``fetch``);
+the walk past broken ones is the caller's (``remote.newest_fetched``). (Rejected: a call that
+finds and downloads at once, ``fetch_newest``: the ranks could not agree on one checkpoint
+through it, and it was a second walk.)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import arguments
-from ..fallback import first_valid
-from ..manifest import Manifest
-from ..remote import RemoteChoice
+from ..remote import RemoteBackendBase, RemoteChoice
+from ..run import arguments
+from ..save.manifest import Manifest
 from ..timestamp import Timestamp
 from .bucket_fence import claim_at_start
-from .errors import ChecksumMismatchError, ObjectNotFoundError, is_transient
+from .errors import is_transient
 from .folder import remote_run_folder
 from .rejected import reject_remote, repair_pointer
 from .resolver import (
-    RemoteCheckpoint,
     download_checkpoint,
-    find_remote_checkpoint,
     walk_remote_checkpoints,
 )
 from .retry import Backoff, retry_call
@@ -39,8 +41,9 @@ RESUME_BACKOFF = Backoff(initial=2.0, maximum=30.0)
 in all with the default 6 attempts)."""
 
 
-class S3Backend:
-    """Uploads this rank's checkpoints in the background and fetches the newest remote one."""
+class S3Backend(RemoteBackendBase):
+    """Uploads this rank's checkpoints in the background and fetches the newest remote one;
+    every capability of ``remote.RemoteBackend``, optional ones included."""
 
     def __init__(
         self,
@@ -113,59 +116,6 @@ class S3Backend:
 
     def is_pending(self, name: str) -> bool:
         return self.uploader.is_pending(name)
-
-    def fetch_newest(
-        self, run_dir: Path, rank: int, world_size: int, *, exclude: set[str]
-    ) -> Path | None:
-        """Download the newest remote checkpoint that verifies for every rank; None if none.
-
-        With the same world size each rank fetches only its own files (per-node disks and
-        shared volumes both work; files that already verify are kept). With a different world
-        size every file is fetched, for the loader to reshard. A store outage is retried
-        (``resume_attempts``, about a minute) and then raised: starting from scratch while
-        the store holds the run's progress would silently throw it away.
-        """
-
-        def newest_first() -> Iterator[RemoteCheckpoint]:
-            skip = set(exclude)
-            while True:
-                found = retry_call(
-                    lambda: find_remote_checkpoint(self.resume_store, self.run_uri, exclude=skip),
-                    attempts=self.resume_attempts,
-                    backoff=RESUME_BACKOFF,
-                    retryable=is_transient,
-                    what=f"listing remote checkpoints of {self.run_uri}",
-                )
-                if found is None:
-                    return
-                yield found
-                skip.add(found.name)
-
-        fetched: dict[str, Path] = {}
-
-        def fetch(found: RemoteCheckpoint) -> str | None:
-            ranks = [rank] if found.manifest.world_size == world_size else None
-            try:
-                fetched[found.name] = download_checkpoint(
-                    self.resume_store,
-                    found,
-                    run_dir,
-                    ranks=ranks,
-                    attempts=self.resume_attempts,
-                    backoff=RESUME_BACKOFF,
-                )
-            except (ChecksumMismatchError, ObjectNotFoundError) as exc:  # broken: use older
-                return str(exc)
-            return None
-
-        walk = first_valid(
-            newest_first(),
-            fetch,
-            on_reject=lambda found, why: log.warning(
-                "object store: cannot fetch %s (%s); trying an older checkpoint", found.uri, why
-            ),
-        )
-        return None if walk.chosen is None else fetched[walk.chosen.name]
 
     def find_newest(
         self, *, exclude: set[str], pass_over: Mapping[str, str] | None = None

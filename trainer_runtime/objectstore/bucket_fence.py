@@ -1,6 +1,6 @@
 """The run's fence in the bucket: a stale gang's checkpoint is not committed remotely either.
 
-``fence.py`` keeps the fence in the run folder the pods share. A run in an object store has one
+``save/fence.py`` keeps the fence in the run folder the pods share. A run in an object store has one
 more place a stale gang could write: its uploads, whose remote commit (``remote_commit.py``)
 puts ``manifest.json`` and moves ``latest.json``. So ``fence.json`` is kept at the run's root in
 the bucket too: rank 0 of each managed gang raises it to its epoch when its backend opens (the
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import StaleMembershipError
-from ..fence import FENCE_NAME, FenceRules
-from ..manifest import Manifest
-from ..membership import epoch_from
+from ..pod.membership import epoch_from
+from ..save.fence import FENCE_NAME, FenceRules
+from ..save.manifest import Manifest
 from .errors import ObjectStoreError
 from .store import S3Store
 from .uri import S3Uri

@@ -41,6 +41,24 @@ class UploadStats:
     last_uploaded: str | None = None
     last_error: str | None = None
 
+    def abandon(self, error: str) -> None:
+        """A checkpoint dropped, never retried."""
+        self.abandoned += 1
+        self.last_error = error
+
+    def fail(self, error: str) -> None:
+        """A failed attempt; the checkpoint is retried."""
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.last_error = error
+
+    def succeed(self, name: str, sent: int) -> None:
+        """A checkpoint uploaded, ``sent`` bytes of it in this attempt."""
+        self.uploaded += 1
+        self.consecutive_failures = 0
+        self.bytes_uploaded += sent
+        self.last_uploaded = name
+
 
 def inflight_note(inflight: InFlight | None, keep_remote: int) -> str:
     """Says so when the current attempt (an upload, or the prune after one: the checkpoint

@@ -15,9 +15,9 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ManifestError
-from ..layout import NoManifest, RunFolder, misnamed
-from ..manifest import Manifest, entry_label, wrong_size
+from ..run_folder.layout import NoManifest, RunFolder, misnamed
 from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
+from ..save.manifest import Manifest, entry_label, wrong_size
 from .errors import ObjectStoreError
 from .store import S3Store
 from .uri import S3Uri, parse_s3_uri

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..layout import RunFolder, progress_key
-from ..manifest import Manifest
 from ..run_folder.deleter import LocalDeleter, delete
+from ..run_folder.layout import RunFolder, progress_key
 from ..run_folder.names import POINTER_NAME
 from ..run_folder.retention import beyond_newest
+from ..save.manifest import Manifest
 
 log = logging.getLogger("trainer_runtime.objectstore.uploader")
 

@@ -1,4 +1,4 @@
-"""Uncommitting, in the bucket, a checkpoint that resume rejected (see ``rejection.py``).
+"""Uncommitting, in the bucket, a checkpoint that resume rejected (see ``resume/rejection.py``).
 
 The bucket's half of moving a rejected checkpoint aside. S3 has no rename, and copying a
 multi-gigabyte checkpoint to keep it costs as much as uploading it again, so the evidence kept
@@ -15,10 +15,10 @@ import contextlib
 import logging
 
 from ..errors import ManifestError
-from ..layout import pointer_body
-from ..manifest import Manifest
+from ..run_folder.layout import pointer_body
 from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
 from ..run_folder.set_aside import set_aside_in_bucket
+from ..save.manifest import Manifest
 from ..timestamp import Timestamp
 from .folder import remote_run_folder
 from .store import S3Store

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ManifestError
-from ..layout import RunFolder, pointer_body
-from ..manifest import FileEntry, Manifest
 from ..run_folder.deleter import BucketDeleter, delete
+from ..run_folder.layout import RunFolder, pointer_body
 from ..run_folder.names import MANIFEST_NAME, POINTER_NAME
 from ..run_folder.retention import select_for_deletion
+from ..save.manifest import FileEntry, Manifest
 from ..timestamp import Timestamp
 from .bucket_fence import check_before_commit
 from .errors import ObjectStoreError

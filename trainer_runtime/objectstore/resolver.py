@@ -23,14 +23,16 @@ import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import atomic
 from ..errors import ManifestError, NoCheckpointError
-from ..fallback import first_valid
-from ..manifest import MANIFEST_NAME, Manifest, verify_entry
+from ..remote import RemoteChoice, newest_fetched
 from ..run_folder.deleter import LocalDeleter
+from ..run_folder.fallback import first_valid
+from ..save import atomic
+from ..save.manifest import MANIFEST_NAME, FileEntry, Manifest, verify_entry
 from .errors import (
     ChecksumMismatchError,
     NoValidCheckpointError,
@@ -44,7 +46,7 @@ from .store import S3Store
 from .uri import S3Uri, parse_s3_uri
 
 if TYPE_CHECKING:
-    from ..fallback import Walk
+    from ..run_folder.fallback import Walk
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +173,7 @@ def download_checkpoint(
     not usable right now. A local disk that
     cannot take the file (full, read-only) raises its OSError at once: retrying cannot help.
     """
-    wait = backoff or Backoff(initial=1.0, maximum=8.0)
-    if not isinstance(checkpoint, RemoteCheckpoint):
-        uri = _uri(checkpoint, "checkpoint")
-        data = store.get_bytes(uri.join(MANIFEST_NAME))
-        if data is None:
-            raise ObjectStoreError(f"{uri} has no {MANIFEST_NAME}: not a committed checkpoint")
-        try:
-            checkpoint = RemoteCheckpoint(uri, Manifest.from_json(data, source=str(uri)))
-        except ManifestError as exc:
-            raise ObjectStoreError(str(exc)) from exc
+    checkpoint = _committed(store, checkpoint)
     manifest = checkpoint.manifest
     entries = [e for e in manifest.files if ranks is None or e.rank in ranks]
     folder = Path(local_run_dir) / manifest.name
@@ -188,13 +181,9 @@ def download_checkpoint(
     atomic.makedirs_durable(folder)
     manifest_path = folder / MANIFEST_NAME
     body = manifest.to_json().encode()
-    with contextlib.suppress(FileNotFoundError):
-        if manifest_path.read_bytes() != body:
-            log.warning(
-                "object store: local %s differs from the remote one; replacing it", manifest_path
-            )
-            # uncommit the stale local copy before touching its files
-            LocalDeleter(folder.parent).uncommit(folder.name)
+    _uncommit_if_stale(folder, body)
+    wait = backoff or Backoff(initial=1.0, maximum=8.0)
+    fetch = partial(_fetch_file, store, attempts=attempts, wait=wait)
     fetched = 0
     try:
         for entry in entries:
@@ -202,16 +191,7 @@ def download_checkpoint(
             if dest.exists() and verify_entry(folder, entry) is None:
                 continue
             made.folder_for(dest)
-            source = checkpoint.uri.join(entry.path)
-            retry_call(
-                lambda source=source, dest=dest, entry=entry: store.download_file(
-                    source, dest, size=entry.size, xxh3=entry.xxh3_128
-                ),
-                attempts=attempts,
-                backoff=wait,
-                retryable=is_transient,
-                what=f"GET {source}",
-            )
+            fetch(checkpoint.uri.join(entry.path), dest, entry=entry)
             made.files.append(dest)
             fetched += entry.size
         if not manifest_path.exists():
@@ -227,6 +207,46 @@ def download_checkpoint(
         folder,
     )
     return folder
+
+
+def _committed(store: S3Store, checkpoint: RemoteCheckpoint | S3Uri | str) -> RemoteCheckpoint:
+    """The checkpoint at ``checkpoint`` with its manifest; ObjectStoreError when it has none
+    (not committed) or one that does not parse."""
+    if isinstance(checkpoint, RemoteCheckpoint):
+        return checkpoint
+    uri = _uri(checkpoint, "checkpoint")
+    data = store.get_bytes(uri.join(MANIFEST_NAME))
+    if data is None:
+        raise ObjectStoreError(f"{uri} has no {MANIFEST_NAME}: not a committed checkpoint")
+    try:
+        return RemoteCheckpoint(uri, Manifest.from_json(data, source=str(uri)))
+    except ManifestError as exc:
+        raise ObjectStoreError(str(exc)) from exc
+
+
+def _uncommit_if_stale(folder: Path, body: bytes) -> None:
+    """Uncommit a local copy of the checkpoint whose manifest is not ``body`` (the remote
+    one), before any of its files is touched."""
+    manifest_path = folder / MANIFEST_NAME
+    with contextlib.suppress(FileNotFoundError):
+        if manifest_path.read_bytes() != body:
+            log.warning(
+                "object store: local %s differs from the remote one; replacing it", manifest_path
+            )
+            LocalDeleter(folder.parent).uncommit(folder.name)
+
+
+def _fetch_file(
+    store: S3Store, source: S3Uri, dest: Path, *, entry: FileEntry, attempts: int, wait: Backoff
+) -> None:
+    """Download one manifest entry to ``dest``, verified, retrying transient failures."""
+    retry_call(
+        lambda: store.download_file(source, dest, size=entry.size, xxh3=entry.xxh3_128),
+        attempts=attempts,
+        backoff=wait,
+        retryable=is_transient,
+        what=f"GET {source}",
+    )
 
 
 class _Written:
@@ -272,38 +292,54 @@ def resume_from_remote(
     on_reject: Callable[[str, str], None] | None = None,
 ) -> tuple[RemoteCheckpoint, Path] | None:
     """Find and download the newest remote checkpoint that verifies, falling back to older ones
-    (each one passed over is logged, and given to ``on_reject(name, reason)``).
+    (each one passed over is logged, and given to ``on_reject(name, reason)``): the walk resume
+    takes (``remote.newest_fetched``) with one reader instead of every rank.
 
     Returns None when the run has no remote checkpoint; raises NoValidCheckpointError when it
     has some but none could be downloaded intact (each one's reason is in the message).
     """
     run = _uri(run_uri, "run_uri")
-    candidates = list_remote_checkpoints(store, run, exclude=exclude)
     rank_list = None if ranks is None else list(ranks)
+    met: dict[str, RemoteCheckpoint] = {}
     fetched: dict[str, Path] = {}
+    reported: set[str] = set()
 
-    def fetch(ckpt: RemoteCheckpoint) -> str | None:
-        reason = verify_remote(store, run, ckpt.manifest, rank_list)
-        if reason is not None:
-            return reason
+    def report(name: str, why: str) -> None:
+        if on_reject is not None and name not in reported:
+            on_reject(name, why)
+        reported.add(name)
+
+    def find(tried: set[str]) -> RemoteChoice:
+        walk = walk_remote_checkpoints(store, run, exclude={*exclude, *tried}, ranks=rank_list)
+        passed = [(ckpt.name, why) for ckpt, why in walk.passed_over]
+        for name, why in passed:
+            report(name, why)
+        if walk.chosen is None:
+            return RemoteChoice(None, passed_over=passed)
+        met[walk.chosen.name] = walk.chosen
+        return RemoteChoice(walk.chosen.name, walk.chosen.manifest.world_size, passed)
+
+    def fetch(name: str, _saved_world: int) -> str | None:
         try:
-            fetched[ckpt.name] = download_checkpoint(store, ckpt, local_run_dir, ranks=ranks)
+            fetched[name] = download_checkpoint(store, met[name], local_run_dir, ranks=ranks)
         except (ChecksumMismatchError, ObjectNotFoundError) as exc:
             return str(exc)  # this checkpoint is broken; a store outage propagates
         return None
 
-    def rejected(ckpt: RemoteCheckpoint, why: str) -> None:
-        log.warning("object store: cannot use %s (%s); trying an older checkpoint", ckpt.uri, why)
-        if on_reject is not None:
-            on_reject(ckpt.name, why)
+    def broken(name: str, why: str) -> None:
+        log.warning(
+            "object store: cannot use %s (%s); trying an older checkpoint", run.join(name), why
+        )
+        report(name, why)
 
-    walk = first_valid(candidates, fetch, on_reject=rejected)
-    if walk.chosen is not None:
-        return walk.chosen, fetched[walk.chosen.name]
-    if not candidates:
+    chosen, passed = newest_fetched(find, fetch, on_broken=broken)
+    if chosen is not None:
+        return met[chosen], fetched[chosen]
+    if not passed:
         return None
     raise NoValidCheckpointError(
-        f"no remote checkpoint under {run} verifies: " + "; ".join(walk.reasons(lambda c: c.name))
+        f"no remote checkpoint under {run} verifies: "
+        + "; ".join(f"{name}: {why}" for name, why in passed)
     )
 
 

@@ -20,13 +20,12 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from .. import arguments
 from ..envvars import AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, S3_ENDPOINT_URL
+from ..run import arguments
 from .access import check_access
 from .client_errors import CHECKSUM_SETTINGS, client_setting_error
 from .errors import (
@@ -37,72 +36,20 @@ from .errors import (
     ObjectStoreError,
     error_code,
 )
-from .uri import S3Uri, parse_s3_uri
+from .objects import (  # defined below this module (objects.py), importable from here too
+    META_XXH3,
+    MIN_PART_SIZE,  # noqa: F401
+    MiB,  # noqa: F401
+    ObjectInfo,
+    TransferSettings,
+    as_uri,
+)
+from .uri import S3Uri
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
 log = logging.getLogger(__name__)
-
-META_XXH3 = "xxh3-128"
-"""User-metadata key (``x-amz-meta-xxh3-128``) holding the object's xxh3-128 hex digest."""
-
-MiB = 1 << 20
-MIN_PART_SIZE = 5 * MiB  # S3's smallest part (every part of a multipart upload but the last)
-_MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
-
-
-@dataclass(frozen=True)
-class TransferSettings:
-    """Part size and parallelism for large transfers.
-
-    Defaults were tuned with ``benchmarks/object_store.py`` against a local server (16 MiB parts,
-    8 streams); against a remote region more streams usually help (network latency, not the
-    CPU, is the bound). Part size grows by itself so a file never needs more than 10,000 parts.
-    """
-
-    part_size: int = 16 * MiB
-    concurrency: int = 8
-    multipart_threshold: int = 32 * MiB
-    """Files at or below this size go in one PUT / one GET."""
-
-    def __post_init__(self) -> None:
-        """Refuse what no transfer could use: a part under S3's 5 MiB minimum (it was raised
-        to 5 MiB without a word), no stream at all (every multipart transfer then failed, and
-        uploads retried forever), a negative threshold."""
-        arguments.integer(
-            "TransferSettings.part_size",
-            self.part_size,
-            f"bytes >= {MIN_PART_SIZE} (5 MiB, S3's smallest part)",
-            lambda n: n >= MIN_PART_SIZE,
-        )
-        arguments.integer(
-            "TransferSettings.concurrency", self.concurrency, "a count >= 1", lambda n: n >= 1
-        )
-        arguments.integer(
-            "TransferSettings.multipart_threshold",
-            self.multipart_threshold,
-            "bytes >= 0",
-            lambda n: n >= 0,
-        )
-
-    def part_size_for(self, size: int) -> int:
-        part = self.part_size
-        while size > part * _MAX_PARTS:
-            part *= 2
-        return part
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What a HEAD or a listing says about one object."""
-
-    uri: S3Uri
-    size: int
-    etag: str = ""
-    xxh3: str | None = None
-    last_modified: float = 0.0
-    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 def resolve_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
@@ -159,14 +106,7 @@ class S3Store:
         not a finite number of seconds > 0, or ``max_attempts`` < 1, is a ConfigError naming
         the argument.
         """
-        arguments.integer("max_attempts", max_attempts, "a count >= 1", lambda n: n >= 1)
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
-            arguments.seconds(name, value, "seconds > 0, finite", lambda s: 0 < s < math.inf)
-        if addressing_style not in ADDRESSING_STYLES:
-            raise ValueError(
-                f"addressing_style={addressing_style!r}: expected None (boto3's choice) or one "
-                f"of {', '.join(repr(s) for s in ADDRESSING_STYLES if s)}"
-            )
+        _check_client_arguments(max_attempts, connect_timeout, read_timeout, addressing_style)
         self.transfer = transfer or TransferSettings()
         self.probe_client: BaseClient | None = client
         self._settings: dict[str, Any] | None = None
@@ -433,6 +373,21 @@ class S3Store:
         return transfers.download_file(self, location, dest, size=size, xxh3=xxh3, stop=stop)
 
 
+def _check_client_arguments(
+    max_attempts: int, connect_timeout: float, read_timeout: float, addressing_style: str | None
+) -> None:
+    """``S3Store``'s client arguments: a ConfigError names a wrong count or timeout, a
+    ValueError an unknown addressing style."""
+    arguments.integer("max_attempts", max_attempts, "a count >= 1", lambda n: n >= 1)
+    for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
+        arguments.seconds(name, value, "seconds > 0, finite", lambda s: 0 < s < math.inf)
+    if addressing_style not in ADDRESSING_STYLES:
+        raise ValueError(
+            f"addressing_style={addressing_style!r}: expected None (boto3's choice) or one "
+            f"of {', '.join(repr(s) for s in ADDRESSING_STYLES if s)}"
+        )
+
+
 def open_store(
     location: S3Uri | str, *, arg: str = "location", write: bool = True, **kwargs: Any
 ) -> tuple[S3Store, S3Uri]:
@@ -446,10 +401,6 @@ def open_store(
     store = S3Store(**kwargs)
     store.check_access(uri, write=write, arg=None if arg == "location" else arg)
     return store, uri
-
-
-def as_uri(location: S3Uri | str, arg: str) -> S3Uri:
-    return location if isinstance(location, S3Uri) else parse_s3_uri(location, arg=arg)
 
 
 _LOADER_LOCK = threading.Lock()

@@ -21,13 +21,14 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from .. import atomic
-from ..manifest import wrong_size
+from ..save import atomic
+from ..save.manifest import wrong_size
 from .checksum import RangeHasher
 from .errors import (
     ChecksumMismatchError,
@@ -36,7 +37,7 @@ from .errors import (
     ObjectStoreError,
     error_code,
 )
-from .store import META_XXH3, MiB, ObjectInfo, S3Store, as_uri
+from .objects import META_XXH3, MiB, ObjectInfo, Store, as_uri
 from .uri import S3Uri
 
 _READ_CHUNK = 1 * MiB
@@ -50,7 +51,7 @@ class LocalWriteError(OSError):
 
 
 def upload_file(
-    store: S3Store,
+    store: Store,
     path: str | os.PathLike[str],
     location: S3Uri | str,
     *,
@@ -87,7 +88,7 @@ def upload_file(
 
 
 def _put_small(
-    store: S3Store, fd: int, size: int, uri: S3Uri, *, xxh3: str, path: str | os.PathLike[str]
+    store: Store, fd: int, size: int, uri: S3Uri, *, xxh3: str, path: str | os.PathLike[str]
 ) -> None:
     data = os.pread(fd, size, 0)
     if len(data) != size or xxhash.xxh3_128(data).hexdigest() != xxh3:
@@ -101,7 +102,7 @@ def _put_small(
 
 
 def _put_multipart(
-    store: S3Store,
+    store: Store,
     fd: int,
     size: int,
     uri: S3Uri,
@@ -118,25 +119,12 @@ def _put_multipart(
     except Exception as exc:
         raise store.wrap_error(exc, f"PUT {uri} (create multipart upload)") from exc
     cancel = threading.Event()
-
-    def send(number: int, offset: int, length: int) -> dict[str, Any]:
-        if cancel.is_set() or (stop is not None and stop.is_set()):
-            raise ObjectStoreError(f"PUT {uri}: cancelled")
-        body = os.pread(fd, length, offset)
-        if len(body) != length:
-            raise LocalDataError(f"{path} shrank while being uploaded")
-        resp = store.client.upload_part(
-            Bucket=uri.bucket, Key=uri.key, UploadId=upload_id, PartNumber=number, Body=body
-        )
-        done = {"PartNumber": number, "ETag": resp["ETag"]}
-        done.update(
-            {k: v for k, v in resp.items() if k.startswith("Checksum") and k != "ChecksumType"}
-        )
-        return done
-
+    send = partial(
+        _send_part, store, fd, uri, upload_id=upload_id, path=path, cancel=cancel, stop=stop
+    )
     ranges = [(i + 1, off, min(part, size - off)) for i, off in enumerate(range(0, size, part))]
     pool = ThreadPoolExecutor(store.transfer.concurrency, thread_name_prefix="rtj-s3-put")
-    futures: list[Future[dict[str, Any]]] = [pool.submit(send, *r) for r in ranges]
+    futures: list[Future[dict[str, Any]]] = [pool.submit(send, r) for r in ranges]
     try:
         # Hash the local file while the parts are in flight; xxhash releases the GIL.
         hasher = RangeHasher(fd)
@@ -163,8 +151,35 @@ def _put_multipart(
     pool.shutdown(wait=True)
 
 
+def _send_part(
+    store: Store,
+    fd: int,
+    uri: S3Uri,
+    part: tuple[int, int, int],
+    *,
+    upload_id: str,
+    path: str | os.PathLike[str],
+    cancel: threading.Event,
+    stop: threading.Event | None,
+) -> dict[str, Any]:
+    """Upload ``part`` (its number, then ``length`` bytes of ``fd`` from ``offset``); returns
+    what ``complete_multipart_upload`` lists of it (its ETag and checksums)."""
+    number, offset, length = part
+    if cancel.is_set() or (stop is not None and stop.is_set()):
+        raise ObjectStoreError(f"PUT {uri}: cancelled")
+    body = os.pread(fd, length, offset)
+    if len(body) != length:
+        raise LocalDataError(f"{path} shrank while being uploaded")
+    resp = store.client.upload_part(
+        Bucket=uri.bucket, Key=uri.key, UploadId=upload_id, PartNumber=number, Body=body
+    )
+    done = {"PartNumber": number, "ETag": resp["ETag"]}
+    done.update({k: v for k, v in resp.items() if k.startswith("Checksum") and k != "ChecksumType"})
+    return done
+
+
 def download_file(
-    store: S3Store,
+    store: Store,
     location: S3Uri | str,
     dest: str | os.PathLike[str],
     *,
@@ -225,7 +240,7 @@ def download_file(
 
 
 def _fetch_into(
-    store: S3Store,
+    store: Store,
     fd: int,
     uri: S3Uri,
     size: int,
@@ -238,57 +253,17 @@ def _fetch_into(
     if size <= store.transfer.multipart_threshold:
         part = max(size, 1)
     cancel = threading.Event()
-
-    def fetch(offset: int, length: int) -> None:
-        if cancel.is_set() or (stop is not None and stop.is_set()):
-            raise ObjectStoreError(f"GET {uri}: cancelled")
-        args: dict[str, Any] = {"Bucket": uri.bucket, "Key": uri.key}
-        if guard.etag:
-            args["IfMatch"] = guard.etag  # the object must not change under us
-        ranged = length != size
-        if ranged:
-            args["Range"] = f"bytes={offset}-{offset + length - 1}"
-        try:
-            resp = store.client.get_object(**args)
-            guard.check(resp, ranged=ranged)
-            body = resp["Body"]
-            pos, end = offset, offset + length
-            while pos < end:
-                if cancel.is_set():
-                    raise ObjectStoreError(f"GET {uri}: cancelled")
-                chunk = body.read(min(_READ_CHUNK, end - pos))
-                if not chunk:
-                    raise ObjectStoreError(f"GET {uri}: connection ended at byte {pos}")
-                view = memoryview(chunk)
-                while view:
-                    try:
-                        n = os.pwrite(fd, view, pos)
-                    except OSError as exc:  # the local disk's failure, not the store's
-                        raise LocalWriteError(
-                            exc.errno, f"{exc.strerror} (writing the download of {uri})"
-                        ) from exc
-                    view = view[n:]
-                    pos += n
-            body.close()
-        except (ObjectStoreError, LocalWriteError):
-            raise
-        except Exception as exc:
-            if error_code(exc) in ("InvalidRange", "416"):
-                raise ChecksumMismatchError(f"{uri} is shorter than {size} bytes") from exc
-            if error_code(exc) in ("PreconditionFailed", "412"):
-                raise ObjectStoreError(f"GET {uri}: the object changed mid-download") from exc
-            raise store.wrap_error(exc, f"GET {uri}") from exc
-
+    fetch = partial(_fetch_range, store, fd, uri, size=size, guard=guard, cancel=cancel, stop=stop)
     hasher = RangeHasher(fd)
     if size == 0:
         return hasher.hexdigest()
     ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
     if len(ranges) == 1:
-        fetch(*ranges[0])
+        fetch(ranges[0])
         hasher.advance_to(size)
         return hasher.hexdigest()
     pool = ThreadPoolExecutor(store.transfer.concurrency, thread_name_prefix="rtj-s3-get")
-    futures = [pool.submit(fetch, *r) for r in ranges]
+    futures = [pool.submit(fetch, r) for r in ranges]
     try:
         # Hash each part as soon as it and all before it have landed (page cache reads),
         # and flush what has landed every _SYNC_EVERY bytes: the disk writes overlap the
@@ -308,6 +283,66 @@ def _fetch_into(
     finally:
         pool.shutdown(wait=True)
     return hasher.hexdigest()
+
+
+def _fetch_range(
+    store: Store,
+    fd: int,
+    uri: S3Uri,
+    span: tuple[int, int],
+    *,
+    size: int,
+    guard: _ReplyGuard,
+    cancel: threading.Event,
+    stop: threading.Event | None,
+) -> None:
+    """GET ``span`` (offset, length) of the object (``size`` bytes in all) into ``fd`` at the
+    same offset; a store's error is an ObjectStoreError (ChecksumMismatchError when the object
+    is shorter than ``size``), the local disk's a LocalWriteError."""
+    offset, length = span
+    if cancel.is_set() or (stop is not None and stop.is_set()):
+        raise ObjectStoreError(f"GET {uri}: cancelled")
+    args: dict[str, Any] = {"Bucket": uri.bucket, "Key": uri.key}
+    if guard.etag:
+        args["IfMatch"] = guard.etag  # the object must not change under us
+    ranged = length != size
+    if ranged:
+        args["Range"] = f"bytes={offset}-{offset + length - 1}"
+    try:
+        resp = store.client.get_object(**args)
+        guard.check(resp, ranged=ranged)
+        _write_body(resp["Body"], fd, offset, offset + length, uri=uri, cancel=cancel)
+    except (ObjectStoreError, LocalWriteError):
+        raise
+    except Exception as exc:
+        if error_code(exc) in ("InvalidRange", "416"):
+            raise ChecksumMismatchError(f"{uri} is shorter than {size} bytes") from exc
+        if error_code(exc) in ("PreconditionFailed", "412"):
+            raise ObjectStoreError(f"GET {uri}: the object changed mid-download") from exc
+        raise store.wrap_error(exc, f"GET {uri}") from exc
+
+
+def _write_body(
+    body: Any, fd: int, pos: int, end: int, *, uri: S3Uri, cancel: threading.Event
+) -> None:
+    """Copy a GET reply's body into ``fd`` from ``pos`` to ``end``, then close it."""
+    while pos < end:
+        if cancel.is_set():
+            raise ObjectStoreError(f"GET {uri}: cancelled")
+        chunk = body.read(min(_READ_CHUNK, end - pos))
+        if not chunk:
+            raise ObjectStoreError(f"GET {uri}: connection ended at byte {pos}")
+        view = memoryview(chunk)
+        while view:
+            try:
+                n = os.pwrite(fd, view, pos)
+            except OSError as exc:  # the local disk's failure, not the store's
+                raise LocalWriteError(
+                    exc.errno, f"{exc.strerror} (writing the download of {uri})"
+                ) from exc
+            view = view[n:]
+            pos += n
+    body.close()
 
 
 class _ReplyGuard:

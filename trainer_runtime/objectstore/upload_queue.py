@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..layout import progress_key
-from ..manifest import Manifest
+from ..run_folder.layout import progress_key
+from ..save.manifest import Manifest
 
 
 @dataclass

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import arguments, events
+from .. import events
 from ..errors import ManifestError, StaleMembershipError
-from ..layout import RunFolder
-from ..manifest import MANIFEST_NAME, Manifest
+from ..run import arguments
+from ..run_folder.layout import RunFolder
+from ..save.manifest import MANIFEST_NAME, Manifest
 from .errors import LocalDataError, ObjectStoreError
 from .flush_report import InFlight, UploadStats, inflight_note, log_flush
 from .local_copies import UploadedLocalCopies
@@ -254,61 +255,20 @@ class CheckpointUploader:
                 sent = self.committer.upload(
                     job.manifest, job.local_dir, job.rank, check_first=retrying
                 )
-            except StaleMembershipError as exc:
-                self.stats.abandoned += 1
-                self.stats.last_error = str(exc)
-                log.error("object store: not committed (never retried): %s", exc)
-                return False
-            except LocalDataError as exc:
-                self.stats.abandoned += 1
-                self.stats.last_error = str(exc)
-                # The error names the local file, and so the checkpoint, once.
-                log.error(
-                    "object store: giving up on an upload to %s (rank %d; a local file that "
-                    "does not match its manifest is never retried): %s",
-                    self.run_uri,
-                    job.rank,
-                    exc,
-                )
+            except (StaleMembershipError, LocalDataError) as exc:
+                self.stats.abandon(str(exc))
+                _log_given_up(self.run_uri, job, exc)
                 return False
             except Exception as exc:
                 if self._stop.is_set():
                     return False
-                self.stats.failures += 1
-                self.stats.consecutive_failures += 1
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.stats.fail(f"{type(exc).__name__}: {exc}")
                 wait = self.backoff.delay(job.attempts - 1)
-                log.warning(
-                    "object store: upload of %s (rank %d) to %s failed (attempt %d, %d failure(s) "
-                    "in a row); kept locally, retrying in %.0fs: %s",
-                    job.name,
-                    job.rank,
-                    self.run_uri,
-                    job.attempts,
-                    self.stats.consecutive_failures,
-                    wait,
-                    exc,
-                )
+                _log_retry(self.run_uri, job, exc, wait, self.stats.consecutive_failures)
                 self._stop.wait(wait)
                 continue
-            self.stats.uploaded += 1
-            self.stats.consecutive_failures = 0
-            self.stats.bytes_uploaded += sent
-            self.stats.last_uploaded = job.name
-            log.info(
-                "object store: %s (rank %d) uploaded to %s in %.1fs",
-                job.name,
-                job.rank,
-                self.run_uri,
-                time.monotonic() - job.submitted_at,
-            )
-            events.uploaded(
-                rank=job.rank,
-                checkpoint=job.name,
-                uri=str(self.run_uri.join(job.name)),
-                sent=sent,
-                seconds=time.monotonic() - job.submitted_at,
-            )
+            self.stats.succeed(job.name, sent)
+            _report_uploaded(self.run_uri, job, sent)
             self._after_upload(job)
             return True
         return False
@@ -337,3 +297,50 @@ class CheckpointUploader:
             return (store or self.store).head(uri) is not None
         except ObjectStoreError:
             return False
+
+
+def _log_given_up(run_uri: S3Uri, job: UploadJob, exc: Exception) -> None:
+    """An upload that is never retried: a newer gang's fence, or a local file that does not
+    match its manifest (the error names the file, and so the checkpoint, once)."""
+    if isinstance(exc, StaleMembershipError):
+        log.error("object store: not committed (never retried): %s", exc)
+        return
+    log.error(
+        "object store: giving up on an upload to %s (rank %d; a local file that "
+        "does not match its manifest is never retried): %s",
+        run_uri,
+        job.rank,
+        exc,
+    )
+
+
+def _log_retry(run_uri: S3Uri, job: UploadJob, exc: Exception, wait: float, in_a_row: int) -> None:
+    log.warning(
+        "object store: upload of %s (rank %d) to %s failed (attempt %d, %d failure(s) "
+        "in a row); kept locally, retrying in %.0fs: %s",
+        job.name,
+        job.rank,
+        run_uri,
+        job.attempts,
+        in_a_row,
+        wait,
+        exc,
+    )
+
+
+def _report_uploaded(run_uri: S3Uri, job: UploadJob, sent: int) -> None:
+    """The log line and the ``uploaded`` event of a job's upload."""
+    log.info(
+        "object store: %s (rank %d) uploaded to %s in %.1fs",
+        job.name,
+        job.rank,
+        run_uri,
+        time.monotonic() - job.submitted_at,
+    )
+    events.uploaded(
+        rank=job.rank,
+        checkpoint=job.name,
+        uri=str(run_uri.join(job.name)),
+        sent=sent,
+        seconds=time.monotonic() - job.submitted_at,
+    )

@@ -1,6 +1,6 @@
 """Deleting a checkpoint manifest first, on a local disk or in a bucket: one order, two places.
 
-A checkpoint is committed while its manifest is there (``commit.py`` writes it last), so a
+A checkpoint is committed while its manifest is there (``save/commit.py`` writes it last), so a
 deletion removes it first (``uncommit``) and only then the rest (``remove_rest``): a deletion
 cut short leaves a folder that is no checkpoint, never a checkpoint missing files. Resume deletes
 such a leftover locally (``rejection.remove_leftover``), and a bucket's listing never takes
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .. import atomic
+from ..save import atomic
 from .names import MANIFEST_NAME
 
 if TYPE_CHECKING:  # boto3 only where a bucket is used

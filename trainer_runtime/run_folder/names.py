@@ -28,7 +28,8 @@ DATA_FILE = re.compile(rf"(.+{re.escape(DATA_SUFFIX)}|{FORMAT1_RANK_FILE.pattern
 """A checkpoint's data file: format 2's ``*.distcp``, format 1's ``rank{r}.pt``."""
 
 REJECTED_DIR = "rejected"
-"""Where resume moves the checkpoints it passed over (``rejection.py``); never a candidate."""
+"""Where resume moves the checkpoints it passed over (``resume/rejection.py``); never a
+candidate."""
 REASON_FILE = "REJECTED.txt"
 """In a folder moved into ``rejected/`` locally: when and why."""
 REMOTE_REASON_FILE = "reason.json"

@@ -1,16 +1,16 @@
 """Setting a checkpoint aside: out of the candidates, into ``<run>/rejected/<name>/`` with why.
 
 Resume sets aside the committed checkpoints it passed over, so that they no longer block the
-run going on from an older one (``rejection.py`` says why they are not deleted outright);
+run going on from an older one (``resume/rejection.py`` says why they are not deleted outright);
 ``overwrite=True`` sets aside those in the bucket that the run saves before. Both places keep
 the evidence under ``rejected/``, which no listing takes for a candidate, and differ only in
 what they can afford: a local folder is renamed whole (one ``rename``), and only the newest
 ``REJECTED_WITH_DATA`` keep their data files; a bucket has no rename, and copying a
 multi-gigabyte checkpoint costs as much as uploading it again, so it keeps the manifest and
 ``reason.json`` and deletes the checkpoint manifest first (``deleter.BucketDeleter``).
-(Rejected: the two halves in ``layout.py`` and ``objectstore/rejected.py``, each with its own
-idea of the folder and the reason; moving the pointer off a set-aside checkpoint stays with the
-callers, which know what to name instead.)
+(Rejected: the two halves in ``run_folder/layout.py`` and ``objectstore/rejected.py``, each with
+its own idea of the folder and the reason; moving the pointer off a set-aside checkpoint stays with
+the callers, which know what to name instead.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import atomic
+from ..save import atomic
 from .deleter import BucketDeleter, delete
 from .names import (
     DATA_FILE,

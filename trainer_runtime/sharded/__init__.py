@@ -6,11 +6,16 @@ layer with per-chunk digests and ``reading.VerifyingReader`` its reader; ``stagi
 reused host buffers. See docs/sharded-checkpoints.md.
 """
 
+from . import storage
 from .checkpointer import ShardedCheckpointer, check_files_present
 from .engine import ShardedEngine
 from .load import LoadReport
 from .reading import VerifyingReader
 from .storage import HashingWriter
+
+# ``storage.VerifyingReader``: where the reader lived before ``reading``. Set here, where both
+# are imported, because ``reading`` imports ``storage`` (a lazy import back would be a circle).
+storage.VerifyingReader = VerifyingReader  # type: ignore[attr-defined]
 
 __all__ = [
     "HashingWriter",

@@ -1,42 +1,28 @@
 """Sync and async saving of sharded (format version 2) checkpoints at the engine level.
 
-The commit itself (data durable, then ``manifest.json``, ``latest.json``, the links to the
-checkpoint folder) is ``trainer_runtime.commit.write_and_commit``, shared with
-``CheckpointManager``; this class adds the save scheduling around it, for callers that drive
-the engine without the manager (the engine benchmarks and tests).
+``ShardedCheckpointer`` is for callers that drive the engine without the manager (the engine
+benchmarks and tests). It is a thin layer over ``async_save.SaveScheduler``, the scheduler the
+manager's saves run through (capture, the copy into the staging buffers, the optimizer
+pre-step hook that holds training until the copy is done, the persisting thread, the commit),
+so what the benchmarks time is the product's own path. It adds only what a caller without a
+run needs: names and timestamps given per call, and a failure raised as it is by ``wait()``
+(the manager's ``Saver`` wraps it in ``SaveFailedError`` at the next call instead).
 
-An async save returns at once: a background thread copies the state into reused host buffers
-(``staging.py``) at full priority, releases training, then writes and commits at low priority.
-Until the copy is done, an optimizer pre-step hook holds the next ``optimizer.step()`` (the only
-thing that changes parameters and optimizer state); the model's buffers, which the forward pass
-changes before any step, are copied at the call. So the save call itself stalls training only
-for taking references and that small copy. A thread, not a process: the persisting work is
-file I/O and xxh3 hashing, both of which release the GIL, and a process would first have to
-receive the staged state (shared memory) and join its own process group; see
-docs/sharded-checkpoints.md.
+The rejected alternative, this class scheduling its saves itself (its own event, hook and
+priority lowering), had the benchmarks measure a path the product did not run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-from ..commit import write_and_commit
-from ..layout import RunFolder
-from ..manifest import Manifest, size_problem
+from ..run_folder.layout import RunFolder
+from ..save.manifest import Manifest, size_problem
 from ..timestamp import Timestamp
+from .async_save import SaveScheduler, SaveTarget
 from .engine import ShardedEngine
-from .staging import copy_buffers
-
-log = logging.getLogger("trainer_runtime")
 
 
 def check_files_present(folder: Path, manifest: Manifest) -> str | None:
@@ -61,12 +47,13 @@ class ShardedCheckpointer:
         self.run_name = run_name
         self.coord = engine.commit_coord
         self.rank, self.world_size = engine.rank, engine.world_size
-        self._executor: ThreadPoolExecutor | None = None
-        self._staged: threading.Event | None = None
-        self._hook: Any = None
-        self.pending: Future[Manifest] | None = None
+        self.scheduler = SaveScheduler(engine, folder)
 
-    # ------------------------------------------------------------------ sync
+    @property
+    def pending(self) -> Future[Manifest] | None:
+        """The async save in flight (or finished, until ``wait()``)."""
+        return self.scheduler.pending
+
     def save(
         self,
         name: str,
@@ -79,18 +66,9 @@ class ShardedCheckpointer:
     ) -> Manifest:
         """Write and commit checkpoint ``name`` before returning (collective)."""
         self.wait()
-        started = time.monotonic()
-        state = self._capture(timestamp, metrics, extras, weights_only)
-        return self._write_and_commit(
-            state=state,
-            name=name,
-            timestamp=timestamp,
-            weights_only=weights_only,
-            latest_link=latest_link,
-            started=started,
-        )
+        target = self._target(name, timestamp, weights_only, latest_link)
+        return self.scheduler.save(target, _manifest, metrics=metrics, extras=extras)
 
-    # ------------------------------------------------------------------ async
     def save_async(
         self,
         name: str,
@@ -103,96 +81,37 @@ class ShardedCheckpointer:
     ) -> Future[Manifest]:
         """Start a save; returns once references are taken. One save in flight at a time."""
         self.wait()
-        started = time.monotonic()
-        state = self._capture(timestamp, metrics, extras, weights_only)
-        # Module buffers are copied now: the next forward pass changes them (BatchNorm
-        # statistics) before the hook below holds anything.
-        state = copy_buffers(self.engine.components.model, state)
-        self.engine.save_point(state)  # after the buffers' copies are queued
-        staged = threading.Event()
-        self._staged = staged
-        self._hook = register_optimizer_step_pre_hook(lambda *_: _wait(staged))
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rtj-sharded-save")
-
-        def background() -> Manifest:
-            try:
-                copy, keys = self.engine.stage(state)
-            finally:
-                staged.set()
-            _lower_thread_priority()
-            return self._write_and_commit(
-                staged_keys=keys,
-                state=copy,
-                name=name,
-                timestamp=timestamp,
-                weights_only=weights_only,
-                latest_link=latest_link,
-                started=started,
-            )
-
-        self.pending = self._executor.submit(background)
-        return self.pending
+        target = self._target(name, timestamp, weights_only, latest_link)
+        return self.scheduler.save_async(target, _manifest, metrics=metrics, extras=extras)
 
     def wait_for_staging(self) -> None:
         """Block until the in-flight save has copied the state (then training may mutate it)."""
-        if self._staged is not None:
-            self._staged.wait()
-        self._release_hook()
+        self.scheduler.wait_for_copy()
 
     def wait(self) -> Manifest | None:
         """Block until the in-flight save has committed; raise its failure."""
-        fut, self.pending = self.pending, None
-        if fut is None:
-            return None
-        try:
-            return fut.result()
-        finally:
-            self._release_hook()
+        self.scheduler.settle()
+        fut = self.scheduler.collect()
+        return None if fut is None else fut.result()
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            self.scheduler.shutdown()
 
-    def _release_hook(self) -> None:
-        if self._hook is not None and self._staged is not None and self._staged.is_set():
-            self._hook.remove()
-            self._hook = None
-
-    # ------------------------------------------------------------------ shared
-    def _capture(
-        self,
-        timestamp: Timestamp,
-        metrics: dict[str, Any] | None,
-        extras: dict[str, Any] | None,
-        weights_only: bool,
-    ) -> dict[str, Any]:
-        return self.engine.capture(
-            timestamp=timestamp.to_dict(),
+    def _target(
+        self, name: str, timestamp: Timestamp, weights_only: bool, latest_link: str | None
+    ) -> SaveTarget:
+        return SaveTarget(
+            name=name,
             run_name=self.run_name,
-            metrics=dict(metrics or {}),
-            extras=dict(extras or {}),
+            timestamp=timestamp,
             weights_only=weights_only,
-        )
-
-    def _write_and_commit(self, **kw: Any) -> Manifest:
-        return write_and_commit(
-            self.engine,
-            self.folder,
-            run_name=self.run_name,
-            **kw,
+            latest_link=latest_link,
         )
 
 
-def _wait(event: threading.Event) -> None:
-    event.wait()
-
-
-def _lower_thread_priority() -> None:
-    """Per-thread nice on Linux: writing and hashing yield the CPU to training."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+def _manifest(manifest: Manifest) -> Manifest:
+    """Nothing follows the commit at the engine level."""
+    return manifest

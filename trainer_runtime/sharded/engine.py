@@ -4,15 +4,16 @@ What is saved is a DCP state dict built with ``torch.distributed.checkpoint.stat
 ``model`` and ``optim/<name>`` keyed by parameter name (so DDP, FSDP2 and single-process
 layouts are interchangeable), plus ``ranks/<r>``: each rank's small non-tensor state (RNG,
 schedulers, scaler, stateful objects such as the sampler, timestamp, metrics, extras), pickled
-in the weights-only-safe form ``state.capture`` produces. DCP's planner writes each replicated
-tensor once (spread over the ranks) and each shard by its owner; ``storage.HashingWriter`` lays
-the bytes down with digests; the caller commits the returned file entries in a manifest.
+in the weights-only-safe form ``rank_contents.capture`` produces. DCP's planner writes each
+replicated tensor once (spread over the ranks) and each shard by its owner;
+``storage.HashingWriter`` lays the bytes down with digests; the caller commits the returned file
+entries in a manifest.
 
 A load (``load.py``) reads into the same host staging buffers the async saves stage into,
 verifying every chunk as it arrives, and copies into the live tensors only once every rank has
 read and verified everything.
 
-Writing per-rank ``torch.save`` files (format version 1, ``serialization.py``) was the
+Writing per-rank ``torch.save`` files (format version 1, ``save/rank_file.py``) was the
 alternative; it writes every replica in full and cannot change world size for sharded state.
 """
 
@@ -29,10 +30,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from .. import safe_state
-from .. import state as state_mod
-from ..dist import Coordinator
-from ..manifest import FileEntry, Manifest
+from ..run.dist import Coordinator
+from ..save import rank_contents as state_mod
+from ..save import safe_unpickle
+from ..save.manifest import FileEntry, Manifest
 from .keys import MODEL_KEY, OPTIM_KEY, RANKS_KEY
 from .live_state import small_components, tensor_state
 from .load import LoadReport, ShardedLoader
@@ -57,7 +58,7 @@ class ShardedEngine:
         self.components = components
         self.coord = coord
         self.commit_coord = commit_coord or coord
-        """Writes run on this group: they may run in a background thread (see dist.py)."""
+        """Writes run on this group: they may run in a background thread (see run/dist.py)."""
         self.rank, self.world_size = coord.rank, coord.world_size
         self.trusted_pickle = trusted_pickle
         self.stager = HostStager(pin_memory=pin_memory)
@@ -114,6 +115,28 @@ class ShardedEngine:
         weights_only: bool,
     ) -> dict[str, Any]:
         """The state dict to save, with *live* tensor references (stage before training on)."""
+        small, out = self.capture_unserialized(
+            timestamp=timestamp,
+            run_name=run_name,
+            metrics=metrics,
+            extras=extras,
+            weights_only=weights_only,
+        )
+        out[RANKS_KEY] = {str(self.rank): self.serialize_small(small)}
+        return out
+
+    def capture_unserialized(
+        self,
+        *,
+        timestamp: dict[str, Any],
+        run_name: str,
+        metrics: dict[str, Any],
+        extras: dict[str, Any],
+        weights_only: bool,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``capture``'s two parts before the small state is serialized: this rank's small state
+        (fresh objects: RNG states, ``state_dict()`` results) and the tensor state with live
+        references, without ``RANKS_KEY``."""
         data = state_mod.capture(
             small_components(self.components),
             timestamp=timestamp,
@@ -123,10 +146,12 @@ class ShardedEngine:
             weights_only=weights_only,
         )
         del data["state"]["model"]
-        blob = safe_state.serialize(data, trusted=self.trusted_pickle)  # refused: nothing written
-        out = self._cached_tensor_state(weights_only=weights_only)
-        out[RANKS_KEY] = {str(self.rank): blob}
-        return out
+        return data, self._cached_tensor_state(weights_only=weights_only)
+
+    def serialize_small(self, small: dict[str, Any]) -> bytes:
+        """This rank's small state as saved (``safe_unpickle.serialize``; refused: nothing
+        written)."""
+        return safe_unpickle.serialize(small, trusted=self.trusted_pickle)
 
     def stage(self, state: dict[str, Any]) -> tuple[dict[str, Any], set[str] | None]:
         """Host copy of ``state`` in reused buffers; training may go on once this returns.

@@ -14,8 +14,8 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from .. import state as state_mod
 from ..errors import IncompatibleCheckpointError
+from ..save import rank_contents as state_mod
 from . import optim_target
 from .keys import MODEL_KEY, OPTIM_KEY
 

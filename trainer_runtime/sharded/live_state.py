@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from .. import state as state_mod
+from ..save import rank_contents as state_mod
 from .keys import MODEL_KEY, OPTIM_KEY
 
 

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,12 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from .. import rng, safe_state
-from .. import state as state_mod
-from ..dist import Coordinator, describe_failures, failure_cause
 from ..errors import ConfigError, CorruptCheckpointError, IncompatibleCheckpointError
-from ..manifest import FORMAT_VERSION_SHARDED, FileEntry, Manifest
+from ..run import rng
+from ..run.dist import Coordinator, describe_failures, failure_cause
+from ..save import rank_contents as state_mod
+from ..save import safe_unpickle
+from ..save.manifest import FORMAT_VERSION_SHARDED, FileEntry, Manifest
 from . import fitting, optim_target
 from .device_ring import load_targets
 from .keys import MODEL_KEY, OPTIM_KEY, RANKS_KEY
@@ -102,6 +104,29 @@ class LoadReport:
     """GPU tensors were read straight onto the GPU (``device_ring``), not via host memory."""
 
 
+def _check_sharded(folder: Path, manifest: Manifest) -> None:
+    """A version-1 checkpoint is a ``ConfigError``: sound, but not this engine's format."""
+    if not manifest.sharded:
+        raise ConfigError(
+            f"ShardedEngine.load: checkpoint {folder} has format_version "
+            f"{manifest.format_version} (one rank{{r}}.pt per rank), not "
+            f"{FORMAT_VERSION_SHARDED}; load it with CheckpointManager.load() or resume(), "
+            "which read both versions"
+        )
+
+
+def _fit_model(
+    live: dict[str, Any], metadata: Metadata, patterns: list[str], *, strict: bool
+) -> set[str]:
+    """Drop from ``live`` what ``patterns`` ignore and (``strict=False``) the model's keys
+    whose saved shape differs; returns the keys not loaded."""
+    ignored = fitting.drop_ignored(live, patterns)
+    skipped: list[str] = []
+    if MODEL_KEY in live:
+        skipped = fitting.fit_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
+    return {*skipped, *ignored}
+
+
 class ShardedLoader:
     """Loads of version-2 checkpoints into one run's live components (collective)."""
 
@@ -132,7 +157,8 @@ class ShardedLoader:
     ) -> tuple[dict[str, Any], LoadReport]:
         """Load a version-2 checkpoint into the live components; collective over all ranks.
 
-        Returns the saved small state (timestamp, metrics, extras...) like ``state.restore``.
+        Returns the saved small state (timestamp, metrics, extras...) like
+        ``rank_contents.restore``.
         Raises ``CorruptCheckpointError`` on every rank when any rank read a chunk that fails
         its digest; the live state is untouched then. A version-1 manifest is a ``ConfigError``
         (its checkpoint is sound, but not this engine's format).
@@ -143,13 +169,7 @@ class ShardedLoader:
         of torch's ~270,000 objects (0.13 s of a 0.43 s load of 96 MiB), which no loaded
         object needs.
         """
-        if not manifest.sharded:
-            raise ConfigError(
-                f"ShardedEngine.load: checkpoint {folder} has format_version "
-                f"{manifest.format_version} (one rank{{r}}.pt per rank), not "
-                f"{FORMAT_VERSION_SHARDED}; load it with CheckpointManager.load() or resume(), "
-                "which read both versions"
-            )
+        _check_sharded(folder, manifest)
         started = time.monotonic()
         meta_entry = next((f for f in manifest.files if f.path == METADATA_NAME), None)
         metadata = self._agreed_metadata(folder, meta_entry)
@@ -158,49 +178,84 @@ class ShardedLoader:
         source = self.rank if self.rank < saved_ws else 0
         patterns = [p.strip("/") for p in ignore_keys]
         live = tensor_state(self.components, weights_only=True)  # the model; the optimizer below
-        ignored = fitting.drop_ignored(live, patterns)
-        skipped: list[str] = []  # mis-shaped model keys, not loaded (strict=False)
-        if MODEL_KEY in live:
-            skipped = fitting.fit_model(live[MODEL_KEY], metadata, strict=strict, ignored=patterns)
-        not_loaded = {*skipped, *ignored}  # their parameters keep their optimizer state too
-        # An ignored optimizer is not even initialised (taking its state dict would).
-        skip_optim = fitting.optimizers_ignored(patterns)
-        with_optim = not weights_only and not skip_optim and bool(self.components.model)
-
-        def make_targets(gpu_on_gpu: bool) -> tuple[dict[str, Any], Any]:
-            fresh = None
-            if with_optim:
-                fresh = optim_target.plan(
-                    self.components.model,
-                    self.components.optimizers,
-                    metadata,
-                    OPTIM_KEY,
-                    skip=not_loaded,
-                    skip_path=lambda path: fitting.optimizer_path_ignored(path, patterns),
-                    gpu_on_gpu=gpu_on_gpu,
-                )
-            if not (weights_only or skip_optim or fresh is not None or OPTIM_KEY in live):
-                live.update(
-                    fitting.optimizer_state(
-                        self.components, metadata, skip=not_loaded, ignored=patterns
-                    )
-                )
-            tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
-            if fresh is not None:  # read into new tensors, adopted below once verified
-                tree[OPTIM_KEY] = fresh
-            return tree, fresh
-
-        target, fresh_optim = load_targets(make_targets)
+        not_loaded = _fit_model(live, metadata, patterns, strict=strict)
+        make = partial(
+            self._targets, live, metadata, weights_only, not_loaded=not_loaded, patterns=patterns
+        )
+        target, fresh_optim = load_targets(make)
         target[RANKS_KEY] = {str(source): b""}
         reader = VerifyingReader(
             folder, expected_metadata=meta_entry, trusted=self.trusted_pickle, metadata=metadata
         )
+        self._read(folder, target, reader, partial_load=not strict or bool(patterns))
+        # Unpickled before anything live changes: one that fails fails every rank alike.
+        data = self._agreed_rank_state(folder, target[RANKS_KEY][str(source)])
+        if not weights_only:  # the same saved position on every rank: all raise alike
+            state_mod.check_data_position(self.components, data, patterns)
+        self._into_live(live, target, fresh_optim)
+        rng_mode = self._rng_mode(data, patterns, weights_only=weights_only, saved_ws=saved_ws)
+        small_patterns = [p for p in patterns if not p.startswith(("state/model", "state/optim"))]
+        saved = state_mod.restore(
+            small_components(self.components),
+            data,
+            weights_only=weights_only,
+            strict=strict,
+            ignore_keys=small_patterns,
+        )
+        seconds, onto_gpu = time.monotonic() - started, reader.ring_copies > 0
+        return saved, LoadReport(saved_ws, source, rng_mode, reader.bytes_read, seconds, onto_gpu)
+
+    def _targets(
+        self,
+        live: dict[str, Any],
+        metadata: Metadata,
+        weights_only: bool,
+        gpu_on_gpu: bool,
+        *,
+        not_loaded: set[str],
+        patterns: list[str],
+    ) -> tuple[dict[str, Any], Any]:
+        """``load_targets``'s ``make``: the tree the load reads into, and the fresh optimizer
+        state it reads into instead of the live one (None: into the staging buffers, or no
+        optimizer). ``live`` gains the optimizer's state when it is loaded in place. The
+        optimizer state of ``not_loaded`` keys' parameters is not loaded either."""
+        # An ignored optimizer is not even initialised (taking its state dict would).
+        skip_optim = fitting.optimizers_ignored(patterns)
+        with_optim = not weights_only and not skip_optim and bool(self.components.model)
+        fresh = None
+        if with_optim:
+            fresh = optim_target.plan(
+                self.components.model,
+                self.components.optimizers,
+                metadata,
+                OPTIM_KEY,
+                skip=not_loaded,
+                skip_path=lambda path: fitting.optimizer_path_ignored(path, patterns),
+                gpu_on_gpu=gpu_on_gpu,
+            )
+        if not (weights_only or skip_optim) and fresh is None and OPTIM_KEY not in live:
+            live.update(
+                fitting.optimizer_state(
+                    self.components, metadata, skip=not_loaded, ignored=patterns
+                )
+            )
+        tree = self.stager.empty_like(live, gpu_on_gpu=gpu_on_gpu)
+        if fresh is not None:  # read into new tensors, adopted below once verified
+            tree[OPTIM_KEY] = fresh
+        return tree, fresh
+
+    def _read(
+        self, folder: Path, target: dict[str, Any], reader: VerifyingReader, *, partial_load: bool
+    ) -> None:
+        """DCP's collective load into ``target``, every chunk verified as it is read; a failure
+        on any rank is an ``IncompatibleCheckpointError`` (the state does not fit) or a
+        ``CorruptCheckpointError`` on all, the live state untouched."""
         try:
             dcp.load(
                 target,
                 storage_reader=reader,
                 planner=_SafeLoadPlanner(
-                    trusted=self.trusted_pickle, allow_partial_load=not strict or bool(patterns)
+                    trusted=self.trusted_pickle, allow_partial_load=partial_load
                 ),
                 process_group=self.coord.group,
                 no_dist=not self.coord.distributed,
@@ -217,10 +272,10 @@ class ShardedLoader:
             raise CorruptCheckpointError(
                 f"checkpoint {folder} failed to load, live state untouched: {why}"
             ) from exc
-        # Unpickled before anything live changes: one that fails fails every rank alike.
-        data = self._agreed_rank_state(folder, target[RANKS_KEY][str(source)])
-        if not weights_only:  # the same saved position on every rank: all raise alike
-            state_mod.check_data_position(self.components, data, patterns)
+
+    def _into_live(self, live: dict[str, Any], target: dict[str, Any], fresh_optim: Any) -> None:
+        """The verified tensors into the live state: copied, or (the optimizer's state) the
+        staging buffers or the fresh tensors they were read into exchanged for the live ones."""
         handed_over = self._optimizer_exchanges(live, target, fresh_optim)
         problems: list[str] = []
         copy_into_live(
@@ -238,25 +293,18 @@ class ShardedLoader:
             fitting.restore_param_groups(self.components.optimizers, target[OPTIM_KEY])
         if fresh_optim is not None:
             optim_target.adopt(self.components.model, self.components.optimizers, fresh_optim)
-        rng_dropped = state_mod.path_ignored(("rng",), patterns)  # restore drops it below
+
+    def _rng_mode(
+        self, data: dict[str, Any], patterns: list[str], *, weights_only: bool, saved_ws: int
+    ) -> str:
+        """How the random generators are restored ("none", "restored", or "derived": a rank
+        the saving world did not have gets rank 0's state, derived for its rank in ``data``)."""
+        rng_dropped = state_mod.path_ignored(("rng",), patterns)  # restore drops it
         rng_mode = "none" if weights_only or rng_dropped or "rng" not in data else "restored"
         if rng_mode != "none" and saved_ws != self.world_size and self.rank >= saved_ws:
             data["rng"] = rng.derived(data["rng"], self.rank)
             rng_mode = "derived"
-        small = small_components(self.components)
-        small_patterns = [p for p in patterns if not p.startswith(("state/model", "state/optim"))]
-        saved = state_mod.restore(
-            small, data, weights_only=weights_only, strict=strict, ignore_keys=small_patterns
-        )
-        report = LoadReport(
-            saved_ws,
-            source,
-            rng_mode,
-            reader.bytes_read,
-            time.monotonic() - started,
-            onto_gpu=reader.ring_copies > 0,
-        )
-        return saved, report
+        return rng_mode
 
     def _optimizer_exchanges(
         self, live: dict[str, Any], target: dict[str, Any], fresh_optim: Any
@@ -298,7 +346,7 @@ class ShardedLoader:
         try:
             data = torch.load(io.BytesIO(blob), weights_only=not self.trusted_pickle)
         except Exception as exc:  # UnpicklingError, or a truncated or foreign blob
-            why = safe_state.describe_unloadable(blob, exc, trusted=self.trusted_pickle)
+            why = safe_unpickle.describe_unloadable(blob, exc, trusted=self.trusted_pickle)
             problem = f"rank {self.rank}'s saved state does not load: {why}"
         self._fail_everywhere(problem, f"checkpoint {folder} failed to load, live state untouched")
         assert data is not None

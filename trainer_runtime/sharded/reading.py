@@ -38,14 +38,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from .. import envvars
-from ..manifest import FileEntry
-from ..pages import (
-    all_present,
-    can_populate,
-    page_spans,
-    populate_for_write,
-    populate_pages,
-)
+from ..resume.pages import all_present, can_populate, page_spans, populate_for_write, populate_pages
+from ..save.manifest import FileEntry
 from .device_ring import DeviceRing
 from .ring_reads import RingChunk, RingReads, read_exactly
 from .storage import METADATA_NAME, ChunkDigestError, RawChunk, read_metadata_bytes

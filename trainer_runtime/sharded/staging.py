@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..state import local_tensor
+from ..save.rank_contents import local_tensor
 from .keys import MODEL_KEY
 
 

@@ -50,9 +50,9 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .. import atomic
-from ..manifest import FileEntry
 from ..run_folder.names import DATA_SUFFIX, METADATA_NAME
+from ..save import atomic
+from ..save.manifest import FileEntry
 
 _IO_BLOCK = 16 << 20
 """Writes go in blocks this size; the hashing thread hashes one while the next is written."""
@@ -320,13 +320,3 @@ def read_metadata_bytes(blob: bytes, *, trusted: bool) -> Metadata:
 
 def chunk_files(metadata: Metadata) -> Sequence[str]:
     return sorted({info.relative_path for info in metadata.storage_data.values()})
-
-
-def __getattr__(name: str) -> Any:
-    """``storage.VerifyingReader``, where the reader lived before ``reading`` (imported lazily:
-    ``reading`` imports this module)."""
-    if name == "VerifyingReader":
-        from .reading import VerifyingReader  # noqa: PLC0415
-
-        return VerifyingReader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,140 @@
+"""Which gang a process belongs to: the membership epoch, and the membership an agent is told of.
+
+A gang whose membership changes without restarting its healthy pods (docs/survivors.md) needs
+two facts the plain torch environment cannot carry:
+
+- **the epoch**: a number that only grows, one per membership of the run (a new gang, or a gang
+  re-formed in place). Every commit is fenced by it (``save/fence.py``): once a process of epoch N
+  started, a process of an older epoch (partitioned from the operator, slow to die) can no
+  longer commit into the run, so it can never move ``latest.json`` behind the new gang's back.
+- **the membership** itself, written by the operator into an annotation of every pod of the
+  gang and read by the in-pod agent (``trainer_runtime.agent``) from its downward-API file:
+  the epoch, the gang's size in pods, this pod's index, the rendezvous address, the checkpoint
+  to resume from, and how the old workers end (``stop``: ``save`` when every old member is
+  still alive, so a collective emergency save can commit first; ``kill`` when one is gone and
+  a save would wait on it).
+
+The file is JSON with the operator's field names (camelCase, like the rest of the API). A file
+that does not parse is a ``ConfigError`` naming the field and what was expected; an empty or
+missing file means "no membership yet" (the pod's own environment holds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import envvars
+from ..errors import ConfigError
+from ..run import arguments
+
+STOP_SAVE = "save"
+STOP_KILL = "kill"
+STOP_MODES = (STOP_SAVE, STOP_KILL)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One membership of the gang, as the operator announced it to one pod."""
+
+    epoch: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    resume_from: str = ""
+    stop: str = STOP_KILL
+    attempt: int | None = None
+    """The operator's attempt this membership belongs to (``RTJ_ATTEMPT`` of the new workers)."""
+
+    def worker_environment(self, nproc_per_node: int, local_rank: int) -> dict[str, str]:
+        """The variables of one worker process of this pod under this membership."""
+        return {
+            envvars.RANK: str(self.node_rank * nproc_per_node + local_rank),
+            envvars.WORLD_SIZE: str(self.nnodes * nproc_per_node),
+            envvars.LOCAL_RANK: str(local_rank),
+            envvars.LOCAL_WORLD_SIZE: str(nproc_per_node),
+            envvars.MASTER_ADDR: self.master_addr,
+            envvars.MASTER_PORT: str(self.master_port),
+            envvars.RESUME_FROM: self.resume_from,
+            envvars.MEMBERSHIP_EPOCH: str(self.epoch),
+        } | ({} if self.attempt is None else {envvars.ATTEMPT: str(self.attempt)})
+
+
+_FIELDS = {
+    "epoch": (int, "an integer >= 0"),
+    "nnodes": (int, "an integer >= 1"),
+    "nodeRank": (int, "an integer >= 0 and < nnodes"),
+    "masterAddr": (str, "a host name or address"),
+    "masterPort": (int, "a port number from 1 to 65535"),
+}
+
+
+def parse(text: str, *, source: str = "membership") -> Membership | None:
+    """The membership in ``text``, or None for an empty text (none announced yet)."""
+    if not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    values = {}
+    for key, (kind, expected) in _FIELDS.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ConfigError(f"{source}: {key}={value!r}: expected {expected}")
+        values[key] = value
+    stop = data.get("stop", STOP_KILL)
+    resume_from = data.get("resumeFrom", "")
+    problems = [
+        (values["epoch"] < 0, "epoch"),
+        (values["nnodes"] < 1, "nnodes"),
+        (not 0 <= values["nodeRank"] < values["nnodes"], "nodeRank"),
+        (not values["masterAddr"], "masterAddr"),
+        (not 0 < values["masterPort"] < 65536, "masterPort"),
+    ]
+    for bad, key in problems:
+        if bad:
+            raise ConfigError(f"{source}: {key}={values[key]!r}: expected {_FIELDS[key][1]}")
+    if stop not in STOP_MODES:
+        raise ConfigError(f"{source}: stop={stop!r}: expected one of {', '.join(STOP_MODES)}")
+    if not isinstance(resume_from, str):
+        raise ConfigError(f"{source}: resumeFrom={resume_from!r}: expected a string")
+    attempt = data.get("attempt")
+    if attempt is not None and (
+        not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0
+    ):
+        raise ConfigError(f"{source}: attempt={attempt!r}: expected an integer >= 0")
+    return Membership(
+        epoch=values["epoch"],
+        nnodes=values["nnodes"],
+        node_rank=values["nodeRank"],
+        master_addr=values["masterAddr"],
+        master_port=values["masterPort"],
+        resume_from=resume_from,
+        stop=stop,
+        attempt=attempt,
+    )
+
+
+def read(path: str | os.PathLike[str]) -> Membership | None:
+    """The membership in the file at ``path``; None when it is missing or empty."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    return parse(text, source=str(path))
+
+
+def epoch_from(environ: Mapping[str, str]) -> int | None:
+    """``RTJ_MEMBERSHIP_EPOCH``, or None when unset (no fencing: an unmanaged run)."""
+    if not environ.get(envvars.MEMBERSHIP_EPOCH, "").strip():
+        return None
+    return arguments.environment_integer(
+        envvars.MEMBERSHIP_EPOCH, environ, 0, "an integer >= 0", lambda n: n >= 0
+    )

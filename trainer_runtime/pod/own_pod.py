@@ -1,0 +1,60 @@
+"""The runtime's one way to write to the API server: a merge patch of its own pod's annotations.
+
+Rank 0 keeps its progress there (``pod/progress.py``); a standby pod's agent says there that it is
+warm (``agent/standby.py``). It speaks plain HTTPS with the pod's service-account token (the
+runtime must not depend on the kubernetes client). Outside a pod (no pod name, no API server
+address or no token) it is disabled, and callers skip it.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import envvars
+
+DEFAULT_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+PATCH_ERRORS = (OSError, ssl.SSLError)
+"""What a failed patch raises (``urllib.error.URLError`` is an ``OSError``)."""
+
+
+class OwnPod:
+    """This pod on the API server, as the kubelet's environment and service account name it."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.pod = environ.get(envvars.POD_NAME, "").strip()
+        host = environ.get(envvars.KUBERNETES_SERVICE_HOST, "").strip()
+        port = environ.get(envvars.KUBERNETES_SERVICE_PORT, "443").strip()
+        sa = Path(environ.get(envvars.SERVICEACCOUNT_DIR, "").strip() or DEFAULT_SA_DIR)
+        ns = environ.get(envvars.NAMESPACE, "").strip()
+        if not ns and (sa / "namespace").exists():
+            ns = (sa / "namespace").read_text().strip()
+        self.namespace = ns
+        self.token_file = sa / "token"
+        self.ca_file = sa / "ca.crt"
+        host = f"[{host}]" if ":" in host else host
+        self.url = f"https://{host}:{port}/api/v1/namespaces/{ns}/pods/{self.pod}"
+        self.enabled = bool(self.pod and host and ns and self.token_file.exists())
+
+    def annotate(self, annotations: Mapping[str, str | None]) -> None:
+        """Set (None: remove) annotations of this pod; raises one of ``PATCH_ERRORS``."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        token = self.token_file.read_text().strip()
+        ctx = ssl.create_default_context(
+            cafile=str(self.ca_file) if self.ca_file.exists() else None
+        )
+        req = urllib.request.Request(  # noqa: S310 - https URL built from the kubelet's env
+            self.url,
+            data=json.dumps(body).encode(),
+            method="PATCH",
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/merge-patch+json",
+                "Accept": "application/json",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:  # noqa: S310
+            resp.read()

@@ -1,0 +1,141 @@
+"""A relaunched rank fetches its checkpoint while its gang forms.
+
+A rank of a new attempt spends its first seconds importing torch and waiting in
+``init_process_group`` for the slowest pod of its gang, and only then, in ``resume()``, starts
+downloading the checkpoint it resumes from: the fetch (minutes for a multi-GB state on a GPU
+cluster) comes after the wait instead of during it. So when ``trainer_runtime`` is imported in a
+pod whose operator named a specific committed checkpoint (``RTJ_RESUME_FROM`` under
+``$RTJ_CHECKPOINT_DIR/$RTJ_RUN_NAME`` in an object store), a background thread downloads that
+checkpoint into the run's local staging folder at once, with the same verified, manifest-last
+download ``resume()`` uses. ``CheckpointManager`` waits for it before it touches the run folder,
+and ``resume()`` then finds the checkpoint on the local disk (files that verify are not fetched
+again), still checks the store for a newer one and verifies every file it loads: the prefetch
+changes when bytes arrive, never what is loaded.
+
+One process per pod fetches (local rank 0; the pod's ranks share its disk). A prefetch that
+fails (the store unreachable, the checkpoint gone) is logged and left to ``resume()``, which
+reports it as it always did. ``RTJ_PREFETCH=0`` turns it off.
+(Rejected: fetching in ``CheckpointManager``'s constructor: it runs after
+``init_process_group``, so the wait for the gang would not hide the fetch.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import envvars
+
+log = logging.getLogger(__name__)
+OFF = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class PrefetchPlan:
+    """What to fetch (a committed checkpoint's URI) and where to (the run's staging folder)."""
+
+    checkpoint_uri: str
+    local_run_dir: Path
+    rank: int
+
+
+def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
+    """The prefetch a managed pod's environment asks for, or None."""
+    get = lambda name: environ.get(name, "").strip()  # noqa: E731
+    if get(envvars.PREFETCH).lower() in OFF or get(envvars.LOCAL_RANK) not in ("", "0"):
+        return None
+    resume, root, run = get(envvars.RESUME_FROM), get(envvars.CHECKPOINT_DIR), get(envvars.RUN_NAME)
+    if not (resume.startswith("s3://") and root.startswith("s3://") and run):
+        return None
+    run_uri = f"{root.rstrip('/')}/{run}"
+    parent, _, name = resume.rstrip("/").rpartition("/")
+    if parent != run_uri or not name:
+        return None  # the run's root (resume() resolves the newest) or another run's folder
+    from ..run.config import _staging_dir  # noqa: PLC0415 - torch-free, only in managed pods
+
+    try:
+        local_run_dir = _staging_dir(run_uri, None, environ)
+    except ValueError:  # RTJ_LOCAL_CHECKPOINT_DIR is itself s3://: the manager says so
+        return None
+    rank = get(envvars.RANK)
+    return PrefetchPlan(resume, local_run_dir, int(rank) if rank.isdigit() else 0)
+
+
+class CheckpointPrefetch:
+    """One background download of a committed checkpoint into the local run folder."""
+
+    def __init__(self, plan: PrefetchPlan) -> None:
+        self.plan = plan
+        self.fetched: Path | None = None
+        self.error: BaseException | None = None
+        self.seconds: float | None = None
+        self._thread = threading.Thread(target=self._run, name="rtj-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from .. import events  # noqa: PLC0415
+        from ..objectstore.resolver import download_checkpoint  # noqa: PLC0415
+        from ..objectstore.store import S3Store  # noqa: PLC0415
+
+        began = time.monotonic()
+        plan = self.plan
+        try:
+            path = download_checkpoint(S3Store(), plan.checkpoint_uri, plan.local_run_dir)
+        except Exception as exc:  # resume() meets the same problem and reports it
+            self.error = exc
+            log.warning("prefetch of %s failed (%s); resume() fetches", plan.checkpoint_uri, exc)
+            return
+        self.seconds = time.monotonic() - began
+        self.fetched = path
+        events.fetched(
+            rank=plan.rank,
+            checkpoint=path.name,
+            uri=plan.checkpoint_uri,
+            sent=folder_bytes(path),
+            seconds=self.seconds,
+        )
+
+    def wait(self) -> None:
+        self._thread.join()
+
+
+def folder_bytes(path: Path) -> int:
+    """The size of the files of a fetched checkpoint folder (what the load reads)."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+_prefetch: CheckpointPrefetch | None = None
+_lock = threading.Lock()
+
+
+def start_from_environment() -> CheckpointPrefetch | None:
+    """Start the prefetch the environment asks for, once per process."""
+    global _prefetch  # noqa: PLW0603 - one prefetch per process
+    with _lock:
+        if _prefetch is None:
+            plan = plan_from_environment(os.environ)
+            if plan is not None:
+                _prefetch = CheckpointPrefetch(plan)
+        return _prefetch
+
+
+def prefetched(run_dir: Path) -> str | None:
+    """The checkpoint this process's prefetch put into ``run_dir``, if any: a resume from it
+    is a resume from the store (its ``resumed`` event says ``remote``)."""
+    done = _prefetch
+    if done is None or done.fetched is None or done.fetched.parent != Path(run_dir):
+        return None
+    return done.fetched.name
+
+
+def wait_for_prefetch() -> None:
+    """Block until a prefetch started by this process is done (the run folder is ours then)."""
+    with _lock:
+        running = _prefetch
+    if running is not None:
+        running.wait()

@@ -1,0 +1,470 @@
+"""Save the last finished step from a survivor's memory when a rank is lost without notice.
+
+A rank lost without notice (its node gone, its process killed) takes every step since the last
+commit with it: the other ranks' collectives fail or hang, and the gang resumes from the newest
+commit. But in data-parallel training every rank holds the whole state, and from one
+``batch_end`` until the next ``optimizer.step()`` begins that state is exactly what a save at that
+``batch_end`` would have written. The survivors still hold the last finished step; one of them
+writes it, and the new gang loses at most the step that was running.
+
+How, in each worker that ``CheckpointManager`` arms under the in-pod agent:
+
+- **the boundary**: at every ``batch_end`` and ``epoch_end``, once the step is counted and before
+  any collective, the manager captures what a save there would write: references to the
+  parameters and optimizer state (they stay as they are until the next ``optimizer.step()``),
+  copies of the buffers (the forward pass changes them), and the small state serialized (RNG,
+  sampler, schedulers, stateful objects, the position). A step pre-hook on every optimizer marks
+  the boundary stale from the moment the next update begins.
+- **who saves**: the operator gives the pods it keeps the new membership with ``stop: kill``, and
+  kept pods take the new gang's first ranks. The local rank 0 worker of the pod that becomes node
+  rank 0 saves; every other worker just ends. So no two survivors write one checkpoint, and no
+  vote is needed among processes whose group is broken.
+- **the save**: a thread of the worker watches the membership file. When a membership names
+  this worker, the thread stops the training thread at its next optimizer step or boundary (if
+  it still runs: a lost node's processes may be cut off rather than dead), writes the boundary
+  as a one-process checkpoint (format version 2 at world size 1, which loads at any world size as
+  an elastic resume does) through the usual commit, fenced at the *new* epoch (it writes for the
+  new gang, whose workers its agent starts only after it), uploads it when the run is in an
+  object store, and ends the process. Its agent waits ``RTJ_SURVIVOR_SAVE_SECONDS`` (120 by
+  default) for that before it starts the new workers, which resume from it as from any commit.
+- **the failed collective**: the training thread usually learns of the loss first, from a
+  collective that fails (a peer's connection closed). Such an exception then waits, up to
+  ``RTJ_REJOIN_SECONDS``, for the membership instead of ending the process at once, so the
+  watching thread can act: in ``CheckpointManager.__exit__`` or, for a script without ``with``,
+  at exit (the exception seen through ``sys.excepthook``). Any other exception ends the process
+  at once, as before: a script's own error may be in the state itself.
+
+Nothing is saved, and the gang resumes from the newest commit as before, when: the state is
+sharded (DTensor parameters, FSDP: no rank holds it whole); an optimizer is not a
+``torch.optim.Optimizer`` (no step hook); the update of the running step had begun and does not
+reach its boundary within ``BOUNDARY_WAIT_S``; the boundary is the newest commit already; the run
+is not under the agent, or ``RTJ_SURVIVOR_SAVE=0``. Per-rank state other than the saver's own (the
+RNG streams of the other ranks, batches they hold in ``Prefetched``) is restored as at a change
+of world size (``rng.derived``). (Rejected: every survivor writing its copy to its own disk and
+the new gang choosing one: the ranks without it would need it sent, and two writers of one name
+need a lock that stores do not offer alike. Re-forming the process group inside the surviving
+process: the exception has already unwound the user's loop.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .. import envvars, events
+from ..errors import ConfigError
+from ..pod import membership
+from ..pod.reporting import report_commit
+from ..run import arguments
+from ..run.announce import announce
+from ..run.dist import Coordinator
+from ..sharded.engine import ShardedEngine
+from ..sharded.keys import RANKS_KEY
+from ..sharded.staging import copy_buffers
+from ..timestamp import Timestamp
+from .commit import write_and_commit
+from .manifest import Manifest
+from .policy import RUNTIME_KEY, runtime_record
+
+if TYPE_CHECKING:
+    from ..run.context import RunContext
+
+log = logging.getLogger("trainer_runtime")
+
+DEFAULT_WAIT_S = 120.0
+"""``RTJ_SURVIVOR_SAVE_SECONDS``: how long the agent waits for the save before it kills the
+worker; the upload gets what is left of it."""
+DEFAULT_HOLD_S = 30.0
+"""``RTJ_REJOIN_SECONDS``' default (the agent's): how long a failed collective waits for the
+membership."""
+BOUNDARY_WAIT_S = 5.0
+"""How long the save waits for a step whose update had begun to reach its ``batch_end``."""
+POLL_S = 0.05
+_MARKERS = (
+    "gloo",
+    "nccl",
+    "connection reset",
+    "connection closed",
+    "connection refused",
+    "broken pipe",
+    "socket",
+)
+
+
+def collective_failure(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a failed collective: a
+    ``torch.distributed`` error, or a ``RuntimeError`` of a backend's transport (gloo raises
+    plain ``RuntimeError``s such as "Connection reset by peer")."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch.distributed.DistError):
+            return True
+        if isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def why_not_replicated(ctx: RunContext) -> str | None:
+    """Why this run's state cannot be saved by one rank (None: every rank holds all of it)."""
+    comps = ctx.components
+    if comps.model is None:
+        return "no model is registered"
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    if dtensor is not None and any(isinstance(p, dtensor) for p in comps.model.parameters()):
+        return "the parameters are sharded (DTensor): no rank holds them whole"
+    for name, opt in comps.optimizers.items():
+        if not isinstance(opt, torch.optim.Optimizer):
+            return f"optimizer {name!r} is not a torch.optim.Optimizer (no step hook)"
+        if type(opt).__name__ == "ZeroRedundancyOptimizer":
+            return f"optimizer {name!r} shards its state over the ranks"
+    return None
+
+
+def capture(ctx: RunContext) -> tuple[bytes, dict[str, Any]]:
+    """What a save at the current position writes: this rank's small state, pickled (a
+    snapshot: ``state_dict()`` may hand out live objects; the checks of a saved state are left
+    to the save, where a refusal is said), and the tensor state with live references
+    (``ShardedEngine.capture_unserialized``)."""
+    pos = ctx.position
+    pos.timestamp.wall_time = pos.wall_time()
+    small, tensors = ctx.engine.capture_unserialized(
+        timestamp=pos.timestamp.to_dict(),
+        run_name=ctx.run_name,
+        metrics=dict(pos.metrics),
+        extras={**pos.extras, RUNTIME_KEY: runtime_record(ctx)},
+        weights_only=ctx.settings.weights_only,
+    )
+    return pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL), tensors
+
+
+class SurvivorSave:
+    """One worker's boundary, its watch on the membership file, and the save it may make."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        marker: Path,
+        membership_file: Path,
+        epoch: int,
+        wait_s: float,
+        hold_s: float,
+        terminating: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.ctx = ctx
+        self.marker = marker
+        self.membership_file = membership_file
+        self.epoch = epoch
+        self.wait_s = wait_s
+        self.hold_s = hold_s
+        self.terminating = terminating
+        self._cond = threading.Condition()
+        self._boundary: tuple[bytes, dict[str, Any], Timestamp] | None = None
+        self._boundary_ready: Any = None
+        """A CUDA event recorded at the boundary, when the model is on a CUDA device."""
+        model = ctx.components.model
+        self._cuda = model is not None and any(p.is_cuda for p in model.parameters())
+        self._stepped = False
+        """The update of the step after the boundary has begun."""
+        self._frozen = False
+        """The save has begun: the training thread may not update the weights any more."""
+        self._saving = threading.Event()
+        self._done = threading.Event()
+        """A newer membership came and did not name this worker (or the manager closed)."""
+        self._failure: BaseException | None = None
+        self._hooks: list[Any] = []
+        self._previous_hook: Any = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ arming
+    @classmethod
+    def arm(cls, ctx: RunContext, terminating: Callable[[], bool]) -> SurvivorSave | None:
+        """A started ``SurvivorSave`` for a worker under the agent whose state every rank holds;
+        None otherwise (said once, by rank 0, when only the state stands in the way)."""
+        environ = os.environ
+        marker = environ.get(envvars.SURVIVOR_SAVE_FILE, "").strip()
+        watched = environ.get(envvars.MEMBERSHIP_FILE, "").strip()
+        epoch = membership.epoch_from(environ)
+        if not marker or not watched or epoch is None or ctx.world_size < 2:
+            return None  # not under the agent, or alone: nobody else to lose
+        if environ.get(envvars.SURVIVOR_SAVE, "").strip() == "0":
+            return None
+        reason = why_not_replicated(ctx)
+        if reason is not None:
+            if ctx.rank == 0:
+                log.info("no save from a survivor's memory after a loss: %s", reason)
+            return None
+        guard = cls(
+            ctx,
+            marker=Path(marker),
+            membership_file=Path(watched),
+            epoch=epoch,
+            wait_s=_seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_WAIT_S),
+            hold_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_HOLD_S),
+            terminating=terminating,
+        )
+        guard._start()
+        return guard
+
+    def _start(self) -> None:
+        for opt in self.ctx.components.optimizers.values():
+            self._hooks.append(opt.register_step_pre_hook(self._before_step))
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+        self._thread = threading.Thread(target=self._watch, name="rtj-survivor-save", daemon=True)
+        self._thread.start()
+        self.marker.write_text(f"{os.getpid()}\n")  # the agent waits for this worker's save
+
+    def close(self) -> None:
+        """The training ended by itself (``close()``): nothing to save from memory any more."""
+        self._done.set()
+        with contextlib.suppress(OSError):
+            self.marker.unlink()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_hook
+        atexit.unregister(self._at_exit)
+
+    # ------------------------------------------------------------------ the training thread
+    def boundary(self) -> None:
+        """Called at each step boundary, after the step is counted, before any collective."""
+        small, tensors = capture(self.ctx)
+        tensors = copy_buffers(self.ctx.components.model, tensors)
+        at = self.ctx.position.timestamp.copy()
+        ready = None
+        if self._cuda:  # the optimizer's kernels of this step, queued before this point
+            ready = torch.cuda.Event()
+            ready.record()
+        with self._cond:
+            self._boundary, self._stepped = (small, tensors, at), False
+            self._boundary_ready = ready
+            self._cond.notify_all()
+            self._park_if_frozen()
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        with self._cond:
+            self._park_if_frozen()
+            self._stepped = True
+
+    def _park_if_frozen(self) -> None:
+        """Holding the condition: wait for good once the save has begun (it ends the process)."""
+        while self._frozen:
+            self._cond.wait()
+
+    def hold(self, exc: BaseException | None) -> None:
+        """After ``exc`` ended the training loop: when it is a failed collective, wait (up to
+        ``hold_s``) for the membership, so that this worker, if it is the one named, can save
+        before the process ends."""
+        if self._done.is_set() or not collective_failure(exc):
+            return
+        announce(
+            log,
+            logging.WARNING,
+            "a collective failed (%s); waiting up to %.0f s for the gang's new membership: "
+            "this rank holds the state of step %s",
+            " ".join(str(exc).split())[:200],
+            self.hold_s,
+            "?" if self._boundary is None else self._boundary[2].batch,
+            speak=self.ctx.coord.local_rank == 0,
+        )
+        deadline = time.monotonic() + self.hold_s
+        while not self._done.is_set() and not self.terminating():
+            if time.monotonic() > deadline and not self._saving.is_set():
+                log.warning("no new membership within %.0f s: ending", self.hold_s)
+                return
+            time.sleep(POLL_S)
+
+    def _excepthook(
+        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        self._failure = exc
+        (self._previous_hook or sys.__excepthook__)(kind, exc, tb)
+
+    def _at_exit(self) -> None:
+        self.hold(self._failure)
+
+    # ------------------------------------------------------------------ the watching thread
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                new = membership.read(self.membership_file)
+            except (ConfigError, OSError):  # the agent says what is wrong with the file
+                new = None
+            if new is not None and new.epoch > self.epoch:
+                if self._named(new):
+                    self._save_and_exit(new)
+                self._done.set()
+                return
+            time.sleep(POLL_S)
+
+    def _named(self, new: membership.Membership) -> bool:
+        return (
+            new.stop == membership.STOP_KILL
+            and new.node_rank == 0
+            and self.ctx.coord.local_rank == 0
+        )
+
+    def _save_and_exit(self, new: membership.Membership) -> None:
+        self._saving.set()
+        began = time.monotonic()
+        code, name, why_not, step = 0, None, None, -1
+        try:
+            with self._cond:
+                self._frozen = True
+                reached = self._cond.wait_for(lambda: not self._stepped, BOUNDARY_WAIT_S)
+                boundary, ready = self._boundary, self._boundary_ready
+            if boundary is not None:
+                step = boundary[2].batch
+            if not reached or boundary is None:
+                why_not = "the running step had begun updating the weights"
+            elif self.ctx.position.key_of(boundary[2]) == self.ctx.position.last_saved_key:
+                why_not = "the last finished step is the newest commit already"
+            else:
+                small, tensors, at = boundary
+                if ready is not None:
+                    tensors = host_copy(tensors, ready)
+                upload_s = max(1.0, self.wait_s - (time.monotonic() - began) - 2.0)
+                name = write_boundary(
+                    self.ctx, small, tensors, at, epoch=new.epoch, upload_s=upload_s
+                )
+        except Exception as exc:  # said, and the process ends either way
+            why_not, code = f"the save failed: {type(exc).__name__}: {exc}", 1
+        seconds = time.monotonic() - began
+        if name is not None:
+            announce(
+                log,
+                logging.WARNING,
+                "saved step %d from this survivor's memory as %s in %.2f s (membership %d)",
+                step,
+                name,
+                seconds,
+                new.epoch,
+                speak=True,
+            )
+        else:
+            log.warning("no save from this survivor's memory: %s", why_not)
+        events.survivor_saved(
+            rank=self.ctx.rank,
+            checkpoint=name,
+            step=step,
+            seconds=seconds,
+            epoch=new.epoch,
+            why_not=why_not,
+        )
+        if self.ctx.progress is not None:
+            self.ctx.progress.close()
+        with contextlib.suppress(OSError):
+            self.marker.unlink()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def write_boundary(
+    ctx: RunContext,
+    small: bytes,
+    tensors: dict[str, Any],
+    at: Timestamp,
+    *,
+    epoch: int,
+    upload_s: float,
+) -> str:
+    """Write and commit a boundary as this process alone, for membership ``epoch``; in a run
+    with an object store, upload it within ``upload_s``. Returns the checkpoint's name."""
+    engine = ShardedEngine(
+        ctx.components,
+        Coordinator.solo(ctx.coord.local_rank),
+        trusted_pickle=ctx.settings.trusted_pickle,
+    )
+    tree = {key: value for key, value in tensors.items() if key != RANKS_KEY}
+    tree[RANKS_KEY] = {"0": engine.serialize_small(pickle.loads(small))}  # noqa: S301 - ours
+    fence = None if ctx.fence is None else dataclasses.replace(ctx.fence, epoch=epoch)
+    if fence is not None:
+        fence.claim()  # the old gang (this worker's own epoch) commits nothing from now on
+    name = _unused_name(ctx, at)
+
+    def report(manifest: Manifest) -> None:
+        uri = ctx.remote.uri_for(name) if ctx.remote else str(ctx.run_dir / name)
+        record = report_commit(manifest, uri, world_size=ctx.world_size)
+        if ctx.progress is not None:
+            ctx.progress.committed(record)
+        events.committed(manifest, str(record["uri"]), rank=ctx.rank, held_s=0.0)
+
+    with warnings.catch_warnings():  # DCP says it saves in a single process: it is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        manifest = write_and_commit(
+            engine,
+            ctx.folder,
+            state=tree,
+            name=name,
+            run_name=ctx.run_name,
+            timestamp=at,
+            weights_only=ctx.settings.weights_only,
+            latest_link=None,
+            started=time.monotonic(),
+            on_commit=report,
+            fence=fence,
+        )
+    if ctx.remote is not None:
+        # The bucket's fence is checked against this process's epoch: it writes for the new
+        # gang now (the old one can no longer commit there either, once that gang starts).
+        os.environ[envvars.MEMBERSHIP_EPOCH] = str(epoch)
+        ctx.remote.submit(ctx.run_dir, manifest, 0)
+        ctx.remote.upload_first(name)
+        ctx.remote.close(timeout_s=upload_s)
+        if name in ctx.remote.pending():
+            raise TimeoutError(f"{name} is committed locally but its upload did not finish")
+    return name
+
+
+def _unused_name(ctx: RunContext, at: Timestamp) -> str:
+    """The checkpoint name of position ``at``, or a variant no folder of the run has."""
+    base = ctx.settings.templates.render_checkpoint(ctx.template_values(at))[0]
+    variants = itertools.chain(
+        [base, f"{base}-ba{at.batch}"], (f"{base}-ba{at.batch}-{n}" for n in itertools.count(2))
+    )
+    quarantined = set(ctx.settings.quarantined)
+    return next(v for v in variants if v not in quarantined and not ctx.folder.path(v).exists())
+
+
+def host_copy(tree: Any, ready: torch.cuda.Event) -> Any:
+    """``tree`` with its CUDA tensors copied to host memory on a stream of their own that waits
+    only for ``ready`` (recorded at the boundary). The default stream may be stuck behind a
+    collective that never ends (NCCL waits for a lost peer until its timeout), and a copy
+    queued there would wait with it."""
+    stream = torch.cuda.Stream()
+    stream.wait_event(ready)
+    with torch.cuda.stream(stream):
+        out = tree_map(
+            lambda t: t.to("cpu") if isinstance(t, torch.Tensor) and t.is_cuda else t, tree
+        )
+    stream.synchronize()
+    return out
+
+
+def _seconds(environ: Any, name: str, default: float) -> float:
+    return arguments.environment_seconds(
+        name, environ, default, "a number of seconds >= 0", lambda s: s >= 0
+    )
