@@ -99,6 +99,21 @@ class Pods:
         self.lost.add(name)
         return time.time()
 
+    def cut_off(self, name: str) -> float:
+        """The pod's node is cut off: SIGSTOP to its whole session. Its processes hold their
+        connections open, so the others' collectives hang instead of failing; ``kill_leftovers``
+        (or ``lose``) ends it."""
+        os.killpg(self.pods[name].pid, signal.SIGSTOP)
+        self.lost.add(name)
+        return time.time()
+
+    def steps(self, epoch: int, rank: int = 0) -> list[int]:
+        """The steps rank ``rank`` of membership ``epoch`` trained, in order."""
+        path = self.out / f"steps-{epoch}-{rank}.txt"
+        if not path.exists():
+            return []
+        return [int(line.split()[1]) for line in path.read_text().splitlines()]
+
     def steps_done(self, epoch: int, rank: int = 0) -> int:
         path = self.out / f"steps-{epoch}-{rank}.txt"
         return len(path.read_text().splitlines()) if path.exists() else 0

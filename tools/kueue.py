@@ -19,7 +19,7 @@ rotator generate its own was rejected: its certificate names only the Service, w
 server cannot verify at 127.0.0.1.
 
 Only the ``pod`` integration is enabled (``manageJobsWithoutQueueName: false``): the operator's
-gangs are Kueue pod groups (``rtj_operator/gang.py``). Nothing here is product code.
+gangs are Kueue pod groups (``rtj_operator/decide/gang.py``). Nothing here is product code.
 """
 
 from __future__ import annotations
@@ -288,26 +288,13 @@ def path_of(kind: str, name: str = "", namespace: str | None = None) -> str:
 
 
 def apply(kube: Kube, doc: Obj) -> Obj:
-    """Create, or replace keeping the resourceVersion (spec only changes)."""
-    meta = doc["metadata"]
-    base = path_of(doc["kind"], namespace=meta.get("namespace"))
-    try:
-        return kube.request("POST", base, body=doc)
-    except ApiError as err:
-        if not err.conflict:
-            raise
-    current = kube.request("GET", f"{base}/{meta['name']}")
-    body = {**doc, "metadata": {**meta, "resourceVersion": current["metadata"]["resourceVersion"]}}
-    return kube.request("PUT", f"{base}/{meta['name']}", body=body)
+    """Create, or replace keeping the resourceVersion (``Kube.apply``), a kind of this module."""
+    return kube.apply(doc, path_of(doc["kind"], namespace=doc["metadata"].get("namespace")))
 
 
 def delete(kube: Kube, path: str) -> None:
-    """Delete, ignoring an object that is already gone."""
-    try:
-        kube.request("DELETE", path)
-    except ApiError as err:
-        if not err.not_found:
-            raise
+    """Delete, ignoring an object that is already gone (``Kube.delete``)."""
+    kube.delete(path)
 
 
 def _answers(url: str) -> bool:
@@ -388,7 +375,7 @@ class Kueue:
             apply(kube, doc)
         for doc in crds(folder, url, ca_bundle):
             name = doc["metadata"]["name"]
-            wait_for(f"CRD {name} established", lambda n=name: _established(kube, n), 60)
+            wait_for(f"CRD {name} established", lambda n=name: kube.crd_established(n), 60)
         self._secret(kube, certs)
         for doc in webhook_configurations(folder, url, ca_bundle):
             apply(kube, doc)
@@ -470,12 +457,6 @@ class Kueue:
                     delete(kube, path_of(kind, name))
         self.state_file.unlink(missing_ok=True)
         self.started = False
-
-
-def _established(kube: Kube, name: str) -> bool:
-    crd = kube.get(path_of("CustomResourceDefinition", name)) or {}
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 # -- queues ------------------------------------------------------------------------------------

@@ -9,13 +9,14 @@ demo a user runs and the test CI runs are the same code path:
 3. the operator's Helm chart, installed as a user would, with the Deployment scaled to 0: no
    container runtime runs here, so the operator runs as a local process instead, **with the
    chart's ServiceAccount token and the Deployment's own arguments** (``chart``);
-4. an S3 server on 127.0.0.1 (``tests/support/s3server.py``: MinIO, else moto) (``workspace``);
+4. an S3 server on 127.0.0.1 (``tools/s3server.py``: MinIO, else moto) (``workspace``);
 5. one pod-runner agent process per Node (``tools/podrunner``), so a node can be lost alone
    (``nodes``).
 
-On top of the stack: the uninterrupted reference run (``reference``), the narrator
-(``narrator``) and the story (``story``). What they know about the runtime they read from its
-structured events (``facts``; ``trainer_runtime/events.py``), never from its log wording.
+On top of the stack: the uninterrupted reference run (``reference``) and the narrator
+(``narrator``). What they know about the runtime they read from its structured events
+(``facts``; ``trainer_runtime/events.py``), never from its log wording. The spot story runs on
+the stack through ``tools.spotcluster.PodRunnerCluster`` (``tools/stories/spot.py``).
 
 This package's root re-exports every public name, so ``from tools.localstack import ...`` does
 not depend on which module a name lives in. Nothing here is product code: it is not in the wheel
@@ -36,9 +37,6 @@ from .base import StackBase, StackConfig, Timings
 from .binaries import build_cluster_binaries, build_minio, minio_ready
 from .common import (
     CHART,
-    LABEL_ATTEMPT,
-    LABEL_JOB,
-    LABEL_RANK,
     MINIO_SH,
     NODE_PREFIX,
     NOT_SCHEDULABLE,
@@ -46,7 +44,6 @@ from .common import (
     OPERATOR_NAMESPACE,
     RELEASE,
     RESULTS_CLAIM,
-    RTJ_API,
     S3_SECRET,
     Obj,
     Say,
@@ -75,14 +72,10 @@ from .reference import (
     world_size,
 )
 from .stack import LocalStack
-from .story import Story, StoryResult
 
 __all__ = [
     "CHART",
     "EMERGENCY",
-    "LABEL_ATTEMPT",
-    "LABEL_JOB",
-    "LABEL_RANK",
     "MINIO_SH",
     "NODE_PREFIX",
     "NOT_SCHEDULABLE",
@@ -91,7 +84,6 @@ __all__ = [
     "RELEASE",
     "REPO",
     "RESULTS_CLAIM",
-    "RTJ_API",
     "S3_SECRET",
     "LocalStack",
     "Narrator",
@@ -102,8 +94,6 @@ __all__ = [
     "StackBase",
     "StackConfig",
     "StackError",
-    "Story",
-    "StoryResult",
     "Timings",
     "build_cluster_binaries",
     "build_minio",

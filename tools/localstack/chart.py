@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from rtj_operator.api import names
 from tools.kubeapi import MERGE
 from tools.ports import free_port
 from tools.waiting import wait_for
@@ -86,13 +87,8 @@ class ChartPart(StackBase):
             f"helm: Deployment {name} scaled to 0 (no container runtime here); the operator "
             "runs as a local process with its ServiceAccount and arguments"
         )
-        for crd in ("resumabletrainingjobs.resumable.dev", "clusterkopfpeerings.kopf.dev"):
-            wait_for(f"CRD {crd} established", lambda c=crd: self._established(c), 60)
-
-    def _established(self, crd: str) -> bool:
-        obj = self.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
-        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+        for crd in (names.CRD_NAME, "clusterkopfpeerings.kopf.dev"):
+            wait_for(f"CRD {crd} established", lambda c=crd: self.kube.crd_established(c), 60)
 
     def _operator_kubeconfig(self, account: str) -> Path:
         """A kubeconfig with a token of the chart's ServiceAccount (what the pod would use)."""

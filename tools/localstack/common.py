@@ -1,8 +1,9 @@
 """What every part of the local stack shares: paths, names, the error type, narration.
 
-One module of constants rather than constants spread over the parts, so a name (a label, the
-chart's release, the claim for the final weights) is spelled once for the stack, the story and
-the demo alike.
+One module of constants rather than constants spread over the parts, so a name (the chart's
+release, the claim for the final weights) is spelled once for the stack, the story and the demo
+alike. What the operator names (the API, the labels of its pods) comes from the operator's own
+module, ``rtj_operator.api.names``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ CHART = REPO / "charts" / "resumable-training-operator"
 OPERATOR_DIR = REPO / "operator"
 RELEASE = "rtj-operator"
 OPERATOR_NAMESPACE = "rtj-system"
-RTJ_API = "/apis/resumable.dev/v1alpha1"
-LABEL_JOB = "resumable.dev/job-name"
-LABEL_ATTEMPT = "resumable.dev/attempt"
-LABEL_RANK = "resumable.dev/rank"
 S3_SECRET = "rtj-s3"  # noqa: S105 - a Secret's name
 RESULTS_CLAIM = "rtj-results"
 NODE_PREFIX = "spot-"

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import yaml
 
+from rtj_operator.api import names
 from trainer_runtime.events import RuntimeEvent, read_events
 
 from .base import StackBase
-from .common import LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RTJ_API, Obj
+from .common import Obj
 
 
 class JobsPart(StackBase):
@@ -25,7 +26,7 @@ class JobsPart(StackBase):
     def apply(self, manifest: Path, *, name: str | None = None) -> str:
         """``kubectl apply`` a manifest into the stack's namespace (renaming its job); the job."""
         docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
-        job = next(d for d in docs if d.get("kind") == "ResumableTrainingJob")
+        job = next(d for d in docs if d.get("kind") == names.KIND)
         if name:
             job["metadata"]["name"] = name
         self.kubectl("apply", "-n", self.cfg.namespace, "-f", "-", stdin=yaml.safe_dump_all(docs))
@@ -33,31 +34,21 @@ class JobsPart(StackBase):
 
     def job(self, name: str) -> Obj:
         """The ResumableTrainingJob."""
-        return self.kube.request(
-            "GET", f"{RTJ_API}/namespaces/{self.cfg.namespace}/resumabletrainingjobs/{name}"
-        )
+        return self.kube.request("GET", self.kube.job_path(self.cfg.namespace, name))
 
     def pods(self, job: str, attempt: int | None = None) -> list[Obj]:
         """The job's pods (of one attempt), by attempt then rank."""
-        selector = f"{LABEL_JOB}={job}"
-        if attempt is not None:
-            selector += f",{LABEL_ATTEMPT}={attempt}"
-        items = self.kube.request(
-            "GET",
-            f"/api/v1/namespaces/{self.cfg.namespace}/pods",
-            params={"labelSelector": selector},
-        )["items"]
         return sorted(
-            items,
+            self.kube.pods(self.cfg.namespace, job, attempt),
             key=lambda p: (
-                int(p["metadata"]["labels"].get(LABEL_ATTEMPT, 0)),
-                int(p["metadata"]["labels"].get(LABEL_RANK, 0)),
+                int(p["metadata"]["labels"].get(names.LABEL_ATTEMPT, 0)),
+                int(p["metadata"]["labels"].get(names.LABEL_RANK, 0)),
             ),
         )
 
     def pod(self, name: str) -> Obj | None:
         """One pod, or None."""
-        return self.kube.get(f"/api/v1/namespaces/{self.cfg.namespace}/pods/{name}")
+        return self.kube.pod(self.cfg.namespace, name)
 
     def pod_log(self, pod: str, container: str = "trainer") -> str:
         """A container's log, from whichever node ran it (the pod runner keeps logs)."""

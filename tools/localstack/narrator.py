@@ -13,7 +13,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .common import LABEL_RANK, Say
+from rtj_operator.api import names
+
+from .common import Say
 from .facts import emergency_save, last_resume, notice_checkpoint, started_fresh
 
 if TYPE_CHECKING:
@@ -136,7 +138,9 @@ class Narrator:
                     f"operator: preemption notice: {cond.get('message')}",
                 )
         pods = self.stack.pods(self.job, attempt)
-        placed = {p["metadata"]["labels"].get(LABEL_RANK): p["spec"].get("nodeName") for p in pods}
+        placed = {
+            p["metadata"]["labels"].get(names.LABEL_RANK): p["spec"].get("nodeName") for p in pods
+        }
         if len(placed) == replicas and all(placed.values()):
             where = ", ".join(f"rank {r} on {n}" for r, n in sorted(placed.items()))
             self._once(f"placed:{attempt}", f"attempt {attempt}: {where}")

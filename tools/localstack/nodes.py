@@ -116,7 +116,7 @@ class NodesPart(StackBase):
         agent.popen.wait(10)
 
     def taint_node(self, name: str, key: str, effect: str = "NoSchedule", value: str = "") -> None:
-        """Add a taint, e.g. a spot termination notice (``Story.TAINT``)."""
+        """Add a taint, e.g. a spot termination notice (``PodRunnerCluster.TAINT``)."""
         node = self.kube.request("GET", f"/api/v1/nodes/{name}")
         taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != key]
         taint: Obj = {"key": key, "effect": effect}

@@ -13,7 +13,7 @@ class WorkspacePart(StackBase):
     """The S3 server and the jobs' namespace."""
 
     def _start_s3(self) -> None:
-        from tests.support.s3server import S3Server  # noqa: PLC0415 - the repo's test server
+        from tools.s3server import S3Server  # noqa: PLC0415 - the repo's test server
 
         self.s3 = S3Server(self.workdir / "s3", kind=self.cfg.s3_kind, bucket=self.cfg.bucket)
         self.s3.start()

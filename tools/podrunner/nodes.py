@@ -16,14 +16,13 @@ import logging
 import platform
 from dataclasses import dataclass, field
 
-from tools.kubeapi import MERGE, STRATEGIC, ApiError, Kube, Obj
+from tools.kubeapi import KWOK_ANNOTATION, MERGE, STRATEGIC, ApiError, Kube, Obj
 
 from .status import now, now_micro
 
 log = logging.getLogger("podrunner")
 
 LEASE_DURATION_S = 40
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The pod's service-account folder: a bound token, the cluster CA and the namespace.
 
 A kubelet mounts ``/var/run/secrets/kubernetes.io/serviceaccount`` into every pod that
-automounts its token, and in-cluster clients (``trainer_runtime.progress`` among them) use it
+automounts its token, and in-cluster clients (``trainer_runtime.pod.progress`` among them) use it
 with ``KUBERNETES_SERVICE_HOST``/``_PORT`` to call the API server. The runner cannot mount, so
 it writes that folder per pod and points the container at it, two ways: the standard mount path
 is rewritten to it like any volume path, and ``RTJ_SERVICEACCOUNT_DIR`` (the runtime's override

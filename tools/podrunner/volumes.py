@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtj_operator.envvars import MEMBERSHIP_ANNOTATION
+from rtj_operator.api.envvars import MEMBERSHIP_ANNOTATION
 
 from .translate import ConfigError, Fetch, PodAddresses, field_value, object_bytes, resource_value
 

@@ -1,15 +1,17 @@
-"""The spot story on real nodes: a node announces its end, or is lost outright, and the job goes on.
+"""The spot story on real nodes: its set-up, its job and its checks.
 
-Shared by the real-node e2e test (``tests/realnodes/test_job_story.py``) and ``make demo
-NODES=real`` (``examples/demo_cluster.py --nodes real``).
+The story itself is the one every cluster runs (``tools/stories/spot.py``), here over kubelets
+and containerd (``tools.spotcluster.RealNodeCluster``). ``run`` sets it up as the real-node e2e
+test (``tests/realnodes/test_job_story.py``) and ``make demo NODES=real``
+(``examples/demo_cluster.py --nodes real``) both run it.
 
 The operator runs as the chart's Deployment pod (operator image), pinned to the node without the
 runtime image, which no story loses (as one runs it on on-demand capacity: an operator lost with
 the rank's node comes back by itself, but never sees the rank pod's last state, so its record of
 the interruption cannot name the node); the job's rank runs from the runtime image under a real
-kubelet, which delivers SIGTERM, waits out the grace period and
-SIGKILLs. Checkpoints go to a hostPath folder that every node of this one-machine cluster sees
-at the same place (a shared filesystem, as NFS or a ReadWriteMany volume would be).
+kubelet, which delivers SIGTERM, waits out the grace period and SIGKILLs. Checkpoints go to a
+hostPath folder that every node of this one-machine cluster sees at the same place (a shared
+filesystem, as NFS or a ReadWriteMany volume would be).
 
 The job may run on the nodes that hold the runtime image only (two of them), and the story picks
 where it lands by cordoning the other one. Each interruption moves the job to the other node:
@@ -32,21 +34,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_operator.api import names
 from tools.localstack import start_reference_run, weights_equal
 from tools.realnodes import NODES_DIR, RealCluster, Say, operator_release
+from tools.spotcluster import LOST, NOTICE, RealNodeCluster
 from tools.stories import Check
-from tools.waiting import wait_for
-from trainer_runtime.events import RuntimeEvent, read_events
+from tools.stories.spot import SpotStory, StoryResult, check_interruptions, describe
 
 JOB = "story"
-NOTICE_TAINT = "karpenter.sh/disrupted=:NoSchedule"
 TRAINING = [
     "--epochs=3",
     "--dataset-size=64",
@@ -56,21 +56,12 @@ TRAINING = [
 ]
 TOTAL_STEPS = 3 * 64 // 4
 STEP_SLEEP = "--step-sleep=1.0"
-INTERRUPTIONS = ("notice", "lost")
+INTERRUPTIONS = (NOTICE, LOST)
 GRACE_PERIOD_S = 20
 
 
 def _quiet(_line: str) -> None:
     return None
-
-
-def check_interruptions(interruptions: Sequence[str]) -> None:
-    """ValueError unless every item is ``notice`` or ``lost`` and ``lost`` comes last only."""
-    unknown = [i for i in interruptions if i not in INTERRUPTIONS]
-    if unknown:
-        raise ValueError(f"interruptions: {unknown}: expected each of {list(INTERRUPTIONS)}")
-    if "lost" in interruptions[:-1]:
-        raise ValueError("interruptions: 'lost' must be the last one (a lost node is gone)")
 
 
 @contextmanager
@@ -93,8 +84,8 @@ def job_manifest(ns: str, image: str, shared: Path, nodes: list[str]) -> dict[st
         "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]
     }
     return {
-        "apiVersion": "resumable.dev/v1alpha1",
-        "kind": "ResumableTrainingJob",
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": JOB, "namespace": ns},
         "spec": {
             "replicas": 1,
@@ -140,225 +131,44 @@ def job_manifest(ns: str, image: str, shared: Path, nodes: list[str]) -> dict[st
     }
 
 
-@dataclass
-class Attempt:
-    """One gang of the job: where it ran and how its rank started (its ``resumed`` or ``fresh``
-    event)."""
-
-    number: int
-    node: str
-    pod: str
-    start: RuntimeEvent | None = None
-
-    @property
-    def resumed_step(self) -> int | None:
-        """The step it resumed at; None when it started fresh (or was not seen starting)."""
-        return (
-            self.start["step"] if self.start is not None and self.start.type == "resumed" else None
-        )
-
-
-def describe(attempt: Attempt) -> str:
-    """How an attempt started, in words, from its event."""
-    if attempt.start is None:
-        return "not seen starting"
-    if attempt.start.type == "fresh":
-        return "started FRESH, from step 0"
-    return f"resumed at step {attempt.start['step']} ({attempt.start['checkpoint']})"
-
-
-@dataclass
-class Interruption:
-    """What one interruption did, as the story saw it."""
-
-    kind: str
-    node: str
-    committed_before: int
-    """The job's last committed step when the node went (``lost``) or the notice came."""
-    notice_events: list[RuntimeEvent] = field(default_factory=list)
-    """``notice``: the runtime's ``notice`` and ``committed`` events in the pod's log."""
-
-
-@dataclass
-class StoryResult:
-    interruptions: list[Interruption]
-    attempts: list[Attempt]
-    status: dict[str, Any]
-    weights: Path
-    reference: Path
-    seconds: float
-
-
-class RealNodeStory:
-    """Runs the job through ``interruptions``; reads it with kubectl, as a user would."""
-
-    def __init__(
-        self, cluster: RealCluster, ns: str, shared: Path, workdir: Path, say: Say = _quiet
-    ) -> None:
-        self.cluster = cluster
-        self.ns = ns
-        self.shared = shared
-        self.workdir = workdir
-        self.say = say
-        self.k = cluster.kubectl_run
-
-    def status(self) -> dict[str, Any]:
-        job = self.cluster.get("resumabletrainingjob", JOB, self.ns) or {}
-        return job.get("status") or {}
-
-    def committed_step(self) -> int:
-        return (self.status().get("lastCommittedCheckpoint") or {}).get("step") or 0
-
-    def running_pod(self, attempt: int) -> dict[str, Any] | None:
-        """The job's pod of ``attempt`` once its trainer runs."""
-        out = self.k(
-            "get", "pods", "-n", self.ns, "-l", f"resumable.dev/job-name={JOB}", "-o", "json"
-        ).stdout
-        for pod in json.loads(out)["items"]:
-            label = pod["metadata"].get("labels", {}).get("resumable.dev/attempt")
-            if label is not None and int(label) != attempt:
-                continue
-            if pod["status"].get("phase") == "Running":
-                return pod
-        return None
-
-    def wait_running(self, attempt: int, timeout: float = 300) -> Attempt:
-        pod = wait_for(
-            f"attempt {attempt} running",
-            lambda: self.status().get("attempt", 0) == attempt and self.running_pod(attempt),
-            timeout,
-            interval=1,
-        )
-        return Attempt(attempt, pod["spec"]["nodeName"], pod["metadata"]["name"])
-
-    def wait_committed(self, after: int, timeout: float = 180) -> int:
-        return wait_for(
-            f"a checkpoint committed after step {after}",
-            lambda: (s := self.committed_step()) > after and s,
-            timeout,
-            interval=1,
-        )
-
-    def events(self, pod: str, kind: str | None) -> list[RuntimeEvent]:
-        """The runtime's events (of ``kind``, or all) in ``kubectl logs`` of ``pod``."""
-        proc = self.k("logs", pod, "-n", self.ns, check=False)
-        return read_events(proc.stdout + proc.stderr, kind) if proc.returncode == 0 else []
-
-    def condition(self, kind: str) -> dict[str, Any] | None:
-        return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
-
-    def _notice(self, current: Attempt) -> Interruption:
-        self.k("cordon", current.node)
-        self.k("taint", "node", current.node, NOTICE_TAINT)
-        before = self.committed_step()
-        self.say(f"node {current.node}: termination taint + cordon (a notice of its end)")
-        wait_for(
-            "the PreemptionNotice condition",
-            lambda: (c := self.condition("PreemptionNotice")) and c["status"] == "True",
-            60,
-        )
-        saved = self.wait_committed(after=before, timeout=60)
-        self.say(f"the runtime checkpointed at once: step {saved} committed")
-        events = self.events(current.pod, "notice") + self.events(current.pod, "committed")
-        self.say(
-            f"then the graceful shutdown: SIGTERM to {current.pod}, {GRACE_PERIOD_S} s grace period"
-        )
-        self.k("delete", "pod", current.pod, "-n", self.ns, "--wait=false")
-        return Interruption("notice", current.node, saved, events)
-
-    def _lose(self, current: Attempt) -> Interruption:
-        before = self.committed_step()
-        index = next(i for i in self.cluster.runtime_nodes if self.cluster.node(i) == current.node)
-        self.say(
-            f"node {current.node} is lost: kubelet, containerd and containers SIGKILLed, "
-            f"Node deleted (last committed step {before})"
-        )
-        self.cluster.kill_node(index)
-        return Interruption("lost", current.node, before)
-
-    def _started(self, attempt: Attempt) -> RuntimeEvent:
-        """How the new attempt's rank started, ``resumed`` or ``fresh``: its first such event
-        as ``kubectl logs`` shows it."""
-
-        def first_start() -> RuntimeEvent | None:
-            found = self.events(attempt.pod, None)
-            return next((e for e in found if e.type in ("resumed", "fresh")), None)
-
-        return wait_for(
-            f"attempt {attempt.number}'s resumed (or fresh) event in kubectl logs",
-            first_start,
-            120,
-            interval=2,
-        )
-
-    def run(self, interruptions: Sequence[str]) -> StoryResult:
-        check_interruptions(interruptions)
-        started = time.monotonic()
-        a, b = (self.cluster.node(i) for i in self.cluster.runtime_nodes[:2])
-        other = {a: b, b: a}
-        manifest = job_manifest(self.ns, self.cluster.images["runtime"], self.shared, [a, b])
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        job_file = self.workdir / "job.json"
-        job_file.write_text(json.dumps(manifest))
-        self.say("meanwhile: the same script runs uninterrupted as a plain local process")
-        reference = start_reference_run(job_file, self.workdir / "reference")
-        done: list[Interruption] = []
-        try:
-            steady = self.cluster.steady_node
-            with operator_release(self.cluster, self.ns, node=steady):
-                self.say(
-                    f"operator installed by helm on {steady} (never lost); job {JOB} applied, "
-                    f"pinned to {a} and {b}"
-                )
-                self.k("cordon", b)
-                self.cluster.apply(manifest)
-                current = self.wait_running(0)
-                attempts = [current]
-                self.say(f"attempt 0 runs on {current.node}")
-                for kind in interruptions:
-                    self.wait_committed(after=self.committed_step())
-                    self.k("uncordon", other[current.node])
-                    done.append(self._notice(current) if kind == "notice" else self._lose(current))
-                    current = self.wait_running(current.number + 1)
-                    current.start = self._started(current)
-                    attempts.append(current)
-                    self.say(
-                        f"attempt {current.number} runs on {current.node}: {describe(current)}"
-                    )
-                    if kind == "notice":
-                        self.k(
-                            "taint", "node", done[-1].node, "karpenter.sh/disrupted-", check=False
-                        )
-                        self.k("uncordon", done[-1].node)
-                    if current.resumed_step is None:
-                        break  # a fresh start: the verdicts say so; interrupting on shows nothing
-                wait_for(
-                    "the job to end",
-                    lambda: self.status().get("phase") in ("Succeeded", "Failed"),
-                    300,
-                    interval=2,
-                )
-                status = self.status()
-                self.say(f"job {JOB}: {status.get('phase')}")
-        finally:
-            self.k(
-                "delete", "resumabletrainingjob", JOB, "-n", self.ns, "--wait=false", check=False
+def run(
+    cluster: RealCluster,
+    ns: str,
+    shared: Path,
+    workdir: Path,
+    interruptions: Sequence[str] = INTERRUPTIONS,
+    *,
+    say: Say = _quiet,
+) -> StoryResult:
+    """The spot story (``tools/stories/spot.py``) on real nodes, with the operator installed by
+    helm on the steady node and an uninterrupted run of the same script as a local process."""
+    check_interruptions(interruptions)
+    a, b = (cluster.node(i) for i in cluster.runtime_nodes[:2])
+    manifest = job_manifest(ns, cluster.images["runtime"], shared, [a, b])
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_file = workdir / "job.json"
+    job_file.write_text(json.dumps(manifest))
+    say("meanwhile: the same script runs uninterrupted as a plain local process")
+    reference = start_reference_run(job_file, workdir / "reference")
+    nodes = RealNodeCluster(cluster, ns, shared, (a, b))
+    story = SpotStory(
+        nodes, manifest, JOB, rank=0, say=say, lose_after_step=0, notice_delay_s=0, timeout=300
+    )
+    try:
+        steady = cluster.steady_node
+        with operator_release(cluster, ns, node=steady):
+            say(
+                f"operator installed by helm on {steady} (never lost); job {JOB} applied, "
+                f"pinned to {a} and {b}"
             )
-            for node in (a, b):
-                self.k("taint", "node", node, "karpenter.sh/disrupted-", check=False)
-                self.k("uncordon", node, check=False)
-        try:
-            ref = reference.wait()
-        finally:
-            reference.kill()
-        return StoryResult(
-            done,
-            attempts,
-            status,
-            self.shared / "results" / "final.pt",
-            ref,
-            time.monotonic() - started,
-        )
+            result = story.run(interruptions)
+    finally:
+        nodes.clean_up(JOB)
+    try:
+        result.reference = reference.wait()
+    finally:
+        reference.kill()
+    return result
 
 
 def verdicts(result: StoryResult) -> list[Check]:
@@ -389,14 +199,14 @@ def verdicts(result: StoryResult) -> list[Check]:
                 record.get("preemption") is True
                 and record.get("node") == seen.node
                 and (
-                    seen.kind == "lost"
+                    seen.kind == LOST
                     or (record.get("stepsLost") == 0 and record.get("exitCode") in (None, 143))
                 ),
                 f"preemption {record.get('preemption')}, node {record.get('node')}, "
                 f"steps lost {record.get('stepsLost')}, exit code {record.get('exitCode')}",
             )
         )
-        if seen.kind == "notice":
+        if seen.kind == NOTICE:
             kinds = [e.type for e in seen.notice_events]
             checks.append(
                 Check(
@@ -415,7 +225,7 @@ def verdicts(result: StoryResult) -> list[Check]:
         )
     equal, why = (
         weights_equal(result.weights, result.reference)
-        if result.weights.exists()
+        if result.weights.exists() and result.reference is not None
         else (False, "no final weights written")
     )
     checks.append(Check("final weights equal an uninterrupted run", equal, why))
