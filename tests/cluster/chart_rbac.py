@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from tests.conftest import IN_CI, require
+from tools.kubeapi import ApiError, Kube
 
 from .conftest import ROOT
-from .kubeclient import ApiError, Kube
 
 CHART = ROOT / "charts" / "resumable-training-operator"
 BUILD_SH = ROOT / "hack" / "cluster" / "build.sh"

@@ -30,10 +30,9 @@ OPERATOR_DIR = ROOT / "operator"
 if str(OPERATOR_DIR) not in sys.path:
     sys.path.insert(0, str(OPERATOR_DIR))
 
+from tools.kubeapi import Kube, unique  # noqa: E402
 from tools.ports import free_port  # noqa: E402
 from tools.waiting import wait_for  # noqa: E402
-
-from .kubeclient import Kube, unique  # noqa: E402
 
 E2E_NAMESPACES = "rtj-e2e-*"
 

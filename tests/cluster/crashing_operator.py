@@ -28,8 +28,8 @@ OPERATOR_DIR = Path(__file__).resolve().parents[2] / "operator"
 if str(OPERATOR_DIR) not in sys.path:
     sys.path.insert(0, str(OPERATOR_DIR))
 
-from rtj_operator import names  # noqa: E402
-from rtj_operator.kube import KubeApi  # noqa: E402
+from rtj_operator.act.kube import KubeApi  # noqa: E402
+from rtj_operator.api import names  # noqa: E402
 
 POINTS = ("after-status", "mid-creation")
 EXIT_CODE = 86

@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tools.kubeapi import Kube, rtj, unique
 from tools.waiting import wait_for
 
 from .conftest import ROOT, OperatorProcess, Pool
-from .kubeclient import Kube, rtj, unique
 
 
 def start_running(

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from rtj_operator import names
-from tools.kubeapi import ApiError
+from rtj_operator.api import names
+from tools.kubeapi import ApiError, Kube, rtj, unique
 from tools.waiting import wait_for
 
 from .chart_rbac import install_chart_rbac, kubeconfig_with_token, remove_chart_rbac, token_for
 from .conftest import OperatorProcess, start_operator
-from .kubeclient import Kube, rtj, unique
 from .scenario import node_of
 
 OPERATOR_ID = "rtj-operator-test-pod"

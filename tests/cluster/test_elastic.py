@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .kubeclient import ApiError, rtj, unique, wait_for
+from tools.kubeapi import ApiError, rtj, unique
+from tools.waiting import wait_for
+
 from .scenario import condition, wait_events
 
 CPU = {"requests": {"cpu": "4"}}

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import urllib.request
 
-from .kubeclient import rtj, unique, wait_for
+from tools.kubeapi import rtj, unique
+from tools.waiting import wait_for
+
 from .scenario import wait_events, wait_phase
 from .test_elastic import env_of, gang_on, template
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-from tools.kubeapi import MERGE
+from tools.kubeapi import MERGE, env_of, rtj, unique
 from tools.waiting import wait_for
 
-from .kubeclient import env_of, rtj, unique
 from .scenario import (
     condition,
     last_interruption,

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tools.controlplane import ControlPlane, ControlPlaneError
+from tools.kubeapi import Kube, rtj, unique
 from tools.waiting import wait_for
 
 from .conftest import ROOT, OperatorProcess, Pool, start_operator
-from .kubeclient import Kube, rtj, unique
 from .scenario import condition, wait_phase
 
 GATES_WITHOUT_GANG_PLUGIN = "GenericWorkload=true,GangScheduling=false"

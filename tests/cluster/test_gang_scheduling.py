@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import time
 
-from tools.kubeapi import MERGE
+from tools.kubeapi import MERGE, rtj, unique
 from tools.waiting import wait_for
 
-from .kubeclient import rtj, unique
 from .scenario import condition, node_of, wait_events, wait_phase
 
 

@@ -1,13 +1,15 @@
 """The operator against a running Kueue (v0.17.0, ``hack/kueue``): gangs admitted whole, jobs
-over quota waiting and then running one after the other, and a preemption by a higher-priority
-workload handled as a preemption, resumed from the checkpoint the ranks saved on SIGTERM.
+over quota waiting and then running one after the other, a preemption by a higher-priority
+workload handled as a preemption, resumed from the checkpoint the ranks saved on SIGTERM, and an
+elastic job sized by the queue's free quota.
 
-Kueue runs as a local process (``tools/kueue.py``) on a control plane of its own
-(``<RTJ_TEST_CLUSTER_NAME>-kueue``), not the session's shared one: its pod webhook
-(``failurePolicy: Fail``) sees every pod of the cluster, and its API makes the operator choose
-the ``Kueue`` mechanism where the other suites check what happens without it. The ranks are real
-processes on pod-runner nodes (``tools/podrunner``), which honour scheduling gates: a rank runs
-only once Kueue has admitted its gang and removed its gate.
+The bed (``tools/kueuebed.py``, shared with ``make demo SCENARIO=kueue``) runs Kueue as a local
+process (``tools/kueue.py``) on a control plane of its own (``<RTJ_TEST_CLUSTER_NAME>-kueue``),
+not the session's shared one: its pod webhook (``failurePolicy: Fail``) sees every pod of the
+cluster, and its API makes the operator choose the ``Kueue`` mechanism where the other suites
+check what happens without it. The ranks are real processes on pod-runner nodes
+(``tools/podrunner``), which honour scheduling gates: a rank runs only once Kueue has admitted
+its gang and removed its gate.
 
 Locally a missing build skips this module; with ``CI=true`` the build runs here if
 ``make tools`` has not (and fails loudly).
@@ -16,28 +18,23 @@ Locally a missing build skips this module; with ``CI=true`` the build runs here 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import IN_CI, TEST_CLUSTER_NAME, require, unique
 from tools import kueue as kq
-from tools.controlplane import CLUSTER_SH, ControlPlane, ControlPlaneError, binaries_ready
+from tools.controlplane import CLUSTER_SH, ControlPlaneError, binaries_ready
+from tools.kubeapi import POOL_LABEL, rtj
+from tools.kueuebed import KueueBed
 from tools.localstack import start_reference_run, training_command, weights_equal
 from tools.waiting import wait_for
 from trainer_runtime import events
 from trainer_runtime.events import read_events
 
-from .conftest import E2E_NAMESPACES, ROOT, OperatorProcess, start_operator
-from .kubeclient import Kube, rtj
-from .node_verbs import POOL_LABEL
+from .conftest import E2E_NAMESPACES, ROOT
 from .scenario import condition, wait_events
 
 SPOT_JOB = ROOT / "tests" / "e2e" / "manifests" / "spot-job.yaml"
@@ -45,64 +42,8 @@ SPOT_JOB = ROOT / "tests" / "e2e" / "manifests" / "spot-job.yaml"
 checkpoint every 4) is the preemption test's, and its uninterrupted reference run the baseline."""
 
 
-@dataclass
-class Bed:
-    """The Kueue test bed: cluster, Kueue, operator and pod-runner nodes."""
-
-    kube: Kube
-    kubeconfig: str
-    kueue: kq.Kueue
-    operator: OperatorProcess
-    workdir: Path
-    pool: str
-    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def add_node(self, cpu: str = "8") -> str:
-        """One more pod-runner node of the bed's pool; its name once Ready."""
-        name = unique("kq-node")
-        workdir = self.workdir / "nodes" / name
-        workdir.mkdir(parents=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "tools.podrunner",
-            "--kubeconfig",
-            self.kubeconfig,
-            "--node",
-            name,
-            "--workdir",
-            str(workdir),
-            "--state-dir",
-            str(self.workdir / "podrunner-state"),
-            "--image-path",
-            f"/app={ROOT}",
-            "--label",
-            f"{POOL_LABEL}={self.pool}",
-            "--cpu",
-            cpu,
-            "--shutdown-grace",
-            "20",
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-        with (workdir / "agent.log").open("ab") as log:
-            self.agents[name] = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-        wait_for(f"node {name} Ready", lambda: self.kube.node_ready(name), 60)
-        return name
-
-    def pod_log(self, ns: str, pod: str) -> str:
-        """A rank's log, from whichever node ran it."""
-        pattern = f"nodes/*/logs/{ns}_{pod}_*/trainer.log"
-        return "".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob(pattern)))
-
-    def stop(self) -> None:
-        """Stop the nodes (their pods end with them) and delete their Node objects."""
-        for name, agent in self.agents.items():
-            if agent.poll() is None:
-                agent.send_signal(signal.SIGKILL)
-                agent.wait(10)
-            self.kube.delete_node(name)
+Bed = KueueBed
+"""The Kueue test bed (``tools/kueuebed.py``)."""
 
 
 @pytest.fixture(scope="module")
@@ -114,34 +55,23 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
         require(kq.built(), f"Kueue {kq.version()} not built: run hack/kueue/build.sh")
     else:
         kq.build()
-    plane = ControlPlane(
-        f"{TEST_CLUSTER_NAME}-kueue", keep=os.environ.get("RTJ_TEST_KEEP_CLUSTER") == "1"
+    state = KueueBed(
+        f"{TEST_CLUSTER_NAME}-kueue",
+        tmp_path_factory.mktemp("kueue-bed"),
+        namespaces=E2E_NAMESPACES,
+        pool_label=POOL_LABEL,
+        keep_cluster=os.environ.get("RTJ_TEST_KEEP_CLUSTER") == "1",
     )
     try:
-        kubeconfig = plane.up(nodes=0, timeout=1800 if IN_CI else 540)
-    except ControlPlaneError as err:
-        pytest.fail(str(err))
-    workdir = tmp_path_factory.mktemp("kueue-bed")
-    kube = Kube(kubeconfig)
-    wait_for("the API server", lambda: kube.get("/readyz") is not None, 60)
-    for crd in sorted((ROOT / "crds").glob("*.yaml")):
-        kube.apply_file(crd)
-    kueue = kq.Kueue(kubeconfig, Path(kubeconfig).parent / "kueue").up()
-    op = start_operator(
-        kubeconfig, workdir / "operator.log", "--namespace", E2E_NAMESPACES, "--standalone"
-    )
-    time.sleep(3)  # kopf's namespace watch starts after its first listing (see conftest)
-    state = Bed(kube, kubeconfig, kueue, op, workdir, unique("kq-pool"))
-    try:
-        state.add_node()
-        state.add_node()
+        try:
+            state.up(nodes=2, cpu="8", timeout=1800 if IN_CI else 540)
+        except ControlPlaneError as err:
+            pytest.fail(str(err))
         yield state
     finally:
-        op.stop()
-        state.stop()
-        kueue.down()
-        plane.down(wait=30)
-        print(f"\nKueue log: {kueue.log}\noperator log: {op.log}")
+        state.down(wait=30)
+        if state.kueue is not None and state.operator is not None:
+            print(f"\nKueue log: {state.kueue.log}\noperator log: {state.operator.log}")
 
 
 @pytest.fixture
@@ -209,6 +139,7 @@ def diagnostics(bed: Bed, ns: str, *jobs: str) -> str:
     for wl in kq.workloads(bed.kube, ns):
         conds = {c["type"]: (c["status"], c.get("message")) for c in wl["status"]["conditions"]}
         lines.append(f"workload {wl['metadata']['name']}: {conds}")
+    assert bed.operator is not None and bed.kueue is not None
     lines += ["operator:", bed.operator.tail(20), "kueue:", bed.kueue.tail(10)]
     return "\n".join(lines)
 
@@ -527,3 +458,94 @@ def test_a_gang_on_borrowed_quota_that_is_reclaimed_is_preempted_and_comes_back(
     finally:
         for name in (borrow, lend):
             kq.delete(bed.kube, kq.path_of("ClusterQueue", name))
+
+
+def elastic_trainer(bed: Bed, name: str) -> dict[str, Any]:
+    """An elastic training rank (``--elastic``: it resumes at another world size): 12 samples
+    per optimizer step at 2 or 3 ranks, 100 steps of about 0.3 s, a checkpoint every 4."""
+    return {
+        "terminationGracePeriodSeconds": 20,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "rtj-train:0.1.0",
+                "workingDir": "/app",
+                "command": [
+                    "python",
+                    "/app/examples/train_deterministic.py",
+                    "--elastic",
+                    "--epochs=1",
+                    "--dataset-size=1200",
+                    "--batch-size=2",
+                    "--global-batch-size=12",
+                    "--interval=4ba",
+                    "--workers=0",
+                    "--step-sleep=0.3",
+                    f"--out={bed.workdir / 'out'}/{name}.pt",
+                ],
+                "resources": {"requests": {"cpu": "1"}},
+            }
+        ],
+    }
+
+
+def test_an_elastic_job_starts_at_what_the_quota_holds_and_grows_when_it_frees(
+    bed: Bed, ns: str
+) -> None:
+    """Quota for 2 pods, an elastic job of 3 with minReplicas 2, and node room for 16: the job
+    starts at 2 (its Workload admitted with 2 pods) instead of waiting in the queue for 3; once
+    the quota holds 3 it grows to 3 through a checkpoint, with no failure counted."""
+    cq, _ = kq.ensure_queue(bed.kube, ns, {"cpu": "2"})
+    name = unique("elastic")
+    (bed.workdir / "out").mkdir(exist_ok=True)
+    queued_job(
+        bed,
+        ns,
+        name,
+        3,
+        elastic_trainer(bed, name),
+        checkpoint={"dir": str(bed.workdir / "ckpt")},
+        elastic={
+            "minReplicas": 2,
+            "shrinkAfterSeconds": 0,
+            "grow": {"minIntervalSeconds": 5, "settleSeconds": 0, "checkpointTimeoutSeconds": 60},
+        },
+    )
+    wait_for(
+        "two ranks running",
+        lambda: bed.kube.running(ns, name, 0, 2),
+        90,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    status = bed.kube.status(ns, name)
+    assert status["gangSize"] == 2 and status["gangScheduling"] == "Kueue", status
+    assert len(bed.kube.pods(ns, name, 0)) == 2
+    wl = workload_of(bed, ns, f"{name}-a0")
+    assert kq.admitted(wl) and wl["spec"]["podSets"][0]["count"] == 2, wl
+    wait_for(
+        "a committed checkpoint at 2 ranks",
+        lambda: bed.kube.status(ns, name).get("lastCommittedCheckpoint"),
+        120,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+
+    kq.apply(bed.kube, kq.cluster_queue(cq, {"cpu": "3"}, namespace=ns))
+    grown = wait_for(
+        "the job grown to 3 ranks, all running",
+        lambda: (
+            s
+            if (s := bed.kube.status(ns, name)).get("gangSize") == 3
+            and s.get("attempt", 0) >= 1
+            and bed.kube.running(ns, name, s["attempt"], 3)
+            else None
+        ),
+        180,
+        on_timeout=lambda: diagnostics(bed, ns, name),
+    )
+    assert grown["failures"] == 0 and grown["preemptions"] == 0, grown
+    causes = [i["cause"] for i in grown["interruptions"]]
+    assert causes == ["Grow"], grown["interruptions"]
+    sizes = [(r["attempt"], r["size"]) for r in grown["sizeHistory"]]
+    assert sizes[0] == (0, 2) and sizes[-1] == (grown["attempt"], 3), sizes
+    grown_wl = workload_of(bed, ns, f"{name}-a{grown['attempt']}")
+    assert kq.admitted(grown_wl) and grown_wl["spec"]["podSets"][0]["count"] == 3, grown_wl

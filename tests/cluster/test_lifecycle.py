@@ -7,11 +7,10 @@ import subprocess
 import time
 import urllib.request
 
-from rtj_operator import envvars
-from tools.kubeapi import MERGE
+from rtj_operator.api import envvars
+from tools.kubeapi import MERGE, env_of, rtj, unique
 from tools.waiting import wait_for
 
-from .kubeclient import env_of, rtj, unique
 from .scenario import (
     condition,
     kubectl_binary,

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from tools.kubeapi import rtj, unique
 from tools.waiting import wait_for
 
 from .conftest import start_operator
 from .crashing_operator import EXIT_CODE
-from .kubeclient import rtj, unique
 from .scenario import node_of, pod_report, wait_phase
 
 

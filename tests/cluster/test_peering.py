@@ -6,10 +6,10 @@ import time
 import urllib.error
 import urllib.request
 
+from tools.kubeapi import rtj, unique
 from tools.waiting import wait_for
 
 from .conftest import start_operator
-from .kubeclient import rtj, unique
 
 
 def peering_namespace(kube) -> str:

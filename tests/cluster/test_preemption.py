@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from tools.kubeapi import MERGE, ApiError
+from tools.kubeapi import MERGE, ApiError, env_of, unique
 from tools.waiting import wait_for
 
-from .kubeclient import env_of, unique
 from .scenario import (
     condition,
     last_interruption,

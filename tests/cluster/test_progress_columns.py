@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from tools.kubeapi import MERGE
+from tools.kubeapi import MERGE, Kube
 from tools.waiting import wait_for
 
 from .conftest import OperatorProcess, Pool
-from .kubeclient import Kube
 from .scenario import kubectl_binary, node_of, printed_row, start_running, wait_attempt
 
 

@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtj_operator import envvars, names, rbac
+from rtj_operator.api import envvars, names, rbac
 from tests.conftest import IN_CI, require
-from tools.kubeapi import ApiError
+from tools.kubeapi import ApiError, rtj, unique
 from tools.waiting import wait_for
 
 from .conftest import ROOT, start_operator
-from .kubeclient import rtj, unique
 from .scenario import node_of, wait_attempt, wait_phase
 
 _PLURALS = {
@@ -66,6 +65,9 @@ NOT_REQUESTED = {
     # A queued job's Workload (spec.queueName); this control plane runs no Kueue. Kueue's own
     # control plane exercises it (tests/cluster/test_kueue.py: the Admitted condition).
     ("kueue.x-k8s.io", "workloads", "get"): "needs Kueue",
+    # An elastic queued job's LocalQueue and ClusterQueue (kueue_quota.py), likewise.
+    ("kueue.x-k8s.io", "localqueues", "get"): "needs Kueue",
+    ("kueue.x-k8s.io", "clusterqueues", "get"): "needs Kueue",
     # The all-namespaces peering; this run serves one namespace (kopfpeerings are used).
     **{
         ("kopf.dev", "clusterkopfpeerings", verb): "all-namespaces mode"

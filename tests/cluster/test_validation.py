@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rtj_operator import podschema
-from tools.kubeapi import ApiError
+from rtj_operator.api import podschema
+from tools.kubeapi import ApiError, rtj
 from tools.waiting import wait_for
 
-from .kubeclient import rtj
 from .scenario import wait_phase
 
 
@@ -319,8 +318,8 @@ def test_pod_template_errors_the_schema_cannot_see_fail_the_job_with_the_servers
 
 
 def test_the_embedded_pod_schema_is_the_live_servers(kube):
-    """The stored PodTemplateSpec schema (rtj_operator/schemas) is what this API server
+    """The stored PodTemplateSpec schema (rtj_operator/api/schemas) is what this API server
     publishes, converted the same way; when this fails, regenerate it with
-    `python -m rtj_operator.podschema --server --version <the server's version>`."""
+    `python -m rtj_operator.api.podschema --server --version <the server's version>`."""
     live = kube.req("GET", "/openapi/v3/api/v1")
     assert podschema.structural(live) == podschema.load()

@@ -6,7 +6,7 @@
 Two things in the chart and its docs are derived, never edited by hand:
 
 * ``charts/resumable-training-operator/crds/``: one file per file of the repository's ``crds/``
-  (generated from the operator's models by ``python -m rtj_operator.crdgen``), a copy of its
+  (generated from the operator's models by ``python -m rtj_operator.api.crdgen``), a copy of its
   CustomResourceDefinitions under a header that says where it comes from. Real files, not
   symlinks: Helm warns about every symbolic link it follows, and a checkout on a system without
   symlinks would hold a broken chart. Helm's ``crds/`` folder holds only CRDs (it creates

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator import admission, envvars, rbac
 from rtj_operator.__main__ import parse_args
+from rtj_operator.api import admission, envvars, rbac
 
 from . import chart_sync
 from .conftest import CHART, ROOT, render, run, template_fails

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rtj_operator import rbac
+from rtj_operator.api import rbac
 
 from .conftest import CHART, ROOT, Cluster, apply_chart_crds
 

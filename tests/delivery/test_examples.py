@@ -4,8 +4,8 @@ Statically: every job parses with the operator's own model, runs examples/train_
 with flags that script accepts, and refers only to objects its file defines. Against the API
 server: ``kubectl apply --dry-run=server -f examples/jobs/`` (the CRD's schema and CEL rules,
 strict field validation), and the rank-0 pod the operator would build from each job
-(``rtj_operator.manifests.build_pod``) through a server-side dry run too, so a bad pod template
-fails here rather than when the operator creates the gang.
+(``rtj_operator.decide.manifests.build_pod``) through a server-side dry run too, so a bad pod
+template fails here rather than when the operator creates the gang.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator import names
-from rtj_operator.api_types import parse_job
-from rtj_operator.manifests import build_pod
+from rtj_operator.api import names
+from rtj_operator.api.api_types import parse_job
+from rtj_operator.decide.manifests import build_pod
 
 from .conftest import ROOT, Cluster, apply_chart_crds
 

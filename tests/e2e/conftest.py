@@ -35,7 +35,7 @@ def say(line: str) -> None:
 @pytest.fixture(scope="module")
 def prerequisites() -> None:
     """Cluster binaries (``hack/cluster/build.sh``) and an S3 server (MinIO, else moto)."""
-    from tests.support.s3server import minio_binary, moto_available
+    from tools.s3server import minio_binary, moto_available
 
     if os.environ.get("KUBECONFIG"):
         say(

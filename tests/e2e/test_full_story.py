@@ -25,8 +25,6 @@ import pytest
 from tools.localstack import (
     LocalStack,
     ReferenceRun,
-    Story,
-    StoryResult,
     committed_steps,
     emergency_save,
     fetched_from,
@@ -35,6 +33,8 @@ from tools.localstack import (
     training_command,
     weights_equal,
 )
+from tools.spotcluster import LOST, NOTICE, PodRunnerCluster
+from tools.stories.spot import SpotStory, StoryResult
 
 from .conftest import MANIFEST, say
 
@@ -56,10 +56,10 @@ def total_steps() -> int:
 
 
 def run_story(stack: LocalStack, job: str, lose: str) -> StoryResult:
-    """One job, one lost node; narrated to stdout."""
+    """One job, the node of rank 1 lost (``lost`` or ``notice``); narrated to stdout."""
     stack.ensure_nodes(3)
     started = time.monotonic()
-    result = Story(stack, MANIFEST, job, say=say).run(lose)
+    result = SpotStory(PodRunnerCluster(stack), MANIFEST, job, say=say).run([lose])
     say(f"{job}: {lose} story done in {time.monotonic() - started:.1f}s")
     return result
 
@@ -67,7 +67,7 @@ def run_story(stack: LocalStack, job: str, lose: str) -> StoryResult:
 def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun) -> Obj:
     """What both stories end with; the single interruption."""
     status = result.status
-    assert status["phase"] == "Succeeded"
+    assert status["phase"] == "Succeeded", result.diagnostics
     assert status["attempt"] == 1, "exactly one resubmission"
     assert status["preemptions"] == 1 and status["failures"] == 0, status
     assert status["lastCommittedCheckpoint"]["step"] == total_steps()
@@ -113,28 +113,31 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
 def test_spot_reclaim_resumes_from_s3_with_identical_weights(
     stack: LocalStack, reference: ReferenceRun
 ) -> None:
-    result = run_story(stack, "reclaim", "reclaim")
+    result = run_story(stack, "reclaim", LOST)
     interruption = check_common(stack, result, reference)
     assert interruption["cause"] == "NodeDeleted"
     # Killed right after a commit seen in status: that commit is the interruption's and the
     # resume point, and the operator's count of lost steps stays under one interval.
-    assert interruption["lastCommittedStep"] == result.committed_before_loss
-    assert resumed_step(result.logs[1]) == result.committed_before_loss
+    (loss,) = result.interruptions
+    assert interruption["lastCommittedStep"] == loss.committed_before
+    assert resumed_step(result.logs[1]) == loss.committed_before
+    assert result.attempts[1].resumed_step == loss.committed_before
     assert interruption["stepsLost"] < INTERVAL
-    assert result.committed_before_loss % INTERVAL == 0
+    assert loss.committed_before % INTERVAL == 0
 
 
 def test_termination_notice_saves_at_once_and_loses_no_steps(
     stack: LocalStack, reference: ReferenceRun
 ) -> None:
-    result = run_story(stack, "notice", "notice")
-    assert result.notice is not None
-    name, step = result.notice
+    result = run_story(stack, "notice", NOTICE)
+    (loss,) = result.interruptions
+    assert loss.notice is not None
+    name, step = loss.notice
     # The operator passed the taint on (event and condition history), the runtime saved at
     # once, and the operator learned of that checkpoint before the node went.
     reasons = {e.get("reason") for e in stack.events(result.job)}
     assert "PreemptionNotice" in reasons, reasons
-    before = result.status_at_loss
+    before = loss.status_before
     assert name in {k["name"] for k in before["knownCheckpoints"]}, before
     assert any(
         c["type"] == "PreemptionNotice" and c["status"] == "True" for c in before["conditions"]

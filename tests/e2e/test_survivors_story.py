@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator.envvars import AGENT_READY_ANNOTATION
+from rtj_operator.api.envvars import AGENT_READY_ANNOTATION
 from tools.controlplane import ControlPlane
 from tools.localstack import LocalStack
 from tools.waiting import wait_for
@@ -42,6 +42,7 @@ def survivors_manifest(
     name: str = "survivors",
     epochs: int | None = None,
     cpu: str | None = None,
+    interval: str | None = None,
     **spec: object,
 ) -> Path:
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
@@ -57,6 +58,11 @@ def survivors_manifest(
         else (f"--epochs={epochs}" if epochs and arg.startswith("--epochs") else arg)
         for arg in container["command"]
     ]
+    if interval:
+        container["command"] = [
+            f"--interval={interval}" if arg.startswith("--interval") else arg
+            for arg in container["command"]
+        ]
     if cpu:
         container["resources"] = {"requests": {"cpu": cpu}}
     path = tmp / f"{name}-job.yaml"
@@ -120,8 +126,16 @@ def stack(
 
 
 def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Path) -> None:
-    job = stack.apply(survivors_manifest(tmp_path))
+    # A commit every 20 steps, and the loss two or more steps after the first one: the steps
+    # since it are what a survivor's memory saves.
+    job = stack.apply(survivors_manifest(tmp_path, interval="20ba", epochs=8))
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    wait_for(
+        "two steps after the commit",
+        lambda: ((stack.job(job).get("status") or {}).get("currentStep") or 0) >= 22,
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     assert len(first) == REPLICAS
     lost_at = reclaim_rank(stack, job, f"{job}-a0-r1")
@@ -141,6 +155,18 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     say(f"loss -> kept rank 0's first step after resuming: {back:.1f} s")
     for pod in (f"{job}-a0-r0", f"{job}-a1-r2"):
         say(phases(stack, pod, lost_at))
+    # Kept rank 0 saved the last finished step from its memory, into the bucket, and the new gang
+    # went on from it: the loss without notice cost at most the step that was running.
+    (saved,) = stack.runtime_events(f"{job}-a0-r0", "survivor_saved")
+    assert saved.fields["checkpoint"], saved
+    resumed = [e for e in stack.runtime_events(f"{job}-a1-r2", "resumed")]
+    assert resumed[-1].fields["checkpoint"] == saved.fields["checkpoint"], resumed
+    assert resumed[-1].fields["source"] == "remote"  # the new pod fetched it from the bucket
+    (interruption,) = status["interruptions"]
+    say(f"survivor's save: step {saved.fields['step']} in {saved.fields['seconds']} s")
+    say(f"interruption: {interruption}")
+    assert saved.fields["step"] >= 22, saved
+    assert interruption["stepsLost"] <= 1, interruption
 
 
 HOLD = "example.com/hold"

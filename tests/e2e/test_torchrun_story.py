@@ -30,7 +30,6 @@ import pytest
 from tools.localstack import (
     LocalStack,
     ReferenceRun,
-    StoryResult,
     committed_steps,
     fetched_from,
     interval_steps,
@@ -38,7 +37,9 @@ from tools.localstack import (
     training_command,
     weights_equal,
 )
-from tools.stories.torchrun import TorchrunStory, container_exit, start_reference_run, world_size
+from tools.spotcluster import NOTICE, SHUTDOWN, PodRunnerCluster
+from tools.stories.spot import SpotStory, StoryResult
+from tools.stories.torchrun import container_exit, start_reference_run, world_size
 from trainer_runtime import events
 
 from .conftest import say
@@ -79,7 +80,7 @@ def run_story(stack: LocalStack, job: str, lose: str) -> StoryResult:
     """One job, one lost node; narrated to stdout with its wall time."""
     stack.ensure_nodes(3)
     started = time.monotonic()
-    result = TorchrunStory(stack, MANIFEST, job, say=say).run(lose)
+    result = SpotStory(PodRunnerCluster(stack), MANIFEST, job, say=say).run([lose])
     say(f"{job}: {lose} story done in {time.monotonic() - started:.1f}s")
     return result
 
@@ -88,7 +89,7 @@ def check_common(stack: LocalStack, result: StoryResult, reference: ReferenceRun
     """What both stories end with: one preemption of pod 1, a resume from S3 on other nodes,
     torchrun's exits, the weights of the uninterrupted run."""
     status = result.status
-    assert status["phase"] == "Succeeded", status
+    assert status["phase"] == "Succeeded", (status, result.diagnostics)
     assert status["attempt"] == 1, "exactly one resubmission"
     assert status["preemptions"] == 1 and status["failures"] == 0, status
     assert status["lastCommittedCheckpoint"]["step"] == total_steps()
@@ -155,12 +156,13 @@ def check_weights(result: StoryResult, reference: ReferenceRun) -> None:
 def test_notice_then_shutdown_through_torchrun_loses_no_steps(
     stack: LocalStack, reference: ReferenceRun
 ) -> None:
-    result = run_story(stack, "tr-notice", "notice")
-    assert result.notice is not None
-    name, step = result.notice
+    result = run_story(stack, "tr-notice", NOTICE)
+    (loss,) = result.interruptions
+    assert loss.notice is not None
+    name, step = loss.notice
     reasons = {e.get("reason") for e in stack.events(result.job)}
     assert "PreemptionNotice" in reasons, reasons
-    before = result.status_at_loss
+    before = loss.status_before
     assert name in {k["name"] for k in before["knownCheckpoints"]}, before
     # All four ranks saved on the notice: the notice checkpoint holds a data file of each.
     objects = stack.s3.client().list_objects_v2(
@@ -183,8 +185,8 @@ def test_notice_then_shutdown_through_torchrun_loses_no_steps(
 def test_shutdown_without_notice_saves_through_torchrun_and_resumes(
     stack: LocalStack, reference: ReferenceRun
 ) -> None:
-    result = run_story(stack, "tr-shutdown", "shutdown")
-    assert result.notice is None
+    result = run_story(stack, "tr-shutdown", SHUTDOWN)
+    assert result.interruptions[0].notice is None
     interruption = check_common(stack, result, reference)
     # Without a notice the operator restarts the gang from the newest checkpoint it knew of when
     # the node began to shut down; the emergency save may land after that choice.

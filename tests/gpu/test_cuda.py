@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from torch import nn
 
 from tests.multiproc.launch import Gang
 from tests.multiproc.sharded_worker import compare
-from trainer_runtime import CheckpointManager, rng
+from trainer_runtime import CheckpointManager
+from trainer_runtime.run import rng
+from trainer_runtime.save.survivor import host_copy
 from trainer_runtime.sharded.staging import HostStager
 
 pytestmark = pytest.mark.gpu
@@ -271,3 +274,20 @@ def test_staging_copies_wait_for_the_work_queued_before_the_save_and_not_after()
     torch.cuda.synchronize(CUDA)
     assert torch.equal(staged["w"], torch.ones(1 << 20)) and staged["w"].is_pinned()
     assert still_running, "staging waited for work queued after the save point"
+
+
+def test_a_survivors_copy_does_not_wait_behind_a_stuck_default_stream() -> None:
+    """The save from a survivor's memory copies the weights on a stream of its own that waits
+    only for the boundary's event: behind a collective that never ends (NCCL waits for a lost
+    peer), emulated by a long sleep kernel on the default stream, it still finishes."""
+    weights = {"model": {"w": torch.randn(4096, 4096, device=CUDA)}, "step": 7}
+    ready = torch.cuda.Event()
+    ready.record()
+    torch.cuda._sleep(30_000_000_000)  # tens of seconds of a busy default stream
+    began = time.monotonic()
+    host = host_copy(weights, ready)
+    took = time.monotonic() - began
+    assert took < 5.0, took
+    assert host["step"] == 7 and host["model"]["w"].device.type == "cpu"
+    torch.cuda.synchronize()
+    assert torch.equal(host["model"]["w"], weights["model"]["w"].cpu())

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tools.waiting import wait_for
-from trainer_runtime.layout import RunFolder
+from trainer_runtime.run_folder.layout import RunFolder
 
 
 def committed_and_valid(run_dir: Path, *, settled: bool = True) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from trainer_runtime.dist import Coordinator
+from trainer_runtime.run.dist import Coordinator
 
 GLOO_THREAD = "pt_gloo_runloop"
 

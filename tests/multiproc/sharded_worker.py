@@ -25,13 +25,13 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from trainer_runtime.dist import Coordinator
 from trainer_runtime.errors import CorruptCheckpointError
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
 from trainer_runtime.sampler import ResumableSampler
+from trainer_runtime.save.manifest import Manifest
+from trainer_runtime.save.rank_contents import Components
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
-from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,8 +1,10 @@
 """A DDP training process for membership changes in place (run under trainer_runtime.agent).
 
 Each step takes the global batch ``step`` (the same samples whatever the world size; this rank's
-share by rank), sleeps ``--step-s`` (the emulated step time), and appends ``epoch step rank
-ids`` to ``<out>/steps-<epoch>-<rank>.txt``. Rank 0 writes ``<out>/final.pt`` (the model and
+share by rank), appends ``epoch step rank ids`` to ``<out>/steps-<epoch>-<rank>.txt`` once the
+gradients' all-reduce is done (from then on the step's update holds every rank's samples, and a
+survivor may save it: trainer_runtime/save/survivor.py), and sleeps ``--step-s`` (the emulated
+step time). Rank 0 writes ``<out>/final.pt`` (the model and
 optimizer state) at the end, and every rank writes ``<out>/first-<epoch>-<rank>`` with the wall
 time of its first step, so a test can time how long a membership change took.
 """
@@ -53,11 +55,12 @@ def main() -> None:
         x = torch.randn(GLOBAL_BATCH, 8, generator=gen)[rank::world]
         loss = model(x).square().mean()
         loss.backward()
+        # the gradients' all-reduce is done: every rank's samples are in this step's update
+        with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
+            log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
         opt.step()
         opt.zero_grad()
         time.sleep(args.step_s)
-        with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
-            log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
         if first:
             (out / f"first-{epoch}-{rank}").write_text(repr(time.time()))
             first = False

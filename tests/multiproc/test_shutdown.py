@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.save.manifest import Manifest
 
 from .checks import committed_and_valid, wait_for_gang
 from .launch import Gang

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from rtj_operator import envvars
-from rtj_operator.api_types import parse_job
-from rtj_operator.manifests import rank_environment
+from rtj_operator.api import envvars
+from rtj_operator.api.api_types import parse_job
+from rtj_operator.decide.manifests import rank_environment
 from trainer_runtime import envvars as runtime_envvars
 from trainer_runtime import events
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.save.manifest import Manifest
 
 from .checks import committed_and_valid, wait_for_gang
 from .launch import free_port

@@ -15,11 +15,11 @@ import torch
 from tests.multiproc.launch import Gang
 from tests.multiproc.sharded_worker import compare
 from trainer_runtime import Manifest
-from trainer_runtime import state as state_mod
 from trainer_runtime.export import export_weights
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import FORMAT_VERSION_PER_RANK
-from trainer_runtime.serialization import save_rank_file
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save import rank_contents as state_mod
+from trainer_runtime.save.manifest import FORMAT_VERSION_PER_RANK
+from trainer_runtime.save.rank_file import save_rank_file
 from trainer_runtime.timestamp import Timestamp
 
 pytestmark = [

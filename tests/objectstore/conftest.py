@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # tests/ is not a package; make ``tests.support`` importable
+if str(REPO) not in sys.path:  # tests/ is not a package; make ``tests.objectstore`` importable
     sys.path.insert(0, str(REPO))
 
 from tests.objectstore.helpers import make_checkpoint  # noqa: E402
-from tests.support.s3server import S3Server, ServerUnavailableError  # noqa: E402
-from trainer_runtime.manifest import Manifest  # noqa: E402
+from tools.s3server import S3Server, ServerUnavailableError  # noqa: E402
 from trainer_runtime.objectstore import S3Store, S3Uri, TransferSettings  # noqa: E402
+from trainer_runtime.save.manifest import Manifest  # noqa: E402
 
 # Small parts so that MB-sized test files still exercise parallel multipart and ranged GETs.
 SMALL_PARTS = TransferSettings(part_size=5 << 20, concurrency=4, multipart_threshold=6 << 20)

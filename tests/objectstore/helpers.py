@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainer_runtime import atomic
-from trainer_runtime.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
+from trainer_runtime.save import atomic
+from trainer_runtime.save.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file
 from trainer_runtime.timestamp import Timestamp
 
 if TYPE_CHECKING:
-    from tests.support.s3server import S3Server
+    from tools.s3server import S3Server
 
 RUN = "run"
 

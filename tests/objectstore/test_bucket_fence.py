@@ -10,10 +10,10 @@ import pytest
 
 from tests.objectstore.helpers import RUN, make_checkpoint
 from tests.objectstore.test_uploader import _uploader
-from trainer_runtime import atomic
-from trainer_runtime.manifest import MANIFEST_NAME, Manifest
 from trainer_runtime.objectstore import S3Backend, S3Store, S3Uri, remote_pointer
 from trainer_runtime.objectstore.bucket_fence import BucketFence, claim_at_start
+from trainer_runtime.save import atomic
+from trainer_runtime.save.manifest import MANIFEST_NAME, Manifest
 
 
 def fenced_checkpoint(run_dir: Path, name: str, batch: int, epoch: int) -> Path:

@@ -19,8 +19,7 @@ import pytest
 from tests.conftest import require
 from tests.objectstore.conftest import SMALL_PARTS
 from tests.objectstore.helpers import RUN, make_checkpoint
-from tests.support.s3server import S3Server
-from trainer_runtime.manifest import Manifest, verify_entry
+from tools.s3server import S3Server
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
@@ -32,6 +31,7 @@ from trainer_runtime.objectstore import (
     resume_from_remote,
     verify_remote,
 )
+from trainer_runtime.save.manifest import Manifest, verify_entry
 
 WORKER = Path(__file__).with_name("upload_worker.py")
 

@@ -23,9 +23,9 @@ from trainer_runtime import (
     envvars,
     events,
 )
-from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore import ObjectStoreConfigError, S3Store, remote_pointer
 from trainer_runtime.objectstore import store as store_module
+from trainer_runtime.run_folder.layout import RunFolder
 
 from ..unit.trainkit import make, params, step
 

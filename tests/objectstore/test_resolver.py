@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.helpers import RUN, make_checkpoint
-from tests.support.s3server import S3Server
-from trainer_runtime.manifest import Manifest, verify_entry
+from tools.s3server import S3Server
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
@@ -24,6 +23,7 @@ from trainer_runtime.objectstore import (
     find_remote_checkpoint,
     resume_from_remote,
 )
+from trainer_runtime.save.manifest import Manifest, verify_entry
 
 
 @pytest.fixture
@@ -228,7 +228,8 @@ def test_fetch_load_path_forms(store: S3Store, two_remote: S3Uri, tmp_path: Path
 
 
 def test_backend_seam(s3_env: S3Server, s3_root: S3Uri, tmp_path: Path) -> None:
-    """The RemoteBackend the manager uses: submit, pending, fetch_newest, uri_for, close."""
+    """The RemoteBackend the manager uses: submit, pending, find_newest, fetch, uri_for,
+    close."""
     writer = S3Backend(str(s3_root), RUN, rank=0, world_size=1, backoff=Backoff(0.1, 0.5))
     run_dir = tmp_path / "node-a" / RUN
     _, manifest = make_checkpoint(run_dir, "ep0-ba10", 10)
@@ -237,7 +238,9 @@ def test_backend_seam(s3_env: S3Server, s3_root: S3Uri, tmp_path: Path) -> None:
     assert writer.pending() == set()
     assert writer.uri_for("ep0-ba10") == f"{s3_root}/{RUN}/ep0-ba10"
     reader = S3Backend(str(s3_root), RUN, rank=0, world_size=1)
-    fetched = reader.fetch_newest(tmp_path / "node-b" / RUN, 0, 1, exclude=set())
+    choice = reader.find_newest(exclude=set())
+    assert (choice.name, choice.world_size, choice.passed_over) == ("ep0-ba10", 1, [])
+    fetched = reader.fetch("ep0-ba10", tmp_path / "node-b" / RUN, None)
     assert fetched == tmp_path / "node-b" / RUN / "ep0-ba10"
-    assert reader.fetch_newest(tmp_path / "node-c", 0, 1, exclude={"ep0-ba10"}) is None
+    assert reader.find_newest(exclude={"ep0-ba10"}).name is None
     reader.close()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.helpers import RUN, make_checkpoint
-from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore import Backoff, CheckpointUploader, S3Store, S3Uri
 from trainer_runtime.objectstore.folder import StorePrefix, remote_run_folder
+from trainer_runtime.run_folder.layout import RunFolder
 from trainer_runtime.run_folder.names import MANIFEST_NAME, POINTER_NAME
 
 

@@ -22,16 +22,16 @@ from torch import nn
 
 from tests.conftest import require
 from tests.multiproc.launch import Gang
-from tests.support.s3server import S3Server
+from tools.s3server import S3Server
 from tools.waiting import wait_for
 from trainer_runtime import CheckpointManager
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import Manifest
 from trainer_runtime.objectstore import Backoff, ObjectStoreError, S3Store
 from trainer_runtime.objectstore import backend as backend_module
 from trainer_runtime.objectstore import store as store_module
 from trainer_runtime.objectstore.folder import verify_remote
 from trainer_runtime.objectstore.uri import S3Uri
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_deterministic.py"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.objectstore.conftest import SMALL_PARTS, point_env_at
 from tests.objectstore.helpers import require_minio, scoped_credentials
-from tests.support.s3server import S3Server, free_port
+from tools.s3server import S3Server, free_port
 from trainer_runtime.errors import ConfigError
 from trainer_runtime.objectstore import (
     ChecksumMismatchError,

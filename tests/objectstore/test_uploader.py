@@ -12,8 +12,7 @@ import pytest
 from tests.objectstore.conftest import SMALL_PARTS
 from tests.objectstore.helpers import RUN, make_checkpoint
 from tests.objectstore.recording import Recorder, RecordingStore
-from tests.support.s3server import S3Server
-from trainer_runtime.manifest import verify_entry
+from tools.s3server import S3Server
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
@@ -22,6 +21,7 @@ from trainer_runtime.objectstore import (
     find_remote_checkpoint,
     remote_pointer,
 )
+from trainer_runtime.save.manifest import verify_entry
 
 FAST = Backoff(initial=0.1, maximum=0.5)
 

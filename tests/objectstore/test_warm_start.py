@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from trainer_runtime import envvars, events
-from trainer_runtime.warm_start import plan_from_environment
+from trainer_runtime.resume.warm_start import plan_from_environment
 
 from .test_manager_s3 import saved_run
 

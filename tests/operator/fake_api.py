@@ -8,7 +8,7 @@ import copy
 import itertools
 from typing import Any
 
-from rtj_operator.kube import ApiError, KubeApi
+from rtj_operator.act.kube import ApiError, KubeApi
 
 
 def merge_metadata(

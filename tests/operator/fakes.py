@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rtj_operator import names
-from rtj_operator.api_types import Job, parse_job
-from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
-from rtj_operator.nodes import NodeView, node_view
-from rtj_operator.plan_types import Plan
-from rtj_operator.reconcile import reconcile
-from rtj_operator.timeutil import iso
+from rtj_operator.api import names
+from rtj_operator.api.api_types import Job, parse_job
+from rtj_operator.api.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.nodes import NodeView, node_view
+from rtj_operator.decide.plan_types import Plan
+from rtj_operator.decide.reconcile import reconcile
 
 from .fake_api import merge_metadata
 

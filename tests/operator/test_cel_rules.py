@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rtj_operator import crdgen, names
-from rtj_operator.api_types import parse_job
-from rtj_operator.spec_types import REJECTED_TEMPLATE_METADATA, RULES
+from rtj_operator.api import crdgen, names
+from rtj_operator.api.api_types import parse_job
+from rtj_operator.api.spec_types import REJECTED_TEMPLATE_METADATA, RULES
 
 from .fakes import job_body
 
@@ -145,7 +145,7 @@ def test_specs_that_keep_the_rules_parse():
 def test_the_python_checks_read_dollar_as_re2_does():
     """RE2 (CEL's ``matches``) reads ``$`` as the end of the text; Python's ``re`` also
     matches it before a final newline, so ``"/\\n"`` passed as the root folder ``^/+$``."""
-    from rtj_operator.spec_types import DOT_SEGMENT, ROOT_DIR, _matches
+    from rtj_operator.api.spec_types import DOT_SEGMENT, ROOT_DIR, _matches
 
     assert _matches(ROOT_DIR, "/") and not _matches(ROOT_DIR, "/\n")
     assert _matches(DOT_SEGMENT, "a/..") and not _matches(DOT_SEGMENT, "a/..\n")

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from rtj_operator.classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
-from rtj_operator.nodes import node_view
-from rtj_operator.spec_types import DEFAULT_TERMINATION_TAINTS
-from rtj_operator.status_types import Cause
+from rtj_operator.api.spec_types import DEFAULT_TERMINATION_TAINTS
+from rtj_operator.api.status_types import Cause
+from rtj_operator.decide.classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
+from rtj_operator.decide.nodes import node_view
 
 from .fakes import T0, make_node, make_pod
 

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from rtj_operator import metrics, names
-from rtj_operator.controller import Controller
-from rtj_operator.executor import merge_patch
-from rtj_operator.kube import ApiError, KubeApi
-from rtj_operator.workqueue import WorkQueue
+from rtj_operator.act import metrics
+from rtj_operator.act.controller import Controller
+from rtj_operator.act.executor import merge_patch
+from rtj_operator.act.kube import ApiError, KubeApi
+from rtj_operator.act.workqueue import WorkQueue
+from rtj_operator.api import names
 from tests.cluster import crashing_operator
 from tests.cluster.crashing_operator import crashing_create, resubmitted_pod
 
@@ -31,7 +32,7 @@ def controller_with_job(**spec) -> tuple[Controller, FakeApi]:
 def sync(ctrl: Controller) -> float | None:
     async def run():
         result = await ctrl.sync(KEY, time.monotonic())
-        await asyncio.gather(*ctrl.executor._event_tasks)
+        await asyncio.gather(*ctrl.executor.events.tasks)
         return result
 
     return asyncio.run(run())
@@ -303,7 +304,7 @@ def test_every_failed_reconcile_is_counted_by_kind():
         asyncio.run(ctrl.queue.worker(KEY, time.monotonic()))  # what the queue retries
     assert count("forbidden") == before + 1
 
-    from rtj_operator.controller import error_kind
+    from rtj_operator.act.controller import error_kind
 
     assert error_kind(ApiError(503, None, "GET", "/")) == "server"
     assert error_kind(ApiError(400, None, "GET", "/")) == "api"

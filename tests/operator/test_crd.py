@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from rtj_operator import crdgen, envvars, names
-from rtj_operator.api_types import parse_job
+from rtj_operator.api import crdgen, envvars, names
+from rtj_operator.api.api_types import parse_job
 
 from .fakes import job_body
 
@@ -32,7 +32,8 @@ def _schema() -> dict[str, Any]:
 
 
 def test_generated_files_are_up_to_date():
-    """Drift test: edit a model without running `python -m rtj_operator.crdgen` and this fails."""
+    """Drift test: edit a model without running `python -m rtj_operator.api.crdgen` and this
+    fails."""
     assert crdgen.main(["--check", "--root", str(ROOT)]) == 0
 
 
@@ -56,9 +57,9 @@ def test_schema_is_structural():
 
 
 def test_every_spec_and_status_field_is_documented():
-    from rtj_operator.schema import structural_schema
-    from rtj_operator.spec_types import JobSpec
-    from rtj_operator.status_types import JobStatus
+    from rtj_operator.api.schema import structural_schema
+    from rtj_operator.api.spec_types import JobSpec
+    from rtj_operator.api.status_types import JobStatus
 
     # The models' own fields (the embedded core pod schema carries no descriptions).
     ours = {

@@ -7,9 +7,13 @@ from typing import Any
 
 import pytest
 
-from rtj_operator import names
-from rtj_operator.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
-from rtj_operator.elastic import (
+from rtj_operator.api import names
+from rtj_operator.api.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
+from rtj_operator.api.spec_types import JobSpec
+from rtj_operator.api.status_types import CheckpointRecord, GrowRequest, JobStatus
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
+from rtj_operator.decide.elastic import (
     GROW_REASON,
     SCHEDULING_GRACE_SECONDS,
     GrowAction,
@@ -18,15 +22,11 @@ from rtj_operator.elastic import (
     reshrink_step,
     start_size,
 )
-from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
-from rtj_operator.nodes import node_view
-from rtj_operator.plan_types import Plan
-from rtj_operator.progress import trained_since_resume
-from rtj_operator.reconcile import reconcile
-from rtj_operator.spec_types import JobSpec
-from rtj_operator.status_types import CheckpointRecord, GrowRequest, JobStatus
-from rtj_operator.timeutil import iso
-from rtj_operator.transitions import committed_and_lost
+from rtj_operator.decide.nodes import node_view
+from rtj_operator.decide.plan_types import Plan
+from rtj_operator.decide.progress import trained_since_resume
+from rtj_operator.decide.reconcile import reconcile
+from rtj_operator.decide.transitions import committed_and_lost
 
 from .fakes import T0, FakeCluster, make_node, make_pod, progress
 
@@ -145,7 +145,7 @@ def test_after_a_grow_the_larger_size_starts_without_waiting():
 
 
 def test_min_replicas_above_replicas_is_rejected_by_the_schema():
-    from rtj_operator.crdgen import crd
+    from rtj_operator.api.crdgen import crd
 
     text = str(crd())
     assert "self.elastic.minReplicas <= self.replicas" in text

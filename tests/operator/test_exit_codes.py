@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rtj_operator import metrics
-from rtj_operator.api_types import parse_job
-from rtj_operator.classify import Outcome, RankOutcome
-from rtj_operator.controller import Controller
-from rtj_operator.exit_policy import decide
-from rtj_operator.invalid_spec import describe
-from rtj_operator.spec_types import ExitCodeAction, ExitCodeRule
-from rtj_operator.status_types import Cause
-from rtj_operator.timeutil import iso
+from rtj_operator.act import metrics
+from rtj_operator.act.controller import Controller
+from rtj_operator.api.api_types import parse_job
+from rtj_operator.api.spec_types import ExitCodeAction, ExitCodeRule
+from rtj_operator.api.status_types import Cause
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.classify import Outcome, RankOutcome
+from rtj_operator.decide.exit_policy import decide
+from rtj_operator.decide.invalid_spec import describe
 
 from .fake_api import FakeApi
 from .fakes import FakeCluster, job_body, make_node
@@ -293,7 +293,7 @@ def test_at_most_twenty_rules():
 
 
 def test_the_crd_bounds_and_checks_the_rules():
-    from rtj_operator import crdgen
+    from rtj_operator.api import crdgen
 
     root = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     policy = root["properties"]["spec"]["properties"]["resumePolicy"]
@@ -327,7 +327,7 @@ def test_an_invalid_rule_surfaces_as_invalid_spec_on_the_job():
 
     async def sync() -> None:
         await ctrl.sync(("ns", "train"), time.monotonic())
-        await asyncio.gather(*ctrl.executor._event_tasks)
+        await asyncio.gather(*ctrl.executor.events.tasks)
 
     asyncio.run(sync())
     blocked = next(c for c in api.job()["status"]["conditions"] if c["type"] == "Blocked")
@@ -350,7 +350,7 @@ def test_a_retry_is_its_own_kind_in_the_interruption_metric():
 
     async def sync() -> None:
         await ctrl.sync(("ns", "train"), time.monotonic())
-        await asyncio.gather(*ctrl.executor._event_tasks)
+        await asyncio.gather(*ctrl.executor.events.tasks)
 
     asyncio.run(sync())
     api.run_pods("node-0")

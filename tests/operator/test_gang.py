@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rtj_operator import gang
-from rtj_operator.controller import Controller
-from rtj_operator.kube_transport import ApiError
+from rtj_operator.act.controller import Controller
+from rtj_operator.act.kube_transport import ApiError
+from rtj_operator.decide import gang, gang_mechanisms
+from rtj_operator.decide.manifests import build_pod
 
 from .fake_api import FakeApi
 from .fakes import FakeCluster, job_body, make_job, make_node
@@ -18,7 +19,7 @@ KEY = ("ns", "train")
 def sync(ctrl: Controller) -> None:
     async def run() -> None:
         await ctrl.sync(KEY, time.monotonic())
-        await asyncio.gather(*ctrl.executor._event_tasks)
+        await asyncio.gather(*ctrl.executor.events.tasks)
 
     asyncio.run(run())
 
@@ -43,6 +44,23 @@ def test_discovery_picks_the_mechanism_and_a_queue_name_wins():
     assert gang.serves_pod_groups({"resources": [{"name": "podgroups"}]})
     assert not gang.serves_pod_groups({"resources": [{"name": "workloads"}]})
     assert not gang.serves_pod_groups(None)
+
+
+def test_each_mechanism_is_one_implementation_found_again_from_its_pods_and_status():
+    job = make_job(queueName="spot")
+    for native, kueue in ((False, False), (True, False), (True, True)):
+        mechanism = gang_mechanisms.choose(job, native, kueue)
+        assert mechanism.name is gang.choose(job, native, kueue)
+        pod = build_pod(job, 2, 0, resume_from="", quarantined=[])
+        linked = mechanism.link_pod(pod, job, 2, 3)
+        # An operator restarted mid-creation finishes the gang the way its first pods say.
+        assert gang_mechanisms.of_pod(linked) is mechanism
+        assert gang_mechanisms.of_status(mechanism.name.value) is mechanism
+        group = mechanism.group(job, 2, 3, {})
+        assert (group is not None) == (mechanism.name is gang.Mechanism.POD_GROUP)
+        assert mechanism.keeps_pods == (mechanism.name is not gang.Mechanism.KUEUE)
+    # A gang not yet created has no mechanism: nothing on its pods, its pods may be kept.
+    assert gang_mechanisms.of_status(None).name is gang.Mechanism.OPERATOR
 
 
 def test_native_gang_creates_the_pod_group_before_the_pods_and_links_them():
@@ -255,4 +273,4 @@ def test_a_cluster_that_refuses_whole_gang_preemption_gets_the_group_without_it(
     assert "disruptionMode" not in group["spec"]
     assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
     assert len(api.pods()) == 3
-    assert ctrl.executor.whole_gang_preemption is False
+    assert ctrl.executor.pod_groups.whole_gang_preemption is False

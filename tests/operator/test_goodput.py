@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator import crdgen
-from rtj_operator.envvars import PROGRESS_ANNOTATION
-from rtj_operator.goodput import REFRESH_SECONDS, account, human_duration, open_account
-from rtj_operator.status_types import CheckpointRecord, JobStatus, Phase
-from rtj_operator.timeutil import iso
+from rtj_operator.api import crdgen
+from rtj_operator.api.envvars import PROGRESS_ANNOTATION
+from rtj_operator.api.status_types import CheckpointRecord, JobStatus, Phase
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.goodput import REFRESH_SECONDS, account, human_duration, open_account
 
 from .fakes import T0, FakeCluster
 

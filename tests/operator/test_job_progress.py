@@ -10,12 +10,12 @@ from typing import Any
 
 import yaml
 
-from rtj_operator import crdgen
-from rtj_operator.envvars import INTERRUPTIONS, MTBI_SECONDS, PROGRESS_ANNOTATION
-from rtj_operator.job_progress import MIN_POINT_SPACING_SECONDS, RATE_WINDOW_SECONDS, update
-from rtj_operator.mtbi import PRIOR_MTBI_SECONDS, mtbi_seconds
-from rtj_operator.status_types import Activity, Goodput, JobStatus, Phase
-from rtj_operator.timeutil import iso
+from rtj_operator.api import crdgen
+from rtj_operator.api.envvars import INTERRUPTIONS, MTBI_SECONDS, PROGRESS_ANNOTATION
+from rtj_operator.api.status_types import Activity, Goodput, JobStatus, Phase
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.job_progress import MIN_POINT_SPACING_SECONDS, RATE_WINDOW_SECONDS, update
+from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS, mtbi_seconds
 
 from .fakes import T0, FakeCluster
 

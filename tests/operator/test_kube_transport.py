@@ -13,8 +13,8 @@ import pytest
 import urllib3
 from kubernetes import client as k8s_client
 
-from rtj_operator.kube import KubeApi
-from rtj_operator.kube_transport import ApiError, Transport
+from rtj_operator.act.kube import KubeApi
+from rtj_operator.act.kube_transport import ApiError, Transport
 from tools.kubeapi import Kube
 
 ANSWERS: dict[str, tuple[int, str, bytes]] = {

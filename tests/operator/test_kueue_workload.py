@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rtj_operator import gang, kueue_workload
-from rtj_operator.classify import Outcome
-from rtj_operator.status_types import Cause
+from rtj_operator.act import kueue_reads
+from rtj_operator.api.status_types import Cause
+from rtj_operator.decide import gang, kueue_workload
+from rtj_operator.decide.classify import Outcome
 
 from .fakes import make_pod
 from .test_classify import classify
@@ -51,7 +52,7 @@ def sync_requeue(ctrl) -> float | None:
 
     async def run() -> float | None:
         after = await ctrl.sync(KEY, time.monotonic())
-        await asyncio.gather(*ctrl.executor._event_tasks)
+        await asyncio.gather(*ctrl.executor.events.tasks)
         return after
 
     return asyncio.run(run())
@@ -64,7 +65,7 @@ def condition(api, kind):
 def test_a_queued_gang_says_why_it_waits_then_that_it_was_admitted():
     ctrl, api = controller(native=True, kueue=True, queueName="spot-queue")
     sync(ctrl)
-    path = kueue_workload.workload_path("ns", "train-a0")
+    path = kueue_reads.workload_path("ns", "train-a0")
     api.objects[path] = PENDING
     sync(ctrl)
     waits = condition(api, "Admitted")

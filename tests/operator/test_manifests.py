@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rtj_operator import envvars, names
-from rtj_operator.manifests import (
+from rtj_operator.api import envvars, names
+from rtj_operator.decide.manifests import (
     build_pod,
     build_role,
     build_role_binding,

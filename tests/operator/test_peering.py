@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from rtj_operator.peering import PauseWatch, blockers, parse_records, peering_path
+from rtj_operator.act.peering import PauseWatch, blockers, parse_records, peering_path
 
 from .fakes import T0
 
@@ -82,7 +82,7 @@ def test_cli_identity_defaults_to_the_pod_name(monkeypatch):
 
 
 def test_the_probe_reads_the_peering_objects_kopf_decides_from():
-    from rtj_operator.handlers import PeeringOptions
+    from rtj_operator.act.handlers import PeeringOptions
 
     def options(namespaces):
         return PeeringOptions("p", "me", 1, 15, 30.0, namespaces)
@@ -99,10 +99,10 @@ def test_a_paused_replica_reconciles_nothing_and_forgets_its_node_cache(monkeypa
     import asyncio
     import time
 
-    from rtj_operator import handlers, metrics
-    from rtj_operator.controller import PAUSED_RECHECK, Controller
-    from rtj_operator.handlers import PeeringOptions, build_registry
-    from rtj_operator.timeutil import utcnow
+    from rtj_operator.act import handlers, metrics
+    from rtj_operator.act.controller import PAUSED_RECHECK, Controller
+    from rtj_operator.act.handlers import PeeringOptions, build_registry
+    from rtj_operator.api.timeutil import utcnow
 
     from .fake_api import FakeApi
     from .fakes import job_body, make_node

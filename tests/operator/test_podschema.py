@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rtj_operator import podschema
-from rtj_operator.schema import embed
+from rtj_operator.api import podschema
+from rtj_operator.api.schema import embed
 
 
 def doc(**schemas):

@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from rtj_operator.backoff import failure_delay
-from rtj_operator.notice import notice_payload, taint_matches, termination_taint
-from rtj_operator.progress import (
+from rtj_operator.api.spec_types import ResumePolicy, TaintSelector
+from rtj_operator.api.status_types import (
+    MAX_KNOWN_CHECKPOINTS,
+    Cause,
+    CheckpointRecord,
+    Interruption,
+    ResumeFailures,
+)
+from rtj_operator.decide.backoff import failure_delay
+from rtj_operator.decide.notice import notice_payload, taint_matches, termination_taint
+from rtj_operator.decide.progress import (
     comparable_step,
     highest_current_step,
     merge_checkpoints,
@@ -15,15 +23,7 @@ from rtj_operator.progress import (
     pod_reports,
     settle_losses,
 )
-from rtj_operator.resume import after_failure, resume_point, run_root
-from rtj_operator.spec_types import ResumePolicy, TaintSelector
-from rtj_operator.status_types import (
-    MAX_KNOWN_CHECKPOINTS,
-    Cause,
-    CheckpointRecord,
-    Interruption,
-    ResumeFailures,
-)
+from rtj_operator.decide.resume import after_failure, resume_point, run_root
 
 from .fakes import T0, make_pod, progress
 
@@ -211,3 +211,21 @@ def test_a_commit_of_the_interrupted_attempt_after_its_interruption_settles_its_
     assert (partial.last_committed_step, partial.steps_lost) == (44, 3)
     settle_losses([partial], [CheckpointRecord(name="ep0-ba30", step=30, attempt=1)])
     assert partial.steps_lost == 3, "an older commit changes nothing"
+
+
+def test_a_report_that_names_its_attempt_counts_for_it_on_a_relabelled_pod():
+    """A kept pod is relabelled into the next attempt while its old worker still commits (the
+    save from a survivor's memory): the report's own attempt wins over the pod's label, so the
+    commit settles the interrupted attempt's loss."""
+    line = json.dumps({"checkpoint": "ep0-ba26", "step": 26, "attempt": 0, "world_size": 3})
+    report = parse_report(line)
+    assert report is not None and report.of_attempt(1) == 0
+    assert report.record(1).attempt == 0 and report.record(1).world_size == 3
+    plain = parse_report(json.dumps({"checkpoint": "ep0-ba26", "step": 26}))
+    assert plain is not None and plain.record(1).attempt == 1  # an older runtime: the label
+    gone = Interruption(
+        time=T0, attempt=0, cause=Cause.NODE_DELETED, preemption=True,
+        last_committed_step=20, steps_lost=6,
+    )  # fmt: skip
+    settle_losses([gone], [report.record(1)])
+    assert (gone.last_committed_step, gone.steps_lost) == (26, 0)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from rtj_operator import names
-from rtj_operator.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
-from rtj_operator.reconcile import reconcile
-from rtj_operator.status_types import Cause
-from rtj_operator.timeutil import iso
+from rtj_operator.api import names
+from rtj_operator.api.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
+from rtj_operator.api.status_types import Cause
+from rtj_operator.api.timeutil import iso
+from rtj_operator.decide.reconcile import reconcile
 
 from .fakes import FakeCluster, make_node, make_pod, progress
 

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from rtj_operator import support
-from rtj_operator.kube import ApiError, KubeApi
+from rtj_operator.act.kube import ApiError, KubeApi
+from rtj_operator.decide import support
 
 from .fakes import FakeCluster, make_job, make_node, make_pod
 from .test_controller import controller_with_job, sync

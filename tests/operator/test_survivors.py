@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 
-from rtj_operator import names
-from rtj_operator.envvars import (
+from rtj_operator.api import names
+from rtj_operator.api.envvars import (
     AGENT_READY_ANNOTATION,
     MEMBERSHIP_ANNOTATION,
     NOTICE_ANNOTATION,
     PROGRESS_ANNOTATION,
     STANDBY,
 )
-from rtj_operator.plan_types import Plan
-from rtj_operator.reconcile import reconcile
-from rtj_operator.survivors import STANDBY_WAIT_SECONDS
+from rtj_operator.decide.plan_types import Plan
+from rtj_operator.decide.reconcile import reconcile
+from rtj_operator.decide.survivors import STANDBY_WAIT_SECONDS
 
 from .fakes import FakeCluster
 from .test_elastic import SpotCluster, node, spot

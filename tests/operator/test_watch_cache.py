@@ -8,9 +8,11 @@ from typing import Any
 
 import kopf
 
-from rtj_operator import names
-from rtj_operator.handlers import NoDiffBase, NoProgress, QuietEventHandlers
-from rtj_operator.watch_cache import WatchCache
+from rtj_operator.act.handlers import NoDiffBase, NoProgress, QuietEventHandlers
+from rtj_operator.act.watch_cache import WatchCache
+from rtj_operator.api import names
+
+from .fakes import make_job, make_pod
 
 
 def pod(job: str, name: str, node: str | None, ns: str = "ns") -> dict[str, Any]:
@@ -91,3 +93,18 @@ def test_only_the_event_handlers_success_lines_are_dropped():
     assert quiet.filter(
         record("Handler 'build_registry.<locals>.pod_event' succeeded.", logging.WARNING)
     )
+
+
+def test_a_kept_pod_is_found_under_its_own_name_so_no_pass_waits_for_a_deletion():
+    """After survivors stay, rank 0 is a pod of an earlier attempt under its own name; the
+    attempt's name for that rank never exists. Looking for it made every other pass wait a
+    second for a DELETED event that could not come."""
+    kept = make_pod(attempt=0, rank=0)
+    status = {"attempt": 1, "gangCreated": True, "gangSize": 2}
+    job = make_job(status={**status, "keptPods": [kept["metadata"]["name"]]})
+    new = make_pod(attempt=1, rank=1)
+    cache = WatchCache()
+    key = ("ns", "train")
+    assert cache.deletion_event_wait(key, job, [kept, new], {}) is None
+    # The kept pod gone from the list with no DELETED event yet: that one is waited for.
+    assert cache.deletion_event_wait(key, job, [new], {}) == 0.2

@@ -1,6 +1,6 @@
 """The pod's service-account folder: what lets the runtime annotate its own pod.
 
-``trainer_runtime.progress`` PATCHes its pod over HTTPS with the pod's token and ``ca.crt``
+``trainer_runtime.pod.progress`` PATCHes its pod over HTTPS with the pod's token and ``ca.crt``
 (the progress contract); under the pod runner that only works if the runner provides
 them the way a kubelet does. These tests run the runtime's own reporter in a pod.
 """
@@ -32,7 +32,7 @@ PROGRESS = "resumable.dev/progress"
 REPORTER = """
     import json, logging, os
     logging.basicConfig(level=logging.INFO)
-    from trainer_runtime.progress import ProgressReporter
+    from trainer_runtime.pod.progress import ProgressReporter
     out = os.environ["OUT"]
     reporter = ProgressReporter()
     reporter.committed({"checkpoint": "ep0-ba4", "uri": "s3://b/run/ep0-ba4", "step": 4,

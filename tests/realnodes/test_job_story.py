@@ -1,8 +1,9 @@
 """The product end to end on real nodes: a spot node announces its end, another is lost outright.
 
-The story itself (``tools/stories/realnodes.py``) is the one ``make demo NODES=real`` runs: the
-operator runs as the chart's Deployment pod (operator image), the job's rank runs from the
-runtime image under a real kubelet, checkpoints go to a hostPath folder every node sees.
+The story itself is the spot story every cluster runs (``tools/stories/spot.py``), set up for
+real nodes by ``tools/stories/realnodes.py`` as ``make demo NODES=real`` sets it up: the operator
+runs as the chart's Deployment pod (operator image), the job's rank runs from the runtime image
+under a real kubelet, checkpoints go to a hostPath folder every node sees.
 
 1. the job starts on node 1;
 2. **graceful shutdown** of node 1: termination taint first (the runtime checkpoints at once),
@@ -20,12 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.stories.realnodes import (
-    INTERRUPTIONS,
-    RealNodeStory,
-    shared_folder,
-    verdicts,
-)
+from tools.stories import realnodes as story
+from tools.stories.realnodes import INTERRUPTIONS, shared_folder, verdicts
 
 from .conftest import RealCluster
 
@@ -34,7 +31,7 @@ def test_a_job_survives_a_graceful_shutdown_and_a_lost_node_on_real_nodes(
     real_cluster: RealCluster, ns: str, tmp_path: Path
 ) -> None:
     with shared_folder(ns) as shared:
-        result = RealNodeStory(real_cluster, ns, shared, tmp_path).run(INTERRUPTIONS)
+        result = story.run(real_cluster, ns, shared, tmp_path, INTERRUPTIONS)
         checks = verdicts(result)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
     assert not failed, "\n".join(failed)

@@ -1,5 +1,5 @@
 """How long an async save holds training, as recorded per save, and staging memory prepared
-after the first step (``trainer_runtime.staging_gate``), on a real model and filesystem."""
+after the first step (``trainer_runtime.save.staging_gate``), on a real model and filesystem."""
 
 from __future__ import annotations
 

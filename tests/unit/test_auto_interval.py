@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.multiproc.launch import Gang
-from trainer_runtime import envvars, events, naming
-from trainer_runtime.auto_interval import (
+from trainer_runtime import envvars, events
+from trainer_runtime.errors import ConfigError
+from trainer_runtime.run.config import Settings
+from trainer_runtime.save import naming
+from trainer_runtime.save.auto_interval import (
     DEFAULT_MTBI_S,
     DEFAULT_SAVE_COST_S,
     AutoInterval,
@@ -25,8 +28,6 @@ from trainer_runtime.auto_interval import (
     mtbi_from,
     young_daly,
 )
-from trainer_runtime.config import Settings
-from trainer_runtime.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

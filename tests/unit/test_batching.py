@@ -6,7 +6,7 @@ import pytest
 
 from trainer_runtime import batching
 from trainer_runtime.errors import ConfigError
-from trainer_runtime.reporting import commit_record
+from trainer_runtime.pod.reporting import commit_record
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_a_count_that_is_not_an_int_is_a_config_error_naming_it(kwargs, fragment
 
 
 def test_the_commit_report_carries_the_world_size():
-    from trainer_runtime.manifest import Manifest
+    from trainer_runtime.save.manifest import Manifest
     from trainer_runtime.timestamp import Timestamp
 
     manifest = Manifest(

@@ -27,7 +27,7 @@ from trainer_runtime import (
     ResumableSampler,
     SaveFailedError,
 )
-from trainer_runtime.manifest import hash_file
+from trainer_runtime.save.manifest import hash_file
 
 from .trainkit import Counter, make, params, saved_keys, saved_weights, step
 

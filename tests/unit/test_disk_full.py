@@ -17,7 +17,7 @@ import time
 import pytest
 
 from trainer_runtime import CheckpointManager, SaveFailedError
-from trainer_runtime.layout import RunFolder
+from trainer_runtime.run_folder.layout import RunFolder
 
 from ..conftest import require
 from .trainkit import make, step

@@ -5,7 +5,9 @@ from pathlib import Path
 
 from trainer_runtime import envvars as runtime_env
 
-OPERATOR_ENV = Path(__file__).resolve().parents[2] / "operator" / "rtj_operator" / "envvars.py"
+OPERATOR_ENV = (
+    Path(__file__).resolve().parents[2] / "operator" / "rtj_operator" / "api" / "envvars.py"
+)
 
 
 def operator_constants() -> dict[str, object]:

@@ -240,7 +240,7 @@ KILLED_AFTER_COMMIT = """
 import os, signal, sys, time
 import torch
 from trainer_runtime import CheckpointManager
-from trainer_runtime.context import Position
+from trainer_runtime.run.context import Position
 
 def killed(self, *args, **kwargs):  # the first thing after the commit: a hard kill here
     os.kill(os.getpid(), signal.SIGKILL)

@@ -18,10 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer_runtime import CheckpointManager, ConfigError, Manifest
-from trainer_runtime import export_safetensors as st_mod
 from trainer_runtime.cli import main as cli_main
 from trainer_runtime.export import export_checkpoint
-from trainer_runtime.export_source import WeightSource, open_source
+from trainer_runtime.export_formats import hf_safetensors as st_mod
+from trainer_runtime.export_formats.source import WeightSource, open_source
 
 from .test_v1_compat import write_v1
 from .trainkit import make, saved_after_one_step, saved_weights, step
@@ -184,7 +184,7 @@ class CountingSource(WeightSource):
 def test_the_folder_formats_read_a_batch_at_a_time(fmt, ckpt, tmp_path):
     """The weights come in reads of at most ``read_batch`` bytes (a larger tensor alone), each
     tensor read once: never the whole model in memory."""
-    from trainer_runtime import export_dcp
+    from trainer_runtime.export_formats import dcp as export_dcp
 
     source = CountingSource(open_source(ckpt, Manifest.read(ckpt), trusted=False, cast=None))
     largest = max(e.stored_nbytes for e in source.entries)
@@ -278,7 +278,7 @@ def test_out_must_be_a_new_or_empty_local_folder(fmt, ckpt, tmp_path, capsys):
 def test_a_failed_export_leaves_no_folder_behind(fmt, ckpt, tmp_path, monkeypatch, capsys):
     """A failure midway (here, the disk filling up after the first file) leaves neither OUT
     nor the temporary folder beside it; an empty OUT stays as it was."""
-    from trainer_runtime import export_dcp
+    from trainer_runtime.export_formats import dcp as export_dcp
 
     calls = {"n": 0}
     real = torch.save if fmt == "dcp" else st_mod._write_file
@@ -391,7 +391,7 @@ def test_a_two_rank_fsdp2_checkpoint_exports_from_one_process(tmp_path):
 def s3_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The project's local S3 server, boto3's environment pointed at it (skipped without one
     outside CI, as the objectstore suite does)."""
-    from tests.support.s3server import S3Server, ServerUnavailableError
+    from tools.s3server import S3Server, ServerUnavailableError
 
     try:
         server = S3Server(tmp_path / "s3server").start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_runtime.fallback import first_valid
+from trainer_runtime.run_folder.fallback import first_valid
 
 
 def test_chooses_the_first_candidate_that_holds_up_and_says_why_newer_ones_did_not():

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from trainer_runtime import membership
 from trainer_runtime.agent.command import EXEC, FORK, parse
 from trainer_runtime.agent.initial import initial_membership, nproc_per_node
 from trainer_runtime.errors import ConfigError
-from trainer_runtime.fence import Fence
+from trainer_runtime.pod import membership
+from trainer_runtime.save.fence import Fence
 
 GOOD = {"epoch": 3, "nnodes": 4, "nodeRank": 1, "masterAddr": "a.b", "masterPort": 29501}
 
@@ -108,3 +111,14 @@ def test_the_fence_only_rises_and_names_the_newer_gang(tmp_path: Path) -> None:
     old.claim()  # an older gang never lowers it
     assert new.current() == 2 and new.stale() is None
     assert "epoch 1 is older than the run's fence 2" in (old.stale() or "")
+
+
+def test_the_agent_leaves_no_folder_of_its_own_behind(tmp_path: Path) -> None:
+    """The folder where workers say they can save from memory goes with the agent."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "trainer_runtime.agent", "--", sys.executable, "-c", "pass"]
+    done = subprocess.run(
+        command, check=False, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []

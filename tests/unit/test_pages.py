@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from trainer_runtime import pages
+from trainer_runtime.resume import pages
 
 MiB = 1 << 20
 

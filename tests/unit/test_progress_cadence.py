@@ -16,7 +16,7 @@ import pytest
 
 from trainer_runtime import envvars
 from trainer_runtime.errors import ConfigError
-from trainer_runtime.progress import DEFAULT_INTERVAL_S, ProgressReporter
+from trainer_runtime.pod.progress import DEFAULT_INTERVAL_S, ProgressReporter
 
 
 class Recording(ProgressReporter):

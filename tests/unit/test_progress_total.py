@@ -11,7 +11,7 @@ import torch
 
 from trainer_runtime import CheckpointManager, envvars
 from trainer_runtime.errors import ConfigError
-from trainer_runtime.progress import ProgressReporter, TotalWork
+from trainer_runtime.pod.progress import ProgressReporter, TotalWork
 
 
 @pytest.fixture

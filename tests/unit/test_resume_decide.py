@@ -1,8 +1,8 @@
-"""``resume.decide``: the choice over the ranks' merged views, walked with ``first_valid``."""
+"""``choice.decide``: the choice over the ranks' merged views, walked with ``first_valid``."""
 
 from __future__ import annotations
 
-from trainer_runtime.resume import Listed, decide, merge
+from trainer_runtime.resume.choice import Listed, decide, merge
 
 
 def key(batch: int) -> tuple:
@@ -33,6 +33,24 @@ def test_passes_over_faulted_and_unverified_checkpoints_and_reports_leftovers():
     assert d.leftovers == [("torn", "rank 0: no manifest")]
     assert d.fallbacks[0] == "torn: rank 0: no manifest"
     assert d.world_size_conflict is None
+
+
+def test_with_a_store_a_checkpoint_missing_from_some_disks_is_passed_over_not_rejected():
+    """A survivor's save is on one node's disk and in the bucket: the ranks without it fetch it
+    (resume asks the store next), so it must not be set aside as broken; a checkpoint that a
+    rank lists as faulty still is."""
+    rank0 = {
+        "ep0-ba27": Listed(key(27), 1, None, any_world_size=True),
+        "ep0-ba25": Listed(key(25), 2, "rank1.pt fails its checksum"),
+        "ep0-ba20": Listed(key(20), 2, None),
+    }
+    rank1 = {"ep0-ba25": Listed(key(25), 2, None), "ep0-ba20": Listed(key(20), 2, None)}
+    d = decide(merge([rank0, rank1]), 2, lambda name: None, keep_partial=True)
+    assert d.chosen == "ep0-ba20"
+    assert d.fallbacks[0] == "ep0-ba27: not present on rank 1"
+    assert [n for n, _ in d.rejected] == ["ep0-ba25"]
+    without_store = decide(merge([rank0, rank1]), 2, lambda name: None)
+    assert [n for n, _ in without_store.rejected] == ["ep0-ba27", "ep0-ba25"]
 
 
 def test_a_version_1_checkpoint_of_another_world_size_stops_the_walk():

@@ -28,7 +28,7 @@ from trainer_runtime import (
 )
 from trainer_runtime.cli import main as cli_main
 from trainer_runtime.export import read_sharded_weights
-from trainer_runtime.serialization import save_rank_file, torch_save_no_crc
+from trainer_runtime.save.rank_file import save_rank_file, torch_save_no_crc
 from trainer_runtime.sharded import VerifyingReader
 
 from .trainkit import make, saved_weights, step
@@ -665,7 +665,7 @@ def test_a_run_folder_copied_through_its_links_resumes_and_saves(tmp_path, capsy
 def test_a_folder_in_a_latest_links_place_is_moved_aside_by_the_link(tmp_path):
     """Without a resume first (``load()`` of another run, then saves), the commit's link meets
     the folder itself: it is set aside, never deleted, and the link is made."""
-    from trainer_runtime.layout import RunFolder
+    from trainer_runtime.run_folder.layout import RunFolder
 
     run = RunFolder(tmp_path)
     (tmp_path / "ep0-ba1").mkdir()

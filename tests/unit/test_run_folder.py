@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.helpers import make_checkpoint
-from trainer_runtime.layout import RunFolder
+from trainer_runtime.run_folder.layout import RunFolder
 from trainer_runtime.run_folder.names import (
     MANIFEST_NAME,
     POINTER_NAME,

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.objectstore.helpers import make_checkpoint
-from trainer_runtime.layout import RunFolder
 from trainer_runtime.objectstore.local_copies import UploadedLocalCopies
 from trainer_runtime.objectstore.uri import S3Uri
 from trainer_runtime.run_folder import names
 from trainer_runtime.run_folder.deleter import BucketDeleter, LocalDeleter, delete
+from trainer_runtime.run_folder.layout import RunFolder
 from trainer_runtime.run_folder.retention import beyond_newest, select_for_deletion, spare
 from trainer_runtime.run_folder.set_aside import set_aside_in_bucket
 from trainer_runtime.sharded import storage
@@ -23,8 +23,8 @@ from trainer_runtime.sharded import storage
 
 def test_the_names_module_imports_no_torch():
     script = (
-        "import sys, trainer_runtime.run_folder.names, trainer_runtime.layout, "
-        "trainer_runtime.rejection, trainer_runtime.run_folder.set_aside; "
+        "import sys, trainer_runtime.run_folder.names, trainer_runtime.run_folder.layout, "
+        "trainer_runtime.resume.rejection, trainer_runtime.run_folder.set_aside; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", script], check=True)

@@ -13,8 +13,8 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer_runtime import SaveFailedError
-from trainer_runtime.commit import _abandon
-from trainer_runtime.layout import RunFolder
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save.commit import _abandon
 
 
 def partial_checkpoint(tmp_path):

@@ -19,16 +19,18 @@ import pytest
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 
-from trainer_runtime import rng
-from trainer_runtime.dist import Coordinator
 from trainer_runtime.errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     SaveFailedError,
 )
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
+from trainer_runtime.run import rng
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
 from trainer_runtime.sampler import ResumableSampler
+from trainer_runtime.save.commit import write_and_commit
+from trainer_runtime.save.manifest import FORMAT_VERSION_SHARDED, Manifest, ManifestError
+from trainer_runtime.save.rank_contents import Components
 from trainer_runtime.sharded import (
     ShardedCheckpointer,
     ShardedEngine,
@@ -37,7 +39,6 @@ from trainer_runtime.sharded import (
 )
 from trainer_runtime.sharded.staging import HostStager
 from trainer_runtime.sharded.storage import read_metadata_bytes
-from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 
@@ -202,7 +203,10 @@ def test_a_second_async_save_stages_only_what_this_rank_writes_and_refuses_the_r
     _, keys = engine.stage(state)
     assert keys is not None and "model.0.weight" in keys  # one rank writes everything
     with pytest.raises(SaveFailedError, match="did not stage"):
-        ck._write_and_commit(
+        write_and_commit(
+            engine,
+            RunFolder(tmp_path),
+            run_name="run",
             state=state,
             name="ep0-ba2",
             timestamp=Timestamp(batch=2),
@@ -459,7 +463,7 @@ def test_every_async_save_copies_at_full_priority_though_persisting_yields(tmp_p
     for batch in (1, 2, 3):
         ck.save_async(f"ep0-ba{batch}", timestamp=Timestamp(batch=batch))
         ck.wait()
-        persisting.append(ck._executor._threads.copy().pop().native_id)
+        persisting.append(ck.scheduler._executor._threads.copy().pop().native_id)
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     lowered = os.getpriority(os.PRIO_PROCESS, persisting[-1])
     ck.close()

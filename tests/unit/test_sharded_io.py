@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from trainer_runtime import pages
+from trainer_runtime.resume import pages
 from trainer_runtime.sharded import reading, storage
 from trainer_runtime.sharded.device_ring import DeviceRing, load_targets
 from trainer_runtime.sharded.reading import VerifyingReader

@@ -3,7 +3,7 @@
 import pytest
 
 from trainer_runtime import ConfigError, Event, SaveInterval, Timestamp
-from trainer_runtime.naming import NameTemplates
+from trainer_runtime.save.naming import NameTemplates
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from trainer_runtime.manifest import Manifest
 from trainer_runtime.objectstore.upload_queue import UploadJob, UploadQueue
+from trainer_runtime.save.manifest import Manifest
 from trainer_runtime.timestamp import Timestamp
 
 

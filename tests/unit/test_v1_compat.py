@@ -1,7 +1,7 @@
 """Checkpoints in format version 1 (one ``rank{r}.pt`` per rank) still resume and load.
 
 The fixture writes a v1 checkpoint with the v1 format code the runtime keeps
-(``state.capture`` + ``serialization.save_rank_file`` + a version-1 manifest), as a run of an
+(``rank_contents.capture`` + ``rank_file.save_rank_file`` + a version-1 manifest), as a run of an
 earlier release left it; the manager writes version 2 from then on.
 """
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from trainer_runtime import ConfigError, Manifest, WorldSizeMismatchError
-from trainer_runtime import state as state_mod
-from trainer_runtime.dist import Coordinator
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import FORMAT_VERSION_PER_RANK
-from trainer_runtime.serialization import save_rank_file
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save import rank_contents as state_mod
+from trainer_runtime.save.manifest import FORMAT_VERSION_PER_RANK
+from trainer_runtime.save.rank_file import save_rank_file
 from trainer_runtime.sharded import ShardedEngine
 from trainer_runtime.timestamp import Timestamp
 

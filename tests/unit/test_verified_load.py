@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from trainer_runtime import CheckpointManager, NoCheckpointError
-from trainer_runtime.serialization import save_rank_file
-from trainer_runtime.verified_load import read_verified
+from trainer_runtime.resume.verified_read import read_verified
+from trainer_runtime.save.rank_file import save_rank_file
 
 from .trainkit import make, params, step
 
