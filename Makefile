@@ -54,7 +54,7 @@ format: setup
 
 SCENARIO ?= reclaim
 NODES ?= simulated
-demo: setup tools  ## local cluster + operator: a node is lost, the job resumes (SCENARIO=reclaim|notice|elastic, NODES=simulated|real)
+demo: setup tools  ## local cluster + operator: a node is lost, the job resumes (SCENARIO=reclaim|notice|elastic|kueue, NODES=simulated|real)
 	@if [ "$(NODES)" = real ]; then $(MAKE) --no-print-directory images; fi
 	$(RUN) python examples/demo_cluster.py --scenario $(SCENARIO) --nodes $(NODES)
 
@@ -62,7 +62,7 @@ demo-local: setup  ## no cluster: a 2-rank run is SIGTERMed and SIGKILLed and st
 	$(RUN) python examples/demo_local.py
 
 crds: setup  ## regenerate the CRDs, RBAC and reference page from the pydantic models, and the chart's copies
-	$(RUN) python -m rtj_operator.crdgen
+	$(RUN) python -m rtj_operator.api.crdgen
 	$(RUN) python -m tests.delivery.chart_sync
 
 bench: setup  ## checkpoint benchmarks of record, 1 GiB state (as root, on a quiet machine)

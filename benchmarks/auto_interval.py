@@ -11,8 +11,8 @@ gang, start, load) before training goes on. Goodput is the work over the wall ti
 the figure per policy is the median over ``--seeds`` runs.
 
 The fixed policies save every ``--fixed`` seconds of training. The automatic one is the
-runtime's own code (``trainer_runtime.auto_interval.AutoInterval``) with the operator's own
-MTBI rule (``rtj_operator.mtbi``, reimplemented here in two lines so the benchmark needs no
+runtime's own code (``trainer_runtime.save.auto_interval.AutoInterval``) with the operator's own
+MTBI rule (``rtj_operator.decide.mtbi``, reimplemented here in two lines so the benchmark needs no
 operator install): every attempt starts a fresh process, with the prior save cost until its
 first save is measured and the job's mean time between interruptions as the operator computes
 it at that attempt (time up plus a one-hour prior, over interruptions plus one), grown by the
@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer_runtime.auto_interval import AutoInterval, AutoIntervalOptions
+from trainer_runtime.save.auto_interval import AutoInterval, AutoIntervalOptions
 
 PRIOR_MTBI_S = 3600.0
-"""The operator's prior (rtj_operator.mtbi.PRIOR_MTBI_SECONDS)."""
+"""The operator's prior (rtj_operator.decide.mtbi.PRIOR_MTBI_SECONDS)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Outcome:
 
 
 def operator_mtbi(up_s: float, interruptions: int) -> float:
-    """rtj_operator.mtbi.mtbi_seconds on a job whose gangs were up the whole time."""
+    """rtj_operator.decide.mtbi.mtbi_seconds on a job whose gangs were up the whole time."""
     return (up_s + PRIOR_MTBI_S) / (interruptions + 1)
 
 

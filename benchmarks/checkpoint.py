@@ -91,7 +91,7 @@ from harness import (
 )
 
 from trainer_runtime import CheckpointManager
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.save.manifest import Manifest
 
 MiB = 1 << 20
 WIDTH = 2048

@@ -87,12 +87,12 @@ from harness import (
 )
 
 from tools.ports import free_port
-from trainer_runtime.dist import Coordinator
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save.manifest import Manifest
+from trainer_runtime.save.rank_contents import Components
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
 from trainer_runtime.sharded import load as load_module
-from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 MIN_ENGINE_ROUNDS = 3

@@ -47,12 +47,10 @@ from operator_latency import (
     summary,
 )
 
-from rtj_operator import names
-from rtj_operator.kube import KubeApi
-from rtj_operator.timeutil import iso, utcnow
-from tests.cluster.kubeclient import Kube
-from tests.cluster.node_verbs import POOL_LABEL
-from tools.kubeapi import MERGE, ApiError
+from rtj_operator.act.kube import KubeApi
+from rtj_operator.api import names
+from rtj_operator.api.timeutil import iso, utcnow
+from tools.kubeapi import MERGE, POOL_LABEL, ApiError, Kube
 
 CPU = "4"
 

@@ -70,15 +70,9 @@ import yaml  # noqa: E402
 
 from benchmarks import goodput_phases as gp  # noqa: E402
 from benchmarks import spot_traces  # noqa: E402
+from rtj_operator.api.names import LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK  # noqa: E402
 from tools.kubeapi import ApiError  # noqa: E402
-from tools.localstack import (  # noqa: E402
-    LABEL_ATTEMPT,
-    LABEL_JOB,
-    LABEL_RANK,
-    S3_SECRET,
-    LocalStack,
-    StackConfig,
-)
+from tools.localstack import S3_SECRET, LocalStack, StackConfig  # noqa: E402
 from tools.waiting import wait_for  # noqa: E402
 from trainer_runtime import events  # noqa: E402
 

@@ -24,10 +24,10 @@ Policies (each a small state machine over the same ledger, the same events):
 
 - ``fixed``: trains only with every replica; any loss ends the gang, which cold-starts from the
   newest checkpoint once all replicas fit again;
-- ``elastic``: today's product (operator/rtj_operator/elastic.py): shrinks to what fits (at least
-  ``minReplicas``, after waiting ``shrinkAfterSeconds`` for the full size) and grows back (no
-  sooner than ``grow.minIntervalSeconds`` after the last size change, after a checkpoint it
-  asks for); every size change ends the gang and cold-starts every rank;
+- ``elastic``: today's product (operator/rtj_operator/decide/elastic.py): shrinks to what fits
+  (at least ``minReplicas``, after waiting ``shrinkAfterSeconds`` for the full size) and grows
+  back (no sooner than ``grow.minIntervalSeconds`` after the last size change, after a
+  checkpoint it asks for); every size change ends the gang and cold-starts every rank;
 - ``elastic-warm``: survivors stay. A loss costs the survivors its detection and a re-formed
   process group (seconds) and at most the step in flight (none with a notice); new ranks start
   on their own (pod, image, runtime, state from their peers) while the gang trains on, then

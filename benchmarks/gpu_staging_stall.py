@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint_engines as bench
 from harness import MiB, conditions, drop_whole_page_cache, round_order, write_json
 
-from trainer_runtime.dist import Coordinator
-from trainer_runtime.layout import RunFolder
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save.rank_contents import Components
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine
 from trainer_runtime.sharded.staging import HostStager
-from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 MODES = ("sync", "stream", "device")

@@ -108,14 +108,14 @@ from harness import (
 )
 
 from trainer_runtime import CheckpointManager
-from trainer_runtime.dist import Coordinator
-from trainer_runtime.layout import RunFolder
-from trainer_runtime.manifest import Manifest
+from trainer_runtime.run.dist import Coordinator
+from trainer_runtime.run_folder.layout import RunFolder
+from trainer_runtime.save.manifest import Manifest
+from trainer_runtime.save.rank_contents import Components
 from trainer_runtime.sharded import ShardedCheckpointer, ShardedEngine, optim_target, reading
 from trainer_runtime.sharded import load as load_module
 from trainer_runtime.sharded.device_ring import RING_LANES, DeviceRing
 from trainer_runtime.sharded.ring_reads import RingChunk, RingReads
-from trainer_runtime.state import Components
 from trainer_runtime.timestamp import Timestamp
 
 MARK = "LOAD_PHASES "

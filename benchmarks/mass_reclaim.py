@@ -56,9 +56,9 @@ from operator_latency import (
     wait,
 )
 
-from rtj_operator import names
-from rtj_operator.timeutil import iso, utcnow
-from tests.cluster.kubeclient import Kube, rtj
+from rtj_operator.api import names
+from rtj_operator.api.timeutil import iso, utcnow
+from tools.kubeapi import Kube, rtj
 
 TARGET_P95 = 3.0
 CREATED_LINE = re.compile(

@@ -10,8 +10,9 @@ moto; ``--server`` picks), builds a synthetic checkpoint with torch (1 GiB; 64 M
   ``client.upload_file`` with a TransferConfig of the same part size and concurrency;
 - download: ``download_checkpoint`` (manifest, ranged GETs, xxh3 verified, fsync, atomic
   rename) vs ``client.download_file`` with the same TransferConfig;
-- resume: ``S3Backend.fetch_newest`` + ``torch.load`` + ``load_state_dict`` + one training
-  step vs ``download_file`` + the same load and step.
+- resume: ``S3Backend.find_newest`` + ``fetch`` (rank 0's choice, then the download every rank
+  makes) + ``torch.load`` + ``load_state_dict`` + one training step vs ``download_file`` + the
+  same load and step.
 
 Each round runs both sides back to back (order alternating); the headline ratios are the median
 over rounds of the per-round ratio, so both sides of a pair see the same load on a shared
@@ -42,9 +43,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tests.support.s3server import S3Server  # noqa: E402
-from trainer_runtime import atomic  # noqa: E402
-from trainer_runtime.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file  # noqa: E402
+from tools.s3server import S3Server  # noqa: E402
 from trainer_runtime.objectstore import (  # noqa: E402
     Backoff,
     CheckpointUploader,
@@ -54,6 +53,8 @@ from trainer_runtime.objectstore import (  # noqa: E402
     TransferSettings,
     download_checkpoint,
 )
+from trainer_runtime.save import atomic  # noqa: E402
+from trainer_runtime.save.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_file  # noqa: E402
 from trainer_runtime.timestamp import Timestamp  # noqa: E402
 
 MiB = 1 << 20
@@ -180,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             first_step(fresh)
 
         def resume_runtime(backend: S3Backend, dest_run: Path) -> None:
-            got = backend.fetch_newest(dest_run, 0, 1, exclude=set())
-            assert got is not None
+            choice = backend.find_newest(exclude=set())  # what rank 0 does at resume
+            assert choice.name is not None
+            got = backend.fetch(choice.name, dest_run, None)  # and then every rank
             fresh = build_model(size)
             fresh.load_state_dict(torch.load(got / "rank0.pt", weights_only=True))
             first_step(fresh)

@@ -48,11 +48,10 @@ sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
 
-from rtj_operator import names  # noqa: E402
-from rtj_operator.timeutil import iso, utcnow  # noqa: E402
-from tests.cluster.kubeclient import Kube, rtj  # noqa: E402
+from rtj_operator.api import names  # noqa: E402
+from rtj_operator.api.timeutil import iso, utcnow  # noqa: E402
 from tools.controlplane import ControlPlane  # noqa: E402
-from tools.kubeapi import MERGE  # noqa: E402
+from tools.kubeapi import MERGE, Kube, rtj  # noqa: E402
 
 REPLICAS = 4
 TARGET_P50 = 0.5
@@ -147,7 +146,7 @@ class PodWatch(threading.Thread):
 
 @dataclass(frozen=True)
 class Bench:
-    """The cluster the benchmark runs on: the cluster tests' client (``tests/cluster/kubeclient``),
+    """The cluster the benchmark runs on: the one client of tools and tests (``tools/kubeapi``),
     its kubeconfig (for the operator processes) and a tag that keeps this run's names apart."""
 
     kube: Kube

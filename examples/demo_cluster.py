@@ -3,6 +3,7 @@
     python examples/demo_cluster.py                 # make demo
     python examples/demo_cluster.py --scenario notice
     python examples/demo_cluster.py --scenario elastic
+    python examples/demo_cluster.py --scenario kueue
 
 On this machine, with nothing but Go and this repository: builds (once) or reuses the local
 Kubernetes control plane and MinIO, starts the cluster, installs the operator's Helm chart, runs
@@ -18,13 +19,23 @@ kubelets, each with its own containerd and network namespace, CNI networking, ku
 CoreDNS; the operator as the chart's Deployment pod from the operator image, the rank from the
 runtime image, both built by buildah without a registry (tools/realnodes.py). ``reclaim`` loses
 the rank's node (kubelet and containerd SIGKILLed, Node deleted); ``notice`` taints it first,
-then shuts the pod down gracefully (tools/stories/realnodes.py). Cold, the images take about 15
+then shuts the pod down gracefully: the same story (tools/stories/spot.py) over another cluster
+(tools/spotcluster.py), set up by tools/stories/realnodes.py. Cold, the images take about 15
 minutes more to build than the control plane alone.
 
 ``--scenario elastic`` runs a 4-rank elastic job (minReplicas 2) on exactly four nodes instead:
 two nodes are lost with no spare, the job shrinks to 2 ranks, two nodes return and it grows back
 to 4 after a checkpoint; it exits 0 when every sample was consumed exactly once and each new gang
 loaded, bit for bit, the state the old one saved (tools/stories/elastic.py).
+
+``--scenario kueue`` runs the job in a Kueue queue instead (``make demo SCENARIO=kueue``): a
+control plane with Kueue v0.17.0 started as a local process, the operator and two pod-runner nodes
+(tools/kueuebed.py; no chart, no S3: checkpoints go to a local folder every node shares). The
+2-rank job runs in a LocalQueue whose ClusterQueue holds exactly its 2 CPUs; a pod of a
+higher WorkloadPriorityClass then takes the quota. Kueue evicts the job, the ranks save on
+SIGTERM, the operator records a preemption with cause ``KueueEviction``, the next attempt waits in
+the queue and resumes from that save once the high-priority pod is done (tools/stories/kueue.py).
+It exits 0 when every check held, the final weights included.
 """
 
 from __future__ import annotations
@@ -43,14 +54,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools import kueue as kq  # noqa: E402
 from tools import localstack  # noqa: E402
+from tools.kueuebed import KueueBed  # noqa: E402
 from tools.localstack import (  # noqa: E402
     LocalStack,
     ReferenceRun,
     StackConfig,
     StackError,
-    Story,
-    StoryResult,
     fetched_from,
     resumed_step,
     start_reference_run,
@@ -63,13 +74,19 @@ from tools.realnodes import (  # noqa: E402
     install_tools,
     missing_prerequisites,
 )
+from tools.spotcluster import LOST, NOTICE, PodRunnerCluster  # noqa: E402
 from tools.stories import elastic, print_checks  # noqa: E402
+from tools.stories import kueue as kueue_story  # noqa: E402
 from tools.stories import realnodes as real_story  # noqa: E402
+from tools.stories.spot import SpotStory, StoryResult  # noqa: E402
 from tools.waiting import WaitTimeoutError  # noqa: E402
 
 MANIFEST = REPO / "tests" / "e2e" / "manifests" / "spot-job.yaml"
 JOB = "spot-demo"
 ELASTIC_JOB = "elastic-demo"
+KUEUE_JOB = "queued-demo"
+INTERRUPTIONS = {"reclaim": [LOST], "notice": [NOTICE]}
+"""--scenario -> the spot story's interruptions (tools/stories/spot.py), on either kind of node."""
 
 
 def say(line: str) -> None:
@@ -87,11 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--scenario",
-        choices=("reclaim", "notice", "elastic"),
+        choices=("reclaim", "notice", "elastic", "kueue"),
         default="reclaim",
         help="reclaim: the node goes without notice (default); notice: a "
         "termination taint first, then a graceful shutdown; elastic: a 4-rank elastic job "
-        "shrinks to 2 when 2 of its 4 nodes go and grows back when they return",
+        "shrinks to 2 when 2 of its 4 nodes go and grows back when they return; kueue: a job "
+        "in a Kueue queue is preempted by a higher-priority workload and resumes after it",
     )
     ap.add_argument(
         "--nodes",
@@ -115,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lose-after-step",
         type=int,
         default=12,
-        help="take the node(s) away once a checkpoint at this step is committed",
+        help="take the node(s) away (kueue: submit the high-priority workload) once a "
+        "checkpoint at this step is committed",
     )
     ap.add_argument(
         "--keep-logs",
@@ -167,13 +186,13 @@ def summary(result: StoryResult, equal: bool, why: str, total_s: float, stack_s:
         ),
         ("time", f"{total_s:.0f} s in all, {stack_s:.0f} s of it starting the stack"),
     ]
-    if result.notice:
+    notice = result.interruptions[0].notice if result.interruptions else None
+    if notice:
         rows.insert(
             3,
             (
                 "notice save",
-                f"checkpoint {result.notice[0]} at step "
-                f"{result.notice[1]}, as soon as the taint appeared",
+                f"checkpoint {notice[0]} at step {notice[1]}, as soon as the taint appeared",
             ),
         )
     section("summary")
@@ -209,6 +228,53 @@ def elastic_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None) -
     return all(c.ok for c in checks) and result.status.get("phase") == "Succeeded"
 
 
+def kueue_demo(args: argparse.Namespace, workdir: Path) -> bool:
+    """The kueue scenario on the Kueue bed; whether every check of the story held."""
+    if not kq.built():
+        say(f"building Kueue {kq.version()} from the Go module proxy (minutes, once)")
+        kq.build()
+    section("2. the local cluster: control plane, Kueue, operator, 2 pod-runner nodes")
+    reference: ReferenceRun = start_reference_run(MANIFEST, workdir / "reference")
+    say(
+        "meanwhile: the same script runs uninterrupted as two plain processes, for the "
+        "final comparison"
+    )
+    namespace = "rtj-demo"
+    try:
+        with KueueBed(
+            f"{args.cluster_name}-kueue",
+            workdir / "bed",
+            namespaces=namespace,
+            pool_label="rtj-demo/pool",
+            say=say,
+        ) as bed:
+            bed.up(nodes=2, cpu="4")
+            bed.create_namespace(namespace)
+            section(
+                f"3. the job ({MANIFEST.relative_to(REPO)}'s training): 2 ranks, 48 steps, a "
+                "checkpoint every 4 steps, in a Kueue queue"
+            )
+            story = kueue_story.KueueStory(
+                bed, namespace, KUEUE_JOB, say=say, preempt_after_step=args.lose_after_step
+            )
+            result = story.run()
+            section("4. comparing the final weights with the uninterrupted run")
+            weights = result.weights
+            if weights is not None and weights.exists():
+                equal, why = weights_equal(reference.wait(), weights)
+            else:
+                equal, why = False, "the job wrote no final weights"
+            say(f"{'equal' if equal else 'DIFFERENT'}: {why}")
+            checks = kueue_story.verdicts(result, equal, why)
+            section("summary (from the job's status and the ranks' own events)")
+            ok = print_checks(checks, say)
+            say(f"  job {result.job}: {result.status.get('phase')} in {result.seconds:.0f} s")
+            section("cleaning up (operator, nodes, Kueue, cluster)")
+    finally:
+        reference.kill()
+    return ok and result.status.get("phase") == "Succeeded"
+
+
 def spot_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None, started: float) -> bool:
     """The reclaim and notice scenarios; whether the job ended with the reference's weights."""
     section("2. the local cluster: control plane, chart, S3, operator, 3 spot nodes")
@@ -232,21 +298,25 @@ def spot_demo(args: argparse.Namespace, workdir: Path, s3_kind: str | None, star
                 f"3. the job ({MANIFEST.relative_to(REPO)}): 2 ranks, 48 steps, a "
                 "checkpoint every 4 steps to S3"
             )
-            result = Story(stack, MANIFEST, JOB, say=say, lose_after_step=args.lose_after_step).run(
-                args.scenario
+            story = SpotStory(
+                PodRunnerCluster(stack),
+                MANIFEST,
+                JOB,
+                say=say,
+                lose_after_step=args.lose_after_step,
             )
+            result = story.run(INTERRUPTIONS[args.scenario])
             section("4. comparing the final weights with the uninterrupted run")
-            equal, why = weights_equal(reference.wait(), result.weights)
+            if result.weights.exists():
+                equal, why = weights_equal(reference.wait(), result.weights)
+            else:
+                equal, why = False, f"the job wrote no final weights\n{result.diagnostics}"
             say(f"{'equal' if equal else 'DIFFERENT'}: {why}")
             summary(result, equal, why, time.monotonic() - started, stack_s)
             section("cleaning up (operator, nodes, S3 server, cluster)")
     finally:
         reference.kill()
     return equal and result.status.get("phase") == "Succeeded"
-
-
-REAL_INTERRUPTIONS = {"reclaim": ["lost"], "notice": ["notice"]}
-"""--scenario -> the real-node story's interruptions (tools/stories/realnodes.py)."""
 
 
 def real_demo(args: argparse.Namespace, workdir: Path) -> bool:
@@ -270,8 +340,9 @@ def real_demo(args: argparse.Namespace, workdir: Path) -> bool:
             "steps, a checkpoint every 4 steps to a folder every node mounts"
         )
         with real_story.shared_folder(ns) as shared:
-            story = real_story.RealNodeStory(cluster, ns, shared, workdir / "story", say=say)
-            result = story.run(REAL_INTERRUPTIONS[args.scenario])
+            result = real_story.run(
+                cluster, ns, shared, workdir / "story", INTERRUPTIONS[args.scenario], say=say
+            )
             checks = real_story.verdicts(result)
         section("summary (from the job's status and the runtime's events in kubectl logs)")
         ok = print_checks(checks, say)
@@ -284,10 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo; 0 when the job Succeeded with the uninterrupted run's weights (elastic:
     when every check of the story held)."""
     args = parse_args(argv)
-    if args.nodes == "real" and args.scenario not in REAL_INTERRUPTIONS:
+    if args.nodes == "real" and args.scenario not in INTERRUPTIONS:
         say(
             f"--scenario {args.scenario} runs on --nodes simulated only: expected one of "
-            f"{', '.join(REAL_INTERRUPTIONS)} with --nodes real"
+            f"{', '.join(INTERRUPTIONS)} with --nodes real"
         )
         return 2
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -297,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         say(
             "resumable-training demo: a 4-rank elastic PyTorch job on spot nodes shrinks to 2 "
             f"ranks when 2 nodes go and grows back when they return (work folder {workdir})"
+        )
+    elif args.scenario == "kueue":
+        say(
+            "resumable-training demo: a 2-rank PyTorch job in a Kueue queue is preempted by a "
+            f"higher-priority workload and resumes from its save (work folder {workdir})"
         )
     elif args.nodes == "real":
         say(
@@ -316,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             return finish(args, workdir, ok)
         section("1. binaries (built once into ~/.cache/rtj, then reused)")
         localstack.build_cluster_binaries(say)
+        if args.scenario == "kueue":
+            return finish(args, workdir, kueue_demo(args, workdir))
         s3_kind = None if args.s3 == "auto" else args.s3
         if args.s3 in ("auto", "minio") and not localstack.build_minio(say):
             if args.s3 == "minio":
@@ -329,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         say("\ninterrupted: everything it started has been stopped")
         shutil.rmtree(workdir, ignore_errors=True)
         return 130
-    except (StackError, WaitTimeoutError, RealNodesError) as err:
+    except (StackError, WaitTimeoutError, RealNodesError, kq.KueueError) as err:
         say(f"\nFAILED: {err}")
         say(f"logs of every component are kept in {workdir} (docs/demo.md, Troubleshooting)")
         return 1
@@ -342,11 +420,10 @@ def finish(args: argparse.Namespace, workdir: Path, ok: bool) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         say(f"logs kept in {workdir}")
-    done = (
-        "the job shrank and grew back"
-        if args.scenario == "elastic"
-        else "the job survived losing a node"
-    )
+    done = {
+        "elastic": "the job shrank and grew back",
+        "kueue": "the job survived a Kueue preemption",
+    }.get(args.scenario, "the job survived losing a node")
     say(f"done: {done}" if ok else "the demo did not end as expected")
     return 0 if ok else 1
 

@@ -12,7 +12,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # MinIO publishes no semver tags on the module proxy; the pin (a pseudo-version: commit date +
-# hash) lives in MINIO_VERSION, which tests/support/s3server.py reads too.
+# hash) lives in MINIO_VERSION, which tools/s3server.py reads too.
 version="${RTJ_MINIO_VERSION:-$(tr -d '[:space:]' < "${here}/MINIO_VERSION")}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/rtj/bin/minio-${version}"
 bin="${cache}/minio"

@@ -7,4 +7,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "${here}/../.." && pwd)"
-exec "${PYTHON:-python3}" "${repo}/tests/support/s3server.py" serve "${1:-auto}"
+exec "${PYTHON:-python3}" "${repo}/tools/s3server.py" serve "${1:-auto}"
