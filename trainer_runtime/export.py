@@ -34,7 +34,7 @@ from typing import TypeVar
 
 import torch
 
-from .errors import ConfigError, ManifestError, NoCheckpointError
+from .errors import ConfigError, NoCheckpointError
 from .export_formats.source import (
     DTYPES,
     READ_BATCH_BYTES,
@@ -44,10 +44,11 @@ from .export_formats.source import (
     metadata_entry,
     open_source,
 )
+from .resume.formats import reader_for
+from .resume.per_rank_format import read_rank0_model
 from .run_folder.layout import RunFolder
 from .save import atomic
 from .save.manifest import MANIFEST_NAME, Manifest, verify_files
-from .save.rank_file import load_file
 
 FORMATS = ("pt", "safetensors", "dcp")
 """``--format`` choices: ``pt`` (one ``torch.save`` file, the default) or a folder."""
@@ -78,16 +79,9 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def _needed_ranks(manifest: Manifest) -> list[int]:
-    """Version 2 spreads the weights over every rank's file; version 1 has them in rank 0's."""
-    return list(range(manifest.world_size)) if manifest.sharded else [0]
-
-
-def _read_rank0_weights(ckpt: Path, manifest: Manifest, *, trusted: bool) -> object:
-    entries = manifest.files_for_rank(0)
-    if not entries:
-        raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no file for rank 0")
-    data = load_file(ckpt / entries[0].path, trusted=trusted)
-    return data.get("state", {}).get("model")
+    """Version 2 spreads the weights over every rank's file; version 1 has them in rank 0's
+    (each format's reader knows which, ``weight_ranks``)."""
+    return reader_for(manifest).weight_ranks(manifest)
 
 
 def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = False) -> object:
@@ -127,7 +121,7 @@ def export_weights(
     weights = (
         read_sharded_weights(ckpt, manifest, trusted=trusted)
         if manifest.sharded
-        else _read_rank0_weights(ckpt, manifest, trusted=trusted)
+        else read_rank0_model(ckpt, manifest, trusted=trusted)
     )
     if not isinstance(weights, dict) or not weights:
         raise NoCheckpointError(f"checkpoint {ckpt} holds no model weights")

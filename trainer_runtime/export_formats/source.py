@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from ..errors import CorruptCheckpointError, ManifestError, NoCheckpointError
+from ..resume.per_rank_format import read_rank0_model
 from ..run_folder.names import METADATA_NAME
 from ..save.manifest import MANIFEST_NAME, FileEntry, Manifest
-from ..save.rank_file import load_file
 from ..sharded.checkpointer import check_files_present
 
 DTYPES: dict[str, torch.dtype] = {
@@ -199,11 +199,7 @@ class ReplicatedSource(WeightSource):
     def __init__(
         self, ckpt: Path, manifest: Manifest, *, trusted: bool, cast: torch.dtype | None
     ) -> None:
-        entries = manifest.files_for_rank(0)
-        if not entries:
-            raise ManifestError(f"{ckpt}/{MANIFEST_NAME} lists no file for rank 0")
-        data = load_file(ckpt / entries[0].path, trusted=trusted)
-        model = data.get("state", {}).get("model") if isinstance(data, dict) else None
+        model = read_rank0_model(ckpt, manifest, trusted=trusted)
         if not isinstance(model, dict):
             raise NoCheckpointError(f"checkpoint {ckpt} holds no model weights")
         self._model = model

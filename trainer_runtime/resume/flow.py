@@ -30,7 +30,6 @@ from . import choice, rejection
 from .choice import Decision
 from .from_store import StoreResume, lines_not_named, quarantined_pairs, refuse_to_start_over
 from .restore import Loader
-from .verified_read import VerifiedFile
 from .warm_start import prefetched
 
 log = logging.getLogger("trainer_runtime")
@@ -54,10 +53,10 @@ class Resumer:
         self.ctx = ctx
         self.loader = loader
         self.store = StoreResume(ctx)
-        self._verified: tuple[str, list[VerifiedFile]] | None = None
-        """(checkpoint, this rank's files) read while choosing it, kept for the load."""
-        self._loaded: str | None = None
-        """Version-2 checkpoint loaded while choosing it (verification is the load)."""
+        self._verified: tuple[str, Any] | None = None
+        """(checkpoint, what verifying it while choosing it left for the load): this rank's
+        files, read once (version 1), or the load itself (version 2: verification is the
+        load; ``Loader.verify_everywhere``)."""
 
     def resume(self) -> ResumeResult:
         ctx, settings = self.ctx, self.ctx.settings
@@ -119,11 +118,8 @@ class Resumer:
             "remote" if prefetched(ctx.run_dir) == chosen else "checkpoint"
         )
         verified, self._verified = self._verified, None
-        if self._loaded == chosen:  # version 2: loaded while choosing
-            self._loaded = None
-            return self._resumed(source, str(path), fallbacks)
-        files = verified[1] if verified and verified[0] == chosen else None
-        self.loader.load_checkpoint_dir(path, weights_only=False, files=files, **opts)
+        kept = verified[1] if verified and verified[0] == chosen else None
+        self.loader.load_checkpoint_dir(path, weights_only=False, verified=kept, **opts)
         return self._resumed(source, str(path), fallbacks)
 
     def _resume_from_store(
@@ -152,19 +148,13 @@ class Resumer:
 
         def verify_everywhere(name: str) -> str | None:
             path = ctx.folder.path(name)
-            manifest = Manifest.read(path)
-            if manifest.sharded:  # verified while loading: a failure leaves the state as it was
-                reason = self.loader.try_load_sharded(path, manifest, weights_only=False, **opts)
-                self._loaded = name if reason is None else None
-                return reason
-            # Version 1: the verifying read is also the loading read (buffers kept for it).
-            files = self.loader.read_rank_files(path, manifest, weights_only=False)
-            self._verified = (name, files) if not isinstance(files, str) else None
-            reasons = ctx.coord.all_gather(files if isinstance(files, str) else None)
-            bad = [why for why in reasons if why]
-            if bad:
-                self._verified = None
-            return "; ".join(bad) or None
+            # The verifying read is also the loading read (version 1: buffers kept for it;
+            # version 2: verified while loading, a failure leaves the state as it was).
+            got = self.loader.verify_everywhere(
+                path, Manifest.read(path), weights_only=False, **opts
+            )
+            self._verified = None if isinstance(got, str) else (name, got)
+            return got if isinstance(got, str) else None
 
         decision = choice.decide(
             choice.merge(views),

@@ -27,6 +27,7 @@ from ..run.context import RunContext
 from ..save.manifest import Manifest
 from ..timestamp import Timestamp
 from .choice import QUARANTINE_REASON, Decision
+from .formats import reader_for
 from .warm_start import folder_bytes
 
 log = logging.getLogger("trainer_runtime")
@@ -103,7 +104,7 @@ class StoreResume:
             return str(problems[0][1])
         assert path is not None
         wrong_size = saved_world != ctx.world_size and not ctx.settings.elastic
-        if wrong_size and not Manifest.read(path).sharded:
+        if wrong_size and not reader_for(Manifest.read(path)).any_world_size:
             raise WorldSizeMismatchError(
                 f"newest remote checkpoint {name} was saved by {saved_world} rank(s) "
                 f"but {ctx.world_size} are resuming it; pass elastic=True or restart "

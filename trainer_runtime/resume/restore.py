@@ -2,13 +2,14 @@
 
 Every load path (resume's chosen checkpoint, ``load()`` of a checkpoint folder, a run folder,
 a single file or an ``s3://`` location) ends here, so a checkpoint is verified before the first
-tensor of it touches the live state, whichever way it was named. Format version 2 is verified
-while DCP reads it (every chunk against its digest; a failure leaves the live state as it was);
+tensor of it touches the live state, whichever way it was named. Each format's reader
+(``formats.reader_for``) verifies and loads: format version 2 is verified while DCP reads it
+(every chunk against its digest; a failure leaves the live state as it was, ``sharded_format``);
 version 1 reads each rank file once, checked against the manifest, and deserializes from that
-buffer. After the tensors, ``resume/position.py`` applies the runtime's own part: position,
-metrics, extras and the data overrides. Choosing *which* checkpoint is ``resume/flow.py``'s job.
-(Rejected: loading inside the resume code, which left ``load()`` with its own, weaker copy of
-the verification.)
+buffer (``per_rank_format``). After the tensors, ``resume/position.py`` applies the runtime's
+own part: position, metrics, extras and the data overrides. Choosing *which* checkpoint is
+``resume/flow.py``'s job. (Rejected: loading inside the resume code, which left ``load()``
+with its own, weaker copy of the verification.)
 """
 
 from __future__ import annotations
@@ -21,23 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import (
-    CorruptCheckpointError,
-    IncompatibleCheckpointError,
-    NoCheckpointError,
-    WorldSizeMismatchError,
-)
-from ..run import rng
+from ..errors import IncompatibleCheckpointError, NoCheckpointError
 from ..run.context import RunContext
 from ..run_folder.fallback import first_valid
 from ..run_folder.layout import RunFolder
-from ..save import rank_contents as state_mod
 from ..save.manifest import MANIFEST_NAME, Manifest
-from ..save.safe_unpickle import refusal
-from ..sharded.checkpointer import check_files_present
+from .formats import CheckpointReader, reader_for
 from .from_file import ACCEPTED, read_single_file
-from .position import apply_saved
-from .verified_read import VerifiedFile, read_verified
+from .per_rank_format import PerRankReader
 
 log = logging.getLogger("trainer_runtime")
 
@@ -116,12 +108,12 @@ class Loader:
         )
         if found.weights_only:
             self._check_any_model_key(found.data["state"]["model"], shown=shown, arg=arg)
-        with naming_the_checkpoint(shown):
-            self.restore_v1(
+        with naming_the_checkpoint(shown):  # a rank file's layout: format 1's restore
+            PerRankReader(self.ctx).restore(
                 found.data,
                 weights_only=weights_only or found.weights_only,
                 strict=strict,
-                ignore_keys=ignore_keys,
+                ignore_keys=self._ignored_keys(ignore_keys),
             )
         found.buffer.release_unused()
 
@@ -145,14 +137,42 @@ class Loader:
         ignore_keys: Sequence[str],
     ) -> str | None:
         """Load one checkpoint if it verifies; else the reason (the live state untouched)."""
-        opts = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
-        if manifest.sharded:
-            return self.try_load_sharded(folder, manifest, **opts)
-        files = self.read_rank_files(folder, manifest, weights_only=weights_only)
-        if isinstance(files, str):
-            return files
-        self.load_checkpoint_dir(folder, files=files, **opts)
+        reader = self._reader(manifest)
+        opts = self._options(weights_only, strict, ignore_keys)
+        with naming_the_checkpoint(folder):
+            got = reader.verify(folder, manifest, **opts)
+            if isinstance(got, str):
+                return got
+            reader.load(folder, manifest, got, **opts)
         return None
+
+    def verify_everywhere(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        weights_only: bool,
+        strict: bool,
+        ignore_keys: Sequence[str],
+    ) -> Any:
+        """Resume's check of a candidate, the same answer on every rank (collective): the
+        reason it cannot be used, else what ``load_checkpoint_dir(verified=...)`` takes (for
+        format 2, the checkpoint is loaded already: verifying it was loading it)."""
+        reader = self._reader(manifest)
+        with naming_the_checkpoint(folder):
+            return reader.verify_everywhere(
+                folder, manifest, **self._options(weights_only, strict, ignore_keys)
+            )
+
+    def _reader(self, manifest: Manifest) -> CheckpointReader:
+        return reader_for(manifest)(self.ctx)
+
+    def _options(
+        self, weights_only: bool, strict: bool, ignore_keys: Sequence[str]
+    ) -> dict[str, Any]:
+        """A reader's load options, ``ignore_keys`` with what this run leaves out on its own."""
+        keys = self._ignored_keys(ignore_keys)
+        return {"weights_only": weights_only, "strict": strict, "ignore_keys": keys}
 
     def _fetch_remote_load_path(self, uri: str, *, arg: str, passed: list[str]) -> Path:
         from ..objectstore.errors import NoValidCheckpointError  # noqa: PLC0415
@@ -171,40 +191,6 @@ class Loader:
                 f"{arg} {uri!r} holds no checkpoint that verifies: {exc}"
             ) from exc
 
-    def _source_rank(self, manifest: Manifest, weights_only: bool) -> int:
-        """Which saved rank's file this rank loads (format version 1)."""
-        ctx = self.ctx
-        if manifest.world_size == ctx.world_size:
-            return ctx.rank
-        if weights_only:
-            return 0  # model weights are replicated across data-parallel ranks
-        if ctx.settings.elastic:
-            # Data-parallel state is replicated; the data position is global (sampler.py).
-            return ctx.rank % manifest.world_size
-        raise WorldSizeMismatchError(
-            f"checkpoint {manifest.name} was saved by {manifest.world_size} rank(s) but "
-            f"{ctx.world_size} are loading it; pass elastic=True (data-parallel training with "
-            f"ResumableSampler), load it with weights_only=True, or resume with "
-            f"WORLD_SIZE={manifest.world_size}"
-        )
-
-    def read_rank_files(
-        self, folder: Path, manifest: Manifest, *, weights_only: bool
-    ) -> list[VerifiedFile] | str:
-        """This rank's files of a version-1 checkpoint, each read once and checked against the
-        manifest; a reason instead when one does not verify (then nothing is deserialized)."""
-        rank = self._source_rank(manifest, weights_only)
-        files: list[VerifiedFile] = []
-        for entry in manifest.files_for_rank(rank):
-            got = read_verified(folder, entry)
-            if isinstance(got, str):
-                return got
-            refused = [] if self.ctx.settings.trusted_pickle else got.refused_globals()
-            if refused:
-                return f"{entry.path} {refusal(refused)}"
-            files.append(got)
-        return files
-
     def load_checkpoint_dir(
         self,
         folder: Path,
@@ -212,125 +198,28 @@ class Loader:
         weights_only: bool,
         strict: bool,
         ignore_keys: Sequence[str],
-        files: list[VerifiedFile] | None = None,
+        verified: Any = None,
     ) -> None:
-        """``files``: this rank's files the caller has already read and verified (resume
-        does, while choosing the checkpoint); otherwise they are read and verified here. Every
-        file verifies before the first one touches the live state."""
+        """``verified``: what resume's verifying read of this checkpoint left
+        (``verify_everywhere``: this rank's files, read and verified, or for format 2 the load
+        itself); otherwise it is verified here. Every file verifies before the first one
+        touches the live state."""
         manifest = Manifest.read(folder)
-        opts = {"strict": strict, "ignore_keys": ignore_keys}
-        if manifest.sharded:
-            reason = self.try_load_sharded(folder, manifest, weights_only=weights_only, **opts)
-            if reason is not None:
-                raise NoCheckpointError(
-                    f"checkpoint {folder} does not load: {reason}; {_OLDER_ONE.format(folder)}"
-                )
-            return
-        if files is None:
-            got = self.read_rank_files(folder, manifest, weights_only=weights_only)
+        reader = self._reader(manifest)
+        opts = self._options(weights_only, strict, ignore_keys)
+        with naming_the_checkpoint(folder):
+            got = reader.verify(folder, manifest, **opts) if verified is None else verified
             if isinstance(got, str):
                 raise NoCheckpointError(
-                    f"checkpoint {folder} does not verify: {got}; {_OLDER_ONE.format(folder)}"
+                    f"checkpoint {folder} {reader.refusal}: {got}; {_OLDER_ONE.format(folder)}"
                 )
-            files = got
-        # A rank the saving run did not have loads another rank's file (``_source_rank``): its
-        # generators get a stream of their own, as in a sharded load, not a copy of that rank's.
-        new_rank = self.ctx.rank >= manifest.world_size
-        for verified in files:
-            data = verified.load(trusted=self.ctx.settings.trusted_pickle)
-            if new_rank and isinstance(data.get("rng"), dict):
-                data["rng"] = rng.derived(data["rng"], self.ctx.rank)
-            with naming_the_checkpoint(folder):
-                self.restore_v1(
-                    data,
-                    weights_only=weights_only,
-                    saved_weights_only=manifest.weights_only,
-                    saved_world_size=manifest.world_size,
-                    **opts,
-                )
-            # Module weights now live in the parameters; their pages in the buffer are unused.
-            verified.release_unused()
-
-    def try_load_sharded(
-        self,
-        folder: Path,
-        manifest: Manifest,
-        *,
-        weights_only: bool,
-        strict: bool,
-        ignore_keys: Sequence[str],
-    ) -> str | None:
-        """Load a version-2 checkpoint on every rank (collective); the reason when it cannot
-        be used, the same on every rank (then the live state is untouched).
-
-        Every rank first checks that every file is present with its recorded size (no read:
-        content is verified chunk by chunk during the load); a rank that lacks a file (node-
-        local disks without an object store) names it in the reason.
-        """
-        ctx = self.ctx
-        problems = ctx.coord.all_gather(check_files_present(folder, manifest))
-        missing = [f"on rank {r}, {why}" for r, why in enumerate(problems) if why]
-        if missing:
-            return "; ".join(missing)
-        keys = self._ignored_keys(ignore_keys)
-        try:
-            with naming_the_checkpoint(folder):
-                saved, report = ctx.engine.load(
-                    folder, manifest, weights_only=weights_only, strict=strict, ignore_keys=keys
-                )
-        except CorruptCheckpointError as exc:
-            return str(exc)
-        log.info(
-            "loaded %s (saved by %d rank(s); rank state of saved rank %d, rng %s) in %.2fs%s",
-            folder,
-            report.saved_world_size,
-            report.source_rank,
-            report.rng,
-            report.seconds,
-            ", straight onto the GPU" if report.onto_gpu else "",
-        )
-        apply_saved(
-            self.ctx,
-            saved,
-            weights_only=weights_only,
-            saved_weights_only=manifest.weights_only,
-            saved_world_size=manifest.world_size,
-        )
-        return None
+            reader.load(folder, manifest, got, **opts)
 
     def _ignored_keys(self, ignore_keys: Sequence[str]) -> list[str]:
         keys = list(ignore_keys)
         if self.ctx.settings.ignore_data_position and self.ctx.sampler is not None:
             keys.append("state/stateful/sampler")
         return keys
-
-    def restore_v1(
-        self,
-        data: dict[str, Any],
-        *,
-        weights_only: bool,
-        strict: bool,
-        ignore_keys: Sequence[str],
-        saved_weights_only: bool = False,
-        saved_world_size: int | None = None,
-    ) -> None:
-        """Restore one version-1 rank file's contents (``saved_weights_only``: the file was
-        saved with ``weights_only=True``; ``saved_world_size``: its manifest's, None for a
-        single file)."""
-        saved = state_mod.restore(
-            self.ctx.components,
-            data,
-            weights_only=weights_only,
-            strict=strict,
-            ignore_keys=self._ignored_keys(ignore_keys),
-        )
-        apply_saved(
-            self.ctx,
-            saved,
-            weights_only=weights_only,
-            saved_weights_only=saved_weights_only,
-            saved_world_size=saved_world_size,
-        )
 
 
 def _some(keys: Mapping[str, Any], shown: int = 4) -> str:

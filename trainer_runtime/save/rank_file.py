@@ -1,4 +1,4 @@
-"""Writing and reading one rank's checkpoint file.
+"""Writing one rank's checkpoint file (format 1: ``rank{r}.pt``, a full ``torch.save``).
 
 Saving streams ``torch.save``'s zip format through a writer that hashes the bytes as they go out,
 so the checksum costs no second pass over the data. The zip's own CRC-32 of every record is
@@ -9,9 +9,9 @@ torch's process-wide ``set_crc32_options``: flipping that global, even under a l
 strip the CRC from a ``torch.save`` another thread of the user's program runs at the same moment.
 ``torch.load`` reads the files either way (it does not check the CRC).
 
-Resume and ``load`` do not read files here: ``resume/verified_read.py`` reads a rank file once into
-anonymous memory, checking it against the manifest as it arrives. ``load_file`` (a mapped
-``torch.load``) serves only the export command, which copies the weights out at once.
+The runtime writes format 2 (``sharded/``) and only reads format 1, all of it in
+``resume/per_rank_format.py``; this writer is what earlier releases saved with, kept so that
+tests can write the files that reader must read.
 """
 
 from __future__ import annotations
@@ -98,9 +98,3 @@ def save_rank_file(obj: Any, final: Path, *, rank: int, rel_path: str) -> FileEn
                 raise writer.error from None  # e.g. ENOSPC, with its real message
             raise
     return FileEntry(path=rel_path, rank=rank, size=writer.size, xxh3_128=writer.hasher.hexdigest())
-
-
-def load_file(path: Path, *, trusted: bool) -> dict[str, Any]:
-    """Read a checkpoint file onto the CPU, mapped from the file (for export, which writes the
-    weights out and exits). Untrusted files cannot run pickled code."""
-    return torch.load(path, map_location="cpu", weights_only=not trusted, mmap=True)
