@@ -16,6 +16,9 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+# torch's contract with torchrun's agent: "True" when the agent of node rank 0 serves the
+# rendezvous store, so rank 0's worker starts none (agent/rendezvous_store.py sets it).
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # torchrun's options as the operator injects them (a pod is one torchrun node). The runtime
 # never reads these itself: torchrun turns them into each worker's RANK, LOCAL_RANK and

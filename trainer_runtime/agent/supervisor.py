@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..pod import membership
 from ..pod.membership import Membership
 from ..run.announce import announce
-from . import standby, worker
+from . import rendezvous_store, standby, worker
 from .command import WorkerCommand
 
 log = logging.getLogger("trainer_runtime.agent")
@@ -67,12 +67,16 @@ class Supervisor:
     """The last problem with the membership file, said once (the file is read every poll)."""
     markers: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rtj-agent-")))
     """Where each worker says it can save from memory (``RTJ_SURVIVOR_SAVE_FILE``)."""
+    store: rendezvous_store.StoreKeeper | None = None
+    """The rendezvous store this pod serves while it is node rank 0 (``rendezvous_store.py``)."""
 
     def run(self) -> int:
         """Supervise the workers until they end; the exit code of the pod's command."""
         try:
             return self._supervise()
         finally:
+            if self.store is not None:
+                self.store.stop()
             shutil.rmtree(self.markers, ignore_errors=True)
 
     def _supervise(self) -> int:
@@ -127,9 +131,16 @@ class Supervisor:
 
     def _restart(self, new: Membership) -> None:
         began = self.clock()
+        old_store, self.store = self.store, None
+        if old_store is None or old_store.port != new.master_port:
+            self._serve_store(new)  # first: the new gang's early ranks find it up
         if new.stop == membership.STOP_KILL and new.node_rank == 0:
             self._let_survivor_save()
         self._stop(save=new.stop == membership.STOP_SAVE)
+        if old_store is not None:
+            old_store.stop()
+        if self.store is None:
+            self._serve_store(new)
         stopped_s = self.clock() - began
         self._announce(
             new,
@@ -193,8 +204,16 @@ class Supervisor:
     def _marker(self, local_rank: int) -> Path:
         return self.markers / f"survivor-{local_rank}"
 
+    def _serve_store(self, chosen: Membership) -> None:
+        """Node rank 0 serves the membership's rendezvous store from now on."""
+        if chosen.node_rank == 0:
+            self.store = rendezvous_store.start(chosen.master_port)
+
     def _start(self, chosen: Membership) -> None:
         self.current = chosen
+        if self.store is None:
+            self._serve_store(chosen)
+        served = self.store is not None and self.store.port == chosen.master_port
         nproc = self.settings.nproc_per_node
         self.workers = []
         for local_rank in range(nproc):
@@ -204,7 +223,7 @@ class Supervisor:
                 **self.settings.base_env,
                 **chosen.worker_environment(nproc, local_rank),
                 envvars.SURVIVOR_SAVE_FILE: str(marker),
-            }
+            } | ({envvars.USE_AGENT_STORE: str(True)} if served else {})
             self.workers.append(worker.start(self.settings.command, env, local_rank))
 
     def _stop(self, *, save: bool) -> None:
