@@ -6,16 +6,16 @@ in the runtime's own layout. For inference, fine-tuning elsewhere or sharing, pe
 ``export_weights``) write exactly that, from a checkpoint whose files verify in full (a named
 checkpoint as well as a run folder's newest), so
 ``model.load_state_dict(torch.load(path, weights_only=True))`` works on the plain model.
-For a format-version-1 checkpoint, model weights are replicated across data-parallel ranks,
-so rank 0's file is the source. For version 2 (sharded), the model's tensors are read from
-every data file through ``VerifyingReader`` (each chunk's digest checked as it is read) into
-full, unsharded tensors, in the manner of DCP's ``dcp_to_torch_save``: only the ``model``
-entries are read, never the optimizer state or the pickled per-rank state.
+The checkpoint's format reader (``resume/formats.reader_for``) reads the weights (its
+``read_model``), and this module never asks which format it holds: for format version 1, rank
+0's file (model weights are replicated across data-parallel ranks; ``resume/per_rank_format``);
+for version 2 (sharded), full, unsharded tensors from every data file, each chunk's digest
+checked as it is read, only the ``model`` entries (``resume/sharded_format``).
 
 ``export_checkpoint`` writes the other formats, folders of files other tools read:
 ``safetensors`` (Hugging Face's sharded layout, ``export_safetensors``) and ``dcp`` (stock
 ``torch.distributed.checkpoint``, ``export_dcp``), tensor by tensor from reads of a few hundred
-MB (``export_source``), so that a model larger than one machine's memory still exports. A folder
+MB (``open_source``), so that a model larger than one machine's memory still exports. A folder
 is written under a temporary name beside ``OUT`` and renamed onto it only when every file is on
 disk: a folder named ``OUT`` is always a complete export. (Writing into ``OUT`` directly, with a
 marker file last, was rejected: a reader that does not know the marker, ``transformers`` or
@@ -40,12 +40,12 @@ from .export_formats.source import (
     READ_BATCH_BYTES,
     WeightSource,
     cast_dtype,
-    dcp_read,
-    metadata_entry,
     open_source,
 )
 from .resume.formats import reader_for
-from .resume.per_rank_format import read_rank0_model
+from .resume.sharded_format import (  # defined with format 2's reader, importable from here too
+    read_sharded_weights,  # noqa: F401
+)
 from .run_folder.layout import RunFolder
 from .save import atomic
 from .save.manifest import MANIFEST_NAME, Manifest, verify_files
@@ -84,30 +84,6 @@ def _needed_ranks(manifest: Manifest) -> list[int]:
     return reader_for(manifest).weight_ranks(manifest)
 
 
-def read_sharded_weights(ckpt: Path, manifest: Manifest, *, trusted: bool = False) -> object:
-    """The full (unsharded) model ``state_dict`` of a version-2 checkpoint, one process.
-
-    Every chunk read is checked against its digest; a damaged one raises
-    ``CorruptCheckpointError``.
-    """
-    from torch.distributed.checkpoint.default_planner import (  # noqa: PLC0415
-        _EmptyStateDictLoadPlanner,
-    )
-
-    from .sharded.keys import MODEL_KEY  # noqa: PLC0415
-    from .sharded.reading import VerifyingReader  # noqa: PLC0415
-
-    meta = metadata_entry(ckpt, manifest)
-    state: dict = {}
-    dcp_read(
-        ckpt,
-        state,
-        VerifyingReader(ckpt, expected_metadata=meta, trusted=trusted),
-        _EmptyStateDictLoadPlanner(keys={MODEL_KEY}),
-    )
-    return state.get(MODEL_KEY)
-
-
 def export_weights(
     source: Path, out: Path, *, trusted: bool = False, dtype: str | None = None
 ) -> Path:
@@ -118,11 +94,7 @@ def export_weights(
     to = _dtype(dtype)
     ckpt = resolve_checkpoint(Path(source))
     manifest = Manifest.read(ckpt)
-    weights = (
-        read_sharded_weights(ckpt, manifest, trusted=trusted)
-        if manifest.sharded
-        else read_rank0_model(ckpt, manifest, trusted=trusted)
-    )
+    weights = reader_for(manifest).read_model(ckpt, manifest, trusted=trusted)
     if not isinstance(weights, dict) or not weights:
         raise NoCheckpointError(f"checkpoint {ckpt} holds no model weights")
     plain = {k: _plain(v, to) for k, v in weights.items()}

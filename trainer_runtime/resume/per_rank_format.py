@@ -13,7 +13,9 @@ data-parallel state is replicated, and only ``elastic`` or a weights-only load a
 Export does not read files through ``verified_read``: ``load_file`` (a mapped ``torch.load``)
 serves only the export command, which copies the weights out at once (``read_rank0_model``,
 after ``export.resolve_checkpoint`` verified the file in full). Model weights are replicated
-across data-parallel ranks, so rank 0's file is the source.
+across data-parallel ranks, so rank 0's file is the source, of the whole model
+(``PerRankReader.read_model``) as of the folder formats' reads of a few tensors at a time
+(``PerRankReader.export_source``: ``ReplicatedSource``, the mapped file's tensors).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ManifestError, WorldSizeMismatchError
+from ..errors import ManifestError, NoCheckpointError, WorldSizeMismatchError
+from ..export_formats.weight_source import TensorEntry, WeightSource, cast_dtype
 from ..run import rng
 from ..run.context import RunContext
 from ..save import rank_contents as state_mod
@@ -50,6 +53,28 @@ def read_rank0_model(ckpt: Path, manifest: Manifest, *, trusted: bool) -> object
     return data.get("state", {}).get("model") if isinstance(data, dict) else None
 
 
+class ReplicatedSource(WeightSource):
+    """A version-1 checkpoint: rank 0's file, mapped; a read hands out its tensors."""
+
+    def __init__(
+        self, ckpt: Path, manifest: Manifest, *, trusted: bool, cast: torch.dtype | None
+    ) -> None:
+        model = read_rank0_model(ckpt, manifest, trusted=trusted)
+        if not isinstance(model, dict):
+            raise NoCheckpointError(f"checkpoint {ckpt} holds no model weights")
+        self._model = model
+        tensors = [
+            TensorEntry(str(k), cast_dtype(v.dtype, cast), tuple(v.shape), v.dtype)
+            for k, v in model.items()
+            if isinstance(v, torch.Tensor)
+        ]
+        others = [str(k) for k, v in model.items() if not isinstance(v, torch.Tensor)]
+        super().__init__(ckpt, tensors, others, cast=cast)
+
+    def _read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        return {n: self._model[n] for n in names}
+
+
 class PerRankReader:
     """Reads a format-1 checkpoint into one run's live state (``formats.CheckpointReader``)."""
 
@@ -57,6 +82,10 @@ class PerRankReader:
     """Loads only at the world size that saved it, unless ``elastic`` or weights only."""
     refusal = "does not verify"
     """How a load that cannot use the checkpoint says why: its files did not verify."""
+    read_model = staticmethod(read_rank0_model)
+    """Export's whole model: the ``state_dict`` in rank 0's file, mapped."""
+    export_source = ReplicatedSource
+    """Export's source of a few tensors at a time: rank 0's file, mapped."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
