@@ -234,6 +234,52 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
     )
 
 
+def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:
+    """An elastic job at 3 pods loses a node without notice, with no room left for a third pod:
+    the two kept pods re-form the gang at 2 in place (no pod is created), from the last
+    finished step that kept rank 0 saved from its memory."""
+    stack.ensure_nodes(REPLICAS)
+    for name in stack.live_nodes()[REPLICAS:]:
+        stack.taint_node(name, HOLD)
+    path = survivors_manifest(
+        tmp_path,
+        name="shrinks",
+        epochs=8,
+        cpu="20",  # one pod per node
+        interval="20ba",
+        elastic={"minReplicas": 2, "shrinkAfterSeconds": 0},
+    )
+    job = stack.apply(path)
+    at_three = wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    assert at_three["gangSize"] == REPLICAS, at_three
+    attempt = at_three["attempt"]
+    wait_for(
+        "two steps after the commit",
+        lambda: ((stack.job(job).get("status") or {}).get("currentStep") or 0) >= 22,
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=attempt)}
+    lost_at = reclaim_rank(stack, job, f"{job}-a{attempt}-r1", "; no room for a third pod")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    assert status["gangSize"] == 2 and status["failures"] == 0, status
+    kept = [f"{job}-a{attempt}-r0", f"{job}-a{attempt}-r2"]
+    assert status.get("keptPods") == kept, (status, stack.diagnostics(job))
+    last = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    assert set(last) == set(kept), set(last)  # a shrink creates no pod
+    for name in kept:  # the same pods, told the new membership once
+        assert last[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+        told = stack.runtime_events(name, "membership")
+        assert [e.fields["nnodes"] for e in told] == [2], told
+    (saved,) = stack.runtime_events(kept[0], "survivor_saved")
+    shrink = status["interruptions"][-1]
+    assert saved.fields["checkpoint"] and shrink["stepsLost"] <= 1, (saved, shrink)
+    back = first_step_after(stack, kept[0], lost_at)
+    say(f"loss -> kept rank 0's first step at 2 pods: {back:.1f} s; interruption: {shrink}")
+    for pod in kept:
+        say(phases(stack, pod, lost_at))
+
+
 def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Path) -> None:
     """A fixed 3-rank job keeps one spare pod warm on a fourth node; a reclaimed rank's place
     goes to the spare (no new rank pod), and a new spare starts on the fifth node."""
