@@ -548,7 +548,14 @@ class Replay:
         for kind, job in self.jobs.items():
             r = rec.records[job]
             own = [c for c in r.checkpoints.values() if c.get("attempt") == 0]
-            if r.status.get("attempt", 0) != 0 or len(own) < self.cfg.warmup_commits:
+            if r.status.get("attempt", 0) != 0:
+                raise RuntimeError(
+                    f"{job} restarted before the window opened (attempt "
+                    f"{r.status.get('attempt')}): its full-gang rate is measured on its first "
+                    "attempt, at full size. An elastic job with --shrink-after 0 starts with the "
+                    "nodes registered so far and grows later; give it a few seconds."
+                )
+            if len(own) < self.cfg.warmup_commits:
                 return None
             rate = full_rate(own, 0)
             if rate is None:
