@@ -8,7 +8,10 @@ and creates a pod only for the lost place, on the spare node. Each kept pod's in
 restarts its worker in place; the job resumes from the last commit and Succeeds.
 
 Then an elastic job at 2 of 3 pods grows when the capacity comes back: its new pod starts in
-standby while the two kept ranks train on, and the gang re-forms at 3 once the new pod is warm.
+standby while the two kept ranks train on, and the gang re-forms at 3 once the new pod is warm;
+an elastic job at 3 shrinks to the 2 pods left; a warm spare takes a lost rank's place; and a
+node under a termination notice shuts down, the gang having saved on the notice, and again only
+its place gets a new pod.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import yaml
 from rtj_operator.api.envvars import AGENT_READY_ANNOTATION
 from tools.controlplane import ControlPlane
 from tools.localstack import LocalStack
+from tools.spotcluster import PodRunnerCluster
 from tools.waiting import wait_for
 
 from .conftest import say, stack_config
@@ -316,3 +320,42 @@ def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Pa
     say(f"loss -> kept rank 0's first step with the spare in rank 2: {back:.1f} s")
     for pod in (f"{job}-a0-r0", spare):
         say(phases(stack, pod, lost_at))
+
+
+def test_a_node_under_notice_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Path) -> None:
+    """A termination notice, then the node shuts down: the gang saves on the notice and trains
+    on, the node's pod ends in its grace period, and the next attempt keeps the two pods on
+    healthy nodes and creates one only for the lost place."""
+    stack.ensure_nodes(REPLICAS + 1)
+    for name in stack.live_nodes():
+        stack.untaint_node(name, HOLD)
+    job = stack.apply(survivors_manifest(tmp_path, name="notices", epochs=16, cpu="20"))
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
+    assert len(first) == REPLICAS
+    node = first[f"{job}-a0-r1"]["spec"]["nodeName"]
+    noticed_at = time.time()
+    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
+    say(f"termination notice on {node} ({job}-a0-r1)")
+
+    def saved_on_notice() -> bool:
+        saved = (stack.job(job).get("status") or {}).get("lastCommittedCheckpoint") or {}
+        at = saved.get("time")
+        return bool(at) and datetime.fromisoformat(at).timestamp() > noticed_at
+
+    wait_for("the notice's save", saved_on_notice, timeout=120, on_timeout=stack.diagnostics)
+    stack.shut_down_node(node)
+    lost_at = time.time()
+    say(f"{node} shut down")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    assert status["preemptions"] == 1 and status["failures"] == 0, status
+    kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
+    assert status.get("keptPods") == kept, (status, stack.diagnostics(job))
+    second = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    assert set(second) == {*kept, f"{job}-a{status['attempt']}-r2"}, set(second)
+    for name in kept:  # the same pods: never deleted, never recreated
+        assert second[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+    (interruption,) = status["interruptions"]
+    assert interruption["stepsLost"] <= 1, interruption
+    back = first_step_after(stack, kept[0], lost_at)
+    say(f"shutdown -> kept rank 0's first step: {back:.1f} s; interruption: {interruption}")
