@@ -92,9 +92,12 @@ class Supervisor:
             if first is None:
                 return 128 + signal.SIGTERM  # deleted while it waited: nothing ran
             self._announce(first, stop="standby", stopped_s=0.0, how="workers started warm")
+            self._serve_store(first)
             self._start(first)
         else:
-            self._start(self._newer_membership() or self.initial)
+            chosen = self._newer_membership() or self.initial
+            self._serve_store(chosen)
+            self._start(chosen)
         while True:
             time.sleep(self.settings.poll_s)
             codes = [w.poll() for w in self.workers]
@@ -132,15 +135,16 @@ class Supervisor:
     def _restart(self, new: Membership) -> None:
         began = self.clock()
         old_store, self.store = self.store, None
-        if old_store is None or old_store.port != new.master_port:
+        same_port = old_store is not None and old_store.port == new.master_port
+        if not same_port:
             self._serve_store(new)  # first: the new gang's early ranks find it up
         if new.stop == membership.STOP_KILL and new.node_rank == 0:
             self._let_survivor_save()
         self._stop(save=new.stop == membership.STOP_SAVE)
         if old_store is not None:
             old_store.stop()
-        if self.store is None:
-            self._serve_store(new)
+        if same_port:
+            self._serve_store(new)  # the old store held the port until now
         stopped_s = self.clock() - began
         self._announce(
             new,
@@ -205,15 +209,16 @@ class Supervisor:
         return self.markers / f"survivor-{local_rank}"
 
     def _serve_store(self, chosen: Membership) -> None:
-        """Node rank 0 serves the membership's rendezvous store from now on."""
+        """Node rank 0 serves the membership's rendezvous store from now on (one try: a port
+        that cannot be bound now will not be on a retry, and rank 0's worker then serves it)."""
         if chosen.node_rank == 0:
             self.store = rendezvous_store.start(chosen.master_port)
 
     def _start(self, chosen: Membership) -> None:
+        """Start ``chosen``'s workers; ``self.store`` is its rendezvous store when this pod
+        serves it (``_serve_store`` came first)."""
         self.current = chosen
-        if self.store is None:
-            self._serve_store(chosen)
-        served = self.store is not None and self.store.port == chosen.master_port
+        served = self.store is not None
         nproc = self.settings.nproc_per_node
         self.workers = []
         for local_rank in range(nproc):
