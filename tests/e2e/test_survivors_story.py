@@ -87,6 +87,16 @@ def wait_status(
     return wait_for(what, reached, timeout=400, on_timeout=lambda: stack.diagnostics(job))
 
 
+def wait_step(stack: LocalStack, job: str, step: int, what: str) -> None:
+    """Wait until the job's rank 0 reports step ``step`` or later."""
+    wait_for(
+        what,
+        lambda: ((stack.job(job).get("status") or {}).get("currentStep") or 0) >= step,
+        timeout=400,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+
+
 def reclaim_rank(stack: LocalStack, job: str, pod: str, note: str = "") -> float:
     """Reclaim the node of ``pod`` without notice; when it happened."""
     lost = stack.pod(pod)
@@ -134,12 +144,7 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     # since it are what a survivor's memory saves.
     job = stack.apply(survivors_manifest(tmp_path, interval="20ba", epochs=8))
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
-    wait_for(
-        "two steps after the commit",
-        lambda: ((stack.job(job).get("status") or {}).get("currentStep") or 0) >= 22,
-        timeout=400,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
+    wait_step(stack, job, 22, "two steps after the commit")
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     assert len(first) == REPLICAS
     lost_at = reclaim_rank(stack, job, f"{job}-a0-r1")
@@ -257,12 +262,7 @@ def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Pat
     at_three = wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
     assert at_three["gangSize"] == REPLICAS, at_three
     attempt = at_three["attempt"]
-    wait_for(
-        "two steps after the commit",
-        lambda: ((stack.job(job).get("status") or {}).get("currentStep") or 0) >= 22,
-        timeout=400,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
+    wait_step(stack, job, 22, "two steps after the commit")
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=attempt)}
     lost_at = reclaim_rank(stack, job, f"{job}-a{attempt}-r1", "; no room for a third pod")
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
