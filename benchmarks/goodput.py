@@ -438,17 +438,19 @@ def committed_in_bucket(stack: LocalStack, job: str) -> list[Obj]:
             parts = obj["Key"].split("/")
             if len(parts) == 4 and parts[3] == "manifest.json":
                 body = client.get_object(Bucket=stack.cfg.bucket, Key=obj["Key"])["Body"].read()
-                manifest = json.loads(body)
-                found.append(
-                    {
-                        "name": parts[2],
-                        "sample": int(manifest["timestamp"]["sample"]),
-                        "step": int(manifest["timestamp"]["batch"]),
-                        "world_size": manifest.get("world_size"),
-                        "created_at": manifest.get("created_at"),
-                    }
-                )
+                found.append(commit_record(parts[2], json.loads(body)))
     return sorted(found, key=lambda m: m["sample"])
+
+
+def commit_record(name: str, manifest: Obj) -> Obj:
+    """What the figures read of one committed checkpoint's manifest."""
+    return {
+        "name": name,
+        "sample": int(manifest["timestamp"]["sample"]),
+        "step": int(manifest["timestamp"]["batch"]),
+        "world_size": manifest.get("world_size"),
+        "created_at": manifest.get("created_at"),
+    }
 
 
 def runtime_marks(
@@ -508,12 +510,15 @@ def rates_by_size(checkpoints: list[Obj], sizes: dict[int, int]) -> dict[int, fl
 class Replay:
     """One replay of the window on a running stack: both pools, both jobs, the recorder."""
 
+    kinds: tuple[str, ...] = ("fixed", "elastic")
+    """The jobs, one per pool."""
+
     def __init__(self, stack: PoolStack, cfg: Config, index: int, say: Say) -> None:
         self.stack, self.cfg, self.say = stack, cfg, say
         self.capacity = cfg.capacity()
         lead = cfg.notice_s / cfg.compress
         self.actions = plan(self.capacity, cfg.replicas, cfg.seed, cfg.notice_share, lead)
-        self.jobs = {"fixed": f"gp{index}-fixed", "elastic": f"gp{index}-elastic"}
+        self.jobs = {kind: f"gp{index}-{kind}" for kind in self.kinds}
         self.pools = {kind: Pool(stack, kind) for kind in self.jobs}
         self.losses: list[gp.Loss] = []
         self.t0 = 0.0
@@ -655,7 +660,7 @@ class Replay:
             end = time.time()
             for kind, job in self.jobs.items():
                 accounts[kind].append(self._account(job))
-            kept = {kind: committed_in_bucket(stack, job) for kind, job in self.jobs.items()}
+            kept = {kind: self._committed(job) for kind, job in self.jobs.items()}
             work = {
                 kind: gp.read_work(trace_records(stack, job, cfg.replicas))
                 for kind, job in self.jobs.items()
@@ -675,6 +680,10 @@ class Replay:
             )
             for kind in self.jobs
         }
+
+    def _committed(self, job: str) -> list[Obj]:
+        """The job's committed checkpoints, oldest first."""
+        return committed_in_bucket(self.stack, job)
 
     def _account(self, job: str) -> Obj | None:
         """The operator's own goodput account of the job now (``status.goodput``)."""
@@ -1051,7 +1060,7 @@ def summary(runs: list[Obj]) -> dict[str, Obj]:
         "median_recovery_less_waits_s",
     )
     out: dict[str, Obj] = {}
-    for kind in ("fixed", "elastic"):
+    for kind in runs[0] if runs else ():
         jobs = [run[kind] for run in runs]
         out[kind] = {k: _round(gp.median(j.get(k) for j in jobs), 4) for k in keys}
         out[kind]["goodput_runs"] = [j["goodput"] for j in jobs]

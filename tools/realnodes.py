@@ -158,12 +158,25 @@ class RealCluster:
         """The Node name (and IP) of node ``index`` (1-based)."""
         return _run([str(NODES_SH), "name", str(index)], self.env, 30).stdout.strip()
 
-    def kill_node(self, index: int) -> None:
-        """Lose node ``index``: SIGKILL its kubelet, containerd and containers, delete its Node."""
+    def kill_node(self, index: int, *, keep_images: bool = False) -> None:
+        """Lose node ``index``: SIGKILL its kubelet, containerd and containers, delete its Node.
+        ``keep_images``: park its image store for the next ``add_node`` (as a machine image
+        with the images baked in would bring them)."""
+        keep = ["--keep-images"] if keep_images else []
         _must(
             f"nodes.sh kill-node {index}",
-            _run([str(NODES_SH), "kill-node", str(index)], self.env, 120),
+            _run([str(NODES_SH), "kill-node", str(index), *keep], self.env, 120),
         )
+
+    def add_node(self, index: int, labels: dict[str, str] | None = None) -> str:
+        """Start node ``index`` (one not running) with these Node labels, on a parked image store
+        when there is one; its Node name once it is Ready."""
+        pairs = [f"{k}={v}" for k, v in (labels or {}).items()]
+        _must(
+            f"nodes.sh add-node {index}",
+            _run([str(NODES_SH), "add-node", str(index), *pairs], self.env, 180),
+        )
+        return self.node(index)
 
     def kubectl_run(
         self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None

@@ -7,9 +7,17 @@
 # RTJ_APISERVER_BIND_ADDRESS=0.0.0.0 so that nodes and pods can reach the API server):
 #   hack/cluster/nodes.sh up [N]               start nodes 1..N (default 2) and CoreDNS
 #   hack/cluster/nodes.sh down                 drain and stop every node, delete their Nodes
-#   hack/cluster/nodes.sh kill-node I          lose node I: SIGKILL everything it runs
+#   hack/cluster/nodes.sh kill-node I [--keep-images]
+#                                              lose node I: SIGKILL everything it runs
 #                                              (kubelet, containerd, shims, containers),
-#                                              remove its network, delete its Node
+#                                              remove its network, delete its Node; with
+#                                              --keep-images its image store is parked for
+#                                              the next add-node (a machine image with the
+#                                              images baked in: no import of GiBs again)
+#   hack/cluster/nodes.sh add-node I [KEY=VALUE...]
+#                                              start one more node I (a new name) with these
+#                                              Node labels, on a parked image store if there
+#                                              is one, and wait until it is Ready
 #   hack/cluster/nodes.sh import-image TAR [I...]  load a docker-archive into the running
 #                                              nodes (or nodes I...); an archive already
 #                                              imported into a node is skipped
@@ -25,7 +33,8 @@
 #     daemons (and so the containerd shims) live in its "system" child, so killing the
 #     cgroup tree kills the whole node.
 #   state under ${RTJ_NODES_DIR:-/var/lib/rtj-nodes}/C/nI: containerd root/state/sockets,
-#     runc root, kubelet root/certs/pod logs, configs and the daemons' logs.
+#     runc root, kubelet root/certs/pod logs, configs and the daemons' logs; image stores of
+#     nodes lost with --keep-images wait under .../C/parked/ for the next add-node.
 # The daemons enter only the node's network namespace (nsenter --net), not a mount
 # namespace: the kubelet's volume mounts must be visible to containerd.
 #
@@ -327,14 +336,45 @@ import_into() {
   sed -n 's/^unpacking \([^ ]*\) .*/\1/p' <<<"${out}" >"${mark}"
 }
 
+parked_dir() { echo "${state_root}/parked"; }
+
+# A node lost with --keep-images leaves its containerd root (content and unpacked snapshots)
+# and its import marks here; the containers it ran are records of a node that is gone, which
+# the next node's kubelet removes as containers of pods it does not know.
+park_store() {
+  local i="$1" d dest
+  d="$(node_dir "${i}")"
+  [[ -d "${d}/containerd/root" ]] || return 0
+  dest="$(parked_dir)/n${i}-$(date +%s%N)"
+  mkdir -p "${dest}"
+  mv "${d}/containerd/root" "${dest}/root"
+  [[ -d "${d}/imported" ]] && mv "${d}/imported" "${dest}/imported"
+  log "node ${i}: image store parked"
+}
+
+# Take the oldest parked store, if any, as node I's containerd root.
+adopt_store() {
+  local i="$1" d store
+  d="$(node_dir "${i}")"
+  [[ -d "$(parked_dir)" ]] || return 0
+  store="$(find "$(parked_dir)" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | head -n1)"
+  [[ -n "${store}" ]] || return 0
+  mv "${store}/root" "${d}/containerd/root"
+  [[ -d "${store}/imported" ]] && mv "${store}/imported" "${d}/imported"
+  rm -rf "${store}"
+  log "node ${i}: started on the parked image store ${store##*/}"
+}
+
 start_node() {
-  local i="$1" d start=${SECONDS}
+  local i="$1" labels="rtj.dev/node-kind=real" d start=${SECONDS}
+  [[ -n "${2:-}" ]] && labels+=",$2"
   d="$(node_dir "${i}")"
   [[ -e "/run/netns/$(netns_of "${i}")" ]] && die "node ${i} of ${name} exists already (run down first)"
   setup_network "${i}"
   check_apiserver_reachable "${i}"
   setup_cgroups "${i}"
   write_configs "${i}"
+  adopt_store "${i}"
   start_daemon "${i}" containerd containerd --config "${d}/containerd.toml"
   wait_for containerd 30 ctr_of "${i}" version || die "containerd of node ${i} did not start: $(tail -5 "${d}/logs/containerd.log")"
   import_into "${i}" "$("${root}/hack/images/build.sh" pause)"
@@ -344,7 +384,7 @@ start_node() {
     --root-dir="${d}/root" --cert-dir="${d}/certs" \
     --hostname-override="$(node_ip "${i}")" --node-ip="$(node_ip "${i}")" \
     --containerd="${d}/containerd/containerd.sock" \
-    --node-labels="rtj.dev/node-kind=real"
+    --node-labels="${labels}"
   start_daemon "${i}" kube-proxy "${bin_dir}/kube-proxy" --config="${d}/kube-proxy.yaml"
   log "node ${i}: $(node_ip "${i}") started in $((SECONDS - start))s"
 }
@@ -406,13 +446,15 @@ remove_network() {
   ip netns del "$(netns_of "${i}")" 2>/dev/null || true
 }
 
-# Everything of node I goes, abruptly (no pod gets a grace period).
+# Everything of node I goes, abruptly (no pod gets a grace period); its image store is parked
+# when KEEP_IMAGES is 1.
 destroy_node() {
-  local i="$1" d
+  local i="$1" keep="${2:-0}" d
   d="$(node_dir "${i}")"
   kill_cgroup_tree "${i}"
   rm -f "${d}"/*.pid
   unmount_under "${d}"
+  ((keep)) && park_store "${i}"
   remove_network "${i}"
   remove_cgroups "${i}"
   rm -rf "${d}" 2>/dev/null || { sleep 1; unmount_under "${d}"; rm -rf "${d}"; } \
@@ -420,9 +462,14 @@ destroy_node() {
 }
 
 cmd_kill_node() {
-  local i="${1:?kill-node needs a node number}"
+  local i="${1:?kill-node needs a node number}" keep=0
+  case "${2:-}" in
+    "") ;;
+    --keep-images) keep=1 ;;
+    *) die "kill-node: unknown option '$2' (expected --keep-images)" ;;
+  esac
   [[ -d "$(node_dir "${i}")" ]] || die "node ${i} of ${name} is not running"
-  destroy_node "${i}"
+  destroy_node "${i}" "${keep}"
   k delete node "$(node_ip "${i}")" --wait=false --ignore-not-found >/dev/null
   log "node ${i} ($(node_ip "${i}")) lost: processes killed, network removed, Node deleted"
 }
@@ -475,6 +522,7 @@ cmd_down() {
     fi
     log "node ${i} stopped at $((SECONDS - start))s"
   done
+  rm -rf "$(parked_dir)"
   rmdir "${state_root}" 2>/dev/null || true
 }
 
@@ -504,15 +552,31 @@ cmd_up() {
     start_node "${i}"
   done
   deploy_coredns
-  for i in $(seq 1 "${n}"); do
-    local ip
-    ip="$(node_ip "${i}")"
-    wait_for node 60 bash -c "'${kubectl}' --kubeconfig '${kubeconfig}' get node '${ip}' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" \
-      || die "node ${i} (${ip}) not Ready after 60s; see $(node_dir "${i}")/logs/kubelet.log"
-  done
+  for i in $(seq 1 "${n}"); do wait_ready "${i}"; done
   k -n kube-system rollout status deploy/coredns --timeout=120s >/dev/null \
     || die "CoreDNS not ready after 120s"
   log "${n} node(s) Ready and CoreDNS up in $((SECONDS - start))s"
+}
+
+wait_ready() {
+  local i="$1" ip
+  ip="$(node_ip "${i}")"
+  wait_for node 60 bash -c "'${kubectl}' --kubeconfig '${kubeconfig}' get node '${ip}' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" \
+    || die "node ${i} (${ip}) not Ready after 60s; see $(node_dir "${i}")/logs/kubelet.log"
+}
+
+cmd_add_node() {
+  local i="${1:?add-node needs a node number}" label labels=""
+  [[ "${i}" =~ ^[0-9]+$ && "${i}" -ge 1 && "${i}" -le 60 ]] || die "add-node needs a node number 1-60, got '${i}'"
+  shift
+  for label in "$@"; do
+    [[ "${label}" =~ ^[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*$ ]] || die "add-node: a label is KEY=VALUE, got '${label}'"
+    labels+="${labels:+,}${label}"
+  done
+  require_tools
+  mkdir -p "${state_root}"
+  start_node "${i}" "${labels}"
+  wait_ready "${i}"
 }
 
 cmd_import_image() {
@@ -543,9 +607,10 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   kill-node) shift; cmd_kill_node "$@" ;;
+  add-node) shift; cmd_add_node "$@" ;;
   import-image) shift; cmd_import_image "$@" ;;
   name) node_ip "${2:?name needs a node number}" ;;
   status) cmd_status ;;
   -h|--help|help|"") sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-  *) die "unknown command: $1 (up|down|kill-node|import-image|name|status)" ;;
+  *) die "unknown command: $1 (up|down|kill-node|add-node|import-image|name|status)" ;;
 esac

@@ -51,8 +51,8 @@ __all__ = ["REPO", "RealCluster", "operator_release", "wait_for"]
 
 CLUSTER_NAME = os.environ.get("RTJ_REALNODES_CLUSTER_NAME", "rtj-realnodes")
 SESSION_TIMEOUT_S = 2400
-LOSE = ("test_job_story.py", "test_realnodes.py")
-"""Files whose tests lose a node for good (their order is kept, after every other file's)."""
+LOSE = ("test_job_story.py", "test_realnodes.py", "test_node_comes_back.py")
+"""Files whose tests lose a node for good, in the order they run, after every other file's."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,9 +66,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for i in ours:
         items[i].add_marker(pytest.mark.realnodes)
         items[i].add_marker(pytest.mark.timeout(SESSION_TIMEOUT_S))
+
     # The tests that lose a node run last: test_realnodes.py loses node 2 (where the chart's
-    # operator runs) and the job story node 3; the others need all three.
-    block = sorted((items[i] for i in ours), key=lambda item: Path(str(item.fspath)).name in LOSE)
+    # operator runs), the job story node 3, and test_node_comes_back.py node 1; the others need
+    # all three.
+    def lose_order(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).name
+        return LOSE.index(name) + 1 if name in LOSE else 0
+
+    block = sorted((items[i] for i in ours), key=lose_order)
     for i, item in zip(ours, block, strict=True):
         items[i] = item
 
