@@ -29,11 +29,11 @@ import trainer_runtime  # starts the prefetch in a managed pod
 import torch
 from trainer_runtime import CheckpointManager
 
-staging = Path(sys.argv[1])
+staging, expected = Path(sys.argv[1]), sys.argv[2]
 deadline = time.monotonic() + 30
-while time.monotonic() < deadline and not list(staging.rglob("ep0-ba2/manifest.json")):
+while time.monotonic() < deadline and not list(staging.rglob(f"{expected}/manifest.json")):
     time.sleep(0.05)  # the gang forming: the fetch goes on meanwhile
-on_disk_before_the_manager = bool(list(staging.rglob("ep0-ba2/manifest.json")))
+on_disk_before_the_manager = bool(list(staging.rglob(f"{expected}/manifest.json")))
 from tests.unit.trainkit import make  # the first run's model, optimizer and scheduler
 
 model, opt, sched = make()[:3]
@@ -45,7 +45,14 @@ print(json.dumps({"before": on_disk_before_the_manager, "source": result.source,
 """
 
 
-def relaunch(tmp_path: Path, s3_root, server_env: dict[str, str], **extra: str) -> dict:
+def relaunch(
+    tmp_path: Path,
+    s3_root,
+    server_env: dict[str, str],
+    named: str = "ep0-ba2",
+    expected: str = "ep0-ba2",
+    **extra: str,
+) -> dict:
     script = tmp_path / "relaunched.py"
     script.write_text(RELAUNCHED)
     env = {
@@ -54,13 +61,13 @@ def relaunch(tmp_path: Path, s3_root, server_env: dict[str, str], **extra: str) 
         **server_env,
         envvars.CHECKPOINT_DIR: str(s3_root),
         envvars.RUN_NAME: "s3run",
-        envvars.RESUME_FROM: f"{s3_root}/s3run/ep0-ba2",
+        envvars.RESUME_FROM: f"{s3_root}/s3run/{named}",
         envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path / "node-b"),
         envvars.EVENTS_FILE: str(tmp_path / "events.jsonl"),
         **extra,
     }
     proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "node-b")],
+        [sys.executable, str(script), str(tmp_path / "node-b"), expected],
         check=False,
         cwd=REPO,
         env=env,
@@ -86,6 +93,95 @@ def test_the_named_checkpoint_is_on_disk_before_the_manager_and_resumed_from_the
     assert kinds.count("fetched") == 1, "resume() fetched it again instead of using the disk"
     (resumed,) = [e for e in found if e.type == "resumed"]
     assert resumed["source"] == "remote" and resumed["uri"] == f"{s3_root}/s3run/ep0-ba2"
+
+
+def test_a_newer_commit_than_the_named_one_is_what_the_prefetch_fetches(tmp_path, s3_root, s3_env):
+    """A survivor's save from memory lands after the operator named the last commit: the new
+    rank fetches and loads the newest once, not the named one and then the newest again."""
+    saved_run(s3_root, tmp_path / "node-a", batches=3)
+    got = relaunch(tmp_path, s3_root, s3_env.env(), named="ep0-ba2", expected="ep0-ba3")
+    assert got["before"] and got["batch"] == 3 and got["path"].endswith("ep0-ba3"), got
+    found = events.read_events((tmp_path / "events.jsonl").read_text())
+    fetched = [e["checkpoint"] for e in found if e.type == "fetched"]
+    assert fetched == ["ep0-ba3"], fetched
+    assert not list((tmp_path / "node-b").rglob("ep0-ba2/manifest.json")), "the older was fetched"
+
+
+def test_a_quarantined_newer_commit_is_not_prefetched(tmp_path, s3_root, s3_env):
+    saved_run(s3_root, tmp_path / "node-a", batches=3)
+    quarantined = {envvars.QUARANTINED: f"{s3_root}/s3run/ep0-ba3"}
+    got = relaunch(tmp_path, s3_root, s3_env.env(), named="ep0-ba2", **quarantined)
+    assert got["before"] and got["batch"] == 2 and got["path"].endswith("ep0-ba2"), got
+
+
+POD = """
+import os, subprocess, sys, time
+from pathlib import Path
+script, staging, expected, events_dir = sys.argv[1:5]
+def rank(local):
+    env = {**os.environ, "LOCAL_RANK": str(local), "RTJ_EVENTS_FILE": f"{events_dir}/{local}.jsonl"}
+    return subprocess.Popen([sys.executable, script, staging, expected], env=env)
+first = rank(0)
+done = Path(events_dir) / "0.jsonl"
+deadline = time.monotonic() + 60
+def fetched():
+    return done.exists() and '"fetched"' in done.read_text()
+while time.monotonic() < deadline and not fetched():
+    time.sleep(0.05)
+second = rank(1)  # as torchrun's local rank 1, which meets rank 0 only after its fetch
+sys.exit(first.wait() or second.wait())
+"""
+
+
+def test_the_pods_other_local_ranks_report_the_prefetched_checkpoint_as_remote(
+    tmp_path, s3_root, s3_env
+):
+    """torchrun's local ranks share their pod's disk: rank 0 fetches, rank 1 finds the files
+    there, and both say the resume came from the store; a later process that is not of that pod
+    finds the same files and says local."""
+    saved_run(s3_root, tmp_path / "node-a", batches=2)
+    (tmp_path / "relaunched.py").write_text(RELAUNCHED)
+    (tmp_path / "pod.py").write_text(POD)
+    (tmp_path / "events").mkdir()
+    env = {
+        "PYTHONPATH": str(REPO),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **s3_env.env(),
+        envvars.CHECKPOINT_DIR: str(s3_root),
+        envvars.RUN_NAME: "s3run",
+        envvars.RESUME_FROM: f"{s3_root}/s3run/ep0-ba2",
+        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path / "node-b"),
+    }
+    args = [str(tmp_path / "relaunched.py"), str(tmp_path / "node-b"), "ep0-ba2"]
+    pod = subprocess.run(
+        [sys.executable, str(tmp_path / "pod.py"), *args, str(tmp_path / "events")],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert pod.returncode == 0, pod.stderr[-3000:]
+    by_rank = {
+        rank: events.read_events((tmp_path / "events" / f"{rank}.jsonl").read_text())
+        for rank in (0, 1)
+    }
+    assert [e.type for e in by_rank[1]].count("fetched") == 0, "local rank 1 fetched too"
+    for rank, found in by_rank.items():
+        (resumed,) = [e for e in found if e.type == "resumed"]
+        assert resumed["source"] == "remote", (rank, resumed)
+    later = subprocess.run(
+        [sys.executable, *args],
+        check=False,
+        cwd=REPO,
+        env={**env, envvars.LOCAL_RANK: "1", envvars.EVENTS_FILE: str(tmp_path / "later.jsonl")},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert json.loads(later.stdout.strip().splitlines()[-1])["source"] == "checkpoint"
 
 
 def test_rtj_prefetch_0_leaves_the_fetch_to_resume(tmp_path, s3_root, s3_env):

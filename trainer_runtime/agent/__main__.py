@@ -6,6 +6,11 @@ this process; and for a run in an object store the agent loads boto3 and the S3 
 (``store.warm_up``). Before it forks a worker it waits for the prefetch: a fork beside a running
 thread could hand the child a lock that thread held. The first worker then finds the checkpoint
 on the local disk and builds its S3 clients without loading anything.
+
+The S3 client's data is loaded after the prefetch, not beside it: the prefetch's own client loads
+the same data into the same cache, and two threads parsing it at once both do the work (measured
+with torch imported and a thread building the same client, 2 idle cores, 4 runs: 0.40-0.56 s side
+by side against 0.23-0.27 s one after the other; more on busy cores, where a replacement starts).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ log = logging.getLogger("trainer_runtime.agent")
 
 
 def prepare_to_fork(environ: dict[str, str]) -> None:
-    """Finish what the workers would otherwise each do again: the prefetch, the S3 client's
-    data (only for a run in an object store; without boto3 the workers report it)."""
+    """Finish what the workers would otherwise each do again: the prefetch, then the S3
+    client's data (only for a run in an object store; without boto3 the workers report it)."""
+    warm_start.wait_for_prefetch()
     if environ.get(envvars.CHECKPOINT_DIR, "").startswith("s3://"):
         from ..objectstore.errors import ObjectStoreConfigError  # noqa: PLC0415
         from ..objectstore.store import warm_up  # noqa: PLC0415
@@ -43,7 +49,6 @@ def prepare_to_fork(environ: dict[str, str]) -> None:
             log.info("agent: S3 client data loaded in %.2f s", seconds)
         except ObjectStoreConfigError as exc:
             log.warning("agent: %s", exc)
-    warm_start.wait_for_prefetch()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from . import choice, rejection
 from .choice import Decision
 from .from_store import StoreResume, lines_not_named, quarantined_pairs, refuse_to_start_over
 from .restore import Loader
-from .warm_start import prefetched
+from .warm_start import was_prefetched
 
 log = logging.getLogger("trainer_runtime")
 
@@ -113,9 +113,9 @@ class Resumer:
         if newer is not None:
             return newer
         path = ctx.folder.path(chosen)
-        # fetched from the store by this process, at import (warm_start)
+        # fetched from the store by this pod, at import (warm_start)
         source: Literal["checkpoint", "remote"] = (
-            "remote" if prefetched(ctx.run_dir) == chosen else "checkpoint"
+            "remote" if was_prefetched(ctx.run_dir, chosen) else "checkpoint"
         )
         verified, self._verified = self._verified, None
         kept = verified[1] if verified and verified[0] == chosen else None

@@ -12,24 +12,46 @@ and ``resume()`` then finds the checkpoint on the local disk (files that verify 
 again), still checks the store for a newer one and verifies every file it loads: the prefetch
 changes when bytes arrive, never what is loaded.
 
-One process per pod fetches (local rank 0; the pod's ranks share its disk). A prefetch that
-fails (the store unreachable, the checkpoint gone) is logged and left to ``resume()``, which
-reports it as it always did. ``RTJ_PREFETCH=0`` turns it off.
+The named checkpoint is where resume starts looking, not a pin: ``resume()`` goes on to a newer
+committed one the store holds. One can land after the operator named it: when a node is lost
+without notice, a survivor saves the last finished step from memory while the replacement pod
+is created (``save/survivor.py``). So the prefetch first lists the run's committed checkpoints
+and, when the newest (quarantined ones left out) is further on than the named one, fetches that
+instead: otherwise the new rank would download the older state, load it, find the newer one and
+download and load again. Listing costs a few small requests before the download starts.
+
+One process per pod fetches (local rank 0; the pod's ranks share its disk). It records what it
+fetched for the pod's other ranks too (``was_prefetched``), so that every rank's ``resumed``
+event names the same source: ``remote``, as the bytes came from the store. A process forked from
+the fetching one (the in-pod agent's workers) inherits the record in memory; torchrun's other
+local ranks read a marker the fetcher writes under the temporary folder (a container's own),
+keyed by the run folder, the host name (the pod's) and the parent process (torchrun's agent,
+the ranks' common parent). A prefetch that fails (the store unreachable, the checkpoint gone)
+is logged and left to ``resume()``, which reports it as it always did. ``RTJ_PREFETCH=0`` turns
+it off.
 (Rejected: fetching in ``CheckpointManager``'s constructor: it runs after
 ``init_process_group``, so the wait for the gang would not hide the fetch.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import envvars
+
+if TYPE_CHECKING:
+    from ..objectstore.store import S3Store
 
 log = logging.getLogger(__name__)
 OFF = ("0", "false", "no", "off")
@@ -37,11 +59,14 @@ OFF = ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class PrefetchPlan:
-    """What to fetch (a committed checkpoint's URI) and where to (the run's staging folder)."""
+    """What to fetch (a committed checkpoint's URI, or a newer one of its run that is not
+    quarantined) and where to (the run's staging folder)."""
 
     checkpoint_uri: str
     local_run_dir: Path
     rank: int
+    run_uri: str = ""
+    quarantined: frozenset[str] = frozenset()
 
 
 def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
@@ -56,14 +81,40 @@ def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
     parent, _, name = resume.rstrip("/").rpartition("/")
     if parent != run_uri or not name:
         return None  # the run's root (resume() resolves the newest) or another run's folder
-    from ..run.config import _staging_dir  # noqa: PLC0415 - torch-free, only in managed pods
+    from ..run.config import _staging_dir, quarantined_names  # noqa: PLC0415 - torch-free
 
     try:
         local_run_dir = _staging_dir(run_uri, None, environ)
     except ValueError:  # RTJ_LOCAL_CHECKPOINT_DIR is itself s3://: the manager says so
         return None
     rank = get(envvars.RANK)
-    return PrefetchPlan(resume, local_run_dir, int(rank) if rank.isdigit() else 0)
+    return PrefetchPlan(
+        resume,
+        local_run_dir,
+        int(rank) if rank.isdigit() else 0,
+        run_uri,
+        quarantined_names(get(envvars.QUARANTINED)),
+    )
+
+
+def newest_target(store: S3Store, plan: PrefetchPlan) -> str:
+    """The checkpoint to fetch: the named one, or the newest committed one of its run when that
+    is further on (by training progress, as ``resume()`` orders them)."""
+    from ..objectstore.resolver import list_remote_checkpoints  # noqa: PLC0415
+    from ..run_folder.layout import progress_key  # noqa: PLC0415
+
+    named = plan.checkpoint_uri.rstrip("/").rpartition("/")[2]
+    if not plan.run_uri or named in plan.quarantined:
+        return plan.checkpoint_uri
+    committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
+    named_manifest = next((c.manifest for c in committed if c.name == named), None)
+    if not committed or named_manifest is None:
+        return plan.checkpoint_uri  # not committed (yet): the download says why
+    newest = committed[0]
+    if progress_key(newest.manifest) > progress_key(named_manifest):
+        log.info("prefetch: %s is newer than the named %s; fetching it", newest.name, named)
+        return str(newest.uri)
+    return plan.checkpoint_uri
 
 
 class CheckpointPrefetch:
@@ -84,18 +135,25 @@ class CheckpointPrefetch:
 
         began = time.monotonic()
         plan = self.plan
+        uri = plan.checkpoint_uri
         try:
-            path = download_checkpoint(S3Store(), plan.checkpoint_uri, plan.local_run_dir)
+            store = S3Store()
+            uri = newest_target(store, plan)
+            path = download_checkpoint(store, uri, plan.local_run_dir)
         except Exception as exc:  # resume() meets the same problem and reports it
             self.error = exc
-            log.warning("prefetch of %s failed (%s); resume() fetches", plan.checkpoint_uri, exc)
+            log.warning("prefetch of %s failed (%s); resume() fetches", uri, exc)
             return
         self.seconds = time.monotonic() - began
         self.fetched = path
+        with contextlib.suppress(OSError):  # without it the other local ranks say "local"
+            marker = _marker(plan.local_run_dir, path.name)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(uri + "\n")
         events.fetched(
             rank=plan.rank,
             checkpoint=path.name,
-            uri=plan.checkpoint_uri,
+            uri=uri,
             sent=folder_bytes(path),
             seconds=self.seconds,
         )
@@ -124,13 +182,20 @@ def start_from_environment() -> CheckpointPrefetch | None:
         return _prefetch
 
 
-def prefetched(run_dir: Path) -> str | None:
-    """The checkpoint this process's prefetch put into ``run_dir``, if any: a resume from it
-    is a resume from the store (its ``resumed`` event says ``remote``)."""
+def was_prefetched(run_dir: Path, name: str) -> bool:
+    """Whether this pod's prefetch put checkpoint ``name`` into ``run_dir``: a resume from it is
+    a resume from the store (its ``resumed`` event says ``remote``)."""
     done = _prefetch
-    if done is None or done.fetched is None or done.fetched.parent != Path(run_dir):
-        return None
-    return done.fetched.name
+    if done is not None and done.fetched is not None:
+        return done.fetched == Path(run_dir) / name
+    return _marker(run_dir, name).is_file()
+
+
+def _marker(run_dir: Path, name: str) -> Path:
+    """The fetching process's record of ``name`` for the pod's other local ranks."""
+    folder = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
+    pod = f"{folder}-{socket.gethostname()}-{os.getppid()}"
+    return Path(tempfile.gettempdir()) / "rtj-prefetched" / pod / name
 
 
 def wait_for_prefetch() -> None:

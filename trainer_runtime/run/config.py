@@ -421,11 +421,16 @@ def _quarantined(given: Iterable[str] | None) -> frozenset[str]:
     """Checkpoint names never to resume from: the argument, else ``RTJ_QUARANTINED``. Each may
     be a name or a path or URI ending in one."""
     if given is None:
-        entries: Sequence[str] = (env(envvars.QUARANTINED) or "").split(",")
-    else:
-        entries = arguments.names("quarantined", given, "checkpoint names")
+        return quarantined_names(env(envvars.QUARANTINED) or "")
+    return quarantined_names(arguments.names("quarantined", given, "checkpoint names"))
+
+
+def quarantined_names(entries: str | Iterable[str]) -> frozenset[str]:
+    """The checkpoint names in ``entries`` (a comma-separated text, as in ``RTJ_QUARANTINED``,
+    or a list), each given as a name or a path or URI ending in one."""
+    items = entries.split(",") if isinstance(entries, str) else entries
     return frozenset(
-        entry.strip().rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.strip()
+        entry.strip().rstrip("/").rsplit("/", 1)[-1] for entry in items if entry.strip()
     )
 
 
