@@ -92,6 +92,58 @@ def test_pods_per_node_is_limited_by_the_scarcest_resource():
     assert fitting_pods(views[:1], TEMPLATE["spec"], limit=4) == 2
 
 
+def test_required_node_affinity_is_evaluated_like_the_scheduler():
+    term = {"key": "zone", "operator": "In", "values": ["a", "b"]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [term]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["x"]}]},
+                ]
+            }
+        }
+    }
+    tspec = {**TEMPLATE["spec"], "affinity": affinity}
+    zoned = {**POOL, "zone": "a"}
+    assert node_accepts(node_view("n1", node("n1", labels=zoned)), tspec)
+    assert not node_accepts(node_view("n2", node("n2", labels={**POOL, "zone": "c"})), tspec)
+    assert not node_accepts(node_view("n3", node("n3")), tspec)
+    assert node_accepts(node_view("x", node("x")), tspec), "matchFields on the node's name"
+    empty = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{}]}}}  # fmt: skip
+    assert not node_accepts(node_view("n1", node("n1", labels=zoned)), {**tspec, "affinity": empty})
+    gpu = {"key": "gpus", "operator": "Gt", "values": ["3"]}
+    wide = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [gpu]}]}}}  # fmt: skip
+    with_gpus = {**TEMPLATE["spec"], "affinity": wide}
+    assert node_accepts(node_view("g", node("g", labels={**POOL, "gpus": "8"})), with_gpus)
+    assert not node_accepts(node_view("g", node("g", labels={**POOL, "gpus": "2"})), with_gpus)
+
+
+def test_an_anti_affinity_over_the_jobs_own_pods_counts_one_pod_per_node():
+    """Small requests fit many pods per node; a required anti-affinity per hostname that selects
+    the job's pods keeps them one per node, so a lost node is lost capacity."""
+    views = [node_view(n, node(n, cpu="64")) for n in ("a", "b", "c")]
+    own = {names.LABEL_JOB: "train", "team": "ml"}
+
+    def apart(selector: dict[str, Any] | None, key: str = "kubernetes.io/hostname") -> dict:
+        term = {"topologyKey": key, "labelSelector": selector}
+        anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        return {**TEMPLATE["spec"], "affinity": anti}
+
+    assert fitting_pods(views, TEMPLATE["spec"], limit=8, pod_labels=own) == 8
+    assert fitting_pods(views, apart({"matchLabels": {names.LABEL_JOB: "train"}}), 8, own) == 3
+    exists = {"matchExpressions": [{"key": "team", "operator": "Exists"}]}
+    assert fitting_pods(views, apart(exists), 8, own) == 3
+    assert fitting_pods(views, apart({}), 8, own) == 3, "an empty selector selects every pod"
+    assert fitting_pods(views, apart(None), 8, own) == 8, "a null selector selects none"
+    other = {"matchLabels": {names.LABEL_JOB: "another-job"}}
+    assert fitting_pods(views, apart(other), 8, own) == 8
+    zone = apart({"matchLabels": {names.LABEL_JOB: "train"}}, key="topology.kubernetes.io/zone")
+    assert fitting_pods(views, zone, 8, own) == 8, "only a per-node spread is counted"
+
+
 # -- start size -----------------------------------------------------------------------------
 
 

@@ -1,10 +1,14 @@
 """How many of a job's pods the cluster's nodes could take now: the input of elastic sizing.
 
 An elastic job chooses its gang size from the nodes that are Ready, schedulable (not cordoned,
-no untolerated NoSchedule/NoExecute taint), match the template's ``nodeSelector`` and whose
-allocatable resources hold the pod's requests. Asking the scheduler instead (create the full
-gang and see what binds) was rejected: the pods that bind hold nodes while doing nothing, which
-is exactly what a gang must not do, and it takes a scheduling round per guess.
+no untolerated NoSchedule/NoExecute taint), match the template's ``nodeSelector`` and required
+node affinity, and whose allocatable resources hold the pod's requests; a required pod
+anti-affinity that keeps the job's own pods apart per node (topology ``kubernetes.io/hostname``)
+makes it one pod per node. Without that, a job that spreads its ranks by anti-affinity with small
+requests would count several pods per node, never see that capacity is gone, and never shrink.
+Asking the scheduler instead (create the full gang and see what binds) was rejected: the pods
+that bind hold nodes while doing nothing, which is exactly what a gang must not do, and it takes
+a scheduling round per guess.
 
 The count is an upper bound: pods of other workloads are not subtracted (the operator watches
 nodes, not every pod in the cluster). An overestimate is harmless with native gang scheduling
@@ -41,6 +45,7 @@ _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m
 
 UNBOUNDED = 1 << 20
 """Pods per node when nothing limits them (no requests and no ``pods`` allocatable)."""
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def parse_quantity(text: Any) -> float | None:
@@ -99,6 +104,8 @@ def node_accepts(node: NodeView, template_spec: dict[str, Any]) -> bool:
     selector = template_spec.get("nodeSelector") or {}
     if any(labels.get(key) != value for key, value in selector.items()):
         return False
+    if not _node_affinity_accepts(node, _affinity(template_spec, "nodeAffinity")):
+        return False
     tolerations = template_spec.get("tolerations") or []
     return all(
         taint.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(taint, tolerations)
@@ -121,13 +128,89 @@ def pods_per_node(node: NodeView, requests: dict[str, float]) -> int:
     return max(count, 0)
 
 
-def fitting_pods(nodes: Iterable[NodeView], template_spec: dict[str, Any], limit: int) -> int:
-    """How many pods of the template the nodes could take, capped at ``limit``."""
+def fitting_pods(
+    nodes: Iterable[NodeView],
+    template_spec: dict[str, Any],
+    limit: int,
+    pod_labels: dict[str, str] | None = None,
+) -> int:
+    """How many pods of the template the nodes could take, capped at ``limit``; ``pod_labels``:
+    the labels every pod of the job carries (for the template's pod anti-affinity)."""
     requests = pod_requests(template_spec)
+    apart = one_per_node(template_spec, pod_labels or {})
     total = 0
     for node in nodes:
         if node_accepts(node, template_spec):
-            total += pods_per_node(node, requests)
+            fits = pods_per_node(node, requests)
+            total += min(fits, 1) if apart else fits
             if total >= limit:
                 return limit
     return total
+
+
+def one_per_node(template_spec: dict[str, Any], pod_labels: dict[str, str]) -> bool:
+    """Whether a required pod anti-affinity term over the node (``kubernetes.io/hostname``)
+    selects the job's own pods, so that no two of them share a node."""
+    anti = _affinity(template_spec, "podAntiAffinity")
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    return any(
+        term.get("topologyKey") == HOSTNAME
+        and selector_matches(term.get("labelSelector"), pod_labels)
+        for term in terms
+        if isinstance(term, dict)
+    )
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector against labels, as the scheduler reads one in an affinity term: a null
+    selector selects nothing, an empty one everything."""
+    if selector is None:
+        return False
+    wanted = selector.get("matchLabels") or {}
+    if any(labels.get(key) != value for key, value in wanted.items()):
+        return False
+    return all(_expression(e, labels) for e in selector.get("matchExpressions") or [])
+
+
+def _affinity(template_spec: dict[str, Any], kind: str) -> dict[str, Any]:
+    return (template_spec.get("affinity") or {}).get(kind) or {}
+
+
+def _node_affinity_accepts(node: NodeView, node_affinity: dict[str, Any]) -> bool:
+    """The required node affinity: any of its terms, each all of its expressions (an empty term
+    matches no node, as the scheduler has it)."""
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    labels, fields = dict(node.labels), {"metadata.name": node.name}
+    for term in terms:
+        expressions = term.get("matchExpressions") or []
+        by_field = term.get("matchFields") or []
+        if (expressions or by_field) and (
+            all(_expression(e, labels) for e in expressions)
+            and all(_expression(e, fields) for e in by_field)
+        ):
+            return True
+    return False
+
+
+def _expression(expression: dict[str, Any], values: dict[str, str]) -> bool:
+    """One requirement (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``)."""
+    have = values.get(expression.get("key", ""))
+    operator, given = expression.get("operator"), expression.get("values") or []
+    if operator == "In":
+        return have is not None and have in given
+    if operator == "NotIn":
+        return have is None or have not in given
+    if operator == "Exists":
+        return have is not None
+    if operator == "DoesNotExist":
+        return have is None
+    if operator in ("Gt", "Lt") and have is not None and len(given) == 1:
+        try:
+            ours, theirs = int(have), int(given[0])
+        except ValueError:
+            return False
+        return ours > theirs if operator == "Gt" else ours < theirs
+    return False
