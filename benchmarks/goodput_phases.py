@@ -354,12 +354,16 @@ def milestones(
     """The end of each phase of one recovery (window seconds). ``runtime``: per runtime
     milestone (``runtime_started``, ``process_group_formed``, ``checkpoint_fetched``,
     ``loaded``, ``first_step``) the times the ranks recorded; the gang is as late as its last
-    rank (``first_step`` is rank 0's alone)."""
+    rank (``first_step`` is rank 0's alone). Old pods the new gang keeps
+    (``recovery.survivors: Stay``) never go: the old gang is gone when the others are, at
+    detection when none goes."""
     if created is None:
         created = min((p.created for p in new if p.created is not None), default=None)
+    staying = {p.name for p in new}
+    leaving = [p for p in old if p.name not in staying]
     marks: dict[str, float | None] = {
         "detected": detected,
-        "old_pods_gone": _last(gone_at(p, losses) for p in old),
+        "old_pods_gone": _last(gone_at(p, losses) for p in leaving) if leaving else detected,
         "pods_created": created,
         "bound": _last(p.bound for p in new),
         "container_started": _last(p.started for p in new),
