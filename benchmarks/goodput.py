@@ -1265,16 +1265,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep_workdir:
             subprocess.run(["rm", "-rf", str(workdir)], check=False)
-    doc = document(cfg, runs)
+    report(document(cfg, runs), say, args.json)
+    return 0
+
+
+def report(doc: Obj, say: Say, json_path: str | None) -> None:
+    """The table of record and the phase table; the JSON of record written to ``json_path``."""
     say("\n" + table(doc["summary"]))
     say(
         "\nrecovery phases (all loss-caused interruptions, seconds):\n"
         + phases_text(doc["phase_table"])
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-        say(f"\nwritten: {args.json} (also a goodput_sim.py --costs file)")
-    return 0
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=1) + "\n")
+        say(f"\nwritten: {json_path} (also a goodput_sim.py --costs file)")
 
 
 if __name__ == "__main__":

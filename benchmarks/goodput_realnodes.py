@@ -350,11 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     goodput.print_run(run, say)
     doc = goodput.document(cfg, [run])
     doc["benchmark"] = "goodput-realnodes"
-    say("\n" + goodput.table(doc["summary"]))
-    say("\nrecovery phases (seconds):\n" + goodput.phases_text(doc["phase_table"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-        say(f"\nwritten: {args.json}")
+    goodput.report(doc, say, args.json)
     return 0
 
 

@@ -45,6 +45,20 @@ print(json.dumps({"before": on_disk_before_the_manager, "source": result.source,
 """
 
 
+def managed_pod_env(tmp_path: Path, s3_root, server_env: dict[str, str], named: str) -> dict:
+    """What the operator gives a relaunched rank's pod: the run, the checkpoint it named, and a
+    fresh local disk (``node-b``)."""
+    return {
+        "PYTHONPATH": str(REPO),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **server_env,
+        envvars.CHECKPOINT_DIR: str(s3_root),
+        envvars.RUN_NAME: "s3run",
+        envvars.RESUME_FROM: f"{s3_root}/s3run/{named}",
+        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path / "node-b"),
+    }
+
+
 def relaunch(
     tmp_path: Path,
     s3_root,
@@ -56,13 +70,7 @@ def relaunch(
     script = tmp_path / "relaunched.py"
     script.write_text(RELAUNCHED)
     env = {
-        "PYTHONPATH": str(REPO),
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        **server_env,
-        envvars.CHECKPOINT_DIR: str(s3_root),
-        envvars.RUN_NAME: "s3run",
-        envvars.RESUME_FROM: f"{s3_root}/s3run/{named}",
-        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path / "node-b"),
+        **managed_pod_env(tmp_path, s3_root, server_env, named),
         envvars.EVENTS_FILE: str(tmp_path / "events.jsonl"),
         **extra,
     }
@@ -143,15 +151,7 @@ def test_the_pods_other_local_ranks_report_the_prefetched_checkpoint_as_remote(
     (tmp_path / "relaunched.py").write_text(RELAUNCHED)
     (tmp_path / "pod.py").write_text(POD)
     (tmp_path / "events").mkdir()
-    env = {
-        "PYTHONPATH": str(REPO),
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        **s3_env.env(),
-        envvars.CHECKPOINT_DIR: str(s3_root),
-        envvars.RUN_NAME: "s3run",
-        envvars.RESUME_FROM: f"{s3_root}/s3run/ep0-ba2",
-        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path / "node-b"),
-    }
+    env = managed_pod_env(tmp_path, s3_root, s3_env.env(), "ep0-ba2")
     args = [str(tmp_path / "relaunched.py"), str(tmp_path / "node-b"), "ep0-ba2"]
     pod = subprocess.run(
         [sys.executable, str(tmp_path / "pod.py"), *args, str(tmp_path / "events")],
