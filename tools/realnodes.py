@@ -286,10 +286,14 @@ class RealNodes:
                 _must("hack/cluster/nodes.sh up", started)
         try:
             self.say("importing the operator image into every node")
-            _must(
-                "import of the operator image",
-                _run([str(NODES_SH), "import-image", archives["operator"]], self.env, 600),
-            )
+            # The pause image again too (each node got it when it started): a kept cluster's
+            # kubelets delete unused images when the machine's disk runs full, and without the
+            # sandbox image no pod starts. An image still there is not imported again.
+            for target in ("pause", "operator"):
+                _must(
+                    f"import of the {target} image",
+                    _run([str(NODES_SH), "import-image", archives[target]], self.env, 600),
+                )
             self.say(f"importing the runtime image into nodes {self.runtime_nodes} (several GiB)")
             _must(
                 "import of the runtime image",
