@@ -136,11 +136,7 @@ class RealPool:
         future.add_done_callback(done)
 
     def node_ready(self, name: str) -> bool:
-        node = self.kube.get(f"/api/v1/nodes/{name}") or {}
-        return any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (node.get("status") or {}).get("conditions") or []
-        )
+        return self.kube.node_ready(name)
 
     def taint_node(self, name: str, key: str, effect: str = "NoSchedule", value: str = "") -> None:
         taint = f"{key}={value}:{effect}" if value else f"{key}:{effect}"

@@ -265,14 +265,20 @@ def _mounts(job: Job, template_mounts: list[dict[str, Any]]) -> list[dict[str, A
     return mounts
 
 
+def job_pod_labels(job: Job) -> dict[str, str]:
+    """The labels every pod of the job carries: the template's and the job's name (each rank
+    adds its attempt and rank)."""
+    tmeta = job.raw_template.get("metadata") or {}
+    return {**(tmeta.get("labels") or {}), names.LABEL_JOB: job.ref.name}
+
+
 def _rank_metadata(
     job: Job, name: str, tmeta: dict[str, Any], attempt: int, rank: int
 ) -> dict[str, Any]:
-    """A rank pod's metadata: the template's labels with the job's, attempt's and rank's, and
-    the template's annotations except those the rank itself writes."""
+    """A rank pod's metadata: the job's pod labels with the attempt's and rank's, and the
+    template's annotations except those the rank itself writes."""
     labels = {
-        **(tmeta.get("labels") or {}),
-        names.LABEL_JOB: job.ref.name,
+        **job_pod_labels(job),
         names.LABEL_ATTEMPT: str(attempt),
         names.LABEL_RANK: str(rank),
     }

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..api import names
 from ..api.api_types import Job
 from ..api.status_types import JobStatus, Phase
 from . import conditions as cond
 from . import kueue_quota, support
 from .capacity import fitting_pods
+from .manifests import job_pod_labels
 from .nodes import NodeView
 from .plan_types import Plan
 from .podstate import pod_attempt, pod_rank
@@ -61,14 +61,10 @@ class ReconcileContext:
         (kueue_quota.py)."""
         limit = self.job.spec.replicas if limit is None else limit
         template_spec = self.job.raw_template.get("spec") or {}
-        labels = {
-            **((self.job.raw_template.get("metadata") or {}).get("labels") or {}),
-            names.LABEL_JOB: self.job.ref.name,
-        }
         count = (
             limit
             if self.cluster_nodes is None
-            else fitting_pods(self.cluster_nodes, template_spec, limit, labels)
+            else fitting_pods(self.cluster_nodes, template_spec, limit, job_pod_labels(self.job))
         )
         quota = kueue_quota.room(
             self.observed_support.get(kueue_quota.CLUSTER_QUEUE), template_spec, self.owned
