@@ -105,8 +105,9 @@ def test_pod_succeeds_with_env_paths_and_message(
         {"name": "RTJ_REPORT_FILE", "value": "/dev/termination-log"},
     ]
     script = """
-        import json, os, sys
+        import json, os, sys, tempfile
         seen = {**os.environ, "EXE": sys.executable, "CWD": os.getcwd()}
+        seen["TEMP_FOLDER"] = tempfile.gettempdir()
         json.dump(seen, open(os.environ["OUT"] + "/env.json", "w"))
         open(os.environ["RTJ_REPORT_FILE"], "w").write("report of $(POD)")
     """
@@ -133,6 +134,9 @@ def test_pod_succeeds_with_env_paths_and_message(
     assert seen["RTJ_REPORT_FILE"].startswith(str(agent.workdir))  # mount paths rewritten
     assert str(ROOT) in seen["PYTHONPATH"].split(":") and seen["CWD"] == str(ROOT)
     assert seen["EXE"] != "python" and Path(seen["EXE"]).is_absolute()
+    # The container's own temporary folder, inside its pod's folder, not the host's.
+    own_tmp = agent.workdir / "pods" / uid / "containers" / "main" / "tmp"
+    assert seen["TMPDIR"] == seen["TEMP_FOLDER"] == str(own_tmp)
     node = kube.request("GET", f"/api/v1/nodes/{agent.node}")
     assert "kwok.x-k8s.io/node" not in (node["metadata"].get("annotations") or {})
     assert node["metadata"]["labels"]["type"] == "podrunner"
@@ -199,6 +203,8 @@ def test_deletion_sigterm_then_sigkill_then_gone(
             open(out + "/polite-term", "w").write("SIGTERM")
             sys.exit(0)
         signal.signal(signal.SIGTERM, bye)
+        open(os.environ["TMPDIR"] + "/scratch", "w").write("x")
+        open(out + "/polite-tmp", "w").write(os.environ["TMPDIR"])
         open(out + "/polite-pid", "w").write(str(os.getpid()))
         time.sleep(300)
     """
@@ -224,6 +230,8 @@ def test_deletion_sigterm_then_sigkill_then_gone(
         wait_for(f"{name} gone", lambda n=name: get_pod(kube, ns, n) is None, 20)
     assert time.monotonic() - started < 15
     assert (tmp_path / "polite-term").read_text() == "SIGTERM"
+    own_tmp = Path((tmp_path / "polite-tmp").read_text())  # goes with the pod, as /tmp does
+    wait_for("the pod's temporary folder removed", lambda: not own_tmp.exists(), 10)
     for name in ("polite", "stubborn"):
         assert not alive(int((tmp_path / f"{name}-pid").read_text()))
     log = agent.log.read_text()

@@ -31,7 +31,7 @@ from .translate import Interpreter, PodAddresses
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding ``tools/`` (the repository root): on every pod's PYTHONPATH."""
-PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "TZ")
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "USER", "TZ")
 
 
 def default_state_dir() -> Path:

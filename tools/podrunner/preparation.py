@@ -160,7 +160,11 @@ class PodPreparation:
                     if not local.exists():
                         local.mkdir(parents=True, exist_ok=True)
                 mapping.append((mount["mountPath"], str(local)))
-            base = {**ctx.base_env, "HOSTNAME": hostname}
+            # A container's /tmp is its own and goes with the pod: so is this folder (inside
+            # the pod's, removed with it), not the host's temporary folder shared by all pods.
+            scratch = cdir / "tmp"
+            scratch.mkdir(exist_ok=True)
+            base = {**ctx.base_env, "HOSTNAME": hostname, "TMPDIR": str(scratch)}
             if self.account is not None:
                 if not any(src.rstrip("/") == SA_MOUNT_PATH for src, _ in mapping):
                     mapping.append((SA_MOUNT_PATH, str(self.account.path)))
