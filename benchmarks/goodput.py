@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -535,7 +535,7 @@ class Replay:
             )
         added = [pool.add(slot) for pool in self.pools.values() for slot in range(start)]
         for node in added:
-            wait_for(f"node {node} Ready", lambda node=node: self.stack.node_ready(node), 60)
+            wait_for(f"node {node} Ready", lambda node=node: self.stack.kube.node_ready(node), 60)
 
     def _apply(self) -> None:
         docs = [RESULTS_CLAIM_DOC] + [
@@ -1161,9 +1161,9 @@ def source_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = Config()
+def add_replay_args(p: argparse.ArgumentParser, defaults: Config) -> None:
+    """The flags every replay takes (this one and ``goodput_realnodes.py``): the window, the
+    job's size and the emulated trainer."""
     p.add_argument("--trace", default=defaults.trace, help="a spot_traces name")
     p.add_argument(
         "--window-start", type=float, default=defaults.window_start, help="trace seconds"
@@ -1173,11 +1173,55 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--replicas", type=int, default=defaults.replicas)
     p.add_argument("--min-replicas", type=int, default=defaults.min_replicas)
     p.add_argument("--step-sleep", type=float, default=defaults.step_sleep)
-    p.add_argument("--interval-steps", type=int, default=defaults.interval_steps)
     p.add_argument("--notice-share", type=float, default=defaults.notice_share)
+    p.add_argument("--shrink-after", type=int, default=defaults.shrink_after_s)
+
+
+def replay_config(
+    p: argparse.ArgumentParser, args: argparse.Namespace, base: Config, **more: Any
+) -> Config:
+    """``base`` with the flags of ``add_replay_args`` (and ``more``), checked: a bad value
+    ends the command with the flag and what it expects."""
+    checks = [
+        (args.window > 0, "--window must be > 0 trace seconds"),
+        (args.window_start >= 0, "--window-start must be >= 0 trace seconds"),
+        (args.compress > 0, "--compress must be > 0 (trace seconds per replay second)"),
+        (args.replicas >= 1, "--replicas must be >= 1"),
+        (1 <= args.min_replicas <= args.replicas, "--min-replicas must be 1 to --replicas"),
+        (args.step_sleep > 0, "--step-sleep must be > 0 seconds"),
+        (0 <= args.notice_share <= 1, "--notice-share must be between 0 and 1"),
+        (args.shrink_after >= 0, "--shrink-after must be >= 0 seconds"),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            p.error(problem)
+    cfg = replace(
+        base,
+        trace=args.trace,
+        window_start=args.window_start,
+        window=args.window,
+        compress=args.compress,
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        step_sleep=args.step_sleep,
+        notice_share=args.notice_share,
+        shrink_after_s=args.shrink_after,
+        **more,
+    )
+    try:
+        cfg.capacity()
+    except (KeyError, OSError, ValueError) as err:  # an unknown trace, unfetched, a bad window
+        p.error(f"--trace {args.trace!r} (--window-start, --window): {err}")
+    return cfg
+
+
+def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = Config()
+    add_replay_args(p, defaults)
+    p.add_argument("--interval-steps", type=int, default=defaults.interval_steps)
     p.add_argument("--notice-s", type=float, default=defaults.notice_s, help="trace seconds")
     p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--shrink-after", type=int, default=defaults.shrink_after_s)
     p.add_argument("--grow-interval", type=int, default=defaults.grow_interval_s)
     p.add_argument("--grow-settle", type=int, default=defaults.grow_settle_s)
     p.add_argument("--repeat", type=int, default=defaults.repeat)
@@ -1191,19 +1235,15 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--cluster-name", default="rtj-goodput")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and pod folders")
     args = p.parse_args(argv)
-    cfg = Config(
-        trace=args.trace,
-        window_start=args.window_start,
-        window=args.window,
-        compress=args.compress,
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        step_sleep=args.step_sleep,
+    if args.interval_steps < 1 or args.repeat < 1 or args.notice_s < 0:
+        p.error("--interval-steps and --repeat must be >= 1, --notice-s >= 0")
+    cfg = replay_config(
+        p,
+        args,
+        defaults,
         interval_steps=args.interval_steps,
-        notice_share=args.notice_share,
         notice_s=args.notice_s,
         seed=args.seed,
-        shrink_after_s=args.shrink_after,
         grow_interval_s=args.grow_interval,
         grow_settle_s=args.grow_settle,
         repeat=args.repeat,

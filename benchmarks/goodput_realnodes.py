@@ -273,36 +273,13 @@ def job_manifest(name: str, cfg: goodput.Config, image: str, shared: Path) -> Ob
 
 def parse_args(argv: list[str] | None) -> tuple[goodput.Config, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = goodput.Config()
-    p.add_argument("--trace", default=defaults.trace, help="a spot_traces name")
-    p.add_argument("--window-start", type=float, default=defaults.window_start)
-    p.add_argument("--window", type=float, default=defaults.window, help="trace seconds")
-    p.add_argument("--compress", type=float, default=defaults.compress)
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--min-replicas", type=int, default=2)
-    p.add_argument("--step-sleep", type=float, default=defaults.step_sleep)
-    p.add_argument("--notice-share", type=float, default=defaults.notice_share)
-    p.add_argument("--shrink-after", type=int, default=defaults.shrink_after_s)
+    defaults = dataclasses.replace(goodput.Config(), replicas=3, min_replicas=2)
+    goodput.add_replay_args(p, defaults)
     p.add_argument("--json", help="write the run, its summary and phase costs here")
     p.add_argument("--cluster-name", default="rtj-goodput-real")
     p.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     args = p.parse_args(argv)
-    if args.replicas < 1 or not 1 <= args.min_replicas <= args.replicas:
-        p.error("--replicas must be >= 1 and --min-replicas between 1 and --replicas")
-    cfg = dataclasses.replace(
-        defaults,
-        trace=args.trace,
-        window_start=args.window_start,
-        window=args.window,
-        compress=args.compress,
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        step_sleep=args.step_sleep,
-        notice_share=args.notice_share,
-        shrink_after_s=args.shrink_after,
-        survivors="Stay",
-    )
-    return cfg, args
+    return goodput.replay_config(p, args, defaults, survivors="Stay"), args
 
 
 def main(argv: list[str] | None = None) -> int:

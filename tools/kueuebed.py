@@ -212,7 +212,7 @@ class KueueBed:
         self.agents[name] = agent
         wait_for(
             f"node {name} Ready",
-            lambda: not agent.alive() or _node_ready(self.kube, name),
+            lambda: not agent.alive() or self.kube.node_ready(name),
             60,
             on_timeout=agent.tail,
         )
@@ -260,14 +260,6 @@ class KueueBed:
         if self.kueue is not None:
             self.kueue.down()
         self.plane.down(wait=wait)
-
-
-def _node_ready(kube: Kube, name: str) -> bool:
-    node = kube.get(f"/api/v1/nodes/{name}") or {}
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (node.get("status") or {}).get("conditions") or []
-    )
 
 
 def job_body(

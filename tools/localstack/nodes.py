@@ -69,21 +69,13 @@ class NodesPart(StackBase):
         agent = self.agents[name]
         wait_for(
             f"node {name} Ready",
-            lambda: not agent.alive() or self.node_ready(name),
+            lambda: not agent.alive() or self.kube.node_ready(name),
             60,
             on_timeout=agent.tail,
         )
         if not agent.alive():
             raise StackError(f"pod-runner agent {name} exited at start:\n{agent.tail()}")
         self.say(f"node {name}: Ready (pod-runner agent pid {agent.pid})")
-
-    def node_ready(self, name: str) -> bool:
-        """Whether the Node exists and is Ready."""
-        node = self.kube.get(f"/api/v1/nodes/{name}") or {}
-        return any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (node.get("status") or {}).get("conditions") or []
-        )
 
     def live_nodes(self) -> list[str]:
         """Nodes whose agent still runs."""

@@ -248,7 +248,9 @@ class ElasticStory:
             n.say(f">>> capacity is back: {replicas - minimum} new spot nodes join")
             added = [self.stack.add_node(wait=False) for _ in doomed]
             for name in added:
-                self._wait(f"node {name} Ready", lambda name=name: self.stack.node_ready(name), 60)
+                self._wait(
+                    f"node {name} Ready", lambda name=name: self.stack.kube.node_ready(name), 60
+                )
             back_wall, back = time.time(), time.monotonic()
             self._wait(
                 f"attempt 2 Running at {replicas} ranks",

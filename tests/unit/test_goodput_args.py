@@ -1,0 +1,42 @@
+"""The goodput replays' command lines: what they run with, and bad values refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import goodput, goodput_realnodes
+
+
+def test_the_defaults_replay_the_window_of_record():
+    cfg, _ = goodput.parse_args([])
+    assert (cfg.replicas, cfg.min_replicas, cfg.survivors) == (4, 2, "Replace")
+    assert cfg.capacity().changes(), "the default window has capacity changes"
+    real, _ = goodput_realnodes.parse_args(["--shrink-after", "0"])
+    assert (real.replicas, real.min_replicas, real.survivors) == (3, 2, "Stay")
+    assert real.shrink_after_s == 0 and real.trace == cfg.trace
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--compress", "0"], "--compress"),
+        (["--min-replicas", "5"], "--min-replicas"),
+        (["--notice-share", "1.5"], "--notice-share"),
+        (["--trace", "no/such-trace"], "no/such-trace"),
+        (["--window-start", "1e9"], "outside the trace"),
+        (["--repeat", "0"], "--repeat"),
+    ],
+)
+def test_a_bad_value_ends_the_command_naming_it(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+):
+    with pytest.raises(SystemExit) as ended:
+        goodput.parse_args(argv)
+    assert ended.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_real_node_replay_refuses_the_same_way(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        goodput_realnodes.parse_args(["--replicas", "2", "--min-replicas", "3"])
+    assert "--min-replicas" in capsys.readouterr().err
