@@ -1161,6 +1161,35 @@ def source_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+REPLAY_FIELDS = {
+    "trace": "trace",
+    "window_start": "window_start",
+    "window": "window",
+    "compress": "compress",
+    "replicas": "replicas",
+    "min_replicas": "min_replicas",
+    "step_sleep": "step_sleep",
+    "notice_share": "notice_share",
+    "shrink_after": "shrink_after_s",
+}
+"""The flags of ``add_replay_args`` (their argparse names) and the ``Config`` fields they set."""
+MORE_FIELDS = {
+    "interval_steps": "interval_steps",
+    "notice_s": "notice_s",
+    "seed": "seed",
+    "grow_interval": "grow_interval_s",
+    "grow_settle": "grow_settle_s",
+    "repeat": "repeat",
+    "survivors": "survivors",
+}
+"""The pod-runner replay's other flags and their ``Config`` fields."""
+
+
+def fields_of(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
+    """``Config`` fields from parsed flags: ``names`` maps each flag's name to its field."""
+    return {field_name: getattr(args, flag) for flag, field_name in names.items()}
+
+
 def add_replay_args(p: argparse.ArgumentParser, defaults: Config) -> None:
     """The flags every replay takes (this one and ``goodput_realnodes.py``): the window, the
     job's size and the emulated trainer."""
@@ -1195,19 +1224,7 @@ def replay_config(
     for ok, problem in checks:
         if not ok:
             p.error(problem)
-    cfg = replace(
-        base,
-        trace=args.trace,
-        window_start=args.window_start,
-        window=args.window,
-        compress=args.compress,
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        step_sleep=args.step_sleep,
-        notice_share=args.notice_share,
-        shrink_after_s=args.shrink_after,
-        **more,
-    )
+    cfg = replace(base, **fields_of(args, REPLAY_FIELDS), **more)
     try:
         cfg.capacity()
     except (KeyError, OSError, ValueError) as err:  # an unknown trace, unfetched, a bad window
@@ -1237,18 +1254,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     args = p.parse_args(argv)
     if args.interval_steps < 1 or args.repeat < 1 or args.notice_s < 0:
         p.error("--interval-steps and --repeat must be >= 1, --notice-s >= 0")
-    cfg = replay_config(
-        p,
-        args,
-        defaults,
-        interval_steps=args.interval_steps,
-        notice_s=args.notice_s,
-        seed=args.seed,
-        grow_interval_s=args.grow_interval,
-        grow_settle_s=args.grow_settle,
-        repeat=args.repeat,
-        survivors=args.survivors,
-    )
+    cfg = replay_config(p, args, defaults, **fields_of(args, MORE_FIELDS))
     return cfg, args
 
 
