@@ -3,10 +3,11 @@
 A worker forked from the agent inherits what the agent imported. A script that compiles
 (``torch.compile``) or asks for deterministic algorithms (``torch.use_deterministic_algorithms``)
 imports ``torch._inductor`` and ``torch._dynamo`` on first use: about 1 s of CPU on the 2-core
-development machine, paid again by every worker restarted in place. The agent imports them once,
-right after its first workers started (a standby pod's too): they import what they use
-themselves, so the first start is not delayed, and every restart in place after it finds the
-modules loaded.
+development machine, paid again by every worker restarted in place. The agent imports them once:
+
+- a standby pod, before it says it is warm (it has nothing else to do);
+- any other pod, right after its first workers started: they import what they use themselves, so
+  the first start is not delayed, and every restart in place after it finds the modules loaded.
 
 The import makes no CUDA call and starts no thread (``tests/unit/test_agent_preload.py``), so
 forking after it is as safe as forking after ``import torch``. It costs the agent about 100 MiB of

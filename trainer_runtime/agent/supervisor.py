@@ -84,6 +84,7 @@ class Supervisor:
     def _supervise(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.settings.standby:
+            preload.preload(self.settings.preload)  # a spare is warm with them loaded
             standby.announce_ready(self.settings.base_env, self.initial.epoch)
             first = standby.wait_for_membership(
                 self.initial,
@@ -100,8 +101,8 @@ class Supervisor:
             chosen = self._newer_membership() or self.initial
             self._serve_store(chosen)
             self._start(chosen)
-        # For the restarts in place; the first workers import what they use themselves.
-        preload.preload(self.settings.preload)
+            # For the restarts in place; the first workers import what they use themselves.
+            preload.preload(self.settings.preload)
         while True:
             time.sleep(self.settings.poll_s)
             codes = [w.poll() for w in self.workers]
