@@ -7,10 +7,12 @@ interpreters that form a gloo process group through the environment's rendezvous
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from torch.distributed import TCPStore
@@ -108,3 +110,57 @@ def test_the_agent_of_node_rank_0_serves_the_store_its_workers_use() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "formed True 1" in done.stdout
+
+
+SLOW_TO_STOP = """
+import os, signal, sys, time, torch, torch.distributed as dist
+epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print("formed", epoch, int(t.item()), flush=True)
+if epoch == "0":  # the old gang trains until told to stop, then saves for a while
+    while not stopping:
+        time.sleep(0.05)
+    time.sleep(3.0)
+dist.destroy_process_group()
+"""
+
+
+def test_a_new_member_that_arrives_early_never_meets_the_old_gangs_store(tmp_path) -> None:
+    """A grow at the same rendezvous address: the old gang (node rank 0's agent, 1 rank) takes
+    3 s to stop, and the new member's worker starts at once. It must join the new gang's store,
+    not the old one still answering at that port (whose keys would send it to the old ranks)."""
+    port = free_port()
+    membership = tmp_path / "membership"
+    pod0 = subprocess.Popen(
+        [sys.executable, "-m", "trainer_runtime.agent", "--", sys.executable, "-c", SLOW_TO_STOP],
+        env=rank_env(port, 0, 1, RTJ_MEMBERSHIP_FILE=str(membership), RTJ_MEMBERSHIP_EPOCH="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    joiner = None
+    try:
+        deadline = time.monotonic() + 120
+        while "formed 0 1" not in (line := pod0.stdout.readline()):
+            assert line and time.monotonic() < deadline, pod0.stderr.read()
+        grown = {"epoch": 1, "nnodes": 2, "nodeRank": 0, "masterAddr": "127.0.0.1"}
+        membership.write_text(json.dumps({**grown, "masterPort": port, "stop": "save"}))
+        joiner = subprocess.Popen(
+            [sys.executable, "-c", SLOW_TO_STOP],
+            env=rank_env(port, 1, 2, TORCHELASTIC_USE_AGENT_STORE="True", RTJ_MEMBERSHIP_EPOCH="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        out, err = joiner.communicate(timeout=90)
+        assert joiner.returncode == 0 and "formed 1 2" in out, err[-2000:]
+        assert "formed 1 2" in pod0.stdout.readline()
+    finally:
+        for proc in (pod0, joiner):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

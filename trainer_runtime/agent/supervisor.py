@@ -135,16 +135,20 @@ class Supervisor:
     def _restart(self, new: Membership) -> None:
         began = self.clock()
         old_store, self.store = self.store, None
-        same_port = old_store is not None and old_store.port == new.master_port
-        if not same_port:
-            self._serve_store(new)  # first: the new gang's early ranks find it up
+        if old_store is not None and old_store.port == new.master_port:
+            # The new gang's rendezvous is at the old one's address: replace the store before
+            # anything else. A new member that arrives while the old store still answers there
+            # (a warm spare starts at once; the old workers' save may take minutes) would read
+            # the old gang's keys, try to connect to its dead ranks, and hang the new gang.
+            # The old workers no longer need it: their process group is formed.
+            old_store.stop()
+            old_store = None
+        self._serve_store(new)  # first: the new gang's early ranks find it up
         if new.stop == membership.STOP_KILL and new.node_rank == 0:
             self._let_survivor_save()
         self._stop(save=new.stop == membership.STOP_SAVE)
         if old_store is not None:
             old_store.stop()
-        if same_port:
-            self._serve_store(new)  # the old store held the port until now
         stopped_s = self.clock() - began
         self._announce(
             new,
