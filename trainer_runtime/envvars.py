@@ -64,6 +64,10 @@ REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
 # agent imports torch and the runtime, says so in AGENT_READY_ANNOTATION on its own pod, and
 # starts no worker until a membership names it. Not in ALL_RTJ: only such pods get it.
 STANDBY = "RTJ_STANDBY"
+# Modules the in-pod agent imports for the workers it forks (agent/preload.py): comma-separated
+# module names; unset: torch._inductor.config (what torch.compile and deterministic algorithms
+# import on first use); empty: none. Set by the user, never by the operator: not in ALL_RTJ.
+AGENT_PRELOAD = "RTJ_AGENT_PRELOAD"
 # Saving the last finished step from a survivor's memory (save/survivor.py): the agent gives
 # each worker a file to say it can (SURVIVOR_SAVE_FILE, the agent's own, not the user's) and
 # waits up to SURVIVOR_SAVE_SECONDS for that worker's save; the user sets SURVIVOR_SAVE=0 to

@@ -6,13 +6,15 @@ gradients' all-reduce is done (from then on the step's update holds every rank's
 survivor may save it: trainer_runtime/save/survivor.py), and sleeps ``--step-s`` (the emulated
 step time). Rank 0 writes ``<out>/final.pt`` (the model and
 optimizer state) at the end, and every rank writes ``<out>/first-<epoch>-<rank>`` with the wall
-time of its first step, so a test can time how long a membership change took.
+time of its first step, so a test can time how long a membership change took, and
+``<out>/inherited-<epoch>-<rank>`` says whether it started with ``torch._inductor`` imported.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -35,9 +37,11 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
+    inherited = "torch._inductor" in sys.modules  # the agent's preload (trainer_runtime/agent)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    (out / f"inherited-{epoch}-{rank}").write_text("torch._inductor" if inherited else "")
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
     # one gradient-bucket layout for the whole run: bitwise equal across a restart

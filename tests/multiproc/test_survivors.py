@@ -122,6 +122,12 @@ def test_a_shrink_then_a_grow_keep_the_survivors(tmp_path: Path) -> None:
     for name, proc in staying.items():
         assert pods.pods[name] is proc and proc.returncode == 0
     assert_exactly_once(pods, steps)
+    # The agents preload torch._inductor after their first fork: the first workers start
+    # without it, every worker restarted in place and the warm spare's worker have it.
+    inherited = {p.name: p.read_text() for p in pods.out.glob("inherited-*")}
+    assert inherited["inherited-1-0"] == "" and inherited["inherited-1-1"] == "", inherited
+    for name in ("inherited-2-0", "inherited-2-1", "inherited-3-0", "inherited-3-2"):
+        assert inherited[name] == "torch._inductor", inherited
     epoch2 = [int(x.split()[1]) for x in (pods.out / "steps-2-0.txt").read_text().splitlines()]
     epoch3 = [int(x.split()[1]) for x in (pods.out / "steps-3-0.txt").read_text().splitlines()]
     assert len(epoch2) >= grown_from

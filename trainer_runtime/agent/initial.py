@@ -16,6 +16,7 @@ from ..pod import membership
 from ..pod.membership import Membership
 from ..run import arguments
 from .command import WorkerCommand
+from .preload import modules_from
 from .standby import is_standby
 from .supervisor import AgentSettings
 
@@ -50,6 +51,7 @@ def settings_from(command: WorkerCommand, environ: Mapping[str, str]) -> AgentSe
         stop_grace_s=_seconds(environ, envvars.GRACE_PERIOD_SECONDS, DEFAULT_STOP_GRACE_S),
         standby=is_standby(environ),
         survivor_save_s=_seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_SURVIVOR_SAVE_S),
+        preload=modules_from(environ),
     )
 
 

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..pod import membership
 from ..pod.membership import Membership
 from ..run.announce import announce
-from . import rendezvous_store, standby, worker
+from . import preload, rendezvous_store, standby, worker
 from .command import WorkerCommand
 
 log = logging.getLogger("trainer_runtime.agent")
@@ -53,6 +53,8 @@ class AgentSettings:
     survivor_save_s: float = 120.0
     """How long a worker named to save the last finished step from memory gets for it
     (``save/survivor.py``) before it is killed."""
+    preload: tuple[str, ...] = ()
+    """Modules imported for the workers' next fork (``preload.py``)."""
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Supervisor:
     def _supervise(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.settings.standby:
+            preload.preload(self.settings.preload)  # a spare is warm with them loaded
             standby.announce_ready(self.settings.base_env, self.initial.epoch)
             first = standby.wait_for_membership(
                 self.initial,
@@ -98,6 +101,8 @@ class Supervisor:
             chosen = self._newer_membership() or self.initial
             self._serve_store(chosen)
             self._start(chosen)
+            # For the restarts in place; the first workers import what they use themselves.
+            preload.preload(self.settings.preload)
         while True:
             time.sleep(self.settings.poll_s)
             codes = [w.poll() for w in self.workers]
