@@ -18,9 +18,11 @@ then accepted at once.
 
 The server runs in a child forked for it (:class:`StoreKeeper`), not in the agent: the agent
 forks its workers, and a fork beside the server's threads could hand a worker a lock one of them
-held. Each membership gets a fresh store (a process group's keys must not meet the last one's);
-the keeper of the old one is stopped after the old workers are. A keeper that cannot start (the
-port taken) is logged, and the workers then host the store as without the agent.
+held. Each membership gets a fresh store (a process group's keys must not meet the last one's).
+At another port the old keeper is stopped after the old workers are; at the same port it is
+replaced first (``supervisor.Supervisor._restart``), so an early new member never reads the old
+keys. A keeper that cannot start (the port taken) is logged, and the workers then host the store
+as without the agent.
 """
 
 from __future__ import annotations
