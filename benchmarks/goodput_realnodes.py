@@ -113,7 +113,7 @@ class RealPool:
         image stores the replay moved around), so that a kept cluster is reused next time."""
         self._ops.shutdown(wait=True)
         first = set(self.cluster.runtime_nodes)
-        up = {i for i in self._index.values() if self.node_ready(self.cluster.node(i))}
+        up = {i for i in self._index.values() if self.kube.node_ready(self.cluster.node(i))}
         for index in sorted(up - first):
             self.cluster.kill_node(index, keep_images=True)
         for index in sorted(first - up):
@@ -134,9 +134,6 @@ class RealPool:
                 self.say(f"  node operation failed: {f.exception()}")
 
         future.add_done_callback(done)
-
-    def node_ready(self, name: str) -> bool:
-        return self.kube.node_ready(name)
 
     def taint_node(self, name: str, key: str, effect: str = "NoSchedule", value: str = "") -> None:
         taint = f"{key}={value}:{effect}" if value else f"{key}:{effect}"

@@ -5,9 +5,9 @@ the runtime starts the checkpoint prefetch the pod's environment asks for (resum
 this process; and for a run in an object store the agent loads boto3 and the S3 client's data
 (``store.warm_up``). Before it forks a worker it waits for the prefetch: a fork beside a running
 thread could hand the child a lock that thread held. The first worker then finds the checkpoint
-on the local disk and builds its S3 clients without loading anything. Right after the first
-workers started, the agent imports the modules ``RTJ_AGENT_PRELOAD`` names (``preload.py``), for
-the workers it restarts in place later.
+on the local disk and builds its S3 clients without loading anything. The agent also imports the
+modules ``RTJ_AGENT_PRELOAD`` names (``preload.py``) for the workers it forks later: right after
+its first workers started, or, in a standby pod, before it says it is warm.
 
 The S3 client's data is loaded after the prefetch, not beside it: the prefetch's own client loads
 the same data into the same cache, and two threads parsing it at once both do the work (measured
