@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from torch.distributed import TCPStore
@@ -45,18 +46,18 @@ def rank_env(port: int, rank: int, world: int, **extra: str) -> dict[str, str]:
 
 def test_the_keeper_serves_clients_and_gives_its_port_back(caplog) -> None:
     port = free_port()
-    keeper = rendezvous_store.start(port)
+    keeper = rendezvous_store.start(port, 0)
     assert keeper is not None
     try:
         client = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
         client.set("k", "v")
         assert client.get("k") == b"v"
         with caplog.at_level(logging.WARNING, logger="trainer_runtime.agent"):
-            assert rendezvous_store.start(port) is None  # the port is taken: said, not raised
+            assert rendezvous_store.start(port, 0) is None  # the port is taken: said, not raised
         assert f"rendezvous store at port {port} did not start" in caplog.text
     finally:
         keeper.stop()
-    again = rendezvous_store.start(port)
+    again = rendezvous_store.start(port, 0)
     assert again is not None
     again.stop()
 
@@ -65,7 +66,7 @@ def test_with_the_agent_store_rank_0_is_a_client_of_it() -> None:
     """Both ranks of a gang join the keeper's store; without the flag rank 0 would try to serve
     the taken port itself and fail."""
     port = free_port()
-    keeper = rendezvous_store.start(port)
+    keeper = rendezvous_store.start(port, 0)
     assert keeper is not None
     try:
         flag = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -161,6 +162,88 @@ def test_a_new_member_that_arrives_early_never_meets_the_old_gangs_store(tmp_pat
         assert "formed 1 2" in pod0.stdout.readline()
     finally:
         for proc in (pod0, joiner):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_a_keepers_store_says_its_epoch_and_a_newer_member_waits_for_the_next_one() -> None:
+    """The keeper writes its membership epoch into its store; a member of a newer epoch waits
+    while the store at the address is the older gang's, and goes on once the new one answers.
+    Nothing listening, or a store that does not say (one a worker hosts), is no reason to wait."""
+    port = free_port()
+    assert rendezvous_store.served_epoch("127.0.0.1", port) is None  # nothing listens
+    hosted = TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+    assert rendezvous_store.served_epoch("127.0.0.1", port) is None  # a worker's store
+    del hosted
+    old = rendezvous_store.start(port, 3)
+    assert old is not None
+    try:
+        assert rendezvous_store.served_epoch("127.0.0.1", port) == 3
+        began = time.monotonic()
+        assert rendezvous_store.wait_until_current(3, "127.0.0.1", port, 30, lambda: True) == 3
+        assert rendezvous_store.wait_until_current(2, "127.0.0.1", port, 30, lambda: True) == 3
+        assert time.monotonic() - began < 5  # the current or a newer store: no wait
+        with ThreadPoolExecutor(1) as pool:
+            waited = pool.submit(
+                lambda: (
+                    rendezvous_store.wait_until_current(4, "127.0.0.1", port, 60, lambda: True),
+                    time.monotonic(),
+                )
+            )
+            time.sleep(1.5)
+            assert not waited.done()  # the old gang's store still answers: it waits
+            switched = time.monotonic()
+            old.stop()
+            old = rendezvous_store.start(port, 4)
+            seen, returned = waited.result(timeout=30)
+        assert seen == 4 and returned >= switched
+        # Told to stop waiting (the agent is terminating), it goes on with what it saw.
+        assert rendezvous_store.wait_until_current(9, "127.0.0.1", port, 60, lambda: False) == 4
+    finally:
+        if old is not None:
+            old.stop()
+
+
+def test_a_member_that_reads_the_new_membership_before_node_rank_0_waits_for_its_store(
+    tmp_path,
+) -> None:
+    """A grow in which the new member's agent knows the new membership before node rank 0's
+    agent does: the old store (epoch 0) still answers at the address. The member's workers
+    must wait for the new store rather than join the old one (whose keys would send them to the
+    old ranks and hang the new gang)."""
+    port = free_port()
+    membership = tmp_path / "membership"
+    agent = [sys.executable, "-m", "trainer_runtime.agent", "--", sys.executable, "-c"]
+    pod0 = subprocess.Popen(
+        [*agent, SLOW_TO_STOP],
+        env=rank_env(port, 0, 1, RTJ_MEMBERSHIP_FILE=str(membership), RTJ_MEMBERSHIP_EPOCH="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pod1 = None
+    try:
+        deadline = time.monotonic() + 120
+        while "formed 0 1" not in (line := pod0.stdout.readline()):
+            assert line and time.monotonic() < deadline, pod0.stderr.read()
+        pod1 = subprocess.Popen(
+            [*agent, SLOW_TO_STOP],
+            env=rank_env(port, 1, 2, RTJ_MEMBERSHIP_EPOCH="1", PET_NNODES="2", PET_NODE_RANK="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3.0)  # node rank 0 has not read the new membership yet
+        assert pod1.poll() is None
+        grown = {"epoch": 1, "nnodes": 2, "nodeRank": 0, "masterAddr": "127.0.0.1"}
+        membership.write_text(json.dumps({**grown, "masterPort": port, "stop": "save"}))
+        out, err = pod1.communicate(timeout=90)
+        assert pod1.returncode == 0 and "formed 1 2" in out, err[-3000:]
+        assert "waiting for 1" in err  # it did meet the old store, and waited
+        assert "formed 1 2" in pod0.stdout.readline()
+    finally:
+        for proc in (pod0, pod1):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)

@@ -23,6 +23,12 @@ At another port the old keeper is stopped after the old workers are; at the same
 replaced first (``supervisor.Supervisor._restart``), so an early new member never reads the old
 keys. A keeper that cannot start (the port taken) is logged, and the workers then host the store
 as without the agent.
+
+The pods do not read a new membership at the same moment (each one's downward-API file is
+refreshed on its own), so a member can learn of the new gang before node rank 0 does, while the
+old store still answers at the address. Each keeper therefore writes its membership epoch into
+its store (``EPOCH_KEY``), and the agent of every other pod, before it starts workers, waits
+until the store at the rendezvous address is not an older gang's (:func:`wait_until_current`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("trainer_runtime.agent")
@@ -44,6 +52,10 @@ READY_TIMEOUT_S = 5.0
 """How long the agent waits for the keeper's server to listen before it gives up on it."""
 STORE_TIMEOUT = datetime.timedelta(minutes=30)
 """The server's own timeout for a key a client waits on (clients pass their own)."""
+EPOCH_KEY = "rtj/agent/membership-epoch"
+"""The key under which a keeper's store says the membership epoch it serves."""
+PROBE_TIMEOUT_S = 2.0
+"""How long one look at the store at the rendezvous address may take."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -62,8 +74,9 @@ class StoreKeeper:
             os.waitpid(self.pid, 0)
 
 
-def start(port: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | None:
-    """Fork a keeper serving a new store at ``port``; None (logged) when it did not come up."""
+def start(port: int, epoch: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | None:
+    """Fork a keeper serving a new store of membership ``epoch`` at ``port``; None (logged)
+    when it did not come up."""
     began = time.monotonic()
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
@@ -71,7 +84,7 @@ def start(port: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | 
     pid = os.fork()
     if pid == 0:  # the child never returns from here
         os.close(read_fd)
-        _serve(port, write_fd)
+        _serve(port, epoch, write_fd)
     os.close(write_fd)
     try:
         readable, _, _ = select.select([read_fd], [], [], ready_timeout_s)
@@ -89,17 +102,16 @@ def start(port: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | 
     return keeper
 
 
-def _serve(port: int, ready_fd: int) -> None:
+def _serve(port: int, epoch: int, ready_fd: int) -> None:
     code = 0
     try:
-        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
-        _die_with_parent()
+        _become_child()
         from torch.distributed import TCPStore  # noqa: PLC0415 - the agent imported it
 
         store = TCPStore(
             "127.0.0.1", port, None, True, timeout=STORE_TIMEOUT, wait_for_workers=False
         )
+        store.set(EPOCH_KEY, str(epoch))
         os.write(ready_fd, b"1")
         os.close(ready_fd)
         while store is not None:
@@ -109,6 +121,92 @@ def _serve(port: int, ready_fd: int) -> None:
         code = 1
     finally:
         os._exit(code)
+
+
+def served_epoch(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
+    """The membership epoch of the store answering at ``addr:port``; None when nothing listens
+    there or the store does not say (one a worker hosts). A forked child asks, as the keeper
+    serves: a store client's threads must not be in the process that forks the workers."""
+    try:  # nothing listening (the usual case at a gang's first start): no child needed
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            pass
+    except OSError:
+        return None
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child never returns from here
+        os.close(read_fd)
+        _probe(addr, port, timeout_s, write_fd)
+    os.close(write_fd)
+    try:
+        readable, _, _ = select.select([read_fd], [], [], timeout_s + 1.0)
+        answer = os.read(read_fd, 32).decode(errors="replace") if readable else ""
+    finally:
+        os.close(read_fd)
+        StoreKeeper(port, pid).stop()
+    return int(answer) if answer.isdigit() else None
+
+
+def wait_until_current(
+    epoch: int, addr: str, port: int, limit_s: float, keep_waiting: Callable[[], bool]
+) -> int | None:
+    """Wait while the store at ``addr:port`` is an older membership's (node rank 0 has not
+    read the new one yet), up to ``limit_s`` or until ``keep_waiting`` says no; the epoch last
+    seen there (None: no store, or one that does not say)."""
+    began = time.monotonic()
+    said = False
+    while True:
+        seen = served_epoch(addr, port)
+        if seen is None or seen >= epoch:
+            if said:
+                log.warning(
+                    "agent: the store of epoch %d answered after %.2f s", epoch, _since(began)
+                )
+            return seen
+        if _since(began) >= limit_s or not keep_waiting():
+            log.warning(
+                "agent: the store at %s:%d still serves epoch %d after %.0f s; starting the "
+                "workers of epoch %d anyway",
+                addr,
+                port,
+                seen,
+                _since(began),
+                epoch,
+            )
+            return seen
+        if not said:
+            log.warning(
+                "agent: the store at %s:%d serves epoch %d; waiting for %d", addr, port, seen, epoch
+            )
+            said = True
+        time.sleep(0.05)
+
+
+def _since(began: float) -> float:
+    return time.monotonic() - began
+
+
+def _probe(addr: str, port: int, timeout_s: float, answer_fd: int) -> None:
+    try:
+        _become_child()
+        from torch.distributed import TCPStore  # noqa: PLC0415 - the agent imported it
+
+        store = TCPStore(addr, port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+        if store.check([EPOCH_KEY]):
+            os.write(answer_fd, store.get(EPOCH_KEY))
+    except BaseException:  # noqa: S110 - no answer is the answer: the agent goes on
+        pass
+    finally:
+        os._exit(0)
+
+
+def _become_child() -> None:
+    """A forked helper keeps none of the agent's signal handlers and dies with it."""
+    for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:

@@ -221,13 +221,22 @@ class Supervisor:
         """Node rank 0 serves the membership's rendezvous store from now on (one try: a port
         that cannot be bound now will not be on a retry, and rank 0's worker then serves it)."""
         if chosen.node_rank == 0:
-            self.store = rendezvous_store.start(chosen.master_port)
+            self.store = rendezvous_store.start(chosen.master_port, chosen.epoch)
 
     def _start(self, chosen: Membership) -> None:
         """Start ``chosen``'s workers; ``self.store`` is its rendezvous store when this pod
         serves it (``_serve_store`` came first)."""
         self.current = chosen
         served = self.store is not None
+        if chosen.node_rank != 0:
+            # Node rank 0 may not have read this membership yet: never meet the old gang's store.
+            rendezvous_store.wait_until_current(
+                chosen.epoch,
+                chosen.master_addr,
+                chosen.master_port,
+                self.settings.rejoin_s,
+                lambda: not self.terminating,
+            )
         nproc = self.settings.nproc_per_node
         self.workers = []
         for local_rank in range(nproc):
