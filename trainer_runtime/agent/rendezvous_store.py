@@ -78,21 +78,9 @@ def start(port: int, epoch: int, ready_timeout_s: float = READY_TIMEOUT_S) -> St
     """Fork a keeper serving a new store of membership ``epoch`` at ``port``; None (logged)
     when it did not come up."""
     began = time.monotonic()
-    read_fd, write_fd = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child never returns from here
-        os.close(read_fd)
-        _serve(port, epoch, write_fd)
-    os.close(write_fd)
-    try:
-        readable, _, _ = select.select([read_fd], [], [], ready_timeout_s)
-        ready = bool(readable) and os.read(read_fd, 1) == b"1"
-    finally:
-        os.close(read_fd)
+    pid, said = _fork_child(lambda answer_fd: _serve(port, epoch, answer_fd), ready_timeout_s)
     keeper = StoreKeeper(port, pid)
-    if not ready:
+    if said != b"1":
         keeper.stop()
         log.warning(
             "agent: the rendezvous store at port %d did not start; the workers host it", port
@@ -132,21 +120,30 @@ def served_epoch(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> in
             pass
     except OSError:
         return None
+    pid, said = _fork_child(
+        lambda answer_fd: _probe(addr, port, timeout_s, answer_fd), timeout_s + 1.0
+    )
+    StoreKeeper(port, pid).stop()
+    answer = said.decode(errors="replace")
+    return int(answer) if answer.isdigit() else None
+
+
+def _fork_child(child: Callable[[int], None], wait_s: float) -> tuple[int, bytes]:
+    """Fork a child that runs ``child(answer_fd)`` and never returns; its pid and what it wrote
+    to the pipe within ``wait_s`` (empty when nothing)."""
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child never returns from here
         os.close(read_fd)
-        _probe(addr, port, timeout_s, write_fd)
+        child(write_fd)
     os.close(write_fd)
     try:
-        readable, _, _ = select.select([read_fd], [], [], timeout_s + 1.0)
-        answer = os.read(read_fd, 32).decode(errors="replace") if readable else ""
+        readable, _, _ = select.select([read_fd], [], [], wait_s)
+        return pid, os.read(read_fd, 32) if readable else b""
     finally:
         os.close(read_fd)
-        StoreKeeper(port, pid).stop()
-    return int(answer) if answer.isdigit() else None
 
 
 def wait_until_current(
