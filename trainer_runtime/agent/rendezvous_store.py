@@ -68,10 +68,7 @@ class StoreKeeper:
 
     def stop(self) -> None:
         """End the server (its clients are gone or going) and reap the child."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        _end_child(self.pid)
 
 
 def start(port: int, epoch: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | None:
@@ -123,9 +120,17 @@ def served_epoch(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> in
     pid, said = _fork_child(
         lambda answer_fd: _probe(addr, port, timeout_s, answer_fd), timeout_s + 1.0
     )
-    StoreKeeper(port, pid).stop()
+    _end_child(pid)
     answer = said.decode(errors="replace")
     return int(answer) if answer.isdigit() else None
+
+
+def _end_child(pid: int) -> None:
+    """SIGKILL a forked helper (a keeper, a probe) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _fork_child(child: Callable[[int], None], wait_s: float) -> tuple[int, bytes]:
@@ -207,6 +212,7 @@ def _become_child() -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: the keeper gets SIGKILL when the agent dies, even by SIGKILL."""
+    """Linux: a forked helper (keeper, probe) gets SIGKILL when the agent dies, even by
+    SIGKILL."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
