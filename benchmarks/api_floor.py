@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tools.kubeapi import Kube
+from tools.waiting import wait_for
 
 NO_SCHEDULER = "rtj-bench-no-scheduler"
 """The pods' ``schedulerName``: none runs, so they stay Pending."""
@@ -43,20 +44,30 @@ def measure(kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int) -> 
             writes.append((job, "pods", _pod(f"floor-{job:03d}-{rank}")))
         status = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"floor-{job:03d}"}}
         writes.append((job, "configmaps", status))
-    done = [0.0] * jobs
     started = time.monotonic()
 
-    def write(item: tuple[int, str, dict[str, Any]]) -> None:
+    def write(item: tuple[int, str, dict[str, Any]]) -> tuple[int, float]:
         job, plural, body = item
         kube.request("POST", f"/api/v1/namespaces/{ns}/{plural}", body=body)
-        done[job] = max(done[job], time.monotonic() - started)
+        return job, time.monotonic() - started
 
+    done = [0.0] * jobs
     try:
         with ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(write, writes))
+            # Each answer's time is returned, and the job's last one taken here: updating a
+            # shared maximum from the threads could keep an earlier answer's time.
+            for job, answered in pool.map(write, writes):
+                done[job] = max(done[job], answered)
     finally:
         try:
             kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
         finally:
             kube.delete_namespace(ns)
+            # Gone before the caller goes on: its deletion would load the next measurement.
+            wait_for(
+                f"namespace {ns} gone",
+                lambda: kube.get(f"/api/v1/namespaces/{ns}") is None,
+                600,
+                interval=1.0,
+            )
     return done

@@ -233,12 +233,6 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
                     f"({args.floor_concurrency} threads, writes only): p50 "
                     f"{record['floor']['p50_s']:.2f} s, p95 {record['floor']['p95_s']:.2f} s"
                 )
-                wait(
-                    f"namespace {scratch} gone",
-                    lambda n=scratch: kube.get(f"/api/v1/namespaces/{n}") is None,
-                    600,
-                    1,
-                )
     finally:
         watch.stopped = True
         operator.terminate()
