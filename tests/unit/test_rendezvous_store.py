@@ -173,8 +173,10 @@ def test_a_keepers_store_says_its_epoch_and_a_newer_member_waits_for_the_next_on
     Nothing listening, or a store that does not say (one a worker hosts), is no reason to wait."""
     port = free_port()
     assert rendezvous_store.served_epoch("127.0.0.1", port) is None  # nothing listens
-    hosted = TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
-    assert rendezvous_store.served_epoch("127.0.0.1", port) is None  # a worker's store
+    # A worker's store, on a port of its own: the keeper below must not wait for it to let go.
+    hosted_port = free_port()
+    hosted = TCPStore("127.0.0.1", hosted_port, None, True, wait_for_workers=False)
+    assert rendezvous_store.served_epoch("127.0.0.1", hosted_port) is None  # a worker's store
     del hosted
     old = rendezvous_store.start(port, 3)
     assert old is not None
