@@ -3,7 +3,8 @@
     rtj-operator --all-namespaces --liveness http://0.0.0.0:8080/healthz --metrics-port 9090
     rtj-operator --namespace team-a --namespace 'ml-*' --standalone
 
-kopf does the watching, peering and the liveness endpoint; everything else is this package's.
+kopf watches the jobs and does the peering and the liveness endpoint; everything else (the
+watches of the pods and nodes among it) is this package's.
 """
 
 from __future__ import annotations
@@ -266,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         controller,
         api=api,
         peering=_peering_options(args, identity, priority),
+        namespaces=None if args.all_namespaces else tuple(args.namespace),
     )
     kopf.run(
         registry=registry,

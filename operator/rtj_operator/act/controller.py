@@ -152,9 +152,11 @@ class Controller:
         return self.watched.nodes
 
     def on_pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A rank pod changed: remember its node for routing and kick its job."""
+        """A rank pod changed: remember its node for routing and kick its job, if kopf reported
+        the job (the pod watch may see namespaces this replica does not serve; a job's own
+        first event reads its pods anyway)."""
         key = self.watched.pod_event(event_type, body)
-        if key is not None:
+        if key is not None and key in self.queue.entries:
             self.queue.kick(key)
 
     def on_node_event(self, event_type: str | None, body: dict[str, Any]) -> None:

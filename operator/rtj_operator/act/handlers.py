@@ -23,6 +23,7 @@ from ..api.timeutil import utcnow
 from . import peering as peering_module
 from .controller import Controller
 from .kube import ApiError, KubeApi
+from .resource_watch import ResourceWatch, pod_watch_paths
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,9 @@ class NoProgress(kopf.ProgressStorage):
         return essence
 
 
-EVENT_HANDLERS = ("job_event", "pod_event", "node_event")
-"""The names of the event handlers below (kopf's handler ids end with them)."""
+EVENT_HANDLERS = ("job_event",)
+"""The names of the event handlers below (kopf's handler ids end with them). The pods and nodes
+are watched by ``resource_watch.py``, not by kopf."""
 
 
 class QuietEventHandlers(logging.Filter):
@@ -178,12 +180,14 @@ def build_registry(
     *,
     api: KubeApi | None = None,
     peering: PeeringOptions | None = None,
+    namespaces: tuple[str, ...] | None = None,
 ) -> kopf.OperatorRegistry:
-    """A kopf registry whose handlers feed ``controller``."""
+    """A kopf registry whose handlers feed ``controller``; with ``api``, its startup also starts
+    the watches of the jobs' pods (in ``namespaces``, None: every namespace) and of the nodes."""
     registry = kopf.OperatorRegistry()
     if peering is not None and api is not None:
         controller.pause_check = _pause_check(api, peering)
-    _register_lifecycle(registry, controller, api, peering)
+    _register_lifecycle(registry, controller, api, peering, namespaces)
     _register_watches(registry, controller)
     _register_peering_probe(registry, controller, api, peering)
     return registry
@@ -194,8 +198,11 @@ def _register_lifecycle(
     controller: Controller,
     api: KubeApi | None,
     peering_options: PeeringOptions | None,
+    namespaces: tuple[str, ...] | None,
 ) -> None:
-    """Login, the settings at startup (with the controller's workers), the cleanup."""
+    """Login, the settings at startup (with the controller's workers and the pod and node
+    watches), the cleanup."""
+    watches: list[ResourceWatch] = []
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -206,8 +213,6 @@ def _register_lifecycle(
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         if peering_options is not None:
             settings.peering.lifetime = peering_options.lifetime
-        # Watch only the pods the operator made (server-side filter).
-        settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB
         # Handlers log a lot at INFO; that must not become Kubernetes Events on every pod.
         settings.posting.level = logging.WARNING
         # Only event handlers here: kopf's change-detection bookkeeping is pure cost.
@@ -219,27 +224,40 @@ def _register_lifecycle(
             except ApiError as err:
                 log.warning("cannot read the peering object: %s", err)
         await controller.start()
+        if api is not None:
+            watches[:] = start_watches(controller, api, namespaces)
 
     @kopf.on.cleanup(registry=registry)
     async def shutdown(**_: Any) -> None:
+        await asyncio.gather(*(asyncio.to_thread(w.stop) for w in watches))
         await controller.stop()
 
 
+def start_watches(
+    controller: Controller, api: KubeApi, namespaces: tuple[str, ...] | None
+) -> list[ResourceWatch]:
+    """Start the watches of the jobs' pods (label-selected, server side) and of the nodes."""
+    loop = asyncio.get_running_loop()
+    watches = [
+        ResourceWatch(api.transport, path, controller.on_pod_event, loop, selector=names.LABEL_JOB)
+        for path in pod_watch_paths(namespaces)
+    ]
+    watches.append(
+        ResourceWatch(
+            api.transport, "/api/v1/nodes", controller.on_node_event, loop, report_vanished=True
+        )
+    )
+    for watch in watches:
+        watch.start()
+    return watches
+
+
 def _register_watches(registry: kopf.OperatorRegistry, controller: Controller) -> None:
-    """The event handlers of jobs, the jobs' pods and nodes (each only kicks), and the work
-    queue's probe."""
+    """The event handler of jobs (it only kicks), and the work queue's probe."""
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         controller.on_job_event(type, dict(body))
-
-    @kopf.on.event("v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        controller.on_pod_event(type, dict(body))
-
-    @kopf.on.event("v1", "nodes", registry=registry)
-    async def node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        controller.on_node_event(type, dict(body))
 
     @kopf.on.probe(id="workqueue", registry=registry)
     async def workqueue(**_: Any) -> dict[str, int]:
