@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from rtj_operator.act import job_reads
 from rtj_operator.act.kube import ApiError, KubeApi
 from rtj_operator.decide import support
 
@@ -310,3 +311,60 @@ def test_a_backoff_does_not_report_the_ended_attempts_ranks_as_unschedulable():
     cluster.step(1)
     assert cluster.status["phase"] == "Restarting"
     assert "PodsScheduled" not in {c["type"] for c in cluster.status["conditions"]}
+
+
+ACCOUNT_PATH = KubeApi.core_path("ns", "serviceaccounts", "train-trainer")
+
+
+def support_reads(api) -> int:
+    return sum(1 for p in api.read_paths if "/serviceaccounts/" in p)
+
+
+def test_a_clean_read_of_the_support_objects_stands_in_until_it_is_old_or_a_pass_writes(
+    monkeypatch,
+):
+    """While a gang runs, its pods' events wake the job again and again; the four support GETs
+    of each pass were most of the operator's requests in a mass reclaim. A read that found every
+    object, each the job's own, is reused for ``SUPPORT_RECHECK_S``; a pass that writes one, or
+    fails, reads again."""
+    ctrl, api = controller_with_job()
+    api.read_paths = []
+    real_get = api.get_object
+
+    async def counted(path):
+        api.read_paths.append(path)
+        return await real_get(path)
+
+    api.get_object = counted
+    clock = [1000.0]
+    monkeypatch.setattr(job_reads.time, "monotonic", lambda: clock[0])
+    sync(ctrl)  # creates the support objects and the gang: nothing kept (it wrote them)
+    assert support_reads(api) == 1 and sorted(api.pods()) == ["train-a0-r0", "train-a0-r1"]
+    sync(ctrl)  # reads them back, all the job's own: kept
+    sync(ctrl)
+    sync(ctrl)
+    assert support_reads(api) == 2
+    # Deleted by hand while the gang runs: seen once the kept read is old.
+    del api.objects[ACCOUNT_PATH]
+    sync(ctrl)
+    assert ACCOUNT_PATH not in api.objects and support_reads(api) == 2
+    clock[0] += job_reads.SUPPORT_RECHECK_S
+    sync(ctrl)
+    assert support_reads(api) == 3 and ACCOUNT_PATH in api.objects  # made again
+    sync(ctrl)  # that pass wrote: this one reads again, and keeps it
+    sync(ctrl)
+    assert support_reads(api) == 4
+    # A pass that fails reads again: its failure may be what a missing object caused.
+    api.run_pods()  # the next pass writes the phase Running, and no support object
+    real_patch = api.patch_job_status
+
+    async def refused(*args, **kwargs):
+        api.patch_job_status = real_patch
+        raise ApiError(500, {"message": "etcd timeout"}, "PATCH", "status")
+
+    api.patch_job_status = refused
+    with pytest.raises(ApiError):
+        sync(ctrl)
+    assert support_reads(api) == 4
+    sync(ctrl)
+    assert support_reads(api) == 5 and api.job()["status"]["phase"] == "Running"

@@ -226,12 +226,18 @@ class Controller:
             native_gang=await self.discovery.pod_groups(),
             kueue=await self.discovery.kueue() if job.spec.queue_name else False,
         )
+        if plan.support:
+            self.reader.forget_support(key)  # read back what this pass writes
         try:
             applied = await self.executor.apply(job, plan, now)
         except ApiError as err:
+            self.reader.forget_support(key)
             if err.conflict:
                 metrics.RECONCILE_ERRORS.labels("conflict").inc()
                 return 0.0  # someone wrote first: re-read and decide again
+            raise
+        except BaseException:
+            self.reader.forget_support(key)
             raise
         self._record_applied(key, plan, applied, first_kick=first_kick, started=started)
         return self._next_look(plan)
@@ -240,6 +246,7 @@ class Controller:
         """The job is gone: drop what this process remembers of it."""
         self.capacity_watchers.discard(key)
         self.queue.forget(key)
+        self.reader.forget_support(key)
         self.invalid_reported.pop(key, None)
         metrics.PHASES.forget(key)
 

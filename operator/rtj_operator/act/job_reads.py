@@ -2,14 +2,21 @@
 objects beside the gang (support objects, the attempt's PodGroup, Kueue's Workload and
 ClusterQueue).
 
-Everything that decides is read from the API server (consistent reads, controller.py); only the
-nodes come from the node watch's cache, where a miss falls back to a GET. Objects the decision
-cannot use are not read at all: nothing beside a job that has ended, is deleted or suspended.
+Everything that decides is read from the API server (consistent reads, controller.py), with two
+exceptions. The nodes come from the node watch's cache, where a miss falls back to a GET. The
+support objects (ServiceAccount, Role, RoleBinding, Service) are read again only when the last
+read is older than ``SUPPORT_RECHECK_S``, and only a read that found every one of them, each the
+job's own, stands in for the next ones: those four GETs were two thirds of the operator's
+requests while a mass reclaim's pod events woke every job hit several times. A read that stands
+in is dropped when the pass writes a support object or fails (``forget_support``), so a pass
+after a refusal (a ServiceAccount deleted by hand) reads again. Objects the decision cannot use
+are not read at all: nothing beside a job that has ended, is deleted or suspended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +32,18 @@ from .discovery import ApiDiscovery
 from .executor import foreign_pods
 from .kube import KubeApi
 from .watch_cache import WatchCache
+from .workqueue import Key
+
+SUPPORT_RECHECK_S = 30.0
+"""How long a clean read of a job's support objects (every one there and the job's own) stands
+in for reading them again: how soon one deleted by hand while its gang runs is made again."""
+
+
+@dataclass(frozen=True)
+class _SupportRead:
+    uid: str
+    observed: support.Observed
+    at: float
 
 
 @dataclass
@@ -43,6 +62,7 @@ class JobReader:
         self.api = api
         self.discovery = discovery
         self.watched = watched
+        self.support_reads: dict[Key, _SupportRead] = {}
 
     async def read(self, job: Job) -> JobInputs:
         """The job's pods (with any unlabelled pod holding a name of its attempt), its support
@@ -91,11 +111,7 @@ class JobReader:
         """The job's support objects as they are now (not read once the job has ended)."""
         if job.ref.deleting or job.status.phase in TERMINAL_PHASES or job.spec.suspend:
             return {}
-        wanted = {
-            kind: body["metadata"]["name"]
-            for kind, body in support.desired(job, job.status.attempt).items()
-        }
-        observed = await self.api.get_support(job.ref.namespace, wanted)
+        observed = await self.support_objects(job)
         if not job.status.gang_created and await self.discovery.pod_groups():
             # Its name may still be held by the group of a deleted job of the same name.
             group = gang.group_name(job.ref.name, job.status.attempt)
@@ -116,3 +132,30 @@ class JobReader:
             if queue is not False:
                 observed = {**observed, kueue_quota.CLUSTER_QUEUE: queue}
         return observed
+
+    async def support_objects(self, job: Job) -> support.Observed:
+        """The ServiceAccount, Role, RoleBinding and Service as read now, or as read less than
+        ``SUPPORT_RECHECK_S`` ago when that read found all of them, each the job's own."""
+        key = (job.ref.namespace, job.ref.name)
+        last = self.support_reads.get(key)
+        if (
+            last is not None
+            and last.uid == job.ref.uid
+            and time.monotonic() - last.at < SUPPORT_RECHECK_S
+        ):
+            return dict(last.observed)
+        wanted = {
+            kind: body["metadata"]["name"]
+            for kind, body in support.desired(job, job.status.attempt).items()
+        }
+        observed = await self.api.get_support(job.ref.namespace, wanted)
+        if all(b is not None and support.controlled_by(b, job.ref.uid) for b in observed.values()):
+            self.support_reads[key] = _SupportRead(job.ref.uid, observed, time.monotonic())
+        else:
+            self.support_reads.pop(key, None)
+        return observed
+
+    def forget_support(self, key: Key) -> None:
+        """The next pass of this job reads its support objects again (this pass wrote one, or
+        failed, or the job is gone)."""
+        self.support_reads.pop(key, None)
