@@ -22,7 +22,7 @@ import kopf
 from .act import metrics
 from .act.controller import Controller
 from .act.handlers import PeeringOptions, QuietEventHandlers, build_registry
-from .act.kube import KubeApi
+from .act.kube import KubeApi, connections_for
 from .api import envvars
 
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     # Logging is configured only once nothing can refuse the start any more: an early exit
     # leaves the process's logging as it found it.
     _configure_logging(args)
-    api = KubeApi()
+    api = KubeApi(workers=connections_for(args.workers))
     controller = Controller(api, resync_seconds=args.resync_seconds, concurrency=args.workers)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     identity = args.id or f"rtj-operator@{socket.gethostname()}/{os.getpid()}"

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import names
 from ..api.api_types import Job
 from ..api.status_types import TERMINAL_PHASES
 from ..decide import gang, kueue_quota, kueue_workload, spares, support, survivors
@@ -64,14 +63,14 @@ class JobReader:
         self.watched = watched
         self.support_reads: dict[Key, _SupportRead] = {}
 
-    async def read(self, job: Job) -> JobInputs:
-        """The job's pods (with any unlabelled pod holding a name of its attempt), its support
-        objects as they are now, and the nodes its pods run on."""
-        pods, observed = await asyncio.gather(
-            self.api.list_pods(job.ref.namespace, names.job_selector(job.ref.name)),
-            self.support(job),
+    async def read(self, job: Job, labelled: list[dict[str, Any]]) -> JobInputs:
+        """The job's pods (``labelled``: listed by the job's label, read beside the job; with any
+        unlabelled pod holding a name of its attempt), its support objects as they are now, and
+        the nodes its pods run on."""
+        observed, holders = await asyncio.gather(
+            self.support(job), self.unlabelled_holders(job, labelled)
         )
-        pods += await self.unlabelled_holders(job, pods)
+        pods = labelled + holders
         return JobInputs(pods=pods, observed=observed, nodes=await self.node_views(job, pods))
 
     async def node_views(self, job: Job, pods: list[dict[str, Any]]) -> dict[str, NodeView]:

@@ -27,6 +27,17 @@ __all__ = ["ApiError", "KubeApi", "load_configuration"]
 
 REQUEST_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 
+REQUESTS_PER_PASS = 8
+"""Requests one reconcile may have in flight at once: a gang's pods are created together, beside
+the previous gang's deletion. The client gets that many threads and connections per worker: with
+16 in all, 8 workers resubmitting gangs queued for a thread (measured in a mass reclaim: requests
+of 40 ms, passes of 0.7 s)."""
+
+
+def connections_for(workers: int) -> int:
+    """Threads and pooled connections of the client of an operator with ``workers`` workers."""
+    return max(16, REQUESTS_PER_PASS * workers)
+
 
 class KubeApi:
     """Async JSON access to the API server paths the operator uses."""
