@@ -3,11 +3,19 @@
 ``mass_reclaim.py`` times the operator's new gangs after many nodes go at once. Each hit job
 needs at least its new pods created and its status written, on the same API server that is
 also serving the scheduler, kwok and the watches. This issues exactly those writes for as many
-jobs, all at once from ``concurrency`` threads, in a scratch namespace: per job ``replicas`` pod
-POSTs (the pods name a scheduler that does not exist, so they stay Pending and cost no
-scheduling) and one ConfigMap POST standing for the status write. No reads, no PodGroup, no
-deletions of the old pods, no decisions: no controller of those gangs can be faster on this API
-server, so a target below this floor cannot be met here (``docs/operator.md``).
+jobs, all at once from ``concurrency`` threads, in a scratch namespace, in one of two ways:
+
+* ``measure`` (writes only): per job ``replicas`` pod POSTs (the pods name a scheduler that does
+  not exist, so they stay Pending and cost no scheduling) and one ConfigMap POST standing for
+  the status write. No reads, no PodGroup, no deletions, nothing for the cluster to react to.
+* ``measure_reacting`` (with the cluster's reaction): each job first has a gang of ``replicas``
+  pods running on the benchmark's kwok nodes; then, all at once, per job: the old gang's pods
+  deleted, the new gang's pods created (the scheduler binds them and kwok runs them, as it does
+  the operator's), and the ConfigMap. What a controller that knew every answer in advance
+  would make the cluster do, without the lost nodes themselves.
+
+No controller of those gangs can be faster on this API server than the first; none can make the
+cluster do the work of a resubmission faster than the second (``docs/operator.md``).
 """
 
 from __future__ import annotations
@@ -17,57 +25,110 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tools.kubeapi import Kube
+from tools.kubestandins import POOL_LABEL
 from tools.waiting import wait_for
 
 NO_SCHEDULER = "rtj-bench-no-scheduler"
 """The pods' ``schedulerName``: none runs, so they stay Pending."""
 
 
-def _pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": NO_SCHEDULER,
-            "containers": [{"name": "trainer", "image": "registry.local/train:1"}],
-        },
-    }
+def _pod(name: str, pool: str | None = None) -> dict[str, Any]:
+    """A pod that stays Pending, or (``pool``) one the scheduler binds to the pool's nodes."""
+    spec: dict[str, Any] = {"containers": [{"name": "trainer", "image": "registry.local/train:1"}]}
+    if pool is None:
+        spec["schedulerName"] = NO_SCHEDULER
+    else:
+        spec["nodeSelector"] = {POOL_LABEL: pool}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def measure(kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int) -> list[float]:
-    """Seconds from the start to each job's last write answered (one sample per job)."""
-    kube.create_namespace(ns)
-    writes: list[tuple[int, str, dict[str, Any]]] = []
-    for job in range(jobs):
-        for rank in range(replicas):
-            writes.append((job, "pods", _pod(f"floor-{job:03d}-{rank}")))
-        status = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"floor-{job:03d}"}}
-        writes.append((job, "configmaps", status))
+Write = tuple[int, str, str, dict[str, Any] | None]
+"""(job, method, path, body) of one request."""
+
+
+def _gang_writes(
+    ns: str, job: int, replicas: int, pool: str | None, attempt: int = 1
+) -> list[Write]:
+    """The new gang's pods and the status-sized ConfigMap of one job."""
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    writes: list[Write] = [
+        (job, "POST", pods, _pod(f"floor-{job:03d}-a{attempt}-{r}", pool)) for r in range(replicas)
+    ]
+    status = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"floor-{job:03d}"}}
+    writes.append((job, "POST", f"/api/v1/namespaces/{ns}/configmaps", status))
+    return writes
+
+
+def _issue(kube: Kube, writes: list[Write], jobs: int, concurrency: int) -> list[float]:
+    """Issue ``writes`` all at once; seconds from the start to each job's last answer."""
     started = time.monotonic()
 
-    def write(item: tuple[int, str, dict[str, Any]]) -> tuple[int, float]:
-        job, plural, body = item
-        kube.request("POST", f"/api/v1/namespaces/{ns}/{plural}", body=body)
+    def write(item: Write) -> tuple[int, float]:
+        job, method, path, body = item
+        kube.request(method, path, body=body)
         return job, time.monotonic() - started
 
     done = [0.0] * jobs
-    try:
-        with ThreadPoolExecutor(concurrency) as pool:
-            # Each answer's time is returned, and the job's last one taken here: updating a
-            # shared maximum from the threads could keep an earlier answer's time.
-            for job, answered in pool.map(write, writes):
-                done[job] = max(done[job], answered)
-    finally:
-        try:
-            kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
-        finally:
-            kube.delete_namespace(ns)
-            # Gone before the caller goes on: its deletion would load the next measurement.
-            wait_for(
-                f"namespace {ns} gone",
-                lambda: kube.get(f"/api/v1/namespaces/{ns}") is None,
-                600,
-                interval=1.0,
-            )
+    with ThreadPoolExecutor(concurrency) as pool:
+        # Each answer's time is returned, and the job's last one taken here: updating a shared
+        # maximum from the threads could keep an earlier answer's time.
+        for job, answered in pool.map(write, writes):
+            done[job] = max(done[job], answered)
     return done
+
+
+def measure(kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int) -> list[float]:
+    """Writes only: seconds from the start to each job's last write answered."""
+    kube.create_namespace(ns)
+    writes = [w for job in range(jobs) for w in _gang_writes(ns, job, replicas, None)]
+    try:
+        return _issue(kube, writes, jobs, concurrency)
+    finally:
+        _remove(kube, ns)
+
+
+def measure_reacting(
+    kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int, *, pool: str
+) -> list[float]:
+    """With the cluster's reaction: seconds from the start to each job's last write answered
+    (its old gang's deletions, its new gang's pods, its ConfigMap)."""
+    kube.create_namespace(ns)
+    try:
+        first = [w for job in range(jobs) for w in _gang_writes(ns, job, replicas, pool, attempt=0)]
+        _issue(kube, [w for w in first if w[3] and w[3]["kind"] == "Pod"], jobs, concurrency)
+        wait_for(
+            f"{jobs * replicas} floor pods running",
+            lambda: _running(kube, ns) == jobs * replicas,
+            600,
+            interval=1.0,
+        )
+        writes: list[Write] = []
+        for job in range(jobs):
+            writes += [
+                (job, "DELETE", f"/api/v1/namespaces/{ns}/pods/floor-{job:03d}-a0-{r}", None)
+                for r in range(replicas)
+            ]
+            writes += _gang_writes(ns, job, replicas, pool)
+        return _issue(kube, writes, jobs, concurrency)
+    finally:
+        _remove(kube, ns)
+
+
+def _running(kube: Kube, ns: str) -> int:
+    items = kube.req("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+    return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running")
+
+
+def _remove(kube: Kube, ns: str) -> None:
+    """Delete the scratch namespace and wait until it is gone."""
+    try:
+        kube.req("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
+    finally:
+        kube.delete_namespace(ns)
+        # Gone before the caller goes on: its deletion would load the next measurement.
+        wait_for(
+            f"namespace {ns} gone",
+            lambda: kube.get(f"/api/v1/namespaces/{ns}") is None,
+            600,
+            interval=1.0,
+        )

@@ -368,3 +368,35 @@ def test_a_clean_read_of_the_support_objects_stands_in_until_it_is_old_or_a_pass
     assert support_reads(api) == 4
     sync(ctrl)
     assert support_reads(api) == 5 and api.job()["status"]["phase"] == "Running"
+
+
+def test_a_kept_read_takes_in_the_roles_update_of_a_resubmission(monkeypatch):
+    """Each attempt moves the Role's pod names (one PATCH): the kept read takes in what was
+    written, so the passes after a resubmission neither read the support objects again nor
+    write the Role a second time."""
+    ctrl, api = controller_with_job()
+    api.read_paths = []
+    real_get = api.get_object
+
+    async def counted(path):
+        api.read_paths.append(path)
+        return await real_get(path)
+
+    api.get_object = counted
+    monkeypatch.setattr(job_reads.time, "monotonic", lambda: 1000.0)
+    sync(ctrl)
+    sync(ctrl)  # read back, kept
+    api.run_pods()
+    sync(ctrl)
+    assert support_reads(api) == 2 and api.job()["status"]["phase"] == "Running"
+    del api.nodes["node-0"]  # the gang's node is gone: attempt 1
+    api.nodes["node-1"] = make_node("node-1")
+    api.calls.clear()
+    sync(ctrl)
+    assert api.calls.count("merge_patch") == 1 and api.job()["status"]["attempt"] == 1
+    role = api.objects[ROLE_PATH]["rules"][0]["resourceNames"]
+    assert "train-a1-r0" in role
+    sync(ctrl)
+    sync(ctrl)
+    assert support_reads(api) == 2  # none since the resubmission
+    assert api.calls.count("merge_patch") == 1  # the Role is not written again

@@ -232,8 +232,6 @@ class Controller:
             native_gang=await self.discovery.pod_groups(),
             kueue=await self.discovery.kueue() if job.spec.queue_name else False,
         )
-        if plan.support:
-            self.reader.forget_support(key)  # read back what this pass writes
         try:
             applied = await self.executor.apply(job, plan, now)
         except ApiError as err:
@@ -245,6 +243,7 @@ class Controller:
         except BaseException:
             self.reader.forget_support(key)
             raise
+        self.reader.note_written(key, plan.support)
         self._record_applied(key, plan, applied, first_kick=first_kick, started=started)
         return self._next_look(plan)
 

@@ -8,8 +8,9 @@ support objects (ServiceAccount, Role, RoleBinding, Service) are read again only
 read is older than ``SUPPORT_RECHECK_S``, and only a read that found every one of them, each the
 job's own, stands in for the next ones: those four GETs were two thirds of the operator's
 requests while a mass reclaim's pod events woke every job hit several times. A read that stands
-in is dropped when the pass writes a support object or fails (``forget_support``), so a pass
-after a refusal (a ServiceAccount deleted by hand) reads again. Objects the decision cannot use
+in takes in the updates a pass makes (the Role's pod names, with each attempt), and is dropped
+when the pass creates a support object or fails (``forget_support``), so a pass after a refusal
+(a ServiceAccount deleted by hand) reads again. Objects the decision cannot use
 are not read at all: nothing beside a job that has ended, is deleted or suspended.
 """
 
@@ -154,7 +155,34 @@ class JobReader:
             self.support_reads.pop(key, None)
         return observed
 
+    def note_written(self, key: Key, writes: list[support.SupportWrite]) -> None:
+        """The pass wrote these support objects, and the API server took every write. A kept
+        read of the job takes in the updates (the Role's pod names move with every attempt: a
+        resubmission need not be followed by four GETs); a creation makes the next pass read."""
+        last = self.support_reads.get(key)
+        if last is None or not writes:
+            return
+        if any(not write.update for write in writes):
+            self.forget_support(key)
+            return
+        observed = dict(last.observed)
+        for write in writes:
+            observed[write.kind] = _merged(observed.get(write.kind) or {}, write.patch)
+        self.support_reads[key] = _SupportRead(last.uid, observed, last.at)
+
     def forget_support(self, key: Key) -> None:
         """The next pass of this job reads its support objects again (this pass wrote one, or
         failed, or the job is gone)."""
         self.support_reads.pop(key, None)
+
+
+def _merged(body: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``body`` after a JSON merge patch (RFC 7386) without deletions: what the server stores."""
+    merged = dict(body)
+    for key, value in patch.items():
+        before = merged.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            merged[key] = _merged(before, value)
+        else:
+            merged[key] = value
+    return merged
