@@ -154,6 +154,49 @@ def cpu_snapshot(operator_pid: int) -> dict[str, float]:
     return snapshot
 
 
+REQUEST_SERIES = re.compile(
+    r"^apiserver_request_duration_seconds_(?P<stat>sum|count)\{(?P<labels>[^}]*)\} (?P<value>\S+)$"
+)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def server_requests(kube: Kube) -> dict[str, tuple[float, float]]:
+    """The API server's requests so far by verb and resource: (count, seconds) from its own
+    ``apiserver_request_duration_seconds`` (every client together, watches left out)."""
+    text = kube.transport.http.request(
+        "GET", kube.transport.url("/metrics"), headers=kube.transport.headers()
+    ).data.decode()
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        match = REQUEST_SERIES.match(line)
+        if not match:
+            continue
+        labels = dict(LABEL.findall(match["labels"]))
+        if labels.get("verb") == "WATCH":
+            continue
+        resource = labels.get("resource", "") + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        pair = found.setdefault(f"{labels.get('verb')} {resource}", [0.0, 0.0])
+        pair[0 if match["stat"] == "count" else 1] += float(match["value"])
+    return {key: (count, seconds) for key, (count, seconds) in found.items()}
+
+
+def requests_between(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """The requests served between two readings of ``server_requests``, busiest first."""
+    served = {
+        key: {
+            "count": int(count - before.get(key, (0.0, 0.0))[0]),
+            "seconds": round(seconds - before.get(key, (0.0, 0.0))[1], 2),
+        }
+        for key, (count, seconds) in after.items()
+    }
+    kept = {k: v for k, v in served.items() if v["count"] > 0}
+    return dict(sorted(kept.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
 def operator_created(log_path: Path, offset: int, ns: str) -> dict[tuple[str, int], float]:
     """(job, attempt) -> wall-clock time of the operator's log line that created its pods, from
     the part of the log written after ``offset``."""
@@ -226,6 +269,7 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
             offset = log_path.stat().st_size
             cpu_before = cpu_seconds(operator.pid)
             processes_before, ticks_before = cpu_snapshot(operator.pid), machine_ticks()
+            served_before = server_requests(kube)
             with ThreadPoolExecutor(len(victims)) as pool_threads:
                 wall, started = time.time(), time.monotonic()
                 list(pool_threads.map(kube.delete_node, victims))
@@ -244,6 +288,7 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
             samples = [done[job] - started for job in hit]
             cpu = cpu_seconds(operator.pid) - cpu_before
             processes_after, ticks_after = cpu_snapshot(operator.pid), machine_ticks()
+            served = requests_between(served_before, server_requests(kube))
             busy = (ticks_after[0] - ticks_before[0]) / max(1, ticks_after[1] - ticks_before[1])
             processes = {
                 name: round(processes_after[name] - used, 2)
@@ -267,6 +312,8 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
                 # machine's cores were (1.0: no idle time left for anyone).
                 "process_cpu_s": processes,
                 "machine_busy": round(busy, 3),
+                # What the API server served in that window, every client together.
+                "server_requests": served,
                 "watch": summary(samples),
                 "operator_log": summary(own),
             }
@@ -280,6 +327,12 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
             log(
                 f"round {index + 1}: machine busy {busy:.0%}; CPU seconds until the last new "
                 f"gang: {', '.join(f'{k} {v:.1f}' for k, v in processes.items())}"
+            )
+            log(
+                f"round {index + 1}: the API server served (count, seconds in requests): "
+                + ", ".join(
+                    f"{k} {v['count']}/{v['seconds']:.1f}" for k, v in list(served.items())[:12]
+                )
             )
             for job in hit:
                 attempts[job] += 1

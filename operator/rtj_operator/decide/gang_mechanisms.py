@@ -12,7 +12,6 @@ step: a fourth mechanism is a class here, not a branch in each of them.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, ClassVar, Protocol
 
 from ..api.api_types import Job
@@ -98,9 +97,9 @@ class PodGroupGang:
         return gang.pod_group(job, attempt, size, owner)
 
     def link_pod(self, pod: dict[str, Any], job: Job, attempt: int, size: int) -> dict[str, Any]:
-        pod = copy.deepcopy(pod)
-        pod["spec"]["schedulingGroup"] = {"podGroupName": gang.group_name(job.ref.name, attempt)}
-        return pod
+        # Copies only what changes (a deep copy of every pod was most of a resubmission's CPU).
+        group = {"podGroupName": gang.group_name(job.ref.name, attempt)}
+        return {**pod, "spec": {**pod["spec"], "schedulingGroup": group}}
 
     def held_note(self, ctx: ReconcileContext, *, bound: int) -> str:
         group = gang.group_name(ctx.job.ref.name, ctx.status.attempt)
@@ -135,19 +134,18 @@ class KueueGang:
         return None  # Kueue makes the Workload for the pod group itself
 
     def link_pod(self, pod: dict[str, Any], job: Job, attempt: int, size: int) -> dict[str, Any]:
-        pod = copy.deepcopy(pod)
         meta = pod["metadata"]
-        meta["labels"] = {
+        labels = {
             **(meta.get("labels") or {}),
             gang.KUEUE_QUEUE_LABEL: job.spec.queue_name or "",
             gang.KUEUE_GROUP_LABEL: gang.group_name(job.ref.name, attempt),
         }
-        meta["annotations"] = {
+        annotations = {
             **(meta.get("annotations") or {}),
             gang.KUEUE_TOTAL_ANNOTATION: str(size),
             gang.KUEUE_RETRIABLE_ANNOTATION: "false",
         }
-        return pod
+        return {**pod, "metadata": {**meta, "labels": labels, "annotations": annotations}}
 
     def held_note(self, ctx: ReconcileContext, *, bound: int) -> str:
         return f" (Kueue pod group, queue {ctx.job.spec.queue_name})"
