@@ -106,3 +106,30 @@ def test_a_kept_pod_is_found_under_its_own_name_so_no_pass_waits_for_a_deletion(
     assert cache.deletion_event_wait(key, job, [kept, new], {}) is None
     # The kept pod gone from the list with no DELETED event yet: that one is waited for.
     assert cache.deletion_event_wait(key, job, [new], {}) == 0.2
+
+
+def test_a_node_the_watch_saw_deleted_is_known_gone_without_a_get(monkeypatch):
+    """In a mass reclaim every pass of a hit job looked up its rank's deleted node: a GET that
+    answered 404, one round trip before each resubmission. The watch's DELETED event says it."""
+    from rtj_operator.act import watch_cache
+
+    clock = [100.0]
+    monkeypatch.setattr(watch_cache.time, "monotonic", lambda: clock[0])
+    cache = WatchCache()
+    body = {
+        "metadata": {"name": "n1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    cache.node_event("ADDED", body)
+    assert cache.node("n1").exists
+    assert cache.node("n2") is None  # never seen: GET it
+    cache.node_event("DELETED", deleted_node("n1"))
+    assert cache.node("n1") is not None and not cache.node("n1").exists
+    cache.node_event("ADDED", body)  # back under the same name
+    assert cache.node("n1").exists
+    cache.node_event("DELETED", deleted_node("n1"))
+    clock[0] += watch_cache.DEPARTED_TTL + 1
+    assert cache.node("n1") is None  # too old to vouch for: GET it
+    cache.node_event("DELETED", deleted_node("n3"))
+    cache.forget_nodes()
+    assert cache.node("n3") is None

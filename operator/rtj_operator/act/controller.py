@@ -328,9 +328,9 @@ class Controller:
         """Peering pauses this replica now (or no longer): what it must forget on pausing."""
         if paused and not self.paused:
             log.info("paused by peering: no job is reconciled until the pause ends")
-            # No node event arrives during the pause, and kopf's re-listing afterwards does not
-            # report the nodes deleted meanwhile: forget them all (a miss falls back to a GET).
-            self.nodes.clear()
+            # The next active spell decides from nothing seen before the pause: the node states
+            # are forgotten (a miss falls back to a GET; the node watch refills them).
+            self.watched.forget_nodes()
             metrics.PHASES.clear()  # the active replica reports the jobs
         elif self.paused and not paused:
             log.info("peering pause over: reconciling again")

@@ -75,7 +75,8 @@ class JobReader:
         return JobInputs(pods=pods, observed=observed, nodes=await self.node_views(job, pods))
 
     async def node_views(self, job: Job, pods: list[dict[str, Any]]) -> dict[str, NodeView]:
-        """The nodes of the attempt's pods and spares: from the node watch, else a GET."""
+        """The nodes of the attempt's pods and spares: from the node watch (which also knows
+        the nodes it saw deleted), else a GET."""
         wanted = {
             (p.get("spec") or {}).get("nodeName")
             for p in pods
@@ -85,7 +86,7 @@ class JobReader:
         views: dict[str, NodeView] = {}
         missing = []
         for name in wanted:
-            cached = self.watched.nodes.get(name)
+            cached = self.watched.node(name)
             if cached is not None:
                 views[name] = cached
             else:

@@ -41,6 +41,9 @@ class WatchCache:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeView] = {}
+        # Nodes the watch saw deleted (when): the passes of every job that had a rank there
+        # know it is gone without a GET that answers 404, one round trip of a mass reclaim.
+        self.deleted_nodes: dict[str, float] = {}
         self.pod_routes: dict[tuple[str, str], tuple[Key, str | None]] = {}
         # The jobs on each node, with how many of their rank pods it holds (a job leaves at 0):
         # a count, not a scan of every route on each pod event, which with hundreds of jobs
@@ -87,11 +90,36 @@ class WatchCache:
         before = self.nodes.get(name)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
+            now = time.monotonic()
+            self.deleted_nodes = {
+                n: seen for n, seen in self.deleted_nodes.items() if now - seen <= DEPARTED_TTL
+            }
+            self.deleted_nodes[name] = now
         else:
             self.nodes[name] = view
+            self.deleted_nodes.pop(name, None)
         if before is not None and node_fingerprint(before) == node_fingerprint(view):
             return None
         return list(self.jobs_on_node.get(name, ()))
+
+    def node(self, name: str) -> NodeView | None:
+        """The node as last seen, a view of a node that does not exist when the watch saw it
+        deleted (in the last ``DEPARTED_TTL`` seconds), None when unknown (GET it)."""
+        cached = self.nodes.get(name)
+        if cached is not None:
+            return cached
+        deleted = self.deleted_nodes.get(name)
+        if deleted is None:
+            return None
+        if time.monotonic() - deleted > DEPARTED_TTL:
+            del self.deleted_nodes[name]
+            return None
+        return node_view(name, None)
+
+    def forget_nodes(self) -> None:
+        """Forget every node (a pause: no decision may rest on what was seen before it)."""
+        self.nodes.clear()
+        self.deleted_nodes.clear()
 
     def departed_pods(self, key: Key, listed: set[str]) -> dict[str, dict[str, Any]]:
         """Last states of this job's recently deleted pods (kept for a few minutes)."""
