@@ -400,3 +400,33 @@ def test_a_kept_read_takes_in_the_roles_update_of_a_resubmission(monkeypatch):
     sync(ctrl)
     assert support_reads(api) == 2  # none since the resubmission
     assert api.calls.count("merge_patch") == 1  # the Role is not written again
+
+
+def test_a_refused_decision_deletes_and_creates_no_pod_though_its_preparations_went_beside_it():
+    """The support objects (and the attempt's group) are written beside the status, not after
+    it. When the status write is refused, no pod is deleted or created, and the next pass
+    decides again from fresh reads and creates the gang."""
+    ctrl, api = controller_with_job()
+    sync(ctrl)
+    api.run_pods()
+    sync(ctrl)
+    before = {n: p["metadata"]["uid"] for n, p in api.pods().items()}
+    del api.nodes["node-0"]  # the gang's node is gone: the next pass decides attempt 1
+    api.nodes["node-1"] = make_node("node-1")
+    real_patch = api.patch_job_status
+
+    async def refused(*args, **kwargs):
+        api.patch_job_status = real_patch
+        raise ApiError(409, {"reason": "Conflict"}, "PATCH", "status")
+
+    api.patch_job_status = refused
+    api.calls.clear()
+    assert sync(ctrl) == 0.0  # decide again at once
+    assert {n: p["metadata"]["uid"] for n, p in api.pods().items()} == before
+    assert not {"delete_pod", "create Pod"} & set(api.calls)
+    assert api.job()["status"]["attempt"] == 0
+    sync(ctrl)
+    assert api.job()["status"]["attempt"] == 1 and api.job()["status"]["gangCreated"]
+    assert {"train-a1-r0", "train-a1-r1"} <= set(api.pods())
+    role = api.objects[ROLE_PATH]["rules"][0]["resourceNames"]
+    assert "train-a1-r0" in role

@@ -1,14 +1,18 @@
 """Apply a reconcile plan to the API server, in the order that keeps a crash harmless.
 
 1. status (compare-and-swap on resourceVersion): the decision is recorded before anything acts
-   on it, and a decision based on a stale read is refused;
-2. pod deletions and notices, concurrently with
-3. the support objects in dependency order (ServiceAccount, Role and Service, then the
-   RoleBinding once its Role exists), every one of them before any pod, and beside them
-4. the attempt's PodGroup, then the gang's pods (every rank in parallel, beside the previous
-   attempt's group's removal; a 409 is checked: a pod or group the job does not control under
-   that name leaves the gang unmarked, and the next pass blocks the job naming it);
-5. the "gang created" mark, only when every pod exists.
+   on it, and a decision based on a stale read is refused; beside that write, what only
+   prepares for a gang and that nothing acts on until a pod exists: the support objects in
+   dependency order (ServiceAccount, Role and Service, then the RoleBinding once its Role
+   exists) and the attempt's PodGroup (a refused decision leaves at most a Role naming the next
+   attempt's pods and an unused group, both the job's own, which the next pass corrects or
+   uses);
+2. once the status is written: pod deletions and notices, concurrently with
+3. once the support objects and the group exist: the gang's pods (every rank in parallel,
+   beside the previous attempt's group's removal; a 409 is checked: a pod or group the job does
+   not control under that name leaves the gang unmarked, and the next pass blocks the job
+   naming it);
+4. the "gang created" mark, only when every pod exists.
 
 A crash or an API error between any two steps leaves a status from which the next reconcile
 does the rest: support objects are compared with the desired state on every pass, so one that
@@ -123,14 +127,21 @@ class Executor:
         """Apply ``plan`` (computed from ``job``); raises on conflicts and API errors."""
         ns = job.ref.namespace
         rv, status, stored = job.ref.resource_version, job.status, job.raw_status
-        if plan.status is not None:
-            rv = await self.write_status(job, stored, plan.status, rv)
-            status, stored = plan.status, status_dump(plan.status)
+        # Beside the status write, not after it: one round trip less before the pods of every
+        # resubmission (the module's docstring says why nothing is lost if the write is refused).
+        prepared = asyncio.ensure_future(self._prepare(job, plan))
+        try:
+            if plan.status is not None:
+                rv = await self.write_status(job, stored, plan.status, rv)
+                status, stored = plan.status, status_dump(plan.status)
+        except BaseException:
+            await asyncio.gather(prepared, return_exceptions=True)
+            raise
         applied = Applied(resource_version=rv, status=status)
 
         side_task = asyncio.ensure_future(self._gather(self._side_writes(ns, plan)))
         try:
-            invalid, foreign = await self._create_gang(job, plan)
+            invalid, foreign = await self._create_gang(job, plan, prepared)
         except ApiError as err:
             if err.forbidden and plan.after_creation is not None:
                 await self._record_refusal(
@@ -182,20 +193,26 @@ class Executor:
         metrics.NOTICES.inc(sum(1 for n in plan.notices if n.payload))  # not the withdrawals
         return side
 
-    async def _create_gang(self, job: Job, plan: Plan) -> tuple[str | None, list[str]]:
-        """The support objects, then (when the plan creates a gang) its PodGroup and its pods.
-        Returns ``_create_pods``'s answer: the invalid template's message, the foreign holders."""
+    async def _prepare(self, job: Job, plan: Plan) -> list[str]:
+        """The support objects and (when the plan creates a gang) its PodGroup, concurrently;
+        the foreign holder of the group's name, if any (``PodGroupWriter.create_for``)."""
         if plan.after_creation is None:
             await self._apply_support(job.ref.namespace, plan.support)
-            return None, []
-        # The group does not depend on the support objects: both before any pod, and the old
-        # group's removal beside the pods (one round trip each, not four in a row, for every
-        # job a mass reclaim resubmits).
+            return []
         _, foreign = await asyncio.gather(
             self._apply_support(job.ref.namespace, plan.support),
             self.pod_groups.create_for(job, plan),
         )
-        if foreign:
+        return foreign
+
+    async def _create_gang(
+        self, job: Job, plan: Plan, prepared: asyncio.Future[list[str]]
+    ) -> tuple[str | None, list[str]]:
+        """Once ``prepared`` (``_prepare``) is done, the gang's pods, beside the previous
+        attempt's group's removal. Returns ``_create_pods``'s answer: the invalid template's
+        message, the foreign holders."""
+        foreign = await prepared
+        if plan.after_creation is None or foreign:
             return None, foreign
         created, _ = await asyncio.gather(
             self._create_pods(job, plan), self.pod_groups.delete_previous(job, plan)
