@@ -320,13 +320,8 @@ def support_reads(api) -> int:
     return sum(1 for p in api.read_paths if "/serviceaccounts/" in p)
 
 
-def test_a_clean_read_of_the_support_objects_stands_in_until_it_is_old_or_a_pass_writes(
-    monkeypatch,
-):
-    """While a gang runs, its pods' events wake the job again and again; the four support GETs
-    of each pass were most of the operator's requests in a mass reclaim. A read that found every
-    object, each the job's own, is reused for ``SUPPORT_RECHECK_S``; a pass that writes one, or
-    fails, reads again."""
+def counting_controller():
+    """A controller with a job, whose API records the path of every object read by path."""
     ctrl, api = controller_with_job()
     api.read_paths = []
     real_get = api.get_object
@@ -336,6 +331,17 @@ def test_a_clean_read_of_the_support_objects_stands_in_until_it_is_old_or_a_pass
         return await real_get(path)
 
     api.get_object = counted
+    return ctrl, api
+
+
+def test_a_clean_read_of_the_support_objects_stands_in_until_it_is_old_or_a_pass_writes(
+    monkeypatch,
+):
+    """While a gang runs, its pods' events wake the job again and again; the four support GETs
+    of each pass were most of the operator's requests in a mass reclaim. A read that found every
+    object, each the job's own, is reused for ``SUPPORT_RECHECK_S``; a pass that writes one, or
+    fails, reads again."""
+    ctrl, api = counting_controller()
     clock = [1000.0]
     monkeypatch.setattr(job_reads.time, "monotonic", lambda: clock[0])
     sync(ctrl)  # creates the support objects and the gang: nothing kept (it wrote them)
@@ -374,15 +380,7 @@ def test_a_kept_read_takes_in_the_roles_update_of_a_resubmission(monkeypatch):
     """Each attempt moves the Role's pod names (one PATCH): the kept read takes in what was
     written, so the passes after a resubmission neither read the support objects again nor
     write the Role a second time."""
-    ctrl, api = controller_with_job()
-    api.read_paths = []
-    real_get = api.get_object
-
-    async def counted(path):
-        api.read_paths.append(path)
-        return await real_get(path)
-
-    api.get_object = counted
+    ctrl, api = counting_controller()
     monkeypatch.setattr(job_reads.time, "monotonic", lambda: 1000.0)
     sync(ctrl)
     sync(ctrl)  # read back, kept
