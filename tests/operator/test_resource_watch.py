@@ -146,9 +146,16 @@ def test_list_pages_then_the_stream_then_an_expired_version_lists_again(serve):
             lambda h, q: send_json(h, 200, {"metadata": {"resourceVersion": "6"}, "items": [two]}),
             # One event split across two chunks, a bookmark, then the server ends the stream.
             lambda h, q: send_stream(h, [split[:25], split[25:]]),
-            # The next watch starts from the bookmark's version and is told it expired.
+            # The next watch starts from the bookmark's version: one event, then it is told it
+            # expired, in the same chunk (the event still counts).
             lambda h, q: send_stream(
-                h, [events(("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"}))]
+                h,
+                [
+                    events(
+                        ("MODIFIED", node("n1", "8")),
+                        ("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"}),
+                    )
+                ],
             ),
             # The list after expiry: n2 is gone while no watch ran, n3 is new.
             lambda h, q: send_json(
@@ -167,6 +174,7 @@ def test_list_pages_then_the_stream_then_an_expired_version_lists_again(serve):
         (None, "n1"),
         (None, "n2"),
         ("MODIFIED", "n1"),  # the bookmark is not an event
+        ("MODIFIED", "n1"),  # before the expiry in its chunk
         (None, "n1"),
         (None, "n3"),
         ("DELETED", "n2"),

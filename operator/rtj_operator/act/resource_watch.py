@@ -183,6 +183,7 @@ class ResourceWatch:
             self.path, query, read_timeout_s=WATCH_SECONDS + READ_MARGIN_S
         )
         self._response = response
+        ended = False
         try:
             if self._stopping.is_set():  # stop() came before the response was there to shut
                 return version
@@ -193,17 +194,22 @@ class ResourceWatch:
             pending = b""
             for chunk in response.stream(65536):
                 if self._stopping.is_set():
-                    break
+                    return version
                 lines = (pending + chunk).split(b"\n")
                 pending = lines.pop()
                 events: list[Event] = []
-                for line in lines:
-                    if line.strip():
-                        version = self._event(json.loads(line), events) or version
-                self._deliver(events)
+                try:
+                    for line in lines:
+                        if line.strip():
+                            version = self._event(json.loads(line), events) or version
+                finally:
+                    self._deliver(events)  # the events before an expiry or a bad line too
+            ended = True
             return version
         finally:
             self._response = None
+            if not ended:  # unread data may follow: the connection is not reused
+                response.close()
             response.release_conn()
 
     def _event(self, event: dict[str, Any], events: list[Event]) -> str | None:
