@@ -2,9 +2,10 @@
 
 Reads that decide anything come from the API server (the job and its pods, consistent reads),
 never from a cache that could be behind after a restart: a pod missing from a cold cache must not
-look like a lost rank. The only caches are for *routing* (which jobs run on a node) and for node
+look like a lost rank. The only caches are for *routing* (which jobs run on a node), for node
 state, where a miss falls back to a GET and staleness only delays a decision by one event
-(``watch_cache.py``).
+(``watch_cache.py``), and a job's support objects found intact, for up to 30 s
+(``job_reads.py``).
 
 The controller keeps the work queue and what this process remembers between passes (the
 versions it wrote, the invalid jobs it reported, the elastic jobs woken by node changes, the
