@@ -133,3 +133,20 @@ def test_a_node_the_watch_saw_deleted_is_known_gone_without_a_get(monkeypatch):
     cache.node_event("DELETED", deleted_node("n3"))
     cache.forget_nodes()
     assert cache.node("n3") is None
+
+
+def test_pod_and_node_events_kick_only_the_jobs_kopf_reported():
+    """With a namespace glob the pods are watched cluster-wide: a job of a namespace this
+    replica does not serve (another operator's) must never be kicked, by its pods' events or
+    by an event of the node they run on."""
+    from rtj_operator.act.controller import Controller
+
+    from .fake_api import FakeApi
+
+    ctrl = Controller(FakeApi(), resync_seconds=0)  # type: ignore[arg-type]
+    ctrl.queue.kick(("served", "a"))  # as kopf's job event does
+    ctrl.on_pod_event("ADDED", pod("a", "a-0", "n1", ns="served"))
+    ctrl.on_pod_event("ADDED", pod("b", "b-0", "n1", ns="other"))
+    assert set(ctrl.queue.entries) == {("served", "a")}
+    ctrl.on_node_event("DELETED", deleted_node("n1"))
+    assert set(ctrl.queue.entries) == {("served", "a")}

@@ -155,21 +155,28 @@ class Controller:
 
     def on_pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A rank pod changed: remember its node for routing and kick its job, if kopf reported
-        the job (the pod watch may see namespaces this replica does not serve; a job's own
-        first event reads its pods anyway)."""
+        it (``_kick_reported``; a job's own first event reads its pods anyway)."""
         key = self.watched.pod_event(event_type, body)
-        if key is not None and key in self.queue.entries:
-            self.queue.kick(key)
+        if key is not None:
+            self._kick_reported(key)
 
     def on_node_event(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """Kick the jobs on a node when something that matters about it changed."""
+        """Kick the jobs on a node (those kopf reported) when something that matters about it
+        changed."""
         on_node = self.watched.node_event(event_type, body)
         if on_node is None:
             return
         for key in on_node:
-            self.queue.kick(key)
+            self._kick_reported(key)
         for key in list(self.capacity_watchers):
             self.queue.kick(key)  # an elastic job may now shrink, start or grow
+
+    def _kick_reported(self, key: Key) -> None:
+        """Kick a job the pod or node watch names, if kopf reported it: those watches may see
+        the pods of namespaces this replica does not serve (a namespace glob watches them
+        cluster-wide), whose jobs another operator may serve."""
+        if key in self.queue.entries:
+            self.queue.kick(key)
 
     def resync_all(self) -> None:
         """Kick every known job (the periodic safety net for anything missed)."""
