@@ -130,6 +130,7 @@ def test_invalid_pod_template_fails_the_job_with_the_servers_message():
 
 def test_routing_kicks_only_the_jobs_on_a_changed_node():
     ctrl, _ = controller_with_job()
+    ctrl.queue.kick(KEY)  # kopf reported the job
     kicked: list = []
     ctrl.queue.kick = lambda key, delay=0.0: kicked.append(key)  # type: ignore[method-assign]
     pod = {
