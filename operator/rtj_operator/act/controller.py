@@ -242,14 +242,11 @@ class Controller:
         )
         try:
             applied = await self.executor.apply(job, plan, now)
-        except ApiError as err:
+        except BaseException as err:
             self.reader.forget_support(key)
-            if err.conflict:
+            if isinstance(err, ApiError) and err.conflict:
                 metrics.RECONCILE_ERRORS.labels("conflict").inc()
                 return 0.0  # someone wrote first: re-read and decide again
-            raise
-        except BaseException:
-            self.reader.forget_support(key)
             raise
         self.reader.note_written(key, plan.support)
         self._record_applied(key, plan, applied, first_kick=first_kick, started=started)
