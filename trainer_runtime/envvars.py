@@ -93,11 +93,12 @@ PROGRESS_INTERVAL_SECONDS = "RTJ_PROGRESS_INTERVAL_SECONDS"
 # current step, for the operator's progress and ETA); ``total_steps=`` or ``steps(total)`` win.
 TOTAL_STEPS = "RTJ_TOTAL_STEPS"
 
-# Injected by the operator: the job's observed mean time between interruptions, in seconds (a
-# one-hour prior before the first), for ``interval="auto"`` (save/auto_interval.py).
+# Injected by the operator: the job's observed mean time between interruptions that rolled work
+# back, in seconds (a one-hour prior before the first), for ``interval="auto"``
+# (save/auto_interval.py).
 MTBI_SECONDS = "RTJ_MTBI_SECONDS"
-# With it: the preemptions and failures it was computed over (the runtime grows the MTBI by
-# its own time up over this count plus one, as the operator would).
+# With it: the interruptions it was computed over, those that rolled work back (the runtime
+# grows the MTBI by its own time up over this count plus one, as the operator would).
 INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 
 # Optional: "0" turns off the download of RTJ_RESUME_FROM at import (resume/warm_start.py).

@@ -14,6 +14,7 @@ from rtj_operator.api import crdgen
 from rtj_operator.api.envvars import PROGRESS_ANNOTATION
 from rtj_operator.api.status_types import CheckpointRecord, JobStatus, Phase
 from rtj_operator.api.timeutil import iso
+from rtj_operator.decide import mtbi
 from rtj_operator.decide.goodput import REFRESH_SECONDS, account, human_duration, open_account
 
 from .fakes import T0, FakeCluster
@@ -131,6 +132,7 @@ def test_each_cause_accumulates_over_start_train_node_loss_wait_restart_train_su
     assert acc["activity"] == "Training" and acc["restartingSeconds"] == 35
     assert "pendingRollback" not in acc
     assert acc["rolledBackSteps"] == 60 and acc["rolledBackSamples"] == 480
+    assert acc["rollbacks"] == 1
     assert acc["rolledBackSeconds"] == 40  # from the commit at t=150 to the loss seen at t=190
     assert acc["lostSeconds"] == 120 + 35 + 40 and acc["lost"] == "3m15s"
 
@@ -266,6 +268,9 @@ def test_an_emergency_save_in_the_grace_period_is_not_rolled_back():
     cluster.step(30)
     acc = account_of(cluster)
     assert acc["rolledBackSteps"] == 0 and acc["rolledBackSeconds"] == 0
+    # Covered by the save: the automatic interval's MTBI does not count it.
+    assert acc["rollbacks"] == 0
+    assert mtbi.interruptions(JobStatus.model_validate(cluster.status)) == 0
 
 
 def test_suspended_time_is_neither_lost_nor_in_the_fraction():
@@ -361,6 +366,7 @@ def test_the_columns_and_the_status_block_are_in_the_generated_crd():
         "backoffSeconds",
         "rolledBackSteps",
         "rolledBackSamples",
+        "rollbacks",
         "committedSamples",
         "samplesPerSecond",
         "fraction",

@@ -12,7 +12,7 @@ import yaml
 
 from rtj_operator.api import crdgen
 from rtj_operator.api.envvars import INTERRUPTIONS, MTBI_SECONDS, PROGRESS_ANNOTATION
-from rtj_operator.api.status_types import Activity, Goodput, JobStatus, Phase
+from rtj_operator.api.status_types import Activity, Goodput, JobStatus, PendingRollback, Phase
 from rtj_operator.api.timeutil import iso
 from rtj_operator.decide.job_progress import MIN_POINT_SPACING_SECONDS, RATE_WINDOW_SECONDS, update
 from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS, mtbi_seconds
@@ -166,7 +166,7 @@ def test_a_pass_without_a_new_report_writes_nothing():
     assert cluster.step(5).status is None
 
 
-def test_mtbi_is_the_prior_then_up_time_over_interruptions():
+def test_mtbi_is_the_prior_then_up_time_over_interruptions_that_rolled_work_back():
     assert mtbi_seconds(JobStatus()) == PRIOR_MTBI_SECONDS
     up = Goodput(
         since=T0,
@@ -179,13 +179,19 @@ def test_mtbi_is_the_prior_then_up_time_over_interruptions():
     )
     # Two hours up, never interrupted: (7200 + 3600) / 1.
     assert mtbi_seconds(JobStatus(goodput=up)) == 10_800
-    # Two hours up, two preemptions and a failure: (7200 + 3600) / 4 = 45 minutes.
-    assert mtbi_seconds(JobStatus(goodput=up, preemptions=2, failures=1)) == 2700
+    # Two hours up, two interruptions that rolled work back and one pending: (7200 + 3600) / 4.
+    pending = PendingRollback(attempt=3, interrupted_at=T0, trained_since=T0, reached_step=5)
+    rolled = up.model_copy(update={"rollbacks": 2, "pending_rollback": pending})
+    assert mtbi_seconds(JobStatus(goodput=rolled, preemptions=3)) == 2700
+    # Preemptions an emergency or survivor save covered (no rollback) do not count.
+    assert mtbi_seconds(JobStatus(goodput=up, preemptions=5, failures=1)) == 10_800
+    # Without a goodput account: preemptions and failures, (0 + 3600) / 4.
+    assert mtbi_seconds(JobStatus(preemptions=2, failures=1)) == 900
 
 
 def test_every_attempt_gets_the_mtbi_in_its_environment():
     """Counting the interruption the pass that creates the gang has just seen (the attempt
-    after a preemption knows of it)."""
+    after a preemption knows of it, as a pending rollback)."""
     cluster = FakeCluster.start(replicas=2)
     cluster.step()
     assert cluster.env(0)[MTBI_SECONDS] == str(round(PRIOR_MTBI_SECONDS))
@@ -199,12 +205,19 @@ def test_every_attempt_gets_the_mtbi_in_its_environment():
         before = JobStatus.model_validate(cluster.status)
         cluster.step(10)
         assert cluster.status["attempt"] == attempt
-        seen = before.model_copy(update={"preemptions": before.preemptions + 1})
+        after = JobStatus.model_validate(cluster.status).goodput
+        assert before.goodput is not None and after is not None
+        assert after.pending_rollback is not None
+        # Up time as the pass found it (the pass closes more after the gang is made), the
+        # losses as the pass counted them.
+        losses = {"rollbacks": after.rollbacks, "pending_rollback": after.pending_rollback}
+        seen = before.model_copy(update={"goodput": before.goodput.model_copy(update=losses)})
         assert cluster.env(0, attempt)[MTBI_SECONDS] == str(round(mtbi_seconds(seen)))
+        # Each gang reached step 1 and committed nothing: each loss rolled work back.
         assert cluster.env(0, attempt)[INTERRUPTIONS] == str(attempt)
-    # The second gang's pods knew of both preemptions: (up + prior) / 3.
-    up = before.goodput
-    assert up is not None and before.preemptions == 1
+    # The second gang's pods knew of both losses: (up + prior) / 3.
+    up = seen.goodput
+    assert up is not None and up.rollbacks == 1
     seconds = up.starting_seconds + up.training_seconds + up.restarting_seconds
     assert float(cluster.env(0, 2)[MTBI_SECONDS]) == round((seconds + PRIOR_MTBI_SECONDS) / 3)
 

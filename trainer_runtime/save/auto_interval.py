@@ -11,10 +11,10 @@ Both inputs are measured, not guessed by the user. ``C`` is what this process's 
 training: the whole save when synchronous, the call and the staging wait when asynchronous
 (``SavedCheckpoint.held_s``); the estimate is the mean of the last few saves, so the interval
 follows a checkpoint that grows or a disk that slows. ``M`` comes from the operator
-(``RTJ_MTBI_SECONDS``: the job's own running time over its interruptions, or a one-hour prior
-before the first); outside a cluster it is that prior. The result is clamped within
-``interval_min``/``interval_max`` and, for asynchronous saves, never below the wall time of a
-commit (a save cannot start before the previous one committed without waiting or skipping).
+(``RTJ_MTBI_SECONDS``: the job's own running time over its interruptions that rolled work back,
+or a one-hour prior before the first); outside a cluster it is that prior. The result is clamped
+within ``interval_min``/``interval_max`` and, for asynchronous saves, never below the wall time
+of a commit (a save cannot start before the previous one committed without waiting or skipping).
 The MTBI also grows while this process runs uninterrupted, as the operator's own figure would:
 ``M + t / (n + 1)`` after ``t`` seconds, ``n`` being the interruptions it was computed over
 (``RTJ_INTERRUPTIONS``). Without that a job would keep the one-hour prior for its whole first

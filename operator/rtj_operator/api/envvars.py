@@ -56,8 +56,8 @@ REPORT_FILE = "RTJ_REPORT_FILE"
 # The job's observed mean time between interruptions, in seconds (mtbi.mtbi_seconds): the
 # runtime's ``interval="auto"`` sets its save interval from it.
 MTBI_SECONDS = "RTJ_MTBI_SECONDS"
-# With it: the preemptions and failures it was computed over (the runtime grows the MTBI by
-# its own time up over this count plus one, as the operator would).
+# With it: the interruptions it was computed over, those that rolled work back (the runtime
+# grows the MTBI by its own time up over this count plus one, as the operator would).
 INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 # Not injected: a user may set it in the template; the runtime reports it as the job's total steps.
 TOTAL_STEPS = "RTJ_TOTAL_STEPS"

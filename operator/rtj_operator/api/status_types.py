@@ -290,6 +290,11 @@ class Goodput(ApiModel):
     newest checkpoint it (or an earlier attempt) committed, as known when the next gang first
     trained: unlike ``interruptions[].stepsLost``, an emergency save committed in the grace
     period counts."""
+    rollbacks: int = 0
+    """Settled interruptions that rolled work back: the gang had reached a step past the
+    checkpoint the next gang resumed from, or never said which step it reached. A loss that an
+    emergency save or a survivor's save from memory covered is not one. Over the job's time up,
+    the automatic checkpoint interval's mean time between interruptions (``RTJ_MTBI_SECONDS``)."""
     rolled_back_samples: int = 0
     """``rolledBackSteps`` in samples: each interruption's steps times its kept checkpoint's
     samples per step (sample over step). Stays 0 for a run that reports no sample counts."""

@@ -181,6 +181,8 @@ def _settle_rollback(status: JobStatus, account: Goodput) -> None:
         account.rolled_back_seconds + max((end - start).total_seconds(), 0.0), 3
     )
     account.rolled_back_steps += steps
+    if steps > 0 or pending.reached_step is None:
+        account.rollbacks += 1
     per_step = _samples_per_step(kept, status.last_committed_checkpoint)
     if per_step is not None:
         account.rolled_back_samples += round(steps * per_step)
