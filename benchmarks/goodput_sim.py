@@ -10,8 +10,10 @@ benchmark measures each recovery phase, ``--costs`` feeds them in here.
 
 **Goodput** (docs/goodput.md) = samples in the newest COMMITTED checkpoint
 at the end of the trace / the ideal, the integral of the nodes available (capped at the job's
-full size) times the per-node rate of the full gang. Work rolled back does not count, nor does
-work done after the last commit. The **ceiling** is the same integral counting only capacity at
+full size) times the per-node rate of the full gang. Work rolled back does not count. The end
+of the trace is the job's end: a gang training then saves, and saves in flight commit (without
+that, each policy's last interval would be cut off, which favours the shortest). The
+**ceiling** is the same integral counting only capacity at
 or above ``minReplicas``: what no policy can beat.
 
 The job: ``replicas`` = the scale (4, 16, 64, 256 nodes), data parallel with linear scaling (one
@@ -28,12 +30,22 @@ Policies (each a small state machine over the same ledger, the same events):
   (at least ``minReplicas``, after waiting ``shrinkAfterSeconds`` for the full size) and grows
   back (no sooner than ``grow.minIntervalSeconds`` after the last size change, after a
   checkpoint it asks for); every size change ends the gang and cold-starts every rank;
-- ``elastic-warm``: survivors stay. A loss costs the survivors its detection and a re-formed
-  process group (seconds) and at most the step in flight (none with a notice); new ranks start
-  on their own (pod, image, runtime, state from their peers) while the gang trains on, then
-  join in a re-form. Only a gang that lost every rank starts cold;
+- ``elastic-stay``, ``fixed-stay``: ``recovery.survivors: Stay`` as the product builds it
+  (docs/survivors.md). The kept pods stay, but their agent restarts every worker, which loads
+  the newest commit: after a loss without notice one survivor first saves the last finished
+  step (the whole replica, from one process), after a noticed one the gang saves on the node's
+  shutdown; new pods start in standby while the gang trains, then join through the gang's save
+  of the step it reached and the same restart;
+- ``elastic-warm``: survivors stay in process, the design the product does not have yet
+  (torchft's). A loss costs the survivors its detection and a re-formed process group
+  (seconds) and at most the step in flight (none with a notice); new ranks start on their own
+  (pod, image, runtime, state from their peers) while the gang trains on, then join in a
+  re-form. Only a gang that lost every rank starts cold;
 - ``fixed-warm``: the same recovery with every replica required (JobSet's in-place restart of
   healthy pods): it waits, holding its state, until the lost ranks are replaced.
+
+The checkpoint interval follows the product's automatic one: Young-Daly over the losses that
+roll the policy's gang back (``interval``).
 
 Rejected: a simulation in time steps (a 2-week trace at 1 s steps times 256 nodes is slow and
 blurs the order of events a few seconds apart); randomised notices (the share of losses that
@@ -59,7 +71,7 @@ except ImportError:  # run as a script: benchmarks/ is the script's folder
 
 Trace = spot_traces.Trace
 INF = math.inf
-POLICIES = ("fixed", "elastic", "elastic-warm", "fixed-warm")
+POLICIES = ("fixed", "elastic", "elastic-stay", "fixed-stay", "elastic-warm", "fixed-warm")
 
 PHASES = (
     "detected",
@@ -155,6 +167,9 @@ class Model:
     """A loss that came with a notice is known at once: only the pods' deletion is seen."""
     reform_s: float = 5.0
     """Survivors re-form their process group with a changed membership (elastic-warm)."""
+    worker_start_s: float = 5.0
+    """A worker the product's in-pod agent forks anew (``*-stay``): its CUDA context; the
+    interpreter and torch are up already."""
     checkpoint_gb: float = 112.0
     """One replica's state (7B parameters: bf16 weights, fp32 master copy, Adam)."""
     peer_gbps: float = 12.5
@@ -174,6 +189,9 @@ class Model:
     """``minReplicas`` of the elastic policies, as a share of ``replicas`` (rounded up)."""
     shrink_after_s: float = 60.0
     grow_min_interval_s: float = 300.0
+    every_loss_interval: bool = False
+    """The automatic interval counts every loss, also those a warm gang's survivors cover (the
+    rule the product had before it counted only interruptions that rolled work back)."""
     state_replicated: bool = True
     """Every node holds a whole replica: a survivor can hand the state to a new rank, and a
     loss rolls back only the step in flight. False: a loss makes elastic-warm reload the newest
@@ -211,21 +229,71 @@ class Model:
             + self.checkpoint_gb / self.peer_gbps
         )
 
+    def standby(self, pull: bool) -> float:
+        """A new pod of the product's ``Stay`` (``*-stay``), started in standby until it is
+        told the membership: pod, image, the agent's interpreter and torch; no state yet."""
+        p = self.phases
+        image = self.image_pull_s if pull else 0.0
+        return p.pods_created + p.bound + p.container_started + image + p.runtime_started
+
+    def restart(self) -> float:
+        """The product's in-place restart (``*-stay``): every kept pod's agent forks new workers,
+        which form the process group and load the newest commit (fetched from the store: a
+        node holds its own share of a commit, not the whole), then take their first step."""
+        p = self.phases
+        return (
+            self.worker_start_s
+            + p.process_group_formed
+            + p.checkpoint_fetched
+            + p.loaded
+            + p.first_step
+        )
+
+    def survivor_save(self) -> float:
+        """After a loss without notice (``*-stay``): one survivor writes the whole replica of
+        the last finished step at its node's rate, before the new workers start."""
+        return self.checkpoint_gb / self.write_gbps
+
     def detect(self, noticed: bool) -> float:
         return self.notice_detect_s if noticed else self.phases.detected
 
 
-def interval(model: Model, capacity: Trace, replicas: int) -> float:
-    """The checkpoint interval: the model's, or Young-Daly's sqrt(2 x blocking save x mean time
-    between losses of this gang), at least one commit long and at most an hour."""
+def interval(model: Model, capacity: Trace, replicas: int, policy: str = "fixed") -> float:
+    """The checkpoint interval: the model's, or Young-Daly's sqrt(2 x blocking save x M), at
+    least one commit long and at most an hour, with M the time ``policy``'s gang could be up
+    (capacity at ``min_replicas`` or more) over the losses that roll it back to its last
+    checkpoint.
+
+    Which losses roll back follows the product's automatic interval (its MTBI counts only
+    interruptions that rolled work back, over the time gangs were up,
+    rtj_operator/decide/mtbi.py): for the cold policies every loss of a gang that could be up;
+    for the warm ones, whose survivors hand on the state when it is replicated, only the loss
+    of every node. ``every_loss_interval`` counts every loss over the whole trace, for every
+    policy (the rule before)."""
     if model.interval_s is not None:
         if not model.interval_s > 0:
             raise ValueError(f"interval_s={model.interval_s}: must be above 0")
         return model.interval_s
-    losses = sum(1 for _, before, after in capacity.changes() if after < before)
+    up, losses = capacity.duration, 0
+    drops = [(before, after) for _, before, after in capacity.changes() if after < before]
+    if model.every_loss_interval:
+        losses = len(drops)
+    else:
+        least = min_replicas(policy, replicas, model)
+        up = sum(
+            t1 - t0
+            for (t0, n), (t1, _) in itertools.pairwise(capacity.points)
+            if min(n, replicas) >= least
+        )
+        warm = policy.endswith(("warm", "stay")) and model.state_replicated
+        # A cold gang is lost with any node while it is up; a warm gang's state lives on in
+        # any node left, also below its minimum (it waits holding the state).
+        losses = sum(
+            1 for before, after in drops if (after == 0 if warm else min(before, replicas) >= least)
+        )
     if losses == 0:
         return 3600.0
-    young_daly = math.sqrt(2 * model.save_block_s * capacity.duration / losses)
+    young_daly = math.sqrt(2 * model.save_block_s * up / losses)
     return min(max(young_daly, model.commit_s(replicas)), 3600.0)
 
 
@@ -323,6 +391,14 @@ class Gang:
                 self.ledger.train(start, t, self.size, self.model.commit_s(self.size))
         self.ledger.settle(t)
         self.now = t
+
+    def finish(self, t: float) -> None:
+        """The trace ends as a job would: a training gang saves its progress at ``t`` (the
+        runtime's final save) and every save in flight commits. Without it each policy's last
+        interval of work would be cut off, which favours the shortest interval."""
+        if self.training() and t >= self.resume_at:
+            self.ledger.save(t, self.model.commit_s(self.size))
+        self.ledger.settle(INF)
 
     def next_timer(self) -> float:
         return min(self.timers.values(), default=INF)
@@ -488,12 +564,24 @@ class WarmGang(Gang):
             if in_step and not noticed:
                 self.ledger.lose_step(m.step_s * (self.size + ranks))
             self.reforms += 1
-            self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s)
+            self.resume_at = max(self.resume_at, t + m.detect(noticed) + self.after_loss(noticed))
         else:
             self.ledger.rollback()
             self.reforms += 1
             reload = m.phases.checkpoint_fetched + m.phases.loaded
             self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s + reload)
+
+    def after_loss(self, noticed: bool) -> float:
+        """From the loss's detection until the survivors train again (state replicated)."""
+        return self.model.reform_s
+
+    def join_cost(self, pull: bool) -> float:
+        """From the capacity's return until a new rank of a running gang can join."""
+        return self.model.join(pull)
+
+    def switch(self) -> float:
+        """The pause of the running gang when new ranks join it."""
+        return self.model.reform_s
 
     def add_joiners(self, t: float) -> None:
         want = min(self.avail, self.replicas) - self.size - self.joining_ranks()
@@ -503,7 +591,7 @@ class WarmGang(Gang):
         pull = members > self.pulled
         self.pulled = max(self.pulled, members)
         cold = self.size == 0
-        cost = self.model.cold_start(pull) if cold else self.model.join(pull)
+        cost = self.model.cold_start(pull) if cold else self.join_cost(pull)
         self.joining.append([t + cost, want, cold])
         self.timers["join"] = min(batch[0] for batch in self.joining)
 
@@ -537,10 +625,30 @@ class WarmGang(Gang):
                 self.resume_at = t
             else:
                 self.reforms += 1
-                self.resume_at = max(self.resume_at, t + self.model.reform_s)
+                self.resume_at = max(self.resume_at, t + self.switch())
             self.size += batch[1]
         if self.joining:
             self.timers["join"] = min(batch[0] for batch in self.joining)
+
+
+class StayGang(WarmGang):
+    """``recovery.survivors: Stay`` as the product builds it (``elastic-stay``, ``fixed-stay``):
+    kept pods stay, but their agent restarts every worker, and the new workers load the newest
+    commit. A loss without notice first waits for one survivor's save of the last finished
+    step, a noticed one for the gang's save on the node's shutdown; a join waits for the
+    running gang's save of the step it reached (``stop: save``); new pods start in standby
+    meanwhile."""
+
+    def after_loss(self, noticed: bool) -> float:
+        m = self.model
+        save = m.commit_s(self.size) if noticed else m.survivor_save()
+        return save + m.restart()
+
+    def join_cost(self, pull: bool) -> float:
+        return self.model.standby(pull)
+
+    def switch(self) -> float:
+        return self.model.commit_s(self.size) + self.model.restart()
 
 
 @dataclass(frozen=True)
@@ -592,9 +700,9 @@ def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Resul
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
     least = min_replicas(policy, replicas, model)
-    every = interval(model, capacity, replicas)
+    every = interval(model, capacity, replicas, policy)
     ledger = Ledger(every, model.save_block_s)
-    machine = WarmGang if policy.endswith("warm") else ColdGang
+    machine = {"warm": WarmGang, "stay": StayGang}.get(policy.rsplit("-", 1)[-1], ColdGang)
     gang = machine(model, replicas, least, ledger)
     gang.begin(0.0, min(capacity.points[0][1], replicas))
     end = capacity.duration
@@ -617,6 +725,7 @@ def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Resul
         else:
             gang.on_change(t, min(before, replicas), min(after, replicas), noticed)
     gang.advance(end)
+    gang.finish(end)
     ideal = capacity.node_seconds(cap=replicas)
     usable = sum(
         (t1 - t0) * min(n, replicas)
@@ -701,6 +810,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
         if f.name != "phases" and getattr(args, f.name, None) is not None
     }
     overrides["state_replicated"] = not args.not_replicated
+    overrides["every_loss_interval"] = args.every_loss_interval
     return Model(phases=phases, **overrides), measured
 
 
@@ -716,6 +826,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
     parser.add_argument(
         "--not-replicated", action="store_true", help="state sharded, not replicated"
+    )
+    parser.add_argument(
+        "--every-loss-interval",
+        action="store_true",
+        help="the automatic interval counts every loss, also those survivors cover",
     )
     for f in fields(Model):
         if f.type in ("float", "float | None"):
