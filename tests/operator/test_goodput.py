@@ -14,7 +14,7 @@ from rtj_operator.api import crdgen
 from rtj_operator.api.envvars import PROGRESS_ANNOTATION
 from rtj_operator.api.status_types import CheckpointRecord, JobStatus, Phase
 from rtj_operator.api.timeutil import iso
-from rtj_operator.decide import mtbi
+from rtj_operator.decide import goodput, mtbi
 from rtj_operator.decide.goodput import REFRESH_SECONDS, account, human_duration, open_account
 
 from .fakes import T0, FakeCluster
@@ -271,6 +271,23 @@ def test_an_emergency_save_in_the_grace_period_is_not_rolled_back():
     # Covered by the save: the automatic interval's MTBI does not count it.
     assert acc["rollbacks"] == 0
     assert mtbi.interruptions(JobStatus.model_validate(cluster.status)) == 0
+
+
+def test_only_unplanned_interruptions_that_lost_work_count_as_rollbacks():
+    """The automatic interval's MTBI counts them (mtbi.py): a grow that lost steps is planned,
+    a preemption that lost steps counts, settled or pending."""
+    status = JobStatus(gang_created=True, training_since=T0, current_step=120)
+    open_account(status, T0)
+    status.last_committed_checkpoint = CheckpointRecord(name="ep0-ba100", step=100, attempt=0)
+    goodput.note_interruption(status, T0, unplanned=False)  # a grow 20 steps past the commit
+    assert mtbi.interruptions(status) == 0
+    status.attempt, status.current_step = 1, 130
+    goodput.note_interruption(status, T0, unplanned=True)  # a preemption 30 steps past it
+    assert status.goodput is not None and status.goodput.rolled_back_steps == 20
+    assert status.goodput.rollbacks == 0 and mtbi.interruptions(status) == 1  # pending
+    status.attempt = 2
+    goodput.note_interruption(status, T0, unplanned=True)
+    assert status.goodput.rollbacks == 1 and mtbi.interruptions(status) == 2
 
 
 def test_suspended_time_is_neither_lost_nor_in_the_fraction():

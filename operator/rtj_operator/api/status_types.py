@@ -246,6 +246,9 @@ class PendingRollback(ApiModel):
     """When that gang first trained past its resume point."""
     reached_step: int | None = None
     """The highest step it reported."""
+    unplanned: bool = True
+    """A preemption or a failure. A grow, a re-shrink or a suspend is planned: its rollback is
+    not counted in ``rollbacks``."""
 
 
 class Goodput(ApiModel):
@@ -291,10 +294,11 @@ class Goodput(ApiModel):
     trained: unlike ``interruptions[].stepsLost``, an emergency save committed in the grace
     period counts."""
     rollbacks: int = 0
-    """Settled interruptions that rolled work back: the gang had reached a step past the
-    checkpoint the next gang resumed from, or never said which step it reached. A loss that an
-    emergency save or a survivor's save from memory covered is not one. Over the job's time up,
-    the automatic checkpoint interval's mean time between interruptions (``RTJ_MTBI_SECONDS``)."""
+    """Settled preemptions and failures that rolled work back: the gang had reached a step past
+    the checkpoint the next gang resumed from, or never said which step it reached. A loss that
+    an emergency save or a survivor's save from memory covered is not one, nor is a grow, a
+    re-shrink or a suspend. Over the job's time up, the automatic checkpoint interval's mean
+    time between interruptions (``RTJ_MTBI_SECONDS``)."""
     rolled_back_samples: int = 0
     """``rolledBackSteps`` in samples: each interruption's steps times its kept checkpoint's
     samples per step (sample over step). Stays 0 for a run that reports no sample counts."""

@@ -94,9 +94,10 @@ def _waiting_for_room(status: JobStatus) -> bool:
     return False
 
 
-def note_interruption(status: JobStatus, now: datetime) -> None:
+def note_interruption(status: JobStatus, now: datetime, *, unplanned: bool) -> None:
     """The current attempt is being interrupted (called before its gang is forgotten): settle an
-    earlier pending loss, and record this gang's as pending when it trained at all."""
+    earlier pending loss, and record this gang's as pending when it trained at all.
+    ``unplanned``: a preemption or a failure, which ``rollbacks`` counts when it lost work."""
     account = status.goodput
     if account is None:
         return
@@ -107,6 +108,7 @@ def note_interruption(status: JobStatus, now: datetime) -> None:
             interrupted_at=now,
             trained_since=status.training_since,
             reached_step=status.current_step,
+            unplanned=unplanned,
         )
 
 
@@ -181,7 +183,7 @@ def _settle_rollback(status: JobStatus, account: Goodput) -> None:
         account.rolled_back_seconds + max((end - start).total_seconds(), 0.0), 3
     )
     account.rolled_back_steps += steps
-    if steps > 0 or pending.reached_step is None:
+    if pending.unplanned and (steps > 0 or pending.reached_step is None):
         account.rollbacks += 1
     per_step = _samples_per_step(kept, status.last_committed_checkpoint)
     if per_step is not None:

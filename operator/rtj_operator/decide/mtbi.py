@@ -10,13 +10,14 @@ minutes. The count goes with it (``RTJ_INTERRUPTIONS``), so the runtime grows th
 own time up as this rule would (``M + t / (n + 1)``). Its own module because the pod manifests
 need it and must not import the goodput account's dependencies (a cycle).
 
-Only interruptions that rolled work back count (``status.goodput.rollbacks``, and the pending
-one, not yet settled). Young-Daly's M is the time between losses that send the job back to its
-last periodic checkpoint; a loss that an emergency save on a notice or a survivor's save from
-memory covered (``recovery.survivors: Stay``) cost no rollback, and counting it would make the
-job save more often for nothing: at 64 nodes on a replayed spot trace, about one save in 13 of
-the capacity, against one in 300 (docs/goodput.md). A job without a goodput account counts its
-preemptions and failures, as before that account existed.
+Only preemptions and failures that rolled work back count (``status.goodput.rollbacks``, and the
+pending one, not yet settled); a grow, a re-shrink or a suspend is planned, whatever it lost.
+Young-Daly's M is the time between losses that send the job back to its last periodic
+checkpoint; a loss that an emergency save on a notice or a survivor's save from memory covered
+(``recovery.survivors: Stay``) cost no rollback, and counting it would make the job save more
+often for nothing: at 64 nodes on a replayed spot trace, about one save in 13 of the capacity,
+against one in 300 (docs/goodput.md). A job without a goodput account counts its preemptions and
+failures, as before that account existed.
 
 Rejected: the spacing of ``status.interruptions`` (bounded to the last 20 and blind to waits
 between them, which no gang was up to lose).
@@ -44,11 +45,13 @@ def mtbi_seconds(status: JobStatus) -> float:
 
 
 def interruptions(status: JobStatus) -> int:
-    """The interruptions ``mtbi_seconds`` counts (``RTJ_INTERRUPTIONS``): those that rolled
-    work back (``goodput.rollbacks``), and the one still pending, whose loss is not settled
-    yet and counts until it is. Without a goodput account: preemptions and failures, retried
-    ones too (a suspend, a grow or an unschedulable restart is none)."""
+    """The interruptions ``mtbi_seconds`` counts (``RTJ_INTERRUPTIONS``): preemptions and failures
+    that rolled work back (``goodput.rollbacks``), and the one still pending, whose loss is
+    not settled yet and counts until it is (a grow, a re-shrink or a suspend never). Without
+    a goodput account: preemptions and failures, retried ones too (a suspend, a grow or an
+    unschedulable restart is none)."""
     account = status.goodput
     if account is None:
         return status.preemptions + status.failures + status.retries
-    return account.rollbacks + (account.pending_rollback is not None)
+    pending = account.pending_rollback
+    return account.rollbacks + (pending is not None and pending.unplanned)

@@ -44,7 +44,8 @@ def record_interruption(ctx: ReconcileContext, interruption: Interruption) -> No
     """Append to the bounded interruption history, tell the plan (metrics) and the goodput
     account (called before the ended gang is forgotten)."""
     st = ctx.status
-    goodput.note_interruption(st, ctx.now)
+    unplanned = interruption.preemption or interruption.action is not None
+    goodput.note_interruption(st, ctx.now, unplanned=unplanned)
     st.interruptions = [*st.interruptions, interruption][-MAX_INTERRUPTIONS:]
     ctx.plan.interruption = interruption
 
