@@ -15,7 +15,8 @@ runtime's own code (``trainer_runtime.save.auto_interval.AutoInterval``) with th
 MTBI rule (``rtj_operator.decide.mtbi``, reimplemented here in two lines so the benchmark needs no
 operator install): every attempt starts a fresh process, with the prior save cost until its
 first save is measured and the job's mean time between interruptions as the operator computes
-it at that attempt (time up plus a one-hour prior, over interruptions plus one), grown by the
+it at that attempt (time trained plus a one-hour prior, over the interruptions that rolled work
+back plus one: here every loss while a gang trained, none during a restart), grown by the
 process's own time up as the runtime does, default bounds (1 min to 4 h). Its interval is
 counted from the start of the last save, as the runtime does.
 
@@ -59,9 +60,10 @@ class Outcome:
         return job.work_s / self.wall_s
 
 
-def operator_mtbi(up_s: float, interruptions: int) -> float:
-    """rtj_operator.decide.mtbi.mtbi_seconds on a job whose gangs were up the whole time."""
-    return (up_s + PRIOR_MTBI_S) / (interruptions + 1)
+def operator_mtbi(trained_s: float, rollbacks: int) -> float:
+    """rtj_operator.decide.mtbi.mtbi_seconds: the time gangs trained and the interruptions
+    that rolled work back."""
+    return (trained_s + PRIOR_MTBI_S) / (rollbacks + 1)
 
 
 def simulate(job: Job, mtbi_s: float, fixed_s: float | None, seed: int) -> Outcome:
@@ -69,6 +71,7 @@ def simulate(job: Job, mtbi_s: float, fixed_s: float | None, seed: int) -> Outco
     automatic interval."""
     rng = random.Random(seed)
     now, committed, interruptions, saves = 0.0, 0.0, 0, 0
+    trained_s, rollbacks = 0.0, 0
     intervals: list[float] = []
     next_loss = rng.expovariate(1 / mtbi_s)
     first = True
@@ -84,9 +87,9 @@ def simulate(job: Job, mtbi_s: float, fixed_s: float | None, seed: int) -> Outco
         if fixed_s is None:
             auto = AutoInterval(
                 AutoIntervalOptions(),
-                operator_mtbi(now, interruptions),
+                operator_mtbi(trained_s, rollbacks),
                 "operator",
-                interruptions=interruptions,
+                interruptions=rollbacks,
             )
             auto.look(now)
             intervals.append(auto.interval_s)
@@ -104,9 +107,12 @@ def simulate(job: Job, mtbi_s: float, fixed_s: float | None, seed: int) -> Outco
                 train = min(max(due - now, 0.0), job.work_s - done)
             end = now + train + job.save_cost_s
             if next_loss < end:
+                trained_s += next_loss - now
                 now, interruptions, lost = next_loss, interruptions + 1, True
+                rollbacks += 1
                 next_loss = now + rng.expovariate(1 / mtbi_s)
                 break
+            trained_s += end - now
             last_save_at = now + train
             now, done, saves = end, done + train, saves + 1
             committed = done

@@ -44,8 +44,9 @@ Policies (each a small state machine over the same ledger, the same events):
 - ``fixed-warm``: the same recovery with every replica required (JobSet's in-place restart of
   healthy pods): it waits, holding its state, until the lost ranks are replaced.
 
-The checkpoint interval follows the product's automatic one: Young-Daly over the losses that
-roll the policy's gang back (``interval``).
+The checkpoint interval is the product's automatic one, as the job runs: Young-Daly from the
+blocking part of a save and the mean time between the losses that rolled the job back
+(``Interval``).
 
 Rejected: a simulation in time steps (a 2-week trace at 1 s steps times 256 nodes is slow and
 blurs the order of events a few seconds apart); randomised notices (the share of losses that
@@ -180,7 +181,7 @@ class Model:
     """The part of a periodic save that stops training (staging to host memory)."""
     step_s: float = 2.0
     interval_s: float | None = None
-    """Seconds of training between checkpoints; None: Young-Daly for the trace (``interval``)."""
+    """Seconds between checkpoints; None: the product's automatic interval (``Interval``)."""
     notice_share: float = 0.5
     """The share of losses that come with a notice (spread evenly over the losses)."""
     notice_s: float = 120.0
@@ -258,43 +259,39 @@ class Model:
         return self.notice_detect_s if noticed else self.phases.detected
 
 
-def interval(model: Model, capacity: Trace, replicas: int, policy: str = "fixed") -> float:
-    """The checkpoint interval: the model's, or Young-Daly's sqrt(2 x blocking save x M), at
-    least one commit long and at most an hour, with M the time ``policy``'s gang could be up
-    (capacity at ``min_replicas`` or more) over the losses that roll it back to its last
-    checkpoint.
+PRIOR_MTBI_S = 3600.0
+"""The operator's mean time between interruptions before the first (rtj_operator/decide/mtbi.py)."""
+INTERVAL_MIN_S, INTERVAL_MAX_S = 60.0, 4 * 3600.0
+"""The runtime's default bounds of ``interval="auto"`` (docs/progress-and-interval.md)."""
 
-    Which losses roll back follows the product's automatic interval (its MTBI counts only
-    interruptions that rolled work back, over the time gangs were up,
-    rtj_operator/decide/mtbi.py): for the cold policies every loss of a gang that could be up;
-    for the warm ones, whose survivors hand on the state when it is replicated, only the loss
-    of every node. ``every_loss_interval`` counts every loss over the whole trace, for every
-    policy (the rule before)."""
-    if model.interval_s is not None:
-        if not model.interval_s > 0:
+
+class Interval:
+    """The checkpoint interval as the job runs: the model's ``interval_s``, or the product's
+    ``interval="auto"``: Young-Daly, sqrt(2 x C x M), C the blocking part of a save, M = (the
+    time the job's gangs were up + the one-hour prior) / (the interruptions counted + 1), within
+    [60 s or a commit, 4 h]. Counted, as the operator counts them (rtj_operator/decide/mtbi.py):
+    losses that rolled work back, not those survivors or a save covered, nor a grow; with
+    ``every_loss_interval``, every loss that hit a gang (the rule before)."""
+
+    def __init__(self, model: Model) -> None:
+        if model.interval_s is not None and not model.interval_s > 0:
             raise ValueError(f"interval_s={model.interval_s}: must be above 0")
-        return model.interval_s
-    up, losses = capacity.duration, 0
-    drops = [(before, after) for _, before, after in capacity.changes() if after < before]
-    if model.every_loss_interval:
-        losses = len(drops)
-    else:
-        least = min_replicas(policy, replicas, model)
-        up = sum(
-            t1 - t0
-            for (t0, n), (t1, _) in itertools.pairwise(capacity.points)
-            if min(n, replicas) >= least
-        )
-        warm = policy.endswith(("warm", "stay")) and model.state_replicated
-        # A cold gang is lost with any node while it is up; a warm gang's state lives on in
-        # any node left, also below its minimum (it waits holding the state).
-        losses = sum(
-            1 for before, after in drops if (after == 0 if warm else min(before, replicas) >= least)
-        )
-    if losses == 0:
-        return 3600.0
-    young_daly = math.sqrt(2 * model.save_block_s * up / losses)
-    return min(max(young_daly, model.commit_s(replicas)), 3600.0)
+        self.fixed, self.block_s = model.interval_s, model.save_block_s
+        self.every_loss = model.every_loss_interval
+        self.up_s = 0.0
+        self.counted = 0
+
+    def seconds(self, commit_s: float) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        mtbi = (self.up_s + PRIOR_MTBI_S) / (self.counted + 1)
+        young_daly = math.sqrt(2 * self.block_s * mtbi)
+        return min(max(young_daly, INTERVAL_MIN_S, commit_s), INTERVAL_MAX_S)
+
+    def loss(self, rolled_back: bool) -> None:
+        """A loss hit a gang; ``rolled_back``: it sent the job back to its last commit."""
+        if rolled_back or self.every_loss:
+            self.counted += 1
 
 
 class Ledger:
@@ -305,24 +302,26 @@ class Ledger:
     abandons every save not committed by then.
     """
 
-    def __init__(self, interval_s: float, block_s: float) -> None:
-        self.interval_s, self.block_s = interval_s, block_s
+    def __init__(self, every: Interval, block_s: float) -> None:
+        self.every, self.block_s = every, block_s
         self.progress = self.committed = self.captured = 0.0
         self.pending: list[tuple[float, float]] = []
-        self.since_save = 0.0
+        self.clock = 0.0
+        """When the interval counts from: the last save's start, or the workers' start."""
         self.blocked_until = 0.0
         self.rolled_back = 0.0
         self.saves = 0
 
     def train(self, t0: float, t1: float, nodes: int, commit_s: float) -> None:
-        """Train ``nodes`` from ``t0`` to ``t1``, saving every ``interval_s`` of training."""
+        """Train ``nodes`` from ``t0`` to ``t1``, saving at the first moment of training at
+        least one interval (wall time) after the clock, as the runtime does at a step."""
         t = max(t0, self.blocked_until)
         while t < t1:
-            span = min(t1 - t, max(self.interval_s - self.since_save, 0.0))
-            self.progress += span * nodes
-            self.since_save += span
-            t += span
-            if self.since_save >= self.interval_s - 1e-9:
+            due = max(t, self.clock + self.every.seconds(commit_s))
+            end = min(t1, due)
+            self.progress += (end - t) * nodes
+            t = end
+            if t >= due - 1e-9:
                 self.save(t, commit_s)
                 t = self.blocked_until
 
@@ -330,7 +329,7 @@ class Ledger:
         """Begin a save of the live state at ``t``; returns when it commits."""
         self.captured = self.progress
         self.pending.append((t + commit_s, self.progress))
-        self.since_save = 0.0
+        self.clock = t
         self.blocked_until = t + self.block_s
         self.saves += 1
         return t + commit_s
@@ -348,12 +347,14 @@ class Ledger:
     def abandon_saves(self) -> None:
         self.pending = []
 
-    def rollback(self) -> None:
-        """Back to the newest committed checkpoint (the gang restarts from it)."""
+    def rollback(self) -> bool:
+        """Back to the newest committed checkpoint (the gang restarts from it); whether that
+        lost work."""
         self.abandon_saves()
-        self.rolled_back += self.progress - self.committed
+        lost = self.progress - self.committed
+        self.rolled_back += lost
         self.progress = self.captured = self.committed
-        self.since_save = 0.0
+        return lost > 1e-9
 
     def lose_step(self, samples: float) -> None:
         """The step in flight is lost; the live state is that of the step before (never older
@@ -388,6 +389,7 @@ class Gang:
         if self.training():
             start = max(self.now, self.resume_at)
             if t > start:
+                self.ledger.every.up_s += t - start
                 self.ledger.train(start, t, self.size, self.model.commit_s(self.size))
         self.ledger.settle(t)
         self.now = t
@@ -458,7 +460,7 @@ class ColdGang(Gang):
 
     def interrupt(self, t: float, noticed: bool) -> None:
         self.interruptions += self.state == "running"
-        self.ledger.rollback()
+        self.ledger.every.loss(self.ledger.rollback())
         self.state, self.size, self.grown = "down", 0, False
         self.timers.clear()
         detect = self.model.detect(noticed)
@@ -492,7 +494,7 @@ class ColdGang(Gang):
 
     def on_ready(self, t: float) -> None:
         self.state, self.resume_at = "running", t
-        self.ledger.since_save = 0.0
+        self.ledger.clock = t
         self.want_grow(t)
 
     def want_grow(self, t: float) -> None:
@@ -559,28 +561,31 @@ class WarmGang(Gang):
         self.ledger.abandon_saves()
         self.size -= ranks
         if self.size == 0:
-            self.ledger.rollback()
+            self.ledger.every.loss(self.ledger.rollback())
         elif m.state_replicated:
             if in_step and not noticed:
                 self.ledger.lose_step(m.step_s * (self.size + ranks))
+            self.ledger.every.loss(False)
             self.reforms += 1
-            self.resume_at = max(self.resume_at, t + m.detect(noticed) + self.after_loss(noticed))
+            seen = t + m.detect(noticed)
+            self.resume_at = max(self.resume_at, seen + self.after_loss(seen, noticed))
         else:
-            self.ledger.rollback()
+            self.ledger.every.loss(self.ledger.rollback())
             self.reforms += 1
             reload = m.phases.checkpoint_fetched + m.phases.loaded
             self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s + reload)
 
-    def after_loss(self, noticed: bool) -> float:
-        """From the loss's detection until the survivors train again (state replicated)."""
+    def after_loss(self, seen: float, noticed: bool) -> float:
+        """From the loss's detection (at ``seen``) until the survivors train again (state
+        replicated)."""
         return self.model.reform_s
 
     def join_cost(self, pull: bool) -> float:
         """From the capacity's return until a new rank of a running gang can join."""
         return self.model.join(pull)
 
-    def switch(self) -> float:
-        """The pause of the running gang when new ranks join it."""
+    def switch(self, t: float) -> float:
+        """The pause of the running gang when new ranks join it at ``t``."""
         return self.model.reform_s
 
     def add_joiners(self, t: float) -> None:
@@ -622,10 +627,10 @@ class WarmGang(Gang):
             if self.size == 0:
                 self.ledger.rollback()
                 self.cold_starts += 1
-                self.resume_at = t
+                self.resume_at = self.ledger.clock = t
             else:
                 self.reforms += 1
-                self.resume_at = max(self.resume_at, t + self.switch())
+                self.resume_at = max(self.resume_at, t + self.switch(t))
             self.size += batch[1]
         if self.joining:
             self.timers["join"] = min(batch[0] for batch in self.joining)
@@ -639,16 +644,24 @@ class StayGang(WarmGang):
     running gang's save of the step it reached (``stop: save``); new pods start in standby
     meanwhile."""
 
-    def after_loss(self, noticed: bool) -> float:
+    def after_loss(self, seen: float, noticed: bool) -> float:
         m = self.model
         save = m.commit_s(self.size) if noticed else m.survivor_save()
-        return save + m.restart()
+        return self.restart_from_save(seen, save)
 
     def join_cost(self, pull: bool) -> float:
         return self.model.standby(pull)
 
-    def switch(self) -> float:
-        return self.model.commit_s(self.size) + self.model.restart()
+    def switch(self, t: float) -> float:
+        return self.restart_from_save(t, self.model.commit_s(self.size))
+
+    def restart_from_save(self, t: float, save_s: float) -> float:
+        """A save of the live state begun at ``t`` that commits ``save_s`` later, then every
+        worker restarted from it; the new workers' interval counts from their start."""
+        self.ledger.save(t, save_s)
+        pause = save_s + self.model.restart()
+        self.ledger.clock = t + pause
+        return pause
 
 
 @dataclass(frozen=True)
@@ -669,6 +682,7 @@ class Result:
     cold_starts: int
     reforms: int
     interval_s: float
+    """The checkpoint interval in force at the end of the trace."""
 
 
 def events(capacity: Trace, model: Model) -> list[tuple[float, int, str, int, int, bool]]:
@@ -700,8 +714,7 @@ def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Resul
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
     least = min_replicas(policy, replicas, model)
-    every = interval(model, capacity, replicas, policy)
-    ledger = Ledger(every, model.save_block_s)
+    ledger = Ledger(Interval(model), model.save_block_s)
     machine = {"warm": WarmGang, "stay": StayGang}.get(policy.rsplit("-", 1)[-1], ColdGang)
     gang = machine(model, replicas, least, ledger)
     gang.begin(0.0, min(capacity.points[0][1], replicas))
@@ -745,7 +758,7 @@ def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Resul
         interruptions=gang.interruptions,
         cold_starts=gang.cold_starts,
         reforms=gang.reforms,
-        interval_s=every,
+        interval_s=ledger.every.seconds(model.commit_s(replicas)),
     )
 
 

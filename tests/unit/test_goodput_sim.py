@@ -107,9 +107,9 @@ def test_elastic_waits_shrink_after_seconds_for_the_full_gang():
 def test_elastic_warm_loses_one_step_and_the_survivors_train_on():
     r = sim("elastic-warm")
     # The loss takes the step in flight (2 s x 4 nodes): 3792. Survivors re-form at 1015 and
-    # train at 3 (checkpoints at 1065 and 1165: 4242); the new rank starts at 1200, joins at
-    # 1250 (4497), the gang of 4 trains from 1255: a checkpoint at 1270 (4557), then 730 s.
-    assert kept(r) == pytest.approx(4557 + 730 * 4)
+    # train at 3 (checkpoints, 100 s of wall time apart, at 1050 and 1150: 4197); the new rank
+    # starts at 1200 and joins at 1250 (4497, a checkpoint), the gang of 4 trains from 1255.
+    assert kept(r) == pytest.approx(4497 + 745 * 4)
     assert r.rolled_back_node_h * 3600 == pytest.approx(8)
     assert (r.interruptions, r.cold_starts, r.reforms) == (1, 1, 2)
 
@@ -117,17 +117,17 @@ def test_elastic_warm_loses_one_step_and_the_survivors_train_on():
 def test_elastic_warm_without_replicated_state_reloads_the_checkpoint_but_skips_the_restart():
     r = sim("elastic-warm", state_replicated=False)
     # Back to 3600 at the loss; training again at 1015 (detection and re-form; the reload is
-    # free in the hand model): checkpoints at 1115 (3900) and 1215 (4200), 4305 at the join,
-    # the gang of 4 from 1255: a checkpoint at 1320 (4565), then 680 s.
-    assert kept(r) == pytest.approx(4565 + 680 * 4)
+    # free in the hand model): checkpoints at 1050 (3705), 1150 (4005) and at the join, 1250
+    # (4305); the gang of 4 from 1255.
+    assert kept(r) == pytest.approx(4305 + 745 * 4)
     assert r.rolled_back_node_h * 3600 == pytest.approx(200)
 
 
 def test_fixed_warm_waits_for_the_full_gang_holding_its_state():
     r = sim("fixed-warm")
     # 3792 after the lost step; idle at 3 nodes; the new rank joins at 1250, training from 1255
-    # with 50 s left to the next checkpoint (1305), then 695 s.
-    assert kept(r) == pytest.approx(3992 + 695 * 4)
+    # (a checkpoint at once: the interval since the last, at 950, is over).
+    assert kept(r) == pytest.approx(3792 + 745 * 4)
 
 
 def test_warm_keeps_more_than_cold_here():
@@ -181,32 +181,47 @@ def test_the_ceiling_leaves_out_capacity_below_min_replicas():
     assert sim("elastic", LOSS).ceiling == 1.0
 
 
-def test_young_daly_interval_from_the_losses_that_roll_the_gang_back():
-    two_losses = Trace("t", "hand", ((0, 4), (1800, 3), (3600, 4), (5400, 2), (7200, 2)))
+def test_the_automatic_interval_is_young_daly_over_the_losses_that_rolled_back():
     auto = replace(HAND, interval_s=None, save_block_s=5.0)
-    # fixed: up (all 4 nodes) 3600 s, both losses hit it.
-    assert gs.interval(auto, two_losses, 4, "fixed") == pytest.approx((2 * 5 * 1800) ** 0.5)
-    # elastic (at least 2): up the whole 7200 s, both losses hit it.
-    assert gs.interval(auto, two_losses, 4, "elastic") == pytest.approx((2 * 5 * 3600) ** 0.5)
-    # The warm and stay policies' survivors cover both losses: the one-hour cap; the old rule
-    # counted every loss over the whole trace, for every policy.
-    for policy in ("elastic-warm", "fixed-stay"):
-        assert gs.interval(auto, two_losses, 4, policy) == 3600
-        old = replace(auto, every_loss_interval=True)
-        assert gs.interval(old, two_losses, 4, policy) == pytest.approx((2 * 5 * 3600) ** 0.5)
-    # Losing every node rolls a warm gang back, even from below its minimum.
-    wipes = Trace("w", "hand", ((0, 4), (1000, 1), (1800, 0), (3600, 4), (5400, 0), (7200, 4)))
-    up = 1000 + 1800  # at 2 nodes or more: 0..1000 and 3600..5400 (not the 800 s at 1 node)
-    assert gs.interval(auto, wipes, 4, "elastic-warm") == pytest.approx((2 * 5 * up / 2) ** 0.5)
-    # Without replicated state every loss rolls back.
-    sharded = replace(auto, state_replicated=False)
-    assert gs.interval(sharded, two_losses, 4, "elastic-warm") == pytest.approx(
-        (2 * 5 * 3600) ** 0.5
+    every = gs.Interval(auto)
+    assert every.seconds(5.0) == pytest.approx((2 * 5 * 3600) ** 0.5)  # the prior alone
+    every.up_s, every.counted = 14_400.0, 1  # M = (4 h + 1 h) / 2
+    assert every.seconds(5.0) == pytest.approx(300.0)
+    assert every.seconds(500.0) == 500  # never shorter than a commit
+    every.loss(False)  # covered by survivors: not counted
+    assert every.counted == 1
+    every.loss(True)
+    assert every.counted == 2
+    assert gs.Interval(replace(auto, save_block_s=0.01)).seconds(1.0) == 60  # the runtime's min
+    never = gs.Interval(auto)
+    never.up_s = 1e9
+    assert never.seconds(5.0) == 4 * 3600  # the runtime's max
+    old = gs.Interval(replace(auto, every_loss_interval=True))
+    old.loss(False)
+    assert old.counted == 1
+    assert gs.Interval(HAND).seconds(1e6) == 100  # a fixed interval is kept
+    with pytest.raises(ValueError, match="interval_s=0"):
+        gs.Interval(replace(HAND, interval_s=0.0))
+
+
+def test_each_policy_counts_its_own_rollbacks_and_time_up():
+    auto = replace(HAND, interval_s=None, save_block_s=5.0)
+    # fixed: up 0..1000 and from 1200 (1800 s), its loss rolled back work: M = 5400 / 2.
+    assert sim("fixed", interval_s=None, save_block_s=5.0).interval_s == pytest.approx(
+        (2 * 5 * 2700) ** 0.5
     )
-    assert gs.interval(auto, Trace("f", "h", ((0, 4), (10, 4))), 4) == 3600
-    # Never shorter than a commit (here 5 + 1000 GB / 4 nodes / 1 GB/s).
-    assert gs.interval(replace(auto, checkpoint_gb=1000.0), two_losses, 4) == 255
-    assert gs.interval(HAND, two_losses, 4) == 100
+    # elastic-warm: up the whole 2000 s, its survivors covered the loss: M = 5600.
+    warm = gs.simulate(LOSS, 4, "elastic-warm", auto)
+    assert warm.interval_s == pytest.approx((2 * 5 * 5600) ** 0.5)
+    # The rule before counted that loss too: M = 5600 / 2.
+    before = gs.simulate(LOSS, 4, "elastic-warm", replace(auto, every_loss_interval=True))
+    assert before.interval_s == pytest.approx((2 * 5 * 2800) ** 0.5)
+    # Losing every node rolls a warm gang back.
+    wipe = Trace("wipe", "hand", ((0, 4), (1000, 0), (1200, 4), (2000, 4)))
+    # Up 0..1000 and from 1200 (1800 s), one rollback: M = 5400 / 2.
+    assert gs.simulate(wipe, 4, "elastic-warm", auto).interval_s == pytest.approx(
+        (2 * 5 * 2700) ** 0.5
+    )
 
 
 def test_stay_restarts_every_worker_from_a_survivors_save():
@@ -225,18 +240,20 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     assert model.standby(False) == 50  # pods_created; no state fetched yet
     r = gs.simulate(LOSS, 4, "elastic-stay", model)
     # The cold start takes 57 s (pod 50, process group 3, fetch 4). Loss at 1000 s: 943 s x 4
-    # trained, less the step in flight: 3764. Seen at 1010, the survivor's save (40 s) and the
-    # restart (8 s): 3 ranks train from 1058, 192 s until the new pod is in standby (1250):
-    # 4340. Then the gang's save of the step it reached (40 GB / 3 nodes) and the restart:
-    # 4 ranks from 1271.33 to the end.
+    # trained, less the step in flight: 3764. Seen at 1010, the survivor's save of it (40 s)
+    # and the restart (8 s): 3 ranks train from 1058, 192 s until the new pod is in standby
+    # (1250): 4340. Then the gang's save of the step it reached (40 GB / 3 nodes) and the
+    # restart: 4 ranks from 1271.33 to the end.
     assert kept(r) == pytest.approx(4340 + (2000 - 1250 - 40 / 3 - 8) * 4)
     assert (r.interruptions, r.cold_starts, r.reforms) == (1, 1, 2)
     assert r.rolled_back_node_h * 3600 == pytest.approx(8)
     warm = gs.simulate(LOSS, 4, "elastic-warm", model)
     assert kept(r) < kept(warm)
-    # Survivors cover the loss: the interval is the cold policies' only.
-    auto = replace(model, interval_s=None)
-    assert gs.interval(auto, LOSS, 4, "elastic-stay") == 3600
+    # The survivor's save covered the loss: the automatic interval does not count it.
+    auto = replace(model, interval_s=None, save_block_s=5.0)
+    assert gs.simulate(LOSS, 4, "elastic-stay", auto).interval_s == pytest.approx(
+        (2 * 5 * (2000 + 3600)) ** 0.5
+    )
 
 
 def test_load_phases_reads_durations_p50s_and_cumulative_offsets(tmp_path: Path):
