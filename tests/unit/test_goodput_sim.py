@@ -204,23 +204,23 @@ def test_the_automatic_interval_is_young_daly_over_the_losses_that_rolled_back()
         gs.Interval(replace(HAND, interval_s=0.0))
 
 
-def test_each_policy_counts_its_own_rollbacks_and_time_up():
+def test_each_policy_counts_its_own_rollbacks_and_training_time():
     auto = replace(HAND, interval_s=None, save_block_s=5.0)
-    # fixed: up 0..1000 and from 1200 (1800 s), its loss rolled back work: M = 5400 / 2.
+    # fixed: trains 50..1000 and 1250..2000 (1700 s), its loss rolled back work: M = 5300 / 2.
     assert sim("fixed", interval_s=None, save_block_s=5.0).interval_s == pytest.approx(
-        (2 * 5 * 2700) ** 0.5
+        (2 * 5 * 2650) ** 0.5
     )
-    # elastic-warm: up the whole 2000 s, its survivors covered the loss: M = 5600.
+    # elastic-warm: trains 50..1000, 1015..1250 and 1255..2000 (1930 s); its survivors covered
+    # the loss: M = 5530.
     warm = gs.simulate(LOSS, 4, "elastic-warm", auto)
-    assert warm.interval_s == pytest.approx((2 * 5 * 5600) ** 0.5)
-    # The rule before counted that loss too: M = 5600 / 2.
+    assert warm.interval_s == pytest.approx((2 * 5 * 5530) ** 0.5)
+    # The rule before counted that loss too: M = 5530 / 2.
     before = gs.simulate(LOSS, 4, "elastic-warm", replace(auto, every_loss_interval=True))
-    assert before.interval_s == pytest.approx((2 * 5 * 2800) ** 0.5)
-    # Losing every node rolls a warm gang back.
+    assert before.interval_s == pytest.approx((2 * 5 * 2765) ** 0.5)
+    # Losing every node rolls a warm gang back: it trains 50..1000 and 1250..2000, M = 5300 / 2.
     wipe = Trace("wipe", "hand", ((0, 4), (1000, 0), (1200, 4), (2000, 4)))
-    # Up 0..1000 and from 1200 (1800 s), one rollback: M = 5400 / 2.
     assert gs.simulate(wipe, 4, "elastic-warm", auto).interval_s == pytest.approx(
-        (2 * 5 * 2700) ** 0.5
+        (2 * 5 * 2650) ** 0.5
     )
 
 
@@ -249,10 +249,12 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     assert r.rolled_back_node_h * 3600 == pytest.approx(8)
     warm = gs.simulate(LOSS, 4, "elastic-warm", model)
     assert kept(r) < kept(warm)
-    # The survivor's save covered the loss: the automatic interval does not count it.
+    # The survivor's save covered the loss: the automatic interval does not count it (trained:
+    # 57..1000, 1058..1250, and from the switch's save, now 5 s longer, and restart).
     auto = replace(model, interval_s=None, save_block_s=5.0)
+    trained = 943 + 192 + (2000 - 1250 - (5 + 40 / 3) - 8)
     assert gs.simulate(LOSS, 4, "elastic-stay", auto).interval_s == pytest.approx(
-        (2 * 5 * (2000 + 3600)) ** 0.5
+        (2 * 5 * (trained + 3600)) ** 0.5
     )
 
 
