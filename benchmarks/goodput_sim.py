@@ -642,12 +642,15 @@ class StayGang(WarmGang):
     commit. A loss without notice first waits for one survivor's save of the last finished
     step, a noticed one for the gang's save on the node's shutdown; a join waits for the
     running gang's save of the step it reached (``stop: save``); new pods start in standby
-    meanwhile."""
+    meanwhile. An elastic gang left below its full size first waits ``shrinkAfterSeconds``
+    for the lost capacity, as any elastic attempt does, before the kept pods are told the new
+    membership."""
 
     def after_loss(self, seen: float, noticed: bool) -> float:
         m = self.model
+        wait = m.shrink_after_s if self.avail < self.replicas else 0.0
         save = m.commit_s(self.size) if noticed else m.survivor_save()
-        return self.restart_from_save(seen, save)
+        return wait + self.restart_from_save(seen + wait, save)
 
     def join_cost(self, pull: bool) -> float:
         return self.model.standby(pull)

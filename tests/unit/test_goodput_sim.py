@@ -246,6 +246,9 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     # restart: 4 ranks from 1271.33 to the end.
     assert kept(r) == pytest.approx(4340 + (2000 - 1250 - 40 / 3 - 8) * 4)
     assert (r.interruptions, r.cold_starts, r.reforms) == (1, 1, 2)
+    # With shrinkAfterSeconds the kept pods first wait that long for the lost node (30 s x 3).
+    waited = gs.simulate(LOSS, 4, "elastic-stay", replace(model, shrink_after_s=30.0))
+    assert kept(waited) == pytest.approx(kept(r) - 30 * 3)
     assert r.rolled_back_node_h * 3600 == pytest.approx(8)
     warm = gs.simulate(LOSS, 4, "elastic-warm", model)
     assert kept(r) < kept(warm)
