@@ -644,7 +644,19 @@ class StayGang(WarmGang):
     running gang's save of the step it reached (``stop: save``); new pods start in standby
     meanwhile. An elastic gang left below its full size first waits ``shrinkAfterSeconds``
     for the lost capacity, as any elastic attempt does, before the kept pods are told the new
-    membership."""
+    membership (capacity back within that wait gets new pods at once); once it trains, it grows
+    no sooner than ``grow.minIntervalSeconds`` after it resumed."""
+
+    def add_joiners(self, t: float) -> None:
+        elastic = self.min_replicas < self.replicas
+        grow_at = self.resume_at + self.model.grow_min_interval_s
+        if elastic and self.size > 0 and self.resume_at <= t < grow_at:
+            self.timers["grow"] = grow_at
+            return
+        super().add_joiners(t)
+
+    def on_grow(self, t: float) -> None:
+        self.add_joiners(t)
 
     def after_loss(self, seen: float, noticed: bool) -> float:
         m = self.model

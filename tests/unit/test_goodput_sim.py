@@ -249,6 +249,10 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     # With shrinkAfterSeconds the kept pods first wait that long for the lost node (30 s x 3).
     waited = gs.simulate(LOSS, 4, "elastic-stay", replace(model, shrink_after_s=30.0))
     assert kept(waited) == pytest.approx(kept(r) - 30 * 3)
+    # With grow.minIntervalSeconds the node back at 1200 gets its pod only 300 s after the
+    # resume (1358): in standby at 1408, then the save and the restart.
+    later = gs.simulate(LOSS, 4, "elastic-stay", replace(model, grow_min_interval_s=300.0))
+    assert kept(later) == pytest.approx(3764 + 350 * 3 + (2000 - 1408 - 40 / 3 - 8) * 4)
     assert r.rolled_back_node_h * 3600 == pytest.approx(8)
     warm = gs.simulate(LOSS, 4, "elastic-warm", model)
     assert kept(r) < kept(warm)
