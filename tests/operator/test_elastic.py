@@ -9,7 +9,7 @@ import pytest
 
 from rtj_operator.api import names
 from rtj_operator.api.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
-from rtj_operator.api.spec_types import JobSpec
+from rtj_operator.api.spec_types import JobSpec, shrink_after_seconds
 from rtj_operator.api.status_types import CheckpointRecord, GrowRequest, JobStatus
 from rtj_operator.api.timeutil import iso
 from rtj_operator.decide.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
@@ -164,6 +164,34 @@ def test_elastic_waits_for_the_full_gang_then_shrinks_to_what_fits():
     assert waiting.recheck_after == pytest.approx(1.0)
     shrunk = start_size(s, 3, waiting_since=T0, now=T0 + timedelta(seconds=60))
     assert shrunk.size == 3 and shrunk.reason is StartReason.SHRUNK
+
+
+def test_the_wait_for_the_full_gang_defaults_to_60s_and_to_none_when_survivors_stay():
+    replace_spec = spec(minReplicas=2)
+    trainer = {**TEMPLATE["spec"]["containers"][0], "command": ["python", "train.py"]}
+    stay = JobSpec.model_validate(
+        {
+            "replicas": 4,
+            "checkpoint": {"dir": "s3://bucket/c"},
+            "template": {"spec": {**TEMPLATE["spec"], "containers": [trainer]}},
+            "elastic": {"minReplicas": 2},
+            "recovery": {"survivors": "Stay"},
+        }
+    )
+    assert shrink_after_seconds(replace_spec) == 60
+    waiting = start_size(replace_spec, 3, waiting_since=T0, now=T0 + timedelta(seconds=59))
+    assert waiting.size is None and waiting.reason is StartReason.WAITING_FOR_FULL_GANG
+    # Kept pods would idle through the wait, and the grow back is a warm join: start at once.
+    assert shrink_after_seconds(stay) == 0
+    at_once = start_size(stay, 3, waiting_since=None, now=T0)
+    assert at_once.size == 3 and at_once.reason is StartReason.SHRUNK
+    # The spec's own value wins, with Stay too.
+    patient = stay.model_copy(
+        update={"elastic": stay.elastic.model_copy(update={"shrink_after_seconds": 30})}
+    )
+    assert shrink_after_seconds(patient) == 30
+    assert start_size(patient, 3, waiting_since=None, now=T0).size is None
+    assert shrink_after_seconds(spec()) == 0  # not elastic: nothing to wait for
 
 
 def test_elastic_never_starts_below_min_replicas():

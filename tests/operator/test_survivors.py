@@ -12,6 +12,7 @@ from rtj_operator.api.envvars import (
     PROGRESS_ANNOTATION,
     STANDBY,
 )
+from rtj_operator.decide.elastic import SCHEDULING_GRACE_SECONDS
 from rtj_operator.decide.plan_types import Plan
 from rtj_operator.decide.reconcile import reconcile
 from rtj_operator.decide.survivors import STANDBY_WAIT_SECONDS
@@ -181,6 +182,26 @@ def shrunk_to_two_with_room_for_four() -> SpotCluster:
     assert "GrowRequested" in [e.reason for e in cluster.step(31).events]
     cluster.report(0, "ep0-ba130", 130, current=130)
     return cluster
+
+
+def test_without_shrink_after_seconds_kept_pods_go_on_alone_after_the_scheduling_grace():
+    """With Stay the wait for the full gang defaults to 0: the lost places' pods that cannot
+    be placed are given up after the scheduler's grace, not after 60 s."""
+    cluster = spot(minReplicas=2)
+    cluster.body["spec"]["template"] = TEMPLATE
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    for lost in ("node-2", "node-3"):
+        del cluster.nodes[lost]
+    cluster.step(1)
+    cluster.step(1)
+    assert cluster.status["gangSize"] == 4  # the lost places' pods wait for the scheduler
+    cluster.step(SCHEDULING_GRACE_SECONDS)
+    assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
 
 
 def ready(cluster: SpotCluster, pod_name: str, epoch: int) -> None:

@@ -617,13 +617,30 @@ class ElasticPolicy(ApiModel):
     min_replicas: int = Field(ge=1, le=4096)
     """Fewest pods the job may run with (torchrun's minimum nodes). The job never starts below
     it: with fewer fitting nodes it waits Pending with reason ``MinReplicasUnreachable``."""
-    shrink_after_seconds: int = Field(default=60, ge=0, le=86400)
+    shrink_after_seconds: int | None = Field(default=None, ge=0, le=86400)
     """How long an attempt waits for room for the full gang before starting at the size that
     fits (at least ``minReplicas``), counted from when ``minReplicas`` first fit (time with room
     for fewer does not count; the count starts again when the room falls below
-    ``minReplicas``). Default 60."""
+    ``minReplicas``). Default 60; 0 with ``recovery.survivors: Stay``, whose kept pods would
+    idle through the wait, and whose grow back is a warm join."""
     grow: GrowPolicy = Field(default_factory=GrowPolicy)
     """Growing back when capacity returns."""
+
+
+SHRINK_AFTER_SECONDS = 60
+"""``elastic.shrinkAfterSeconds`` when unset, without ``recovery.survivors: Stay``."""
+
+
+def shrink_after_seconds(spec: JobSpec) -> int:
+    """The wait for the full gang in force (``elastic.shrinkAfterSeconds``): the spec's, else
+    0 with ``recovery.survivors: Stay`` (measured: a shrink keeps the pods and the grow back
+    is a warm join, so the wait only idles the kept ranks; docs/survivors.md), else 60. 0
+    without ``elastic``."""
+    if spec.elastic is None:
+        return 0
+    if spec.elastic.shrink_after_seconds is not None:
+        return spec.elastic.shrink_after_seconds
+    return 0 if spec.recovery.survivors is Survivors.STAY else SHRINK_AFTER_SECONDS
 
 
 def training_container(spec: JobSpec) -> ContainerTemplate:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ..api.spec_types import GrowPolicy, JobSpec
+from ..api.spec_types import GrowPolicy, JobSpec, shrink_after_seconds
 from ..api.status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
 
 POLL_SECONDS = 5.0
@@ -114,12 +114,13 @@ def start_size(
             fit, StartReason.GROWN, f"room for {fit} of {full} pods (was {grown_from})"
         )
     since = waiting_since if waiting_since is not None else now
-    remaining = elastic.shrink_after_seconds - (now - since).total_seconds()
+    shrink_after = shrink_after_seconds(spec)
+    remaining = shrink_after - (now - since).total_seconds()
     if remaining > 0:
         return StartDecision(
             None,
             StartReason.WAITING_FOR_FULL_GANG,
-            f"room for {fit} of {full} pods; waiting up to {elastic.shrink_after_seconds}s for "
+            f"room for {fit} of {full} pods; waiting up to {shrink_after}s for "
             f"the full gang before starting {fit}",
             min(remaining, POLL_SECONDS),
             since,
@@ -127,7 +128,7 @@ def start_size(
     return StartDecision(
         fit,
         StartReason.SHRUNK,
-        f"room for {fit} of {full} pods after waiting {elastic.shrink_after_seconds}s",
+        f"room for {fit} of {full} pods after waiting {shrink_after}s",
     )
 
 
@@ -295,7 +296,7 @@ def reshrink_step(
         return ReshrinkDecision(None)
     if scheduled >= size:
         return ReshrinkDecision(None)
-    wait = max(elastic.shrink_after_seconds, SCHEDULING_GRACE_SECONDS)
+    wait = max(shrink_after_seconds(spec), SCHEDULING_GRACE_SECONDS)
     waited = (now - waiting_since).total_seconds()
     remaining = wait - waited
     if remaining > 0:

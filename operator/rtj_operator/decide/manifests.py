@@ -13,7 +13,7 @@ from typing import Any
 
 from ..api import envvars, names, rbac
 from ..api.api_types import Job
-from ..api.spec_types import Survivors
+from ..api.spec_types import Survivors, shrink_after_seconds
 from ..api.status_types import JobStatus
 from .mtbi import interruptions, mtbi_seconds
 from .resume import run_root
@@ -78,8 +78,7 @@ def save_budget_seconds(job: Job) -> int:
 def rejoin_seconds(job: Job) -> int:
     """How long a kept pod's agent waits for its new membership (``RTJ_REJOIN_SECONDS``): an
     elastic job's next attempt may first wait ``shrinkAfterSeconds`` for the full gang."""
-    wait = job.spec.elastic.shrink_after_seconds if job.spec.elastic is not None else 0
-    return names.REJOIN_SECONDS + int(wait)
+    return names.REJOIN_SECONDS + shrink_after_seconds(job.spec)
 
 
 def uses_trainer_identity(job: Job) -> bool:
