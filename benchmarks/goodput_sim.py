@@ -188,7 +188,8 @@ class Model:
     """How long before the loss a notice comes (AWS, where the traces come from: 2 minutes)."""
     min_fraction: float = 0.5
     """``minReplicas`` of the elastic policies, as a share of ``replicas`` (rounded up)."""
-    shrink_after_s: float = 60.0
+    shrink_after_s: float | None = None
+    """``elastic.shrinkAfterSeconds``; None: the product's default, 60 s, and 0 with ``Stay``."""
     grow_min_interval_s: float = 300.0
     every_loss_interval: bool = False
     """The automatic interval counts every loss, also those a warm gang's survivors cover (the
@@ -254,6 +255,12 @@ class Model:
         """After a loss without notice (``*-stay``): one survivor writes the whole replica of
         the last finished step at its node's rate, before the new workers start."""
         return self.checkpoint_gb / self.write_gbps
+
+    def shrink_after(self, *, stay: bool) -> float:
+        """The wait for the full gang in force (spec_types.shrink_after_seconds)."""
+        if self.shrink_after_s is not None:
+            return self.shrink_after_s
+        return 0.0 if stay else 60.0
 
     def detect(self, noticed: bool) -> float:
         return self.notice_detect_s if noticed else self.phases.detected
@@ -471,11 +478,11 @@ class ColdGang(Gang):
         if "teardown" in self.timers:
             return
         fit = min(self.avail, self.replicas)
-        waited = self.grown or t >= self.waiting_since + self.model.shrink_after_s
+        waited = self.grown or t >= self.waiting_since + self.model.shrink_after(stay=False)
         if fit >= self.replicas or (fit >= self.min_replicas and waited):
             self.start(t, fit)
         elif fit >= self.min_replicas:
-            self.timers["shrink"] = self.waiting_since + self.model.shrink_after_s
+            self.timers["shrink"] = self.waiting_since + self.model.shrink_after(stay=False)
 
     def start(self, t: float, size: int) -> None:
         pull = size > self.pulled
@@ -660,7 +667,7 @@ class StayGang(WarmGang):
 
     def after_loss(self, seen: float, noticed: bool) -> float:
         m = self.model
-        wait = m.shrink_after_s if self.avail < self.replicas else 0.0
+        wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
         save = m.commit_s(self.size) if noticed else m.survivor_save()
         return wait + self.restart_from_save(seen + wait, save)
 
@@ -862,7 +869,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for f in fields(Model):
         if f.type in ("float", "float | None"):
-            default = "Young-Daly" if f.default is None else f.default
+            unset = {"interval_s": "automatic", "shrink_after_s": "60, 0 with Stay"}
+            default = unset.get(f.name, f.default) if f.default is None else f.default
             parser.add_argument(
                 f"--{f.name.replace('_', '-')}", type=float, dest=f.name, help=f"default {default}"
             )

@@ -246,6 +246,8 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     # restart: 4 ranks from 1271.33 to the end.
     assert kept(r) == pytest.approx(4340 + (2000 - 1250 - 40 / 3 - 8) * 4)
     assert (r.interruptions, r.cold_starts, r.reforms) == (1, 1, 2)
+    # The product's default wait for the full gang: 0 with Stay, 60 s without.
+    assert (gs.Model().shrink_after(stay=True), gs.Model().shrink_after(stay=False)) == (0, 60)
     # With shrinkAfterSeconds the kept pods first wait that long for the lost node (30 s x 3).
     waited = gs.simulate(LOSS, 4, "elastic-stay", replace(model, shrink_after_s=30.0))
     assert kept(waited) == pytest.approx(kept(r) - 30 * 3)
