@@ -156,10 +156,10 @@ def test_a_kept_pod_that_ended_before_its_adoption_makes_the_attempt_replace_eve
     ]
 
 
-def shrunk_to_two_with_room_for_four() -> SpotCluster:
-    """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
-    has room for all four again."""
-    cluster = spot(minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30})
+def stay_job_losing_two_nodes(**elastic: object) -> SpotCluster:
+    """A 4-pod elastic job with Stay, trained past a commit, that has just lost two of its
+    nodes: the lost places have pods, which cannot be placed."""
+    cluster = spot(**elastic)
     cluster.body["spec"]["template"] = TEMPLATE
     cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
     cluster.step()
@@ -169,8 +169,17 @@ def shrunk_to_two_with_room_for_four() -> SpotCluster:
     cluster.step(1)
     for lost in ("node-2", "node-3"):
         del cluster.nodes[lost]
-    cluster.step(1)  # the lost places get pods, which cannot be placed
     cluster.step(1)
+    cluster.step(1)
+    return cluster
+
+
+def shrunk_to_two_with_room_for_four() -> SpotCluster:
+    """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
+    has room for all four again."""
+    cluster = stay_job_losing_two_nodes(
+        minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30}
+    )
     cluster.step(60)  # shrinkAfterSeconds: the gang goes on as its two kept pods
     assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
     cluster.schedule_and_run()
@@ -187,18 +196,7 @@ def shrunk_to_two_with_room_for_four() -> SpotCluster:
 def test_without_shrink_after_seconds_kept_pods_go_on_alone_after_the_scheduling_grace():
     """With Stay the wait for the full gang defaults to 0: the lost places' pods that cannot
     be placed are given up after the scheduler's grace, not after 60 s."""
-    cluster = spot(minReplicas=2)
-    cluster.body["spec"]["template"] = TEMPLATE
-    cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
-    cluster.step()
-    cluster.schedule_and_run()
-    cluster.step()
-    cluster.report(0, "ep0-ba100", 100, current=110)
-    cluster.step(1)
-    for lost in ("node-2", "node-3"):
-        del cluster.nodes[lost]
-    cluster.step(1)
-    cluster.step(1)
+    cluster = stay_job_losing_two_nodes(minReplicas=2)
     assert cluster.status["gangSize"] == 4  # the lost places' pods wait for the scheduler
     cluster.step(SCHEDULING_GRACE_SECONDS)
     assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
