@@ -1,14 +1,14 @@
 """The job's mean time between interruptions, passed to each attempt as ``RTJ_MTBI_SECONDS``.
 
-The runtime's ``interval="auto"`` sets its save interval by Young-Daly from its own save cost
-and this figure (trainer_runtime/save/auto_interval.py). The operator computes it because only the
-operator sees the job's whole history: the time its gangs trained (the goodput account's
-training seconds) over its interruptions, smoothed by a one-hour prior
-counted as one interruption, so a job never interrupted sees its estimate grow with its run time
-instead of staying at the prior, and one interruption early on does not swing it to a few
-minutes. The count goes with it (``RTJ_INTERRUPTIONS``), so the runtime grows the figure by its
-own time up as this rule would (``M + t / (n + 1)``). Its own module because the pod manifests
-need it and must not import the goodput account's dependencies (a cycle).
+The runtime's ``interval="auto"`` sets its save interval by Young-Daly from its own save cost and
+this figure (trainer_runtime/save/auto_interval.py). The operator computes it because only the
+operator sees the job's whole history: the time its gangs trained (the goodput account's training
+seconds) over its interruptions, smoothed by a one-hour prior counted as one interruption, so a job
+never interrupted sees its estimate grow with its run time instead of staying at the prior, and one
+interruption early on does not swing it to a few minutes. The count goes with it
+(``RTJ_INTERRUPTIONS``), so the runtime grows the figure by its own time up as this rule would
+(``M + t / (n + 1)``). Its own module because the pod manifests need it and must not import the
+goodput account's dependencies (a cycle).
 
 Only preemptions and failures that rolled work back count (``status.goodput.rollbacks``, and the
 pending one, not yet settled); a grow, a re-shrink or a suspend is planned, whatever it lost.
