@@ -199,7 +199,10 @@ def test_a_keepers_store_says_its_epoch_and_a_newer_member_waits_for_the_next_on
             old.stop()
             old = rendezvous_store.start(port, 4)
             seen, returned = waited.result(timeout=30)
-        assert seen == 4 and returned >= switched
+        # It goes on only once the old store is gone: when the new one answers (4), or when a
+        # look fell between the old one's stop and the new one's start, as in the agent's own
+        # swap (None: nothing listening, and the workers' clients connect when it is up).
+        assert seen in (4, None) and returned >= switched
         # Told to stop waiting (the agent is terminating), it goes on with what it saw.
         assert rendezvous_store.wait_until_current(9, "127.0.0.1", port, 60, lambda: False) == 4
     finally:
