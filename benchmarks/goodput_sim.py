@@ -65,10 +65,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
+
 try:
     from benchmarks import spot_traces
+    from benchmarks.auto_interval import operator_mtbi
 except ImportError:  # run as a script: benchmarks/ is the script's folder
     import spot_traces  # type: ignore[no-redef]
+    from auto_interval import operator_mtbi  # type: ignore[no-redef]
 
 Trace = spot_traces.Trace
 INF = math.inf
@@ -266,16 +270,11 @@ class Model:
         return self.notice_detect_s if noticed else self.phases.detected
 
 
-PRIOR_MTBI_S = 3600.0
-"""The operator's mean time between interruptions before the first (rtj_operator/decide/mtbi.py)."""
-INTERVAL_MIN_S, INTERVAL_MAX_S = 60.0, 4 * 3600.0
-"""The runtime's default bounds of ``interval="auto"`` (docs/progress-and-interval.md)."""
-
-
 class Interval:
     """The checkpoint interval as the job runs: the model's ``interval_s``, or the product's
-    ``interval="auto"``: Young-Daly, sqrt(2 x C x M), C the blocking part of a save, M = (the
-    time the job's gangs were up + the one-hour prior) / (the interruptions counted + 1), within
+    ``interval="auto"`` (the runtime's ``young_daly`` and default bounds, the operator's MTBI
+    as ``auto_interval.operator_mtbi`` restates it): sqrt(2 x C x M), C the blocking part of a
+    save, M = (the time the job trained + the one-hour prior) / (the losses counted + 1), within
     [60 s or a commit, 4 h]. Counted, as the operator counts them (rtj_operator/decide/mtbi.py):
     losses that rolled work back, not those survivors or a save covered, nor a grow; with
     ``every_loss_interval``, every loss that hit a gang (the rule before)."""
@@ -285,15 +284,14 @@ class Interval:
             raise ValueError(f"interval_s={model.interval_s}: must be above 0")
         self.fixed, self.block_s = model.interval_s, model.save_block_s
         self.every_loss = model.every_loss_interval
-        self.up_s = 0.0
+        self.trained_s = 0.0
         self.counted = 0
 
     def seconds(self, commit_s: float) -> float:
         if self.fixed is not None:
             return self.fixed
-        mtbi = (self.up_s + PRIOR_MTBI_S) / (self.counted + 1)
-        young_daly = math.sqrt(2 * self.block_s * mtbi)
-        return min(max(young_daly, INTERVAL_MIN_S, commit_s), INTERVAL_MAX_S)
+        every = young_daly(self.block_s, operator_mtbi(self.trained_s, self.counted))
+        return clamp(every, max(DEFAULT_MIN_S, commit_s), DEFAULT_MAX_S)
 
     def loss(self, rolled_back: bool) -> None:
         """A loss hit a gang; ``rolled_back``: it sent the job back to its last commit."""
@@ -322,6 +320,7 @@ class Ledger:
     def train(self, t0: float, t1: float, nodes: int, commit_s: float) -> None:
         """Train ``nodes`` from ``t0`` to ``t1``, saving at the first moment of training at
         least one interval (wall time) after the clock, as the runtime does at a step."""
+        self.every.trained_s += t1 - t0
         t = max(t0, self.blocked_until)
         while t < t1:
             due = max(t, self.clock + self.every.seconds(commit_s))
@@ -396,7 +395,6 @@ class Gang:
         if self.training():
             start = max(self.now, self.resume_at)
             if t > start:
-                self.ledger.every.up_s += t - start
                 self.ledger.train(start, t, self.size, self.model.commit_s(self.size))
         self.ledger.settle(t)
         self.now = t

@@ -185,7 +185,7 @@ def test_the_automatic_interval_is_young_daly_over_the_losses_that_rolled_back()
     auto = replace(HAND, interval_s=None, save_block_s=5.0)
     every = gs.Interval(auto)
     assert every.seconds(5.0) == pytest.approx((2 * 5 * 3600) ** 0.5)  # the prior alone
-    every.up_s, every.counted = 14_400.0, 1  # M = (4 h + 1 h) / 2
+    every.trained_s, every.counted = 14_400.0, 1  # M = (4 h + 1 h) / 2
     assert every.seconds(5.0) == pytest.approx(300.0)
     assert every.seconds(500.0) == 500  # never shorter than a commit
     every.loss(False)  # covered by survivors: not counted
@@ -194,7 +194,7 @@ def test_the_automatic_interval_is_young_daly_over_the_losses_that_rolled_back()
     assert every.counted == 2
     assert gs.Interval(replace(auto, save_block_s=0.01)).seconds(1.0) == 60  # the runtime's min
     never = gs.Interval(auto)
-    never.up_s = 1e9
+    never.trained_s = 1e9
     assert never.seconds(5.0) == 4 * 3600  # the runtime's max
     old = gs.Interval(replace(auto, every_loss_interval=True))
     old.loss(False)
