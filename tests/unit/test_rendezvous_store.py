@@ -170,7 +170,8 @@ def test_a_new_member_that_arrives_early_never_meets_the_old_gangs_store(tmp_pat
 def test_a_keepers_store_says_its_epoch_and_a_newer_member_waits_for_the_next_one() -> None:
     """The keeper writes its membership epoch into its store; a member of a newer epoch waits
     while the store at the address is the older gang's, and goes on once the new one answers.
-    Nothing listening, or a store that does not say (one a worker hosts), is no reason to wait."""
+    Nothing listening at first, or a store that does not say (one a worker hosts), is no reason
+    to wait; nothing listening after an older store answered is the swap, and it waits on."""
     port = free_port()
     assert rendezvous_store.served_epoch("127.0.0.1", port) is None  # nothing listens
     # A worker's store, on a port of its own: the keeper below must not wait for it to let go.
@@ -197,12 +198,14 @@ def test_a_keepers_store_says_its_epoch_and_a_newer_member_waits_for_the_next_on
             assert not waited.done()  # the old gang's store still answers: it waits
             switched = time.monotonic()
             old.stop()
+            old = None
+            time.sleep(1.0)  # nothing listens: node rank 0 between its two stores
+            assert not waited.done()
             old = rendezvous_store.start(port, 4)
             seen, returned = waited.result(timeout=30)
-        # It goes on only once the old store is gone: when the new one answers (4), or when a
-        # look fell between the old one's stop and the new one's start, as in the agent's own
-        # swap (None: nothing listening, and the workers' clients connect when it is up).
-        assert seen in (4, None) and returned >= switched
+        # It waits through the swap (the old store stopped, the new one not yet up: nothing
+        # listens) and goes on only when the new store answers.
+        assert seen == 4 and returned >= switched
         # Told to stop waiting (the agent is terminating), it goes on with what it saw.
         assert rendezvous_store.wait_until_current(9, "127.0.0.1", port, 60, lambda: False) == 4
     finally:

@@ -110,13 +110,25 @@ def _serve(port: int, epoch: int, ready_fd: int) -> None:
 
 def served_epoch(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
     """The membership epoch of the store answering at ``addr:port``; None when nothing listens
-    there or the store does not say (one a worker hosts). A forked child asks, as the keeper
-    serves: a store client's threads must not be in the process that forks the workers."""
-    try:  # nothing listening (the usual case at a gang's first start): no child needed
-        with socket.create_connection((addr, port), timeout=timeout_s):
-            pass
-    except OSError:
+    there or the store does not say (one a worker hosts)."""
+    if not _listening(addr, port, timeout_s):
         return None
+    return _asked_epoch(addr, port, timeout_s)
+
+
+def _listening(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether anything accepts connections at ``addr:port`` (no store client needed)."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _asked_epoch(addr: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
+    """The epoch the store at ``addr:port`` says; None when it says none. A forked child asks,
+    as the keeper serves: a store client's threads must not be in the process that forks the
+    workers."""
     pid, said = _fork_child(
         lambda answer_fd: _probe(addr, port, timeout_s, answer_fd), timeout_s + 1.0
     )
@@ -156,33 +168,38 @@ def wait_until_current(
 ) -> int | None:
     """Wait while the store at ``addr:port`` is an older membership's (node rank 0 has not
     read the new one yet), up to ``limit_s`` or until ``keep_waiting`` says no; the epoch last
-    seen there (None: no store, or one that does not say)."""
+    seen there (None: no store, or one that does not say).
+
+    Nothing listening is no reason to wait at a gang's first start. Once an older store has
+    answered, though, silence is node rank 0 between stopping that store and starting the new
+    one at the same port, and the wait goes on until a store answers again."""
     began = time.monotonic()
-    said = False
+    older_seen = False
     while True:
-        seen = served_epoch(addr, port)
-        if seen is None or seen >= epoch:
-            if said:
+        listening = _listening(addr, port)
+        seen = _asked_epoch(addr, port) if listening else None
+        if (listening and (seen is None or seen >= epoch)) or (not listening and not older_seen):
+            if older_seen:
                 log.warning(
                     "agent: the store of epoch %d answered after %.2f s", epoch, _since(began)
                 )
             return seen
         if _since(began) >= limit_s or not keep_waiting():
             log.warning(
-                "agent: the store at %s:%d still serves epoch %d after %.0f s; starting the "
-                "workers of epoch %d anyway",
+                "agent: the store at %s:%d %s after %.0f s; starting the workers of epoch %d "
+                "anyway",
                 addr,
                 port,
-                seen,
+                f"still serves epoch {seen}" if listening else "is still silent",
                 _since(began),
                 epoch,
             )
             return seen
-        if not said:
+        if not older_seen:
             log.warning(
                 "agent: the store at %s:%d serves epoch %d; waiting for %d", addr, port, seen, epoch
             )
-            said = True
+            older_seen = True
         time.sleep(0.05)
 
 
