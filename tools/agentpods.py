@@ -36,11 +36,13 @@ class Pods:
                 proc.wait(10)
         cls.started.clear()
 
-    def __init__(self, tmp: Path, steps: int = STEPS, step_s: float = 0.1) -> None:
+    def __init__(
+        self, tmp: Path, steps: int = STEPS, step_s: float = 0.1, extra: tuple[str, ...] = ()
+    ) -> None:
         self.tmp, self.folder, self.out = tmp, tmp / "ckpt", tmp / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         self.args = ["--folder", str(self.folder), "--out", str(self.out)]
-        self.args += ["--steps", str(steps), "--step-s", str(step_s)]
+        self.args += ["--steps", str(steps), "--step-s", str(step_s), *extra]
         self.pods: dict[str, subprocess.Popen] = {}
         self.lost: set[str] = set()
 

@@ -34,16 +34,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--interval", default="5ba")
+    ap.add_argument("--width", type=int, default=16, help="the hidden layer (the state's size)")
     args = ap.parse_args()
     out = Path(args.out)
-    epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
+    # torchrun's elastic agent restarts the workers with the same environment but for its count
+    epoch = str(
+        int(os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0"))
+        + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    )
     inherited = "torch._inductor" in sys.modules  # the agent's preload (trainer_runtime/agent)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     (out / f"inherited-{epoch}-{rank}").write_text("torch._inductor" if inherited else "")
     torch.manual_seed(0)
-    inner = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    inner = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Linear(args.width, 1))
     # one gradient-bucket layout for the whole run: bitwise equal across a restart
     # (docs/runtime.md, "Exact resume at more than two ranks")
     model = DistributedDataParallel(inner, find_unused_parameters=True)
