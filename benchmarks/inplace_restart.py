@@ -308,8 +308,8 @@ def main() -> None:
         "--width",
         type=int,
         default=16,
-        help="the trainer's hidden layer: 16 (default) is a state of 0.5 KiB; 4000000, 128 MiB "
-        "of weights and as much momentum",
+        help="the trainer's hidden layer (10 x width + 1 parameters): 16 (default) is 0.6 KiB of "
+        "weights and as much momentum; 4000000, 153 MiB of each",
     )
     args = ap.parse_args()
     if args.replace:

@@ -21,7 +21,7 @@ all-reduce ends before ``optimizer.step()``), so no finished step is lost and no
 Limit, measured: a failed backward can leave other gradient buckets' all-reduces in flight,
 and they hold the group, so its connections stay open; a survivor blocked on this one then waits
 for the group's timeout (60 s here). One bucket (the default ``--width``) fails everywhere at
-once; a state of 144 MB (``--width 4000000``, several buckets) does not. Each rank writes
+once; 153 MiB of weights (``--width 4000000``, several buckets) do not. Each rank writes
 ``<out>/first-<epoch>-<rank>`` with the wall time of its first step in each membership.
 """
 
