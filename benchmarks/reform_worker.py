@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from tools.emulated_step import end_step
+
 GLOBAL_BATCH = 12
 POLL_S = 0.01
 
@@ -123,12 +125,8 @@ def main() -> None:
             model = DistributedDataParallel(inner, find_unused_parameters=True)
             first = True
             continue
-        opt.step()
-        opt.zero_grad()
-        time.sleep(args.step_s)
-        if first:
-            (out / f"first-{epoch}-{rank}").write_text(repr(time.time()))
-            first = False
+        end_step(opt, args.step_s, out / f"first-{epoch}-{rank}" if first else None)
+        first = False
         with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
             log.write(f"{epoch} {step} {rank}\n")
         step += 1

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from tools.emulated_step import end_step
 from trainer_runtime import CheckpointManager
 
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
@@ -67,12 +67,8 @@ def main() -> None:
         # the gradients' all-reduce is done: every rank's samples are in this step's update
         with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
             log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
-        opt.step()
-        opt.zero_grad()
-        time.sleep(args.step_s)
-        if first:
-            (out / f"first-{epoch}-{rank}").write_text(repr(time.time()))
-            first = False
+        end_step(opt, args.step_s, out / f"first-{epoch}-{rank}" if first else None)
+        first = False
         ckpt.batch_end(num_samples=GLOBAL_BATCH)
     ckpt.close()
     if rank == 0:
