@@ -186,65 +186,40 @@ def one_torchrun(tmp: Path, extra: tuple[str, ...] = ()) -> float:
 
 
 def one_in_process(tmp: Path, extra: tuple[str, ...] = ()) -> float:
-    """3 processes of ``reform_worker.py``; one lost; the other two re-form without ending."""
+    """3 processes of ``reform_worker.py``; one lost; the other two re-form without ending. The
+    processes are ``Pods``' (their step files, logs, loss and membership files), started as the
+    prototype rather than under the agent."""
     import datetime  # noqa: PLC0415 - only this side needs them
-    import json  # noqa: PLC0415
 
     from torch.distributed import TCPStore  # noqa: PLC0415
 
-    out = tmp / "out"
-    out.mkdir(parents=True, exist_ok=True)
+    pods = Pods(tmp, steps=100000, step_s=0.1, extra=extra)
     port = free_port()
-    store = TCPStore(  # the agent's rendezvous store, kept across memberships
-        "127.0.0.1",
-        port,
-        None,
-        True,
-        timeout=datetime.timedelta(seconds=60),
-        wait_for_workers=False,
-    )
-    procs: list[subprocess.Popen] = []
+    timeout = datetime.timedelta(seconds=60)
+    # the agent's rendezvous store, kept across memberships
+    store = TCPStore("127.0.0.1", port, None, True, timeout=timeout, wait_for_workers=False)
     try:
         for r in range(3):
-            log = open(tmp / f"reform{r}.log", "ab")  # noqa: SIM115 - owned by the child
-            args = ["--out", str(out), "--membership", str(tmp / f"membership-{r}")]
+            name = f"reform{r}"
+            log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+            args = ["--out", str(pods.out), "--membership", str(tmp / f"membership-{name}")]
             args += ["--store-port", str(port), "--step-s", "0.1", *extra]
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(REFORM_WORKER), *args],
-                    env={**_plain_env(), "RANK": str(r), "WORLD_SIZE": "3"},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    cwd=ROOT,
-                )
+            pods.pods[name] = subprocess.Popen(
+                [sys.executable, str(REFORM_WORKER), *args],
+                env={**_plain_env(), "RANK": str(r), "WORLD_SIZE": "3"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=ROOT,
             )
-        wait_lines(out / "steps-1-0.txt", 8)
-        kill_tree(procs[2])
-        lost_at = time.time()
+        pods.wait_steps(1, 8)
+        lost_at = pods.lose("reform2")
         for r in range(2):  # the operator's membership, as in the agent's side
-            path = tmp / f"membership-{r}"
-            path.with_suffix(".tmp").write_text(json.dumps({"epoch": 2, "rank": r, "world": 2}))
-            path.with_suffix(".tmp").replace(path)
-        paths = [out / f"first-2-{r}" for r in range(2)]
-        end = time.monotonic() + 120
-        while not all(p.exists() for p in paths):
-            if time.monotonic() > end:
-                raise TimeoutError("the re-formed processes did not train again")
-            time.sleep(0.02)
-        return max(float(p.read_text()) for p in paths) - lost_at
+            pods.announce(f"reform{r}", epoch=2, rank=r, world=2)
+        return wait_first_steps(pods, 2, 2, timeout=120) - lost_at
     finally:
-        for proc in procs:
-            kill_tree(proc)
+        stop(pods)
         del store
-
-
-def wait_lines(path: Path, n: int, timeout: float = 240) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists() or len(path.read_text().splitlines()) < n:
-        if time.monotonic() > end:
-            raise TimeoutError(f"{path}: fewer than {n} steps")
-        time.sleep(0.05)
 
 
 def wait_standby(pods: Pods, name: str, timeout: float = 120) -> None:
