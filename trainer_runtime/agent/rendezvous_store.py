@@ -177,8 +177,12 @@ def wait_until_current(
     older_seen = False
     while True:
         listening = _listening(addr, port)
-        seen = _asked_epoch(addr, port) if listening else None
-        if (listening and (seen is None or seen >= epoch)) or (not listening and not older_seen):
+        if listening:  # go on unless an older gang's store answers
+            seen = _asked_epoch(addr, port)
+            current = seen is None or seen >= epoch
+        else:  # go on unless an older store answered before: node rank 0 is swapping them
+            seen, current = None, not older_seen
+        if current:
             if older_seen:
                 log.warning(
                     "agent: the store of epoch %d answered after %.2f s", epoch, _since(began)
