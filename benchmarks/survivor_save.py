@@ -82,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
             guard.boundary()
             small, tensors, at = guard._boundary
             began = time.perf_counter()
-            write_boundary(ckpt._ctx, small, tensors, at, epoch=2, upload_s=60.0)
+            write_boundary(ckpt._ctx, small, tensors, at, epoch=2, stall_s=60.0)
             alone.append(time.perf_counter() - began)
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         figures = {

@@ -69,8 +69,9 @@ STANDBY = "RTJ_STANDBY"
 # import on first use); empty: none. Set by the user, never by the operator: not in ALL_RTJ.
 AGENT_PRELOAD = "RTJ_AGENT_PRELOAD"
 # Saving the last finished step from a survivor's memory (save/survivor.py): the agent gives
-# each worker a file to say it can (SURVIVOR_SAVE_FILE, the agent's own, not the user's) and
-# waits up to SURVIVOR_SAVE_SECONDS for that worker's save; the user sets SURVIVOR_SAVE=0 to
+# each worker a file to say it can (SURVIVOR_SAVE_FILE, the agent's own, not the user's; the
+# saver writes the bytes it has moved there) and waits for that worker's save as long as the
+# count grows, at most SURVIVOR_SAVE_SECONDS without a byte; the user sets SURVIVOR_SAVE=0 to
 # turn the save off. Not in ALL_RTJ: the operator injects none of them.
 SURVIVOR_SAVE = "RTJ_SURVIVOR_SAVE"
 SURVIVOR_SAVE_FILE = "RTJ_SURVIVOR_SAVE_FILE"

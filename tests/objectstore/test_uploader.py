@@ -13,6 +13,7 @@ from tests.objectstore.conftest import SMALL_PARTS
 from tests.objectstore.helpers import RUN, make_checkpoint
 from tests.objectstore.recording import Recorder, RecordingStore
 from tools.s3server import S3Server
+from trainer_runtime import io_progress
 from trainer_runtime.objectstore import (
     Backoff,
     CheckpointUploader,
@@ -48,6 +49,20 @@ def test_single_rank_commit_order(s3_env: S3Server, s3_root: S3Uri, tmp_path: Pa
     assert len(pointers) == 2 and manifests[0] < pointers[0] < manifests[1] < pointers[1]
     assert remote_pointer(store, s3_root.join(RUN)) == "ep0-ba20"
     assert up.stats.uploaded == 2 and up.stats.failures == 0
+    up.close()
+
+
+def test_uploads_count_the_bytes_they_send(store: S3Store, s3_root: S3Uri, tmp_path: Path) -> None:
+    """A survivor's save is waited for as long as this count grows (save/survivor.py): a
+    multipart upload and a small one both advance it by what they sent."""
+    up = _uploader(store, s3_root)
+    sizes = {"ep0-ba10": 7 << 20, "ep0-ba20": 1 << 20}  # multipart, then one PUT
+    for batch, (name, size) in enumerate(sizes.items(), start=1):
+        folder, _ = make_checkpoint(tmp_path / RUN, name, batch=10 * batch, size=size)
+        before = io_progress.total()
+        up.submit(folder)
+        assert up.flush(60)
+        assert io_progress.total() - before >= size
     up.close()
 
 

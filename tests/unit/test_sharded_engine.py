@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 
+from trainer_runtime import io_progress
 from trainer_runtime.errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
@@ -97,6 +98,14 @@ def test_commit_lists_every_file_with_size_and_digest_and_links_the_folder(tmp_p
     assert check_files_present(folder, m) is None
     assert (tmp_path / "latest-rank0").resolve() == folder.resolve()
     assert json.loads((tmp_path / "latest.json").read_text())["checkpoint"] == "ep0-ba1"
+
+
+def test_a_save_counts_the_bytes_it_writes(tmp_path):
+    """The count a survivor's save reports to the agent while it writes (save/survivor.py)."""
+    _, _, _, engine = make()
+    before = io_progress.total()
+    folder = save(tmp_path, engine)
+    assert io_progress.total() - before >= (folder / "__0_0.distcp").stat().st_size > 0
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])

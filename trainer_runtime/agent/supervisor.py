@@ -38,6 +38,9 @@ from .command import WorkerCommand
 
 log = logging.getLogger("trainer_runtime.agent")
 
+PROGRESS_EVERY_S = 10.0
+"""How often the agent says how far a long survivor's save has come."""
+
 
 @dataclass
 class AgentSettings:
@@ -51,8 +54,9 @@ class AgentSettings:
     standby: bool = False
     """Start no worker before a membership of the initial epoch or newer (``standby.py``)."""
     survivor_save_s: float = 120.0
-    """How long a worker named to save the last finished step from memory gets for it
-    (``save/survivor.py``) before it is killed."""
+    """How long a worker named to save the last finished step from memory (``save/survivor.py``)
+    may go without moving a byte before it is killed; a save that keeps moving bytes is waited
+    for however long it takes."""
     preload: tuple[str, ...] = ()
     """Modules imported for the workers' next fork (``preload.py``)."""
 
@@ -197,21 +201,33 @@ class Supervisor:
     def _let_survivor_save(self) -> None:
         """A rank was lost and this pod is the new gang's node rank 0: its local rank 0 worker,
         if it said it can, saves the last finished step from memory and ends by itself
-        (``save/survivor.py``); wait for that, up to ``survivor_save_s``."""
+        (``save/survivor.py``); wait for that as long as the save moves bytes (it says how many
+        through its marker), and at most ``survivor_save_s`` without one."""
         first = self.workers[0] if self.workers else None
-        if first is None or first.poll() is not None or not self._marker(0).exists():
+        marker = self._marker(0)
+        if first is None or first.poll() is not None or not marker.exists():
             return
         began = self.clock()
-        deadline = began + self.settings.survivor_save_s
-        while self.clock() < deadline and first.poll() is None:
+        moved, moving, said = saver_bytes(marker), began, began
+        while first.poll() is None:
             time.sleep(self.settings.poll_s)
-        if first.poll() is None:
-            log.warning(
-                "agent: the worker named to save from memory did not end within %.0f s",
-                self.settings.survivor_save_s,
-            )
-        else:
-            _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
+            now, count = self.clock(), saver_bytes(marker)
+            if count > moved:
+                moved, moving = count, now
+            if now - moving >= self.settings.survivor_save_s:
+                log.warning(
+                    "agent: the worker saving from memory moved no byte for %.0f s "
+                    "(RTJ_SURVIVOR_SAVE_SECONDS); it is stopped",
+                    self.settings.survivor_save_s,
+                )
+                return
+            if now - said >= PROGRESS_EVERY_S:
+                said = now
+                _say(
+                    f"agent: the survivor's save goes on: {moved / 2**20:.0f} MiB written or "
+                    f"uploaded in {now - began:.0f} s"
+                )
+        _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
 
     # ------------------------------------------------------------------ workers
     def _marker(self, local_rank: int) -> Path:
@@ -266,6 +282,16 @@ class Supervisor:
         self.terminating = True
         for w in self.workers:
             w.signal(signal.SIGTERM)
+
+
+def saver_bytes(marker: Path) -> int:
+    """The bytes a saving worker says it has moved (its marker: ``<pid> [<bytes>]``); 0 before
+    it says any, or once the marker is gone (the count only grows while it is there)."""
+    try:
+        fields = marker.read_text().split()
+    except OSError:
+        return 0
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
 
 
 def _say(text: str) -> None:

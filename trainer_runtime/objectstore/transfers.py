@@ -27,6 +27,7 @@ from typing import Any
 
 import xxhash
 
+from .. import io_progress
 from ..save import atomic
 from ..save.manifest import wrong_size
 from .checksum import RangeHasher
@@ -99,6 +100,7 @@ def _put_small(
         )
     except Exception as exc:
         raise store.wrap_error(exc, f"PUT {uri}") from exc
+    io_progress.moved(len(data))
 
 
 def _put_multipart(
@@ -173,6 +175,7 @@ def _send_part(
     resp = store.client.upload_part(
         Bucket=uri.bucket, Key=uri.key, UploadId=upload_id, PartNumber=number, Body=body
     )
+    io_progress.moved(length)
     done = {"PartNumber": number, "ETag": resp["ETag"]}
     done.update({k: v for k, v in resp.items() if k.startswith("Checksum") and k != "ChecksumType"})
     return done

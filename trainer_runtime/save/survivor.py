@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_map
 
-from .. import envvars, events
+from .. import envvars, events, io_progress
 from ..errors import ConfigError
 from ..pod import membership
 from ..pod.reporting import report_commit
@@ -83,13 +83,16 @@ from .manifest import Manifest
 from .policy import RUNTIME_KEY, runtime_record
 
 if TYPE_CHECKING:
+    from ..remote import RemoteBackend
     from ..run.context import RunContext
 
 log = logging.getLogger("trainer_runtime")
 
 DEFAULT_WAIT_S = 120.0
-"""``RTJ_SURVIVOR_SAVE_SECONDS``: how long the agent waits for the save before it kills the
-worker; the upload gets what is left of it."""
+"""``RTJ_SURVIVOR_SAVE_SECONDS``: how long the save may go without moving a byte (written or
+uploaded) before the agent kills the worker; a save that keeps moving bytes is waited for."""
+HEARTBEAT_S = 0.5
+"""How often the saver tells the agent how many bytes it has moved (through the marker)."""
 DEFAULT_HOLD_S = 30.0
 """``RTJ_REJOIN_SECONDS``' default (the agent's): how long a failed collective waits for the
 membership."""
@@ -325,6 +328,12 @@ class SurvivorSave:
             and self.ctx.coord.local_rank == 0
         )
 
+    @property
+    def stall_s(self) -> float:
+        """How long the saver's own upload may go without moving a byte: a little less than
+        the agent's bound, so the saver says why before it would be killed."""
+        return max(1.0, self.wait_s - 2.0)
+
     def _save_and_exit(self, new: membership.Membership) -> None:
         self._saving.set()
         began = time.monotonic()
@@ -344,10 +353,10 @@ class SurvivorSave:
                 small, tensors, at = boundary
                 if ready is not None:
                     tensors = host_copy(tensors, ready)
-                upload_s = max(1.0, self.wait_s - (time.monotonic() - began) - 2.0)
-                name = write_boundary(
-                    self.ctx, small, tensors, at, epoch=new.epoch, upload_s=upload_s
-                )
+                with heartbeat(self.marker):
+                    name = write_boundary(
+                        self.ctx, small, tensors, at, epoch=new.epoch, stall_s=self.stall_s
+                    )
         except Exception as exc:  # said, and the process ends either way
             why_not, code = f"the save failed: {type(exc).__name__}: {exc}", 1
         seconds = time.monotonic() - began
@@ -389,10 +398,11 @@ def write_boundary(
     at: Timestamp,
     *,
     epoch: int,
-    upload_s: float,
+    stall_s: float,
 ) -> str:
     """Write and commit a boundary as this process alone, for membership ``epoch``; in a run
-    with an object store, upload it within ``upload_s``. Returns the checkpoint's name."""
+    with an object store, upload it, for as long as the upload moves bytes (it is given up after
+    ``stall_s`` without one). Returns the checkpoint's name."""
     engine = ShardedEngine(
         ctx.components,
         Coordinator.solo(ctx.coord.local_rank),
@@ -433,10 +443,49 @@ def write_boundary(
         os.environ[envvars.MEMBERSHIP_EPOCH] = str(epoch)
         ctx.remote.submit(ctx.run_dir, manifest, 0)
         ctx.remote.upload_first(name)
-        ctx.remote.close(timeout_s=upload_s)
+        await_upload(ctx.remote, name, stall_s)
         if name in ctx.remote.pending():
             raise TimeoutError(f"{name} is committed locally but its upload did not finish")
     return name
+
+
+@contextlib.contextmanager
+def heartbeat(marker: Path) -> Iterator[None]:
+    """While the save runs, tell the agent through ``marker`` how many bytes this process has
+    moved (``<pid> <bytes>``, ``io_progress``): it waits for the save as long as the count grows
+    (``agent/supervisor.py``)."""
+    stop = threading.Event()
+    tmp = marker.with_name(marker.name + ".beat")
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(OSError):  # no fsync: the agent reads it while it runs
+                tmp.write_text(f"{os.getpid()} {io_progress.total()}\n")
+                tmp.replace(marker)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="rtj-survivor-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def await_upload(remote: RemoteBackend, name: str, stall_s: float) -> None:
+    """Wait until ``name`` is uploaded, for as long as this process moves bytes; then close the
+    remote (what else is queued gets a second at most: the new gang needs only ``name``)."""
+    seen, moving = io_progress.total(), time.monotonic()
+    while name in remote.pending():
+        time.sleep(POLL_S)
+        now = io_progress.total()
+        if now != seen:
+            seen, moving = now, time.monotonic()
+        elif time.monotonic() - moving > stall_s:
+            break
+    remote.close(timeout_s=1.0)
 
 
 def _unused_name(ctx: RunContext, at: Timestamp) -> str:

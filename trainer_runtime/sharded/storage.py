@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .. import io_progress
 from ..run_folder.names import DATA_SUFFIX, METADATA_NAME
 from ..save import atomic
 from ..save.manifest import FileEntry
@@ -149,6 +150,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
+        io_progress.moved(n)
         view, offset = view[n:], offset + n
 
 
