@@ -604,6 +604,15 @@ class GrowPolicy(ApiModel):
     two (the grow to ``replicas`` itself never waits for it). Counted from when the partial room
     was first seen (``status.growRoomSince``), alongside ``minIntervalSeconds``. Default 60, as
     ``shrinkAfterSeconds``: the same wait for the full gang before settling for fewer."""
+    only_when_it_pays: bool = True
+    """Grow only when the pods it adds are expected to train, before the gang's next
+    interruption, more than the grow's pause costs the whole gang: ``(target - size) x M >
+    target x P``, with ``M`` the job's mean time between interruptions and ``P`` its mean
+    restart, both from its own history (``status.goodput``). A grow that does not pay yet is
+    held back, said in ``status.growDeferred``, and looked at again on every pass (more room,
+    or a longer time since the last loss, can make it pay). On a cluster where a restart takes
+    seconds every grow pays; with GPU-scale restarts of minutes, growing at each returning
+    node costs more than it adds (docs/elastic.md). Default true."""
     checkpoint_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """How long the running gang has to commit the checkpoint the grow asked for. Without that
     commit the grow is abandoned (the gang keeps training at its size) and tried again after

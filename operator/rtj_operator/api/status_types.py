@@ -293,6 +293,10 @@ class Goodput(ApiModel):
     newest checkpoint it (or an earlier attempt) committed, as known when the next gang first
     trained: unlike ``interruptions[].stepsLost``, an emergency save committed in the grace
     period counts."""
+    restarts: int = 0
+    """Interruptions of a gang that had trained (preemptions, failures, grows, re-shrinks):
+    ``restartingSeconds / restarts`` is the job's mean restart, which ``grow.onlyWhenItPays``
+    weighs against what a grow adds."""
     rollbacks: int = 0
     """Settled preemptions and failures that rolled work back: the gang had reached a step past
     the checkpoint the next gang resumed from, or never said which step it reached. A loss that
@@ -436,6 +440,10 @@ class JobStatus(ApiModel):
     ``replicas``: since when. A grow to that partial size waits ``grow.settleSeconds`` from then
     for room for the full gang; absent while there is no such room (it starts again when the
     room comes back), and for each new gang."""
+    grow_deferred: str | None = None
+    """While room for more pods is there but a grow to it would not pay yet
+    (``grow.onlyWhenItPays``): what it would cost, what it would add, and from which size it
+    pays. Absent otherwise."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
     grow_abandoned_at: Time | None = None

@@ -43,6 +43,7 @@ from enum import StrEnum
 
 from ..api.spec_types import GrowPolicy, JobSpec, shrink_after_seconds
 from ..api.status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
+from .grow_payoff import GrowCost
 
 POLL_SECONDS = 5.0
 """How often a job waiting for capacity or watching for more looks again (node events also
@@ -155,6 +156,8 @@ class GrowDecision:
     room_since: datetime | None = None
     """Since when room for more pods than the gang, but not for all ``replicas``, has been there
     (``status.growRoomSince``); None while there is no such room."""
+    deferred: bool = False
+    """There is room to grow, but the grow would not pay yet (``message`` says why)."""
 
 
 def grow_step(
@@ -169,6 +172,7 @@ def grow_step(
     request: GrowRequest | None,
     committed_step: int | None,
     now: datetime,
+    cost: GrowCost | None = None,
 ) -> GrowDecision:
     """Decide the next grow step of a gang of ``size`` pods with room for ``fit``.
 
@@ -176,7 +180,8 @@ def grow_step(
     first trained past its resume point (None: not yet, no grow); ``abandoned_at`` when the last
     grow was abandoned. ``grow.minIntervalSeconds`` counts from the later of the two.
     ``room_since`` is the decision's ``room_since`` of the previous pass: since when room for a
-    partial grow has been there (``grow.settleSeconds``).
+    partial grow has been there (``grow.settleSeconds``). ``cost``: what a grow costs the job
+    (``grow_payoff.grow_cost``; None: not measured yet), for ``grow.onlyWhenItPays``.
     """
     elastic = spec.elastic
     target = min(fit, spec.replicas)
@@ -206,6 +211,9 @@ def grow_step(
         wait = max(wait, policy.settle_seconds - (now - room_since).total_seconds())
     if wait > 0:
         return GrowDecision(GrowAction.NONE, size, "", min(POLL_SECONDS, wait), room_since)
+    if policy.only_when_it_pays and cost is not None and not cost.pays(size, target):
+        message = cost.explain(size, target, spec.replicas)
+        return GrowDecision(GrowAction.NONE, size, message, POLL_SECONDS, room_since, True)
     settled = f" for {policy.settle_seconds}s (grow.settleSeconds)" if room_since else ""
     return GrowDecision(
         GrowAction.REQUEST,

@@ -103,6 +103,7 @@ def note_interruption(status: JobStatus, now: datetime, *, unplanned: bool) -> N
         return
     _settle_rollback(status, account)
     if status.gang_created and status.training_since is not None:
+        account.restarts += 1
         account.pending_rollback = PendingRollback(
             attempt=status.attempt,
             interrupted_at=now,

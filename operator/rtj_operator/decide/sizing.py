@@ -14,6 +14,7 @@ from typing import Any
 from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase
 from . import conditions as cond
 from . import elastic, survivors
+from .grow_payoff import grow_cost
 from .notice import notice_payload
 from .plan_types import NoticeWrite
 from .podstate import (
@@ -234,8 +235,12 @@ def watch_for_grow(
         request=st.grow,
         committed_step=_committed_step_of_attempt(st),
         now=ctx.now,
+        cost=grow_cost(st),
     )
     st.grow_room_since = decision.room_since
+    if decision.deferred and st.grow_deferred is None:
+        plan.event("Normal", "GrowDeferred", f"attempt {st.attempt}: {decision.message}")
+    st.grow_deferred = decision.message if decision.deferred else None
     plan.requeue(decision.recheck_after)
     if decision.action is elastic.GrowAction.REQUEST:
         _request_grow(ctx, current, decision)

@@ -1,0 +1,88 @@
+"""Whether growing a running elastic gang pays for the pause it costs (``grow.onlyWhenItPays``).
+
+A grow stops every running rank: the gang saves, its workers restart at the larger size, load
+and warm up. On a small cluster that is a second or two; with a GPU-scale model it is minutes
+(process groups, a multi-GB load, compilation). The pods a grow adds then train only until the
+gang's next interruption, which stops every rank anyway. So a grow from ``s`` to ``t`` pods pays
+when the work the ``t - s`` new pods add before that interruption is more than the work the pause
+costs the gang:
+
+    (t - s) x (M - P) > s x P,  that is  (t - s) x M > t x P
+
+with ``M`` the job's mean time between interruptions and ``P`` its mean pause per restart. Both
+come from the job's own history in its goodput account:
+
+- ``M = (trainingSeconds + 1 h) / (preemptions + failures + 1)``: every loss counts here (a loss
+  stops the gang whether or not a save covered it), unlike the checkpoint interval's MTBI
+  (mtbi.py), which counts only losses that rolled work back; the one-hour prior is the same;
+- ``P = restartingSeconds / restarts``: every restart of a gang that had trained (losses, grows,
+  re-shrinks); before the first one, the job's first start (``startingSeconds``), which is a
+  cold start and so no less than a restart. With neither measured, a grow is not held back.
+
+Measured on replayed spot traces (benchmarks/goodput_sim.py, docs/goodput.md): at 64 nodes with
+GPU-scale costs a grow paid for itself only when it added a sizeable share of the gang, and
+growing at each returning node lost 7-23 points of goodput against waiting.
+
+Rejected: a fixed, larger ``grow.minIntervalSeconds`` (the best value differed by trace from 30
+minutes to never; the rule adapts to each job's own losses and restart cost), and the expected
+lifetime of the returning nodes (not observable by the operator: nodes carry no history).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..api.status_types import JobStatus
+from .mtbi import PRIOR_MTBI_SECONDS
+
+
+@dataclass(frozen=True)
+class GrowCost:
+    """What a grow costs and how long its gain lasts, as the job measured them."""
+
+    pause_s: float
+    """The job's mean pause per restart (or its first start's time)."""
+    between_losses_s: float
+    """The job's mean time between interruptions (every loss)."""
+
+    def pays(self, size: int, target: int) -> bool:
+        """Whether growing from ``size`` to ``target`` pods pays: ``(t - s) x M > t x P``."""
+        return (target - size) * self.between_losses_s > target * self.pause_s
+
+    def smallest_paying(self, size: int, full: int) -> int | None:
+        """The fewest pods, up to ``full``, a grow from ``size`` must reach to pay; None when
+        no grow up to ``full`` pays."""
+        room = self.between_losses_s - self.pause_s
+        if room <= 0:
+            return None
+        target = max(size + 1, math.floor(size * self.between_losses_s / room) + 1)
+        return target if target <= full else None
+
+    def explain(self, size: int, target: int, full: int) -> str:
+        needed = self.smallest_paying(size, full)
+        pays_from = f"pays from {needed} pods" if needed else f"no grow up to {full} pays"
+        return (
+            f"room for {target} of {full} pods, but growing from {size} would stop the gang about "
+            f"{self.pause_s:.0f}s (its mean restart) for {target - size} more pods until its next "
+            f"interruption (mean {self.between_losses_s:.0f}s apart): a grow {pays_from} "
+            "(grow.onlyWhenItPays)"
+        )
+
+
+def grow_cost(status: JobStatus) -> GrowCost | None:
+    """The job's ``GrowCost``; None before anything is measured (or without a goodput account)."""
+    account = status.goodput
+    if account is None:
+        return None
+    if account.restarts > 0:
+        pause = account.restarting_seconds / account.restarts
+    elif account.starting_seconds > 0:
+        pause = account.starting_seconds
+    else:
+        return None
+    losses = status.preemptions + status.failures
+    return GrowCost(
+        pause_s=pause,
+        between_losses_s=(account.training_seconds + PRIOR_MTBI_SECONDS) / (losses + 1),
+    )
