@@ -65,6 +65,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rtj_operator.decide.grow_payoff import GrowCost
+from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 
 try:
@@ -77,6 +79,9 @@ except ImportError:  # run as a script: benchmarks/ is the script's folder
 Trace = spot_traces.Trace
 INF = math.inf
 POLICIES = ("fixed", "elastic", "elastic-stay", "fixed-stay", "elastic-warm", "fixed-warm")
+GROW_RECHECK_S = 60.0
+"""How soon a grow held back by ``grow.onlyWhenItPays`` is looked at again (the operator looks
+at every pass, every 5 s; the cost and the gain change slowly)."""
 
 PHASES = (
     "detected",
@@ -195,6 +200,11 @@ class Model:
     shrink_after_s: float | None = None
     """``elastic.shrinkAfterSeconds``; None: the product's default, 60 s, and 0 with ``Stay``."""
     grow_min_interval_s: float = 300.0
+    grow_only_when_it_pays: bool = True
+    """``grow.onlyWhenItPays`` (the operator's rule, ``rtj_operator.decide.grow_payoff``): an
+    elastic gang grows only when the ranks it adds are expected to train, before its next loss,
+    more than the grow's pause costs it; the job's mean restart and time between losses are
+    those it went through so far, as the operator measures them."""
     every_loss_interval: bool = False
     """The automatic interval counts every loss, also those a warm gang's survivors cover (the
     rule the product had before it counted only interruptions that rolled work back)."""
@@ -386,8 +396,39 @@ class Gang:
         self.interruptions = 0
         self.cold_starts = 0
         self.reforms = 0
+        self.losses = 0
+        """Losses that hit a gang (the operator's preemptions)."""
+        self.restarts = 0
+        self.restarting_s = 0.0
+        self.starting_s = 0.0
+        """The first start's time (the operator's ``startingSeconds``)."""
+        self.deferred = 0
+        """Grows held back by ``grow.onlyWhenItPays`` (each time it was looked at)."""
 
     def training(self) -> bool:
+        return False
+
+    def restarted(self, pause: float) -> None:
+        """A gang paused ``pause`` seconds to restart (the operator's ``restartingSeconds``
+        and ``restarts``)."""
+        self.restarts += 1
+        self.restarting_s += pause
+
+    def grow_pays(self, target: int) -> bool:
+        """``grow.onlyWhenItPays`` as the operator decides it (``GrowCost``), from this gang's
+        own history; counted in ``deferred`` when it does not."""
+        if not self.model.grow_only_when_it_pays:
+            return True
+        pause = self.restarting_s / self.restarts if self.restarts else self.starting_s
+        if pause <= 0:
+            return True
+        trained = self.ledger.every.trained_s
+        cost = GrowCost(
+            pause_s=pause, between_losses_s=(trained + PRIOR_MTBI_SECONDS) / (self.losses + 1)
+        )
+        if cost.pays(self.size, target):
+            return True
+        self.deferred += 1
         return False
 
     def advance(self, t: float) -> None:
@@ -465,6 +506,7 @@ class ColdGang(Gang):
 
     def interrupt(self, t: float, noticed: bool) -> None:
         self.interruptions += self.state == "running"
+        self.losses += 1
         self.ledger.every.loss(self.ledger.rollback())
         self.state, self.size, self.grown = "down", 0, False
         self.timers.clear()
@@ -485,10 +527,15 @@ class ColdGang(Gang):
     def start(self, t: float, size: int) -> None:
         pull = size > self.pulled
         self.pulled = max(self.pulled, size)
+        first = self.cold_starts == 0
         self.state, self.size, self.last_change, self.grown = "starting", size, t, False
         self.cold_starts += 1
         self.timers.pop("shrink", None)
         self.timers["ready"] = t + self.model.cold_start(pull)
+        if first:
+            self.starting_s = self.model.cold_start(pull)
+        else:
+            self.restarted(self.model.phases.old_pods_gone + self.model.cold_start(pull))
 
     def on_teardown(self, t: float) -> None:
         self.try_start(t)
@@ -510,6 +557,9 @@ class ColdGang(Gang):
     def on_grow(self, t: float) -> None:
         # The operator asks for a checkpoint and resubmits only once it committed.
         if self.state == "running" and self.avail > self.size:
+            if not self.grow_pays(min(self.avail, self.replicas)):
+                self.timers["grow"] = t + GROW_RECHECK_S
+                return
             commit_at = self.ledger.save(t, self.model.commit_s(self.size))
             self.timers["grow_commit"] = commit_at
 
@@ -563,6 +613,7 @@ class WarmGang(Gang):
         m = self.model
         in_step = self.training() and t >= self.resume_at
         self.interruptions += in_step
+        self.losses += 1
         self.ledger.abandon_saves()
         self.size -= ranks
         if self.size == 0:
@@ -573,12 +624,17 @@ class WarmGang(Gang):
             self.ledger.every.loss(False)
             self.reforms += 1
             seen = t + m.detect(noticed)
-            self.resume_at = max(self.resume_at, seen + self.after_loss(seen, noticed))
+            pause = self.after_loss(seen, noticed)
+            self.restarted(m.detect(noticed) + pause)
+            self.resume_at = max(self.resume_at, seen + pause)
         else:
             self.ledger.every.loss(self.ledger.rollback())
             self.reforms += 1
             reload = m.phases.checkpoint_fetched + m.phases.loaded
             self.resume_at = max(self.resume_at, t + m.detect(noticed) + m.reform_s + reload)
+
+    def on_grow(self, t: float) -> None:
+        self.add_joiners(t)
 
     def after_loss(self, seen: float, noticed: bool) -> float:
         """From the loss's detection (at ``seen``) until the survivors train again (state
@@ -598,10 +654,16 @@ class WarmGang(Gang):
         if want <= 0:
             return
         members = self.size + self.joining_ranks() + want
+        elastic = self.min_replicas < self.replicas
+        if self.training() and elastic and not self.grow_pays(members):
+            self.timers["grow"] = t + GROW_RECHECK_S
+            return
         pull = members > self.pulled
         self.pulled = max(self.pulled, members)
         cold = self.size == 0
         cost = self.model.cold_start(pull) if cold else self.join_cost(pull)
+        if cold and self.cold_starts == 0:
+            self.starting_s = cost
         self.joining.append([t + cost, want, cold])
         self.timers["join"] = min(batch[0] for batch in self.joining)
 
@@ -635,7 +697,9 @@ class WarmGang(Gang):
                 self.resume_at = self.ledger.clock = t
             else:
                 self.reforms += 1
-                self.resume_at = max(self.resume_at, t + self.switch(t))
+                pause = self.switch(t)
+                self.restarted(pause)
+                self.resume_at = max(self.resume_at, t + pause)
             self.size += batch[1]
         if self.joining:
             self.timers["join"] = min(batch[0] for batch in self.joining)
@@ -844,6 +908,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     }
     overrides["state_replicated"] = not args.not_replicated
     overrides["every_loss_interval"] = args.every_loss_interval
+    overrides["grow_only_when_it_pays"] = not args.grow_always
     return Model(phases=phases, **overrides), measured
 
 
@@ -859,6 +924,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
     parser.add_argument(
         "--not-replicated", action="store_true", help="state sharded, not replicated"
+    )
+    parser.add_argument(
+        "--grow-always",
+        action="store_true",
+        help="grow at every return of capacity (grow.onlyWhenItPays: false)",
     )
     parser.add_argument(
         "--every-loss-interval",

@@ -267,6 +267,23 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     )
 
 
+def test_a_grow_that_would_not_pay_for_its_pause_is_held_back():
+    """``grow.onlyWhenItPays``, the operator's rule (``GrowCost``) on the gang's own history:
+    with 700 s restarts and a node back for 300 s at a time, growing into it stops the gang for
+    longer than the node stays; with restarts of a second, every grow pays."""
+    flap = Trace(
+        "flap", "hand", ((0, 4), (1000, 3), (2000, 4), (2300, 3), (3300, 4), (3600, 3), (5000, 3))
+    )
+    slow = replace(HAND, worker_start_s=700.0)
+    held = gs.simulate(flap, 4, "elastic-stay", slow)
+    always = gs.simulate(flap, 4, "elastic-stay", replace(slow, grow_only_when_it_pays=False))
+    assert kept(held) > kept(always) and held.reforms < always.reforms
+    quick = replace(HAND, worker_start_s=1.0)
+    assert gs.simulate(flap, 4, "elastic-stay", quick) == gs.simulate(
+        flap, 4, "elastic-stay", replace(quick, grow_only_when_it_pays=False)
+    )
+
+
 def test_load_phases_reads_durations_p50s_and_cumulative_offsets(tmp_path: Path):
     flat = tmp_path / "flat.json"
     flat.write_text(json.dumps({"detected": 1.5, "bound": {"p50": 0.2, "p95": 3}}))
