@@ -21,6 +21,10 @@ sample per node-second), state replicated on every node (HSDP/DDP), periodic asy
 checkpoints (a short blocking stage, a commit later), an emergency checkpoint on a spot notice.
 A trace becomes the capacity of a gang of that size through ``spot_traces.scaled`` (the trace
 capped at the size; beyond its own pool, independent pools side by side).
+A lost node is a training rank whenever the gang has one there (pessimistic: room it left idle,
+for instance a grow ``grow.onlyWhenItPays`` held back, never takes a loss in its place;
+``--idle-lost-first`` is the optimistic bound), and the node that held the image before one
+that did not.
 
 Policies (each a small state machine over the same ledger, the same events):
 
@@ -200,6 +204,9 @@ class Model:
     shrink_after_s: float | None = None
     """``elastic.shrinkAfterSeconds``; None: the product's default, 60 s, and 0 with ``Stay``."""
     grow_min_interval_s: float = 300.0
+    idle_lost_first: bool = False
+    """A lost node is an idle one (room the gang did not take) before a training rank: the
+    optimistic bound. False: a training rank goes first (pessimistic; the default)."""
     grow_only_when_it_pays: bool = True
     """``grow.onlyWhenItPays`` (the operator's rule, ``rtj_operator.decide.grow_payoff``): an
     elastic gang grows only when the ranks it adds are expected to train, before its next loss,
@@ -491,7 +498,8 @@ class ColdGang(Gang):
     def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
         self.capacity(before, after)
         if after < before:
-            if self.state != "down" and after < self.size:
+            hit = after < self.size or (self.size > 0 and not self.model.idle_lost_first)
+            if self.state != "down" and hit:
                 self.interrupt(t, noticed)
         elif self.state == "down":
             self.try_start(t)
@@ -501,7 +509,8 @@ class ColdGang(Gang):
     def on_notice(self, t: float, after: int) -> None:
         # The runtime saves at once on a notice (RTJ_NOTICE_FILE); it counts if it commits
         # before the node goes.
-        if self.state == "running" and after < self.size:
+        hit = after < self.size or (after < self.avail and not self.model.idle_lost_first)
+        if self.state == "running" and hit:
             self.ledger.save(t, self.model.commit_s(self.size))
 
     def interrupt(self, t: float, noticed: bool) -> None:
@@ -595,19 +604,26 @@ class WarmGang(Gang):
         if after > before:
             self.add_joiners(t)
             return
-        lost = self.size + self.joining_ranks() - after
-        hit = min(max(lost, 0), self.size)
-        self.drop_joiners(max(lost, 0) - hit)
+        hit = self.ranks_lost(before - after, after)
+        self.drop_joiners(max(self.size - hit + self.joining_ranks() - after, 0))
         if hit:
             self.lose(t, hit, noticed)
+            self.add_joiners(t)  # room the gang had not taken, now that it re-forms
 
     def on_notice(self, t: float, after: int) -> None:
         # Survivors holding a replica need no save; a gang about to lose every rank (or whose
         # state is not replicated) saves as the product does.
-        lost = self.size + self.joining_ranks() - after
+        lost = self.ranks_lost(self.avail - after, after)
         alone = lost >= self.size or not self.model.state_replicated
         if self.training() and lost > 0 and alone:
             self.ledger.save(t, self.model.commit_s(self.size))
+
+    def ranks_lost(self, gone: int, after: int) -> int:
+        """How many of the ``gone`` nodes were training ranks: all that can be, first
+        (pessimistic), or with ``idle_lost_first`` only those the room left cannot hold."""
+        if self.model.idle_lost_first:
+            return min(max(self.size + self.joining_ranks() - after, 0), self.size)
+        return min(gone, self.size)
 
     def lose(self, t: float, ranks: int, noticed: bool) -> None:
         m = self.model
@@ -728,10 +744,23 @@ class StayGang(WarmGang):
         self.add_joiners(t)
 
     def after_loss(self, seen: float, noticed: bool) -> float:
+        """The kept ranks' save and restart. Room the gang did not grow into (a grow that did
+        not pay) is taken now: the operator's next attempt is as large as what fits, its new
+        pods start cold with it, and the kept ranks wait for them."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
         save = m.commit_s(self.size) if noticed else m.survivor_save()
-        return wait + self.restart_from_save(seen + wait, save)
+        pause = wait + self.restart_from_save(seen + wait, save)
+        extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
+        if extra > 0 and self.min_replicas < self.replicas:
+            members = self.size + self.joining_ranks() + extra
+            pull = members > self.pulled
+            self.pulled = max(self.pulled, members)
+            pause = max(pause, wait + m.cold_start(pull))
+            self.ledger.clock = seen + pause
+            self.size += extra
+            self.timers.pop("grow", None)
+        return pause
 
     def join_cost(self, pull: bool) -> float:
         return self.model.standby(pull)
@@ -909,6 +938,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["state_replicated"] = not args.not_replicated
     overrides["every_loss_interval"] = args.every_loss_interval
     overrides["grow_only_when_it_pays"] = not args.grow_always
+    overrides["idle_lost_first"] = args.idle_lost_first
     return Model(phases=phases, **overrides), measured
 
 
@@ -924,6 +954,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
     parser.add_argument(
         "--not-replicated", action="store_true", help="state sharded, not replicated"
+    )
+    parser.add_argument(
+        "--idle-lost-first",
+        action="store_true",
+        help="a lost node is an idle one before a training rank (the optimistic bound)",
     )
     parser.add_argument(
         "--grow-always",

@@ -267,6 +267,17 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     )
 
 
+def test_a_lost_node_is_a_training_rank_first_unless_idle_nodes_go_first():
+    """A node back at 1100 s sits idle through the grow interval; the node lost at 1150 s is a
+    training rank (the default, pessimistic) or that idle one (``idle_lost_first``)."""
+    idle = Trace("idle", "hand", ((0, 4), (1000, 3), (1100, 4), (1150, 3), (2000, 3)))
+    for policy in ("elastic", "elastic-stay"):
+        hit = sim(policy, idle, grow_min_interval_s=300.0)
+        spared = sim(policy, idle, grow_min_interval_s=300.0, idle_lost_first=True)
+        assert (hit.interruptions, spared.interruptions) == (2, 1), policy
+        assert kept(hit) < kept(spared), policy
+
+
 def test_a_grow_that_would_not_pay_for_its_pause_is_held_back():
     """``grow.onlyWhenItPays``, the operator's rule (``GrowCost``) on the gang's own history:
     with 700 s restarts and a node back for 300 s at a time, growing into it stops the gang for

@@ -20,9 +20,9 @@ come from the job's own history in its goodput account:
   cold start and so no less than a restart. With neither measured, a grow is not held back.
 
 Measured on replayed spot traces (benchmarks/goodput_sim.py, which calls ``GrowCost``;
-docs/goodput.md): with GPU-scale costs, growing at every return of capacity kept 10-24 points
-less of the ideal than this rule at 64 nodes with survivors staying (19-35 without), 39-75 less
-at 256 nodes; at 16 nodes the rule moved goodput by -1.7 to +6.3 points, at 4 nodes not at all.
+docs/goodput.md): with GPU-scale costs, the rule kept 2-7 points more of the ideal than growing
+at every return at 64 nodes with survivors staying (8-17 without), up to 11 (21) at 256 nodes;
+at 16 nodes it moved goodput by -2.6 to +3.0 points, at 4 nodes not at all.
 
 Rejected: a fixed, larger ``grow.minIntervalSeconds`` (the best value differed by trace from 30
 minutes to never; the rule adapts to each job's own losses and restart cost), and the expected
