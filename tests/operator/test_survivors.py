@@ -39,6 +39,7 @@ def running(replicas: int = 3, **spec) -> FakeCluster:
 
 def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
     cluster = running()
+    kept_env = cluster.env(2)  # the pod of rank 2, kept as rank 1, as it was created
     cluster.report(0, "ep0-ba100", 100, current=130)
     cluster.step()
     del cluster.nodes["node-1"]
@@ -56,6 +57,7 @@ def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
     assert kept["metadata"]["labels"][names.LABEL_ATTEMPT] == "1"
     assert PROGRESS_ANNOTATION not in kept["metadata"]["annotations"]
     told = json.loads(kept["metadata"]["annotations"][MEMBERSHIP_ANNOTATION])
+    env_of_new = cluster.env(2)
     assert told == {
         "epoch": 1,
         "attempt": 1,
@@ -65,7 +67,12 @@ def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
         "masterPort": 29500,
         "resumeFrom": "s3://bucket/ckpt/train/ep0-ba100",
         "stop": "kill",
+        # the interval's figures as the new pod gets them, not those of the kept pod's creation
+        "mtbiSeconds": int(env_of_new["RTJ_MTBI_SECONDS"]),
+        "interruptions": int(env_of_new["RTJ_INTERRUPTIONS"]),
     }
+    assert told["interruptions"] == 1  # the loss rolled work back (130 > 100): counted
+    assert told["mtbiSeconds"] < int(kept_env["RTJ_MTBI_SECONDS"])
     env = cluster.env(2)
     assert env["MASTER_ADDR"] == "train-a0-r0.train" and env["RANK"] == "2"
     assert env["RTJ_MEMBERSHIP_EPOCH"] == "1"

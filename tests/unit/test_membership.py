@@ -26,6 +26,14 @@ def test_a_membership_gives_each_worker_its_ranks() -> None:
     assert env["RANK"] == "3" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
     assert env["MASTER_ADDR"] == "a.b" and env["MASTER_PORT"] == "29501"
     assert env["RTJ_RESUME_FROM"] == "s3://b/r/ck" and env["RTJ_MEMBERSHIP_EPOCH"] == "3"
+    assert "RTJ_MTBI_SECONDS" not in env  # none announced: the pod's own stays
+
+
+def test_a_membership_gives_restarted_workers_the_jobs_current_interval_figures() -> None:
+    got = membership.parse(json.dumps({**GOOD, "mtbiSeconds": 1850, "interruptions": 2}))
+    assert got is not None
+    env = got.worker_environment(nproc_per_node=1, local_rank=0)
+    assert env["RTJ_MTBI_SECONDS"] == "1850" and env["RTJ_INTERRUPTIONS"] == "2"
 
 
 @pytest.mark.parametrize(
@@ -38,6 +46,9 @@ def test_a_membership_gives_each_worker_its_ranks() -> None:
         ({"nnodes": "4"}, "nnodes"),
         ({"stop": "drain"}, "stop"),
         ({"epoch": True}, "epoch"),
+        ({"mtbiSeconds": 0}, "mtbiSeconds"),
+        ({"interruptions": "2"}, "interruptions"),
+        ({"attempt": -1}, "attempt"),
     ],
 )
 def test_a_bad_membership_names_the_field(change: dict, named: str) -> None:

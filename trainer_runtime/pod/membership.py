@@ -49,6 +49,11 @@ class Membership:
     stop: str = STOP_KILL
     attempt: int | None = None
     """The operator's attempt this membership belongs to (``RTJ_ATTEMPT`` of the new workers)."""
+    mtbi_seconds: int | None = None
+    """The job's mean time between interruptions now (``RTJ_MTBI_SECONDS`` of the new workers:
+    the automatic checkpoint interval); None: the pod's own, from its creation."""
+    interruptions: int | None = None
+    """The interruptions that figure counts (``RTJ_INTERRUPTIONS``)."""
 
     def worker_environment(self, nproc_per_node: int, local_rank: int) -> dict[str, str]:
         """The variables of one worker process of this pod under this membership."""
@@ -61,7 +66,15 @@ class Membership:
             envvars.MASTER_PORT: str(self.master_port),
             envvars.RESUME_FROM: self.resume_from,
             envvars.MEMBERSHIP_EPOCH: str(self.epoch),
-        } | ({} if self.attempt is None else {envvars.ATTEMPT: str(self.attempt)})
+        } | {
+            name: str(value)
+            for name, value in (
+                (envvars.ATTEMPT, self.attempt),
+                (envvars.MTBI_SECONDS, self.mtbi_seconds),
+                (envvars.INTERRUPTIONS, self.interruptions),
+            )
+            if value is not None
+        }
 
 
 _FIELDS = {
@@ -105,11 +118,10 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         raise ConfigError(f"{source}: stop={stop!r}: expected one of {', '.join(STOP_MODES)}")
     if not isinstance(resume_from, str):
         raise ConfigError(f"{source}: resumeFrom={resume_from!r}: expected a string")
-    attempt = data.get("attempt")
-    if attempt is not None and (
-        not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0
-    ):
-        raise ConfigError(f"{source}: attempt={attempt!r}: expected an integer >= 0")
+    optional = {
+        key: _optional_count(data, key, source, least)
+        for key, least in (("attempt", 0), ("mtbiSeconds", 1), ("interruptions", 0))
+    }
     return Membership(
         epoch=values["epoch"],
         nnodes=values["nnodes"],
@@ -118,8 +130,20 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         master_port=values["masterPort"],
         resume_from=resume_from,
         stop=stop,
-        attempt=attempt,
+        attempt=optional["attempt"],
+        mtbi_seconds=optional["mtbiSeconds"],
+        interruptions=optional["interruptions"],
     )
+
+
+def _optional_count(data: Mapping[str, object], key: str, source: str, least: int) -> int | None:
+    """``data[key]``: absent (None) or an integer >= ``least``."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"{source}: {key}={value!r}: expected an integer >= {least}")
+    return value
 
 
 def read(path: str | os.PathLike[str]) -> Membership | None:

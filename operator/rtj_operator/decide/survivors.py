@@ -52,6 +52,7 @@ from ..api.status_types import Phase
 from . import elastic
 from .classify import Outcome, RankOutcome
 from .gang_mechanisms import GangMechanism, of_status
+from .mtbi import interruptions, mtbi_seconds
 from .plan_types import MembershipWrite
 from .podstate import is_deleting, pod_deletion
 from .progress import annotation_json
@@ -162,6 +163,10 @@ def membership_payload(
             "masterPort": ctx.job.spec.master_port,
             "resumeFrom": (st.resume_from or "") if resume_from is None else resume_from,
             "stop": stop,
+            # What a new pod gets as RTJ_MTBI_SECONDS / RTJ_INTERRUPTIONS: kept pods' restarted
+            # workers get today's figures, not those of their pod's creation.
+            "mtbiSeconds": round(mtbi_seconds(st)),
+            "interruptions": interruptions(st),
         },
         separators=(",", ":"),
     )
