@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tools.kubeapi import ApiError, rtj, unique
+from tools.kubeapi import MERGE, ApiError, rtj, unique
 from tools.waiting import wait_for
 
 from .scenario import condition, wait_events
@@ -213,3 +213,64 @@ def test_a_gang_that_does_not_fit_after_all_is_resubmitted_smaller(kube, ns, poo
     assert history == [(4, "FullSize"), (3, "Shrunk")], history
     assert not [p for p in kube.pods(ns, name, 0) if p["spec"].get("nodeName")]
     wait_events(kube, ns, name, {"Shrunk"})
+
+
+def test_a_grow_that_would_not_pay_is_deferred_and_said_until_it_pays(kube, ns, pool, operator):
+    """``grow.onlyWhenItPays`` through the real API: the goodput account's restart time (made
+    large in the status, as a GPU-scale job's restarts are) holds the grow back, the event and
+    ``status.growDeferred`` say why (the CRD's schema keeps both new status fields), and once
+    restarts are cheap the grow is asked for."""
+    pool.add(4, cpu="4")
+    name = unique("payoff")
+    elastic = {"minReplicas": 2, "shrinkAfterSeconds": 5, "grow": {"minIntervalSeconds": 0}}
+    kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), elastic=elastic))
+    wait_for("4 ranks running", lambda: gang_on(kube, ns, name, 0, 4), 60, on_timeout=operator.tail)
+    kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100, current_step=120)
+    wait_for(
+        "checkpoint seen",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
+        20,
+    )
+    for node in [p["spec"]["nodeName"] for p in kube.pods(ns, name, 0)][2:]:
+        kube.delete_node(node)
+    wait_for("2 ranks running", lambda: gang_on(kube, ns, name, 1, 2), 40, on_timeout=operator.tail)
+    kube.report_progress(ns, f"{name}-a1-r0", "ep0-ba100", 100, current_step=101)
+    wait_for("the gang trains", lambda: "trainingSince" in kube.status(ns, name), 20)
+    assert kube.status(ns, name)["goodput"]["restarts"] == 1
+
+    def set_restart_time(seconds: float) -> None:
+        kube.request(
+            "PATCH",
+            kube.job_path(ns, name) + "/status",
+            content_type=MERGE,
+            body={"status": {"goodput": {"restartingSeconds": seconds}}},
+        )
+
+    def grow_notices() -> list[bool]:
+        return [
+            "resumable.dev/grow"
+            in (p["metadata"].get("annotations") or {}).get("resumable.dev/preemption-notice", "")
+            for p in kube.pods(ns, name, 1)
+        ]
+
+    set_restart_time(100000.0)
+    pool.add(2, cpu="4")
+    deferred = wait_for(
+        "the grow deferred",
+        lambda: kube.status(ns, name).get("growDeferred"),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert "room for 4 of 4 pods" in deferred and "grow.onlyWhenItPays" in deferred, deferred
+    wait_events(kube, ns, name, {"GrowDeferred"})
+    time.sleep(6)  # the operator looks every 5 s: still held back
+    assert not any(grow_notices()) and "grow" not in kube.status(ns, name)
+
+    set_restart_time(1.0)
+    wait_for(
+        "the grow's notice",
+        lambda: (notices := grow_notices()) and all(notices),
+        30,
+        on_timeout=lambda: f"{kube.status(ns, name)}\n{operator.tail()}",
+    )
+    assert "growDeferred" not in kube.status(ns, name)
