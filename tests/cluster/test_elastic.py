@@ -35,6 +35,21 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
 
 
+def shrink_four_to_two(kube, ns: str, name: str, operator, **progress: int) -> None:
+    """The job ``name`` (4 ranks, ``minReplicas`` 2) runs, commits step 100 (with ``progress``
+    in the same report), loses two nodes and runs on as the 2 ranks of attempt 1."""
+    wait_for("4 ranks running", lambda: gang_on(kube, ns, name, 0, 4), 60, on_timeout=operator.tail)
+    kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100, **progress)
+    wait_for(
+        "checkpoint 100",
+        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
+        20,
+    )
+    for node in [p["spec"]["nodeName"] for p in kube.pods(ns, name, 0)][2:]:
+        kube.delete_node(node)
+    wait_for("shrunk to 2", lambda: gang_on(kube, ns, name, 1, 2), 40, on_timeout=operator.tail)
+
+
 def test_shrinks_to_the_nodes_left_then_grows_back_after_a_checkpoint(kube, ns, pool, operator):
     pool.add(4, cpu="4")
     name = unique("elastic")
@@ -224,16 +239,7 @@ def test_a_grow_that_would_not_pay_is_deferred_and_said_until_it_pays(kube, ns, 
     name = unique("payoff")
     elastic = {"minReplicas": 2, "shrinkAfterSeconds": 5, "grow": {"minIntervalSeconds": 0}}
     kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), elastic=elastic))
-    wait_for("4 ranks running", lambda: gang_on(kube, ns, name, 0, 4), 60, on_timeout=operator.tail)
-    kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100, current_step=120)
-    wait_for(
-        "checkpoint seen",
-        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
-        20,
-    )
-    for node in [p["spec"]["nodeName"] for p in kube.pods(ns, name, 0)][2:]:
-        kube.delete_node(node)
-    wait_for("2 ranks running", lambda: gang_on(kube, ns, name, 1, 2), 40, on_timeout=operator.tail)
+    shrink_four_to_two(kube, ns, name, operator, current_step=120)
     kube.report_progress(ns, f"{name}-a1-r0", "ep0-ba100", 100, current_step=101)
     wait_for("the gang trains", lambda: "trainingSince" in kube.status(ns, name), 20)
     assert kube.status(ns, name)["goodput"]["restarts"] == 1

@@ -16,7 +16,7 @@ from tools.kubeapi import rtj, unique
 from tools.waiting import wait_for
 
 from .scenario import wait_events, wait_phase
-from .test_elastic import env_of, gang_on, template
+from .test_elastic import env_of, gang_on, shrink_four_to_two, template
 
 POLICY = {"backoffBaseSeconds": 0, "backoffLimit": 10, "quarantineThreshold": 2}
 ELASTIC = {"minReplicas": 2, "shrinkAfterSeconds": 3, "grow": {"enabled": False}}
@@ -48,16 +48,7 @@ def test_a_shrunk_job_fails_quarantines_suspends_and_deletes_at_its_size(kube, n
     name = unique("shrunk")
     spec = {"elastic": ELASTIC, "resumePolicy": POLICY}
     kube.create_job(rtj(name, ns, pool.name, 4, template_spec=template(), **spec))
-    wait_for("4 ranks", lambda: gang_on(kube, ns, name, 0, 4), 60, on_timeout=operator.tail)
-    kube.report_progress(ns, f"{name}-a0-r0", "ep0-ba100", 100)
-    wait_for(
-        "checkpoint 100",
-        lambda: (kube.status(ns, name).get("lastCommittedCheckpoint") or {}).get("step") == 100,
-        20,
-    )
-    for node in [p["spec"]["nodeName"] for p in kube.pods(ns, name, 0)][2:]:
-        kube.delete_node(node)
-    wait_for("shrunk to 2", lambda: gang_on(kube, ns, name, 1, 2), 40, on_timeout=operator.tail)
+    shrink_four_to_two(kube, ns, name, operator)
     failures_before = counter(
         operator.metrics, "rtj_interruptions_total", cause="Failure", kind="failure"
     )

@@ -397,6 +397,21 @@ def spot(replicas: int = 4, nodes: int = 4, **elastic: Any) -> SpotCluster:
     return cluster
 
 
+def lose_two_nodes(cluster: SpotCluster) -> SpotCluster:
+    """Start ``cluster``'s 4-pod job, train it past a commit at step 100, then delete two of its
+    nodes and let the operator see it."""
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    for lost in ("node-2", "node-3"):
+        del cluster.nodes[lost]
+    cluster.step(1)
+    cluster.step(1)
+    return cluster
+
+
 def reasons(plan: Plan) -> list[str]:
     return [e.reason for e in plan.events]
 

@@ -12,7 +12,7 @@ from rtj_operator.decide.grow_payoff import GrowCost, grow_cost
 from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS
 
 from .fakes import T0
-from .test_elastic import grow, node, reasons, spot
+from .test_elastic import grow, lose_two_nodes, node, reasons, spot
 
 
 def test_a_grow_pays_when_what_it_adds_before_the_next_loss_outweighs_its_pause():
@@ -69,17 +69,10 @@ def test_the_interval_and_the_settle_wait_come_before_the_payoff():
 
 
 def test_through_the_state_machine_a_deferred_grow_is_said_and_comes_once_it_pays():
-    cluster = spot(minReplicas=2, shrinkAfterSeconds=0, grow={"minIntervalSeconds": 30})
-    cluster.step()
-    cluster.schedule_and_run()
-    cluster.step()
-    cluster.report(0, "ep0-ba100", 100, current=110)
-    cluster.step(1)
-    for lost in ("node-2", "node-3"):
-        del cluster.nodes[lost]
-    cluster.step(1)
-    cluster.step(1)  # the shrunk gang's pods
-    cluster.schedule_and_run()
+    cluster = lose_two_nodes(
+        spot(minReplicas=2, shrinkAfterSeconds=0, grow={"minIntervalSeconds": 30})
+    )
+    cluster.schedule_and_run()  # the shrunk gang's pods
     cluster.step(1)
     cluster.report_step(0, 101)
     cluster.step(1)

@@ -18,7 +18,7 @@ from rtj_operator.decide.reconcile import reconcile
 from rtj_operator.decide.survivors import STANDBY_WAIT_SECONDS
 
 from .fakes import FakeCluster
-from .test_elastic import SpotCluster, node, spot
+from .test_elastic import SpotCluster, lose_two_nodes, node, spot
 
 TEMPLATE = {
     "spec": {
@@ -169,16 +169,7 @@ def stay_job_losing_two_nodes(**elastic: object) -> SpotCluster:
     cluster = spot(**elastic)
     cluster.body["spec"]["template"] = TEMPLATE
     cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
-    cluster.step()
-    cluster.schedule_and_run()
-    cluster.step()
-    cluster.report(0, "ep0-ba100", 100, current=110)
-    cluster.step(1)
-    for lost in ("node-2", "node-3"):
-        del cluster.nodes[lost]
-    cluster.step(1)
-    cluster.step(1)
-    return cluster
+    return lose_two_nodes(cluster)
 
 
 def shrunk_to_two_with_room_for_four() -> SpotCluster:
