@@ -204,11 +204,7 @@ def grow_step(
         )
     if target <= size or not all_running or trained_since is None:
         return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS, room_since)
-    start = max(trained_since, abandoned_at) if abandoned_at is not None else trained_since
-    wait = policy.min_interval_seconds - (now - start).total_seconds()
-    if room_since is not None:
-        # Room for a partial grow only: give the rest of the gang time to come back first.
-        wait = max(wait, policy.settle_seconds - (now - room_since).total_seconds())
+    wait = _wait_before_asking(policy, trained_since, abandoned_at, room_since, now)
     if wait > 0:
         return GrowDecision(GrowAction.NONE, size, "", min(POLL_SECONDS, wait), room_since)
     if policy.only_when_it_pays and cost is not None and not cost.pays(size, target):
@@ -222,6 +218,23 @@ def grow_step(
         "to checkpoint now",
         room_since=room_since,
     )
+
+
+def _wait_before_asking(
+    policy: GrowPolicy,
+    trained_since: datetime,
+    abandoned_at: datetime | None,
+    room_since: datetime | None,
+    now: datetime,
+) -> float:
+    """Seconds until ``grow.minIntervalSeconds`` (from the gang's first progress or the last
+    abandoned grow) and, for a partial grow, ``grow.settleSeconds`` have passed."""
+    start = max(trained_since, abandoned_at) if abandoned_at is not None else trained_since
+    wait = policy.min_interval_seconds - (now - start).total_seconds()
+    if room_since is not None:
+        # Room for a partial grow only: give the rest of the gang time to come back first.
+        wait = max(wait, policy.settle_seconds - (now - room_since).total_seconds())
+    return wait
 
 
 def _requested_grow(
