@@ -36,10 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rtj_operator.decide.mtbi import smoothed_mean_seconds
 from trainer_runtime.save.auto_interval import AutoInterval, AutoIntervalOptions
-
-PRIOR_MTBI_S = 3600.0
-"""The operator's prior (rtj_operator.decide.mtbi.PRIOR_MTBI_SECONDS)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ class Outcome:
 def operator_mtbi(trained_s: float, rollbacks: int) -> float:
     """rtj_operator.decide.mtbi.mtbi_seconds: the time gangs trained and the interruptions
     that rolled work back."""
-    return (trained_s + PRIOR_MTBI_S) / (rollbacks + 1)
+    return smoothed_mean_seconds(trained_s, rollbacks)
 
 
 def simulate(job: Job, mtbi_s: float, fixed_s: float | None, seed: int) -> Outcome:

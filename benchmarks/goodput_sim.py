@@ -70,7 +70,6 @@ from pathlib import Path
 from typing import Any
 
 from rtj_operator.decide.grow_payoff import GrowCost
-from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 
 try:
@@ -409,8 +408,6 @@ class Gang:
         self.restarting_s = 0.0
         self.starting_s = 0.0
         """The first start's time (the operator's ``startingSeconds``)."""
-        self.deferred = 0
-        """Grows held back by ``grow.onlyWhenItPays`` (each time it was looked at)."""
 
     def training(self) -> bool:
         return False
@@ -423,20 +420,17 @@ class Gang:
 
     def grow_pays(self, target: int) -> bool:
         """``grow.onlyWhenItPays`` as the operator decides it (``GrowCost``), from this gang's
-        own history; counted in ``deferred`` when it does not."""
+        own history."""
         if not self.model.grow_only_when_it_pays:
             return True
-        pause = self.restarting_s / self.restarts if self.restarts else self.starting_s
-        if pause <= 0:
-            return True
-        trained = self.ledger.every.trained_s
-        cost = GrowCost(
-            pause_s=pause, between_losses_s=(trained + PRIOR_MTBI_SECONDS) / (self.losses + 1)
+        cost = GrowCost.measured(
+            restarting_s=self.restarting_s,
+            restarts=self.restarts,
+            starting_s=self.starting_s,
+            trained_s=self.ledger.every.trained_s,
+            losses=self.losses,
         )
-        if cost.pays(self.size, target):
-            return True
-        self.deferred += 1
-        return False
+        return cost is None or cost.pays(self.size, target)
 
     def advance(self, t: float) -> None:
         """Train (if the gang is training) from the last event to ``t``."""

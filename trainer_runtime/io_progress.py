@@ -31,3 +31,17 @@ def total() -> int:
     """Bytes moved by this process since it started."""
     with _meter.lock:
         return _meter.bytes
+
+
+class Stall:
+    """How long a byte count (this process's ``total``, or a saver's as the agent reads it)
+    has stood still."""
+
+    def __init__(self, count: int, now: float) -> None:
+        self.count, self.since = count, now
+
+    def seconds(self, count: int, now: float) -> float:
+        """Seconds since the count last grew, ``count`` being its value at ``now``."""
+        if count > self.count:
+            self.count, self.since = count, now
+        return now - self.since

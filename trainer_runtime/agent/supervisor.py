@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import envvars, events
+from .. import envvars, events, io_progress
 from ..errors import ConfigError
 from ..pod import membership
 from ..pod.membership import Membership
@@ -207,14 +207,12 @@ class Supervisor:
         marker = self._marker(0)
         if first is None or first.poll() is not None or not marker.exists():
             return
-        began = self.clock()
-        moved, moving, said = saver_bytes(marker), began, began
+        began = said = self.clock()
+        stall = io_progress.Stall(saver_bytes(marker), began)
         while first.poll() is None:
             time.sleep(self.settings.poll_s)
-            now, count = self.clock(), saver_bytes(marker)
-            if count > moved:
-                moved, moving = count, now
-            if now - moving >= self.settings.survivor_save_s:
+            now = self.clock()
+            if stall.seconds(saver_bytes(marker), now) >= self.settings.survivor_save_s:
                 log.warning(
                     "agent: the worker saving from memory moved no byte for %.0f s "
                     "(RTJ_SURVIVOR_SAVE_SECONDS); it is stopped",
@@ -224,7 +222,7 @@ class Supervisor:
             if now - said >= PROGRESS_EVERY_S:
                 said = now
                 _say(
-                    f"agent: the survivor's save goes on: {moved / 2**20:.0f} MiB written or "
+                    f"agent: the survivor's save goes on: {stall.count / 2**20:.0f} MiB written or "
                     f"uploaded in {now - began:.0f} s"
                 )
         _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")

@@ -477,13 +477,10 @@ def heartbeat(marker: Path) -> Iterator[None]:
 def await_upload(remote: RemoteBackend, name: str, stall_s: float) -> None:
     """Wait until ``name`` is uploaded, for as long as this process moves bytes; then close the
     remote (what else is queued gets a second at most: the new gang needs only ``name``)."""
-    seen, moving = io_progress.total(), time.monotonic()
+    stall = io_progress.Stall(io_progress.total(), time.monotonic())
     while name in remote.pending():
         time.sleep(POLL_S)
-        now = io_progress.total()
-        if now != seen:
-            seen, moving = now, time.monotonic()
-        elif time.monotonic() - moving > stall_s:
+        if stall.seconds(io_progress.total(), time.monotonic()) > stall_s:
             break
     remote.close(timeout_s=1.0)
 

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from ..api.status_types import JobStatus
-from .mtbi import PRIOR_MTBI_SECONDS
+from .mtbi import smoothed_mean_seconds
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,17 @@ class GrowCost:
     """The job's mean pause per restart (or its first start's time)."""
     between_losses_s: float
     """The job's mean time between interruptions (every loss)."""
+
+    @classmethod
+    def measured(
+        cls, *, restarting_s: float, restarts: int, starting_s: float, trained_s: float, losses: int
+    ) -> GrowCost | None:
+        """From a job's history: the mean restart (the first start before any), the smoothed
+        time between losses; None when neither a restart nor a start was measured."""
+        pause = restarting_s / restarts if restarts > 0 else starting_s
+        if pause <= 0:
+            return None
+        return cls(pause_s=pause, between_losses_s=smoothed_mean_seconds(trained_s, losses))
 
     def pays(self, size: int, target: int) -> bool:
         """Whether growing from ``size`` to ``target`` pods pays: ``(t - s) x M > t x P``."""
@@ -76,14 +87,10 @@ def grow_cost(status: JobStatus) -> GrowCost | None:
     account = status.goodput
     if account is None:
         return None
-    if account.restarts > 0:
-        pause = account.restarting_seconds / account.restarts
-    elif account.starting_seconds > 0:
-        pause = account.starting_seconds
-    else:
-        return None
-    losses = status.preemptions + status.failures
-    return GrowCost(
-        pause_s=pause,
-        between_losses_s=(account.training_seconds + PRIOR_MTBI_SECONDS) / (losses + 1),
+    return GrowCost.measured(
+        restarting_s=account.restarting_seconds,
+        restarts=account.restarts,
+        starting_s=account.starting_seconds,
+        trained_s=account.training_seconds,
+        losses=status.preemptions + status.failures,
     )

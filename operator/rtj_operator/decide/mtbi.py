@@ -40,7 +40,13 @@ def mtbi_seconds(status: JobStatus) -> float:
     up: only a gang that trained has work to roll back, so only its time is exposed."""
     account = status.goodput
     trained = account.training_seconds if account is not None else 0.0
-    return (trained + PRIOR_MTBI_SECONDS) / (interruptions(status) + 1)
+    return smoothed_mean_seconds(trained, interruptions(status))
+
+
+def smoothed_mean_seconds(trained_s: float, count: int) -> float:
+    """``trained_s`` over ``count`` events, the one-hour prior counted as one more:
+    ``(trained + prior) / (count + 1)`` (also ``grow_payoff.py``'s time between losses)."""
+    return (trained_s + PRIOR_MTBI_SECONDS) / (count + 1)
 
 
 def interruptions(status: JobStatus) -> int:
