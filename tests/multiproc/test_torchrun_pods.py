@@ -68,7 +68,9 @@ def pod_env(tmp: Path, port: int, pod: int) -> dict[str, str]:
 def start_pod(tmp: Path, port: int, pod: int) -> subprocess.Popen:
     env = {**os.environ, **pod_env(tmp, port, pod), "PYTHONUNBUFFERED": "1"}
     args = ["--epochs", "50", "--step-sleep", "0.1", "--interval", "3ba", "--workers", "0"]
-    args += ["--dataset-size", "960"]
+    # Every checkpoint is kept: the test compares the emergency save with one taken before the
+    # notice, which the default retention (3) deletes when a loaded machine is slow to settle.
+    args += ["--dataset-size", "960", "--keep=-1"]
     log = open(tmp / f"pod{pod}.log", "w")  # noqa: SIM115 - closed when the process ends
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", str(EXAMPLE), *args],
