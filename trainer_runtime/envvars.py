@@ -76,6 +76,9 @@ AGENT_PRELOAD = "RTJ_AGENT_PRELOAD"
 SURVIVOR_SAVE = "RTJ_SURVIVOR_SAVE"
 SURVIVOR_SAVE_FILE = "RTJ_SURVIVOR_SAVE_FILE"
 SURVIVOR_SAVE_SECONDS = "RTJ_SURVIVOR_SAVE_SECONDS"
+# From how many MiB of replicated state the survivors' save is split over the kept pods (each
+# kept pod's local rank 0 worker writes a share; save/survivor_group.py). Not in ALL_RTJ either.
+SURVIVOR_SPLIT_MIB = "RTJ_SURVIVOR_SPLIT_MIB"
 
 # Where the runtime reports its last committed checkpoint (the container's termination
 # message path, so the operator reads it from the pod status).

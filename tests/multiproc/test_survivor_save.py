@@ -49,10 +49,11 @@ def gang(tmp: Path, **env: str) -> Pods:
     return pods
 
 
-def replace_lost_pod(pods: Pods, *, writer_first: bool = False) -> None:
+def replace_lost_pod(pods: Pods, *, writer_first: bool = False, **told: object) -> None:
     """The operator's part: the two kept pods are told the new gang (stop: kill, the default)
     and a new pod takes the lost one's place.
 
+    ``told``: more fields of the membership (``savers``).
     ``writer_first``: pod1 hears of the new gang only once pod0 (the writer) has saved. The
     operator tells both at once; then pod1's agent may stop its workers before pod0's save
     begins, and pod0's stuck all-reduce fails on the closed connection instead of hanging (the
@@ -62,7 +63,7 @@ def replace_lost_pod(pods: Pods, *, writer_first: bool = False) -> None:
     for r in range(2):
         if r == 1 and writer_first:
             wait_for_line(pods.tmp / "pod0.log", '"type":"survivor_saved"')
-        pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port)
+        pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port, **told)
     pods.start("pod2-new", node_rank=2, nnodes=3, port=port, epoch=2, RTJ_SURVIVOR_SAVE="0")
 
 
@@ -107,11 +108,12 @@ def assert_same_weights(pods: Pods, tmp: Path) -> None:
         assert torch.equal(final["optim"]["state"][idx]["momentum_buffer"], st["momentum_buffer"])
 
 
-def survivor_checkpoints(pods: Pods) -> list[Manifest]:
+def survivor_checkpoints(pods: Pods, world_size: int = 1) -> list[Manifest]:
+    """The checkpoints written for the new gang (epoch 2) from the survivors' memory."""
     return [
-        Manifest.from_json(p.read_text())
-        for p in pods.folder.glob("*/manifest.json")
-        if Manifest.from_json(p.read_text()).world_size == 1
+        m
+        for m in (Manifest.from_json(p.read_text()) for p in pods.folder.glob("*/manifest.json"))
+        if m.world_size == world_size and m.extra.get("membershipEpoch") == 2
     ]
 
 
@@ -155,5 +157,63 @@ def test_a_survivor_saves_while_its_collective_hangs_on_a_pod_cut_off(tmp_path: 
     assert "a collective failed" not in log  # nothing failed: the training thread was stuck
     assert f"saved step {resumed_at} from this survivor's memory" in log, log
     assert resumed_at >= before - 1, (before, resumed_at)
+    assert_trained_once(pods, lost_rank=2)
+    assert_same_weights(pods, tmp_path)
+
+
+@pytest.mark.parametrize("how", ["killed", "cut off"])
+def test_a_large_state_is_saved_in_shares_by_every_kept_pod(tmp_path: Path, how: str) -> None:
+    """``savers: 2`` and a replica over RTJ_SURVIVOR_SPLIT_MIB (0 here): both kept pods write a
+    share of the last finished step, one checkpoint at world size 2, and the new gang resumes
+    from it as from any commit. Also when the lost pod is cut off: the savers leave a process
+    group whose all-reduce still hangs in their training threads."""
+    pods = gang(tmp_path / "run", RTJ_SURVIVOR_SPLIT_MIB="0")
+    pods.wait_steps(1, 10)
+    if how == "killed":
+        pods.lose("pod2")
+    else:
+        pods.cut_off("pod2")
+    replace_lost_pod(pods, savers=2)
+    assert set(pods.wait_all().values()) == {0}, pods.logs()
+    finished, resumed_at = pods.steps(1)[-1], pods.steps(2)[0]
+    assert resumed_at >= finished, (finished, resumed_at, pods.logs())
+    (manifest,) = survivor_checkpoints(pods, world_size=2)
+    assert manifest.timestamp.batch == resumed_at
+    data = {e.rank for e in manifest.files if e.path.endswith(".distcp")}
+    assert data == {0, 1}, manifest.files  # each saver wrote a share
+    for r in range(2):
+        log = (pods.tmp / f"pod{r}.log").read_text()
+        assert f"saved step {resumed_at} from this survivor's memory as {manifest.name}" in log
+    assert not survivor_checkpoints(pods, world_size=1)
+    assert_trained_once(pods, lost_rank=2)
+    assert_same_weights(pods, tmp_path)
+
+
+def test_savers_that_do_not_meet_leave_the_save_to_node_rank_0(tmp_path: Path) -> None:
+    """pod1 hears of the new gang only after pod0 gave up waiting for it (RTJ_REJOIN_SECONDS
+    of 3 s there): pod0 saves alone, pod1 saves nothing, and nothing is lost."""
+    pods = Pods(tmp_path / "run", steps=STEPS)
+    pods.args += ["--interval", "1000ba"]
+    port = free_port()
+    for r, rejoin in enumerate(["3", "20", "20"]):
+        pods.start(
+            f"pod{r}",
+            node_rank=r,
+            nnodes=3,
+            port=port,
+            epoch=1,
+            RTJ_SURVIVOR_SPLIT_MIB="0",
+            RTJ_REJOIN_SECONDS=rejoin,
+        )
+    pods.wait_steps(1, 10)
+    pods.lose("pod2")
+    replace_lost_pod(pods, writer_first=True, savers=2)
+    assert set(pods.wait_all().values()) == {0}, pods.logs()
+    resumed_at = pods.steps(2)[0]
+    (manifest,) = survivor_checkpoints(pods, world_size=1)
+    assert manifest.timestamp.batch == resumed_at
+    assert "savers' group did not form" in (pods.tmp / "pod0.log").read_text()
+    pod1 = (pods.tmp / "pod1.log").read_text()
+    assert "node rank 0 saves alone" in pod1 and "saved step" not in pod1
     assert_trained_once(pods, lost_rank=2)
     assert_same_weights(pods, tmp_path)

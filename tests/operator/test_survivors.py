@@ -70,6 +70,7 @@ def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
         # the interval's figures as the new pod gets them, not those of the kept pod's creation
         "mtbiSeconds": int(env_of_new["RTJ_MTBI_SECONDS"]),
         "interruptions": int(env_of_new["RTJ_INTERRUPTIONS"]),
+        "savers": 2,  # both kept pods hold the state: a large one is saved in shares
     }
     assert told["interruptions"] == 1  # the loss rolled work back (130 > 100): counted
     assert told["mtbiSeconds"] < int(kept_env["RTJ_MTBI_SECONDS"])
@@ -288,6 +289,7 @@ def test_a_warm_spare_takes_the_lost_rank_and_a_new_spare_is_started():
     assert spare["labels"][names.LABEL_RANK] == "2" and names.LABEL_ROLE not in spare["labels"]
     told = json.loads(spare["annotations"][MEMBERSHIP_ANNOTATION])
     assert told["nodeRank"] == 2 and told["epoch"] == 1 and told["stop"] == "kill"
+    assert told["savers"] == 2  # the survivors hold the state; the spare holds none
     plan = cluster.step(1)
     assert cluster.status["phase"] == "Running" and len(cluster.current_pods()) == 3
     assert [p["metadata"]["name"] for p in plan.spares] == ["train-a1-s0"]
@@ -327,3 +329,11 @@ def test_an_unplaced_spare_yields_to_a_waiting_rank_and_all_go_when_the_job_ends
     plan = cluster.step(1)
     assert cluster.status["phase"] == "Succeeded"
     assert [d.name for d in plan.deletions if "-s" in d.name]
+
+
+def test_a_spare_is_told_apart_by_its_name_also_once_it_took_a_rank():
+    assert names.is_spare_name("train", names.spare_name("train", 3, 0))
+    assert not names.is_spare_name("train", names.pod_name("train", 3, 0))
+    # another job whose name starts like a spare's pod
+    assert not names.is_spare_name("train", names.pod_name("train-a1-s0", 0, 0))
+    assert not names.is_spare_name("train", "train-a1-s")

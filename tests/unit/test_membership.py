@@ -36,6 +36,13 @@ def test_a_membership_gives_restarted_workers_the_jobs_current_interval_figures(
     assert env["RTJ_MTBI_SECONDS"] == "1850" and env["RTJ_INTERRUPTIONS"] == "2"
 
 
+def test_the_savers_default_to_node_rank_0_alone() -> None:
+    alone = membership.parse(json.dumps(GOOD))
+    shared = membership.parse(json.dumps({**GOOD, "savers": 3}))
+    assert alone is not None and alone.savers == 1
+    assert shared is not None and shared.savers == 3
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -49,6 +56,8 @@ def test_a_membership_gives_restarted_workers_the_jobs_current_interval_figures(
         ({"mtbiSeconds": 0}, "mtbiSeconds"),
         ({"interruptions": "2"}, "interruptions"),
         ({"attempt": -1}, "attempt"),
+        ({"savers": 0}, "savers"),
+        ({"savers": 5}, "savers"),  # more savers than pods
     ],
 )
 def test_a_bad_membership_names_the_field(change: dict, named: str) -> None:

@@ -153,7 +153,7 @@ class Supervisor:
             old_store.stop()
             old_store = None
         self._serve_store(new)  # first: the new gang's early ranks find it up
-        if new.stop == membership.STOP_KILL and new.node_rank == 0:
+        if new.stop == membership.STOP_KILL and new.node_rank < new.savers:
             self._let_survivor_save()
         self._stop(save=new.stop == membership.STOP_SAVE)
         if old_store is not None:
@@ -199,17 +199,19 @@ class Supervisor:
         return code
 
     def _let_survivor_save(self) -> None:
-        """A rank was lost and this pod is the new gang's node rank 0: its local rank 0 worker,
-        if it said it can, saves the last finished step from memory and ends by itself
-        (``save/survivor.py``); wait for that as long as the save moves bytes (it says how many
-        through its marker), and at most ``survivor_save_s`` without one."""
+        """A rank was lost and this pod is one of the new gang's savers (node rank 0, or any kept
+        pod when the save is split): its local rank 0 worker, if it said it can, saves the last
+        finished step from memory (or its share of it) and ends by itself (``save/survivor.py``);
+        wait for that as long as the save moves bytes (it says how many through its marker), and
+        at most ``survivor_save_s`` without one. A worker that does not save removes its marker
+        (a small state is saved by node rank 0 alone)."""
         first = self.workers[0] if self.workers else None
         marker = self._marker(0)
         if first is None or first.poll() is not None or not marker.exists():
             return
         began = said = self.clock()
         stall = io_progress.Stall(saver_bytes(marker), began)
-        while first.poll() is None:
+        while first.poll() is None and marker.exists():
             time.sleep(self.settings.poll_s)
             now = self.clock()
             if stall.seconds(saver_bytes(marker), now) >= self.settings.survivor_save_s:
@@ -225,7 +227,8 @@ class Supervisor:
                     f"agent: the survivor's save goes on: {stall.count / 2**20:.0f} MiB written or "
                     f"uploaded in {now - began:.0f} s"
                 )
-        _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
+        if first.poll() is not None:  # else it said it does not save: it is stopped with the rest
+            _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
 
     # ------------------------------------------------------------------ workers
     def _marker(self, local_rank: int) -> Path:

@@ -54,6 +54,10 @@ class Membership:
     the automatic checkpoint interval); None: the pod's own, from its creation."""
     interruptions: int | None = None
     """The interruptions that figure counts (``RTJ_INTERRUPTIONS``)."""
+    savers: int = 1
+    """With ``stop: kill``: the kept pods that hold the last finished step (node ranks 0 to
+    ``savers - 1``); a large state is saved in shares by all of them (``save/survivor_group.py``),
+    a small one by node rank 0 alone."""
 
     def worker_environment(self, nproc_per_node: int, local_rank: int) -> dict[str, str]:
         """The variables of one worker process of this pod under this membership."""
@@ -120,8 +124,16 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         raise ConfigError(f"{source}: resumeFrom={resume_from!r}: expected a string")
     optional = {
         key: _optional_count(data, key, source, least)
-        for key, least in (("attempt", 0), ("mtbiSeconds", 1), ("interruptions", 0))
+        for key, least in (
+            ("attempt", 0),
+            ("mtbiSeconds", 1),
+            ("interruptions", 0),
+            ("savers", 1),
+        )
     }
+    savers = optional["savers"] or 1
+    if savers > values["nnodes"]:
+        raise ConfigError(f"{source}: savers={savers}: expected an integer from 1 to nnodes")
     return Membership(
         epoch=values["epoch"],
         nnodes=values["nnodes"],
@@ -133,6 +145,7 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         attempt=optional["attempt"],
         mtbi_seconds=optional["mtbiSeconds"],
         interruptions=optional["interruptions"],
+        savers=savers,
     )
 
 

@@ -78,6 +78,7 @@ from ..sharded.engine import ShardedEngine
 from ..sharded.keys import RANKS_KEY
 from ..sharded.staging import copy_buffers
 from ..timestamp import Timestamp
+from . import survivor_group
 from .commit import write_and_commit
 from .manifest import Manifest
 from .policy import RUNTIME_KEY, runtime_record
@@ -317,15 +318,19 @@ class SurvivorSave:
             if new is not None and new.epoch > self.epoch:
                 if self._named(new):
                     self._save_and_exit(new)
+                with contextlib.suppress(OSError):  # the agent no longer waits for a save
+                    self.marker.unlink()
                 self._done.set()
                 return
             time.sleep(POLL_S)
 
     def _named(self, new: membership.Membership) -> bool:
-        return (
-            new.stop == membership.STOP_KILL
-            and new.node_rank == 0
-            and self.ctx.coord.local_rank == 0
+        """Whether this worker saves for ``new``: node rank 0's local rank 0, and with a split
+        save every saver's (``survivor_group``)."""
+        if new.stop != membership.STOP_KILL or self.ctx.coord.local_rank != 0:
+            return False
+        return new.node_rank == 0 or (
+            new.node_rank < new.savers and survivor_group.splits(self.ctx, new)
         )
 
     @property
@@ -334,29 +339,64 @@ class SurvivorSave:
         the agent's bound, so the saver says why before it would be killed."""
         return max(1.0, self.wait_s - 2.0)
 
+    def _reached(self) -> tuple[Any, Any, str | None]:
+        """Stop the training thread at its next optimizer step or boundary; the boundary it
+        holds, its CUDA event, and why it is not saved (None: it is)."""
+        with self._cond:
+            self._frozen = True
+            reached = self._cond.wait_for(lambda: not self._stepped, BOUNDARY_WAIT_S)
+            boundary, ready = self._boundary, self._boundary_ready
+        if not reached or boundary is None:
+            return boundary, ready, "the running step had begun updating the weights"
+        if self.ctx.position.key_of(boundary[2]) == self.ctx.position.last_saved_key:
+            return boundary, ready, "the last finished step is the newest commit already"
+        return boundary, ready, None
+
+    def _savers_group(self, new: membership.Membership, key: Any) -> Coordinator | None:
+        """The savers' group when the save for ``new`` is made in shares and every saver holds
+        the step ``key`` names; None: node rank 0 saves alone (``survivor_group``)."""
+        if not survivor_group.splits(self.ctx, new):
+            return None
+        coord = survivor_group.form(new, self.hold_s)
+        if coord is None or not survivor_group.agree(coord, key):
+            return None
+        return coord
+
+    def _write(
+        self, boundary: Any, ready: Any, new: membership.Membership, coord: Coordinator | None
+    ) -> str:
+        """Write ``boundary`` for ``new``, with the savers of ``coord`` or alone; a shared save
+        that fails is made again by node rank 0 alone."""
+        small, tensors, at = boundary
+        if ready is not None:
+            tensors = host_copy(tensors, ready)
+        with heartbeat(self.marker):
+            try:
+                return write_boundary(
+                    self.ctx, small, tensors, at, epoch=new.epoch, stall_s=self.stall_s, coord=coord
+                )
+            except Exception as exc:
+                if coord is None or coord.rank != 0:
+                    raise
+                log.warning("the shared save failed (%s): node rank 0 saves alone", exc)
+            return write_boundary(
+                self.ctx, small, tensors, at, epoch=new.epoch, stall_s=self.stall_s
+            )
+
     def _save_and_exit(self, new: membership.Membership) -> None:
         self._saving.set()
         began = time.monotonic()
         code, name, why_not, step = 0, None, None, -1
         try:
-            with self._cond:
-                self._frozen = True
-                reached = self._cond.wait_for(lambda: not self._stepped, BOUNDARY_WAIT_S)
-                boundary, ready = self._boundary, self._boundary_ready
+            boundary, ready, why_not = self._reached()
             if boundary is not None:
                 step = boundary[2].batch
-            if not reached or boundary is None:
-                why_not = "the running step had begun updating the weights"
-            elif self.ctx.position.key_of(boundary[2]) == self.ctx.position.last_saved_key:
-                why_not = "the last finished step is the newest commit already"
-            else:
-                small, tensors, at = boundary
-                if ready is not None:
-                    tensors = host_copy(tensors, ready)
-                with heartbeat(self.marker):
-                    name = write_boundary(
-                        self.ctx, small, tensors, at, epoch=new.epoch, stall_s=self.stall_s
-                    )
+            key = None if why_not else self.ctx.position.key_of(boundary[2])
+            coord = self._savers_group(new, key)
+            if coord is None and new.node_rank != 0:
+                why_not = why_not or "the savers did not save together: node rank 0 saves alone"
+            elif why_not is None:
+                name = self._write(boundary, ready, new, coord)
         except Exception as exc:  # said, and the process ends either way
             why_not, code = f"the save failed: {type(exc).__name__}: {exc}", 1
         seconds = time.monotonic() - began
@@ -399,21 +439,22 @@ def write_boundary(
     *,
     epoch: int,
     stall_s: float,
+    coord: Coordinator | None = None,
 ) -> str:
-    """Write and commit a boundary as this process alone, for membership ``epoch``; in a run
-    with an object store, upload it, for as long as the upload moves bytes (it is given up after
-    ``stall_s`` without one). Returns the checkpoint's name."""
-    engine = ShardedEngine(
-        ctx.components,
-        Coordinator.solo(ctx.coord.local_rank),
-        trusted_pickle=ctx.settings.trusted_pickle,
-    )
+    """Write and commit a boundary for membership ``epoch``: as this process alone, or with the
+    other savers of ``coord`` (``survivor_group``: each writes a share, under its rank). In a
+    run with an object store, upload this process's files, for as long as the upload moves bytes
+    (it is given up after ``stall_s`` without one). Returns the checkpoint's name."""
+    coord = coord or Coordinator.solo(ctx.coord.local_rank)
+    engine = ShardedEngine(ctx.components, coord, trusted_pickle=ctx.settings.trusted_pickle)
     tree = {key: value for key, value in tensors.items() if key != RANKS_KEY}
-    tree[RANKS_KEY] = {"0": engine.serialize_small(pickle.loads(small))}  # noqa: S301 - ours
+    small_state = pickle.loads(small)  # noqa: S301 - ours
+    tree[RANKS_KEY] = {str(coord.rank): engine.serialize_small(small_state)}
     fence = None if ctx.fence is None else dataclasses.replace(ctx.fence, epoch=epoch)
-    if fence is not None:
+    if fence is not None and coord.rank == 0:
         fence.claim()  # the old gang (this worker's own epoch) commits nothing from now on
-    name = _unused_name(ctx, at)
+    # one name for every saver, chosen after the claim (the broadcast is also the barrier)
+    name = coord.broadcast(_unused_name(ctx, at) if coord.rank == 0 else None)
 
     def report(manifest: Manifest) -> None:
         uri = ctx.remote.uri_for(name) if ctx.remote else str(ctx.run_dir / name)
@@ -441,7 +482,7 @@ def write_boundary(
         # The bucket's fence is checked against this process's epoch: it writes for the new
         # gang now (the old one can no longer commit there either, once that gang starts).
         os.environ[envvars.MEMBERSHIP_EPOCH] = str(epoch)
-        ctx.remote.submit(ctx.run_dir, manifest, 0)
+        ctx.remote.submit(ctx.run_dir, manifest, coord.rank)
         ctx.remote.upload_first(name)
         await_upload(ctx.remote, name, stall_s)
         if name in ctx.remote.pending():

@@ -167,9 +167,18 @@ def membership_payload(
             # workers get today's figures, not those of their pod's creation.
             "mtbiSeconds": round(mtbi_seconds(st)),
             "interruptions": interruptions(st),
+            "savers": savers(ctx),
         },
         separators=(",", ":"),
     )
+
+
+def savers(ctx: ReconcileContext) -> int:
+    """How many pods hold the training state at a loss (``savers`` in the membership): the kept
+    pods but the spares, which follow them. They save the last finished step together when it
+    is large (docs/survivors.md); at least node rank 0."""
+    job = ctx.job.ref.name
+    return max(1, sum(1 for name in ctx.status.kept_pods if not names.is_spare_name(job, name)))
 
 
 def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int, Any]) -> None:
