@@ -36,10 +36,11 @@ Policies (each a small state machine over the same ledger, the same events):
   checkpoint it asks for); every size change ends the gang and cold-starts every rank;
 - ``elastic-stay``, ``fixed-stay``: ``recovery.survivors: Stay`` as the product builds it
   (docs/survivors.md). The kept pods stay, but their agent restarts every worker, which loads
-  the newest commit: after a loss without notice one survivor first saves the last finished
-  step (the whole replica, from one process), after a noticed one the gang saves on the node's
-  shutdown; new pods start in standby while the gang trains, then join through the gang's save
-  of the step it reached and the same restart;
+  the newest commit: after a loss without notice the kept pods first save the last finished
+  step (each 1/K of the replica once it is ``RTJ_SURVIVOR_SPLIT_MIB`` or more, after they met;
+  ``--survivor-save-alone``: one process writes it all, the product before), after a noticed one
+  the gang saves on the node's shutdown; new pods start in standby while the gang trains, then
+  join through the gang's save of the step it reached and the same restart;
 - ``elastic-warm``: survivors stay in process, the design the product does not have yet
   (torchft's). A loss costs the survivors its detection and a re-formed process group
   (seconds) and at most the step in flight (none with a notice); new ranks start on their own
@@ -71,6 +72,7 @@ from typing import Any
 
 from rtj_operator.decide.grow_payoff import GrowCost
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
+from trainer_runtime.save.survivor_group import DEFAULT_SPLIT_MIB
 
 try:
     from benchmarks import spot_traces
@@ -211,6 +213,13 @@ class Model:
     elastic gang grows only when the ranks it adds are expected to train, before its next loss,
     more than the grow's pause costs it; the job's mean restart and time between losses are
     those it went through so far, as the operator measures them."""
+    survivor_save_split: bool = True
+    """The survivors' save of a replica of ``RTJ_SURVIVOR_SPLIT_MIB`` or more is written in
+    shares by every kept pod (``trainer_runtime/save/survivor_group.py``). False: by one
+    process (the product before)."""
+    savers_meet_s: float = 5.0
+    """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
+    group with the others over the new gang's store."""
     every_loss_interval: bool = False
     """The automatic interval counts every loss, also those a warm gang's survivors cover (the
     rule the product had before it counted only interruptions that rolled work back)."""
@@ -271,9 +280,13 @@ class Model:
             + p.first_step
         )
 
-    def survivor_save(self) -> float:
-        """After a loss without notice (``*-stay``): one survivor writes the whole replica of
-        the last finished step at its node's rate, before the new workers start."""
+    def survivor_save(self, kept: int) -> float:
+        """After a loss without notice (``*-stay``), before the new workers start: the ``kept``
+        pods meet and each writes 1/``kept`` of the last finished step at its node's rate, or
+        one survivor writes the whole replica (a small one, or without the split)."""
+        large = self.checkpoint_gb * 1000**3 >= DEFAULT_SPLIT_MIB * 2**20
+        if self.survivor_save_split and large and kept > 1:
+            return self.savers_meet_s + self.checkpoint_gb / (kept * self.write_gbps)
         return self.checkpoint_gb / self.write_gbps
 
     def shrink_after(self, *, stay: bool) -> float:
@@ -743,7 +756,7 @@ class StayGang(WarmGang):
         pods start cold with it, and the kept ranks wait for them."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
-        save = m.commit_s(self.size) if noticed else m.survivor_save()
+        save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
         pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
         if extra > 0 and self.min_replicas < self.replicas:
@@ -933,6 +946,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["every_loss_interval"] = args.every_loss_interval
     overrides["grow_only_when_it_pays"] = not args.grow_always
     overrides["idle_lost_first"] = args.idle_lost_first
+    overrides["survivor_save_split"] = not args.survivor_save_alone
     return Model(phases=phases, **overrides), measured
 
 
@@ -958,6 +972,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--grow-always",
         action="store_true",
         help="grow at every return of capacity (grow.onlyWhenItPays: false)",
+    )
+    parser.add_argument(
+        "--survivor-save-alone",
+        action="store_true",
+        help="one survivor writes the whole replica after a loss (the product before the split)",
     )
     parser.add_argument(
         "--every-loss-interval",

@@ -47,6 +47,7 @@ def survivors_manifest(
     epochs: int | None = None,
     cpu: str | None = None,
     interval: str | None = None,
+    env: dict[str, str] | None = None,
     **spec: object,
 ) -> Path:
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
@@ -69,6 +70,8 @@ def survivors_manifest(
         ]
     if cpu:
         container["resources"] = {"requests": {"cpu": cpu}}
+    for key, value in (env or {}).items():
+        container.setdefault("env", []).append({"name": key, "value": value})
     path = tmp / f"{name}-job.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     return path
@@ -175,6 +178,34 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     say(f"survivor's save: step {saved.fields['step']} in {saved.fields['seconds']} s")
     say(f"interruption: {interruption}")
     assert saved.fields["step"] >= 22, saved
+    assert interruption["stepsLost"] <= 1, interruption
+
+
+def test_a_large_state_is_saved_in_shares_by_the_kept_pods_into_the_bucket(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """The same loss with the split save on (``RTJ_SURVIVOR_SPLIT_MIB=0``: every state counts as
+    large): both kept pods write a share of the last finished step from their node-local disks
+    into the bucket, kept rank 0 commits it, and the new pod fetches and resumes from it."""
+    path = survivors_manifest(
+        tmp_path, name="shares", interval="20ba", epochs=8, env={"RTJ_SURVIVOR_SPLIT_MIB": "0"}
+    )
+    job = stack.apply(path)
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    wait_step(stack, job, 22, "two steps after the commit")
+    reclaim_rank(stack, job, f"{job}-a0-r1")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    assert status["keptPods"] == [f"{job}-a0-r0", f"{job}-a0-r2"], status
+    saves = [stack.runtime_events(pod, "survivor_saved") for pod in status["keptPods"]]
+    assert all(len(s) == 1 for s in saves), (saves, stack.diagnostics(job))
+    names = {s[0].fields["checkpoint"] for s in saves}
+    assert len(names) == 1 and None not in names, saves  # one checkpoint, a share from each
+    seconds = [s[0].fields["seconds"] for s in saves]
+    say(f"shared save: step {saves[0][0].fields['step']}, {seconds} s")
+    resumed = stack.runtime_events(f"{job}-a1-r2", "resumed")[-1].fields
+    assert resumed["checkpoint"] in names and resumed["source"] == "remote", resumed
+    assert resumed["saved_world_size"] == 2, resumed
+    (interruption,) = status["interruptions"]
     assert interruption["stepsLost"] <= 1, interruption
 
 

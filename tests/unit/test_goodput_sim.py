@@ -234,9 +234,10 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
         worker_start_s=1.0,
         checkpoint_gb=40.0,
         write_gbps=1.0,
+        survivor_save_split=False,
     )
     assert model.restart() == 1 + 3 + 4  # worker, process group, fetch (load, step: 0)
-    assert model.survivor_save() == 40  # 40 GB by one process at 1 GB/s
+    assert model.survivor_save(3) == 40  # 40 GB by one process at 1 GB/s
     assert model.standby(False) == 50  # pods_created; no state fetched yet
     r = gs.simulate(LOSS, 4, "elastic-stay", model)
     # The cold start takes 57 s (pod 50, process group 3, fetch 4). Loss at 1000 s: 943 s x 4
@@ -265,6 +266,27 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
     assert gs.simulate(LOSS, 4, "elastic-stay", auto).interval_s == pytest.approx(
         (2 * 5 * (trained + 3600)) ** 0.5
     )
+
+
+def test_the_kept_pods_save_a_large_replica_in_shares():
+    """The product's split survivors' save: the kept pods meet, then each writes 1/K; a replica
+    below RTJ_SURVIVOR_SPLIT_MIB, or one kept pod, is written by one process."""
+    alone = replace(
+        HAND,
+        phases=replace(HAND.phases, process_group_formed=3.0, checkpoint_fetched=4.0),
+        worker_start_s=1.0,
+        checkpoint_gb=40.0,
+        write_gbps=1.0,
+        survivor_save_split=False,
+    )
+    split = replace(alone, survivor_save_split=True, savers_meet_s=2.0)
+    assert split.survivor_save(3) == pytest.approx(2 + 40 / 3)
+    assert split.survivor_save(1) == 40
+    assert replace(split, checkpoint_gb=1.0).survivor_save(3) == 1.0  # under 1024 MiB
+    # The loss of the hand trace (see above): 3 kept ranks train again 40 - 15.33 s sooner.
+    before = gs.simulate(LOSS, 4, "elastic-stay", alone)
+    after = gs.simulate(LOSS, 4, "elastic-stay", split)
+    assert kept(after) == pytest.approx(kept(before) + (40 - 2 - 40 / 3) * 3)
 
 
 def test_a_lost_node_is_a_training_rank_first_unless_idle_nodes_go_first():
