@@ -7,7 +7,11 @@ Two DDP ranks (gloo, CPU) train a model of ``--params-m`` million parameters wit
   captured, the buffers copied), against the step itself (forward, backward, optimizer);
 - **the save**: the one a named survivor makes alone (world size 1, every byte from one
   process), against the gang's own collective save of the same state (``save(blocking=True)``,
-  each rank writing its share) and ``torch.save`` of the model and optimizer state by one rank.
+  each rank writing its share) and ``torch.save`` of the model and optimizer state by one rank;
+- **the save in shares** (``save/survivor_group.py``): both ranks write the boundary together,
+  each its share, as the kept pods do with a large replica; and apart, what the savers pay to
+  meet after a loss: the store that says the epoch found, the old process group left, the
+  savers' gloo group formed.
 
     python benchmarks/survivor_save.py [--params-m 50] [--steps 30] [--repeats 5] [--json OUT]
 """
@@ -17,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,6 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
 
     from trainer_runtime import CheckpointManager  # noqa: PLC0415
+    from trainer_runtime.run.dist import Coordinator  # noqa: PLC0415
     from trainer_runtime.save.survivor import write_boundary  # noqa: PLC0415
 
     dist.init_process_group("gloo")
@@ -61,29 +68,36 @@ def worker(args: argparse.Namespace) -> None:
         began = time.perf_counter()
         guard.boundary()
         boundaries.append(time.perf_counter() - began)
-    gang_saves, torch_saves, alone = [], [], []
-    for i in range(args.repeats):
+    gang_saves, torch_saves, alone, shared = [], [], [], []
+    coord = Coordinator()  # over the gang's healthy group: the shares' write alone
+    folder = Path(args.folder)
+    for i in range(args.repeats):  # interleaved, each on a page cache written back first
         model(torch.randn(8, width)).square().mean().backward()
         opt.step()
         opt.zero_grad()
         ckpt.batch_end(num_samples=16)
+        gang_saves.append(timed(rank, ckpt.save, blocking=True)[0])
+        state = {"model": model.module.state_dict(), "optim": opt.state_dict()}
+        path = folder / f"torch-{i}.pt"
+        seconds, _ = timed(rank, torch.save, state, path, rank0_only=True)
+        guard.boundary()
+        small, tensors, at = guard._boundary
+        boundary = (ckpt._ctx, small, tensors, at)
+        # at the gang's own epoch: one newer would fence the gang's next saves out of the run
+        alone_s, name = timed(rank, write_boundary, *boundary, epoch=1, stall_s=60, rank0_only=True)
+        shared_s, shared_name = timed(
+            rank, write_boundary, *boundary, epoch=1, stall_s=60, coord=coord
+        )
         dist.barrier()
-        began = time.perf_counter()
-        ckpt.save(blocking=True)
-        dist.barrier()
-        gang_saves.append(time.perf_counter() - began)
         if rank == 0:
-            began = time.perf_counter()
-            state = {"model": model.module.state_dict(), "optim": opt.state_dict()}
-            torch.save(state, Path(args.folder) / f"torch-{i}.pt")
-            torch_saves.append(time.perf_counter() - began)
+            torch_saves.append(seconds)
+            alone.append(alone_s)
+            path.unlink()
+            shutil.rmtree(folder / name)
+            shutil.rmtree(folder / shared_name)
+        shared.append(shared_s)
+    meet = savers_meet(rank, args)
     if rank == 0:
-        for _ in range(args.repeats):
-            guard.boundary()
-            small, tensors, at = guard._boundary
-            began = time.perf_counter()
-            write_boundary(ckpt._ctx, small, tensors, at, epoch=2, stall_s=60.0)
-            alone.append(time.perf_counter() - began)
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         figures = {
             "params": sum(p.numel() for p in model.parameters()),
@@ -93,11 +107,58 @@ def worker(args: argparse.Namespace) -> None:
             "gang_save_s": gang_saves,
             "torch_save_s": torch_saves,
             "survivor_save_s": alone,
+            "shared_save_s": shared,
+            "savers_meet_s": meet,
         }
         print(MARK + json.dumps(figures), flush=True)
     ckpt._survivor.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def timed(rank: int, fn: Any, *args: Any, rank0_only: bool = False, **kwargs: Any) -> Any:
+    """Seconds ``fn`` took and what it returned, started on every rank at once (or on rank 0
+    only) after the page cache was written back: a save of GBs right after another one would
+    wait for the first one's writeback. Every rank calls it."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    dist.barrier()
+    if rank == 0:
+        os.sync()
+    dist.barrier()
+    if rank0_only and rank != 0:
+        return 0.0, None
+    began = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - began, result
+
+
+def savers_meet(rank: int, args: argparse.Namespace) -> list[float]:
+    """``survivor_group.form`` as after a loss, ``--repeats`` times: a store that says a newer
+    epoch (rank 0 hosts it, as its agent would), the process group in force left, the savers'
+    group formed (each time the next epoch's)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from trainer_runtime.agent.rendezvous_store import EPOCH_KEY  # noqa: PLC0415
+    from trainer_runtime.pod.membership import Membership  # noqa: PLC0415
+    from trainer_runtime.save import survivor_group  # noqa: PLC0415
+
+    port = args.store_port
+    host = None
+    if rank == 0:
+        host = dist.TCPStore("127.0.0.1", port, None, True)
+        host.set(EPOCH_KEY, str(10**6))
+    seconds = []
+    for i in range(args.repeats):
+        new = Membership(2 + i, 2, rank, "127.0.0.1", port, savers=2)
+        dist.barrier()
+        began = time.perf_counter()
+        if survivor_group.form(new, 30.0) is None:
+            raise SystemExit("the savers' group did not form")
+        seconds.append(time.perf_counter() - began)
+    dist.barrier()
+    del host
+    return seconds
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -118,7 +179,7 @@ def run(args: argparse.Namespace) -> dict:
             }
             argv = [sys.executable, __file__, "--worker", "--folder", f"{tmp}/ckpt"]
             argv += ["--params-m", str(args.params_m), "--steps", str(args.steps)]
-            argv += ["--repeats", str(args.repeats)]
+            argv += ["--repeats", str(args.repeats), "--store-port", str(args.store_port)]
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
         outs = [p.communicate(timeout=1800)[0] for p in procs]
         if any(p.returncode for p in procs):
@@ -136,6 +197,7 @@ def report(fig: dict) -> dict:
         "boundary_per_step": round(med["boundary_s"] / med["step_s"], 5),
         "survivor_save_vs_gang_save": round(med["survivor_save_s"] / med["gang_save_s"], 3),
         "survivor_save_vs_torch_save": round(med["survivor_save_s"] / med["torch_save_s"], 3),
+        "shared_save_vs_alone": round(med["shared_save_s"] / med["survivor_save_s"], 3),
     }
     print(f"model: {fig['params'] / 1e6:.1f} M parameters, {out['state_mib']} MiB of state")
     print("| figure | median | ratio |")
@@ -152,6 +214,12 @@ def report(fig: dict) -> dict:
         f"{out['survivor_save_vs_gang_save']:.2f}x the gang's, "
         f"{out['survivor_save_vs_torch_save']:.2f}x torch.save |"
     )
+    print(
+        f"| survivors' save in shares (2 savers) | {med['shared_save_s']:.3f} s | "
+        f"{out['shared_save_vs_alone']:.2f}x alone |"
+    )
+    meet = med["savers_meet_s"]
+    print(f"| the savers meet (store, old group left, group formed) | {meet:.3f} s | |")
     return out
 
 
@@ -164,13 +232,14 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--store-port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return
     from tools.ports import free_port  # noqa: PLC0415
 
-    args.port = free_port()
+    args.port, args.store_port = free_port(), free_port()
     fig = run(args)
     out = report(fig)
     if args.json:

@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainer_runtime.errors import ConfigError
 from trainer_runtime.pod import membership
 from trainer_runtime.save.survivor import SurvivorSave, collective_failure, why_not_replicated
+from trainer_runtime.save.survivor_group import split_from_bytes
 
 GLOO_RESET = (
     "[../third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:3973: "
@@ -71,11 +73,25 @@ def test_states_one_rank_does_not_hold_whole_are_named() -> None:
     assert "shards its state" in why_not_replicated(components(model, optimizer=zero))
 
 
-def named(node_rank: int, stop: str, local_rank: int = 0) -> bool:
+def named(
+    node_rank: int, stop: str, local_rank: int = 0, *, savers: int = 1, split_mib: int = 1024
+) -> bool:
+    """Whether a worker of a 3-pod gang whose model holds 4 MiB of weights is named to save."""
+    model = torch.nn.Linear(1024, 1024, bias=False)  # 4 MiB of float32 weights
     guard = SurvivorSave.__new__(SurvivorSave)
-    guard.ctx = SimpleNamespace(coord=SimpleNamespace(local_rank=local_rank))
+    guard.ctx = SimpleNamespace(
+        coord=SimpleNamespace(local_rank=local_rank),
+        components=SimpleNamespace(model=model, optimizers={}),
+    )
+    guard.split_from = split_mib << 20
     new = membership.Membership(
-        epoch=2, nnodes=2, node_rank=node_rank, master_addr="a", master_port=1, stop=stop
+        epoch=2,
+        nnodes=3,
+        node_rank=node_rank,
+        master_addr="a",
+        master_port=1,
+        stop=stop,
+        savers=savers,
     )
     return guard._named(new)
 
@@ -85,6 +101,21 @@ def test_only_the_first_worker_of_the_new_node_rank_0_is_named_and_only_after_a_
     assert not named(1, membership.STOP_KILL)  # another kept pod: it just ends
     assert not named(0, membership.STOP_KILL, local_rank=1)  # one writer per pod
     assert not named(0, membership.STOP_SAVE)  # every old member alive: a collective save
+
+
+def test_every_saver_is_named_for_a_state_of_the_split_size_or_more() -> None:
+    assert named(1, membership.STOP_KILL, savers=2, split_mib=4)  # 4 MiB: in shares
+    assert not named(1, membership.STOP_KILL, savers=2, split_mib=5)  # below: node rank 0 alone
+    assert named(0, membership.STOP_KILL, savers=2, split_mib=5)
+    assert not named(2, membership.STOP_KILL, savers=2, split_mib=0)  # a new pod holds nothing
+    assert not named(1, membership.STOP_KILL, local_rank=1, savers=2, split_mib=0)
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "1.5"])
+def test_a_bad_split_size_is_named(value: str) -> None:
+    with pytest.raises(ConfigError, match="RTJ_SURVIVOR_SPLIT_MIB"):
+        split_from_bytes({"RTJ_SURVIVOR_SPLIT_MIB": value})
+    assert split_from_bytes({}) == 1024 << 20
 
 
 def test_outside_the_agent_nothing_is_armed(monkeypatch: pytest.MonkeyPatch) -> None:

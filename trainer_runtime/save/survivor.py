@@ -16,9 +16,11 @@ How, in each worker that ``CheckpointManager`` arms under the in-pod agent:
   sampler, schedulers, stateful objects, the position). A step pre-hook on every optimizer marks
   the boundary stale from the moment the next update begins.
 - **who saves**: the operator gives the pods it keeps the new membership with ``stop: kill``, and
-  kept pods take the new gang's first ranks. The local rank 0 worker of the pod that becomes node
-  rank 0 saves; every other worker just ends. So no two survivors write one checkpoint, and no
-  vote is needed among processes whose group is broken.
+  kept pods take the new gang's first ranks (``savers`` of them hold the state). The local rank 0
+  worker of the pod that becomes node rank 0 saves; every other worker just ends. A large state
+  is saved in shares by the local rank 0 worker of every saver instead (``survivor_group``: they
+  form a group of their own and agree on the step first). So no two survivors write the same
+  bytes, and no vote is needed among processes whose group is broken.
 - **the save**: a thread of the worker watches the membership file. When a membership names
   this worker, the thread stops the training thread at its next optimizer step or boundary (if
   it still runs: a lost node's processes may be cut off rather than dead), writes the boundary
@@ -171,6 +173,7 @@ class SurvivorSave:
         epoch: int,
         wait_s: float,
         hold_s: float,
+        split_from: int = survivor_group.DEFAULT_SPLIT_MIB << 20,
         terminating: Callable[[], bool] = lambda: False,
     ) -> None:
         self.ctx = ctx
@@ -179,6 +182,8 @@ class SurvivorSave:
         self.epoch = epoch
         self.wait_s = wait_s
         self.hold_s = hold_s
+        self.split_from = split_from
+        """From this many bytes of state the save is made in shares (``survivor_group``)."""
         self.terminating = terminating
         self._cond = threading.Condition()
         self._boundary: tuple[bytes, dict[str, Any], Timestamp] | None = None
@@ -223,6 +228,7 @@ class SurvivorSave:
             epoch=epoch,
             wait_s=_seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_WAIT_S),
             hold_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_HOLD_S),
+            split_from=survivor_group.split_from_bytes(environ),
             terminating=terminating,
         )
         guard._start()
@@ -330,7 +336,7 @@ class SurvivorSave:
         if new.stop != membership.STOP_KILL or self.ctx.coord.local_rank != 0:
             return False
         return new.node_rank == 0 or (
-            new.node_rank < new.savers and survivor_group.splits(self.ctx, new)
+            new.node_rank < new.savers and survivor_group.splits(self.ctx, new, self.split_from)
         )
 
     @property
@@ -355,7 +361,7 @@ class SurvivorSave:
     def _savers_group(self, new: membership.Membership, key: Any) -> Coordinator | None:
         """The savers' group when the save for ``new`` is made in shares and every saver holds
         the step ``key`` names; None: node rank 0 saves alone (``survivor_group``)."""
-        if not survivor_group.splits(self.ctx, new):
+        if not survivor_group.splits(self.ctx, new, self.split_from):
             return None
         coord = survivor_group.form(new, self.hold_s)
         if coord is None or not survivor_group.agree(coord, key):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -88,9 +87,10 @@ def replica_bytes(ctx: RunContext) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def splits(ctx: RunContext, new: Membership, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the save for ``new`` is made in shares by its ``savers``."""
-    return new.savers > 1 and replica_bytes(ctx) >= split_from_bytes(environ)
+def splits(ctx: RunContext, new: Membership, split_from: int) -> bool:
+    """Whether the save for ``new`` is made in shares by its ``savers``: more than one, and a
+    replica of ``split_from`` bytes or more."""
+    return new.savers > 1 and replica_bytes(ctx) >= split_from
 
 
 def form(new: Membership, wait_s: float) -> Coordinator | None:
