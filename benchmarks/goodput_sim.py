@@ -419,17 +419,23 @@ class Gang:
         """Losses that hit a gang (the operator's preemptions)."""
         self.restarts = 0
         self.restarting_s = 0.0
+        self.planned_restarts = 0
+        self.planned_restarting_s = 0.0
         self.starting_s = 0.0
         """The first start's time (the operator's ``startingSeconds``)."""
 
     def training(self) -> bool:
         return False
 
-    def restarted(self, pause: float) -> None:
+    def restarted(self, pause: float, *, planned: bool = False) -> None:
         """A gang paused ``pause`` seconds to restart (the operator's ``restartingSeconds``
-        and ``restarts``)."""
+        and ``restarts``; ``planned``: for a grow, also its ``plannedRestartingSeconds`` and
+        ``plannedRestarts``)."""
         self.restarts += 1
         self.restarting_s += pause
+        if planned:
+            self.planned_restarts += 1
+            self.planned_restarting_s += pause
 
     def grow_pays(self, target: int) -> bool:
         """``grow.onlyWhenItPays`` as the operator decides it (``GrowCost``), from this gang's
@@ -439,6 +445,8 @@ class Gang:
         cost = GrowCost.measured(
             restarting_s=self.restarting_s,
             restarts=self.restarts,
+            planned_restarting_s=self.planned_restarting_s,
+            planned_restarts=self.planned_restarts,
             starting_s=self.starting_s,
             trained_s=self.ledger.every.trained_s,
             losses=self.losses,
@@ -543,7 +551,7 @@ class ColdGang(Gang):
     def start(self, t: float, size: int) -> None:
         pull = size > self.pulled
         self.pulled = max(self.pulled, size)
-        first = self.cold_starts == 0
+        first, grow = self.cold_starts == 0, self.grown
         self.state, self.size, self.last_change, self.grown = "starting", size, t, False
         self.cold_starts += 1
         self.timers.pop("shrink", None)
@@ -551,7 +559,8 @@ class ColdGang(Gang):
         if first:
             self.starting_s = self.model.cold_start(pull)
         else:
-            self.restarted(self.model.phases.old_pods_gone + self.model.cold_start(pull))
+            pause = self.model.phases.old_pods_gone + self.model.cold_start(pull)
+            self.restarted(pause, planned=grow)
 
     def on_teardown(self, t: float) -> None:
         self.try_start(t)
@@ -721,7 +730,7 @@ class WarmGang(Gang):
             else:
                 self.reforms += 1
                 pause = self.switch(t)
-                self.restarted(pause)
+                self.restarted(pause, planned=True)
                 self.resume_at = max(self.resume_at, t + pause)
             self.size += batch[1]
         if self.joining:

@@ -78,6 +78,8 @@ def test_through_the_state_machine_a_deferred_grow_is_said_and_comes_once_it_pay
     cluster.step(1)
     goodput = cluster.status["goodput"]
     assert goodput["restarts"] == 1  # the gang that trained was interrupted once
+    assert goodput.get("plannedRestarts", 0) == 0  # by a loss: not a planned restart
+    assert goodput.get("plannedRestartingSeconds", 0) == 0 < goodput["restartingSeconds"]
     goodput["restartingSeconds"] = 2000.0  # restarts as slow as a big model's
 
     cluster.nodes["node-4"] = node("node-4")
@@ -93,3 +95,32 @@ def test_through_the_state_machine_a_deferred_grow_is_said_and_comes_once_it_pay
     plan = cluster.step(5)
     assert "GrowRequested" in reasons(plan) and len(plan.notices) == 2
     assert "growDeferred" not in cluster.status
+
+    # The grow's own restart is accounted apart: from then on it is the pause the rule weighs.
+    cluster.report(0, "ep0-ba130", 130, current=130)
+    plan = cluster.step(1)
+    assert "Grown" in reasons(plan)
+    cluster.schedule_and_run()
+    cluster.step(20)
+    cluster.report_step(0, 131)
+    cluster.step(1)  # the grown gang trains: its restart took 21 s
+    goodput = cluster.status["goodput"]
+    assert goodput["restarts"] == 2 and goodput["plannedRestarts"] == 1
+    assert goodput["plannedRestartingSeconds"] == pytest.approx(21.0)
+    assert goodput["restartingSeconds"] == pytest.approx(60.0 + 21.0)  # the loss's is not in it
+    cost = grow_cost(JobStatus.model_validate(cluster.status))
+    assert cost is not None and cost.pause_s == pytest.approx(21.0)
+
+
+def test_a_grows_own_pause_is_weighed_once_one_was_measured():
+    """A loss's restart waits for its detection and the survivors' save, which a grow does not
+    pay: once the job measured a grow's pause, that is ``P``."""
+    losses_only = account(restarting_seconds=900.0, restarts=3)
+    assert grow_cost(JobStatus(goodput=losses_only)).pause_s == pytest.approx(300.0)
+    grown = account(
+        restarting_seconds=960.0,
+        restarts=4,
+        planned_restarting_seconds=60.0,
+        planned_restarts=1,
+    )
+    assert grow_cost(JobStatus(goodput=grown)).pause_s == pytest.approx(60.0)

@@ -224,18 +224,22 @@ def test_each_policy_counts_its_own_rollbacks_and_training_time():
     )
 
 
+STAY_ALONE = replace(
+    HAND,
+    phases=replace(HAND.phases, process_group_formed=3.0, checkpoint_fetched=4.0),
+    worker_start_s=1.0,
+    checkpoint_gb=40.0,
+    write_gbps=1.0,
+    survivor_save_split=False,
+)
+"""The hand model of the product's Stay, one survivor writing the whole replica."""
+
+
 def test_stay_restarts_every_worker_from_a_survivors_save():
     """The product's Stay: a loss without notice waits for one survivor's save of the whole
     replica, then every worker restarts and loads it; new ranks start in standby and join
     through the gang's save of the step it reached."""
-    model = replace(
-        HAND,
-        phases=replace(HAND.phases, process_group_formed=3.0, checkpoint_fetched=4.0),
-        worker_start_s=1.0,
-        checkpoint_gb=40.0,
-        write_gbps=1.0,
-        survivor_save_split=False,
-    )
+    model = STAY_ALONE
     assert model.restart() == 1 + 3 + 4  # worker, process group, fetch (load, step: 0)
     assert model.survivor_save(3) == 40  # 40 GB by one process at 1 GB/s
     assert model.standby(False) == 50  # pods_created; no state fetched yet
@@ -271,14 +275,7 @@ def test_stay_restarts_every_worker_from_a_survivors_save():
 def test_the_kept_pods_save_a_large_replica_in_shares():
     """The product's split survivors' save: the kept pods meet, then each writes 1/K; a replica
     below RTJ_SURVIVOR_SPLIT_MIB, or one kept pod, is written by one process."""
-    alone = replace(
-        HAND,
-        phases=replace(HAND.phases, process_group_formed=3.0, checkpoint_fetched=4.0),
-        worker_start_s=1.0,
-        checkpoint_gb=40.0,
-        write_gbps=1.0,
-        survivor_save_split=False,
-    )
+    alone = STAY_ALONE
     split = replace(alone, survivor_save_split=True, savers_meet_s=2.0)
     assert split.survivor_save(3) == pytest.approx(2 + 40 / 3)
     assert split.survivor_save(1) == 40

@@ -607,8 +607,9 @@ class GrowPolicy(ApiModel):
     only_when_it_pays: bool = True
     """Grow only when the pods it adds are expected to train, before the gang's next
     interruption, more than the grow's pause costs the whole gang: ``(target - size) x M >
-    target x P``, with ``M`` the job's mean time between interruptions and ``P`` its mean
-    restart, both from its own history (``status.goodput``). A grow that does not pay yet is
+    target x P``, with ``M`` the job's mean time between interruptions and ``P`` the mean pause
+    of its grows and re-shrinks (of all its restarts before one), both from its own history
+    (``status.goodput``). A grow that does not pay yet is
     held back, said in ``status.growDeferred``, and looked at again on every pass (more room,
     or a longer time since the last loss, can make it pay). On a cluster where a restart takes
     seconds every grow pays; with GPU-scale restarts of minutes, growing at each returning

@@ -295,8 +295,14 @@ class Goodput(ApiModel):
     period counts."""
     restarts: int = 0
     """Interruptions of a gang that had trained (preemptions, failures, grows, re-shrinks):
-    ``restartingSeconds / restarts`` is the job's mean restart, which ``grow.onlyWhenItPays``
-    weighs against what a grow adds."""
+    ``restartingSeconds / restarts`` is the job's mean restart."""
+    planned_restarts: int = 0
+    """Of ``restarts``, those after a planned interruption (a grow, a re-shrink)."""
+    planned_restarting_seconds: float = 0.0
+    """Of ``restartingSeconds``, the time after planned interruptions:
+    ``plannedRestartingSeconds / plannedRestarts`` is what a grow's pause costs the job, which
+    ``grow.onlyWhenItPays`` weighs against what the grow adds (the mean of every restart until a
+    planned one was measured)."""
     rollbacks: int = 0
     """Settled preemptions and failures that rolled work back: the gang had reached a step past
     the checkpoint the next gang resumed from, or never said which step it reached. A loss that

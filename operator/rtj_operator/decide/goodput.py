@@ -104,6 +104,7 @@ def note_interruption(status: JobStatus, now: datetime, *, unplanned: bool) -> N
     _settle_rollback(status, account)
     if status.gang_created and status.training_since is not None:
         account.restarts += 1
+        account.planned_restarts += not unplanned
         account.pending_rollback = PendingRollback(
             attempt=status.attempt,
             interrupted_at=now,
@@ -133,6 +134,11 @@ def account(status: JobStatus, before: JobStatus, *, replicas: int, now: datetim
     field = _FIELDS.get(current.activity)
     if field is not None and open_for > 0:
         setattr(current, field, round(getattr(current, field) + open_for, 3))
+        pending = current.pending_rollback  # the interruption this restart follows
+        if current.activity is Activity.RESTARTING and pending and not pending.unplanned:
+            current.planned_restarting_seconds = round(
+                current.planned_restarting_seconds + open_for, 3
+            )
     current.activity, current.activity_since = doing, now
     pending = current.pending_rollback
     if pending is not None and (

@@ -15,9 +15,12 @@ come from the job's own history in its goodput account:
 - ``M = (trainingSeconds + 1 h) / (preemptions + failures + 1)``: every loss counts here (a loss
   stops the gang whether or not a save covered it), unlike the checkpoint interval's MTBI
   (mtbi.py), which counts only losses that rolled work back; the one-hour prior is the same;
-- ``P = restartingSeconds / restarts``: every restart of a gang that had trained (losses, grows,
-  re-shrinks); before the first one, the job's first start (``startingSeconds``), which is a
-  cold start and so no less than a restart. With neither measured, a grow is not held back.
+- ``P = plannedRestartingSeconds / plannedRestarts``: the pause of the job's grows and
+  re-shrinks, which is what a grow costs (a loss's restart also waits for its detection and the
+  survivors' save, which a grow does not). Before one was measured, ``restartingSeconds /
+  restarts`` (every restart of a gang that had trained), and before any, the job's first start
+  (``startingSeconds``), which is a cold start and so no less than a restart. With none of them
+  measured, a grow is not held back.
 
 Measured on replayed spot traces (benchmarks/goodput_sim.py, which calls ``GrowCost``;
 docs/goodput.md): with GPU-scale costs, the rule kept 2-7 points more of the ideal than growing
@@ -49,11 +52,23 @@ class GrowCost:
 
     @classmethod
     def measured(
-        cls, *, restarting_s: float, restarts: int, starting_s: float, trained_s: float, losses: int
+        cls,
+        *,
+        restarting_s: float,
+        restarts: int,
+        starting_s: float,
+        trained_s: float,
+        losses: int,
+        planned_restarting_s: float = 0.0,
+        planned_restarts: int = 0,
     ) -> GrowCost | None:
-        """From a job's history: the mean restart (the first start before any), the smoothed
-        time between losses; None when neither a restart nor a start was measured."""
-        pause = restarting_s / restarts if restarts > 0 else starting_s
+        """From a job's history: the mean planned restart (a grow's own pause; the mean of every
+        restart before one, the first start before any), the smoothed time between losses; None
+        when nothing was measured."""
+        if planned_restarts > 0:
+            pause = planned_restarting_s / planned_restarts
+        else:
+            pause = restarting_s / restarts if restarts > 0 else starting_s
         if pause <= 0:
             return None
         return cls(pause_s=pause, between_losses_s=smoothed_mean_seconds(trained_s, losses))
@@ -90,6 +105,8 @@ def grow_cost(status: JobStatus) -> GrowCost | None:
     return GrowCost.measured(
         restarting_s=account.restarting_seconds,
         restarts=account.restarts,
+        planned_restarting_s=account.planned_restarting_seconds,
+        planned_restarts=account.planned_restarts,
         starting_s=account.starting_seconds,
         trained_s=account.training_seconds,
         losses=status.preemptions + status.failures,
