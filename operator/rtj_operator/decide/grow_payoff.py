@@ -23,9 +23,11 @@ come from the job's own history in its goodput account:
   measured, a grow is not held back.
 
 Measured on replayed spot traces (benchmarks/goodput_sim.py, which calls ``GrowCost``;
-docs/goodput.md): with GPU-scale costs, the rule kept 2-7 points more of the ideal than growing
-at every return at 64 nodes with survivors staying (8-17 without), up to 11 (21) at 256 nodes;
-at 16 nodes it moved goodput by -2.6 to +3.0 points, at 4 nodes not at all.
+docs/goodput.md): with GPU-scale costs, the rule kept 0-6 points more of the ideal than growing
+at every return at 64 nodes with survivors staying (8-17 without), up to 10 (21) at 256 nodes;
+at 16 nodes it moved goodput by -1.1 to +0.6 points (-2.0 to +3.2), at 4 nodes not at all.
+Weighing the mean of every restart instead of the grows' own cost recovery in process up to 4
+points at 256 nodes: a loss's restart includes its detection and the survivors' save.
 
 Rejected: a fixed, larger ``grow.minIntervalSeconds`` (the best value differed by trace from 30
 minutes to never; the rule adapts to each job's own losses and restart cost), and the expected
