@@ -61,13 +61,17 @@ def saver_children():
         w.popen.wait()  # type: ignore[union-attr]
 
 
-def test_a_save_that_keeps_moving_bytes_is_waited_for_past_the_bound(tmp_path, saver_children):
+def test_a_save_that_keeps_moving_bytes_is_waited_for_past_the_bound(
+    tmp_path, saver_children, capsys, caplog
+):
     agent, saver = agent_with_saver(tmp_path, beats=12, pause=0.25)  # about 3 s, 3x the bound
     saver_children.append(saver)
     began = time.monotonic()
     agent._let_survivor_save()
     assert saver.poll() == 0  # it ended by itself: the agent did not give up on it
     assert time.monotonic() - began >= 2.5
+    said = capsys.readouterr()
+    assert "the survivor's save ended" in said.out + said.err + caplog.text
 
 
 def test_a_save_whose_count_stands_still_is_given_up_after_the_bound(tmp_path, saver_children):
@@ -78,6 +82,30 @@ def test_a_save_whose_count_stands_still_is_given_up_after_the_bound(tmp_path, s
     waited = time.monotonic() - began
     assert saver.poll() is None  # still running: the agent's stop kills it next
     assert BOUND_S <= waited < BOUND_S + 3.0
+
+
+NOT_SAVING = """
+import os, sys, time
+os.unlink(sys.argv[1])  # the membership does not name it (a small state: node rank 0 saves)
+time.sleep(30)
+"""
+
+
+def test_a_worker_that_does_not_save_is_not_waited_for(tmp_path, saver_children, capsys, caplog):
+    """A kept pod's worker that the membership does not name removes its marker and trains on
+    until it is stopped: its agent goes on at once, and says no save ended."""
+    agent, _ = agent_with_saver(tmp_path, beats=0, pause=0.0)
+    marker = tmp_path / "survivor-0"
+    marker.write_text("1\n")
+    popen = subprocess.Popen([sys.executable, "-c", NOT_SAVING, str(marker)])
+    agent.workers = [Worker(0, popen.pid, popen)]
+    saver_children.append(agent.workers[0])
+    began = time.monotonic()
+    agent._let_survivor_save()
+    assert time.monotonic() - began < BOUND_S  # not the stall bound: it went on at once
+    assert agent.workers[0].poll() is None  # still running: the agent's stop ends it
+    said = capsys.readouterr()
+    assert "save ended" not in said.out + said.err + caplog.text
 
 
 def test_the_count_is_read_from_the_marker(tmp_path):

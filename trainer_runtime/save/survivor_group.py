@@ -124,8 +124,13 @@ def form(new: Membership, wait_s: float) -> Coordinator | None:
 
 
 def agree(coord: Coordinator, key: Any) -> bool:
-    """Whether every saver holds the step ``key`` names (None: this one holds none to save)."""
-    keys = coord.all_gather(key)
+    """Whether every saver holds the step ``key`` names (None: this one holds none to save); a
+    saver gone since the group formed is no agreement either."""
+    try:
+        keys = coord.all_gather(key)
+    except (RuntimeError, ValueError) as exc:  # torch.distributed's errors are RuntimeErrors
+        log.warning("the savers could not agree on the step (%s); node rank 0 saves alone", exc)
+        return False
     if key is not None and all(k == key for k in keys):
         return True
     if coord.rank == 0:
