@@ -10,9 +10,11 @@ replica is large enough the local rank 0 worker of each of them writes a share:
 
 1. **the group**: each saver waits until the store at the new gang's rendezvous says the new
    epoch (node rank 0's agent serves it from the moment it reads the membership; until then an
-   older gang's store may answer there), leaves its broken process group, and forms a gloo group
-   of its own with the other savers, over that store under a key prefix of its own
-   (``GROUP_PREFIX/<epoch>``), so it never meets the new gang's keys.
+   older gang's store may answer there) and says it came. The savers decide once, in the store,
+   whether they save together: yes when the last one came before any one's wait ended, else no,
+   so a saver that comes late never tries to connect to one that left. Then each leaves its
+   broken process group and forms a gloo group of its own with the others, over that store under
+   a key prefix of its own (``GROUP_PREFIX/<epoch>``), so it never meets the new gang's keys.
 2. **the agreement**: every saver says the step it holds. Only if all hold the same one, and it is
    not the newest commit already, do they write it together. Otherwise node rank 0 saves alone, as
    it does when the group does not form within ``RTJ_REJOIN_SECONDS`` (a saver that learns of the
@@ -61,6 +63,12 @@ LEAVE_WAIT_S = 10.0
 """How long leaving the broken process group may take; a backend that hangs there (a collective
 that never ends) leaves node rank 0 to save alone."""
 STORE_POLL_S = 0.05
+EPOCH_GRACE_S = 2.0
+"""How long a store that answers without an epoch is looked at again before it is taken for
+one a worker hosts (node rank 0's agent writes the epoch right after its store listens)."""
+ARRIVED_KEY, DECISION_KEY = "arrived", "decision"
+"""How many savers came, and whether they save together (``GO``) or not (``OFF``)."""
+GO, OFF = "go", "off"
 
 
 def split_from_bytes(environ: Mapping[str, str]) -> int:
@@ -97,8 +105,26 @@ def form(new: Membership, wait_s: float) -> Coordinator | None:
     """This saver's place in the savers' group of ``new`` (rank = its node rank), or None when
     the group did not form within ``wait_s`` (said in the log)."""
     deadline = time.monotonic() + wait_s
-    store = _current_store(new, deadline)
+    store, current = _current_store(new, deadline)
     if store is None:
+        return None
+    keys = dist.PrefixStore(f"{GROUP_PREFIX}/{new.epoch}", store)
+    try:
+        if not current:
+            keys.compare_set(DECISION_KEY, "", OFF)  # the others need not wait for this one
+            return None
+        came = _all_came(keys, new.savers, deadline)
+    except (RuntimeError, ValueError) as exc:  # the store went away (node rank 0's pod)
+        log.warning("the savers' store failed: %s", exc)
+        return None
+    if not came:
+        log.warning(
+            "the %d savers do not save together: not all of them came within %.0f s "
+            "(RTJ_REJOIN_SECONDS; %.1f s waited here)",
+            new.savers,
+            wait_s,
+            wait_s - (deadline - time.monotonic()),
+        )
         return None
     if not _leave_broken_group():
         log.warning("the broken process group was not left within %.0f s", LEAVE_WAIT_S)
@@ -106,13 +132,13 @@ def form(new: Membership, wait_s: float) -> Coordinator | None:
     try:
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(f"{GROUP_PREFIX}/{new.epoch}", store),
+            store=dist.PrefixStore("group", keys),
             rank=new.node_rank,
             world_size=new.savers,
             timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
         )
         return Coordinator()
-    except Exception as exc:  # a saver that never came: node rank 0 saves alone
+    except Exception as exc:  # a saver gone since it came: node rank 0 saves alone
         log.warning(
             "the %d savers' group did not form (waited %.1f s of %.0f s): %s",
             new.savers,
@@ -121,6 +147,19 @@ def form(new: Membership, wait_s: float) -> Coordinator | None:
             " ".join(str(exc).split())[:200],
         )
         return None
+
+
+def _all_came(keys: dist.Store, savers: int, deadline: float) -> bool:
+    """Whether every saver came before any gave up: one decision for all of them. The last to
+    come decides ``go``; one whose wait ends first decides ``off``. Either is written once
+    (compare-and-set), so a saver that comes late reads ``off`` and never tries to connect to
+    the ones that left (a connection to a saver gone can wait on the transport's own timeout,
+    far beyond ``deadline``)."""
+    if keys.add(ARRIVED_KEY, 1) >= savers:
+        keys.compare_set(DECISION_KEY, "", GO)
+    while not keys.check([DECISION_KEY]) and time.monotonic() < deadline:
+        time.sleep(STORE_POLL_S)
+    return keys.compare_set(DECISION_KEY, "", OFF) == GO.encode()
 
 
 def agree(coord: Coordinator, key: Any) -> bool:
@@ -138,32 +177,37 @@ def agree(coord: Coordinator, key: Any) -> bool:
     return False
 
 
-def _current_store(new: Membership, deadline: float) -> dist.TCPStore | None:
-    """A client of the store at ``new``'s rendezvous once it says ``new``'s epoch (or a newer
-    one); None at the deadline, or at once when it says none (a worker of the new gang hosts it,
-    not node rank 0's agent, and it goes away with that worker)."""
+def _current_store(new: Membership, deadline: float) -> tuple[dist.TCPStore | None, bool]:
+    """A client of the store at ``new``'s rendezvous, and whether it says ``new``'s epoch (or a
+    newer one). A store that answers without saying any is looked at again for
+    ``EPOCH_GRACE_S`` (node rank 0's agent starts its store, then writes the epoch) and then
+    taken for one a worker of the new gang hosts, which goes away with that worker. (None,
+    False): nothing answered by the deadline."""
+    silent_since: float | None = None
+    store = None
     while True:
-        left = deadline - time.monotonic()
-        said: bytes | None = b""
+        now = time.monotonic()
         try:
             store = dist.TCPStore(
                 new.master_addr,
                 new.master_port,
                 None,
                 False,
-                timeout=datetime.timedelta(seconds=max(1.0, min(left, 5.0))),
+                timeout=datetime.timedelta(seconds=max(1.0, min(deadline - now, 5.0))),
             )
             said = store.get(EPOCH_KEY) if store.check([EPOCH_KEY]) else None
         except (RuntimeError, ValueError):  # nothing listening there yet
-            pass
-        if said is None:
-            log.warning("the store at the new rendezvous does not say its epoch: no shared save")
-            return None
+            said = b""
         if said and int(said) >= new.epoch:
-            return store
-        if left <= 0:
+            return store, True
+        if said is None:
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= EPOCH_GRACE_S:
+                log.warning("the store at the new rendezvous says no epoch: no shared save")
+                return store, False
+        if now >= deadline:
             log.warning("the store of epoch %d did not answer in time: no shared save", new.epoch)
-            return None
+            return store, False
         time.sleep(STORE_POLL_S)
 
 
