@@ -7,8 +7,6 @@ produce a second gang. Keeping every name in one module makes that property easy
 
 from __future__ import annotations
 
-import re
-
 GROUP = "resumable.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -58,13 +56,6 @@ def spare_name(job: str, attempt: int, index: int) -> str:
     """Name (and DNS hostname) of a spare pod started during ``attempt`` (``recovery.spares``).
     It keeps the name when it takes a rank."""
     return f"{job}-a{attempt}-s{index}"
-
-
-def is_spare_name(job: str, name: str) -> bool:
-    """Whether ``name`` is one of ``job``'s spare pods (``spare_name``), also once it took a
-    rank: a spare holds no training state."""
-    rest = name.removeprefix(f"{job}-a")
-    return rest != name and re.fullmatch(r"\d+-s\d+", rest) is not None
 
 
 def service_name(job: str) -> str:

@@ -175,10 +175,19 @@ def membership_payload(
 
 def savers(ctx: ReconcileContext) -> int:
     """How many pods hold the training state at a loss (``savers`` in the membership): the kept
-    pods but the spares, which follow them. They save the last finished step together when it
-    is large (docs/survivors.md); at least node rank 0."""
-    job = ctx.job.ref.name
-    return max(1, sum(1 for name in ctx.status.kept_pods if not names.is_spare_name(job, name)))
+    pods but the spares that take a place now, which follow them and still carry their role
+    (``adopt`` removes it). A spare that took a place at an earlier loss has trained since and
+    counts. They save the last finished step together when it is large (docs/survivors.md); at
+    least node rank 0."""
+    by_name = {p["metadata"]["name"]: p for p in ctx.owned}
+    return max(1, sum(1 for name in ctx.status.kept_pods if not _spare_now(by_name.get(name))))
+
+
+def _spare_now(pod: Mapping[str, Any] | None) -> bool:
+    """Whether ``pod`` still carries the spare role (``spares.is_spare``, which imports this
+    module); a pod not seen is not counted as holding the state either."""
+    labels = ((pod or {}).get("metadata") or {}).get("labels") or {}
+    return pod is None or names.LABEL_ROLE in labels
 
 
 def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int, Any]) -> None:
@@ -206,7 +215,7 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
             names.LABEL_ATTEMPT: str(st.attempt),
             names.LABEL_RANK: str(rank),
         }
-        if names.LABEL_ROLE in (by_name[name]["metadata"].get("labels") or {}):
+        if _spare_now(by_name[name]):
             labels[names.LABEL_ROLE] = None  # a spare takes the place (spares.py)
         if _grow_notice(by_name.get(name)):
             annotations[NOTICE_ANNOTATION] = None  # answered: its checkpoint is committed
