@@ -240,6 +240,32 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     assert not cluster.step(1).memberships  # said once
 
 
+def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
+    """The standby pods of a pending warm join are running but hold no state: kept at a loss,
+    they take ranks after the trained pods and are no savers (savers that never come would
+    hold node rank 0's save until the rejoin wait ends)."""
+    cluster = shrunk_to_two_with_room_for_four()
+    cluster.step(1)
+    cluster.schedule_and_run()
+    ready(cluster, "train-a3-r2", 3)
+    assert cluster.status["membershipPendingSince"] is not None
+    del cluster.nodes[cluster.pods["train-a0-r1"]["spec"]["nodeName"]]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 4 and st["keptPods"] == ["train-a0-r0", "train-a3-r2", "train-a3-r3"]
+    told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
+    assert {t["savers"] for t in told.values()} == {1}
+    assert [told[p]["nodeRank"] for p in st["keptPods"]] == [0, 1, 2]
+    # Once told a membership, a pod that began in standby has trained and holds the state.
+    cluster.schedule_and_run()
+    cluster.step()
+    del cluster.nodes[cluster.pods["train-a0-r0"]["spec"]["nodeName"]]
+    plan = cluster.step(1)
+    told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
+    assert cluster.status["keptPods"][:2] == ["train-a3-r2", "train-a3-r3"]
+    assert told["train-a3-r2"]["savers"] == 2
+
+
 def test_a_grow_whose_new_pods_never_get_warm_switches_after_the_wait():
     cluster = shrunk_to_two_with_room_for_four()
     cluster.step(1)

@@ -46,6 +46,7 @@ from ..api.envvars import (
     MEMBERSHIP_ANNOTATION,
     NOTICE_ANNOTATION,
     PROGRESS_ANNOTATION,
+    STANDBY,
 )
 from ..api.spec_types import Survivors
 from ..api.status_types import Phase
@@ -175,12 +176,27 @@ def membership_payload(
 
 def savers(ctx: ReconcileContext) -> int:
     """How many pods hold the training state at a loss (``savers`` in the membership): the kept
-    pods but the spares that take a place now, which follow them and still carry their role
-    (``adopt`` removes it). A spare that took a place at an earlier loss has trained since and
-    counts. They save the last finished step together when it is large (docs/survivors.md); at
-    least node rank 0."""
+    pods that have trained, which take the first ranks. Left out: the spares that take a place
+    now, which follow them and still carry their role (``adopt`` removes it), and the standby
+    pods of a warm join the loss cut short, kept before they were told a membership. A spare or
+    standby pod told one since has trained and counts. They save the last finished step
+    together when it is large (docs/survivors.md); at least node rank 0."""
     by_name = {p["metadata"]["name"]: p for p in ctx.owned}
-    return max(1, sum(1 for name in ctx.status.kept_pods if not _spare_now(by_name.get(name))))
+    return max(1, sum(1 for name in ctx.status.kept_pods if _has_trained(by_name.get(name))))
+
+
+def _has_trained(pod: Mapping[str, Any] | None) -> bool:
+    """Whether ``pod`` has run the training workers: no spare role, and either started as a
+    rank or told a membership since it started in standby. A pod not seen is not counted."""
+    if pod is None or _spare_now(pod):
+        return False
+    if annotation_json(pod, MEMBERSHIP_ANNOTATION) is not None:
+        return True
+    return not any(
+        env.get("name") == STANDBY and env.get("value") == "1"
+        for container in (pod.get("spec") or {}).get("containers") or []
+        for env in container.get("env") or []
+    )
 
 
 def _spare_now(pod: Mapping[str, Any] | None) -> bool:
