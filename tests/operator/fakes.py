@@ -285,18 +285,29 @@ class FakeCluster:
             {"name": "trainer", "state": {"terminated": terminated}}
         ]
 
-    def report(self, rank: int, name: str, step: int, current: int | None = None) -> None:
-        """The runtime on a rank annotates its pod after a commit."""
-        self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = progress(
-            name, step, current
-        )
+    def report(
+        self,
+        rank: int,
+        name: str,
+        step: int,
+        current: int | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> None:
+        """The runtime on a rank annotates its pod after a commit (``attempt``: its workers'
+        ``RTJ_ATTEMPT``, said in the report)."""
+        data = json.loads(progress(name, step, current))
+        if attempt is not None:
+            data["attempt"] = attempt
+        self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(data)
 
-    def report_step(self, rank: int, current: int) -> None:
+    def report_step(self, rank: int, current: int, *, attempt: int | None = None) -> None:
         """The runtime on a rank annotates its pod with its step, before the attempt's first
         commit (no checkpoint in the JSON yet)."""
-        self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
-            {"current_step": current, "reported_at": iso(self.now)}
-        )
+        data: dict[str, Any] = {"current_step": current, "reported_at": iso(self.now)}
+        if attempt is not None:
+            data["attempt"] = attempt
+        self.pod(rank)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(data)
 
     def env(self, rank: int, attempt: int | None = None) -> dict[str, str]:
         """The environment injected into a rank's training container."""

@@ -291,13 +291,21 @@ RESUMED = CheckpointRecord(name="ep0-ba100", step=100, epoch=0, sample=800)
         (progress("ep0-ba100", 100, current=101), True),
         (progress("ep0-ba120", 120), True),  # a newer commit
         (progress("ep0-ba90", 90), False),  # an older checkpoint than the resume point
+        ('{"current_step": 51, "attempt": 3}', True),  # the gang of this attempt (3)
+        # A kept pod's old workers, relabelled into attempt 3: their steps and their save
+        # are not the new gang's training.
+        ('{"current_step": 151, "attempt": 2}', False),
+        (progress("ep0-ba120", 120)[:-1] + ', "attempt": 2}', False),
     ],
 )
 def test_a_gang_has_trained_once_its_progress_passes_its_resume_point(
     annotation: str | None, trained: bool
 ) -> None:
     pod = make_pod(annotations={PROGRESS_ANNOTATION: annotation} if annotation else None)
-    assert trained_since_resume(pod, resume_checkpoint="ep0-ba100", resumed=RESUMED) is trained
+    assert (
+        trained_since_resume(pod, attempt=3, resume_checkpoint="ep0-ba100", resumed=RESUMED)
+        is trained
+    )
 
 
 def test_grow_restarts_only_after_a_commit_past_the_request():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rtj_operator.api import names
 from rtj_operator.api.envvars import (
     AGENT_READY_ANNOTATION,
@@ -264,6 +266,38 @@ def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
     told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
     assert cluster.status["keptPods"][:2] == ["train-a3-r2", "train-a3-r3"]
     assert told["train-a3-r2"]["savers"] == 2
+
+
+def test_a_warm_join_trains_until_the_switch_and_then_accounts_its_restart_as_planned():
+    """The kept pods train on under their old membership while the new ones start: that is
+    training time. The switch stops them (save, every worker restarted); the time until the
+    new gang trains is the grow's restart, the pause ``grow.onlyWhenItPays`` weighs. The old
+    workers' steps and their save at the switch, reported on the relabelled pods, say their
+    own attempt and are not taken for the new gang's training."""
+    cluster = shrunk_to_two_with_room_for_four()
+    cluster.step(1)  # the grow: attempt 3, its new pods in standby
+    cluster.schedule_and_run()
+    before = dict(cluster.status["goodput"])
+    cluster.report_step(0, 140, attempt=2)  # the kept pods' old workers train on
+    cluster.step(30)
+    goodput = cluster.status["goodput"]
+    assert goodput["activity"] == "Training" and "trainingSince" not in cluster.status
+    ready(cluster, "train-a3-r2", 3)
+    ready(cluster, "train-a3-r3", 3)
+    assert "MembershipSwitched" in [e.reason for e in cluster.step(1).events]
+    switched = dict(cluster.status["goodput"])
+    assert switched["activity"] == "Restarting"
+    assert switched["trainingSeconds"] >= before["trainingSeconds"] + 31  # the wait trained
+    assert switched["restartingSeconds"] == before["restartingSeconds"]
+    cluster.report(0, "ep0-ba141", 141, current=141, attempt=2)  # the switch's save
+    cluster.step(8)
+    assert cluster.status["goodput"]["activity"] == "Restarting"
+    cluster.report_step(0, 142, attempt=3)  # the re-formed gang's first step
+    cluster.step(4)
+    goodput = cluster.status["goodput"]
+    assert goodput["activity"] == "Training" and "trainingSince" in cluster.status
+    planned = goodput["plannedRestartingSeconds"] - switched.get("plannedRestartingSeconds", 0)
+    assert planned == pytest.approx(12.0)
 
 
 def test_a_grow_whose_new_pods_never_get_warm_switches_after_the_wait():

@@ -71,3 +71,16 @@ def test_the_interval_comes_from_the_environment_with_a_default(tmp_path):
     for bad in ("0", "-1", "soon", "inf", "nan"):
         with pytest.raises(ConfigError, match=envvars.PROGRESS_INTERVAL_SECONDS):
             Recording(tmp_path, **{envvars.PROGRESS_INTERVAL_SECONDS: bad})
+
+
+def test_every_report_says_the_attempt_of_the_workers_that_send_it(tmp_path):
+    """A kept pod is relabelled into the next attempt while its old workers still report: the
+    operator tells their steps from the new gang's by the attempt each report says."""
+    reporter = Recording(tmp_path, interval_s=60, **{envvars.ATTEMPT: "2"})
+    reporter.send_now(5)
+    reporter.close()
+    assert reporter.sent and all(state["attempt"] == 2 for _, state in reporter.sent)
+    unmanaged = Recording(tmp_path, interval_s=60)  # no RTJ_ATTEMPT: nothing said
+    unmanaged.send_now(5)
+    unmanaged.close()
+    assert unmanaged.sent and all("attempt" not in state for _, state in unmanaged.sent)

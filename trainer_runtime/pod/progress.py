@@ -54,6 +54,11 @@ class ProgressReporter:
         env = dict(os.environ if environ is None else environ)
         self.interval_s = interval_from(env) if interval_s is None else interval_s
         self.own_pod = OwnPod(env)
+        attempt = env.get(envvars.ATTEMPT, "").strip()
+        # Every report says its attempt: a kept pod's old workers go on reporting after the pod
+        # was relabelled into the next attempt, and the operator must not take their steps for
+        # the new gang's (decide/progress.trained_since_resume).
+        self._attempt = int(attempt) if attempt.isdigit() else None
         self.enabled = self.own_pod.enabled
         self._state: dict[str, Any] = {}
         self._sent: dict[str, Any] | None = None
@@ -113,7 +118,11 @@ class ProgressReporter:
 
     def flush(self) -> None:
         state = dict(self._state)
-        if not state or state == self._sent:
+        if not state:
+            return
+        if self._attempt is not None:
+            state.setdefault("attempt", self._attempt)
+        if state == self._sent:
             return
         state["reported_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         try:

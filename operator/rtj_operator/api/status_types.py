@@ -278,7 +278,9 @@ class Goodput(ApiModel):
     for its predecessor's pods to free their nodes)."""
     restarting_seconds: float = 0.0
     """Time from each interruption's detection until the next gang trained, waits for room and
-    backoff excluded: old pods going, new ones created, started, loading the checkpoint."""
+    backoff excluded: old pods going, new ones created, started, loading the checkpoint. A warm
+    join (``survivors: Stay``) counts as training until its switch, since the kept pods train on
+    while the new ones start; its restart runs from the switch until the re-formed gang trains."""
     backoff_seconds: float = 0.0
     """Time in the failure backoff (``restartAfter``)."""
     suspended_seconds: float = 0.0

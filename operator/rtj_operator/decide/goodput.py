@@ -74,6 +74,8 @@ def activity(status: JobStatus, now: datetime) -> Activity:
         return Activity.ENDED
     if status.phase is Phase.SUSPENDED:
         return Activity.SUSPENDED
+    if status.membership_pending_since is not None:
+        return Activity.TRAINING  # a warm join's kept pods train on until the switch
     if status.gang_created and status.training_since is not None:
         return Activity.TRAINING
     if status.restart_after is not None and now < status.restart_after:

@@ -155,7 +155,11 @@ def live_report(pod: dict[str, Any]) -> Live | None:
 
 
 def trained_since_resume(
-    pod: dict[str, Any], *, resume_checkpoint: str | None, resumed: CheckpointRecord | None
+    pod: dict[str, Any],
+    *,
+    attempt: int,
+    resume_checkpoint: str | None,
+    resumed: CheckpointRecord | None,
 ) -> bool:
     """Whether a pod of the current attempt says its gang trained past the point it resumed
     from (``resume_checkpoint``, known as ``resumed``, or none).
@@ -163,13 +167,18 @@ def trained_since_resume(
     Trained: a step before the attempt's first commit (the runtime sends ``current_step`` alone
     after each step), a commit newer than the resume point (commits follow training), or a step
     past the commit it reports. Not trained: no annotation, or one that repeats the checkpoint it
-    resumed from at that checkpoint's step (a save at the resume point). The step alone is never
-    compared with the resumed checkpoint's: a resume at another world size rescales the step
-    (``progress_order``), so the first step after it may be lower.
+    resumed from at that checkpoint's step (a save at the resume point), or one that says
+    another ``attempt``: a kept pod is relabelled into the next attempt while its old workers
+    still train (a warm join, until the switch) or save (a loss, a re-shrink). The step alone
+    is never compared with the resumed checkpoint's: a resume at another world size rescales
+    the step (``progress_order``), so the first step after it may be lower.
     """
     data = _progress_json(pod)
     if data is None:
         return False
+    said = data.get("attempt")
+    if isinstance(said, int) and said != attempt:
+        return False  # a kept pod's old workers, still training or saving before the switch
     current = _int(data.get("current_step"))
     report = parse_report(json.dumps(data))
     if report is None:

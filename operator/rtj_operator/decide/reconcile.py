@@ -168,7 +168,9 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
     if st.gang_created and st.training_since is None:
         current = [p for p in ctx.owned if pod_attempt(p) == st.attempt]
         if any(
-            trained_since_resume(p, resume_checkpoint=st.resume_checkpoint, resumed=resumed)
+            trained_since_resume(
+                p, attempt=st.attempt, resume_checkpoint=st.resume_checkpoint, resumed=resumed
+            )
             for p in current
         ):
             st.training_since = ctx.now
