@@ -107,6 +107,12 @@ INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 
 # Optional: "0" turns off the download of RTJ_RESUME_FROM at import (resume/warm_start.py).
 PREFETCH = "RTJ_PREFETCH"
+# Set to "1" by the in-pod agent on the workers it starts for a membership it read from its
+# file (a restart in place, a standby pod's start): the old gang may still be saving, so the
+# download at import waits until node rank 0's agent says those saves are over, then fetches
+# the run's newest checkpoint (resume/warm_start.py). Not in ALL_RTJ: the agent's, not the
+# operator's.
+MEMBERSHIP_CHANGED = "RTJ_MEMBERSHIP_CHANGED"
 
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod
 # runner points it elsewhere). With KUBERNETES_SERVICE_HOST/PORT, used to annotate our own pod.

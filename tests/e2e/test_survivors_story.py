@@ -132,6 +132,17 @@ def first_step_after(stack: LocalStack, pod: str, after: float) -> float:
     return steps[0] - after
 
 
+def assert_fetched_only(stack: LocalStack, pod: str, after: float, names: set[str]) -> None:
+    """Every checkpoint ``pod``'s workers fetched from the bucket after ``after`` is one of
+    ``names`` (the gang's new commit): none downloaded an older one first."""
+    fetched = [
+        e.fields["checkpoint"]
+        for e in stack.runtime_events(pod, "fetched")
+        if datetime.fromisoformat(e.time).timestamp() > after
+    ]
+    assert set(fetched) <= names, (fetched, names, phases(stack, pod, after))
+
+
 @pytest.fixture(scope="module")
 def stack(
     prerequisites: None, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
@@ -174,6 +185,9 @@ def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Pat
     resumed = [e for e in stack.runtime_events(f"{job}-a1-r2", "resumed")]
     assert resumed[-1].fields["checkpoint"] == saved.fields["checkpoint"], resumed
     assert resumed[-1].fields["source"] == "remote"  # the new pod fetched it from the bucket
+    # The kept pod that does not save starts its workers at once: they fetch the survivor's
+    # save once it is committed, never the older checkpoint the operator named.
+    assert_fetched_only(stack, f"{job}-a0-r2", lost_at, {saved.fields["checkpoint"]})
     (interruption,) = status["interruptions"]
     say(f"survivor's save: step {saved.fields['step']} in {saved.fields['seconds']} s")
     say(f"interruption: {interruption}")
@@ -193,7 +207,7 @@ def test_a_large_state_is_saved_in_shares_by_the_kept_pods_into_the_bucket(
     job = stack.apply(path)
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
     wait_step(stack, job, 22, "two steps after the commit")
-    reclaim_rank(stack, job, f"{job}-a0-r1")
+    lost_at = reclaim_rank(stack, job, f"{job}-a0-r1")
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["keptPods"] == [f"{job}-a0-r0", f"{job}-a0-r2"], status
     saves = [stack.runtime_events(pod, "survivor_saved") for pod in status["keptPods"]]
@@ -205,6 +219,9 @@ def test_a_large_state_is_saved_in_shares_by_the_kept_pods_into_the_bucket(
     resumed = stack.runtime_events(f"{job}-a1-r2", "resumed")[-1].fields
     assert resumed["checkpoint"] in names and resumed["source"] == "remote", resumed
     assert resumed["saved_world_size"] == 2, resumed
+    # Kept rank 1's share is uploaded before kept rank 0 commits: its new workers still fetch
+    # only the committed save, not the older checkpoint the operator named.
+    assert_fetched_only(stack, f"{job}-a0-r2", lost_at, names)
     (interruption,) = status["interruptions"]
     assert interruption["stepsLost"] <= 1, interruption
 

@@ -16,7 +16,12 @@ import sys
 from pathlib import Path
 
 from trainer_runtime import envvars, events
-from trainer_runtime.resume.warm_start import plan_from_environment
+from trainer_runtime.resume.warm_start import (
+    PrefetchPlan,
+    SettleWait,
+    newest_target,
+    plan_from_environment,
+)
 
 from .test_manager_s3 import saved_run
 
@@ -212,3 +217,39 @@ def test_only_a_named_checkpoint_of_this_run_is_prefetched(tmp_path):
     for why, change in cases.items():
         assert plan_from_environment({**base, **change}) is None, why
     assert json.dumps(plan.rank) == "0"
+
+
+def test_a_worker_restarted_in_place_prefetches_the_newest_once_the_old_saves_are_over(tmp_path):
+    """The agent marks the workers it starts for a membership read from its file: they wait for
+    node rank 0's word in the new rendezvous store, then fetch the run's newest checkpoint
+    (none named: the operator leaves ``resumeFrom`` empty at a grow's switch) or the named one,
+    or a newer one of the run."""
+    restarted = {
+        envvars.CHECKPOINT_DIR: "s3://b/runs",
+        envvars.RUN_NAME: "job",
+        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path),
+        envvars.MEMBERSHIP_CHANGED: "1",
+        envvars.MASTER_ADDR: "job-a0-r0.job",
+        envvars.MASTER_PORT: "29500",
+        envvars.MEMBERSHIP_EPOCH: "4",
+    }
+    for resume in ("", "s3://b/runs/job", "s3://b/runs/job/"):
+        plan = plan_from_environment({**restarted, envvars.RESUME_FROM: resume})
+        assert plan is not None and plan.checkpoint_uri == "", resume
+        assert plan.settle == SettleWait("job-a0-r0.job", 29500, 4)
+    named = plan_from_environment({**restarted, envvars.RESUME_FROM: "s3://b/runs/job/ep0-ba4"})
+    assert named is not None and named.checkpoint_uri.endswith("/ep0-ba4") and named.settle
+    first_start = {**restarted, envvars.MEMBERSHIP_CHANGED: "0", envvars.RESUME_FROM: ""}
+    assert plan_from_environment(first_start) is None  # as before: nothing named, nothing fetched
+    no_store = {k: v for k, v in restarted.items() if k != envvars.MASTER_PORT}
+    assert plan_from_environment(no_store) is None
+    assert plan_from_environment({**restarted, envvars.PREFETCH: "0"}) is None
+
+
+def test_with_none_named_the_newest_committed_checkpoint_is_fetched(tmp_path, s3_root, store):
+    saved_run(s3_root, tmp_path / "node-a", batches=3)
+    plan = PrefetchPlan("", tmp_path / "node-b", 0, f"{s3_root}/s3run")
+    newest = newest_target(store, plan)
+    assert newest is not None and newest.endswith("/ep0-ba3"), newest
+    empty = PrefetchPlan("", tmp_path / "node-b", 0, f"{s3_root}/no-such-run")
+    assert newest_target(store, empty) is None

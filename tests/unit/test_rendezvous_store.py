@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ from torch.distributed import TCPStore
 
 from tools.ports import free_port
 from trainer_runtime.agent import rendezvous_store
+from trainer_runtime.resume.warm_start import SettleWait, await_settled
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork and prctl on Linux")
 
@@ -255,3 +257,39 @@ def test_a_member_that_reads_the_new_membership_before_node_rank_0_waits_for_its
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_a_restarted_worker_waits_until_node_rank_0_says_the_old_gangs_saves_are_over() -> None:
+    """``await_settled`` (resume/warm_start.py) waits for ``SETTLED_KEY`` of its own epoch in
+    the keeper's store: not the word of an older gang's store, not a store that is not up yet,
+    and it gives up at once when told (its gang formed without the word)."""
+    port = free_port()
+    given_up = threading.Event()
+    old = rendezvous_store.start(port, 1)
+    assert old is not None
+    old.settle()  # the older gang's word, for epoch 1
+    result: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(await_settled(SettleWait("127.0.0.1", port, 2), given_up))
+    )
+    began = time.monotonic()
+    waiter.start()
+    time.sleep(0.5)
+    old.stop()  # node rank 0 swaps its stores: nothing listens for a moment
+    time.sleep(0.3)
+    new = rendezvous_store.start(port, 2)
+    assert new is not None
+    try:
+        time.sleep(0.5)
+        assert waiter.is_alive()  # epoch 2's store has not said it yet
+        new.settle()
+        waiter.join(10)
+        assert result == [True] and time.monotonic() - began < 10
+        client = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=5))
+        assert client.get(rendezvous_store.SETTLED_KEY) == b"2"
+    finally:
+        new.stop()
+    given_up.set()  # nothing listens now: a waiter that is told to stop returns at once
+    began = time.monotonic()
+    assert not await_settled(SettleWait("127.0.0.1", port, 3), given_up)
+    assert time.monotonic() - began < 1

@@ -54,6 +54,11 @@ STORE_TIMEOUT = datetime.timedelta(minutes=30)
 """The server's own timeout for a key a client waits on (clients pass their own)."""
 EPOCH_KEY = "rtj/agent/membership-epoch"
 """The key under which a keeper's store says the membership epoch it serves."""
+SETTLED_KEY = "rtj/agent/saves-settled"
+"""Set (to the epoch) once node rank 0's agent has seen the old gang's saves on its pod end
+(the survivor's save from memory, or the collective save of ``stop: save``), right before it
+starts its workers: from then on the newest committed checkpoint is the one the new gang
+resumes from, and the new workers' download at import may fetch it (resume/warm_start.py)."""
 PROBE_TIMEOUT_S = 2.0
 """How long one look at the store at the rendezvous address may take."""
 _PR_SET_PDEATHSIG = 1
@@ -69,6 +74,11 @@ class StoreKeeper:
     def stop(self) -> None:
         """End the server (its clients are gone or going) and reap the child."""
         _end_child(self.pid)
+
+    def settle(self) -> None:
+        """Have the store say ``SETTLED_KEY`` (the keeper sets it on SIGUSR1)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGUSR1)
 
 
 def start(port: int, epoch: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | None:
@@ -97,6 +107,7 @@ def _serve(port: int, epoch: int, ready_fd: int) -> None:
             "127.0.0.1", port, None, True, timeout=STORE_TIMEOUT, wait_for_workers=False
         )
         store.set(EPOCH_KEY, str(epoch))
+        signal.signal(signal.SIGUSR1, lambda *_: store.set(SETTLED_KEY, str(epoch)))
         os.write(ready_fd, b"1")
         os.close(ready_fd)
         while store is not None:

@@ -100,11 +100,12 @@ class Supervisor:
                 return 128 + signal.SIGTERM  # deleted while it waited: nothing ran
             self._announce(first, stop="standby", stopped_s=0.0, how="workers started warm")
             self._serve_store(first)
-            self._start(first)
+            self._start(first, changed=True)
         else:
-            chosen = self._newer_membership() or self.initial
+            newer = self._newer_membership()
+            chosen = newer or self.initial
             self._serve_store(chosen)
-            self._start(chosen)
+            self._start(chosen, changed=newer is not None)
             # For the restarts in place; the first workers import what they use themselves.
             preload.preload(self.settings.preload)
         while True:
@@ -165,7 +166,7 @@ class Supervisor:
             stopped_s=stopped_s,
             how=f"workers restarted in place ({stopped_s:.2f} s to stop the old ones)",
         )
-        self._start(new)
+        self._start(new, changed=True)
 
     def _announce(self, new: Membership, *, stop: str, stopped_s: float, how: str) -> None:
         _say(
@@ -240,11 +241,15 @@ class Supervisor:
         if chosen.node_rank == 0:
             self.store = rendezvous_store.start(chosen.master_port, chosen.epoch)
 
-    def _start(self, chosen: Membership) -> None:
+    def _start(self, chosen: Membership, *, changed: bool) -> None:
         """Start ``chosen``'s workers; ``self.store`` is its rendezvous store when this pod
-        serves it (``_serve_store`` came first)."""
+        serves it (``_serve_store`` came first). ``changed``: a membership read from the file,
+        which the old gang's saves came before (the store says when they are over, and the
+        workers' download at import waits for that: ``MEMBERSHIP_CHANGED``)."""
         self.current = chosen
         served = self.store is not None
+        if self.store is not None:
+            self.store.settle()  # this pod's old workers are gone: their saves are over
         if chosen.node_rank != 0:
             # Node rank 0 may not have read this membership yet: never meet the old gang's store.
             rendezvous_store.wait_until_current(
@@ -263,6 +268,7 @@ class Supervisor:
                 **self.settings.base_env,
                 **chosen.worker_environment(nproc, local_rank),
                 envvars.SURVIVOR_SAVE_FILE: str(marker),
+                envvars.MEMBERSHIP_CHANGED: "1" if changed else "0",
             } | ({envvars.USE_AGENT_STORE: str(True)} if served else {})
             self.workers.append(worker.start(self.settings.command, env, local_rank))
 

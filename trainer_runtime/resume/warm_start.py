@@ -55,18 +55,46 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 OFF = ("0", "false", "no", "off")
+SETTLE_POLL_S = 0.05
+"""How often a worker restarted in place asks the store whether the old gang's saves are over."""
+
+
+@dataclass(frozen=True)
+class SettleWait:
+    """Where a worker restarted in place learns that the old gang's saves are over: the new
+    rendezvous store, once it says ``SETTLED_KEY`` for this membership ``epoch``."""
+
+    addr: str
+    port: int
+    epoch: int
 
 
 @dataclass(frozen=True)
 class PrefetchPlan:
     """What to fetch (a committed checkpoint's URI, or a newer one of its run that is not
-    quarantined) and where to (the run's staging folder)."""
+    quarantined; empty: the run's newest) and where to (the run's staging folder); ``settle``:
+    first wait for the old gang's saves to end."""
 
     checkpoint_uri: str
     local_run_dir: Path
     rank: int
     run_uri: str = ""
     quarantined: frozenset[str] = frozenset()
+    settle: SettleWait | None = None
+
+
+def settle_from_environment(environ: Mapping[str, str]) -> SettleWait | None:
+    """For a worker the agent started for a new membership (``RTJ_MEMBERSHIP_CHANGED``), where
+    to wait for the old gang's saves to end; None for any other worker."""
+    get = lambda name: environ.get(name, "").strip()  # noqa: E731
+    addr, port, epoch = (
+        get(envvars.MASTER_ADDR),
+        get(envvars.MASTER_PORT),
+        get(envvars.MEMBERSHIP_EPOCH),
+    )
+    if get(envvars.MEMBERSHIP_CHANGED) != "1" or not (addr and port.isdigit() and epoch.isdigit()):
+        return None
+    return SettleWait(addr, int(port), int(epoch))
 
 
 def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
@@ -75,12 +103,16 @@ def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
     if get(envvars.PREFETCH).lower() in OFF or get(envvars.LOCAL_RANK) not in ("", "0"):
         return None
     resume, root, run = get(envvars.RESUME_FROM), get(envvars.CHECKPOINT_DIR), get(envvars.RUN_NAME)
-    if not (resume.startswith("s3://") and root.startswith("s3://") and run):
+    if not (root.startswith("s3://") and run):
         return None
     run_uri = f"{root.rstrip('/')}/{run}"
-    parent, _, name = resume.rstrip("/").rpartition("/")
-    if parent != run_uri or not name:
-        return None  # the run's root (resume() resolves the newest) or another run's folder
+    settle = settle_from_environment(environ)
+    if settle is not None and resume.rstrip("/") in ("", run_uri):
+        resume = ""  # the run's newest, once the old gang's saves are over
+    else:
+        parent, _, name = resume.rstrip("/").rpartition("/")
+        if not resume.startswith("s3://") or parent != run_uri or not name:
+            return None  # the run's root (resume() resolves the newest) or another run's folder
     from ..run.config import _staging_dir, quarantined_names  # noqa: PLC0415 - torch-free
 
     try:
@@ -94,16 +126,21 @@ def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
         int(rank) if rank.isdigit() else 0,
         run_uri,
         quarantined_names(get(envvars.QUARANTINED)),
+        settle,
     )
 
 
-def newest_target(store: S3Store, plan: PrefetchPlan) -> str:
+def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
     """The checkpoint to fetch: the named one, or the newest committed one of its run when that
-    is further on (by training progress, as ``resume()`` orders them)."""
+    is further on (by training progress, as ``resume()`` orders them); with none named, the
+    newest, or None when the run has none."""
     from ..objectstore.resolver import list_remote_checkpoints  # noqa: PLC0415
     from ..run_folder.layout import progress_key  # noqa: PLC0415
 
     named = plan.checkpoint_uri.rstrip("/").rpartition("/")[2]
+    if not plan.checkpoint_uri:
+        committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
+        return str(committed[0].uri) if committed else None
     if not plan.run_uri or named in plan.quarantined:
         return plan.checkpoint_uri
     committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
@@ -125,6 +162,7 @@ class CheckpointPrefetch:
         self.fetched: Path | None = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
+        self._given_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rtj-prefetch", daemon=True)
         self._thread.start()
 
@@ -133,12 +171,20 @@ class CheckpointPrefetch:
         from ..objectstore.resolver import download_checkpoint  # noqa: PLC0415
         from ..objectstore.store import S3Store  # noqa: PLC0415
 
-        began = time.monotonic()
         plan = self.plan
-        uri = plan.checkpoint_uri
+        if plan.settle is not None and not await_settled(plan.settle, self._given_up):
+            log.info(
+                "prefetch: the gang formed before the old one's saves were said over; "
+                "resume() fetches"
+            )
+            return
+        began = time.monotonic()
+        uri: str | None = plan.checkpoint_uri
         try:
             store = S3Store()
             uri = newest_target(store, plan)
+            if uri is None:
+                return  # nothing committed yet: resume() starts fresh or finds one itself
             path = download_checkpoint(store, uri, plan.local_run_dir)
         except Exception as exc:  # resume() meets the same problem and reports it
             self.error = exc
@@ -159,7 +205,42 @@ class CheckpointPrefetch:
         )
 
     def wait(self) -> None:
+        """Wait for the download; one still waiting for the old gang's saves is given up (the
+        caller's gang has formed, so they are over: ``resume()`` fetches what it needs)."""
+        self._given_up.set()
         self._thread.join()
+
+
+def await_settled(wait: SettleWait, given_up: threading.Event) -> bool:
+    """Wait until the store at ``wait.addr:wait.port`` says the old gang's saves are over for
+    ``wait.epoch`` (``rendezvous_store.SETTLED_KEY``); False when ``given_up`` is set first.
+    A store that is not up yet, or goes (node rank 0 swapping its stores), is asked again."""
+    import datetime  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415 - the worker imports torch anyway
+
+    from ..agent.rendezvous_store import SETTLED_KEY  # noqa: PLC0415
+
+    began = time.monotonic()
+    while not given_up.is_set():
+        try:
+            store = TCPStore(
+                wait.addr, wait.port, None, False, timeout=datetime.timedelta(seconds=2)
+            )
+            while not given_up.is_set():
+                if (
+                    store.check([SETTLED_KEY])
+                    and store.get(SETTLED_KEY) == str(wait.epoch).encode()
+                ):
+                    log.info(
+                        "prefetch: the old gang's saves were over after %.2f s",
+                        time.monotonic() - began,
+                    )
+                    return True
+                given_up.wait(SETTLE_POLL_S)
+        except (RuntimeError, OSError):  # not up yet, or gone: ask again
+            given_up.wait(SETTLE_POLL_S * 4)
+    return False
 
 
 def folder_bytes(path: Path) -> int:

@@ -1,0 +1,107 @@
+"""A worker restarted in place fetches the new gang's checkpoint while the gang forms, and never
+an older one first (trainer_runtime/resume/warm_start.py, agent/rendezvous_store.py), with real
+agents, a real S3 server and a real SIGKILL.
+
+Three agent pods train a run in a bucket (each pod with a staging folder of its own, as each
+node has its own disk) and commit once early on. Then one pod is lost without notice: pod0 (node
+rank 0) saves the last finished step from its memory into the bucket, which takes a while for
+this state. pod1 saves nothing and its agent starts its new workers at once, told to resume from
+the older commit, as the operator names it. Before, pod1's new worker began downloading that
+older checkpoint right away (the survivor's save was not committed yet), the manager waited for
+the download, and ``resume()`` then downloaded the survivor's save as well. Now the download
+waits until node rank 0's agent says the old gang's saves are over, and fetches the newest.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools.agentpods import Pods
+from tools.ports import free_port
+from tools.s3server import S3Server, ServerUnavailableError
+from trainer_runtime.events import RuntimeEvent, read_events
+
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-process on Linux"),
+]
+STEPS = 40
+WIDTH = "3000000"
+"""A state of about 230 MB (weights and momentum): its save from memory and upload take long
+enough that a worker started at once would list the bucket before it is committed."""
+
+
+@pytest.fixture(autouse=True)
+def no_pod_left_behind():
+    yield
+    Pods.kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    try:
+        server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    except ServerUnavailableError as exc:
+        pytest.fail(f"no S3 server: {exc}")
+    yield server
+    server.stop()
+
+
+def events(pod: str, pods: Pods, kind: str) -> list[RuntimeEvent]:
+    return read_events((pods.tmp / f"{pod}.log").read_text(errors="replace"), kind)
+
+
+def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    root = f"s3://{s3.bucket}/restart-{uuid.uuid4().hex[:8]}"
+    pods = Pods(tmp_path / "run", steps=STEPS, step_s=0.2, extra=("--width", WIDTH))
+    pods.args[pods.args.index("--folder") + 1] = f"{root}/survivors"  # the operator's layout
+    pods.args += ["--interval", "10ba"]
+    disks = {f"pod{r}": str(tmp_path / f"disk{r}") for r in range(3)}  # a node's own disk each
+    common = {**s3.env(), "RTJ_CHECKPOINT_DIR": root, "RTJ_RUN_NAME": "survivors"}
+    port = free_port()
+    for r in range(3):
+        pods.start(
+            f"pod{r}",
+            node_rank=r,
+            nnodes=3,
+            port=port,
+            epoch=1,
+            RTJ_LOCAL_CHECKPOINT_DIR=disks[f"pod{r}"],
+            **common,
+        )
+    pods.wait_steps(1, 13)  # the commit at step 10 is in the bucket, step 20's is not begun
+    named = events("pod0", pods, "committed")[-1].fields["uri"]
+    pods.lose("pod2")
+    # The operator's part: the kept pods are told the new gang (stop: kill), resuming from the
+    # newest commit it knows; pod1 first, so its new worker starts while pod0 still saves.
+    port = free_port()
+    for r in (1, 0):
+        pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port, resumeFrom=named)
+    pods.start(
+        "pod2-new",
+        node_rank=2,
+        nnodes=3,
+        port=port,
+        epoch=2,
+        RTJ_LOCAL_CHECKPOINT_DIR=disks["pod2"],
+        RTJ_RESUME_FROM=named,
+        RTJ_SURVIVOR_SAVE="0",
+        **common,
+    )
+    assert set(pods.wait_all().values()) == {0}, pods.logs()
+    (saved,) = events("pod0", pods, "survivor_saved")
+    survivors = saved.fields["checkpoint"]
+    assert survivors and not named.endswith(f"/{survivors}"), saved
+    fetched = [e.fields["checkpoint"] for e in events("pod1", pods, "fetched")]
+    print(f"\nnamed {named}; saved from memory {survivors}; pod1 fetched {fetched}")
+    # resume() looks again and finds every file there (an event with nothing downloaded)
+    assert fetched and set(fetched) == {survivors}, pods.logs()  # not the older one first
+    resumed = events("pod1", pods, "resumed")[-1].fields
+    assert resumed["checkpoint"] == survivors and resumed["source"] == "remote", resumed
