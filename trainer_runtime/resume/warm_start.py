@@ -20,6 +20,15 @@ and, when the newest (quarantined ones left out) is further on than the named on
 instead: otherwise the new rank would download the older state, load it, find the newer one and
 download and load again. Listing costs a few small requests before the download starts.
 
+A worker the in-pod agent starts for a new membership (``RTJ_MEMBERSHIP_CHANGED``: a restart
+in place, a standby pod's start) prefetches too, but first waits until node rank 0's agent says
+in the new rendezvous store that the old gang's saves are over (``rendezvous_store.SETTLED_KEY``):
+before that a listing finds only the checkpoint before the survivor's save or the switch's save,
+whose download would be wasted. Then it fetches the named checkpoint, a newer one, or with none
+named (a grow's switch) the run's newest. A download still waiting when ``CheckpointManager``
+asks for it (the gang formed without the word: no store of the agent's) is given up, and
+``resume()`` fetches.
+
 One process per pod fetches (local rank 0; the pod's ranks share its disk). It records what it
 fetched for the pod's other ranks too (``was_prefetched``), so that every rank's ``resumed``
 event names the same source: ``remote``, as the bytes came from the store. A process forked from
