@@ -40,7 +40,9 @@ Policies (each a small state machine over the same ledger, the same events):
   step (each 1/K of the replica once it is ``RTJ_SURVIVOR_SPLIT_MIB`` or more, after they met;
   ``--survivor-save-alone``: one process writes it all, the product before), after a noticed one
   the gang saves on the node's shutdown; new pods start in standby while the gang trains, then
-  join through the gang's save of the step it reached and the same restart;
+  join through the gang's save of the step it reached and the same restart. A restarted worker
+  fetches the commit while it starts and the group forms (``--restart-fetch-after-group``:
+  after, the product before);
 - ``elastic-warm``: survivors stay in process, the design the product does not have yet
   (torchft's). A loss costs the survivors its detection and a re-formed process group
   (seconds) and at most the step in flight (none with a notice); new ranks start on their own
@@ -217,6 +219,11 @@ class Model:
     """The survivors' save of a replica of ``RTJ_SURVIVOR_SPLIT_MIB`` or more is written in
     shares by every kept pod (``trainer_runtime/save/survivor_group.py``). False: by one
     process (the product before)."""
+    restart_prefetch: bool = True
+    """A worker restarted in place (``*-stay``) downloads the commit it resumes from while its
+    gang forms: from the moment node rank 0's agent says the old gang's saves are over, as the
+    workers start and the process group forms (``trainer_runtime/resume/warm_start.py``). False:
+    only once the group formed (the product before)."""
     savers_meet_s: float = 5.0
     """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
     group with the others over the new gang's store."""
@@ -270,15 +277,15 @@ class Model:
     def restart(self) -> float:
         """The product's in-place restart (``*-stay``): every kept pod's agent forks new workers,
         which form the process group and load the newest commit (fetched from the store: a
-        node holds its own share of a commit, not the whole), then take their first step."""
+        node holds its own share of a commit, not the whole), then take their first step. The
+        fetch runs while the workers start and the group forms (``restart_prefetch``)."""
         p = self.phases
-        return (
-            self.worker_start_s
-            + p.process_group_formed
-            + p.checkpoint_fetched
-            + p.loaded
-            + p.first_step
-        )
+        forming = self.worker_start_s + p.process_group_formed
+        if self.restart_prefetch:
+            ready = max(forming, p.checkpoint_fetched)
+        else:
+            ready = forming + p.checkpoint_fetched
+        return ready + p.loaded + p.first_step
 
     def survivor_save(self, kept: int) -> float:
         """After a loss without notice (``*-stay``), before the new workers start: the ``kept``
@@ -956,6 +963,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["grow_only_when_it_pays"] = not args.grow_always
     overrides["idle_lost_first"] = args.idle_lost_first
     overrides["survivor_save_split"] = not args.survivor_save_alone
+    overrides["restart_prefetch"] = not args.restart_fetch_after_group
     return Model(phases=phases, **overrides), measured
 
 
@@ -986,6 +994,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--survivor-save-alone",
         action="store_true",
         help="one survivor writes the whole replica after a loss (the product before the split)",
+    )
+    parser.add_argument(
+        "--restart-fetch-after-group",
+        action="store_true",
+        help="a worker restarted in place fetches only once its gang formed (the product before)",
     )
     parser.add_argument(
         "--every-loss-interval",

@@ -231,8 +231,10 @@ STAY_ALONE = replace(
     checkpoint_gb=40.0,
     write_gbps=1.0,
     survivor_save_split=False,
+    restart_prefetch=False,
 )
-"""The hand model of the product's Stay, one survivor writing the whole replica."""
+"""The hand model of the product's Stay, one survivor writing the whole replica, a restarted
+worker fetching once its gang formed."""
 
 
 def test_stay_restarts_every_worker_from_a_survivors_save():
@@ -284,6 +286,19 @@ def test_the_kept_pods_save_a_large_replica_in_shares():
     before = gs.simulate(LOSS, 4, "elastic-stay", alone)
     after = gs.simulate(LOSS, 4, "elastic-stay", split)
     assert kept(after) == pytest.approx(kept(before) + (40 - 2 - 40 / 3) * 3)
+
+
+def test_a_restarted_worker_fetches_while_its_gang_forms():
+    """The download starts when node rank 0's agent says the old saves are over, as the workers
+    start (1 s) and the group forms (3 s): the 4 s fetch ends with them. Both restarts of the
+    hand trace (3 ranks after the loss, 4 at the switch) end 4 s sooner."""
+    after = replace(STAY_ALONE, restart_prefetch=True)
+    assert after.restart() == 4 and STAY_ALONE.restart() == 1 + 3 + 4
+    slow = replace(after, phases=replace(after.phases, checkpoint_fetched=10.0))
+    assert slow.restart() == 10  # a fetch longer than the start is all that is left
+    before = gs.simulate(LOSS, 4, "elastic-stay", STAY_ALONE)
+    now = gs.simulate(LOSS, 4, "elastic-stay", after)
+    assert kept(now) == pytest.approx(kept(before) + 4 * 3 + 4 * 4)
 
 
 def test_a_lost_node_is_a_training_rank_first_unless_idle_nodes_go_first():
