@@ -362,7 +362,9 @@ class Recorder:
         rec = self.records[job]
         rec.status = st
         attempt = int(st.get("attempt", 0))
-        training = bool(st.get("trainingSince")) and st.get("phase") == "Running"
+        # A warm join's kept pods train on under their old membership until the switch.
+        trains = st.get("trainingSince") or st.get("membershipPendingSince")
+        training = bool(trains) and st.get("phase") == "Running"
         waiting = st.get("gangSize") is None and bool(st.get("capacityWaitSince"))
         tick = (now, attempt, str(st.get("phase")), st.get("gangSize"), training, waiting)
         if not rec.ticks or rec.ticks[-1][1:] != tick[1:]:

@@ -86,7 +86,8 @@ class Tick:
     phase: str
     size: int | None
     training: bool
-    """The current attempt's gang has trained (``trainingSince``) and the phase is Running."""
+    """The current attempt's gang has trained (``trainingSince``), or a warm join's kept pods
+    train on until its switch (``membershipPendingSince``), and the phase is Running."""
     waiting: bool
     """An elastic attempt holding back for its full gang (Pending, ``capacityWaitSince``)."""
 

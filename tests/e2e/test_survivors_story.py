@@ -289,6 +289,16 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
         f"new pod's start {warm - started:.1f} s, {len(trained_meanwhile)} commits meanwhile; "
         f"kept rank 0 stopped -> first step at 3 pods: {back:.1f} s"
     )
+    # Every pod's new workers fetch the switch's save, once the kept ranks committed it: none
+    # downloads the checkpoint before it (the membership names none, the run's newest counts).
+    resumed = [
+        e.fields["checkpoint"]
+        for e in stack.runtime_events(rank0, "resumed")
+        if datetime.fromisoformat(e.time) > switched
+    ]
+    assert resumed, stack.pod_log(rank0)[-3000:]
+    for name in grown:
+        assert_fetched_only(stack, name, switched.timestamp(), {resumed[0]})
 
 
 def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:

@@ -40,3 +40,14 @@ def test_the_real_node_replay_refuses_the_same_way(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         goodput_realnodes.parse_args(["--replicas", "2", "--min-replicas", "3"])
     assert "--min-replicas" in capsys.readouterr().err
+
+
+def test_the_recorder_counts_a_warm_joins_wait_as_training():
+    """The operator sets ``trainingSince`` once the re-formed gang trains; before its switch a
+    warm join's kept pods train on (``membershipPendingSince``): time trained, not lost."""
+    recorder = goodput.Recorder(None, ["j"], 1.0, print)  # type: ignore[arg-type]
+    running = {"attempt": 3, "phase": "Running", "gangSize": 4}
+    recorder._job("j", 10.0, {**running, "membershipPendingSince": "2026-12-05T00:00:00Z"})
+    recorder._job("j", 20.0, running)  # switched: every worker restarts
+    recorder._job("j", 25.0, {**running, "trainingSince": "2026-12-05T00:00:25Z"})
+    assert [tick[4] for tick in recorder.records["j"].ticks] == [True, False, True]
