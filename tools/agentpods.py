@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -86,6 +87,23 @@ class Pods:
         self.pods[name] = proc
         Pods.started.append(proc)
         return proc
+
+    def start_gang(
+        self,
+        nnodes: int,
+        *,
+        port: int,
+        epoch: int = 1,
+        each: Callable[[int], dict[str, str]] | None = None,
+        **env: str,
+    ) -> None:
+        """Start pods ``pod0`` to ``pod{nnodes-1}`` of one gang; ``each(r)``: variables of pod
+        ``r`` alone (its own disk, its own wait), over ``env``."""
+        for r in range(nnodes):
+            own = each(r) if each is not None else {}
+            self.start(
+                f"pod{r}", node_rank=r, nnodes=nnodes, port=port, epoch=epoch, **{**env, **own}
+            )
 
     def announce(self, name: str, **fields: object) -> None:
         """The operator's write of a new membership into one pod's file (atomic rename)."""

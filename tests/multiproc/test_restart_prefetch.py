@@ -63,19 +63,12 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
     pods = Pods(tmp_path / "run", steps=STEPS, step_s=0.2, extra=("--width", WIDTH))
     pods.args[pods.args.index("--folder") + 1] = f"{root}/survivors"  # the operator's layout
     pods.args += ["--interval", "10ba"]
-    disks = {f"pod{r}": str(tmp_path / f"disk{r}") for r in range(3)}  # a node's own disk each
+
+    def disk(r: int) -> dict[str, str]:  # each node's own disk
+        return {"RTJ_LOCAL_CHECKPOINT_DIR": str(tmp_path / f"disk{r}")}
+
     common = {**s3.env(), "RTJ_CHECKPOINT_DIR": root, "RTJ_RUN_NAME": "survivors"}
-    port = free_port()
-    for r in range(3):
-        pods.start(
-            f"pod{r}",
-            node_rank=r,
-            nnodes=3,
-            port=port,
-            epoch=1,
-            RTJ_LOCAL_CHECKPOINT_DIR=disks[f"pod{r}"],
-            **common,
-        )
+    pods.start_gang(3, port=free_port(), each=disk, **common)
     pods.wait_steps(1, 13)  # the commit at step 10 is in the bucket, step 20's is not begun
     named = events("pod0", pods, "committed")[-1].fields["uri"]
     pods.lose("pod2")
@@ -90,10 +83,10 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
         nnodes=3,
         port=port,
         epoch=2,
-        RTJ_LOCAL_CHECKPOINT_DIR=disks["pod2"],
         RTJ_RESUME_FROM=named,
         RTJ_SURVIVOR_SAVE="0",
         **common,
+        **disk(2),
     )
     assert set(pods.wait_all().values()) == {0}, pods.logs()
     (saved,) = events("pod0", pods, "survivor_saved")

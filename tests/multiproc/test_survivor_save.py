@@ -194,17 +194,13 @@ def test_savers_that_do_not_meet_leave_the_save_to_node_rank_0(tmp_path: Path) -
     of 3 s there): pod0 saves alone, pod1 saves nothing, and nothing is lost."""
     pods = Pods(tmp_path / "run", steps=STEPS)
     pods.args += ["--interval", "1000ba"]
-    port = free_port()
-    for r, rejoin in enumerate(["3", "20", "20"]):
-        pods.start(
-            f"pod{r}",
-            node_rank=r,
-            nnodes=3,
-            port=port,
-            epoch=1,
-            RTJ_SURVIVOR_SPLIT_MIB="0",
-            RTJ_REJOIN_SECONDS=rejoin,
-        )
+    rejoin = ["3", "20", "20"]
+    pods.start_gang(
+        3,
+        port=free_port(),
+        each=lambda r: {"RTJ_REJOIN_SECONDS": rejoin[r]},
+        RTJ_SURVIVOR_SPLIT_MIB="0",
+    )
     pods.wait_steps(1, 10)
     pods.lose("pod2")
     replace_lost_pod(pods, writer_first=True, savers=2)
