@@ -14,6 +14,7 @@ waits until node rank 0's agent says the old gang's saves are over, and fetches 
 
 from __future__ import annotations
 
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ pytestmark = [
     pytest.mark.multiproc,
     pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-process on Linux"),
 ]
-STEPS = 40
+STEPS = 24
 WIDTH = "3000000"
 """A state of about 230 MB (weights and momentum): its save from memory and upload take long
 enough that a worker started at once would list the bucket before it is committed."""
@@ -44,12 +45,23 @@ def no_pod_left_behind():
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    workdir = tmp_path_factory.mktemp("s3")
     try:
-        server = S3Server(tmp_path_factory.mktemp("s3")).start()
+        server = S3Server(workdir).start()
     except ServerUnavailableError as exc:
         pytest.fail(f"no S3 server: {exc}")
     yield server
     server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)  # GBs of checkpoints: the logs are elsewhere
+
+
+@pytest.fixture
+def disks(tmp_path: Path) -> Iterator[Path]:
+    """Where the pods' own disks go; removed after the test with the final weights (hundreds of
+    MB each), while the pods' logs stay."""
+    yield tmp_path / "disks"
+    for big in (tmp_path / "disks", tmp_path / "run" / "out"):
+        shutil.rmtree(big, ignore_errors=True)
 
 
 def events(pod: str, pods: Pods, kind: str) -> list[RuntimeEvent]:
@@ -57,7 +69,7 @@ def events(pod: str, pods: Pods, kind: str) -> list[RuntimeEvent]:
 
 
 def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, s3: S3Server, disks: Path
 ) -> None:
     root = f"s3://{s3.bucket}/restart-{uuid.uuid4().hex[:8]}"
     pods = Pods(tmp_path / "run", steps=STEPS, step_s=0.2, extra=("--width", WIDTH))
@@ -65,7 +77,7 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
     pods.args += ["--interval", "10ba"]
 
     def disk(r: int) -> dict[str, str]:  # each node's own disk
-        return {"RTJ_LOCAL_CHECKPOINT_DIR": str(tmp_path / f"disk{r}")}
+        return {"RTJ_LOCAL_CHECKPOINT_DIR": str(disks / f"disk{r}")}
 
     common = {**s3.env(), "RTJ_CHECKPOINT_DIR": root, "RTJ_RUN_NAME": "survivors"}
     pods.start_gang(3, port=free_port(), each=disk, **common)
