@@ -14,6 +14,11 @@ jobs, all at once from ``concurrency`` threads, in a scratch namespace, in one o
   the operator's), and the ConfigMap. What a controller that knew every answer in advance
   would make the cluster do, without the lost nodes themselves.
 
+Both take ``lost``, each job's count of lost ranks, for gangs whose survivors stay: then only
+that many pods per job are deleted and created, and each of the others gets one PATCH (its
+attempt label and a membership-sized annotation), as the operator relabels a kept pod. The kept
+pods exist before the timing starts (Pending in the first way, running in the second).
+
 No controller of those gangs can be faster on this API server than the first; none can make the
 cluster do the work of a resubmission faster than the second (``docs/operator.md``).
 """
@@ -24,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tools.kubeapi import Kube
+from tools.kubeapi import JSON, MERGE, Kube
 from tools.kubestandins import POOL_LABEL
 from tools.waiting import wait_for
 
@@ -45,18 +50,44 @@ def _pod(name: str, pool: str | None = None) -> dict[str, Any]:
 Write = tuple[int, str, str, dict[str, Any] | None]
 """(job, method, path, body) of one request."""
 
+RELABEL = {
+    "metadata": {
+        "labels": {"floor-attempt": "1"},
+        "annotations": {"floor-membership": "x" * 300},
+    }
+}
+"""A kept pod's relabel: about the size of the operator's (attempt label, membership)."""
+
 
 def _gang_writes(
-    ns: str, job: int, replicas: int, pool: str | None, attempt: int = 1
+    ns: str, job: int, ranks: range, pool: str | None, attempt: int = 1
 ) -> list[Write]:
-    """The new gang's pods and the status-sized ConfigMap of one job."""
+    """The new gang's pods of ``ranks`` and the status-sized ConfigMap of one job."""
     pods = f"/api/v1/namespaces/{ns}/pods"
     writes: list[Write] = [
-        (job, "POST", pods, _pod(f"floor-{job:03d}-a{attempt}-{r}", pool)) for r in range(replicas)
+        (job, "POST", pods, _pod(f"floor-{job:03d}-a{attempt}-{r}", pool)) for r in ranks
     ]
     status = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"floor-{job:03d}"}}
     writes.append((job, "POST", f"/api/v1/namespaces/{ns}/configmaps", status))
     return writes
+
+
+def _relabels(ns: str, job: int, ranks: range) -> list[Write]:
+    """One PATCH per kept pod (of attempt 0) of ``ranks``."""
+    return [
+        (job, "PATCH", f"/api/v1/namespaces/{ns}/pods/floor-{job:03d}-a0-{r}", RELABEL)
+        for r in ranks
+    ]
+
+
+def _old_pods(ns: str, replicas: int, pool: str | None, first: list[int]) -> list[Write]:
+    """Each job's attempt-0 pods from rank ``first[job]`` on (created before the timing)."""
+    return [
+        w
+        for job, rank in enumerate(first)
+        for w in _gang_writes(ns, job, range(rank, replicas), pool, attempt=0)
+        if w[3] and w[3]["kind"] == "Pod"
+    ]
 
 
 def _issue(kube: Kube, writes: list[Write], jobs: int, concurrency: int) -> list[float]:
@@ -65,7 +96,7 @@ def _issue(kube: Kube, writes: list[Write], jobs: int, concurrency: int) -> list
 
     def write(item: Write) -> tuple[int, float]:
         job, method, path, body = item
-        kube.request(method, path, body=body)
+        kube.request(method, path, body=body, content_type=MERGE if method == "PATCH" else JSON)
         return job, time.monotonic() - started
 
     done = [0.0] * jobs
@@ -77,25 +108,45 @@ def _issue(kube: Kube, writes: list[Write], jobs: int, concurrency: int) -> list
     return done
 
 
-def measure(kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int) -> list[float]:
+def measure(
+    kube: Kube,
+    ns: str,
+    jobs: int,
+    replicas: int,
+    concurrency: int,
+    *,
+    lost: list[int] | None = None,
+) -> list[float]:
     """Writes only: seconds from the start to each job's last write answered."""
+    lost = lost or [replicas] * jobs
     kube.create_namespace(ns)
-    writes = [w for job in range(jobs) for w in _gang_writes(ns, job, replicas, None)]
     try:
+        _issue(kube, _old_pods(ns, replicas, None, lost), jobs, concurrency)
+        writes: list[Write] = []
+        for job in range(jobs):
+            writes += _relabels(ns, job, range(lost[job], replicas))
+            writes += _gang_writes(ns, job, range(lost[job]), None)
         return _issue(kube, writes, jobs, concurrency)
     finally:
         _remove(kube, ns)
 
 
 def measure_reacting(
-    kube: Kube, ns: str, jobs: int, replicas: int, concurrency: int, *, pool: str
+    kube: Kube,
+    ns: str,
+    jobs: int,
+    replicas: int,
+    concurrency: int,
+    *,
+    pool: str,
+    lost: list[int] | None = None,
 ) -> list[float]:
     """With the cluster's reaction: seconds from the start to each job's last write answered
-    (its old gang's deletions, its new gang's pods, its ConfigMap)."""
+    (its lost ranks' pods deleted and created anew, its kept pods relabelled, its ConfigMap)."""
+    lost = lost or [replicas] * jobs
     kube.create_namespace(ns)
     try:
-        first = [w for job in range(jobs) for w in _gang_writes(ns, job, replicas, pool, attempt=0)]
-        _issue(kube, [w for w in first if w[3] and w[3]["kind"] == "Pod"], jobs, concurrency)
+        _issue(kube, _old_pods(ns, replicas, pool, [0] * jobs), jobs, concurrency)
         wait_for(
             f"{jobs * replicas} floor pods running",
             lambda: _running(kube, ns) == jobs * replicas,
@@ -106,9 +157,10 @@ def measure_reacting(
         for job in range(jobs):
             writes += [
                 (job, "DELETE", f"/api/v1/namespaces/{ns}/pods/floor-{job:03d}-a0-{r}", None)
-                for r in range(replicas)
+                for r in range(lost[job])
             ]
-            writes += _gang_writes(ns, job, replicas, pool)
+            writes += _relabels(ns, job, range(lost[job], replicas))
+            writes += _gang_writes(ns, job, range(lost[job]), pool)
         return _issue(kube, writes, jobs, concurrency)
     finally:
         _remove(kube, ns)

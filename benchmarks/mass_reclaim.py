@@ -211,6 +211,16 @@ def operator_created(log_path: Path, offset: int, ns: str) -> dict[tuple[str, in
     return found
 
 
+def job_spec(survivors: str) -> dict[str, Any]:
+    """The spec fields of each job beyond ``rtj``'s: its survivors' policy, and with ``Stay`` a
+    container command for the in-pod agent to run (kwok runs nothing; the operator requires it)."""
+    spec: dict[str, Any] = {"recovery": {"survivors": survivors}}
+    if survivors == "Stay":
+        container = {"name": "trainer", "image": "registry.local/train:1", "command": ["train"]}
+        spec["template_spec"] = {"containers": [container]}
+    return spec
+
+
 def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict[str, Any]]:
     """Set up the jobs, then ``args.rounds`` mass deletions; one record per round."""
     ns = f"rtj-bench-mass-{bench.tag}"
@@ -245,7 +255,7 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
         add_nodes(args.nodes)
         jobs = [f"mass-{i:03d}" for i in range(args.jobs)]
         for job in jobs:
-            kube.create_job(rtj(job, ns, pool, REPLICAS))
+            kube.create_job(rtj(job, ns, pool, REPLICAS, **job_spec(args.survivors)))
         attempts = dict.fromkeys(jobs, 0)
         log(f"{args.jobs} jobs created; waiting for every gang to run")
         wait("every gang running", lambda: all_running(kube, ns, attempts), 600, 1.0)
@@ -262,10 +272,13 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
                     )
             victims = rng.sample(sorted(n for n in on_node if n), args.delete)
             hit = sorted(set().union(*(on_node[n] for n in victims)))
-            following = {
-                job: [names.pod_name(job, attempts[job] + 1, r) for r in range(REPLICAS)]
+            # Each hit job's ranks on the deleted nodes: what its next attempt creates anew
+            # when its survivors stay (every rank when they do not).
+            lost = [
+                sum(job in on_node[n] for n in victims) if args.survivors == "Stay" else REPLICAS
                 for job in hit
-            }
+            ]
+            following = {job: attempts[job] + 1 for job in hit}
             offset = log_path.stat().st_size
             cpu_before = cpu_seconds(operator.pid)
             processes_before, ticks_before = cpu_snapshot(operator.pid), machine_ticks()
@@ -276,11 +289,12 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
             sent = time.monotonic() - started
             done: dict[str, float] = {}
 
-            def all_created(
-                f: dict[str, list[str]] = following, done: dict[str, float] = done
-            ) -> bool:
-                for job, gang in f.items():
-                    if job not in done and (seen := watch.seen_all(gang)) is not None:
+            def all_created(f: dict[str, int] = following, done: dict[str, float] = done) -> bool:
+                for job, attempt in f.items():
+                    if (
+                        job not in done
+                        and (seen := watch.gang_seen(job, attempt, REPLICAS)) is not None
+                    ):
                         done[job] = seen
                 return len(done) == len(f)
 
@@ -306,6 +320,7 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
                 "round": index + 1,
                 "nodes_deleted": len(victims),
                 "jobs_hit": len(hit),
+                "pods_replaced": sum(lost),
                 "deletes_sent_s": round(sent, 4),
                 "operator_cpu_s": round(cpu, 2),
                 # Until the last new gang: every process's CPU seconds, and how busy the
@@ -340,7 +355,9 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
             wait("every gang running again", lambda a=attempts: all_running(kube, ns, a), 600, 1.0)
             if args.floor_concurrency:
                 scratch = f"rtj-bench-floor-{bench.tag}-{index + 1}"
-                floor = api_floor.measure(kube, scratch, len(hit), REPLICAS, args.floor_concurrency)
+                floor = api_floor.measure(
+                    kube, scratch, len(hit), REPLICAS, args.floor_concurrency, lost=lost
+                )
                 record["floor"] = summary(floor)
                 log(
                     f"round {index + 1}: the API server's floor for {len(hit)} gangs "
@@ -348,7 +365,7 @@ def measure(bench: Bench, args: argparse.Namespace, log_path: Path) -> list[dict
                     f"{record['floor']['p50_s']:.2f} s, p95 {record['floor']['p95_s']:.2f} s"
                 )
                 reacting = api_floor.measure_reacting(
-                    kube, scratch, len(hit), REPLICAS, args.floor_concurrency, pool=pool
+                    kube, scratch, len(hit), REPLICAS, args.floor_concurrency, pool=pool, lost=lost
                 )
                 record["floor_reacting"] = summary(reacting)
                 log(
@@ -382,6 +399,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=1, help="which nodes are deleted")
     parser.add_argument(
+        "--survivors",
+        choices=("Replace", "Stay"),
+        default="Replace",
+        help="the jobs' spec.recovery.survivors: Replace (default) recreates every hit gang; "
+        "Stay keeps its pods on healthy nodes (relabelled into the next attempt, told the new "
+        "membership) and creates only the lost ranks' pods",
+    )
+    parser.add_argument(
         "--workers", type=int, default=None, help="the operator's --workers (default: its own)"
     )
     parser.add_argument(
@@ -414,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     log_path.touch()
     try:
         log(
-            f"mass reclaim: {args.jobs} jobs x {REPLICAS} ranks, {args.nodes} nodes, "
-            f"{args.delete} deleted at once, {args.rounds} rounds"
+            f"mass reclaim: {args.jobs} jobs x {REPLICAS} ranks (survivors: {args.survivors}), "
+            f"{args.nodes} nodes, {args.delete} deleted at once, {args.rounds} rounds"
         )
         rounds = measure(bench, args, log_path)
     finally:
@@ -448,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": args.jobs,
             "nodes": args.nodes,
             "deleted_per_round": args.delete,
+            "survivors": args.survivors,
         },
         "host": {
             "cpus": os.cpu_count(),

@@ -99,12 +99,15 @@ def wait(what: str, check: Any, timeout: float, interval: float = 0.02) -> Any:
 
 
 class PodWatch(threading.Thread):
-    """Records when each pod of a namespace is first seen (a watch's ADDED event)."""
+    """Records when each pod of a namespace is first seen (a watch's ADDED event), and when it
+    was first seen carrying each attempt label (ADDED or MODIFIED: a pod that survivors keep is
+    relabelled into the next attempt, not created)."""
 
     def __init__(self, api: Kube, namespace: str):
         super().__init__(daemon=True)
         self.api, self.namespace = api, namespace
         self.first_seen: dict[str, float] = {}
+        self.in_attempt: dict[tuple[str, int], dict[str, float]] = {}
         self.ready = threading.Event()
         self.stopped = False
 
@@ -115,6 +118,7 @@ class PodWatch(threading.Thread):
             now = time.monotonic()
             for pod in listed.get("items", []):
                 self.first_seen.setdefault(pod["metadata"]["name"], now)
+                self._record_attempt(pod, now)
             version = listed["metadata"]["resourceVersion"]
             response = self.api.open_watch(
                 f"/api/v1/namespaces/{self.namespace}/pods",
@@ -131,12 +135,27 @@ class PodWatch(threading.Thread):
                     if not line.strip():
                         continue
                     event = json.loads(line)
-                    if event.get("type") == "ADDED":
-                        name = event["object"]["metadata"]["name"]
-                        self.first_seen.setdefault(name, time.monotonic())
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        now = time.monotonic()
+                        if event["type"] == "ADDED":
+                            self.first_seen.setdefault(event["object"]["metadata"]["name"], now)
+                        self._record_attempt(event["object"], now)
                 if self.stopped:
                     break
             response.release_conn()
+
+    def _record_attempt(self, pod: dict[str, Any], now: float) -> None:
+        labels = pod["metadata"].get("labels") or {}
+        job, attempt = labels.get(names.LABEL_JOB), labels.get(names.LABEL_ATTEMPT)
+        if job is not None and attempt is not None and not pod["metadata"].get("deletionTimestamp"):
+            gang = self.in_attempt.setdefault((job, int(attempt)), {})
+            gang.setdefault(pod["metadata"]["name"], now)
+
+    def gang_seen(self, job: str, attempt: int, size: int) -> float | None:
+        """When ``size`` pods had been seen carrying ``job``'s ``attempt`` label (created with it,
+        or relabelled into it), once that many had."""
+        times = sorted((self.in_attempt.get((job, attempt)) or {}).values())
+        return times[size - 1] if len(times) >= size else None
 
     def seen_all(self, pods: list[str]) -> float | None:
         """When the last of ``pods`` was first seen, once all were."""

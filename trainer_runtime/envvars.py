@@ -108,10 +108,11 @@ INTERRUPTIONS = "RTJ_INTERRUPTIONS"
 # Optional: "0" turns off the download of RTJ_RESUME_FROM at import (resume/warm_start.py).
 PREFETCH = "RTJ_PREFETCH"
 # Set to "1" by the in-pod agent on the workers it starts for a membership it read from its
-# file (a restart in place, a standby pod's start): the old gang may still be saving, so the
-# download at import waits until node rank 0's agent says those saves are over, then fetches
-# the run's newest checkpoint (resume/warm_start.py). Not in ALL_RTJ: the agent's, not the
-# operator's.
+# file (a restart in place, a standby pod's start), and by the operator on the new pods of a
+# gang that keeps survivors (they join pods that may still be saving): the old gang may still
+# be saving, so the download at import waits until node rank 0's agent says those saves are
+# over, then fetches the run's newest checkpoint (resume/warm_start.py). Not in ALL_RTJ: only
+# those pods get it.
 MEMBERSHIP_CHANGED = "RTJ_MEMBERSHIP_CHANGED"
 
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod

@@ -364,10 +364,21 @@ def started(*, rank: int, world_size: int, attempt: str | None) -> None:
     )
 
 
-def fetched(*, rank: int, checkpoint: str, uri: str, sent: int, seconds: float) -> None:
+def fetched(
+    *, rank: int, checkpoint: str, uri: str, sent: int, seconds: float, prefetch: bool = False
+) -> None:
     """This rank fetched a checkpoint from the object store: ``bytes``, the size of its files
-    now on the local disk; ``seconds``, the fetch's wall time."""
-    emit(FETCHED, rank=rank, checkpoint=checkpoint, uri=uri, bytes=sent, seconds=round(seconds, 3))
+    now on the local disk; ``seconds``, the fetch's wall time; ``prefetch``: by the download at
+    import, while the gang forms (``resume/warm_start.py``), not by ``resume()``."""
+    emit(
+        FETCHED,
+        rank=rank,
+        checkpoint=checkpoint,
+        uri=uri,
+        bytes=sent,
+        seconds=round(seconds, 3),
+        prefetch=prefetch,
+    )
 
 
 def first_step(*, rank: int, step: int, seconds: float) -> None:

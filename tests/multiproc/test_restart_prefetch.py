@@ -3,13 +3,19 @@ an older one first (trainer_runtime/resume/warm_start.py, agent/rendezvous_store
 agents, a real S3 server and a real SIGKILL.
 
 Three agent pods train a run in a bucket (each pod with a staging folder of its own, as each
-node has its own disk) and commit once early on. Then one pod is lost without notice: pod0 (node
-rank 0) saves the last finished step from its memory into the bucket, which takes a while for
-this state. pod1 saves nothing and its agent starts its new workers at once, told to resume from
-the older commit, as the operator names it. Before, pod1's new worker began downloading that
-older checkpoint right away (the survivor's save was not committed yet), the manager waited for
-the download, and ``resume()`` then downloaded the survivor's save as well. Now the download
-waits until node rank 0's agent says the old gang's saves are over, and fetches the newest.
+node has its own disk) and commit once early on. They are an attempt after an earlier one: the
+operator named them its checkpoint, which each agent downloaded when it started. Before, a
+worker the agent forked later inherited that finished download and never fetched at import
+again (its ``resume()`` fetched after the gang had formed).
+
+Then one pod is lost without notice: pod0 (node rank 0) saves the last finished step from its
+memory into the bucket, which takes a while for this state. pod1 saves nothing and its agent
+starts its new workers at once, told to resume from the older commit, as the operator names it.
+Before, pod1's new worker began downloading that older checkpoint right away (the survivor's
+save was not committed yet), the manager waited for the download, and ``resume()`` then
+downloaded the survivor's save as well. Now the download waits until node rank 0's agent says
+the old gang's saves are over, and fetches the newest. The pod that replaces the lost one
+starts meanwhile too, with the operator's word that it joins kept pods: it waits the same way.
 """
 
 from __future__ import annotations
@@ -80,7 +86,12 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
         return {"RTJ_LOCAL_CHECKPOINT_DIR": str(disks / f"disk{r}")}
 
     common = {**s3.env(), "RTJ_CHECKPOINT_DIR": root, "RTJ_RUN_NAME": "survivors"}
-    pods.start_gang(3, port=free_port(), each=disk, **common)
+    earlier = Pods(tmp_path / "earlier", steps=2, step_s=0.2, extra=("--width", WIDTH))
+    earlier.args[earlier.args.index("--folder") + 1] = f"{root}/survivors"
+    earlier.start_gang(1, port=free_port(), each=disk, **common)
+    assert set(earlier.wait_all().values()) == {0}, earlier.logs()
+    (first,) = events("pod0", earlier, "committed")  # the earlier attempt's final commit
+    pods.start_gang(3, port=free_port(), each=disk, RTJ_RESUME_FROM=first["uri"], **common)
     pods.wait_steps(1, 13)  # the commit at step 10 is in the bucket, step 20's is not begun
     named = events("pod0", pods, "committed")[-1].fields["uri"]
     pods.lose("pod2")
@@ -97,6 +108,7 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
         epoch=2,
         RTJ_RESUME_FROM=named,
         RTJ_SURVIVOR_SAVE="0",
+        RTJ_MEMBERSHIP_CHANGED="1",  # as the operator says it on a new pod joining kept ones
         **common,
         **disk(2),
     )
@@ -104,9 +116,16 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
     (saved,) = events("pod0", pods, "survivor_saved")
     survivors = saved.fields["checkpoint"]
     assert survivors and not named.endswith(f"/{survivors}"), saved
-    fetched = [e.fields["checkpoint"] for e in events("pod1", pods, "fetched")]
+    fetched = [(e["checkpoint"], e["prefetch"]) for e in events("pod1", pods, "fetched")]
     print(f"\nnamed {named}; saved from memory {survivors}; pod1 fetched {fetched}")
-    # resume() looks again and finds every file there (an event with nothing downloaded)
-    assert fetched and set(fetched) == {survivors}, pods.logs()  # not the older one first
+    # At its start, pod1's agent downloaded the checkpoint of the earlier attempt.
+    assert fetched[0] == (first["checkpoint"], True), fetched
+    # After the loss, its new worker downloaded the survivor's save while the gang formed
+    # (resume() looks again and finds every file there), never the older commit first.
+    assert {name for name, _ in fetched[1:]} == {survivors}, pods.logs()
+    assert (survivors, True) in fetched[1:], fetched  # by the download at import
+    # The new pod started while pod0 still saved: it waited for pod0's word, then fetched.
+    joined = [(e["checkpoint"], e["prefetch"]) for e in events("pod2-new", pods, "fetched")]
+    assert {name for name, _ in joined} == {survivors} and (survivors, True) in joined, joined
     resumed = events("pod1", pods, "resumed")[-1].fields
     assert resumed["checkpoint"] == survivors and resumed["source"] == "remote", resumed

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from trainer_runtime import envvars, events
+from trainer_runtime.resume import warm_start
 from trainer_runtime.resume.warm_start import (
     PrefetchPlan,
     SettleWait,
@@ -104,6 +105,8 @@ def test_the_named_checkpoint_is_on_disk_before_the_manager_and_resumed_from_the
     kinds = [e.type for e in found]
     assert kinds.index("fetched") < kinds.index("started") < kinds.index("resumed"), kinds
     assert kinds.count("fetched") == 1, "resume() fetched it again instead of using the disk"
+    (fetched,) = [e for e in found if e.type == "fetched"]
+    assert fetched["prefetch"] is True, fetched.fields
     (resumed,) = [e for e in found if e.type == "resumed"]
     assert resumed["source"] == "remote" and resumed["uri"] == f"{s3_root}/s3run/ep0-ba2"
 
@@ -253,3 +256,33 @@ def test_with_none_named_the_newest_committed_checkpoint_is_fetched(tmp_path, s3
     assert newest is not None and newest.endswith("/ep0-ba3"), newest
     empty = PrefetchPlan("", tmp_path / "node-b", 0, f"{s3_root}/no-such-run")
     assert newest_target(store, empty) is None
+
+
+def test_a_forked_worker_for_a_new_membership_starts_its_own_prefetch(tmp_path, monkeypatch):
+    """A worker forked from the agent inherits the agent's prefetch: the right one for the
+    agent's first workers, the checkpoint of an older membership for a worker it restarts."""
+    started: list[warm_start.PrefetchPlan] = []
+
+    class Recorded:
+        def __init__(self, plan: warm_start.PrefetchPlan) -> None:
+            started.append(plan)
+
+    inherited = object()
+    monkeypatch.setattr(warm_start, "CheckpointPrefetch", Recorded)
+    monkeypatch.setattr(warm_start, "_prefetch", inherited)
+    for key, value in {
+        envvars.CHECKPOINT_DIR: "s3://b/runs",
+        envvars.RUN_NAME: "job",
+        envvars.RESUME_FROM: "s3://b/runs/job/ep0-ba4",
+        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path),
+        envvars.MASTER_ADDR: "job-a0-r0.job",
+        envvars.MASTER_PORT: "29500",
+        envvars.MEMBERSHIP_EPOCH: "3",
+        envvars.MEMBERSHIP_CHANGED: "0",
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert warm_start.start_in_forked_worker() is inherited and not started  # a first start
+    monkeypatch.setenv(envvars.MEMBERSHIP_CHANGED, "1")
+    assert isinstance(warm_start.start_in_forked_worker(), Recorded)
+    (plan,) = started
+    assert plan.settle == SettleWait("job-a0-r0.job", 29500, 3), plan

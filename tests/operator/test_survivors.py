@@ -10,6 +10,7 @@ from rtj_operator.api import names
 from rtj_operator.api.envvars import (
     AGENT_READY_ANNOTATION,
     MEMBERSHIP_ANNOTATION,
+    MEMBERSHIP_CHANGED,
     NOTICE_ANNOTATION,
     PROGRESS_ANNOTATION,
     STANDBY,
@@ -55,6 +56,8 @@ def test_a_lost_node_keeps_the_other_pods_and_replaces_only_the_lost_one():
         ("train-a0-r0", "0"),
         ("train-a0-r2", "1"),
     ]
+    # The new pod joins pods that may still be saving: its download waits for their word.
+    assert cluster.env(2)[MEMBERSHIP_CHANGED] == "1" and MEMBERSHIP_CHANGED not in kept_env
     kept = cluster.pods["train-a0-r2"]
     assert kept["metadata"]["labels"][names.LABEL_ATTEMPT] == "1"
     assert PROGRESS_ANNOTATION not in kept["metadata"]["annotations"]
@@ -130,6 +133,7 @@ def test_without_stay_the_gang_is_replaced_whole():
     plan = cluster.step(1)
     assert len(plan.creations) == 3 and not plan.memberships
     assert cluster.pod(0)["spec"]["containers"][0]["command"] == ["python"]
+    assert all(MEMBERSHIP_CHANGED not in cluster.env(r) for r in range(3))  # nothing to wait for
 
 
 def test_under_native_gang_scheduling_the_new_podgroup_holds_only_the_new_pods():
@@ -218,6 +222,7 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     assert st["interruptions"][-1]["cause"] == "Grow" and st["interruptions"][-1]["stepsLost"] == 0
     # The new pods start in standby; the kept ones are relabelled but told nothing yet.
     assert cluster.env(2)[STANDBY] == "1" and cluster.env(3)[STANDBY] == "1"
+    assert MEMBERSHIP_CHANGED not in cluster.env(2)  # its agent marks the switch's workers
     for name in st["keptPods"]:
         annotations = cluster.pods[name]["metadata"]["annotations"]
         assert json.loads(annotations[MEMBERSHIP_ANNOTATION])["epoch"] == 2  # the shrink's

@@ -39,6 +39,7 @@ def test_every_injected_variable_is_read_by_the_runtime_under_the_same_name():
         "MEMBERSHIP_ANNOTATION",
         "AGENT_READY_ANNOTATION",
         "STANDBY",
+        "MEMBERSHIP_CHANGED",
         "MEMBERSHIP_EPOCH",
         "MEMBERSHIP_FILE",
         "TOTAL_STEPS",

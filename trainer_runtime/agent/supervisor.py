@@ -245,7 +245,8 @@ class Supervisor:
         """Start ``chosen``'s workers; ``self.store`` is its rendezvous store when this pod
         serves it (``_serve_store`` came first). ``changed``: a membership read from the file,
         which the old gang's saves came before (the store says when they are over, and the
-        workers' download at import waits for that: ``MEMBERSHIP_CHANGED``)."""
+        workers' download at import waits for that: ``MEMBERSHIP_CHANGED``). The operator says
+        the same in the pod's environment of a new pod that joins kept ones."""
         self.current = chosen
         served = self.store is not None
         if self.store is not None:
@@ -259,6 +260,7 @@ class Supervisor:
                 self.settings.rejoin_s,
                 lambda: not self.terminating,
             )
+        changed = changed or self.settings.base_env.get(envvars.MEMBERSHIP_CHANGED) == "1"
         nproc = self.settings.nproc_per_node
         self.workers = []
         for local_rank in range(nproc):

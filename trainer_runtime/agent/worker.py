@@ -82,7 +82,7 @@ def _run_forked(command: WorkerCommand, environ: Mapping[str, str]) -> None:
         os.environ.update(environ)
         from ..resume import warm_start  # noqa: PLC0415 - the agent imported it; now with our env
 
-        warm_start.start_from_environment()
+        warm_start.start_in_forked_worker()
         sys.argv = command.argv
         code = _run(command)
     except SystemExit as exc:

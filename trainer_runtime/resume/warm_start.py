@@ -182,10 +182,7 @@ class CheckpointPrefetch:
 
         plan = self.plan
         if plan.settle is not None and not await_settled(plan.settle, self._given_up):
-            log.info(
-                "prefetch: the gang formed before the old one's saves were said over; "
-                "resume() fetches"
-            )
+            log.info("prefetch: given up before the old gang's saves were said over")
             return
         began = time.monotonic()
         uri: str | None = plan.checkpoint_uri
@@ -211,6 +208,7 @@ class CheckpointPrefetch:
             uri=uri,
             sent=folder_bytes(path),
             seconds=self.seconds,
+            prefetch=True,
         )
 
     def wait(self) -> None:
@@ -234,7 +232,7 @@ def await_settled(wait: SettleWait, given_up: threading.Event) -> bool:
     while not given_up.is_set():
         try:
             store = TCPStore(
-                wait.addr, wait.port, None, False, timeout=datetime.timedelta(seconds=2)
+                wait.addr, wait.port, None, False, timeout=datetime.timedelta(seconds=0.5)
             )
             while not given_up.is_set():
                 if (
@@ -270,6 +268,18 @@ def start_from_environment() -> CheckpointPrefetch | None:
             if plan is not None:
                 _prefetch = CheckpointPrefetch(plan)
         return _prefetch
+
+
+def start_in_forked_worker() -> CheckpointPrefetch | None:
+    """``start_from_environment`` for a worker the agent forked, with the worker's environment
+    in place. The worker inherits the agent's prefetch, which is the one it needs at the agent's
+    first start; a worker for a new membership (``RTJ_MEMBERSHIP_CHANGED``) starts its own: the
+    agent's fetched the checkpoint of the membership it started with, or was given up."""
+    global _prefetch  # noqa: PLW0603 - one prefetch per process
+    if os.environ.get(envvars.MEMBERSHIP_CHANGED, "").strip() == "1":
+        with _lock:
+            _prefetch = None
+    return start_from_environment()
 
 
 def was_prefetched(run_dir: Path, name: str) -> bool:

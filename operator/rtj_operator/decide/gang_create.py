@@ -130,6 +130,7 @@ def _rank_pod(ctx: ReconcileContext, rank: int) -> dict[str, Any]:
         master_addr=survivors.master_addr(ctx),
         status=st,  # the interruption this pass saw counts in the MTBI already
         standby=st.membership_pending_since is not None,
+        joins_kept=bool(st.kept_pods),
     )
 
 

@@ -157,13 +157,16 @@ def build_pod(
     master_addr: str | None = None,
     status: JobStatus | None = None,
     standby: bool = False,
+    joins_kept: bool = False,
     name: str | None = None,
 ) -> dict[str, Any]:
     """The pod of one rank in one attempt of a gang of ``size`` pods (default ``replicas``);
     ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
     pod, survivors.py); ``standby``: its agent starts no worker before a membership names it
-    (a warm grow, survivors.py); ``name``: the pod's name and hostname when it is not the
-    rank's (a spare, spares.py)."""
+    (a warm grow, survivors.py); ``joins_kept``: it joins kept pods that may still be saving the
+    last finished step, so its download at import waits for their word (``MEMBERSHIP_CHANGED``);
+    ``name``: the pod's name and hostname when it is not the rank's (a spare,
+    spares.py)."""
     size = job.spec.replicas if size is None else size
     name = name or names.pod_name(job.ref.name, attempt, rank)
     template = copy.deepcopy(job.raw_template)
@@ -197,6 +200,8 @@ def build_pod(
     )
     if standby:
         env.append({"name": envvars.STANDBY, "value": "1"})
+    elif joins_kept:
+        env.append({"name": envvars.MEMBERSHIP_CHANGED, "value": "1"})
     _finish_container(job, container, env)
 
     metadata = _rank_metadata(job, name, tmeta, attempt, rank)
