@@ -87,7 +87,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     EMERGENCY_SAVED: ("checkpoint", "step", "seconds", "grace_period_s"),
     UPLOADED: ("checkpoint", "uri", "bytes", "seconds"),
     STARTED: ("process_started", "world_size", "attempt"),
-    FETCHED: ("checkpoint", "uri", "bytes", "seconds"),
+    FETCHED: ("checkpoint", "uri", "bytes", "seconds", "prefetch"),
     FIRST_STEP: ("step", "seconds"),
     MEMBERSHIP: ("epoch", "nnodes", "node_rank", "stop", "stop_s"),
     INTERVAL_CHOSEN: (

@@ -167,6 +167,11 @@ class CheckpointPrefetch:
     """One background download of a committed checkpoint into the local run folder."""
 
     def __init__(self, plan: PrefetchPlan) -> None:
+        if plan.settle is not None:
+            # The wait asks a TCPStore. torch is imported here, on the importing thread: its
+            # import on the download thread beside the script's own on the main thread brought
+            # the process down (std::terminate in torch's import, seen in the agent).
+            import torch.distributed  # noqa: F401, PLC0415
         self.plan = plan
         self.fetched: Path | None = None
         self.error: BaseException | None = None
