@@ -4,11 +4,6 @@ An Event is the user's word on what happened, never a step of a decision: postin
 delay or fail a resubmission, so each batch is posted by a task of its own, in order, and a
 refusal is only logged. The tasks are kept (``tasks``) so that they are not collected mid-post
 and so that tests can wait for them.
-
-At most ``POSTS_IN_FLIGHT`` posts are under way at once, the rest wait their turn (as
-client-go's recorder posts from one goroutine): when many nodes go at once, every hit job posts
-several events in the same seconds, and posted all at once they took the API server's time from
-the new gangs' writes.
 """
 
 from __future__ import annotations
@@ -25,9 +20,6 @@ from .kube import KubeApi
 
 log = logging.getLogger(__name__)
 
-POSTS_IN_FLIGHT = 2
-"""How many Events one operator process posts at once."""
-
 
 class EventPoster:
     """Posts the Events of one operator process (fire and forget)."""
@@ -35,8 +27,7 @@ class EventPoster:
     def __init__(self, api: KubeApi):
         self.api = api
         self.tasks: set[asyncio.Task[None]] = set()
-        """The posts still under way or waiting their turn."""
-        self.turns = asyncio.Semaphore(POSTS_IN_FLIGHT)
+        """The posts still under way."""
 
     def post(self, ref: JobRef, events: list[EventSpec], now: datetime) -> None:
         """Post ``events`` about the job in the background, in order (fire and forget)."""
@@ -53,10 +44,9 @@ class EventPoster:
         async def post() -> None:
             for event in events:
                 try:
-                    async with self.turns:
-                        await self.api.post_event(
-                            involved, event.type, event.reason, event.message, iso(now)
-                        )
+                    await self.api.post_event(
+                        involved, event.type, event.reason, event.message, iso(now)
+                    )
                 except Exception as err:
                     log.warning("could not post event %s for %s: %s", event.reason, ref.name, err)
 
