@@ -111,8 +111,8 @@ PREFETCH = "RTJ_PREFETCH"
 # file (a restart in place, a standby pod's start), and by the operator on the new pods of a
 # gang that keeps survivors (they join pods that may still be saving): the old gang may still
 # be saving, so the download at import waits until node rank 0's agent says those saves are
-# over, then fetches the run's newest checkpoint (resume/warm_start.py). Not in ALL_RTJ: only
-# those pods get it.
+# over, then fetches the run's newest checkpoint (resume/warm_start.py; a process that has not
+# imported torch yet fetches without the wait). Not in ALL_RTJ: only those pods get it.
 MEMBERSHIP_CHANGED = "RTJ_MEMBERSHIP_CHANGED"
 
 # Where the in-cluster service-account token and CA live (the kubelet's default; a local pod

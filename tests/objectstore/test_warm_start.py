@@ -258,31 +258,70 @@ def test_with_none_named_the_newest_committed_checkpoint_is_fetched(tmp_path, s3
     assert newest_target(store, empty) is None
 
 
+SETTLE_ENV = {
+    envvars.CHECKPOINT_DIR: "s3://b/runs",
+    envvars.RUN_NAME: "job",
+    envvars.RESUME_FROM: "s3://b/runs/job/ep0-ba4",
+    envvars.MASTER_ADDR: "job-a0-r0.job",
+    envvars.MASTER_PORT: "29500",
+    envvars.MEMBERSHIP_EPOCH: "3",
+    envvars.MEMBERSHIP_CHANGED: "1",
+}
+
+
 def test_a_forked_worker_for_a_new_membership_starts_its_own_prefetch(tmp_path, monkeypatch):
     """A worker forked from the agent inherits the agent's prefetch: the right one for the
-    agent's first workers, the checkpoint of an older membership for a worker it restarts."""
-    started: list[warm_start.PrefetchPlan] = []
+    agent's first workers; a worker for a new membership waits for the old gang's saves, and
+    does not fetch again what the agent fetched if that is still the newest."""
+    started: list[tuple[warm_start.PrefetchPlan, Path | None]] = []
 
     class Recorded:
-        def __init__(self, plan: warm_start.PrefetchPlan) -> None:
-            started.append(plan)
+        def __init__(self, plan: warm_start.PrefetchPlan, have: Path | None = None) -> None:
+            started.append((plan, have))
 
-    inherited = object()
+    class Inherited:
+        fetched = tmp_path / "s3" / "b" / "runs" / "job" / "ep0-ba4"
+
+    inherited = Inherited()
     monkeypatch.setattr(warm_start, "CheckpointPrefetch", Recorded)
     monkeypatch.setattr(warm_start, "_prefetch", inherited)
-    for key, value in {
-        envvars.CHECKPOINT_DIR: "s3://b/runs",
-        envvars.RUN_NAME: "job",
-        envvars.RESUME_FROM: "s3://b/runs/job/ep0-ba4",
-        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path),
-        envvars.MASTER_ADDR: "job-a0-r0.job",
-        envvars.MASTER_PORT: "29500",
-        envvars.MEMBERSHIP_EPOCH: "3",
-        envvars.MEMBERSHIP_CHANGED: "0",
-    }.items():
+    for key, value in {**SETTLE_ENV, envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path)}.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv(envvars.MEMBERSHIP_CHANGED, "0")
     assert warm_start.start_in_forked_worker() is inherited and not started  # a first start
     monkeypatch.setenv(envvars.MEMBERSHIP_CHANGED, "1")
     assert isinstance(warm_start.start_in_forked_worker(), Recorded)
-    (plan,) = started
+    ((plan, have),) = started
     assert plan.settle == SettleWait("job-a0-r0.job", 29500, 3), plan
+    assert have == Inherited.fetched
+
+
+def test_a_process_without_torch_yet_prefetches_without_the_wait(tmp_path):
+    """The wait asks a TCPStore, which needs torch: importing it on the download thread beside
+    the main thread's own import brought the agent down. Before torch is imported (the agent's
+    start), the download goes ahead without the wait, beside torch's import."""
+    code = (
+        "import sys, trainer_runtime\n"
+        "from trainer_runtime.resume import warm_start\n"
+        "running = warm_start._prefetch\n"
+        "print('torch' in sys.modules, running is not None and running.plan.settle is None)\n"
+        "running.wait()\n"
+    )
+    env = {
+        **os.environ,
+        **SETTLE_ENV,
+        envvars.LOCAL_CHECKPOINT_DIR: str(tmp_path),
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing there: the download fails, logged
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"], (proc.stdout, proc.stderr[-2000:])

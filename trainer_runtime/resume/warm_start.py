@@ -27,7 +27,9 @@ before that a listing finds only the checkpoint before the survivor's save or th
 whose download would be wasted. Then it fetches the named checkpoint, a newer one, or with none
 named (a grow's switch) the run's newest. A download still waiting when ``CheckpointManager``
 asks for it (the gang formed without the word: no store of the agent's) is given up, and
-``resume()`` fetches.
+``resume()`` fetches. The operator marks the new pods that join kept ones the same way; their
+agent, which has not imported torch when it imports the runtime, fetches without the wait (see
+``start_from_environment``), and their workers fetch only what is newer than that.
 
 One process per pod fetches (local rank 0; the pod's ranks share its disk). It records what it
 fetched for the pod's other ranks too (``was_prefetched``), so that every rank's ``resumed``
@@ -49,11 +51,12 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -166,13 +169,11 @@ def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
 class CheckpointPrefetch:
     """One background download of a committed checkpoint into the local run folder."""
 
-    def __init__(self, plan: PrefetchPlan) -> None:
-        if plan.settle is not None:
-            # The wait asks a TCPStore. torch is imported here, on the importing thread: its
-            # import on the download thread beside the script's own on the main thread brought
-            # the process down (std::terminate in torch's import, seen in the agent).
-            import torch.distributed  # noqa: F401, PLC0415
+    def __init__(self, plan: PrefetchPlan, have: Path | None = None) -> None:
+        """``have``: a checkpoint folder this process already fetched (the agent's, inherited by
+        a forked worker): not fetched again when it is still the one to resume from."""
         self.plan = plan
+        self.have = have
         self.fetched: Path | None = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
@@ -196,6 +197,9 @@ class CheckpointPrefetch:
             uri = newest_target(store, plan)
             if uri is None:
                 return  # nothing committed yet: resume() starts fresh or finds one itself
+            if self._have(uri):
+                self.fetched = self.have  # resume() verifies what it loads
+                return
             path = download_checkpoint(store, uri, plan.local_run_dir)
         except Exception as exc:  # resume() meets the same problem and reports it
             self.error = exc
@@ -215,6 +219,12 @@ class CheckpointPrefetch:
             seconds=self.seconds,
             prefetch=True,
         )
+
+    def _have(self, uri: str) -> bool:
+        """Whether ``uri`` is the checkpoint this process fetched before, still on the disk."""
+        name = uri.rstrip("/").rpartition("/")[2]
+        folder = self.plan.local_run_dir / name
+        return self.have == folder and (folder / "manifest.json").is_file()
 
     def wait(self) -> None:
         """Wait for the download; one still waiting for the old gang's saves is given up (the
@@ -264,27 +274,46 @@ _prefetch: CheckpointPrefetch | None = None
 _lock = threading.Lock()
 
 
-def start_from_environment() -> CheckpointPrefetch | None:
-    """Start the prefetch the environment asks for, once per process."""
+def start_from_environment(have: Path | None = None) -> CheckpointPrefetch | None:
+    """Start the prefetch the environment asks for, once per process.
+
+    The wait for the old gang's saves asks a TCPStore, which needs torch. Its import on the
+    download thread beside the script's own on the main thread brought the process down
+    (std::terminate in torch's import, seen in the agent), and importing torch here first would
+    keep the download from running beside that import. So a process that has not imported torch
+    yet (the agent at its start, a script that imports the runtime first) fetches without the
+    wait; the workers the agent forks later, torch imported, wait."""
     global _prefetch  # noqa: PLW0603 - one prefetch per process
     with _lock:
         if _prefetch is None:
             plan = plan_from_environment(os.environ)
+            if plan is not None and plan.settle is not None and not _torch_imported():
+                plan = replace(plan, settle=None)
             if plan is not None:
-                _prefetch = CheckpointPrefetch(plan)
+                _prefetch = CheckpointPrefetch(plan, have)
         return _prefetch
+
+
+def _torch_imported() -> bool:
+    """Whether torch is imported in this process, and not being imported right now."""
+    torch = sys.modules.get("torch")
+    spec = getattr(torch, "__spec__", None)
+    return torch is not None and not getattr(spec, "_initializing", False)
 
 
 def start_in_forked_worker() -> CheckpointPrefetch | None:
     """``start_from_environment`` for a worker the agent forked, with the worker's environment
     in place. The worker inherits the agent's prefetch, which is the one it needs at the agent's
-    first start; a worker for a new membership (``RTJ_MEMBERSHIP_CHANGED``) starts its own: the
-    agent's fetched the checkpoint of the membership it started with, or was given up."""
-    global _prefetch  # noqa: PLW0603 - one prefetch per process
-    if os.environ.get(envvars.MEMBERSHIP_CHANGED, "").strip() == "1":
-        with _lock:
-            _prefetch = None
-    return start_from_environment()
+    first start; a worker for a new membership (``RTJ_MEMBERSHIP_CHANGED``) starts its own,
+    which waits for the old gang's saves: the agent's fetched the checkpoint of the membership it
+    started with, before those saves were over. When the newest is still the one the agent
+    fetched, it is not fetched again."""
+    global _prefetch
+    if os.environ.get(envvars.MEMBERSHIP_CHANGED, "").strip() != "1":
+        return start_from_environment()
+    with _lock:
+        inherited, _prefetch = _prefetch, None
+    return start_from_environment(inherited.fetched if inherited is not None else None)
 
 
 def was_prefetched(run_dir: Path, name: str) -> bool:

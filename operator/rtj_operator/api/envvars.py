@@ -51,9 +51,9 @@ REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
 STANDBY = "RTJ_STANDBY"
 
 # "1" on the new pods of an attempt that keeps survivors (survivors.py): a kept pod may still be
-# saving the last finished step when they start, so their download at import waits until node
-# rank 0's agent says the old gang's saves are over. The agent sets it itself on the workers it
-# restarts. Not in ALL_RTJ: only those pods get it.
+# saving the last finished step when they start, so their workers' download at import waits
+# until node rank 0's agent says the old gang's saves are over. The agent sets it itself on the
+# workers it restarts. Not in ALL_RTJ: only those pods get it.
 MEMBERSHIP_CHANGED = "RTJ_MEMBERSHIP_CHANGED"
 # Where the runtime writes its one-line progress report (the container's terminationMessagePath).
 REPORT_FILE = "RTJ_REPORT_FILE"

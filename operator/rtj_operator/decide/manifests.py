@@ -164,7 +164,7 @@ def build_pod(
     ``master_addr``: the gang's rendezvous when it is not this attempt's own rank 0 (a kept
     pod, survivors.py); ``standby``: its agent starts no worker before a membership names it
     (a warm grow, survivors.py); ``joins_kept``: it joins kept pods that may still be saving the
-    last finished step, so its download at import waits for their word (``MEMBERSHIP_CHANGED``);
+    last finished step, so its workers' download waits for their word (``MEMBERSHIP_CHANGED``);
     ``name``: the pod's name and hostname when it is not the rank's (a spare,
     spares.py)."""
     size = job.spec.replicas if size is None else size
