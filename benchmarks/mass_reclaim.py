@@ -120,20 +120,18 @@ def settled_attempts(
     """Each job's newest attempt, once that attempt has all its pods and none of them is on a
     deleted node (None before). A job whose survivors stay may keep a pod whose node's deletion
     the operator had not seen yet: that loss takes it to a further attempt."""
-    gangs: dict[tuple[str, int], list[str]] = {}
-    for pod in live_pods(kube, ns):
+    pods = live_pods(kube, ns)
+    newest = current_attempts(pods)
+    nodes: dict[str, list[str]] = {}
+    for pod in pods:
         labels = pod["metadata"].get("labels") or {}
-        if labels.get(names.LABEL_JOB) in jobs and labels.get(names.LABEL_ATTEMPT) is not None:
-            key = (labels[names.LABEL_JOB], int(labels[names.LABEL_ATTEMPT]))
-            gangs.setdefault(key, []).append(pod["spec"].get("nodeName") or "")
-    newest: dict[str, int] = {}
-    for job, attempt in gangs:
-        newest[job] = max(newest.get(job, -1), attempt)
+        job = labels.get(names.LABEL_JOB)
+        if job in jobs and labels.get(names.LABEL_ATTEMPT) == str(newest[job]):
+            nodes.setdefault(job, []).append(pod["spec"].get("nodeName") or "")
     for job in jobs:
-        nodes = gangs.get((job, newest.get(job, -1)), [])
-        if len(nodes) < REPLICAS or victims.intersection(nodes):
+        if len(nodes.get(job, [])) < REPLICAS or victims.intersection(nodes.get(job, [])):
             return None
-    return newest
+    return {job: newest[job] for job in jobs}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -71,11 +71,6 @@ def disks(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(big, ignore_errors=True)
 
 
-def checkpoint_name(uri: str) -> str:
-    """A checkpoint's name from its URI."""
-    return uri.rstrip("/").rpartition("/")[2]
-
-
 def events(pod: str, pods: Pods, kind: str) -> list[RuntimeEvent]:
     return read_events((pods.tmp / f"{pod}.log").read_text(errors="replace"), kind)
 
@@ -99,7 +94,8 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
     (first,) = events("pod0", earlier, "committed")  # the earlier attempt's final commit
     pods.start_gang(3, port=free_port(), each=disk, RTJ_RESUME_FROM=first["uri"], **common)
     pods.wait_steps(1, 13)  # the commit at step 10 is in the bucket, step 20's is not begun
-    named = events("pod0", pods, "committed")[-1].fields["uri"]
+    commit = events("pod0", pods, "committed")[-1]
+    named = commit["uri"]
     pods.lose("pod2")
     # The operator's part: the kept pods are told the new gang (stop: kill), resuming from the
     # newest commit it knows; pod1 first, so its new worker starts while pod0 still saves.
@@ -136,7 +132,7 @@ def test_a_worker_restarted_in_place_fetches_only_the_new_gangs_checkpoint(
     # while the gang formed, not after it.
     joined = [(e["checkpoint"], e["prefetch"]) for e in events("pod2-new", pods, "fetched")]
     assert (survivors, True) in joined, joined
-    assert {n for n, _ in joined} <= {survivors, checkpoint_name(named)}, joined
+    assert {n for n, _ in joined} <= {survivors, commit["checkpoint"]}, joined
     resumed = events("pod2-new", pods, "resumed")[-1].fields
     assert resumed["checkpoint"] == survivors, resumed
     resumed = events("pod1", pods, "resumed")[-1].fields

@@ -149,7 +149,7 @@ def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
     from ..objectstore.resolver import list_remote_checkpoints  # noqa: PLC0415
     from ..run_folder.layout import progress_key  # noqa: PLC0415
 
-    named = plan.checkpoint_uri.rstrip("/").rpartition("/")[2]
+    named = _checkpoint_name(plan.checkpoint_uri)
     if not plan.checkpoint_uri:
         committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
         return str(committed[0].uri) if committed else None
@@ -164,6 +164,11 @@ def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
         log.info("prefetch: %s is newer than the named %s; fetching it", newest.name, named)
         return str(newest.uri)
     return plan.checkpoint_uri
+
+
+def _checkpoint_name(uri: str) -> str:
+    """A checkpoint's name (its folder) from its URI."""
+    return uri.rstrip("/").rpartition("/")[2]
 
 
 class CheckpointPrefetch:
@@ -222,8 +227,7 @@ class CheckpointPrefetch:
 
     def _have(self, uri: str) -> bool:
         """Whether ``uri`` is the checkpoint this process fetched before, still on the disk."""
-        name = uri.rstrip("/").rpartition("/")[2]
-        folder = self.plan.local_run_dir / name
+        folder = self.plan.local_run_dir / _checkpoint_name(uri)
         return self.have == folder and (folder / "manifest.json").is_file()
 
     def wait(self) -> None:
