@@ -224,6 +224,11 @@ class Model:
     gang forms: from the moment node rank 0's agent says the old gang's saves are over, as the
     workers start and the process group forms (``trainer_runtime/resume/warm_start.py``). False:
     only once the group formed (the product before)."""
+    room_joins_warm: bool = False
+    """At a loss of a ``*-stay`` elastic gang, room it can take at once (capacity it did not
+    grow into) is taken by a warm join after the kept ranks trained again: new pods in standby,
+    then the join's save and restart. False (the product): the next attempt is as large as what
+    fits, and the kept ranks wait for its new pods' cold start."""
     savers_meet_s: float = 5.0
     """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
     group with the others over the new gang's store."""
@@ -775,7 +780,7 @@ class StayGang(WarmGang):
         save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
         pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
-        if extra > 0 and self.min_replicas < self.replicas:
+        if extra > 0 and self.min_replicas < self.replicas and not m.room_joins_warm:
             members = self.size + self.joining_ranks() + extra
             pull = members > self.pulled
             self.pulled = max(self.pulled, members)
@@ -964,6 +969,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["idle_lost_first"] = args.idle_lost_first
     overrides["survivor_save_split"] = not args.survivor_save_alone
     overrides["restart_prefetch"] = not args.restart_fetch_after_group
+    overrides["room_joins_warm"] = args.room_joins_warm
     return Model(phases=phases, **overrides), measured
 
 
@@ -999,6 +1005,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--restart-fetch-after-group",
         action="store_true",
         help="a worker restarted in place fetches only once its gang formed (the product before)",
+    )
+    parser.add_argument(
+        "--room-joins-warm",
+        action="store_true",
+        help="at a loss, room a Stay gang can take joins warm after the kept ranks restart, "
+        "instead of new pods they wait for (not the product)",
     )
     parser.add_argument(
         "--every-loss-interval",

@@ -397,3 +397,22 @@ def test_cli_prints_a_table_per_trace_and_writes_json(tmp_path: Path, capsys):
     assert {(r["nodes"], r["policy"]) for r in doc["results"]} == {
         (n, p) for n in (4, 16) for p in gs.POLICIES
     }
+
+
+def test_room_at_a_loss_joins_warm_only_when_asked():
+    """A node back at 1100 s waits out the grow interval; the loss at 1150 s leaves room for a
+    rank. The product's next attempt takes it with a new pod whose cold start (50 s) the kept
+    ranks wait for; ``room_joins_warm`` restarts the kept ranks at once and adds the new rank
+    by a warm join (standby, then the join's save and restart): one re-form more, and the kept
+    ranks train through the new pod's start. When the kept ranks' own save and restart outlast
+    that start, the new pod is ready before they are and both come to the same."""
+    room = Trace("room", "hand", ((0, 4), (1000, 3), (1100, 4), (1150, 3), (2000, 3)))
+    model = replace(STAY_ALONE, grow_min_interval_s=300.0, checkpoint_gb=1.0)
+    waits = gs.simulate(room, 4, "elastic-stay", model)
+    joins = gs.simulate(room, 4, "elastic-stay", replace(model, room_joins_warm=True))
+    assert joins.reforms == waits.reforms + 1
+    assert kept(joins) > kept(waits)
+    slow_save = replace(model, checkpoint_gb=100.0)  # the survivor's save alone takes 100 s
+    assert gs.simulate(room, 4, "elastic-stay", slow_save) == gs.simulate(
+        room, 4, "elastic-stay", replace(slow_save, room_joins_warm=True)
+    )
