@@ -227,16 +227,18 @@ def scheduled(pod: dict, status: str, at: str, *, node: str | None = None) -> No
     pod["status"]["conditions"] = [condition]
 
 
-def pods_scheduled_message(bound_at: str, refused_at: str) -> str:
-    """A 3-rank PodGroup gang with ranks 0 and 1 bound at ``bound_at`` and rank 2 refused at
-    ``refused_at``: the PodsScheduled message."""
+def pods_scheduled_message(bound_at: str, refused_at: str, bound: int = 2) -> str:
+    """A 3-rank PodGroup gang with its first ``bound`` ranks bound at ``bound_at`` and the
+    others refused at ``refused_at``: the PodsScheduled message."""
     cluster = FakeCluster.start(replicas=3)
     cluster.native_gang = True
     cluster.step()
     assert cluster.status["gangScheduling"] == "PodGroup"
-    for rank in (0, 1):
-        scheduled(cluster.pod(rank), "True", bound_at, node=f"node-{rank}")
-    scheduled(cluster.pod(2), "False", refused_at)
+    for rank in range(3):
+        if rank < bound:
+            scheduled(cluster.pod(rank), "True", bound_at, node=f"node-{rank}")
+        else:
+            scheduled(cluster.pod(rank), "False", refused_at)
     cluster.step(1)
     condition = next(c for c in cluster.status["conditions"] if c["type"] == "PodsScheduled")
     assert condition["status"] == "False" and condition["reason"] == "Unschedulable"
@@ -251,6 +253,8 @@ def test_ranks_bound_by_a_scheduler_that_ignores_the_pod_group_are_reported():
     assert message.startswith("1 of 3 ranks cannot be scheduled and 2 are bound"), message
     assert "does not enforce the PodGroup" in message and "GangScheduling" in message
     assert "binds no pod until" not in message
+    one = pods_scheduled_message("2030-01-01T12:00:00Z", "2030-01-01T12:00:00Z", bound=1)
+    assert one.startswith("2 of 3 ranks cannot be scheduled and 1 is bound although"), one
 
 
 def test_ranks_bound_after_the_refusal_are_the_gang_binding_now():

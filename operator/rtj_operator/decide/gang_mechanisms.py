@@ -107,7 +107,8 @@ class PodGroupGang:
             # The API serves PodGroups but the scheduler binds pods one by one: its
             # GangScheduling feature gate is off (API discovery cannot tell).
             return (
-                f" and {bound} are bound although PodGroup {group} should bind none until all "
+                f" and {bound} {'is' if bound == 1 else 'are'} bound although PodGroup {group} "
+                f"should bind none until all "
                 f"{ctx.size} fit: the scheduler does not enforce the PodGroup (feature gate "
                 "GangScheduling off?)"
             )
