@@ -284,9 +284,15 @@ def test_a_gang_of_higher_priority_preempts_a_whole_gang_not_one_rank(kube, ns, 
             45,  # past the operator's resync (30 s here), should a pod event be missed
             on_timeout=state,
         )
-        events = kube.req("GET", f"/api/v1/namespaces/{ns}/events")["items"]
-        preempted = {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"}
-        assert ranks <= preempted, (ranks, preempted)  # both ranks, not one
+
+        def preempted() -> set[str]:
+            """The objects the scheduler's Preempted events name (it posts them on its own
+            schedule, which can come after the operator counted the preemption)."""
+            events = kube.req("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+            return {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"}
+
+        # Both ranks, not one.
+        wait_for("both ranks' Preempted events", lambda: ranks <= preempted(), 15, on_timeout=state)
         status = kube.status(ns, victim)
         # Every attempt ended by a preemption, none by a failure. Normally one: a resubmitted
         # gang that the scheduler places before the urgent rank binds is preempted once more.
