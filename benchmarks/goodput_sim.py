@@ -774,7 +774,8 @@ class StayGang(WarmGang):
     def after_loss(self, seen: float, noticed: bool) -> float:
         """The kept ranks' save and restart. Room the gang did not grow into (a grow that did
         not pay) is taken now: the operator's next attempt is as large as what fits, its new
-        pods start cold with it, and the kept ranks wait for them."""
+        pods start cold with it, and the kept ranks wait for them (with ``room_joins_warm``
+        the room is left to ``add_joiners``: a warm join once the kept ranks train again)."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
         save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)

@@ -108,9 +108,8 @@ class PodGroupGang:
             # GangScheduling feature gate is off (API discovery cannot tell).
             return (
                 f" and {bound} {'is' if bound == 1 else 'are'} bound although PodGroup {group} "
-                f"should bind none until all "
-                f"{ctx.size} fit: the scheduler does not enforce the PodGroup (feature gate "
-                "GangScheduling off?)"
+                f"should bind none until all {ctx.size} fit: the scheduler does not enforce the "
+                "PodGroup (feature gate GangScheduling off?)"
             )
         return f" (all-or-nothing: PodGroup {group} binds no pod until all {ctx.size} fit)"
 
