@@ -43,13 +43,28 @@ def read_events(path_prefix: Path, rank: int) -> list[dict]:
 
 
 def wait_for_gang(predicate, timeout: float, what: str, gang=None) -> None:
-    """``tools.waiting.wait_for`` that also stops early when every process of ``gang`` exited."""
+    """``tools.waiting.wait_for`` that also stops early when a rank of ``gang`` failed.
+
+    A rank that exited with an error, or every rank exited, ends the wait at once. On any failure
+    the gang is killed (so it cannot disturb the next test) and the error carries every rank's
+    log tail; after a timeout, with every thread's stack of the ranks that hung.
+    """
 
     def check() -> bool:
         if predicate():
             return True
-        if gang is not None and all(p.poll() is not None for p in gang.procs):
-            raise AssertionError(f"processes exited while waiting for {what}")
+        if gang is None:
+            return False
+        codes = [p.poll() for p in gang.procs]
+        if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
+            raise AssertionError(
+                f"processes exited (codes {codes}) while waiting for {what}\n{gang.log_tails()}"
+            )
         return False
 
-    wait_for(what, check, timeout, interval=0.05)
+    try:
+        wait_for(what, check, timeout, interval=0.05, on_timeout=gang and gang.stacks_and_log_tails)
+    except AssertionError:
+        if gang is not None:
+            gang.kill()
+        raise

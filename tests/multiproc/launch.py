@@ -28,6 +28,7 @@ class Gang:
         """``own_process_group``: every rank (and its DataLoader workers) joins one new process
         group, ``self.pgid``, like the processes torchrun starts inside one container."""
         port = free_port()
+        self.log_dir = log_dir
         self.pgid: int | None = None
         self.procs: list[subprocess.Popen] = []
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +66,24 @@ class Gang:
             out.close()
             if own_process_group and self.pgid is None:
                 self.pgid = self.procs[0].pid
+
+    def log_tails(self, chars: int = 2500) -> str:
+        """The end of every rank's log, each under a header with the rank's exit code."""
+        parts = []
+        for rank, p in enumerate(self.procs):
+            path = self.log_dir / f"rank{rank}.log"
+            text = path.read_text(errors="replace") if path.exists() else "(no log)"
+            parts.append(f"--- rank {rank} (exit code {p.poll()}) ---\n{text[-chars:]}")
+        return "\n".join(parts)
+
+    def stacks_and_log_tails(self) -> str:
+        """For a gang that hangs: SIGABRT every live rank first, so that its fault handler
+        (``PYTHONFAULTHANDLER``) writes every thread's Python stack into its log."""
+        self.signal(signal.SIGABRT)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        return self.log_tails(6000)
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         for rank, p in enumerate(self.procs):
