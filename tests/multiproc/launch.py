@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -77,9 +78,13 @@ class Gang:
         return "\n".join(parts)
 
     def stacks_and_log_tails(self) -> str:
-        """For a gang that hangs: SIGABRT every live rank first, so that its fault handler
-        (``PYTHONFAULTHANDLER``) writes every thread's Python stack into its log."""
-        self.signal(signal.SIGABRT)
+        """For a gang that hangs: SIGABRT every live rank and its children (DataLoader workers)
+        first, so that their fault handler (``PYTHONFAULTHANDLER``, inherited by a fork) writes
+        every thread's Python stack into the rank's log."""
+        for p in self.procs:
+            for pid in reversed(_descendants(p.pid)):  # children first: the rank reaps them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(0.1)
@@ -109,3 +114,13 @@ class Gang:
                 p.kill()
                 codes.append(p.wait())
         return codes
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it, parents before children (from /proc)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += _descendants(int(child))
+    return found
