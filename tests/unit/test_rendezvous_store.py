@@ -244,13 +244,18 @@ def test_a_member_that_reads_the_new_membership_before_node_rank_0_waits_for_its
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(3.0)  # node rank 0 has not read the new membership yet
+        # Node rank 0 reads the new membership only once the member met the old store and
+        # waits (a fixed sleep here was too short when the member's import of torch was slow).
+        met = ""
+        while "waiting for 1" not in met:
+            line = pod1.stderr.readline()
+            assert line and time.monotonic() < deadline, f"{met}{pod1.stderr.read()}"[-3000:]
+            met += line
         assert pod1.poll() is None
         grown = {"epoch": 1, "nnodes": 2, "nodeRank": 0, "masterAddr": "127.0.0.1"}
         membership.write_text(json.dumps({**grown, "masterPort": port, "stop": "save"}))
         out, err = pod1.communicate(timeout=90)
-        assert pod1.returncode == 0 and "formed 1 2" in out, err[-3000:]
-        assert "waiting for 1" in err  # it did meet the old store, and waited
+        assert pod1.returncode == 0 and "formed 1 2" in out, (met + err)[-3000:]
         assert "formed 1 2" in pod0.stdout.readline()
     finally:
         for proc in (pod0, pod1):
@@ -293,3 +298,30 @@ def test_a_restarted_worker_waits_until_node_rank_0_says_the_old_gangs_saves_are
     began = time.monotonic()
     assert not await_settled(SettleWait("127.0.0.1", port, 3), given_up)
     assert time.monotonic() - began < 1
+
+
+def test_a_store_reader_says_absent_unreachable_and_finds_a_store_started_again() -> None:
+    """``StoreReader``, the one way a worker looks at its gang's store before joining it
+    (``await_settled``, the savers' group): a key not there reads None, a store gone raises
+    ``StoreUnreachableError`` naming its address, and the next read reaches a store started
+    again at that port."""
+    port = free_port()
+    reader = rendezvous_store.StoreReader("127.0.0.1", port)
+    with pytest.raises(rendezvous_store.StoreUnreachableError, match=f"127.0.0.1:{port}"):
+        reader.read(rendezvous_store.EPOCH_KEY, connect_timeout_s=0.3)
+    first = rendezvous_store.start(port, 4)
+    assert first is not None
+    try:
+        assert reader.read(rendezvous_store.EPOCH_KEY, connect_timeout_s=5) == b"4"
+        assert reader.read(rendezvous_store.SETTLED_KEY, connect_timeout_s=5) is None
+    finally:
+        first.stop()
+    with pytest.raises(rendezvous_store.StoreUnreachableError):
+        reader.read(rendezvous_store.EPOCH_KEY, connect_timeout_s=0.3)
+    assert reader.client is None
+    second = rendezvous_store.start(port, 5)
+    assert second is not None
+    try:
+        assert reader.read(rendezvous_store.EPOCH_KEY, connect_timeout_s=5) == b"5"
+    finally:
+        second.stop()

@@ -45,6 +45,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 log = logging.getLogger("trainer_runtime.agent")
 
@@ -79,6 +83,43 @@ class StoreKeeper:
         """Have the store say ``SETTLED_KEY`` (the keeper sets it on SIGUSR1)."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGUSR1)
+
+
+class StoreUnreachableError(Exception):
+    """Nothing answered at the store's address in time, or the store went away."""
+
+
+class StoreReader:
+    """Reads keys of the store at ``addr:port`` as one of its clients, the way a worker looks
+    at its gang's store before it joins it. The connection is made at the first read, and made
+    again at the read after the store was not up yet or went away (node rank 0 swapping its
+    stores), so a loop of reads needs no connection handling of its own."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        self.addr = addr
+        self.port = port
+        self.client: TCPStore | None = None
+        """The connected client (None before the first read that reached the store, and after
+        one that lost it)."""
+
+    def read(self, key: str, connect_timeout_s: float) -> bytes | None:
+        """The value of ``key`` (None: the store does not have it); a connection is waited for
+        up to ``connect_timeout_s``. Raises ``StoreUnreachableError``."""
+        from torch.distributed import TCPStore  # noqa: PLC0415 - its callers import torch
+
+        try:
+            if self.client is None:
+                self.client = TCPStore(
+                    self.addr,
+                    self.port,
+                    None,
+                    False,
+                    timeout=datetime.timedelta(seconds=connect_timeout_s),
+                )
+            return self.client.get(key) if self.client.check([key]) else None
+        except (RuntimeError, ValueError, OSError) as exc:  # torch's network errors included
+            self.client = None
+            raise StoreUnreachableError(f"{self.addr}:{self.port}: {exc}") from exc
 
 
 def start(port: int, epoch: int, ready_timeout_s: float = READY_TIMEOUT_S) -> StoreKeeper | None:

@@ -241,31 +241,26 @@ def await_settled(wait: SettleWait, given_up: threading.Event) -> bool:
     """Wait until the store at ``wait.addr:wait.port`` says the old gang's saves are over for
     ``wait.epoch`` (``rendezvous_store.SETTLED_KEY``); False when ``given_up`` is set first.
     A store that is not up yet, or goes (node rank 0 swapping its stores), is asked again."""
-    import datetime  # noqa: PLC0415
+    from ..agent.rendezvous_store import (  # noqa: PLC0415 - the worker imports torch anyway
+        SETTLED_KEY,
+        StoreReader,
+        StoreUnreachableError,
+    )
 
-    from torch.distributed import TCPStore  # noqa: PLC0415 - the worker imports torch anyway
-
-    from ..agent.rendezvous_store import SETTLED_KEY  # noqa: PLC0415
-
+    reader = StoreReader(wait.addr, wait.port)
     began = time.monotonic()
     while not given_up.is_set():
         try:
-            store = TCPStore(
-                wait.addr, wait.port, None, False, timeout=datetime.timedelta(seconds=0.5)
-            )
-            while not given_up.is_set():
-                if (
-                    store.check([SETTLED_KEY])
-                    and store.get(SETTLED_KEY) == str(wait.epoch).encode()
-                ):
-                    log.info(
-                        "prefetch: the old gang's saves were over after %.2f s",
-                        time.monotonic() - began,
-                    )
-                    return True
-                given_up.wait(SETTLE_POLL_S)
-        except (RuntimeError, OSError):  # not up yet, or gone: ask again
+            said = reader.read(SETTLED_KEY, connect_timeout_s=0.5)
+        except StoreUnreachableError:  # not up yet, or gone: ask again
             given_up.wait(SETTLE_POLL_S * 4)
+            continue
+        if said == str(wait.epoch).encode():
+            log.info(
+                "prefetch: the old gang's saves were over after %.2f s", time.monotonic() - began
+            )
+            return True
+        given_up.wait(SETTLE_POLL_S)
     return False
 
 

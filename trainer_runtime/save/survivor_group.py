@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .. import envvars
-from ..agent.rendezvous_store import EPOCH_KEY
+from ..agent.rendezvous_store import EPOCH_KEY, StoreReader, StoreUnreachableError
 from ..pod.membership import Membership
 from ..run import arguments
 from ..run.dist import Coordinator
@@ -183,31 +183,24 @@ def _current_store(new: Membership, deadline: float) -> tuple[dist.TCPStore | No
     ``EPOCH_GRACE_S`` (node rank 0's agent starts its store, then writes the epoch) and then
     taken for one a worker of the new gang hosts, which goes away with that worker. (None,
     False): nothing answered by the deadline."""
+    reader = StoreReader(new.master_addr, new.master_port)
     silent_since: float | None = None
-    store = None
     while True:
         now = time.monotonic()
         try:
-            store = dist.TCPStore(
-                new.master_addr,
-                new.master_port,
-                None,
-                False,
-                timeout=datetime.timedelta(seconds=max(1.0, min(deadline - now, 5.0))),
-            )
-            said = store.get(EPOCH_KEY) if store.check([EPOCH_KEY]) else None
-        except (RuntimeError, ValueError):  # nothing listening there yet
+            said = reader.read(EPOCH_KEY, connect_timeout_s=max(1.0, min(deadline - now, 5.0)))
+        except StoreUnreachableError:  # nothing listening there yet
             said = b""
         if said and int(said) >= new.epoch:
-            return store, True
+            return reader.client, True
         if said is None:
             silent_since = now if silent_since is None else silent_since
             if now - silent_since >= EPOCH_GRACE_S:
                 log.warning("the store at the new rendezvous says no epoch: no shared save")
-                return store, False
+                return reader.client, False
         if now >= deadline:
             log.warning("the store of epoch %d did not answer in time: no shared save", new.epoch)
-            return store, False
+            return reader.client, False
         time.sleep(STORE_POLL_S)
 
 
