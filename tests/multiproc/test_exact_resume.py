@@ -145,9 +145,12 @@ def test_world_size_change_keeps_every_sample_exactly_once(tmp_path, first, seco
 
 def test_sigterm_saves_and_exits_well_inside_the_grace_period(tmp_path):
     grace = 20.0
+    # Without DataLoader workers: this test is about the emergency save's time, and every fork
+    # of a worker is a chance of CPython 3.11's fork hang (docs/runtime.md); tests/multiproc/
+    # test_shutdown.py covers a SIGTERM with workers.
     gang = Gang(
         EXAMPLE,
-        job_args(tmp_path, "--step-sleep", "0.05", "--interval", "1000ba"),
+        job_args(tmp_path, "--step-sleep", "0.05", "--interval", "1000ba", "--workers", "0"),
         2,
         tmp_path / "logs",
         env={"RTJ_GRACE_PERIOD_SECONDS": str(grace)},
