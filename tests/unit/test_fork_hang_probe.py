@@ -1,0 +1,40 @@
+"""benchmarks/fork_hang_probe.py: the probe's report and exit code agree, bad input is refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "fork_hang_probe.py"
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork and pthreads on Linux")
+
+
+def test_the_probe_reports_its_forks_and_fails_exactly_when_a_child_hung() -> None:
+    run = subprocess.run(
+        [sys.executable, str(PROBE), "--forks", "30"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    found = re.search(r"Python \S+: (\d+) of 30 children hung; (\d+) native threads", run.stdout)
+    assert found, run.stdout + run.stderr
+    hung, entered = int(found[1]), int(found[2])
+    assert entered > 0, "no native thread entered Python: the probe raced nothing"
+    assert run.returncode == (1 if hung else 0)
+
+
+def test_the_probe_refuses_a_count_below_one() -> None:
+    run = subprocess.run(
+        [sys.executable, str(PROBE), "--forks", "0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "--forks must be at least 1" in run.stderr
