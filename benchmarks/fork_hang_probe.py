@@ -75,6 +75,8 @@ def main() -> int:
     for thread in spawners:
         thread.start()
     began, hung = time.monotonic(), 0
+    while not any(e[0] for e in entries) and time.monotonic() - began < 10:
+        time.sleep(0.01)  # the race begins once native threads enter Python
     try:
         for done in range(1, args.forks + 1):
             hung += _fork_one()
