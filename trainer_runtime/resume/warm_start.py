@@ -241,7 +241,7 @@ def await_settled(wait: SettleWait, given_up: threading.Event) -> bool:
     """Wait until the store at ``wait.addr:wait.port`` says the old gang's saves are over for
     ``wait.epoch`` (``rendezvous_store.SETTLED_KEY``); False when ``given_up`` is set first.
     A store that is not up yet, or goes (node rank 0 swapping its stores), is asked again."""
-    from ..agent.rendezvous_store import (  # noqa: PLC0415 - the worker imports torch anyway
+    from ..agent.rendezvous_store import (  # noqa: PLC0415 - only this wait needs it
         SETTLED_KEY,
         StoreReader,
         StoreUnreachableError,
