@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .prefetch import Prefetched
     from .sampler import DataPositionError, ResumableSampler
     from .save.manifest import Manifest
+    from .switch import MembershipSwitched
     from .timestamp import Event, SaveInterval, Timestamp
 
 # Names that need torch (or xxhash) load on first use, so tools that only need the object
@@ -42,6 +43,7 @@ _LAZY = {
     "Prefetched": "prefetch",
     "ObjectStoreConfigError": "objectstore.errors",
     "ObjectStoreError": "objectstore.errors",
+    "MembershipSwitched": "switch",
     "ResumableSampler": "sampler",
     "DataPositionError": "sampler",
     "Event": "timestamp",
@@ -67,6 +69,7 @@ __all__ = [
     "IncompatibleCheckpointError",
     "Manifest",
     "ManifestError",
+    "MembershipSwitched",
     "NoCheckpointError",
     "ObjectStoreConfigError",
     "ObjectStoreError",

@@ -79,6 +79,14 @@ SURVIVOR_SAVE_SECONDS = "RTJ_SURVIVOR_SAVE_SECONDS"
 # From how many MiB of replicated state the survivors' save is split over the kept pods (each
 # kept pod's local rank 0 worker writes a share; save/survivor_group.py). Not in ALL_RTJ either.
 SURVIVOR_SPLIT_MIB = "RTJ_SURVIVOR_SPLIT_MIB"
+# The in-process switch (switch.py, docs/survivors.md): the agent gives each worker a file
+# (SWITCH_FILE, the agent's own); a manager built with in_process_switch=True writes
+# "<file>.ready" beside it, and the agent writes the new membership into the file instead of
+# restarting the worker. PEER_STATE is "1" on the workers an agent starts for a membership that
+# switches in process (new pods, and kept ones that could not switch): their resume() first
+# asks the new rank 0 whether it sends the state. Neither is in ALL_RTJ: the agent sets both.
+SWITCH_FILE = "RTJ_SWITCH_FILE"
+PEER_STATE = "RTJ_PEER_STATE"
 
 # Where the runtime reports its last committed checkpoint (the container's termination
 # message path, so the operator reads it from the pod status).

@@ -58,6 +58,7 @@ FIRST_STEP = "first_step"
 MEMBERSHIP = "membership"
 INTERVAL_CHOSEN = "interval_chosen"
 SURVIVOR_SAVED = "survivor_saved"
+SWITCHED = "switched"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     FRESH: ("run", "world_size"),
@@ -101,10 +102,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "clamped",
     ),
     SURVIVOR_SAVED: ("checkpoint", "step", "seconds", "epoch", "why_not"),
+    SWITCHED: ("epoch", "step", "world_size", "old_world_size", "seconds"),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
 
-RESUME_SOURCES = {"checkpoint": "local", "remote": "remote", "load_path": "load_path"}
+RESUME_SOURCES = {
+    "checkpoint": "local",
+    "remote": "remote",
+    "load_path": "load_path",
+    "peers": "peers",
+}
 """``ResumeResult.source`` -> the ``source`` of a ``resumed`` event."""
 
 
@@ -203,11 +210,13 @@ def resumed(
     epoch: int,
     fallbacks: Sequence[str],
     world_size: int,
+    saved_world_size: int | None = None,
 ) -> None:
     """The state was restored. ``source``: ``local`` (the run folder), ``remote`` (fetched from
-    the object store, ``uri`` names it) or ``load_path``; ``fallbacks``: one line per newer
+    the object store, ``uri`` names it), ``load_path``, or ``peers`` (sent by the running gang's
+    rank 0 in an in-process switch; ``path`` empty); ``fallbacks``: one line per newer
     checkpoint passed over, with the reason; ``saved_world_size``: the world size that saved it
-    (from its manifest; None for a ``load_path`` file)."""
+    (given, or from its manifest; None for a ``load_path`` file)."""
     emit(
         RESUMED,
         rank=rank,
@@ -219,7 +228,7 @@ def resumed(
         uri=uri,
         fallbacks=list(fallbacks),
         world_size=world_size,
-        saved_world_size=_saved_world_size(path),
+        saved_world_size=saved_world_size or _saved_world_size(path),
     )
 
 
@@ -227,6 +236,8 @@ def _saved_world_size(path: str) -> int | None:
     from .errors import ManifestError  # noqa: PLC0415
     from .save.manifest import Manifest  # noqa: PLC0415 - only a resume needs it
 
+    if not path:
+        return None  # the state came from the running gang's rank 0
     try:
         return Manifest.read(Path(path)).world_size
     except (ManifestError, OSError):  # a load_path file, or a folder without a manifest
@@ -401,6 +412,23 @@ def membership(
         node_rank=node_rank,
         stop=stop,
         stop_s=round(stop_s, 3),
+    )
+
+
+def switched(
+    *, rank: int, epoch: int, step: int, world_size: int, old_world_size: int, seconds: float
+) -> None:
+    """This running process switched to membership ``epoch`` at ``step`` without ending (an
+    in-process switch, ``switch.py``): from ``old_world_size`` ranks to ``world_size``;
+    ``seconds``: from the agreed step boundary to the new gang holding the state."""
+    emit(
+        SWITCHED,
+        rank=rank,
+        epoch=epoch,
+        step=step,
+        world_size=world_size,
+        old_world_size=old_world_size,
+        seconds=round(seconds, 3),
     )
 
 

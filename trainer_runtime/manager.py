@@ -39,6 +39,7 @@ from .run import arguments
 from .run.config import AsyncPolicy, Settings
 from .run.context import RunContext, global_batch
 from .run.setup import release, set_up
+from .run.switch_in_place import switch_in_place
 from .sampler import ResumableSampler
 from .save import naming
 from .save.auto_interval import AutoSchedule
@@ -46,6 +47,7 @@ from .save.emergency import PreemptionResponse
 from .save.policy import SavedCheckpoint, Saver
 from .save.rank_contents import Components
 from .save.survivor import SurvivorSave
+from .switch import SwitchWatch
 from .timestamp import Event, IntervalFn, SaveInterval, Timestamp
 
 __all__ = ["CheckpointManager", "ResumeResult", "SavedCheckpoint"]
@@ -94,6 +96,10 @@ class CheckpointManager:
     _closed: bool
     _survivor: SurvivorSave | None
     """Saves the last finished step from memory if a rank is lost (save/survivor.py)."""
+    switch_watch: SwitchWatch | None
+    """The agent's requests to switch in process (``in_process_switch=True``; switch.py)."""
+    _arguments: dict[str, Any]
+    """The constructor's arguments: a switch builds the parts again from them."""
     total_work: TotalWork
     """The job's total steps, reported beside the current step (pod/progress.py)."""
     auto_interval: AutoSchedule | None
@@ -148,6 +154,7 @@ class CheckpointManager:
         upload_flush_timeout_s: float | None = None,
         final_save: bool = True,
         coordination_timeout: timedelta = timedelta(minutes=10),
+        in_process_switch: bool = False,
     ) -> None:
         set_up(self, {k: v for k, v in locals().items() if k != "self"})  # run/setup.py
 
@@ -225,8 +232,11 @@ class CheckpointManager:
             self.saver.raise_background_failure()
 
     def _loop_point(self, before: Timestamp, event: Event) -> SavedCheckpoint | None:
-        """Shared tail of batch_end/epoch_end: preemption first, then the save schedule."""
+        """Shared tail of batch_end/epoch_end: preemption first, then an in-process switch
+        (raised as ``MembershipSwitched``), then the save schedule."""
         saved = self._response.at_step_boundary(self.timestamp.batch)
+        if self._response.switch_request is not None:
+            raise switch_in_place(self, self._response.switch_request)
         auto = self.auto_interval
         if auto is not None:
             auto.observe(self.saver.saved)

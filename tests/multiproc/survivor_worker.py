@@ -8,6 +8,11 @@ step time). Rank 0 writes ``<out>/final.pt`` (the model and
 optimizer state) at the end, and every rank writes ``<out>/first-<epoch>-<rank>`` with the wall
 time of its first step, so a test can time how long a membership change took, and
 ``<out>/inherited-<epoch>-<rank>`` says whether it started with ``torch._inductor`` imported.
+With ``--switch`` it is built for the in-process switch (``in_process_switch=True``, the module
+wrapped after ``resume()`` and again after each ``MembershipSwitched``, as docs/survivors.md
+shows) and writes ``<out>/switched-<epoch>-<rank>`` (its pid and the switch's seconds) when it
+switched, and ``<out>/pid-<epoch>-<rank>`` at its first step of each membership; every rank
+writes ``<out>/final-<rank>.pt``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tools.emulated_step import end_step
-from trainer_runtime import CheckpointManager
+from trainer_runtime import CheckpointManager, MembershipSwitched
 
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
 
@@ -35,7 +40,11 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--interval", default="5ba")
     ap.add_argument("--width", type=int, default=16, help="the hidden layer (the state's size)")
+    ap.add_argument("--switch", action="store_true", help="in_process_switch=True")
     args = ap.parse_args()
+    if args.switch:
+        switching(args)
+        return
     out = Path(args.out)
     # torchrun's elastic agent restarts the workers with the same environment but for its count
     epoch = str(
@@ -45,7 +54,7 @@ def main() -> None:
     inherited = "torch._inductor" in sys.modules  # the agent's preload (trainer_runtime/agent)
 
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     (out / f"inherited-{epoch}-{rank}").write_text("torch._inductor" if inherited else "")
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Linear(args.width, 1))
@@ -57,6 +66,25 @@ def main() -> None:
         model=model, optimizer=opt, folder=args.folder, run_name="survivors", interval=args.interval
     )
     ckpt.resume()
+    train_steps(model, opt, ckpt, args, epoch)
+    ckpt.close()
+    if rank == 0:
+        torch.save(
+            {"model": model.module.state_dict(), "optim": opt.state_dict()}, out / "final.pt"
+        )
+    dist.destroy_process_group()
+
+
+def train_steps(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    ckpt: CheckpointManager,
+    args: argparse.Namespace,
+    epoch: str,
+) -> None:
+    """The loop both kinds of worker run: one global batch a step, logged once its gradients
+    are all-reduced."""
+    out, rank, world = Path(args.out), dist.get_rank(), dist.get_world_size()
     first = True
     for step in ckpt.steps(args.steps):
         ids = list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))[rank::world]
@@ -67,14 +95,45 @@ def main() -> None:
         # the gradients' all-reduce is done: every rank's samples are in this step's update
         with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:
             log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
+        if first:
+            (out / f"pid-{epoch}-{rank}").write_text(str(os.getpid()))
         end_step(opt, args.step_s, out / f"first-{epoch}-{rank}" if first else None)
         first = False
         ckpt.batch_end(num_samples=GLOBAL_BATCH)
+
+
+def switching(args: argparse.Namespace) -> None:
+    """The worker built for the in-process switch: the manager gets the module; the module is
+    wrapped after resume() and again after every switch."""
+    out = Path(args.out)
+    epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Linear(args.width, 1))
+    opt = torch.optim.SGD(inner.parameters(), lr=0.05, momentum=0.9)
+    ckpt = CheckpointManager(
+        model=inner,
+        optimizer=opt,
+        folder=args.folder,
+        run_name="survivors",
+        interval=args.interval,
+        in_process_switch=True,
+    )
+    ckpt.resume()
+    while True:
+        model = DistributedDataParallel(inner, find_unused_parameters=True)
+        try:
+            train_steps(model, opt, ckpt, args, epoch)
+            break
+        except MembershipSwitched as switched:
+            epoch = str(switched.epoch)
+            own = f"{switched.epoch}-{switched.rank}"
+            (out / f"switched-{own}").write_text(f"{os.getpid()} {switched.seconds}")
     ckpt.close()
-    if rank == 0:
-        torch.save(
-            {"model": model.module.state_dict(), "optim": opt.state_dict()}, out / "final.pt"
-        )
+    torch.save(
+        {"model": inner.state_dict(), "optim": opt.state_dict()},
+        out / f"final-{dist.get_rank()}.pt",
+    )
     dist.destroy_process_group()
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import envvars, events, io_progress
+from .. import envvars, events, io_progress, switch
 from ..errors import ConfigError
 from ..pod import membership
 from ..pod.membership import Membership
@@ -114,7 +114,10 @@ class Supervisor:
             if not self.terminating:
                 newer = self._newer_membership()
                 if newer is not None:
-                    self._restart(newer)
+                    if newer.stop == membership.STOP_SWITCH and self._can_switch():
+                        self._switch(newer)
+                    else:
+                        self._restart(newer)
                     continue
             failed = [code for code in codes if code not in (None, 0)]
             if failed and not self.terminating:
@@ -142,8 +145,10 @@ class Supervisor:
         floor = (self.current or self.initial).epoch + 1 if at_least is None else at_least
         return found if found is not None and found.epoch >= floor else None
 
-    def _restart(self, new: Membership) -> None:
-        began = self.clock()
+    def _replace_store(self, new: Membership) -> rendezvous_store.StoreKeeper | None:
+        """Serve ``new``'s store (node rank 0) before anything else, so the new gang's early
+        ranks find it up; the old store, for the caller to stop once its workers are done with
+        it (None: there was none, or it was at the same address and is stopped already)."""
         old_store, self.store = self.store, None
         if old_store is not None and old_store.port == new.master_port:
             # The new gang's rendezvous is at the old one's address: replace the store before
@@ -153,10 +158,16 @@ class Supervisor:
             # The old workers no longer need it: their process group is formed.
             old_store.stop()
             old_store = None
-        self._serve_store(new)  # first: the new gang's early ranks find it up
+        self._serve_store(new)
+        return old_store
+
+    def _restart(self, new: Membership) -> None:
+        began = self.clock()
+        old_store = self._replace_store(new)
         if new.stop == membership.STOP_KILL and new.node_rank < new.savers:
             self._let_survivor_save()
-        self._stop(save=new.stop == membership.STOP_SAVE)
+        # stop: switch where a worker cannot switch: every old member is alive, so it saves
+        self._stop(save=new.stop in (membership.STOP_SAVE, membership.STOP_SWITCH))
         if old_store is not None:
             old_store.stop()
         stopped_s = self.clock() - began
@@ -167,6 +178,30 @@ class Supervisor:
             how=f"workers restarted in place ({stopped_s:.2f} s to stop the old ones)",
         )
         self._start(new, changed=True)
+
+    def _can_switch(self) -> bool:
+        """Whether every worker runs and said it can switch in process (``switch.py``)."""
+        return bool(self.workers) and all(
+            w.poll() is None and switch.can_switch(self._switch_file(lr))
+            for lr, w in enumerate(self.workers)
+        )
+
+    def _switch(self, new: Membership) -> None:
+        """Hand the new membership to the running workers, which switch to it in process at a
+        step boundary they agree on; the new gang's store is served first (node rank 0)."""
+        old_store = self._replace_store(new)
+        if self.store is not None:
+            self.store.settle()  # no worker saves on the way: nothing to wait for
+        for local_rank in range(len(self.workers)):
+            env = self._worker_environment(new, local_rank, changed=True)
+            env.pop(envvars.PEER_STATE, None)  # these hold the state
+            switch.write_request(
+                self._switch_file(local_rank), switch.SwitchRequest(new.epoch, env)
+            )
+        if old_store is not None:
+            old_store.stop()
+        self.current = new
+        self._announce(new, stop=new.stop, stopped_s=0.0, how="workers asked to switch in process")
 
     def _announce(self, new: Membership, *, stop: str, stopped_s: float, how: str) -> None:
         _say(
@@ -235,6 +270,9 @@ class Supervisor:
     def _marker(self, local_rank: int) -> Path:
         return self.markers / f"survivor-{local_rank}"
 
+    def _switch_file(self, local_rank: int) -> Path:
+        return self.markers / f"switch-{local_rank}"
+
     def _serve_store(self, chosen: Membership) -> None:
         """Node rank 0 serves the membership's rendezvous store from now on (one try: a port
         that cannot be bound now will not be on a retry, and rank 0's worker then serves it)."""
@@ -248,7 +286,6 @@ class Supervisor:
         workers' download at import waits for that: ``MEMBERSHIP_CHANGED``). The operator says
         the same in the pod's environment of a new pod that joins kept ones."""
         self.current = chosen
-        served = self.store is not None
         if self.store is not None:
             self.store.settle()  # this pod's old workers are gone: their saves are over
         if chosen.node_rank != 0:
@@ -261,18 +298,32 @@ class Supervisor:
                 lambda: not self.terminating,
             )
         changed = changed or self.settings.base_env.get(envvars.MEMBERSHIP_CHANGED) == "1"
-        nproc = self.settings.nproc_per_node
         self.workers = []
-        for local_rank in range(nproc):
-            marker = self._marker(local_rank)
-            marker.unlink(missing_ok=True)
+        for local_rank in range(self.settings.nproc_per_node):
+            self._marker(local_rank).unlink(missing_ok=True)
+            for stale in switch.agent_files(self._switch_file(local_rank)):
+                stale.unlink(missing_ok=True)
             env = {
                 **self.settings.base_env,
-                **chosen.worker_environment(nproc, local_rank),
-                envvars.SURVIVOR_SAVE_FILE: str(marker),
-                envvars.MEMBERSHIP_CHANGED: "1" if changed else "0",
-            } | ({envvars.USE_AGENT_STORE: str(True)} if served else {})
+                **self._worker_environment(chosen, local_rank, changed),
+            }
             self.workers.append(worker.start(self.settings.command, env, local_rank))
+
+    def _worker_environment(
+        self, chosen: Membership, local_rank: int, changed: bool
+    ) -> dict[str, str]:
+        """What a worker of ``chosen`` gets besides the pod's own environment: its ranks and
+        rendezvous, and the agent's files and flags."""
+        return (
+            {
+                **chosen.worker_environment(self.settings.nproc_per_node, local_rank),
+                envvars.SURVIVOR_SAVE_FILE: str(self._marker(local_rank)),
+                envvars.SWITCH_FILE: str(self._switch_file(local_rank)),
+                envvars.MEMBERSHIP_CHANGED: "1" if changed else "0",
+            }
+            | ({envvars.USE_AGENT_STORE: str(True)} if self.store is not None else {})
+            | ({envvars.PEER_STATE: "1"} if chosen.stop == membership.STOP_SWITCH else {})
+        )
 
     def _stop(self, *, save: bool) -> None:
         """End every worker: SIGTERM and up to ``stop_grace_s`` to save, or SIGKILL at once."""

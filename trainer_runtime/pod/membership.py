@@ -12,7 +12,8 @@ two facts the plain torch environment cannot carry:
   the epoch, the gang's size in pods, this pod's index, the rendezvous address, the checkpoint
   to resume from, and how the old workers end (``stop``: ``save`` when every old member is
   still alive, so a collective emergency save can commit first; ``kill`` when one is gone and
-  a save would wait on it).
+  a save would wait on it; ``switch`` when every old member is alive and the job switches in
+  process, ``switch.py``).
 
 The file is JSON with the operator's field names (camelCase, like the rest of the API). A file
 that does not parse is a ``ConfigError`` naming the field and what was expected; an empty or
@@ -33,7 +34,10 @@ from ..run import arguments
 
 STOP_SAVE = "save"
 STOP_KILL = "kill"
-STOP_MODES = (STOP_SAVE, STOP_KILL)
+STOP_SWITCH = "switch"
+"""Every old member is alive and the job asked for it: the workers that can switch in process
+(``switch.py``) take the new membership without ending; the others stop as with ``save``."""
+STOP_MODES = (STOP_SAVE, STOP_KILL, STOP_SWITCH)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ leave a pointer to a checkpoint resume had refused.)
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,8 +26,9 @@ from ..run.announce import announce
 from ..run.context import RunContext
 from ..run_folder.layout import progress_key
 from ..save.manifest import Manifest
+from ..switch import expects_peer_state
 from ..timestamp import Timestamp
-from . import choice, rejection
+from . import choice, from_peer, rejection
 from .choice import Decision
 from .from_store import StoreResume, lines_not_named, quarantined_pairs, refuse_to_start_over
 from .restore import Loader
@@ -39,7 +41,7 @@ log = logging.getLogger("trainer_runtime")
 class ResumeResult:
     """What ``resume()`` did: where the state came from and the restored position."""
 
-    source: Literal["fresh", "checkpoint", "remote", "load_path"]
+    source: Literal["fresh", "checkpoint", "remote", "load_path", "peers"]
     path: str | None
     timestamp: Timestamp
     fallbacks: list[str] = field(default_factory=list)
@@ -60,6 +62,11 @@ class Resumer:
 
     def resume(self) -> ResumeResult:
         ctx, settings = self.ctx, self.ctx.settings
+        if expects_peer_state(os.environ):
+            contents = from_peer.exchange(ctx, holder=False)
+            if contents is not None:  # the running gang switched in process: its state
+                sent_by = from_peer.load_from_peer(ctx, contents)
+                return self._resumed("peers", "", [], saved_world_size=sent_by)
         opts = {"strict": settings.load_strict, "ignore_keys": settings.load_ignore_keys}
         fallbacks: list[str] = []
         if settings.autoresume:
@@ -264,14 +271,16 @@ class Resumer:
     # ------------------------------------------------------------------ after the choice
     def _resumed(
         self,
-        source: Literal["checkpoint", "remote", "load_path"],
+        source: Literal["checkpoint", "remote", "load_path", "peers"],
         path: str,
         fallbacks: list[str],
         *,
         local: str | None = None,
+        saved_world_size: int | None = None,
     ) -> ResumeResult:
         """``path``: the checkpoint loaded, as reported; ``local``: its copy on this machine
-        when that differs (a fetched ``load_path``), where the event reads its manifest."""
+        when that differs (a fetched ``load_path``), where the event reads its manifest;
+        ``saved_world_size``: the sending gang's size, for the state from peers (no path)."""
         ctx, pos = self.ctx, self.ctx.position
         self.store.resubmit_unsynced()
         pos.restart_clock()
@@ -281,7 +290,7 @@ class Resumer:
             logging.INFO,
             "resumed run %s from %s at epoch %d batch %d%s",
             ctx.run_name,
-            path,
+            path or "the running gang's rank 0 (in-process switch)",
             pos.timestamp.epoch,
             pos.timestamp.batch,
             f" (passed over {'; '.join(fallbacks)})" if fallbacks else "",
@@ -298,5 +307,6 @@ class Resumer:
             epoch=pos.timestamp.epoch,
             fallbacks=fallbacks,
             world_size=ctx.world_size,
+            saved_world_size=saved_world_size,
         )
         return ResumeResult(source, path, pos.timestamp.copy(), fallbacks)

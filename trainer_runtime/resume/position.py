@@ -76,7 +76,7 @@ def apply_saved(
         runtime.get("data_overrides") or {},
         runtime.get("data_position"),
     )
-    _roll_over_finished_epoch(ctx)
+    roll_over_finished_epoch(ctx)
     pos.mark_saved()
 
 
@@ -169,7 +169,7 @@ def _place_sampler_where_saved(
     sampler.load_state_dict(dict(saved_position))
 
 
-def _roll_over_finished_epoch(ctx: RunContext) -> None:
+def roll_over_finished_epoch(ctx: RunContext) -> None:
     """A checkpoint taken after an epoch's last batch (before ``epoch_end()``) resumes at
     the start of the next epoch: the rest of the saved epoch holds no batch, and loops
     that expect at least one batch per epoch would fail on every relaunch."""

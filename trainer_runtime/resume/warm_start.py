@@ -114,6 +114,8 @@ def plan_from_environment(environ: Mapping[str, str]) -> PrefetchPlan | None:
     get = lambda name: environ.get(name, "").strip()  # noqa: E731
     if get(envvars.PREFETCH).lower() in OFF or get(envvars.LOCAL_RANK) not in ("", "0"):
         return None
+    if get(envvars.PEER_STATE) == "1":
+        return None  # the running gang switches in process and sends the state (switch.py)
     resume, root, run = get(envvars.RESUME_FROM), get(envvars.CHECKPOINT_DIR), get(envvars.RUN_NAME)
     if not (root.startswith("s3://") and run):
         return None
@@ -147,12 +149,13 @@ def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
     is further on (by training progress, as ``resume()`` orders them); with none named, the
     newest, or None when the run has none."""
     from ..objectstore.resolver import list_remote_checkpoints  # noqa: PLC0415
+    from ..objectstore.uri import parse_s3_uri  # noqa: PLC0415
     from ..run_folder.layout import progress_key  # noqa: PLC0415
 
-    named = _checkpoint_name(plan.checkpoint_uri)
     if not plan.checkpoint_uri:
         committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
         return str(committed[0].uri) if committed else None
+    named = parse_s3_uri(plan.checkpoint_uri).name
     if not plan.run_uri or named in plan.quarantined:
         return plan.checkpoint_uri
     committed = list_remote_checkpoints(store, plan.run_uri, exclude=plan.quarantined)
@@ -164,11 +167,6 @@ def newest_target(store: S3Store, plan: PrefetchPlan) -> str | None:
         log.info("prefetch: %s is newer than the named %s; fetching it", newest.name, named)
         return str(newest.uri)
     return plan.checkpoint_uri
-
-
-def _checkpoint_name(uri: str) -> str:
-    """A checkpoint's name (its folder) from its URI."""
-    return uri.rstrip("/").rpartition("/")[2]
 
 
 class CheckpointPrefetch:
@@ -227,7 +225,9 @@ class CheckpointPrefetch:
 
     def _have(self, uri: str) -> bool:
         """Whether ``uri`` is the checkpoint this process fetched before, still on the disk."""
-        folder = self.plan.local_run_dir / _checkpoint_name(uri)
+        from ..objectstore.uri import parse_s3_uri  # noqa: PLC0415
+
+        folder = self.plan.local_run_dir / parse_s3_uri(uri).name
         return self.have == folder and (folder / "manifest.json").is_file()
 
     def wait(self) -> None:

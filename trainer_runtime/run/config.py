@@ -84,6 +84,8 @@ class Settings:
     upload_flush_timeout_s: float | None
     final_save: bool
     coordination_timeout: timedelta
+    in_process_switch: bool = False
+    """Switch to a new membership in the running process when the agent asks (switch.py)."""
     auto_interval: AutoIntervalOptions | None = None
     """Bounds of ``interval="auto"``; None for any other interval."""
     total_steps: int | None = None
@@ -130,6 +132,7 @@ class Settings:
         upload_flush_timeout_s: float | None,
         final_save: bool,
         coordination_timeout: timedelta,
+        in_process_switch: bool = False,
         interval_min: float | timedelta | None = None,
         interval_max: float | timedelta | None = None,
         total_steps: int | None = None,
@@ -156,6 +159,7 @@ class Settings:
             "elastic": elastic,
             "handle_sigterm": handle_sigterm,
             "final_save": final_save,
+            "in_process_switch": in_process_switch,
         }
         for flag_name, value in flags.items():
             arguments.flag(flag_name, value)
@@ -225,6 +229,7 @@ class Settings:
             upload_flush_timeout_s=_upload_flush_timeout(upload_flush_timeout_s),
             final_save=final_save,
             coordination_timeout=arguments.duration("coordination_timeout", coordination_timeout),
+            in_process_switch=in_process_switch,
         )
 
 

@@ -26,6 +26,7 @@ from ..save.auto_interval import AutoSchedule
 from ..save.emergency import PreemptionResponse
 from ..save.policy import Saver
 from ..save.survivor import SurvivorSave
+from ..switch import SwitchWatch, check_switchable
 from .config import Settings, check_location_arguments, check_run_folder, run_folder_source
 from .context import open_run
 
@@ -34,10 +35,12 @@ _COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler
 _LOCATION = ("remote", "local_folder")
 
 
-def set_up(manager: Any, arguments: dict[str, Any]) -> None:
+def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -> None:
     """Resolve ``CheckpointManager(**arguments)``'s settings and build its parts on ``manager``
-    (the manager under construction; typed ``Any`` because this module sits below manager.py)."""
+    (the manager under construction; typed ``Any`` because this module sits below manager.py).
+    ``switched``: built again by an in-process switch, which reports itself (no ``started``)."""
     sampler = arguments["sampler"]
+    manager._arguments = arguments  # an in-process switch builds the parts again (switch.py)
     manager.components = state_mod.checked_components(**{k: arguments[k] for k in _COMPONENTS})
     cfg = Settings.resolve(
         **{k: v for k, v in arguments.items() if k not in _COMPONENTS and k not in _LOCATION},
@@ -46,6 +49,8 @@ def set_up(manager: Any, arguments: dict[str, Any]) -> None:
     )
     remote, local_folder = arguments["remote"], arguments["local_folder"]
     check_location_arguments(local_folder, remote)
+    if cfg.in_process_switch:
+        check_switchable(arguments["model"], remote)
     manager.settings = cfg
     manager.interval = cfg.interval
     manager.sampler = sampler
@@ -84,11 +89,9 @@ def set_up(manager: Any, arguments: dict[str, Any]) -> None:
         else AutoSchedule(cfg.auto_interval, rank=ctx.rank, coord=ctx.coord)
     )
     manager._resumed_at = None
-    events.started(
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        attempt=os.environ.get(envvars.ATTEMPT, "").strip() or None,
-    )
+    if not switched:
+        attempt = os.environ.get(envvars.ATTEMPT, "").strip() or None
+        events.started(rank=ctx.rank, world_size=ctx.world_size, attempt=attempt)
 
 
 def _arm(manager: Any) -> None:
@@ -110,6 +113,7 @@ def _arm(manager: Any) -> None:
     manager.preemption.on_sigterm = manager._response.watchdog.start_clock
     manager._closed = False
     manager._survivor = SurvivorSave.arm(ctx, lambda: manager.preemption.terminating)
+    manager.switch_watch = SwitchWatch.from_environment(os.environ, cfg.in_process_switch)
 
 
 def release(manager: Any, upload_timeout_s: float | None) -> None:

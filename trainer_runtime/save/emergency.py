@@ -34,6 +34,7 @@ class _Manager(Protocol):
     preemption: Any
     coord: Any
     saver: Any
+    switch_watch: Any
 
     def save(self, *, blocking: bool | None = None) -> Any: ...
 
@@ -56,14 +57,19 @@ class PreemptionResponse:
         self.exit_code = exit_code
         self.upload_flush_timeout_s = upload_flush_timeout_s
         self._notices_handled = 0
+        self.switch_request: Any = None
+        """The in-process switch every rank agreed on at the last boundary (``switch.py``)."""
         self.watchdog = ExitWatchdog(grace_period_s, exit_code)
         """Its clock starts in the SIGTERM handler (``PreemptionWatcher.on_sigterm``)."""
 
     def at_step_boundary(self, batch: int) -> Any:
-        """Agree with every rank on SIGTERM / notices, then act; the notice save, if any."""
-        watcher = self.manager.preemption
+        """Agree with every rank on SIGTERM / notices (and on an in-process switch, whose
+        request ``switch_request`` holds afterwards), then act; the notice save, if any."""
+        watcher, switch = self.manager.preemption, self.manager.switch_watch
         local = [1 if watcher.terminating else 0, watcher.poll_notice()]
-        terminating, notices = self.manager.coord.max_ints(local)
+        agreed = self.manager.coord.max_ints(local + ([] if switch is None else switch.agreement()))
+        terminating, notices = agreed[:2]
+        self.switch_request = None if switch is None else switch.agreed(agreed[2:])
         if (terminating or notices > self._notices_handled) and self.manager.progress is not None:
             self.manager.progress.send_now(batch)  # the node may go before the save commits
         if terminating:

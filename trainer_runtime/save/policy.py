@@ -304,6 +304,20 @@ class Saver:
         self._deleting = self._pruner.submit(_delete_uncommitted, ctx.folder, doomed)
 
 
+def position_record(ctx: RunContext, **runtime: Any) -> dict[str, Any]:
+    """The position's part of a capture at the current step (``timestamp``, ``run_name``,
+    ``metrics``, ``extras`` with the runtime's record, ``runtime`` over it): what the
+    survivor's save and the in-process switch's hand-over capture beside the live state."""
+    pos = ctx.position
+    pos.timestamp.wall_time = pos.wall_time()
+    return {
+        "timestamp": pos.timestamp.to_dict(),
+        "run_name": ctx.run_name,
+        "metrics": dict(pos.metrics),
+        "extras": {**pos.extras, RUNTIME_KEY: {**runtime_record(ctx), **runtime}},
+    }
+
+
 def runtime_record(ctx: RunContext) -> dict[str, Any]:
     """The runtime's own bookkeeping saved with a checkpoint: the global batch size (resume
     rescales the step when it changes) and the data overrides this run applies, since its

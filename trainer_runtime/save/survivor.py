@@ -83,7 +83,7 @@ from ..timestamp import Timestamp
 from . import survivor_group
 from .commit import write_and_commit
 from .manifest import Manifest
-from .policy import RUNTIME_KEY, runtime_record
+from .policy import position_record
 
 if TYPE_CHECKING:
     from ..remote import RemoteBackend
@@ -149,14 +149,8 @@ def capture(ctx: RunContext) -> tuple[bytes, dict[str, Any]]:
     snapshot: ``state_dict()`` may hand out live objects; the checks of a saved state are left
     to the save, where a refusal is said), and the tensor state with live references
     (``ShardedEngine.capture_unserialized``)."""
-    pos = ctx.position
-    pos.timestamp.wall_time = pos.wall_time()
     small, tensors = ctx.engine.capture_unserialized(
-        timestamp=pos.timestamp.to_dict(),
-        run_name=ctx.run_name,
-        metrics=dict(pos.metrics),
-        extras={**pos.extras, RUNTIME_KEY: runtime_record(ctx)},
-        weights_only=ctx.settings.weights_only,
+        **position_record(ctx), weights_only=ctx.settings.weights_only
     )
     return pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL), tensors
 
@@ -245,8 +239,13 @@ class SurvivorSave:
         self.marker.write_text(f"{os.getpid()}\n")  # the agent waits for this worker's save
 
     def close(self) -> None:
-        """The training ended by itself (``close()``): nothing to save from memory any more."""
+        """The training ended by itself (``close()``), or switched in process: nothing to save
+        from this watch any more. The watching thread is let finish its poll first, so it
+        cannot remove the marker after a new watch wrote it."""
         self._done.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0 + POLL_S)
         with contextlib.suppress(OSError):
             self.marker.unlink()
         for hook in self._hooks:

@@ -1,0 +1,104 @@
+"""The in-process switch, with real processes (trainer_runtime/switch.py, docs/survivors.md).
+
+Each "pod" is ``python -m trainer_runtime.agent -- python survivor_worker.py`` in its own session;
+the test plays the operator's part of a warm join: the new pod starts in standby while the gang
+trains, then every pod is told the new membership with ``stop: switch``. Shown: workers built
+with ``in_process_switch=True`` take the new membership without ending (the same processes
+train before and after), no step is lost or repeated and every sample is trained once, the new
+rank gets the running gang's state (every rank ends with bitwise the same weights and optimizer
+state), and a gang whose script did not opt in falls back to the restart in place (the kept
+pods save and restart, the new rank resumes from that commit).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.multiproc.test_survivors import assert_exactly_once
+from tools.agentpods import Pods
+from tools.ports import free_port
+from trainer_runtime import events
+
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-process on Linux"),
+]
+
+STEPS = 150
+
+
+@pytest.fixture(autouse=True)
+def no_pod_left_behind():
+    yield
+    Pods.kill_leftovers()
+
+
+def grow_two_to_three(pods: Pods, tmp: Path) -> int:
+    """A gang of 2 trains; a third pod starts in standby and says so; then every pod gets the
+    membership of 3 with ``stop: switch``. Returns the step the gang of 2 had reached when the
+    new pod was warm."""
+    port = free_port()
+    for r in range(2):
+        pods.start(f"pod{r}", node_rank=r, nnodes=2, port=port, epoch=1)
+    pods.wait_steps(1, 8)
+    port2 = free_port()
+    pods.start("pod2", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
+    end = time.monotonic() + 120
+    while "standby for membership epoch 2" not in (tmp / "pod2.log").read_text():
+        assert time.monotonic() < end, pods.logs()
+        time.sleep(0.1)
+    warm_at = pods.steps_done(1)
+    for r in range(2):
+        pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port2, stop="switch")
+    pods.announce("pod2", epoch=2, nnodes=3, nodeRank=2, masterPort=port2, stop="switch")
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    return warm_at
+
+
+def test_a_grow_switches_the_running_workers_in_process(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
+    grow_two_to_three(pods, tmp_path)
+    out = pods.out
+    for rank in range(2):  # the same worker process trained in both memberships
+        before = (out / f"pid-1-{rank}").read_text()
+        assert (out / f"pid-2-{rank}").read_text() == before
+        assert (out / f"switched-2-{rank}").read_text().split()[0] == before
+    assert not (out / "switched-2-2").exists()  # the new rank started in the new membership
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    assert pods.steps(2, 2)[0] == new[0]  # the new rank starts where the gang is
+    finals = [torch.load(out / f"final-{r}.pt", weights_only=True) for r in range(3)]
+    for other in finals[1:]:
+        for key, tensor in finals[0]["model"].items():
+            assert torch.equal(tensor, other["model"][key]), key
+        for index, state in finals[0]["optim"]["state"].items():
+            buf = other["optim"]["state"][index]["momentum_buffer"]
+            assert torch.equal(state["momentum_buffer"], buf), index
+    joined = events.read_events((tmp_path / "pod2.log").read_text(), events.RESUMED)
+    assert [(e["source"], e["step"], e["saved_world_size"]) for e in joined] == [
+        ("peers", new[0], 2)
+    ], joined
+    switched = events.read_events((tmp_path / "pod0.log").read_text(), events.SWITCHED)
+    assert [(e.fields["world_size"], e.fields["old_world_size"]) for e in switched] == [(3, 2)]
+    assert "workers asked to switch in process" in (tmp_path / "pod0.log").read_text()
+
+
+def test_workers_that_cannot_switch_restart_in_place_instead(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS)  # no --switch: the script did not opt in
+    grow_two_to_three(pods, tmp_path)
+    out = pods.out
+    for rank in range(2):
+        assert (out / f"pid-2-{rank}").read_text() != (out / f"pid-1-{rank}").read_text()
+    assert not list(out.glob("switched-*"))
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # the save on the way out committed the last step
+    joined = events.read_events((tmp_path / "pod2.log").read_text(), events.RESUMED)
+    assert [e.fields["source"] for e in joined] == ["local"], joined

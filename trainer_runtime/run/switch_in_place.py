@@ -1,0 +1,76 @@
+"""An in-process switch on the ranks of the running gang (``switch.py`` has the protocol).
+
+At the step boundary every rank agreed on, the manager's parts are let go as at ``close()`` (the
+survivor's watch retired, a save in flight waited for, the uploads flushed), the process group
+is destroyed and formed again from the new membership's environment with the same backend, and
+the parts are built again exactly as at construction, so their collectives match those of the
+new ranks' constructors. The position stays; the sampler deals the rest of the epoch to the new
+ranks; rank 0 hands the state to the new ranks (``resume/from_peer.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as dist
+
+from .. import envvars, events
+from ..resume.from_peer import exchange
+from ..resume.position import roll_over_finished_epoch
+from ..switch import MembershipSwitched, SwitchRequest
+from .announce import announce
+from .setup import release, set_up
+
+log = logging.getLogger("trainer_runtime")
+
+
+def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
+    """Switch this process to ``request``'s membership (every rank of the old gang at the
+    same step boundary); the exception ``batch_end()`` raises then."""
+    began = time.monotonic()
+    old_world, position = manager.world_size, manager._ctx.position
+    backend = dist.get_backend()
+    if manager._survivor is not None:  # armed for the old gang; set_up arms a new one
+        manager._survivor.close()
+    release(manager, None)
+    dist.destroy_process_group()
+    _apply_environment(request.environment)
+    dist.init_process_group(backend)
+    set_up(manager, manager._arguments, switched=True)
+    ctx = manager._ctx
+    ctx.position = position
+    if manager.sampler is not None:  # the same global position, dealt to the new ranks
+        manager.sampler.rank, manager.sampler.num_replicas = ctx.rank, ctx.world_size
+        roll_over_finished_epoch(ctx)  # as a new rank's load does
+    exchange(ctx, holder=True, old_world_size=old_world)
+    switched = MembershipSwitched(
+        epoch=request.epoch,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        old_world_size=old_world,
+        seconds=time.monotonic() - began,
+    )
+    manager._resumed_at = time.monotonic()
+    step = position.timestamp.batch
+    speak = ctx.coord.local_rank == 0
+    announce(log, logging.WARNING, "in-process switch at step %d: %s", step, switched, speak=speak)
+    events.switched(
+        rank=ctx.rank,
+        epoch=request.epoch,
+        step=step,
+        world_size=ctx.world_size,
+        old_world_size=old_world,
+        seconds=switched.seconds,
+    )
+    return switched
+
+
+def _apply_environment(environment: Mapping[str, str]) -> None:
+    """The new membership's variables; the agent's store flag only where it is given (node
+    rank 0's pod serves the store, the others are its clients)."""
+    os.environ.pop(envvars.USE_AGENT_STORE, None)
+    os.environ.update(environment)
