@@ -56,9 +56,15 @@ def _survivors_without_command(body: dict[str, Any]) -> None:
     body["spec"]["template"]["spec"]["containers"][0].pop("command", None)
 
 
+def _switch_without_elastic(body: dict[str, Any]) -> None:
+    body["spec"]["recovery"] = {"survivors": "Stay", "inProcessSwitch": True}
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "train.py"]
+
+
 VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "survivors stay without a command": _survivors_without_command,
     "spares without survivors staying": _spec(recovery={"spares": 1}),
+    "in-process switch without an elastic gang": _switch_without_elastic,
     "name too long": _name("a" * (names.MAX_JOB_NAME_LENGTH + 1)),
     "name not a DNS-1035 label": _name("1-train"),
     "unknown container": _spec(containerName="nope"),

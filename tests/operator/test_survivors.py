@@ -247,6 +247,23 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     assert not cluster.step(1).memberships  # said once
 
 
+def test_an_in_process_switch_tells_every_pod_to_switch():
+    """``recovery.inProcessSwitch``: the warm join's membership says ``stop: switch`` to every
+    pod: the kept pods' workers switch in process, the new ones take the state from them."""
+    cluster = shrunk_to_two_with_room_for_four()
+    cluster.body["spec"]["recovery"]["inProcessSwitch"] = True
+    cluster.step(1)
+    cluster.schedule_and_run()
+    ready(cluster, "train-a3-r2", 3)
+    ready(cluster, "train-a3-r3", 3)
+    plan = cluster.step(1)
+    told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
+    assert {t["stop"] for t in told.values()} == {"switch"} and len(told) == 4
+    assert [told[p]["nodeRank"] for p in sorted(told)] == [0, 1, 2, 3]
+    switched = next(e for e in plan.events if e.reason == "MembershipSwitched")
+    assert "switch in process and send the new ones the state" in switched.message
+
+
 def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
     """The standby pods of a pending warm join are running but hold no state: kept at a loss,
     they take ranks after the trained pods and are no savers (savers that never come would

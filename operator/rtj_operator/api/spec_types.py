@@ -574,6 +574,12 @@ class RecoveryPolicy(ApiModel):
     gang does not need. A preemption gives a lost rank's place to a spare that is warm instead
     of a new pod that cold-starts, and a new spare is started when there is room. A spare that
     cannot be placed while a rank waits for a node is deleted: ranks come first. Default 0."""
+    in_process_switch: bool = False
+    """With ``survivors: Stay`` and ``elastic``: a grow switches the running workers to the new
+    membership in process instead of restarting them (they save nothing, load nothing; the new
+    ranks get the state from rank 0). The training script must be built for it
+    (``CheckpointManager(..., in_process_switch=True)``, docs/survivors.md); a pod whose workers
+    are not restarts them in place as without it. Default false."""
 
 
 class PodTemplate(ApiModel):
@@ -704,6 +710,18 @@ JOB_SPEC_RULES = (
             or (spec.recovery.survivors is Survivors.STAY and spec.elastic is None)
         ),
         ".recovery.spares",
+    ),
+    Rule(
+        "!has(self.recovery) || !has(self.recovery.inProcessSwitch) || "
+        "!self.recovery.inProcessSwitch || (has(self.recovery.survivors) && "
+        "self.recovery.survivors == 'Stay' && has(self.elastic))",
+        "recovery.inProcessSwitch needs recovery.survivors Stay and elastic: it switches a "
+        "grow's running workers in place, and only a gang that keeps its pods and grows has one",
+        lambda spec: (
+            not spec.recovery.in_process_switch
+            or (spec.recovery.survivors is Survivors.STAY and spec.elastic is not None)
+        ),
+        ".recovery.inProcessSwitch",
     ),
     Rule(
         "has(self.runName) == has(oldSelf.runName) && "

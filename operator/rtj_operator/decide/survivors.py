@@ -63,7 +63,7 @@ STANDBY_WAIT_SECONDS = 120.0
 """How long a warm join waits for its new pods' agents to say they are warm before it gives
 every pod the new membership anyway (the kept ranks then wait for the late ones in
 ``init_process_group``, as without the wait)."""
-STOP_SAVE, STOP_KILL = "save", "kill"
+STOP_SAVE, STOP_KILL, STOP_SWITCH = "save", "kill", "switch"
 
 
 def _keeps(ctx: ReconcileContext) -> bool:
@@ -267,8 +267,9 @@ def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]
     if warm < len(new) and waited < STANDBY_WAIT_SECONDS:
         plan.requeue(min(1.0, STANDBY_WAIT_SECONDS - waited))
         return
+    in_process = ctx.job.spec.recovery.in_process_switch
     for rank in range(ctx.size):
-        stop = STOP_SAVE if rank < kept else STOP_KILL
+        stop = STOP_SWITCH if in_process else STOP_SAVE if rank < kept else STOP_KILL
         plan.memberships.append(
             MembershipWrite(
                 pod=pod_for_rank(ctx, rank),
@@ -284,9 +285,11 @@ def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]
         if warm == len(new)
         else f"{warm} of {len(new)} new pods are warm after {STANDBY_WAIT_SECONDS:g}s"
     )
+    then = (
+        f"the {kept} kept pods switch in process and send the new ones the state"
+        if in_process
+        else f"the {kept} kept pods save and every pod re-forms the gang of {ctx.size}"
+    )
     plan.event(
-        "Normal",
-        "MembershipSwitched",
-        f"attempt {st.attempt}: {how} ({waited:.1f}s); the {kept} kept pods save and every pod "
-        f"re-forms the gang of {ctx.size}",
+        "Normal", "MembershipSwitched", f"attempt {st.attempt}: {how} ({waited:.1f}s); {then}"
     )
