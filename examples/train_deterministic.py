@@ -13,6 +13,8 @@ For an elastic job (docs/operator.md, Elastic gangs) pass ``--elastic --global-b
 each optimizer step then consumes N samples at every world size (gradient accumulation over
 micro-batches of ``--batch-size``), and ``--digests FILE`` records a digest of the model and
 optimizer state at every commit and right after every resume, to prove they are equal.
+``--in-process-switch`` builds it for ``recovery.inProcessSwitch`` (docs/survivors.md): the
+model is wrapped, and the data iterated, anew after each ``MembershipSwitched``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -32,7 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-from trainer_runtime import CheckpointManager, batching
+from trainer_runtime import CheckpointManager, MembershipSwitched, batching
 from trainer_runtime.envvars import ATTEMPT
 from trainer_runtime.sampler import ResumableSampler
 
@@ -101,9 +104,12 @@ def main() -> None:
         help="samples per optimizer step at every world size (gradient accumulation)",
     )
     ap.add_argument("--digests", help="append state digests at commits and resumes to FILE.rank<r>")
+    ap.add_argument(
+        "--in-process-switch",
+        action="store_true",
+        help="take a grow's new membership in the running process (recovery.inProcessSwitch)",
+    )
     args = ap.parse_args()
-    # Under the operator, trace and digest records name their attempt (absent when run by hand).
-    attempt = {"attempt": int(os.environ[ATTEMPT])} if os.environ.get(ATTEMPT) else {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -113,35 +119,15 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
 
-    split = batching.plan(
-        global_batch_size=args.global_batch_size or args.batch_size * world,
-        world_size=world,
-        micro_batch_size=args.batch_size,
-    )
+    split = plan_batches(args, world)
     dataset = Synthetic(args.dataset_size)
     model = build_model(dataset.dim)
-    # find_unused_parameters=True keeps DDP's first gradient-bucket layout for the whole run. By
-    # default DDP re-lays its buckets out after its first step, so the first step after a resume
-    # would all-reduce in another order: at more than 2 ranks, weights then differ from an
-    # uninterrupted run in the last bits (docs/runtime.md, "Exact resume at more than two ranks").
-    ddp = DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
     sampler = ResumableSampler(dataset, shuffle=True, seed=17, batch_size=split.per_rank_samples)
-    loader = DataLoader(
-        dataset,
-        batch_size=split.micro_batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        prefetch_factor=4 if args.workers else None,
-        # Workers forked once per process, not at every epoch: a fork while other threads run
-        # (gloo's, the runtime's) can hang the new worker in fork() (docs/runtime.md).
-        persistent_workers=args.workers > 0,
-        generator=torch.Generator().manual_seed(0),  # keeps the global RNG stream untouched
-    )
     folder = args.folder and f"{args.folder}/{{run_name}}"
     ckpt = CheckpointManager(
-        model=ddp,
+        model=model,  # the module: DistributedDataParallel wraps it after resume() (train())
         optimizer=opt,
         scheduler=sched,
         sampler=sampler,
@@ -154,32 +140,83 @@ def main() -> None:
         global_batch_size=split.global_batch_size,
         # the job's total work (PROGRESS and ETA in kubectl get rtj); --epochs 0 only resumes
         epochs=args.epochs or None,
+        in_process_switch=args.in_process_switch,
     )
     resumed = ckpt.resume()
-    digests = open(f"{args.digests}.rank{rank}", "a") if args.digests else None  # noqa: SIM115
-    if digests:
-        digests.write(
-            json.dumps(
-                {
-                    "event": "resume",
-                    "source": resumed.source,
-                    "path": resumed.path,
-                    "step": ckpt.timestamp.batch,
-                    "world": world,
-                    "digest": state_digest(model, opt),
-                    **attempt,
-                }
-            )
-            + "\n"
-        )
-        digests.flush()
-    trace = open(f"{args.trace}.rank{rank}", "a") if args.trace else None  # noqa: SIM115
-    if trace:
-        marker = {"resumed_at_sample": ckpt.timestamp.sample, "world": world, **attempt}
-        trace.write(json.dumps(marker) + "\n")
-        trace.flush()
+    records = Records(args, rank, attempt_record())
+    records.resumed(resumed.source, resumed.path, ckpt, world, state_digest(model, opt))
+    while True:
+        try:
+            train(args, ckpt, model=model, opt=opt, sched=sched, dataset=dataset, records=records)
+            break
+        except MembershipSwitched as switched:  # same position, new ranks: wrap, iterate again
+            rank, world = switched.rank, switched.world_size
+            records.rank = rank
+            records.attempt = attempt_record()  # the switch's environment names the new one
+            records.resumed("switch", None, ckpt, world, state_digest(model, opt))
+    records.saving(ckpt.close, ckpt, world, lambda: state_digest(model, opt))
+    if rank == 0 and args.out:
+        torch.save(model.state_dict(), Path(args.out))
+        print(f"final weights written to {args.out} at step {ckpt.timestamp.batch}")
+    if dist.is_initialized():
+        # Last collective without tensors of ours: no gloo thread frees one after exit begins
+        # (docs/runtime.md, "End of training").
+        dist.barrier()
+        dist.destroy_process_group()
 
-    def recording_saves(call: Callable[[], object]) -> None:
+
+def attempt_record() -> dict[str, int]:
+    """Under the operator, trace and digest records name their attempt (absent by hand)."""
+    return {"attempt": int(os.environ[ATTEMPT])} if os.environ.get(ATTEMPT) else {}
+
+
+def plan_batches(args: argparse.Namespace, world: int) -> batching.BatchPlan:
+    return batching.plan(
+        global_batch_size=args.global_batch_size or args.batch_size * world,
+        world_size=world,
+        micro_batch_size=args.batch_size,
+    )
+
+
+class Records:
+    """The ``--trace`` and ``--digests`` files of this rank (none without the flags)."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, attempt: dict[str, int]) -> None:
+        self.args, self.rank, self.attempt = args, rank, attempt
+        self.files: dict[str, TextIO] = {}
+
+    def _write(self, kind: str, record: dict[str, object]) -> None:
+        base = getattr(self.args, kind)
+        if not base:
+            return
+        name = f"{base}.rank{self.rank}"
+        if name not in self.files:
+            self.files[name] = open(name, "a")  # noqa: SIM115 - kept open for the run
+        self.files[name].write(json.dumps({**record, **self.attempt}) + "\n")
+        self.files[name].flush()
+
+    def resumed(
+        self, source: str, path: str | None, ckpt: CheckpointManager, world: int, digest: str
+    ) -> None:
+        at = {"step": ckpt.timestamp.batch, "world": world}
+        self._write(
+            "digests", {"event": "resume", "source": source, "path": path, **at, "digest": digest}
+        )
+        self._write("trace", {"resumed_at_sample": ckpt.timestamp.sample, "world": world})
+
+    def step(self, ckpt: CheckpointManager, ids: torch.Tensor, global_batch: int) -> None:
+        done = ckpt.timestamp.sample + global_batch
+        self._write(
+            "trace", {"batch": ckpt.timestamp.batch + 1, "sample": done, "ids": ids.tolist()}
+        )
+
+    def saving(
+        self,
+        call: Callable[[], object],
+        ckpt: CheckpointManager,
+        world: int,
+        digest: Callable[[], str],
+    ) -> None:
         """Run a manager call; record the digest of a checkpoint it saved (batch_end's interval
         save, epoch_end's save at an epoch boundary, close()'s final save, or the emergency save
         on SIGTERM, which ends in SystemExit and is recorded too)."""
@@ -187,18 +224,44 @@ def main() -> None:
         try:
             call()
         finally:
-            if digests and len(ckpt.saved) > saves:
-                entry = {
-                    "event": "save",
-                    "checkpoint": ckpt.saved[-1].name,
-                    "step": ckpt.timestamp.batch,
-                    "world": world,
-                    "digest": state_digest(model, opt),
-                    **attempt,
-                }
-                digests.write(json.dumps(entry) + "\n")
-                digests.flush()
+            if len(ckpt.saved) > saves:
+                at = {"step": ckpt.timestamp.batch, "world": world}
+                name = ckpt.saved[-1].name
+                self._write(
+                    "digests", {"event": "save", "checkpoint": name, **at, "digest": digest()}
+                )
 
+
+def train(
+    args: argparse.Namespace,
+    ckpt: CheckpointManager,
+    *,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: object,
+    dataset: Dataset,
+    records: Records,
+) -> None:
+    """The epochs left, at the current world size: the wrapper and the loader belong to it."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    split = plan_batches(args, world)
+    # find_unused_parameters=True keeps DDP's first gradient-bucket layout for the whole run. By
+    # default DDP re-lays its buckets out after its first step, so the first step after a resume
+    # would all-reduce in another order: at more than 2 ranks, weights then differ from an
+    # uninterrupted run in the last bits (docs/runtime.md, "Exact resume at more than two ranks").
+    ddp = DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else model
+    loader = DataLoader(
+        dataset,
+        batch_size=split.micro_batch_size,
+        sampler=ckpt.sampler,
+        num_workers=args.workers,
+        prefetch_factor=4 if args.workers else None,
+        # Workers forked once per process, not at every epoch: a fork while other threads run
+        # (gloo's, the runtime's) can hang the new worker in fork() (docs/runtime.md).
+        persistent_workers=args.workers > 0,
+        generator=torch.Generator().manual_seed(0),  # keeps the global RNG stream untouched
+    )
+    digest = lambda: state_digest(model, opt)  # noqa: E731
     for _ in range(ckpt.timestamp.epoch, args.epochs):
         micro = iter(loader)
         while True:
@@ -216,25 +279,12 @@ def main() -> None:
                     loss.backward()
             opt.step()
             sched.step()
-            if trace:
-                ids = torch.cat([p[0] for p in parts])
-                done = ckpt.timestamp.sample + split.global_batch_size
-                record = {"batch": ckpt.timestamp.batch + 1, "sample": done, "ids": ids.tolist()}
-                trace.write(json.dumps(record) + "\n")
-                trace.flush()
-            recording_saves(lambda: ckpt.batch_end(num_samples=split.global_batch_size))
+            records.step(ckpt, torch.cat([p[0] for p in parts]), split.global_batch_size)
+            end = lambda: ckpt.batch_end(num_samples=split.global_batch_size)  # noqa: E731
+            records.saving(end, ckpt, world, digest)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-        recording_saves(ckpt.epoch_end)
-    recording_saves(ckpt.close)
-    if rank == 0 and args.out:
-        torch.save(model.state_dict(), Path(args.out))
-        print(f"final weights written to {args.out} at step {ckpt.timestamp.batch}")
-    if world > 1:
-        # Last collective without tensors of ours: no gloo thread frees one after exit begins
-        # (docs/runtime.md, "End of training").
-        dist.barrier()
-        dist.destroy_process_group()
+        records.saving(ckpt.epoch_end, ckpt, world, digest)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def survivors_manifest(
     cpu: str | None = None,
     interval: str | None = None,
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
     **spec: object,
 ) -> Path:
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
@@ -68,6 +69,7 @@ def survivors_manifest(
             f"--interval={interval}" if arg.startswith("--interval") else arg
             for arg in container["command"]
         ]
+    container["command"] += list(args)
     if cpu:
         container["resources"] = {"requests": {"cpu": cpu}}
     for key, value in (env or {}).items():
@@ -229,35 +231,45 @@ def test_a_large_state_is_saved_in_shares_by_the_kept_pods_into_the_bucket(
 HOLD = "example.com/hold"
 
 
-def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
-    stack: LocalStack, tmp_path: Path
-) -> None:
-    """An elastic job at 2 of 3 pods grows when a node comes back: the new pod starts in
-    standby while the two kept ranks train on, and only then does the gang re-form at 3."""
+def grow_from_two(
+    stack: LocalStack, tmp: Path, *, name: str, epochs: int, **manifest: Any
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """An elastic job of 3 pods, with room for 2 until its gang of 2 committed, then for 3:
+    the job, its pods at 2 by name, and its status once it Succeeded at 3."""
     stack.ensure_nodes(REPLICAS)
     spare = stack.live_nodes()[REPLICAS - 1 :]
-    for name in spare:  # capacity for 2 pods only
-        stack.taint_node(name, HOLD)
+    for node_name in spare:  # capacity for 2 pods only
+        stack.taint_node(node_name, HOLD)
     path = survivors_manifest(
-        tmp_path,
-        name="grows",
-        epochs=12,
+        tmp,
+        name=name,
+        epochs=epochs,
         cpu="20",  # one pod per node
         elastic={
             "minReplicas": 2,
             "shrinkAfterSeconds": 5,
             "grow": {"minIntervalSeconds": 5, "settleSeconds": 0},
         },
+        **manifest,
     )
     job = stack.apply(path)
     at_two = wait_status(stack, job, "the 2-pod gang's first commit", "lastCommittedCheckpoint")
     assert at_two["gangSize"] == 2
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=at_two["attempt"])}
-    for name in spare:
-        stack.untaint_node(name, HOLD)
+    for node_name in spare:
+        stack.untaint_node(node_name, HOLD)
     say("room for the third pod is back")
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["gangSize"] == REPLICAS and status["failures"] == 0, status
+    return job, first, status
+
+
+def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """An elastic job at 2 of 3 pods grows when a node comes back: the new pod starts in
+    standby while the two kept ranks train on, and only then does the gang re-form at 3."""
+    job, first, status = grow_from_two(stack, tmp_path, name="grows", epochs=12)
     assert status["interruptions"][-1]["cause"] == "Grow", status["interruptions"]
     reasons = [e.get("reason") for e in stack.events(job)]
     assert "MembershipSwitched" in reasons, reasons
@@ -299,6 +311,43 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
     assert resumed, stack.pod_log(rank0)[-3000:]
     for name in grown:
         assert_fetched_only(stack, name, switched.timestamp(), {resumed[0]})
+
+
+def test_a_grow_switches_the_running_workers_in_process(stack: LocalStack, tmp_path: Path) -> None:
+    """The same grow with ``recovery.inProcessSwitch`` and the example built for it: the kept
+    pods' workers take the membership of 3 without ending (no save, no restart, no load), the
+    new pod's rank gets the state from rank 0, and the job Succeeds."""
+    job, first, status = grow_from_two(
+        stack,
+        tmp_path,
+        name="switches",
+        epochs=36,  # 4 steps of 24 samples an epoch
+        args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+        recovery={"survivors": "Stay", "inProcessSwitch": True},
+    )
+    events = [e for e in stack.events(job) if e.get("reason") == "MembershipSwitched"]
+    assert events and "switch in process" in events[-1]["message"], events
+    grown = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    kept = status["keptPods"]
+    assert sorted(kept) == sorted(first) and len(grown) == REPLICAS
+    for name in kept:  # the same pods and the same workers: switched, not restarted or resumed
+        assert grown[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+        told = stack.runtime_events(name, "membership")
+        assert [(e["epoch"], e["stop"]) for e in told] == [(status["attempt"], "switch")], told
+        switched = stack.runtime_events(name, "switched")
+        assert [(e["world_size"], e["old_world_size"]) for e in switched] == [(3, 2)], switched
+        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
+        assert not [e for e in after if e.type in ("started", "resumed")], after
+    (new,) = set(grown) - set(kept)
+    joined = stack.runtime_events(new, "resumed")
+    assert [e["source"] for e in joined] == ["peers"], stack.pod_log(new)[-3000:]
+    # Its agent fetched the newest commit while it waited in standby (what a gang that cannot
+    # switch would resume from); its worker downloaded nothing: the state came from rank 0.
+    switch_at = stack.runtime_events(kept[0], "switched")[0].time
+    fetched = [e for e in stack.runtime_events(new, "fetched") if e.time > switch_at]
+    assert not fetched, fetched
+    rank0 = stack.runtime_events(kept[0], "switched")[0]
+    say(f"kept rank 0 switched at step {rank0['step']} in {rank0['seconds']:.2f} s")
 
 
 def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:
