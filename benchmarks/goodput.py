@@ -118,6 +118,9 @@ class Config:
     repeat: int = 1
     survivors: str = "Replace"
     """Both jobs' ``spec.recovery.survivors`` (``Stay``: docs/survivors.md)."""
+    in_process_switch: bool = False
+    """The elastic job's ``spec.recovery.inProcessSwitch`` (with ``Stay``), its trainer built
+    for it (``--in-process-switch``)."""
 
     def capacity(self) -> spot_traces.Trace:
         """The window, capped at the job's size, compressed: what each pool follows."""
@@ -233,6 +236,9 @@ def job_manifest(name: str, pool: str, cfg: Config, *, elastic: bool) -> Obj:
     }
     if cfg.survivors != "Replace":
         spec["recovery"] = {"survivors": cfg.survivors}
+    if elastic and cfg.in_process_switch:
+        spec["recovery"]["inProcessSwitch"] = True
+        command.append("--in-process-switch")
     if elastic:
         spec["elastic"] = {
             "minReplicas": cfg.min_replicas,
@@ -1183,6 +1189,7 @@ MORE_FIELDS = {
     "grow_settle": "grow_settle_s",
     "repeat": "repeat",
     "survivors": "survivors",
+    "in_process_switch": "in_process_switch",
 }
 """The pod-runner replay's other flags and their ``Config`` fields."""
 
@@ -1250,12 +1257,19 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         default=defaults.survivors,
         help="both jobs' spec.recovery.survivors",
     )
+    p.add_argument(
+        "--in-process-switch",
+        action="store_true",
+        help="with --survivors Stay: the elastic job's grows switch its workers in process",
+    )
     p.add_argument("--json", help="write the runs, the summary and the phase costs here")
     p.add_argument("--cluster-name", default="rtj-goodput")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and pod folders")
     args = p.parse_args(argv)
     if args.interval_steps < 1 or args.repeat < 1 or args.notice_s < 0:
         p.error("--interval-steps and --repeat must be >= 1, --notice-s >= 0")
+    if args.in_process_switch and args.survivors != "Stay":
+        p.error("--in-process-switch needs --survivors Stay")
     cfg = replay_config(p, args, defaults, **fields_of(args, MORE_FIELDS))
     return cfg, args
 

@@ -42,7 +42,9 @@ Policies (each a small state machine over the same ledger, the same events):
   the gang saves on the node's shutdown; new pods start in standby while the gang trains, then
   join through the gang's save of the step it reached and the same restart. A restarted worker
   fetches the commit while it starts and the group forms (``--restart-fetch-after-group``:
-  after, the product before);
+  after, the product before). ``--switch-grows``: a grow switches the running workers in
+  process (``recovery.inProcessSwitch``); ``--switch-noticed`` (not the product): so does a loss
+  with notice; a loss without notice always saves and restarts them;
 - ``elastic-warm``: survivors stay in process, the design the product does not have yet
   (torchft's). A loss costs the survivors its detection and a re-formed process group
   (seconds) and at most the step in flight (none with a notice); new ranks start on their own
@@ -229,6 +231,15 @@ class Model:
     grow into) is taken by a warm join after the kept ranks trained again: new pods in standby,
     then the join's save and restart. False (the product): the next attempt is as large as what
     fits, and the kept ranks wait for its new pods' cold start."""
+    switch_grows: bool = False
+    """A ``*-stay`` gang's grow switches the running workers in process
+    (``recovery.inProcessSwitch``, trainer_runtime/switch.py): the new pods start in standby,
+    then the gang pauses for a re-form (``reform_s``) and the state sent to the new ranks
+    (``checkpoint_gb`` at ``peer_gbps``), no save, no restart. False: the kept workers save and
+    restart (the product's default)."""
+    switch_noticed: bool = False
+    """A ``*-stay`` gang's loss with notice re-forms the survivors in process before the node
+    goes (not the product): the detection and a re-form, no save or restart."""
     savers_meet_s: float = 5.0
     """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
     group with the others over the new gang's store."""
@@ -775,11 +786,15 @@ class StayGang(WarmGang):
         """The kept ranks' save and restart. Room the gang did not grow into (a grow that did
         not pay) is taken now: the operator's next attempt is as large as what fits, its new
         pods start cold with it, and the kept ranks wait for them (with ``room_joins_warm``
-        the room is left to ``add_joiners``: a warm join once the kept ranks train again)."""
+        the room is left to ``add_joiners``: a warm join once the kept ranks train again).
+        With ``switch_noticed`` a noticed loss costs a re-form, no save or restart."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
-        save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
-        pause = wait + self.restart_from_save(seen + wait, save)
+        if noticed and m.switch_noticed:
+            pause = wait + m.reform_s
+        else:
+            save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
+            pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
         if extra > 0 and self.min_replicas < self.replicas and not m.room_joins_warm:
             members = self.size + self.joining_ranks() + extra
@@ -795,7 +810,10 @@ class StayGang(WarmGang):
         return self.model.standby(pull)
 
     def switch(self, t: float) -> float:
-        return self.restart_from_save(t, self.model.commit_s(self.size))
+        m = self.model
+        if m.switch_grows and self.min_replicas < self.replicas:  # the CRD: elastic only
+            return m.reform_s + m.checkpoint_gb / m.peer_gbps
+        return self.restart_from_save(t, m.commit_s(self.size))
 
     def restart_from_save(self, t: float, save_s: float) -> float:
         """A save of the live state begun at ``t`` that commits ``save_s`` later, then every
@@ -971,6 +989,8 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["survivor_save_split"] = not args.survivor_save_alone
     overrides["restart_prefetch"] = not args.restart_fetch_after_group
     overrides["room_joins_warm"] = args.room_joins_warm
+    overrides["switch_grows"] = args.switch_grows
+    overrides["switch_noticed"] = args.switch_noticed
     return Model(phases=phases, **overrides), measured
 
 
@@ -1012,6 +1032,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="at a loss, room a Stay gang can take joins warm after the kept ranks restart, "
         "instead of new pods they wait for (not the product)",
+    )
+    parser.add_argument(
+        "--switch-grows",
+        action="store_true",
+        help="a Stay gang's grows switch the running workers in process (recovery.inProcessSwitch)",
+    )
+    parser.add_argument(
+        "--switch-noticed",
+        action="store_true",
+        help="a Stay gang's losses with notice re-form the survivors in process (not the product)",
     )
     parser.add_argument(
         "--every-loss-interval",

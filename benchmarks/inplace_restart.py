@@ -43,6 +43,13 @@ choice docs/survivors.md records), each from the loss to the last surviving rank
 
 A node loss there is SIGKILL to every process of the pod (torchrun starts its workers in
 sessions of their own).
+
+``--grow`` measures a warm join instead (2 -> 3 pods; the worker built with
+``in_process_switch=True``): the third pod waits in standby while the gang trains, then every pod
+is told the membership of 3, either with ``stop: save`` (the kept workers save, the agent
+restarts them, every rank resumes from that commit) or with ``stop: switch`` (the running
+workers switch in process and send the new rank the state: ``recovery.inProcessSwitch``). The
+figure is the time from that announcement to the last rank's first step at 3.
 """
 
 from __future__ import annotations
@@ -253,9 +260,29 @@ def one_replacement(tmp: Path, *, spare: bool, extra: tuple[str, ...] = ()) -> f
         stop(pods)
 
 
+def one_grow(tmp: Path, *, stop_mode: str, extra: tuple[str, ...] = ()) -> float:
+    pods = Pods(tmp, steps=100000, step_s=0.1, extra=(*extra, "--switch"))
+    port, port2 = free_port(), free_port()
+    for r in range(2):
+        pods.start(f"pod{r}", node_rank=r, nnodes=2, port=port, epoch=1)
+    try:
+        pods.start("new2", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
+        wait_standby(pods, "new2")
+        pods.wait_steps(1, 8)
+        announced_at = time.time()
+        for r, name in enumerate(("pod0", "pod1", "new2")):
+            pods.announce(name, epoch=2, nnodes=3, nodeRank=r, masterPort=port2, stop=stop_mode)
+        return wait_first_steps(pods, 2, 3) - announced_at
+    finally:
+        stop(pods)
+
+
 def run_side(side: str, tmp: Path, width: int) -> float:
-    """One sample of ``side``: seconds from the loss to the measured first step."""
+    """One sample of ``side``: seconds from the loss (or the grow's announcement) to the
+    measured first step."""
     extra = ("--width", str(width))
+    if side in ("save", "switch"):
+        return one_grow(tmp, stop_mode=side, extra=extra)
     if side in ("warm_spare", "cold_pod"):
         return one_replacement(tmp, spare=side == "warm_spare", extra=extra)
     if side == "torchrun":
@@ -274,6 +301,11 @@ def main() -> None:
         "--replace", action="store_true", help="fixed size: a cold replacement pod or a warm spare"
     )
     mode.add_argument(
+        "--grow",
+        action="store_true",
+        help="a warm join 2 -> 3: the kept workers restarted (stop: save) or switched in process",
+    )
+    mode.add_argument(
         "--mechanisms",
         action="store_true",
         help="the shrink under each mechanism: the agent, cold processes, torchrun's elastic "
@@ -287,7 +319,10 @@ def main() -> None:
         "weights and as much momentum; 4000000, 153 MiB of each",
     )
     args = ap.parse_args()
-    if args.replace:
+    if args.grow:
+        sides = {"save": "kept workers restarted (stop: save)", "switch": "in-process switch"}
+        title = "warm join, announcement -> every rank training at 3 (2 -> 3 ranks)"
+    elif args.replace:
         sides = {"warm_spare": "warm spare (standby)", "cold_pod": "cold replacement pod"}
         title = "recovery after a pod loss, replaced (3 -> 3 ranks)"
     elif args.mechanisms:

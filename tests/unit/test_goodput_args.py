@@ -25,6 +25,7 @@ def test_the_defaults_replay_the_window_of_record():
         (["--trace", "no/such-trace"], "no/such-trace"),
         (["--window-start", "1e9"], "outside the trace"),
         (["--repeat", "0"], "--repeat"),
+        (["--in-process-switch"], "--in-process-switch needs --survivors Stay"),
     ],
 )
 def test_a_bad_value_ends_the_command_naming_it(
@@ -34,6 +35,16 @@ def test_a_bad_value_ends_the_command_naming_it(
         goodput.parse_args(argv)
     assert ended.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_the_in_process_switch_is_the_elastic_jobs_and_its_trainers():
+    cfg, _ = goodput.parse_args(["--survivors", "Stay", "--in-process-switch"])
+    elastic = goodput.job_manifest("elastic", "pool-b", cfg, elastic=True)["spec"]
+    fixed = goodput.job_manifest("fixed", "pool-a", cfg, elastic=False)["spec"]
+    assert elastic["recovery"] == {"survivors": "Stay", "inProcessSwitch": True}
+    assert "--in-process-switch" in elastic["template"]["spec"]["containers"][0]["command"]
+    assert fixed["recovery"] == {"survivors": "Stay"}
+    assert "--in-process-switch" not in fixed["template"]["spec"]["containers"][0]["command"]
 
 
 def test_the_real_node_replay_refuses_the_same_way(capsys: pytest.CaptureFixture[str]):

@@ -416,3 +416,26 @@ def test_room_at_a_loss_joins_warm_only_when_asked():
     assert gs.simulate(room, 4, "elastic-stay", slow_save) == gs.simulate(
         room, 4, "elastic-stay", replace(slow_save, room_joins_warm=True)
     )
+
+
+def test_switched_grows_and_noticed_losses_skip_the_save_and_the_restart():
+    """``switch_grows`` (``recovery.inProcessSwitch``): the node back at 1200 s gets a new pod
+    in standby (pod 50 s), then the gang pauses for a 5 s re-form and the state sent to the new
+    rank (40 GB at 12.5 GB/s), no save or restart. ``switch_noticed`` (not the product): a
+    noticed loss costs the survivors its detection (1 s) and a re-form. A loss without notice
+    still saves and restarts the workers (see above)."""
+    grows = replace(STAY_ALONE, switch_grows=True)
+    switched_at, pause = 1200 + 50, 5 + 40 / 12.5
+    r = gs.simulate(LOSS, 4, "elastic-stay", grows)
+    # The loss as the product handles it (3 ranks from 1058), then the switch at 1250.
+    assert kept(r) == pytest.approx(3764 + (switched_at - 1058) * 3 + (2000 - 1250 - pause) * 4)
+    assert kept(r) > kept(gs.simulate(LOSS, 4, "elastic-stay", STAY_ALONE))
+    both = replace(grows, switch_noticed=True, notice_share=1.0)
+    noticed = gs.simulate(LOSS, 4, "elastic-stay", both)
+    # No step in flight lost, no save: 3 ranks from 1000 + 1 + 5.
+    assert kept(noticed) == pytest.approx(943 * 4 + (1250 - 1006) * 3 + (2000 - 1250 - pause) * 4)
+    assert noticed.rolled_back_node_h == 0
+    # The policies without Stay are untouched by either.
+    without = replace(STAY_ALONE, notice_share=1.0)
+    for policy in ("fixed", "elastic", "elastic-warm"):
+        assert gs.simulate(LOSS, 4, policy, both) == gs.simulate(LOSS, 4, policy, without)
