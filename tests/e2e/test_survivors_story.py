@@ -315,8 +315,9 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
 
 def test_a_grow_switches_the_running_workers_in_process(stack: LocalStack, tmp_path: Path) -> None:
     """The same grow with ``recovery.inProcessSwitch`` and the example built for it: the kept
-    pods' workers take the membership of 3 without ending (no save, no restart, no load), the
-    new pod's rank gets the state from rank 0, and the job Succeeds."""
+    pods' workers take the membership of 3 without ending (no checkpoint asked for first, no
+    save, no restart, no load), the new pod's rank gets the state from rank 0, and the job
+    Succeeds."""
     job, first, status = grow_from_two(
         stack,
         tmp_path,
@@ -325,6 +326,8 @@ def test_a_grow_switches_the_running_workers_in_process(stack: LocalStack, tmp_p
         args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
         recovery={"survivors": "Stay", "inProcessSwitch": True},
     )
+    reasons = [e.get("reason") for e in stack.events(job)]
+    assert "Growing" in reasons and "GrowRequested" not in reasons, reasons  # no save first
     events = [e for e in stack.events(job) if e.get("reason") == "MembershipSwitched"]
     assert events and "switch in process" in events[-1]["message"], events
     grown = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}

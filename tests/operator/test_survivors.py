@@ -181,10 +181,19 @@ def stay_job_losing_two_nodes(**elastic: object) -> SpotCluster:
 
 def shrunk_to_two_with_room_for_four() -> SpotCluster:
     """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
-    has room for all four again."""
+    has room for all four again (it asked its pods to checkpoint for the grow)."""
+    cluster = shrunk_to_two_with_nodes_back()
+    assert "GrowRequested" in [e.reason for e in cluster.step(31).events]
+    cluster.report(0, "ep0-ba130", 130, current=130)
+    return cluster
+
+
+def shrunk_to_two_with_nodes_back(**recovery: object) -> SpotCluster:
+    """The job of ``shrunk_to_two_with_room_for_four`` the moment its nodes came back."""
     cluster = stay_job_losing_two_nodes(
         minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30}
     )
+    cluster.body["spec"]["recovery"].update(recovery)
     cluster.step(60)  # shrinkAfterSeconds: the gang goes on as its two kept pods
     assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
     cluster.schedule_and_run()
@@ -193,8 +202,6 @@ def shrunk_to_two_with_room_for_four() -> SpotCluster:
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
     cluster.step(1)  # trained since the resume
-    assert "GrowRequested" in [e.reason for e in cluster.step(31).events]
-    cluster.report(0, "ep0-ba130", 130, current=130)
     return cluster
 
 
@@ -250,9 +257,13 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
 def test_an_in_process_switch_tells_every_pod_to_switch():
     """``recovery.inProcessSwitch``: the warm join's membership says ``stop: switch`` to every
     pod: the kept pods' workers switch in process, the new ones take the state from them."""
-    cluster = shrunk_to_two_with_room_for_four()
-    cluster.body["spec"]["recovery"]["inProcessSwitch"] = True
-    cluster.step(1)
+    cluster = shrunk_to_two_with_nodes_back(inProcessSwitch=True)
+    plan = cluster.step(31)  # no checkpoint first: the state is handed over, not loaded
+    reasons = [e.reason for e in plan.events]
+    assert "Growing" in reasons and "GrowRequested" not in reasons and not plan.notices
+    growing = next(e for e in plan.events if e.reason == "Growing")
+    assert "switch in process, with no checkpoint first" in growing.message
+    assert cluster.status["attempt"] == 3 and cluster.status["interruptions"][-1]["stepsLost"] == 0
     cluster.schedule_and_run()
     ready(cluster, "train-a3-r2", 3)
     ready(cluster, "train-a3-r3", 3)

@@ -9,6 +9,7 @@ rules apart from their bookkeeping lets each rule be tested on its own, without 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase
@@ -218,7 +219,8 @@ def _committed_step_of_attempt(st: JobStatus) -> int | None:
 def watch_for_grow(
     ctx: ReconcileContext, all_running: bool, current: Mapping[int, dict[str, Any]]
 ) -> None:
-    """Grow a gang below full size: notice, wait for the commit, then resubmit larger."""
+    """Grow a gang below full size: notice, wait for the commit, then resubmit larger (a gang
+    that switches in process resubmits at once: its state is handed over, not loaded)."""
     st, plan, job = ctx.status, ctx.plan, ctx.job
     if ctx.size >= job.spec.replicas and st.grow is None:
         return
@@ -242,7 +244,13 @@ def watch_for_grow(
         plan.event("Normal", "GrowDeferred", f"attempt {st.attempt}: {decision.message}")
     st.grow_deferred = decision.message if decision.deferred else None
     plan.requeue(decision.recheck_after)
-    if decision.action is elastic.GrowAction.REQUEST:
+    if decision.action is elastic.GrowAction.REQUEST and _switches_in_process(ctx, current):
+        message = (
+            f"room for {decision.target} of {job.spec.replicas} pods; the {ctx.size} running "
+            "pods switch in process, with no checkpoint first"
+        )
+        _restart_larger(ctx, current, replace(decision, message=message))
+    elif decision.action is elastic.GrowAction.REQUEST:
         _request_grow(ctx, current, decision)
     elif decision.action is elastic.GrowAction.ABANDON:
         st.grow = None
@@ -250,6 +258,17 @@ def watch_for_grow(
         plan.event("Warning", "GrowAbandoned", f"attempt {st.attempt}: {decision.message}")
     elif decision.action is elastic.GrowAction.RESTART:
         _restart_larger(ctx, current, decision)
+
+
+def _switches_in_process(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bool:
+    """Whether the grow needs no checkpoint first: with ``recovery.inProcessSwitch`` every
+    running pod is kept and its workers take the new membership in process, and the new ranks
+    get the state from rank 0. Should a kept pod go before the switch, the whole gang resumes
+    from the newest commit, as after a loss without notice."""
+    if not ctx.job.spec.recovery.in_process_switch:
+        return False
+    kept = survivors.all_running(ctx, current)
+    return bool(kept) and len(kept) == len(live_pods(current))
 
 
 def _request_grow(
