@@ -58,7 +58,10 @@ class Pods:
         agent: bool = True,
         **env: str,
     ) -> subprocess.Popen:
-        """Start pod ``name``; ``agent=False`` runs the worker alone (a cold start each time)."""
+        """Start pod ``name``; ``agent=False`` runs the worker alone (a cold start each time).
+        Its temporary folder is its own, under the test's (a pod SIGKILLed leaves it there)."""
+        scratch = self.tmp / f"tmp-{name}"
+        scratch.mkdir(exist_ok=True)
         penv = {
             **os.environ,
             "RANK": str(node_rank),
@@ -72,6 +75,7 @@ class Pods:
             "RTJ_MEMBERSHIP_FILE": str(self.tmp / f"membership-{name}"),
             "RTJ_REJOIN_SECONDS": "30",
             "RTJ_GRACE_PERIOD_SECONDS": "20",
+            "TMPDIR": str(scratch),
             **env,
         }
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
