@@ -273,6 +273,7 @@ def test_a_grow_keeps_the_gang_training_while_the_new_pod_starts(
     assert status["interruptions"][-1]["cause"] == "Grow", status["interruptions"]
     reasons = [e.get("reason") for e in stack.events(job)]
     assert "MembershipSwitched" in reasons, reasons
+    assert "GrowRequested" not in reasons, reasons  # no checkpoint first: they save at the switch
     grown = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
     kept = status["keptPods"]
     assert sorted(kept) == sorted(first) and len(grown) == REPLICAS

@@ -179,17 +179,10 @@ def stay_job_losing_two_nodes(**elastic: object) -> SpotCluster:
     return lose_two_nodes(cluster)
 
 
-def shrunk_to_two_with_room_for_four() -> SpotCluster:
+def shrunk_to_two_with_room_for_four(**recovery: object) -> SpotCluster:
     """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
-    has room for all four again (it asked its pods to checkpoint for the grow)."""
-    cluster = shrunk_to_two_with_nodes_back()
-    assert "GrowRequested" in [e.reason for e in cluster.step(31).events]
-    cluster.report(0, "ep0-ba130", 130, current=130)
-    return cluster
-
-
-def shrunk_to_two_with_nodes_back(**recovery: object) -> SpotCluster:
-    """The job of ``shrunk_to_two_with_room_for_four`` the moment its nodes came back."""
+    has room for all four again, ``grow.minIntervalSeconds`` after it resumed: its next pass
+    grows."""
     cluster = stay_job_losing_two_nodes(
         minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30}
     )
@@ -202,6 +195,8 @@ def shrunk_to_two_with_nodes_back(**recovery: object) -> SpotCluster:
     cluster.nodes["node-4"] = node("node-4")
     cluster.nodes["node-5"] = node("node-5")
     cluster.step(1)  # trained since the resume
+    assert not cluster.step(29).events  # the grow is due on the next pass
+    cluster.report_step(0, 130)
     return cluster
 
 
@@ -222,6 +217,10 @@ def ready(cluster: SpotCluster, pod_name: str, epoch: int) -> None:
 def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     cluster = shrunk_to_two_with_room_for_four()
     plan = cluster.step(1)
+    reasons = [e.reason for e in plan.events]  # no checkpoint first: the kept pods save later
+    assert "Growing" in reasons and "GrowRequested" not in reasons and not plan.notices
+    growing = next(e for e in plan.events if e.reason == "Growing")
+    assert "stay and train on, with no checkpoint first" in growing.message
     st = cluster.status
     assert st["attempt"] == 3 and st["keptPods"] == ["train-a0-r0", "train-a0-r1"]
     assert st["membershipPendingSince"] is not None
@@ -233,7 +232,7 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     for name in st["keptPods"]:
         annotations = cluster.pods[name]["metadata"]["annotations"]
         assert json.loads(annotations[MEMBERSHIP_ANNOTATION])["epoch"] == 2  # the shrink's
-        assert NOTICE_ANNOTATION not in annotations  # the grow's request was answered
+        assert NOTICE_ANNOTATION not in annotations  # no grow's request to answer
         assert cluster.pods[name]["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
     cluster.schedule_and_run()
     ready(cluster, "train-a3-r2", 3)
@@ -257,12 +256,8 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
 def test_an_in_process_switch_tells_every_pod_to_switch():
     """``recovery.inProcessSwitch``: the warm join's membership says ``stop: switch`` to every
     pod: the kept pods' workers switch in process, the new ones take the state from them."""
-    cluster = shrunk_to_two_with_nodes_back(inProcessSwitch=True)
-    plan = cluster.step(31)  # no checkpoint first: the state is handed over, not loaded
-    reasons = [e.reason for e in plan.events]
-    assert "Growing" in reasons and "GrowRequested" not in reasons and not plan.notices
-    growing = next(e for e in plan.events if e.reason == "Growing")
-    assert "switch in process, with no checkpoint first" in growing.message
+    cluster = shrunk_to_two_with_room_for_four(inProcessSwitch=True)
+    cluster.step(1)
     assert cluster.status["attempt"] == 3 and cluster.status["interruptions"][-1]["stepsLost"] == 0
     cluster.schedule_and_run()
     ready(cluster, "train-a3-r2", 3)

@@ -220,7 +220,7 @@ def watch_for_grow(
     ctx: ReconcileContext, all_running: bool, current: Mapping[int, dict[str, Any]]
 ) -> None:
     """Grow a gang below full size: notice, wait for the commit, then resubmit larger (a gang
-    that switches in process resubmits at once: its state is handed over, not loaded)."""
+    that keeps its pods resubmits at once: they save or hand the state over at the switch)."""
     st, plan, job = ctx.status, ctx.plan, ctx.job
     if ctx.size >= job.spec.replicas and st.grow is None:
         return
@@ -244,10 +244,10 @@ def watch_for_grow(
         plan.event("Normal", "GrowDeferred", f"attempt {st.attempt}: {decision.message}")
     st.grow_deferred = decision.message if decision.deferred else None
     plan.requeue(decision.recheck_after)
-    if decision.action is elastic.GrowAction.REQUEST and _switches_in_process(ctx, current):
+    if decision.action is elastic.GrowAction.REQUEST and _keeps_every_pod(ctx, current):
         message = (
             f"room for {decision.target} of {job.spec.replicas} pods; the {ctx.size} running "
-            "pods switch in process, with no checkpoint first"
+            "pods stay and train on, with no checkpoint first"
         )
         _restart_larger(ctx, current, replace(decision, message=message))
     elif decision.action is elastic.GrowAction.REQUEST:
@@ -260,13 +260,12 @@ def watch_for_grow(
         _restart_larger(ctx, current, decision)
 
 
-def _switches_in_process(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bool:
-    """Whether the grow needs no checkpoint first: with ``recovery.inProcessSwitch`` every
-    running pod is kept and its workers take the new membership in process, and the new ranks
-    get the state from rank 0. Should a kept pod go before the switch, the whole gang resumes
-    from the newest commit, as after a loss without notice."""
-    if not ctx.job.spec.recovery.in_process_switch:
-        return False
+def _keeps_every_pod(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> bool:
+    """Whether the grow needs no checkpoint first: with ``survivors: Stay`` every running pod
+    is kept through the warm join, and its workers commit the step they reached at the switch
+    (``stop: save``) or hand the state over in process (``recovery.inProcessSwitch``). Should a
+    kept pod go before the switch, the survivors save the last finished step as at any loss;
+    should the whole gang be replaced, it resumes from the newest commit."""
     kept = survivors.all_running(ctx, current)
     return bool(kept) and len(kept) == len(live_pods(current))
 
