@@ -32,12 +32,6 @@ pytestmark = [
 STEPS = 150
 
 
-@pytest.fixture(autouse=True)
-def no_pod_left_behind():
-    yield
-    Pods.kill_leftovers()
-
-
 def grow_two_to_three(pods: Pods, tmp: Path) -> int:
     """A gang of 2 trains; a third pod starts in standby and says so; then every pod gets the
     membership of 3 with ``stop: switch``. Returns the step the gang of 2 had reached when the

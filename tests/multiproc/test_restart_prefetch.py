@@ -44,12 +44,6 @@ WIDTH = "3000000"
 enough that a worker started at once would list the bucket before it is committed."""
 
 
-@pytest.fixture(autouse=True)
-def no_pod_left_behind():
-    yield
-    Pods.kill_leftovers()
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     workdir = tmp_path_factory.mktemp("s3")

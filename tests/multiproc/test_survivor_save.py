@@ -33,12 +33,6 @@ pytestmark = [
 STEPS = 30
 
 
-@pytest.fixture(autouse=True)
-def no_pod_left_behind():
-    yield
-    Pods.kill_leftovers()
-
-
 def gang(tmp: Path, **env: str) -> Pods:
     """Three pods of a run that never commits by itself."""
     pods = Pods(tmp, steps=STEPS)

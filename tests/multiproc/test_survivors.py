@@ -34,13 +34,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def no_pod_left_behind():
-    """A test that fails midway leaves its pods running (a standby pod waits for ever)."""
-    yield
-    Pods.kill_leftovers()
-
-
 def assert_exactly_once(pods: Pods, steps: int) -> None:
     kept = pods.kept_lines()
     assert sorted(kept) == list(range(steps))
