@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rtj_operator.decide.grow_payoff import GrowCost
+from rtj_operator.decide.grow_payoff import GrowCost, survivors_first_pays
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 from trainer_runtime.save.survivor_group import DEFAULT_SPLIT_MIB
 
@@ -226,11 +226,14 @@ class Model:
     gang forms: from the moment node rank 0's agent says the old gang's saves are over, as the
     workers start and the process group forms (``trainer_runtime/resume/warm_start.py``). False:
     only once the group formed (the product before)."""
-    room_joins_warm: bool = False
-    """At a loss of a ``*-stay`` elastic gang, room it can take at once (capacity it did not
-    grow into) is taken by a warm join after the kept ranks trained again: new pods in standby,
-    then the join's save and restart. False (the product): the next attempt is as large as what
-    fits, and the kept ranks wait for its new pods' cold start."""
+    room_at_loss: str = "pays"
+    """At a loss of a ``*-stay`` elastic gang that leaves room it can take at once (capacity it
+    did not grow into, or a node back), ``pays`` (the product, ``decide/restore.py``): the kept
+    ranks restart alone and the new ranks join warm (standby, then the join) when
+    ``grow_payoff.survivors_first_pays`` says so from the gang's own history, else as ``cold``;
+    ``cold`` (the product before 2026-12-06): the next attempt is as large as what fits, and the
+    kept ranks wait for its new pods' cold start; ``warm``: always as ``pays`` does when it
+    pays."""
     switch_grows: bool = False
     """A ``*-stay`` gang's grow switches the running workers in process
     (``recovery.inProcessSwitch``, trainer_runtime/switch.py): the new pods start in standby,
@@ -704,13 +707,15 @@ class WarmGang(Gang):
         """The pause of the running gang when new ranks join it at ``t``."""
         return self.model.reform_s
 
-    def add_joiners(self, t: float) -> None:
+    def add_joiners(self, t: float, *, restore: bool = False) -> None:
+        """Start new ranks for the room the gang has not taken (``restore``: the room a loss
+        left, which the operator takes whether or not a grow would pay)."""
         want = min(self.avail, self.replicas) - self.size - self.joining_ranks()
         if want <= 0:
             return
         members = self.size + self.joining_ranks() + want
         elastic = self.min_replicas < self.replicas
-        if self.training() and elastic and not self.grow_pays(members):
+        if self.training() and elastic and not restore and not self.grow_pays(members):
             self.timers["grow"] = t + GROW_RECHECK_S
             return
         pull = members > self.pulled
@@ -771,7 +776,11 @@ class StayGang(WarmGang):
     membership (capacity back within that wait gets new pods at once); once it trains, it grows
     no sooner than ``grow.minIntervalSeconds`` after it resumed."""
 
-    def add_joiners(self, t: float) -> None:
+    def add_joiners(self, t: float, *, restore: bool = False) -> None:
+        if self.restoring:
+            self.restoring = False
+            super().add_joiners(t, restore=True)
+            return
         elastic = self.min_replicas < self.replicas
         grow_at = self.resume_at + self.model.grow_min_interval_s
         if elastic and self.size > 0 and self.resume_at <= t < grow_at:
@@ -783,11 +792,11 @@ class StayGang(WarmGang):
         self.add_joiners(t)
 
     def after_loss(self, seen: float, noticed: bool) -> float:
-        """The kept ranks' save and restart. Room the gang did not grow into (a grow that did
-        not pay) is taken now: the operator's next attempt is as large as what fits, its new
-        pods start cold with it, and the kept ranks wait for them (with ``room_joins_warm``
-        the room is left to ``add_joiners``: a warm join once the kept ranks train again).
-        With ``switch_noticed`` a noticed loss costs a re-form, no save or restart."""
+        """The kept ranks' save and restart. Room the gang can take at once is left to
+        ``add_joiners`` (standby pods, then a warm join) where ``room_joins_warm`` says so;
+        otherwise the operator's next attempt is as large as what fits, its new pods start
+        cold with it, and the kept ranks wait for them. With ``switch_noticed`` a noticed loss
+        costs a re-form, no save or restart."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
         if noticed and m.switch_noticed:
@@ -796,7 +805,8 @@ class StayGang(WarmGang):
             save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
             pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
-        if extra > 0 and self.min_replicas < self.replicas and not m.room_joins_warm:
+        self.restoring = extra > 0 and self.room_joins_warm(extra)
+        if extra > 0 and self.min_replicas < self.replicas and not self.restoring:
             members = self.size + self.joining_ranks() + extra
             pull = members > self.pulled
             self.pulled = max(self.pulled, members)
@@ -805,6 +815,26 @@ class StayGang(WarmGang):
             self.size += extra
             self.timers.pop("grow", None)
         return pause
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.restoring = False
+        """A loss left room that joins warm: the next ``add_joiners`` takes it at once."""
+
+    def room_joins_warm(self, extra: int) -> bool:
+        """Whether the ``extra`` pods the room at a loss holds join warm after the kept ranks
+        restart alone (``room_at_loss``; the operator's ``elastic.survivors_first``)."""
+        mode = self.model.room_at_loss
+        elastic = self.min_replicas < self.replicas
+        if mode == "cold" or not elastic or self.size < self.min_replicas:
+            return False
+        return mode == "warm" or survivors_first_pays(
+            kept=self.size,
+            size=self.size + self.joining_ranks() + extra,
+            starting_s=self.starting_s,
+            planned_restarting_s=self.planned_restarting_s,
+            planned_restarts=self.planned_restarts,
+        )
 
     def join_cost(self, pull: bool) -> float:
         return self.model.standby(pull)
@@ -988,7 +1018,6 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["idle_lost_first"] = args.idle_lost_first
     overrides["survivor_save_split"] = not args.survivor_save_alone
     overrides["restart_prefetch"] = not args.restart_fetch_after_group
-    overrides["room_joins_warm"] = args.room_joins_warm
     overrides["switch_grows"] = args.switch_grows
     overrides["switch_noticed"] = args.switch_noticed
     return Model(phases=phases, **overrides), measured
@@ -1028,10 +1057,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a worker restarted in place fetches only once its gang formed (the product before)",
     )
     parser.add_argument(
-        "--room-joins-warm",
-        action="store_true",
-        help="at a loss, room a Stay gang can take joins warm after the kept ranks restart, "
-        "instead of new pods they wait for (not the product)",
+        "--room-at-loss",
+        choices=("pays", "cold", "warm"),
+        help="at a loss with room, a Stay gang's kept ranks go on alone and the new ranks join "
+        "warm when it pays (the product), never (cold: they wait for the new pods) or always",
     )
     parser.add_argument(
         "--switch-grows",

@@ -9,9 +9,10 @@ restarts its worker in place; the job resumes from the last commit and Succeeds.
 
 Then an elastic job at 2 of 3 pods grows when the capacity comes back: its new pod starts in
 standby while the two kept ranks train on, and the gang re-forms at 3 once the new pod is warm;
-an elastic job at 3 shrinks to the 2 pods left; a warm spare takes a lost rank's place; and a
-node under a termination notice shuts down, the gang having saved on the notice, and again only
-its place gets a new pod.
+an elastic job at 3 shrinks to the 2 pods left, and, with room for a new pod, trains on at 2
+while that pod starts in standby, then grows back to 3; a warm spare takes a lost rank's place;
+and a node under a termination notice shuts down, the gang having saved on the notice, and again
+only its place gets a new pod.
 """
 
 from __future__ import annotations
@@ -392,6 +393,52 @@ def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Pat
     back = first_step_after(stack, kept[0], lost_at)
     say(f"loss -> kept rank 0's first step at 2 pods: {back:.1f} s; interruption: {shrink}")
     for pod in kept:
+        say(phases(stack, pod, lost_at))
+
+
+def test_a_loss_with_room_left_trains_on_at_two_and_grows_back_warm(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """An elastic job at 3 pods loses a node without notice while a fourth node is free: the
+    two kept pods train on at 2 at once instead of waiting for a new pod's cold start, the lost
+    place's pod starts in standby on the free node, and the gang grows back to 3 as soon as it
+    is warm (without the 300 s grow interval)."""
+    stack.ensure_nodes(REPLICAS + 1)
+    for name in stack.live_nodes():
+        stack.untaint_node(name, HOLD)
+    path = survivors_manifest(
+        tmp_path,
+        name="restores",
+        epochs=40,
+        cpu="20",  # one pod per node
+        interval="20ba",
+        elastic={"minReplicas": 2},
+    )
+    job = stack.apply(path)
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    wait_step(stack, job, 22, "two steps after the commit")
+    lost_at = reclaim_rank(stack, job, f"{job}-a0-r1", "; a fourth node is free")
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    kept, standby = [f"{job}-a0-r0", f"{job}-a0-r2"], f"{job}-a1-s0"
+    assert status["gangSize"] == REPLICAS, (status, stack.diagnostics(job))
+    assert status["failures"] == 0, status
+    assert status["keptPods"] == [*kept, standby], (status, stack.diagnostics(job))
+    assert [i["cause"] for i in status["interruptions"]][-1] == "Grow", status["interruptions"]
+    assert [s["reason"] for s in status["sizeHistory"]][-2:] == ["SurvivorsFirst", "Grown"]
+    for name in kept:  # told the gang of 2 at once, then the gang of 3
+        told = stack.runtime_events(name, "membership")
+        assert [e.fields["nnodes"] for e in told] == [2, REPLICAS], told
+    told = stack.runtime_events(standby, "membership")
+    assert [(e.fields["epoch"], e.fields["nnodes"]) for e in told] == [(2, REPLICAS)], told
+    at_two = first_step_after(stack, kept[0], lost_at)
+    ready = json.loads(stack.pod(standby)["metadata"]["annotations"][AGENT_READY_ANNOTATION])
+    warm = datetime.fromisoformat(ready["readyAt"]).timestamp()
+    assert at_two < warm - lost_at, (at_two, ready)  # trained before the new pod was warm
+    say(
+        f"loss -> kept rank 0's first step at 2 pods: {at_two:.1f} s; standby pod warm "
+        f"{warm - lost_at:.1f} s after the loss"
+    )
+    for pod in (*kept, standby):
         say(phases(stack, pod, lost_at))
 
 

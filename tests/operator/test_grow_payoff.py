@@ -8,7 +8,12 @@ import pytest
 
 from rtj_operator.api.status_types import Activity, Goodput, JobStatus
 from rtj_operator.decide.elastic import GrowAction
-from rtj_operator.decide.grow_payoff import GrowCost, grow_cost
+from rtj_operator.decide.grow_payoff import (
+    GrowCost,
+    grow_cost,
+    survivors_first_pays,
+    survivors_first_pays_for,
+)
 from rtj_operator.decide.mtbi import PRIOR_MTBI_SECONDS
 
 from .fakes import T0
@@ -124,3 +129,22 @@ def test_a_grows_own_pause_is_weighed_once_one_was_measured():
         planned_restarts=1,
     )
     assert grow_cost(JobStatus(goodput=grown)).pause_s == pytest.approx(60.0)
+
+
+def test_survivors_go_first_when_training_through_a_cold_start_outweighs_one_more_pause():
+    """kept x (C - P) > size x P, C the job's first start, P its mean grow pause."""
+    gpu = {"starting_s": 150.0, "planned_restarting_s": 101.0, "planned_restarts": 1}
+    assert not survivors_first_pays(kept=63, size=64, **gpu)  # a join that restarts: minutes
+    switched = {"starting_s": 150.0, "planned_restarting_s": 28.0, "planned_restarts": 2}
+    assert survivors_first_pays(kept=63, size=64, **switched)  # 63 x 136 > 64 x 14
+    local = {"starting_s": 12.0, "planned_restarting_s": 1.5, "planned_restarts": 1}
+    assert survivors_first_pays(kept=3, size=4, **local)
+    # Nothing measured yet (no grow, or no first start): go first.
+    assert survivors_first_pays(kept=1, size=4, **{**gpu, "planned_restarts": 0})
+    assert survivors_first_pays_for(JobStatus(), 3, 4)
+    measured = JobStatus(
+        goodput=account(
+            starting_seconds=150.0, planned_restarting_seconds=101.0, planned_restarts=1
+        )
+    )
+    assert not survivors_first_pays_for(measured, 3, 4)

@@ -15,9 +15,9 @@ from rtj_operator.api.envvars import (
     PROGRESS_ANNOTATION,
     STANDBY,
 )
-from rtj_operator.decide.elastic import SCHEDULING_GRACE_SECONDS
 from rtj_operator.decide.plan_types import Plan
 from rtj_operator.decide.reconcile import reconcile
+from rtj_operator.decide.restore import RESTORE_WAIT_SECONDS
 from rtj_operator.decide.survivors import STANDBY_WAIT_SECONDS
 
 from .fakes import FakeCluster
@@ -28,6 +28,16 @@ TEMPLATE = {
         "containers": [{"name": "trainer", "image": "img", "command": ["python"], "args": ["t.py"]}]
     }
 }
+
+
+ONE_POD_PER_NODE = {
+    "spec": {
+        "containers": [
+            {**TEMPLATE["spec"]["containers"][0], "resources": {"requests": {"cpu": "3"}}}
+        ]
+    }
+}
+"""A template of which one pod fits a test node (4 CPUs)."""
 
 
 def running(replicas: int = 3, **spec) -> FakeCluster:
@@ -170,11 +180,11 @@ def test_a_kept_pod_that_ended_before_its_adoption_makes_the_attempt_replace_eve
     ]
 
 
-def stay_job_losing_two_nodes(**elastic: object) -> SpotCluster:
+def stay_job_losing_two_nodes(template: dict = ONE_POD_PER_NODE, **elastic: object) -> SpotCluster:
     """A 4-pod elastic job with Stay, trained past a commit, that has just lost two of its
-    nodes: the lost places have pods, which cannot be placed."""
+    nodes (one pod fits a node: no room is left for the lost places' pods)."""
     cluster = spot(**elastic)
-    cluster.body["spec"]["template"] = TEMPLATE
+    cluster.body["spec"]["template"] = template
     cluster.body["spec"]["recovery"] = {"survivors": "Stay"}
     return lose_two_nodes(cluster)
 
@@ -183,11 +193,8 @@ def shrunk_to_two_with_room_for_four(**recovery: object) -> SpotCluster:
     """A 4-pod elastic job that lost two nodes, shrank to its two kept pods, trained, and now
     has room for all four again, ``grow.minIntervalSeconds`` after it resumed: its next pass
     grows."""
-    cluster = stay_job_losing_two_nodes(
-        minReplicas=2, shrinkAfterSeconds=60, grow={"minIntervalSeconds": 30}
-    )
+    cluster = stay_job_losing_two_nodes(minReplicas=2, grow={"minIntervalSeconds": 30})
     cluster.body["spec"]["recovery"].update(recovery)
-    cluster.step(60)  # shrinkAfterSeconds: the gang goes on as its two kept pods
     assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
     cluster.schedule_and_run()
     cluster.step()
@@ -200,13 +207,106 @@ def shrunk_to_two_with_room_for_four(**recovery: object) -> SpotCluster:
     return cluster
 
 
-def test_without_shrink_after_seconds_kept_pods_go_on_alone_after_the_scheduling_grace():
-    """With Stay the wait for the full gang defaults to 0: the lost places' pods that cannot
-    be placed are given up after the scheduler's grace, not after 60 s."""
-    cluster = stay_job_losing_two_nodes(minReplicas=2)
-    assert cluster.status["gangSize"] == 4  # the lost places' pods wait for the scheduler
-    cluster.step(SCHEDULING_GRACE_SECONDS)
-    assert cluster.status["gangSize"] == 2 and len(cluster.status["keptPods"]) == 2
+def losing_one_of_four_nodes_with_one_to_spare(**recovery: object) -> SpotCluster:
+    """A 4-pod elastic job with Stay on five nodes (one pod each), trained past a commit, that
+    has just lost the node of rank 3: the spare node has room for the lost place's pod."""
+    cluster = spot(nodes=5, minReplicas=2)
+    cluster.body["spec"]["template"] = ONE_POD_PER_NODE
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", **recovery}
+    cluster.step()
+    cluster.schedule_and_run()
+    cluster.step()
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    del cluster.nodes[cluster.pods["train-a0-r3"]["spec"]["nodeName"]]
+    return cluster
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_loss_with_room_left_trains_on_as_the_kept_pods_and_grows_back_when_warm(in_process):
+    """The kept ranks do not wait for the lost place's new pod to cold-start: they go on alone
+    at once, the new pod starts in standby beside them, and the gang grows back as soon as it
+    is warm (no grow interval), every pod told the new membership on the next pass."""
+    cluster = losing_one_of_four_nodes_with_one_to_spare(inProcessSwitch=in_process)
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 3 and st["restore"]["size"] == 4
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r1", "train-a0-r2"] and not plan.creations
+    shrunk = next(e for e in plan.events if e.reason == "Shrunk")
+    assert "3 kept pods train on at once; 1 pods for the lost places start in standby" in (
+        shrunk.message
+    )
+    assert st["sizeHistory"][-1]["reason"] == "SurvivorsFirst"
+    plan = cluster.step(1)
+    assert [p["metadata"]["name"] for p in plan.spares] == ["train-a1-s0"]
+    env = cluster.pods["train-a1-s0"]["spec"]["containers"][0]["env"]
+    assert {"name": STANDBY, "value": "1"} in env
+    cluster.schedule_and_run()  # the standby pod takes the spare node
+    cluster.report_step(0, 112, attempt=1)  # the kept pods train at 3
+    assert not cluster.step(1).memberships  # the standby pod is not warm yet
+    ready(cluster, "train-a1-s0", 2)
+    plan = cluster.step(1)
+    grew = next(e for e in plan.events if e.reason == "Growing")
+    assert "all 1 standby pods for the lost places are warm" in grew.message
+    st = cluster.status
+    assert st["attempt"] == 2 and "restore" not in st and st["gangSize"] == 4
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r1", "train-a0-r2", "train-a1-s0"]
+    assert not plan.creations and not plan.deletions
+    assert st["interruptions"][-1]["cause"] == "Grow" and st["interruptions"][-1]["stepsLost"] == 0
+    plan = cluster.step(1)  # nothing to wait for: every pod is told at once
+    told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
+    assert [told[p]["nodeRank"] for p in st["keptPods"]] == [0, 1, 2, 3]
+    assert {t["stop"] for t in told.values()} == {"switch" if in_process else "save"}
+    assert {(t["epoch"], t["nnodes"], t["savers"]) for t in told.values()} == {(2, 4, 3)}
+    assert names.LABEL_ROLE not in cluster.pods["train-a1-s0"]["metadata"]["labels"]
+    assert "MembershipSwitched" in [e.reason for e in plan.events]
+
+
+def test_a_placed_standby_pod_slow_to_get_warm_is_waited_for_longer():
+    """A standby pod on a node but not warm after the warm join's wait (a slow image pull) is
+    still coming: the gang waits up to RESTORE_WAIT_SECONDS for it, then gives it up."""
+    cluster = losing_one_of_four_nodes_with_one_to_spare()
+    cluster.step(1)
+    cluster.step(1)
+    cluster.schedule_and_run()
+    cluster.report_step(0, 112, attempt=1)
+    plan = cluster.step(STANDBY_WAIT_SECONDS + 10)
+    assert "RestoreAbandoned" not in [e.reason for e in plan.events]
+    assert cluster.status["restore"]["size"] == 4
+    plan = cluster.step(RESTORE_WAIT_SECONDS - STANDBY_WAIT_SECONDS)
+    assert "RestoreAbandoned" in [e.reason for e in plan.events]
+    # From here the grow policy decides: its interval is over, so it grows as it would have.
+    assert "restore" not in cluster.status and "Growing" in [e.reason for e in plan.events]
+
+
+def test_a_loss_waits_for_the_new_pods_where_one_more_join_would_cost_more():
+    """A job whose grows pause it about as long as a cold start (GPU-scale restarts): going
+    on alone and joining later does not pay (grow_payoff.survivors_first_pays), so the loss
+    gives the lost place a new pod at once, as without a warm join."""
+    cluster = losing_one_of_four_nodes_with_one_to_spare()
+    cluster.status["goodput"].update(
+        startingSeconds=150.0, plannedRestartingSeconds=101.0, plannedRestarts=1
+    )
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 4 and "restore" not in st
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r3"]
+
+
+def test_standby_pods_for_the_lost_places_not_warm_in_time_are_given_up():
+    """A loss that seems to leave room (this fake scheduler places one pod per node, though
+    the nodes' CPUs fit more): the kept pods go on alone at once, and the standby pods that
+    no node takes are deleted after the wait; the gang then grows as its grow policy says."""
+    cluster = stay_job_losing_two_nodes(template=TEMPLATE, minReplicas=2)
+    st = cluster.status
+    assert st["gangSize"] == 2 and len(st["keptPods"]) == 2 and st["restore"]["size"] == 4
+    assert len([p for p in cluster.pods if "-s" in p]) == 2  # started, never placed
+    cluster.step(STANDBY_WAIT_SECONDS - 5)
+    assert "restore" in cluster.status
+    abandoned = next(e for e in cluster.step(5).events if e.reason == "RestoreAbandoned")
+    assert "none of the 2 standby pods is warm after 121s" in abandoned.message
+    assert "restore" not in cluster.status and cluster.status["gangSize"] == 2
+    assert {d.name for d in cluster.step(1).deletions} == {"train-a1-s0", "train-a1-s1"}
 
 
 def ready(cluster: SpotCluster, pod_name: str, epoch: int) -> None:
@@ -222,7 +322,7 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     growing = next(e for e in plan.events if e.reason == "Growing")
     assert "stay and train on, with no checkpoint first" in growing.message
     st = cluster.status
-    assert st["attempt"] == 3 and st["keptPods"] == ["train-a0-r0", "train-a0-r1"]
+    assert st["attempt"] == 2 and st["keptPods"] == ["train-a0-r0", "train-a0-r1"]
     assert st["membershipPendingSince"] is not None
     assert not plan.deletions and len(plan.creations) == 2
     assert st["interruptions"][-1]["cause"] == "Grow" and st["interruptions"][-1]["stepsLost"] == 0
@@ -231,22 +331,22 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     assert MEMBERSHIP_CHANGED not in cluster.env(2)  # its agent marks the switch's workers
     for name in st["keptPods"]:
         annotations = cluster.pods[name]["metadata"]["annotations"]
-        assert json.loads(annotations[MEMBERSHIP_ANNOTATION])["epoch"] == 2  # the shrink's
+        assert json.loads(annotations[MEMBERSHIP_ANNOTATION])["epoch"] == 1  # the shrink's
         assert NOTICE_ANNOTATION not in annotations  # no grow's request to answer
-        assert cluster.pods[name]["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
+        assert cluster.pods[name]["metadata"]["labels"][names.LABEL_ATTEMPT] == "2"
     cluster.schedule_and_run()
-    ready(cluster, "train-a3-r2", 3)
+    ready(cluster, "train-a2-r2", 2)
     assert not cluster.step(1).memberships  # one new pod is still cold
-    ready(cluster, "train-a3-r3", 2)  # an earlier epoch's word does not count
+    ready(cluster, "train-a2-r3", 1)  # an earlier epoch's word does not count
     assert not cluster.step(1).memberships
-    ready(cluster, "train-a3-r3", 3)
+    ready(cluster, "train-a2-r3", 2)
     plan = cluster.step(1)
     told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
-    assert set(told) == {"train-a0-r0", "train-a0-r1", "train-a3-r2", "train-a3-r3"}
+    assert set(told) == {"train-a0-r0", "train-a0-r1", "train-a2-r2", "train-a2-r3"}
     assert [told[p]["nodeRank"] for p in sorted(told)] == [0, 1, 2, 3]
     assert {told[p]["stop"] for p in ("train-a0-r0", "train-a0-r1")} == {"save"}
     assert all(
-        t["resumeFrom"] == "" and t["epoch"] == 3 and t["nnodes"] == 4 for t in told.values()
+        t["resumeFrom"] == "" and t["epoch"] == 2 and t["nnodes"] == 4 for t in told.values()
     )
     assert "MembershipSwitched" in [e.reason for e in plan.events]
     assert "membershipPendingSince" not in cluster.status
@@ -258,10 +358,10 @@ def test_an_in_process_switch_tells_every_pod_to_switch():
     pod: the kept pods' workers switch in process, the new ones take the state from them."""
     cluster = shrunk_to_two_with_room_for_four(inProcessSwitch=True)
     cluster.step(1)
-    assert cluster.status["attempt"] == 3 and cluster.status["interruptions"][-1]["stepsLost"] == 0
+    assert cluster.status["attempt"] == 2 and cluster.status["interruptions"][-1]["stepsLost"] == 0
     cluster.schedule_and_run()
-    ready(cluster, "train-a3-r2", 3)
-    ready(cluster, "train-a3-r3", 3)
+    ready(cluster, "train-a2-r2", 2)
+    ready(cluster, "train-a2-r3", 2)
     plan = cluster.step(1)
     told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
     assert {t["stop"] for t in told.values()} == {"switch"} and len(told) == 4
@@ -277,12 +377,12 @@ def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
     cluster = shrunk_to_two_with_room_for_four()
     cluster.step(1)
     cluster.schedule_and_run()
-    ready(cluster, "train-a3-r2", 3)
+    ready(cluster, "train-a2-r2", 2)
     assert cluster.status["membershipPendingSince"] is not None
     del cluster.nodes[cluster.pods["train-a0-r1"]["spec"]["nodeName"]]
     plan = cluster.step(1)
     st = cluster.status
-    assert st["attempt"] == 4 and st["keptPods"] == ["train-a0-r0", "train-a3-r2", "train-a3-r3"]
+    assert st["attempt"] == 3 and st["keptPods"] == ["train-a0-r0", "train-a2-r2", "train-a2-r3"]
     told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
     assert {t["savers"] for t in told.values()} == {1}
     assert [told[p]["nodeRank"] for p in st["keptPods"]] == [0, 1, 2]
@@ -292,8 +392,8 @@ def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
     del cluster.nodes[cluster.pods["train-a0-r0"]["spec"]["nodeName"]]
     plan = cluster.step(1)
     told = {m.pod: json.loads(m.annotations[MEMBERSHIP_ANNOTATION]) for m in plan.memberships}
-    assert cluster.status["keptPods"][:2] == ["train-a3-r2", "train-a3-r3"]
-    assert told["train-a3-r2"]["savers"] == 2
+    assert cluster.status["keptPods"][:2] == ["train-a2-r2", "train-a2-r3"]
+    assert told["train-a2-r2"]["savers"] == 2
 
 
 def test_a_warm_join_trains_until_the_switch_and_then_accounts_its_restart_as_planned():
@@ -303,24 +403,24 @@ def test_a_warm_join_trains_until_the_switch_and_then_accounts_its_restart_as_pl
     workers' steps and their save at the switch, reported on the relabelled pods, say their
     own attempt and are not taken for the new gang's training."""
     cluster = shrunk_to_two_with_room_for_four()
-    cluster.step(1)  # the grow: attempt 3, its new pods in standby
+    cluster.step(1)  # the grow: attempt 2, its new pods in standby
     cluster.schedule_and_run()
     before = dict(cluster.status["goodput"])
-    cluster.report_step(0, 140, attempt=2)  # the kept pods' old workers train on
+    cluster.report_step(0, 140, attempt=1)  # the kept pods' old workers train on
     cluster.step(30)
     goodput = cluster.status["goodput"]
     assert goodput["activity"] == "Training" and "trainingSince" not in cluster.status
-    ready(cluster, "train-a3-r2", 3)
-    ready(cluster, "train-a3-r3", 3)
+    ready(cluster, "train-a2-r2", 2)
+    ready(cluster, "train-a2-r3", 2)
     assert "MembershipSwitched" in [e.reason for e in cluster.step(1).events]
     switched = dict(cluster.status["goodput"])
     assert switched["activity"] == "Restarting"
     assert switched["trainingSeconds"] >= before["trainingSeconds"] + 31  # the wait trained
     assert switched["restartingSeconds"] == before["restartingSeconds"]
-    cluster.report(0, "ep0-ba141", 141, current=141, attempt=2)  # the switch's save
+    cluster.report(0, "ep0-ba141", 141, current=141, attempt=1)  # the switch's save
     cluster.step(8)
     assert cluster.status["goodput"]["activity"] == "Restarting"
-    cluster.report_step(0, 142, attempt=3)  # the re-formed gang's first step
+    cluster.report_step(0, 142, attempt=2)  # the re-formed gang's first step
     cluster.step(4)
     goodput = cluster.status["goodput"]
     assert goodput["activity"] == "Training" and "trainingSince" in cluster.status

@@ -399,23 +399,40 @@ def test_cli_prints_a_table_per_trace_and_writes_json(tmp_path: Path, capsys):
     }
 
 
-def test_room_at_a_loss_joins_warm_only_when_asked():
+def test_room_at_a_loss_joins_warm_when_it_pays():
     """A node back at 1100 s waits out the grow interval; the loss at 1150 s leaves room for a
-    rank. The product's next attempt takes it with a new pod whose cold start (50 s) the kept
-    ranks wait for; ``room_joins_warm`` restarts the kept ranks at once and adds the new rank
-    by a warm join (standby, then the join's save and restart): one re-form more, and the kept
-    ranks train through the new pod's start. When the kept ranks' own save and restart outlast
-    that start, the new pod is ready before they are and both come to the same."""
+    rank. ``cold`` (the product before): the next attempt takes it with a new pod whose cold
+    start (50 s) the kept ranks wait for. ``warm``: the kept ranks restart at once and the new
+    rank joins warm (standby, then the join's save and restart): one re-form more, and the kept
+    ranks train through the new pod's start. ``pays`` (the product) does as ``warm`` before
+    any grow was measured. When the kept ranks' own save and restart outlast that start, the
+    new pod is ready before they are and both come to the same."""
     room = Trace("room", "hand", ((0, 4), (1000, 3), (1100, 4), (1150, 3), (2000, 3)))
     model = replace(STAY_ALONE, grow_min_interval_s=300.0, checkpoint_gb=1.0)
-    waits = gs.simulate(room, 4, "elastic-stay", model)
-    joins = gs.simulate(room, 4, "elastic-stay", replace(model, room_joins_warm=True))
+    waits = gs.simulate(room, 4, "elastic-stay", replace(model, room_at_loss="cold"))
+    joins = gs.simulate(room, 4, "elastic-stay", replace(model, room_at_loss="warm"))
     assert joins.reforms == waits.reforms + 1
     assert kept(joins) > kept(waits)
+    assert gs.simulate(room, 4, "elastic-stay", model) == joins
     slow_save = replace(model, checkpoint_gb=100.0)  # the survivor's save alone takes 100 s
-    assert gs.simulate(room, 4, "elastic-stay", slow_save) == gs.simulate(
-        room, 4, "elastic-stay", replace(slow_save, room_joins_warm=True)
+    assert gs.simulate(room, 4, "elastic-stay", replace(slow_save, room_at_loss="cold")) == (
+        gs.simulate(room, 4, "elastic-stay", replace(slow_save, room_at_loss="warm"))
     )
+
+
+def test_room_at_a_loss_waits_cold_where_a_measured_join_costs_more():
+    """``pays`` weighs the gang's own history (``grow_payoff.survivors_first_pays``): once a
+    grow's join paused it about as long as its first start took, the room at a loss is taken
+    by new pods the kept ranks wait for, as ``cold`` does."""
+    gang = gs.StayGang(STAY_ALONE, 4, 2, gs.Ledger(gs.Interval(STAY_ALONE), 0.0))
+    gang.size = 3
+    assert gang.room_joins_warm(1)  # nothing measured yet
+    gang.starting_s, gang.planned_restarting_s, gang.planned_restarts = 150.0, 101.0, 1
+    assert not gang.room_joins_warm(1)
+    gang.planned_restarting_s = 14.0  # an in-process switch
+    assert gang.room_joins_warm(1)
+    fixed = gs.StayGang(STAY_ALONE, 4, 4, gs.Ledger(gs.Interval(STAY_ALONE), 0.0))
+    assert not fixed.room_joins_warm(1)
 
 
 def test_switched_grows_and_noticed_losses_skip_the_save_and_the_restart():

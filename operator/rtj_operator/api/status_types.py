@@ -145,8 +145,9 @@ class SizeRecord(ApiModel):
     world_size: int
     """Training processes: ``size * processesPerPod``."""
     reason: str
-    """Why this size was chosen: Fixed (a job without ``elastic``), FullSize, Shrunk, Grown or
-    Restored."""
+    """Why this size was chosen: Fixed (a job without ``elastic``), FullSize, Shrunk, Grown,
+    Restored, or SurvivorsFirst (a loss's kept pods went on alone while the lost places' pods
+    started in standby)."""
     message: str | None = None
     """Human-readable detail (the capacity that was found)."""
     attempt: int
@@ -171,6 +172,17 @@ class GrowRequest(ApiModel):
     """The size that fitted when the grow was asked for."""
     after_step: int | None = None
     """Last committed step at the request: the grow waits for a commit past it."""
+
+
+class Restore(ApiModel):
+    """A loss shrank an elastic gang with ``survivors: Stay`` to its kept pods while pods for
+    the lost places start in standby beside it (``docs/survivors.md``)."""
+
+    size: int
+    """The size the gang grows back to once the standby pods are warm."""
+    since: Time
+    """When the loss shrank the gang: standby pods no node took 120 s later, or not warm 600 s
+    later, are given up, and the gang grows as its grow policy says."""
 
 
 class ResumeFailures(ApiModel):
@@ -454,6 +466,10 @@ class JobStatus(ApiModel):
     pays. Absent otherwise."""
     grow: GrowRequest | None = None
     """The grow in progress, if any."""
+    restore: Restore | None = None
+    """With ``recovery.survivors: Stay`` on an elastic gang: after a loss, the kept pods train
+    on alone at once, and the gang grows back to ``restore.size`` as soon as the lost places'
+    standby pods are warm, without waiting for ``grow.minIntervalSeconds``."""
     grow_abandoned_at: Time | None = None
     """When the last grow was abandoned (its checkpoint did not commit within
     ``grow.checkpointTimeoutSeconds``, or the room went away): the next grow waits

@@ -37,6 +37,7 @@ checkpoint resharded and the data position re-dealt, which the runtime does on r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -63,6 +64,7 @@ class StartReason(StrEnum):
     FIXED = "Fixed"
     FULL_SIZE = "FullSize"
     SHRUNK = "Shrunk"
+    SURVIVORS_FIRST = "SurvivorsFirst"
     GROWN = "Grown"
     WAITING_FOR_FULL_GANG = "WaitingForFullGang"
     MIN_REPLICAS_UNREACHABLE = "MinReplicasUnreachable"
@@ -130,6 +132,29 @@ def start_size(
         fit,
         StartReason.SHRUNK,
         f"room for {fit} of {full} pods after waiting {shrink_after}s",
+    )
+
+
+def survivors_first(
+    spec: JobSpec, decision: StartDecision, kept: int, pays: Callable[[int, int], bool]
+) -> StartDecision | None:
+    """After a loss, an elastic gang with ``survivors: Stay`` starts as its ``kept`` pods alone
+    when they are at least ``minReplicas``, ``decision`` would add pods, and ``pays(kept,
+    size)`` (``grow_payoff.survivors_first_pays``): the pods for the lost places start in
+    standby beside it and join it when warm (``restore.py``), instead of holding the kept ranks
+    up in ``init_process_group`` through their cold start. None: start as ``decision`` says."""
+    if spec.elastic is None or decision.size is None or not kept:
+        return None
+    if decision.size <= kept or kept < spec.elastic.min_replicas:
+        return None
+    if not pays(kept, decision.size):
+        return None
+    return StartDecision(
+        kept,
+        StartReason.SURVIVORS_FIRST,
+        f"the {kept} kept pods train on at once; {decision.size - kept} pods for the lost "
+        f"places start in standby and join when warm (room for {decision.size} of "
+        f"{spec.replicas} pods)",
     )
 
 

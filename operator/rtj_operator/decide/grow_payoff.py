@@ -99,6 +99,40 @@ class GrowCost:
         )
 
 
+def survivors_first_pays(
+    *,
+    kept: int,
+    size: int,
+    starting_s: float,
+    planned_restarting_s: float,
+    planned_restarts: int,
+) -> bool:
+    """Whether a loss that leaves room for ``size`` pods should start its ``kept`` pods alone
+    and let the new ones join when warm (restore.py): the kept pods train through the new pods'
+    cold start ``C`` (the job's first start, ``startingSeconds``), and the whole gang pauses once
+    more when they join (``P``, the job's mean grow pause): ``kept x (C - P) > size x P``. With
+    a join that restarts every worker at GPU scale (minutes) it does not pay; with the
+    in-process switch, or restarts of seconds, it does. Yes before both are measured."""
+    if planned_restarts == 0 or starting_s <= 0:
+        return True
+    pause = planned_restarting_s / planned_restarts
+    return kept * (starting_s - pause) > size * pause
+
+
+def survivors_first_pays_for(status: JobStatus, kept: int, size: int) -> bool:
+    """``survivors_first_pays`` from the job's goodput account (yes without one)."""
+    account = status.goodput
+    if account is None:
+        return True
+    return survivors_first_pays(
+        kept=kept,
+        size=size,
+        starting_s=account.starting_seconds,
+        planned_restarting_s=account.planned_restarting_seconds,
+        planned_restarts=account.planned_restarts,
+    )
+
+
 def grow_cost(status: JobStatus) -> GrowCost | None:
     """The job's ``GrowCost``; None before anything is measured (or without a goodput account)."""
     account = status.goodput

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase
+from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase, Restore
 from . import conditions as cond
-from . import elastic, survivors
-from .grow_payoff import grow_cost
+from . import elastic, restore, survivors
+from .grow_payoff import grow_cost, survivors_first_pays_for
 from .notice import notice_payload
 from .plan_types import NoticeWrite
 from .podstate import (
@@ -54,6 +54,19 @@ def choose_size(ctx: ReconcileContext) -> bool:
         now=ctx.now,
         grown_from=grown_from,
     )
+    first = (
+        None
+        if grown_from
+        else elastic.survivors_first(
+            job.spec,
+            decision,
+            len(st.kept_pods),
+            lambda kept, size: survivors_first_pays_for(st, kept, size),
+        )
+    )
+    if first is not None and decision.size is not None:
+        st.restore = Restore(size=decision.size, since=ctx.now)
+        decision = first
     capacity = cond.condition(st, cond.CAPACITY)
     st.capacity_wait_since = decision.wait_since
     if decision.size is None:
@@ -222,6 +235,12 @@ def watch_for_grow(
     """Grow a gang below full size: notice, wait for the commit, then resubmit larger (a gang
     that keeps its pods resubmits at once: they save or hand the state over at the switch)."""
     st, plan, job = ctx.status, ctx.plan, ctx.job
+    if st.restore is not None:
+        joining = restore.joining(ctx, all_running)
+        if joining:
+            _restart_larger(ctx, current, restore.decision(ctx, joining), joining)
+        if st.restore is not None or joining:
+            return
     if ctx.size >= job.spec.replicas and st.grow is None:
         return
     decision = elastic.grow_step(
@@ -292,13 +311,17 @@ def _request_grow(
 
 
 def _restart_larger(
-    ctx: ReconcileContext, current: Mapping[int, dict[str, Any]], decision: elastic.GrowDecision
+    ctx: ReconcileContext,
+    current: Mapping[int, dict[str, Any]],
+    decision: elastic.GrowDecision,
+    joining: list[str] | None = None,
 ) -> None:
-    """The grow's checkpoint is committed: end the attempt and start the next one larger,
-    keeping the running pods, which train on until the new pods are warm (survivors.py)."""
+    """End the attempt and start the next one larger (the grow's checkpoint is committed, or
+    none is needed): the running pods are kept and train on until the new pods are warm
+    (survivors.py); ``joining``: warm standby pods that take the next places (restore.py)."""
     st, plan = ctx.status, ctx.plan
     last, lost = committed_and_lost(st)
-    kept = survivors.all_running(ctx, current)
+    kept = survivors.all_running(ctx, current) + list(joining or [])
     if kept:
         lost = 0  # they train on until the new pods are warm, then save (survivors.py)
     record_interruption(

@@ -13,7 +13,8 @@ pool is topped up while the gang runs whole and the nodes have room for more tha
 Ranks come first: a spare that no node took is deleted as soon as a rank of the gang waits for
 a node, and so are spares beyond K and every spare once the job ends or is suspended. Spares
 are for fixed-size gangs under the operator's own or native gang scheduling; a Kueue-admitted
-gang replaces its pods whole, and an elastic gang grows into free nodes instead.
+gang replaces its pods whole, and an elastic gang grows into free nodes instead. An elastic gang
+has them only for a while after a loss, as the standby pods of the lost places (restore.py).
 """
 
 from __future__ import annotations
@@ -31,15 +32,21 @@ from .survivors import ready_epoch
 
 
 def wanted(ctx: ReconcileContext) -> int:
-    """How many spares the job keeps now (0 when the gang cannot use them)."""
+    """How many spares the job keeps now (0 when the gang cannot use them): ``spares`` for a
+    fixed-size gang; for an elastic one, the standby pods for the lost places of a gang that a
+    loss shrank to its kept pods, until it grows back (restore.py)."""
     spec = ctx.job.spec
     usable = (
         spec.recovery.survivors is Survivors.STAY
-        and spec.elastic is None
         and not spec.suspend
         and of_status(ctx.status.gang_scheduling).keeps_pods
     )
-    return spec.recovery.spares if usable else 0
+    if not usable:
+        return 0
+    if spec.elastic is None:
+        return spec.recovery.spares
+    restore = ctx.status.restore
+    return max(0, restore.size - ctx.size) if restore is not None else 0
 
 
 def is_spare(pod: Mapping[str, Any]) -> bool:

@@ -202,12 +202,14 @@ def fail_job(ctx: ReconcileContext, reason: str, message: str) -> None:
 def forget_gang(st: JobStatus) -> None:
     """Clear what described a gang that no longer exists: its size and world size and its
     all-or-nothing mechanism are chosen again before the next gang's pods exist, a grow asked
-    of it is over, and the next gang has yet to train."""
+    of it (or a grow back to its size before a loss) is over, and the next gang has yet to
+    train."""
     st.gang_size = None
     st.world_size = None
     st.gang_scheduling = None
     st.grow = None
     st.grow_room_since = None
+    st.restore = None
     st.training_since = None
 
 

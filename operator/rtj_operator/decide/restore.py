@@ -1,0 +1,76 @@
+"""Survivors first: after a loss, an elastic gang with ``Stay`` trains on at once as its kept pods.
+
+Without it, a loss that leaves room for new pods makes the kept ranks wait in
+``init_process_group`` for the lost places' new pods through their whole cold start (scheduling,
+the image, the interpreter, ``import torch``; on a GPU cluster also CUDA, NCCL and the
+download). With ``recovery.survivors: Stay`` and ``elastic``, the attempt after such a loss
+starts as the kept pods alone when they are at least ``minReplicas``
+(``elastic.survivors_first``, ``status.restore``), and the pods for the lost places start
+beside it in standby, as spares do (``spares.py``: torch and the runtime imported, no worker).
+As soon as all of them are warm and the kept pods have trained since the loss, the gang grows
+back to its size before the loss at once, whatever ``grow.minIntervalSeconds``,
+``grow.settleSeconds`` and ``grow.onlyWhenItPays`` say: the room was there at the loss, and
+today's loss would have spent it the same way. The grow is a warm join with nothing left to wait
+for: every pod is told the new membership on the next pass (``survivors.switch_when_warm``).
+
+Standby pods that no node took within ``STANDBY_WAIT_SECONDS`` of the loss, or that are not warm
+within ``RESTORE_WAIT_SECONDS`` (a slow image pull), are given up: the gang grows with those that
+are warm, or, with none, stays at its size and grows as its grow policy says (the standby pods
+are deleted, ``spares.tend``).
+"""
+
+from __future__ import annotations
+
+from . import elastic, spares
+from .reconcile_context import ReconcileContext
+from .survivors import STANDBY_WAIT_SECONDS
+
+RESTORE_WAIT_SECONDS = 600.0
+"""How long a gang that a loss shrank waits for standby pods that are placed but not yet warm
+(a slow image pull) before it grows with the warm ones, or gives the restore up."""
+
+
+def joining(ctx: ReconcileContext, all_running: bool) -> list[str]:
+    """The warm standby pods the gang grows with on this pass ([]: not yet, or never: then
+    ``status.restore`` is cleared and the grow policy decides again)."""
+    st, plan = ctx.status, ctx.plan
+    assert st.restore is not None
+    lacking = spares.wanted(ctx)
+    warm = spares.warm(ctx)[:lacking]
+    placed = [p for p in spares.live(ctx) if (p.get("spec") or {}).get("nodeName")]
+    waited = (ctx.now - st.restore.since).total_seconds()
+    # Standby pods no node took within the warm join's wait will not come soon; placed ones
+    # (an image pull) get longer.
+    late = waited >= RESTORE_WAIT_SECONDS or (
+        waited >= STANDBY_WAIT_SECONDS and len(placed) <= len(warm)
+    )
+    if lacking and len(warm) < lacking and not late:
+        plan.requeue(1.0)
+        return []
+    if not warm:
+        if lacking:
+            plan.event(
+                "Warning",
+                "RestoreAbandoned",
+                f"attempt {st.attempt}: none of the {lacking} standby pods is warm after "
+                f"{waited:.0f}s; the {ctx.size} pods train on and grow as spec.elastic.grow says",
+            )
+        st.restore = None
+        return []
+    if not all_running or st.training_since is None:
+        plan.requeue(1.0)  # the kept pods have not trained since the loss yet
+        return []
+    return warm
+
+
+def decision(ctx: ReconcileContext, warm: list[str]) -> elastic.GrowDecision:
+    """The grow back with the ``warm`` standby pods, for ``sizing._restart_larger``."""
+    target = ctx.size + len(warm)
+    lacking = spares.wanted(ctx)
+    how = f"all {lacking}" if len(warm) == lacking else f"{len(warm)} of {lacking}"
+    return elastic.GrowDecision(
+        elastic.GrowAction.RESTART,
+        target,
+        f"{how} standby pods for the lost places are warm; the {ctx.size} kept pods grow back "
+        f"to {target} at once",
+    )
