@@ -213,3 +213,21 @@ def test_trainer_rbac_is_limited_to_this_and_the_previous_attempts_pods():
     binding = build_role_binding(job)
     assert binding["roleRef"]["name"] == role["metadata"]["name"] == "train-trainer"
     assert binding["subjects"][0]["name"] == build_service_account(job)["metadata"]["name"]
+
+
+def test_trainer_rbac_names_the_standby_pods_that_may_say_they_are_warm():
+    """A standby pod writes its readiness on its own pod: the Role names every spare an
+    attempt may start, ``recovery.spares`` of a fixed gang, and for an elastic one with Stay
+    the places a loss may leave (replicas - minReplicas, restore.py)."""
+    stay = {"template": {"spec": {"containers": [{"name": "trainer", "command": ["python"]}]}}}
+    spares = make_job(replicas=3, recovery={"survivors": "Stay", "spares": 1}, **stay)
+    (rule,) = build_role(spares, 0)["rules"]
+    assert [n for n in rule["resourceNames"] if "-s" in n] == ["train-a0-s0"]
+    elastic = make_job(
+        replicas=4, elastic={"minReplicas": 2}, recovery={"survivors": "Stay"}, **stay
+    )
+    (rule,) = build_role(elastic, 1)["rules"]
+    standby = [n for n in rule["resourceNames"] if "-s" in n]
+    assert standby == ["train-a0-s0", "train-a0-s1", "train-a1-s0", "train-a1-s1"]
+    (rule,) = build_role(make_job(replicas=4, elastic={"minReplicas": 2}), 1)["rules"]
+    assert not [n for n in rule["resourceNames"] if "-s" in n]  # without Stay: none

@@ -332,6 +332,15 @@ def build_service_account(job: Job) -> dict[str, Any]:
     }
 
 
+def _spare_slots(job: Job) -> int:
+    """How many spare pods an attempt of ``job`` may start: ``recovery.spares``, or for an
+    elastic gang with ``Stay`` the standby pods of the places a loss left (restore.py)."""
+    spec = job.spec
+    if spec.elastic is not None and spec.recovery.survivors is Survivors.STAY:
+        return spec.replicas - spec.elastic.min_replicas
+    return spec.recovery.spares
+
+
 def build_role(job: Job, attempt: int, kept: Sequence[str] = ()) -> dict[str, Any]:
     """May get and patch only the pods of the given attempt and of the one before it: the
     previous gang may still be inside its grace period, reporting its final (emergency) save;
@@ -339,10 +348,8 @@ def build_role(job: Job, attempt: int, kept: Sequence[str] = ()) -> dict[str, An
     attempts = [attempt - 1, attempt] if attempt > 0 else [attempt]
     pods = [names.pod_name(job.ref.name, a, r) for a in attempts for r in range(job.spec.replicas)]
     pods += [
-        names.spare_name(job.ref.name, a, i)
-        for a in attempts
-        for i in range(job.spec.recovery.spares)
-    ]  # a spare says it is warm on its own pod (spares.py)
+        names.spare_name(job.ref.name, a, i) for a in attempts for i in range(_spare_slots(job))
+    ]  # a spare says it is warm on its own pod (spares.py, restore.py)
     pods += [name for name in kept if name not in pods]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
