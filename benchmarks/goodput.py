@@ -70,7 +70,12 @@ import yaml  # noqa: E402
 
 from benchmarks import goodput_phases as gp  # noqa: E402
 from benchmarks import spot_traces  # noqa: E402
-from rtj_operator.api.names import LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK  # noqa: E402
+from rtj_operator.api.names import (  # noqa: E402
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_ROLE,
+)
 from tools.kubeapi import ApiError  # noqa: E402
 from tools.localstack import S3_SECRET, LocalStack, StackConfig  # noqa: E402
 from tools.waiting import wait_for  # noqa: E402
@@ -386,11 +391,14 @@ class Recorder:
 
     def _pod(self, pod: Obj) -> None:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        # A standby pod of no attempt yet (a spare, or one of a loss's lost places: Stay) is
+        # no attempt's pod until an attempt keeps it (below).
+        none = -1 if LABEL_ROLE in meta["labels"] else 0
         seen = self.pods.setdefault(
             meta["name"],
             {
                 "job": meta["labels"].get(LABEL_JOB),
-                "attempt": int(meta["labels"].get(LABEL_ATTEMPT, 0)),
+                "attempt": int(meta["labels"].get(LABEL_ATTEMPT, none)),
                 "rank": int(meta["labels"].get(LABEL_RANK, 0)),
                 "created": gp.wall(meta.get("creationTimestamp")),
             },
@@ -398,7 +406,7 @@ class Recorder:
         seen["node"] = spec.get("nodeName") or seen.get("node")
         # A pod kept by a later attempt (recovery.survivors: Stay) is relabelled into it: it
         # joined that attempt when its label changed (its creation, binding and start are older).
-        attempt = int(meta["labels"].get(LABEL_ATTEMPT, 0))
+        attempt = int(meta["labels"].get(LABEL_ATTEMPT, none))
         if attempt != seen["attempt"] and attempt not in seen.setdefault("kept_into", {}):
             seen["kept_into"][attempt] = (int(meta["labels"].get(LABEL_RANK, 0)), time.time())
         for cond in status.get("conditions") or []:
@@ -869,19 +877,6 @@ class Replay:
         for name, seen in rec.pods.items():
             if seen["job"] != job:
                 continue
-            out.setdefault(seen["attempt"], []).append(
-                gp.PodSeen(
-                    name,
-                    seen["attempt"],
-                    seen["rank"],
-                    seen.get("node"),
-                    shift(seen.get("created")),
-                    shift(seen.get("bound")),
-                    shift(seen.get("started")),
-                    shift(seen.get("finished")),
-                    shift(seen.get("gone")),
-                )
-            )
             for attempt, (rank, joined) in (seen.get("kept_into") or {}).items():
                 out.setdefault(attempt, []).append(
                     gp.PodSeen(
@@ -896,6 +891,21 @@ class Replay:
                         shift(seen.get("gone")),
                     )
                 )
+            if seen["attempt"] < 0:
+                continue  # a standby pod no attempt kept
+            out.setdefault(seen["attempt"], []).append(
+                gp.PodSeen(
+                    name,
+                    seen["attempt"],
+                    seen["rank"],
+                    seen.get("node"),
+                    shift(seen.get("created")),
+                    shift(seen.get("bound")),
+                    shift(seen.get("started")),
+                    shift(seen.get("finished")),
+                    shift(seen.get("gone")),
+                )
+            )
         return out
 
     def _recoveries(

@@ -409,7 +409,7 @@ def test_a_loss_with_room_left_trains_on_at_two_and_grows_back_warm(
     path = survivors_manifest(
         tmp_path,
         name="restores",
-        epochs=40,
+        epochs=20,
         cpu="20",  # one pod per node
         interval="20ba",
         elastic={"minReplicas": 2},

@@ -259,7 +259,10 @@ def test_a_loss_with_room_left_trains_on_as_the_kept_pods_and_grows_back_when_wa
     assert {t["stop"] for t in told.values()} == {"switch" if in_process else "save"}
     assert {(t["epoch"], t["nnodes"], t["savers"]) for t in told.values()} == {(2, 4, 3)}
     assert names.LABEL_ROLE not in cluster.pods["train-a1-s0"]["metadata"]["labels"]
-    assert "MembershipSwitched" in [e.reason for e in plan.events]
+    switched = next(e for e in plan.events if e.reason == "MembershipSwitched")
+    assert "every pod runs already" in switched.message and "the 3 kept pods that" in (
+        switched.message
+    )
 
 
 def test_a_placed_standby_pod_slow_to_get_warm_is_waited_for_longer():
@@ -367,7 +370,7 @@ def test_an_in_process_switch_tells_every_pod_to_switch():
     assert {t["stop"] for t in told.values()} == {"switch"} and len(told) == 4
     assert [told[p]["nodeRank"] for p in sorted(told)] == [0, 1, 2, 3]
     switched = next(e for e in plan.events if e.reason == "MembershipSwitched")
-    assert "switch in process and send the new ones the state" in switched.message
+    assert "switch in process and send the others the state" in switched.message
 
 
 def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():

@@ -281,14 +281,18 @@ def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]
         )
     st.membership_pending_since = None
     how = (
-        f"all {len(new)} new pods are warm"
+        "every pod runs already"
+        if not new
+        else f"all {len(new)} new pods are warm"
         if warm == len(new)
         else f"{warm} of {len(new)} new pods are warm after {STANDBY_WAIT_SECONDS:g}s"
     )
+    trained = savers(ctx)  # the kept pods that hold the state (not warm standby pods kept)
     then = (
-        f"the {kept} kept pods switch in process and send the new ones the state"
+        f"the {trained} kept pods that trained switch in process and send the others the state"
         if in_process
-        else f"the {kept} kept pods save and every pod re-forms the gang of {ctx.size}"
+        else f"the {trained} kept pods that trained save and every pod re-forms the gang of "
+        f"{ctx.size}"
     )
     plan.event(
         "Normal", "MembershipSwitched", f"attempt {st.attempt}: {how} ({waited:.1f}s); {then}"
