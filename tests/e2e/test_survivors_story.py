@@ -355,28 +355,43 @@ def test_a_grow_switches_the_running_workers_in_process(stack: LocalStack, tmp_p
     say(f"kept rank 0 switched at step {rank0['step']} in {rank0['seconds']:.2f} s")
 
 
+def three_losing_rank_one(
+    stack: LocalStack, tmp: Path, name: str, *, epochs: int, free_node: bool, **elastic: object
+) -> tuple[str, dict[str, dict[str, Any]], float]:
+    """An elastic job of 3 pods (one a node, ``minReplicas`` 2, a commit every 20 steps) whose
+    rank 1 loses its node without notice two steps after the first commit; ``free_node``: a
+    fourth node is free then. The job, its pods before the loss by name, when it happened."""
+    usable = REPLICAS + 1 if free_node else REPLICAS
+    stack.ensure_nodes(usable)
+    for node_name in stack.live_nodes()[:usable]:
+        stack.untaint_node(node_name, HOLD)
+    for node_name in stack.live_nodes()[usable:]:
+        stack.taint_node(node_name, HOLD)
+    path = survivors_manifest(
+        tmp,
+        name=name,
+        epochs=epochs,
+        cpu="20",  # one pod per node
+        interval="20ba",
+        elastic={"minReplicas": 2, **elastic},
+    )
+    job = stack.apply(path)
+    at_three = wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    assert at_three["gangSize"] == REPLICAS and at_three["attempt"] == 0, at_three
+    wait_step(stack, job, 22, "two steps after the commit")
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
+    room = "a fourth node is free" if free_node else "no room for a third pod"
+    return job, first, reclaim_rank(stack, job, f"{job}-a0-r1", f"; {room}")
+
+
 def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:
     """An elastic job at 3 pods loses a node without notice, with no room left for a third pod:
     the two kept pods re-form the gang at 2 in place (no pod is created), from the last
     finished step that kept rank 0 saved from its memory."""
-    stack.ensure_nodes(REPLICAS)
-    for name in stack.live_nodes()[REPLICAS:]:
-        stack.taint_node(name, HOLD)
-    path = survivors_manifest(
-        tmp_path,
-        name="shrinks",
-        epochs=8,
-        cpu="20",  # one pod per node
-        interval="20ba",
-        elastic={"minReplicas": 2, "shrinkAfterSeconds": 0},
+    job, first, lost_at = three_losing_rank_one(
+        stack, tmp_path, "shrinks", epochs=8, free_node=False, shrinkAfterSeconds=0
     )
-    job = stack.apply(path)
-    at_three = wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
-    assert at_three["gangSize"] == REPLICAS, at_three
-    attempt = at_three["attempt"]
-    wait_step(stack, job, 22, "two steps after the commit")
-    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=attempt)}
-    lost_at = reclaim_rank(stack, job, f"{job}-a{attempt}-r1", "; no room for a third pod")
+    attempt = 0
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["gangSize"] == 2 and status["failures"] == 0, status
     kept = [f"{job}-a{attempt}-r0", f"{job}-a{attempt}-r2"]
@@ -403,21 +418,7 @@ def test_a_loss_with_room_left_trains_on_at_two_and_grows_back_warm(
     two kept pods train on at 2 at once instead of waiting for a new pod's cold start, the lost
     place's pod starts in standby on the free node, and the gang grows back to 3 as soon as it
     is warm (without the 300 s grow interval)."""
-    stack.ensure_nodes(REPLICAS + 1)
-    for name in stack.live_nodes():
-        stack.untaint_node(name, HOLD)
-    path = survivors_manifest(
-        tmp_path,
-        name="restores",
-        epochs=20,
-        cpu="20",  # one pod per node
-        interval="20ba",
-        elastic={"minReplicas": 2},
-    )
-    job = stack.apply(path)
-    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
-    wait_step(stack, job, 22, "two steps after the commit")
-    lost_at = reclaim_rank(stack, job, f"{job}-a0-r1", "; a fourth node is free")
+    job, _, lost_at = three_losing_rank_one(stack, tmp_path, "restores", epochs=20, free_node=True)
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     kept, standby = [f"{job}-a0-r0", f"{job}-a0-r2"], f"{job}-a1-s0"
     assert status["gangSize"] == REPLICAS, (status, stack.diagnostics(job))

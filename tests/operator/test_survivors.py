@@ -399,6 +399,31 @@ def test_a_loss_during_a_warm_join_counts_only_the_trained_pods_as_savers():
     assert told["train-a2-r2"]["savers"] == 2
 
 
+def test_a_loss_during_a_warm_join_leaves_the_standby_pods_to_join_when_warm():
+    """A loss of a standby pod's node during a warm join, the two trained pods enough for
+    ``minReplicas``: they go on alone at once (survivors first); the standby pod still
+    starting is not made a member they would wait for, but waits beside them as a spare and
+    joins when warm."""
+    cluster = shrunk_to_two_with_room_for_four()
+    cluster.step(1)
+    cluster.schedule_and_run()
+    assert cluster.status["membershipPendingSince"] is not None
+    del cluster.nodes[cluster.pods["train-a2-r3"]["spec"]["nodeName"]]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 3 and st["gangSize"] == 2 and st["restore"]["size"] == 3
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r1"] and not plan.creations
+    standby = cluster.pods["train-a2-r2"]["metadata"]["labels"]
+    assert standby[names.LABEL_ROLE] == names.ROLE_SPARE and names.LABEL_ATTEMPT not in standby
+    assert "train-a2-r2" not in {d.name for d in plan.deletions}
+    cluster.report_step(0, 140, attempt=3)  # the two train at once
+    assert not cluster.step(1).spares  # the standby pod is the spare: none is started
+    ready(cluster, "train-a2-r2", 2)
+    plan = cluster.step(1)
+    assert "Growing" in [e.reason for e in plan.events]
+    assert cluster.status["keptPods"] == ["train-a0-r0", "train-a0-r1", "train-a2-r2"]
+
+
 def test_a_warm_join_trains_until_the_switch_and_then_accounts_its_restart_as_planned():
     """The kept pods train on under their old membership while the new ones start: that is
     training time. The switch stops them (save, every worker restarted); the time until the

@@ -214,7 +214,8 @@ def _cleanup(ctx: ReconcileContext, keep_current: bool) -> None:
     (Native sidecars, init containers with ``restartPolicy: Always``, stop by themselves and
     their pod ends ``Succeeded``.)"""
     st = ctx.status
-    planned = {d.name for d in ctx.plan.deletions}
+    # Pods this pass deletes already, or relabels (kept, or a standby pod made a spare: restore.py)
+    planned = {d.name for d in ctx.plan.deletions} | {m.pod for m in ctx.plan.memberships}
     for pod in ctx.owned:
         attempt = pod_attempt(pod)
         if is_deleting(pod) or attempt is None or pod["metadata"].get("name") in planned:

@@ -21,9 +21,49 @@ are deleted, ``spares.tend``).
 
 from __future__ import annotations
 
+from ..api import names
+from ..api.status_types import Restore
 from . import elastic, spares
+from .grow_payoff import survivors_first_pays_for
+from .plan_types import MembershipWrite
 from .reconcile_context import ReconcileContext
-from .survivors import STANDBY_WAIT_SECONDS
+from .survivors import STANDBY_WAIT_SECONDS, trained_kept
+
+
+def survivors_first(
+    ctx: ReconcileContext, decision: elastic.StartDecision
+) -> elastic.StartDecision:
+    """The start of an attempt after a loss: as the kept pods that trained alone, when
+    ``elastic.survivors_first`` says so (``status.restore`` then says the size to grow back
+    to). Kept pods that have not trained (the standby pods of a warm join the loss cut short)
+    wait beside the gang as its standby pods instead of holding it up while they start."""
+    st = ctx.status
+    trained = trained_kept(ctx)
+    first = elastic.survivors_first(
+        ctx.job.spec,
+        decision,
+        len(trained),
+        lambda kept, size: survivors_first_pays_for(st, kept, size),
+    )
+    if first is None or decision.size is None:
+        return decision
+    st.restore = Restore(size=decision.size, since=ctx.now)
+    for name in st.kept_pods:
+        if name not in trained:
+            ctx.plan.memberships.append(
+                MembershipWrite(
+                    pod=name,
+                    labels={
+                        names.LABEL_ATTEMPT: None,
+                        names.LABEL_RANK: None,
+                        names.LABEL_ROLE: names.ROLE_SPARE,
+                    },
+                    annotations={},
+                )
+            )
+    st.kept_pods = trained
+    return first
+
 
 RESTORE_WAIT_SECONDS = 600.0
 """How long a gang that a loss shrank waits for standby pods that are placed but not yet warm

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase, Restore
+from ..api.status_types import Cause, GrowRequest, Interruption, JobStatus, Phase
 from . import conditions as cond
 from . import elastic, restore, survivors
-from .grow_payoff import grow_cost, survivors_first_pays_for
+from .grow_payoff import grow_cost
 from .notice import notice_payload
 from .plan_types import NoticeWrite
 from .podstate import (
@@ -54,19 +54,8 @@ def choose_size(ctx: ReconcileContext) -> bool:
         now=ctx.now,
         grown_from=grown_from,
     )
-    first = (
-        None
-        if grown_from
-        else elastic.survivors_first(
-            job.spec,
-            decision,
-            len(st.kept_pods),
-            lambda kept, size: survivors_first_pays_for(st, kept, size),
-        )
-    )
-    if first is not None and decision.size is not None:
-        st.restore = Restore(size=decision.size, since=ctx.now)
-        decision = first
+    if grown_from is None:
+        decision = restore.survivors_first(ctx, decision)
     capacity = cond.condition(st, cond.CAPACITY)
     st.capacity_wait_since = decision.wait_since
     if decision.size is None:

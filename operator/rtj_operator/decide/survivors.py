@@ -181,8 +181,13 @@ def savers(ctx: ReconcileContext) -> int:
     pods of a warm join the loss cut short, kept before they were told a membership. A spare or
     standby pod told one since has trained and counts. They save the last finished step
     together when it is large (docs/survivors.md); at least node rank 0."""
+    return max(1, len(trained_kept(ctx)))
+
+
+def trained_kept(ctx: ReconcileContext) -> list[str]:
+    """The kept pods that hold the training state (``_has_trained``), in rank order."""
     by_name = {p["metadata"]["name"]: p for p in ctx.owned}
-    return max(1, sum(1 for name in ctx.status.kept_pods if _has_trained(by_name.get(name))))
+    return [name for name in ctx.status.kept_pods if _has_trained(by_name.get(name))]
 
 
 def _has_trained(pod: Mapping[str, Any] | None) -> bool:
