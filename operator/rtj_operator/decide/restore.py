@@ -10,8 +10,9 @@ beside it in standby, as spares do (``spares.py``: torch and the runtime importe
 As soon as all of them are warm and the kept pods have trained since the loss, the gang grows
 back to its size before the loss at once, whatever ``grow.minIntervalSeconds``,
 ``grow.settleSeconds`` and ``grow.onlyWhenItPays`` say: the room was there at the loss, and
-today's loss would have spent it the same way. The grow is a warm join with nothing left to wait
-for: every pod is told the new membership on the next pass (``survivors.switch_when_warm``).
+without going first the attempt after the loss would have taken it with new pods at once. The
+grow is a warm join with nothing left to wait for: every pod is told the new membership on the
+next pass (``survivors.switch_when_warm``).
 
 Standby pods that no node took within ``STANDBY_WAIT_SECONDS`` of the loss, or that are not warm
 within ``RESTORE_WAIT_SECONDS`` (a slow image pull), are given up: the gang grows with those that
@@ -28,6 +29,10 @@ from .grow_payoff import survivors_first_pays_for
 from .plan_types import MembershipWrite
 from .reconcile_context import ReconcileContext
 from .survivors import STANDBY_WAIT_SECONDS, trained_kept
+
+RESTORE_WAIT_SECONDS = 600.0
+"""How long a gang that a loss shrank waits for standby pods that are placed but not yet warm
+(a slow image pull) before it grows with the warm ones, or gives the restore up."""
 
 
 def survivors_first(
@@ -63,11 +68,6 @@ def survivors_first(
             )
     st.kept_pods = trained
     return first
-
-
-RESTORE_WAIT_SECONDS = 600.0
-"""How long a gang that a loss shrank waits for standby pods that are placed but not yet warm
-(a slow image pull) before it grows with the warm ones, or gives the restore up."""
 
 
 def joining(ctx: ReconcileContext, all_running: bool) -> list[str]:
