@@ -393,12 +393,12 @@ class Recorder:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
         # A standby pod of no attempt yet (a spare, or one of a loss's lost places: Stay) is
         # no attempt's pod until an attempt keeps it (below).
-        none = -1 if LABEL_ROLE in meta["labels"] else 0
+        no_attempt = -1 if LABEL_ROLE in meta["labels"] else 0
         seen = self.pods.setdefault(
             meta["name"],
             {
                 "job": meta["labels"].get(LABEL_JOB),
-                "attempt": int(meta["labels"].get(LABEL_ATTEMPT, none)),
+                "attempt": int(meta["labels"].get(LABEL_ATTEMPT, no_attempt)),
                 "rank": int(meta["labels"].get(LABEL_RANK, 0)),
                 "created": gp.wall(meta.get("creationTimestamp")),
             },
@@ -406,7 +406,7 @@ class Recorder:
         seen["node"] = spec.get("nodeName") or seen.get("node")
         # A pod kept by a later attempt (recovery.survivors: Stay) is relabelled into it: it
         # joined that attempt when its label changed (its creation, binding and start are older).
-        attempt = int(meta["labels"].get(LABEL_ATTEMPT, none))
+        attempt = int(meta["labels"].get(LABEL_ATTEMPT, no_attempt))
         if attempt != seen["attempt"] and attempt not in seen.setdefault("kept_into", {}):
             seen["kept_into"][attempt] = (int(meta["labels"].get(LABEL_RANK, 0)), time.time())
         for cond in status.get("conditions") or []:

@@ -776,6 +776,12 @@ class StayGang(WarmGang):
     membership (capacity back within that wait gets new pods at once); once it trains, it grows
     no sooner than ``grow.minIntervalSeconds`` after it resumed."""
 
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.restoring = False
+        """A loss left room that joins warm (``after_loss``): the ``add_joiners`` right after the
+        loss (``on_change``) takes it at once."""
+
     def add_joiners(self, t: float, *, restore: bool = False) -> None:
         if self.restoring:
             self.restoring = False
@@ -815,11 +821,6 @@ class StayGang(WarmGang):
             self.size += extra
             self.timers.pop("grow", None)
         return pause
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.restoring = False
-        """A loss left room that joins warm: the next ``add_joiners`` takes it at once."""
 
     def room_joins_warm(self, extra: int) -> bool:
         """Whether the ``extra`` pods the room at a loss holds join warm after the kept ranks
