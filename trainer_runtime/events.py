@@ -59,6 +59,7 @@ MEMBERSHIP = "membership"
 INTERVAL_CHOSEN = "interval_chosen"
 SURVIVOR_SAVED = "survivor_saved"
 SWITCHED = "switched"
+LEFT = "left"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     FRESH: ("run", "world_size"),
@@ -103,6 +104,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     ),
     SURVIVOR_SAVED: ("checkpoint", "step", "seconds", "epoch", "why_not"),
     SWITCHED: ("epoch", "step", "world_size", "old_world_size", "seconds"),
+    LEFT: ("epoch", "step", "seconds"),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
 
@@ -430,6 +432,13 @@ def switched(
         old_world_size=old_world_size,
         seconds=round(seconds, 3),
     )
+
+
+def left(*, rank: int, epoch: int, step: int, seconds: float) -> None:
+    """This process left the gang at ``step`` because membership ``epoch`` does not include its
+    pod (``stop: leave``: its node is announced for termination); ``seconds``: from the agreed
+    boundary to the old group's end. The process ends with exit code 0 right after."""
+    emit(LEFT, rank=rank, epoch=epoch, step=step, seconds=round(seconds, 3))
 
 
 def process_start_time() -> str | None:

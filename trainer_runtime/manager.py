@@ -39,7 +39,7 @@ from .run import arguments
 from .run.config import AsyncPolicy, Settings
 from .run.context import RunContext, global_batch
 from .run.setup import release, set_up
-from .run.switch_in_place import switch_in_place
+from .run.switch_in_place import leave_in_place, switch_in_place
 from .sampler import ResumableSampler
 from .save import naming
 from .save.auto_interval import AutoSchedule
@@ -235,8 +235,11 @@ class CheckpointManager:
         """Shared tail of batch_end/epoch_end: preemption first, then an in-process switch
         (raised as ``MembershipSwitched``), then the save schedule."""
         saved = self._response.at_step_boundary(self.timestamp.batch)
-        if self._response.switch_request is not None:
-            raise switch_in_place(self, self._response.switch_request)
+        request = self._response.switch_request
+        if request is not None and request.leave:
+            leave_in_place(self, request)  # ends the process
+        if request is not None:
+            raise switch_in_place(self, request)
         auto = self.auto_interval
         if auto is not None:
             auto.observe(self.saver.saved)

@@ -27,6 +27,12 @@ switch instead, with the script's help (docs/survivors.md, "The in-process switc
    new ``DistributedDataParallel`` and starts a new iteration of its data (the sampler is
    re-dealt to the new ranks at the same global position), then trains on.
 
+A pod on a node announced for termination is told ``stop: leave`` while the others are told
+``stop: switch`` (the operator's notice, docs/survivors.md): its workers take part in the same
+agreement with a request that leaves (``SwitchRequest.leave``), and at the agreed boundary let the
+manager's parts go, destroy the old group and end with exit code 0 (``leave_in_place``), while the
+others form the smaller group. Every rank still holds the whole state, so nothing is handed over.
+
 Only replicated state (DDP, or one process) can switch: a sharded model (FSDP2) is refused at
 construction. (Rejected: the agent choosing the step: only the ranks know where they are.)
 """
@@ -68,10 +74,12 @@ class MembershipSwitched(Exception):  # noqa: N818 - an event the loop handles, 
 
 @dataclass(frozen=True)
 class SwitchRequest:
-    """A membership the agent asks this worker to switch to."""
+    """A membership the agent asks this worker to switch to (``leave``: one it is not part of;
+    it leaves the gang at the agreed boundary and ends, ``environment`` is empty)."""
 
     epoch: int
     environment: dict[str, str]
+    leave: bool = False
 
     @classmethod
     def parse(cls, text: str, source: str) -> SwitchRequest:
@@ -85,10 +93,15 @@ class SwitchRequest:
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise ConfigError(f"{source}: environment: expected an object of strings")
-        return cls(epoch, dict(env))
+        leave = doc.get("leave", False)
+        if not isinstance(leave, bool):
+            raise ConfigError(f"{source}: leave={leave!r}: expected true or false")
+        return cls(epoch, dict(env), leave)
 
     def to_json(self) -> str:
-        return json.dumps({"epoch": self.epoch, "environment": self.environment})
+        return json.dumps(
+            {"epoch": self.epoch, "environment": self.environment, "leave": self.leave}
+        )
 
 
 def write_request(path: Path, request: SwitchRequest) -> None:

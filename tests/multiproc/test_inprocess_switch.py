@@ -96,3 +96,58 @@ def test_workers_that_cannot_switch_restart_in_place_instead(tmp_path: Path) -> 
     assert new[0] == old[-1] + 1, (old, new)  # the save on the way out committed the last step
     joined = events.read_events((tmp_path / "pod2.log").read_text(), events.RESUMED)
     assert [e.fields["source"] for e in joined] == ["local"], joined
+
+
+def leave_three_to_two(pods: Pods, tmp: Path) -> dict[str, int]:
+    """A gang of 3 trains; the node of ``pod1`` is announced for termination, so the operator
+    tells ``pod0`` and ``pod2`` a gang of 2 with ``stop: switch`` and ``pod1`` ``stop: leave``.
+    Returns the pods' exit codes."""
+    port = free_port()
+    pods.start_gang(3, port=port)
+    pods.wait_steps(1, 8)
+    port2 = free_port()
+    pods.announce("pod1", epoch=2, nnodes=2, nodeRank=-1, masterPort=port2, stop="leave")
+    pods.announce("pod0", epoch=2, nnodes=2, nodeRank=0, masterPort=port2, stop="switch")
+    pods.announce("pod2", epoch=2, nnodes=2, nodeRank=1, masterPort=port2, stop="switch")
+    return pods.wait_all()
+
+
+def test_a_noticed_pod_leaves_and_the_others_switch_in_process(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
+    codes = leave_three_to_two(pods, tmp_path)
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old, new in ((0, 0), (2, 1)):  # the kept workers trained on in the same processes
+        before = (out / f"pid-1-{old}").read_text()
+        assert (out / f"switched-2-{new}").read_text().split()[0] == before
+        assert (out / f"pid-2-{new}").read_text() == before
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    assert pods.steps(1, 1)[-1] == old[-1]  # the leaving rank trained up to the boundary
+    left = events.read_events((tmp_path / "pod1.log").read_text(), events.LEFT)
+    assert [(e.fields["epoch"], e.fields["step"]) for e in left] == [(2, old[-1] + 1)], left
+    assert not (out / "final-2.pt").exists()  # it ended at the boundary
+    finals = [torch.load(out / f"final-{r}.pt", weights_only=True) for r in range(2)]
+    for key, tensor in finals[0]["model"].items():
+        assert torch.equal(tensor, finals[1]["model"][key]), key
+    for log in ("pod0.log", "pod2.log"):
+        text = (tmp_path / log).read_text()
+        assert not events.read_events(text, events.RESUMED)[1:], text  # no restart
+    assert "its workers leave in process" in (tmp_path / "pod1.log").read_text()
+
+
+def test_a_leave_where_workers_cannot_switch_saves_and_restarts_the_kept_ones(
+    tmp_path: Path,
+) -> None:
+    pods = Pods(tmp_path, steps=STEPS)  # no --switch: the script did not opt in
+    codes = leave_three_to_two(pods, tmp_path)
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old, new in ((0, 0), (2, 1)):
+        assert (out / f"pid-2-{new}").read_text() != (out / f"pid-1-{old}").read_text()
+    assert not list(out.glob("switched-*"))
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # the save on the way out committed the last step
+    assert "save with the others and end" in (tmp_path / "pod1.log").read_text()

@@ -58,11 +58,20 @@ def test_the_savers_default_to_node_rank_0_alone() -> None:
         ({"attempt": -1}, "attempt"),
         ({"savers": 0}, "savers"),
         ({"savers": 5}, "savers"),  # more savers than pods
+        ({"nodeRank": -1}, "nodeRank"),  # -1 only for a pod told to leave
+        ({"nodeRank": 0, "stop": "leave"}, "nodeRank"),
     ],
 )
 def test_a_bad_membership_names_the_field(change: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         membership.parse(json.dumps({**GOOD, **change}), source="m")
+
+
+def test_a_pod_told_to_leave_has_no_rank_in_the_new_gang() -> None:
+    told = membership.parse(json.dumps({**GOOD, "nodeRank": -1, "stop": "leave"}))
+    assert told is not None and told.leaves and told.node_rank == -1
+    kept = membership.parse(json.dumps({**GOOD, "stop": "switch"}))
+    assert kept is not None and not kept.leaves
 
 
 def test_no_membership_yet(tmp_path: Path) -> None:

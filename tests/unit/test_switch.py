@@ -38,6 +38,15 @@ def test_a_worker_says_it_can_switch_and_reads_a_newer_request(tmp_path: Path):
     assert not list(tmp_path.glob("*.part"))  # written whole, by a rename
 
 
+def test_a_request_to_leave_reads_back_and_a_bad_flag_is_refused(tmp_path: Path):
+    watch = SwitchWatch(tmp_path / "switch-0", 1)
+    write_request(watch.path, SwitchRequest(2, {}, leave=True))
+    assert watch.pending() == SwitchRequest(2, {}, leave=True)
+    with pytest.raises(ConfigError, match="leave"):
+        SwitchRequest.parse('{"epoch": 2, "environment": {}, "leave": "yes"}', "f")
+    assert not SwitchRequest.parse('{"epoch": 2, "environment": {}}', "f").leave  # older agents
+
+
 def test_every_rank_must_hold_the_same_epoch_before_it_switches(tmp_path: Path):
     watch = SwitchWatch(tmp_path / "switch-0", 1)
     write_request(watch.path, SwitchRequest(2, {}))

@@ -7,7 +7,8 @@ workers (a collective emergency save first when every old member is alive, ``sto
 at once when one is gone, ``stop: kill``: a save would wait on the lost rank) and starts new
 ones with the new ranks, world size, rendezvous address, checkpoint and epoch. The pod, its
 node, its image, its interpreter and ``import torch`` all stay; that is the restart this
-avoids.
+avoids. A pod the new membership leaves out (``stop: leave``, its node announced for
+termination) ends once its workers left the gang.
 
 When a worker ends with an error before any new membership came (its collective failed because
 a peer was lost), the others are stopped and the loop waits ``rejoin_s`` for one. None coming
@@ -98,6 +99,9 @@ class Supervisor:
             )
             if first is None:
                 return 128 + signal.SIGTERM  # deleted while it waited: nothing ran
+            if first.leaves:
+                _say(f"agent: membership epoch {first.epoch} leaves this standby pod out")
+                return 0
             self._announce(first, stop="standby", stopped_s=0.0, how="workers started warm")
             self._serve_store(first)
             self._start(first, changed=True)
@@ -114,6 +118,8 @@ class Supervisor:
             if not self.terminating:
                 newer = self._newer_membership()
                 if newer is not None:
+                    if newer.leaves:
+                        return self._leave(newer)
                     if newer.stop == membership.STOP_SWITCH and self._can_switch():
                         self._switch(newer)
                     else:
@@ -202,6 +208,38 @@ class Supervisor:
             old_store.stop()
         self.current = new
         self._announce(new, stop=new.stop, stopped_s=0.0, how="workers asked to switch in process")
+
+    def _leave(self, new: Membership) -> int:
+        """This pod is not in ``new`` (``stop: leave``): its workers leave in process at the step
+        boundary every rank agrees on and end with 0, while the others switch to the smaller gang;
+        workers that cannot switch save with the others (whose agents restart theirs) and end.
+        The agent ends with them: 0, or a worker's own error code."""
+        old_rank = (self.current or self.initial).node_rank * self.settings.nproc_per_node
+        in_process = self._can_switch()
+        if in_process:
+            request = switch.SwitchRequest(new.epoch, {}, leave=True)
+            for local_rank in range(len(self.workers)):
+                switch.write_request(self._switch_file(local_rank), request)
+        _say(
+            f"agent: membership epoch {new.epoch}: {new.nnodes} pods without this one; its workers "
+            + ("leave in process" if in_process else "save with the others and end")
+        )
+        events.membership(
+            rank=old_rank,
+            epoch=new.epoch,
+            nnodes=new.nnodes,
+            node_rank=-1,
+            stop=new.stop,
+            stop_s=0.0,
+        )
+        self.current = new
+        if not in_process:
+            self._stop(save=True)
+        while any(w.poll() is None for w in self.workers):
+            time.sleep(self.settings.poll_s)
+        codes = [w.poll() or 0 for w in self.workers]
+        own_error = [c for c in codes if c not in (0, 128 + signal.SIGTERM, -signal.SIGKILL)]
+        return own_error[0] if own_error and in_process else 0
 
     def _announce(self, new: Membership, *, stop: str, stopped_s: float, how: str) -> None:
         _say(

@@ -13,7 +13,9 @@ two facts the plain torch environment cannot carry:
   to resume from, and how the old workers end (``stop``: ``save`` when every old member is
   still alive, so a collective emergency save can commit first; ``kill`` when one is gone and
   a save would wait on it; ``switch`` when every old member is alive and the job switches in
-  process, ``switch.py``).
+  process, ``switch.py``; ``leave`` for a pod on a node announced for termination that the new
+  gang, which switches in process, leaves out: ``nodeRank`` is -1 and the rest describes the new
+  gang it is not part of).
 
 The file is JSON with the operator's field names (camelCase, like the rest of the API). A file
 that does not parse is a ``ConfigError`` naming the field and what was expected; an empty or
@@ -37,7 +39,12 @@ STOP_KILL = "kill"
 STOP_SWITCH = "switch"
 """Every old member is alive and the job asked for it: the workers that can switch in process
 (``switch.py``) take the new membership without ending; the others stop as with ``save``."""
-STOP_MODES = (STOP_SAVE, STOP_KILL, STOP_SWITCH)
+STOP_LEAVE = "leave"
+"""This pod is not in the new gang (its node is announced for termination) and the others switch
+in process: its workers leave at the step boundary every rank agrees on (``switch.py``), or,
+when they cannot switch, save with the others and end (``nodeRank`` is -1)."""
+STOP_MODES = (STOP_SAVE, STOP_KILL, STOP_SWITCH, STOP_LEAVE)
+LEAVING_RANK = -1
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,11 @@ class Membership:
     """With ``stop: kill``: the kept pods that hold the last finished step (node ranks 0 to
     ``savers - 1``); a large state is saved in shares by all of them (``save/survivor_group.py``),
     a small one by node rank 0 alone."""
+
+    @property
+    def leaves(self) -> bool:
+        """This pod is told to leave the gang (``stop: leave``)."""
+        return self.stop == STOP_LEAVE
 
     def worker_environment(self, nproc_per_node: int, local_rank: int) -> dict[str, str]:
         """The variables of one worker process of this pod under this membership."""
@@ -88,7 +100,7 @@ class Membership:
 _FIELDS = {
     "epoch": (int, "an integer >= 0"),
     "nnodes": (int, "an integer >= 1"),
-    "nodeRank": (int, "an integer >= 0 and < nnodes"),
+    "nodeRank": (int, "an integer >= 0 and < nnodes (-1 with stop: leave)"),
     "masterAddr": (str, "a host name or address"),
     "masterPort": (int, "a port number from 1 to 65535"),
 }
@@ -112,10 +124,15 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         values[key] = value
     stop = data.get("stop", STOP_KILL)
     resume_from = data.get("resumeFrom", "")
+    rank_ok = (
+        values["nodeRank"] == LEAVING_RANK
+        if stop == STOP_LEAVE
+        else 0 <= values["nodeRank"] < values["nnodes"]
+    )
     problems = [
         (values["epoch"] < 0, "epoch"),
         (values["nnodes"] < 1, "nnodes"),
-        (not 0 <= values["nodeRank"] < values["nnodes"], "nodeRank"),
+        (not rank_ok, "nodeRank"),
         (not values["masterAddr"], "masterAddr"),
         (not 0 < values["masterPort"] < 65536, "masterPort"),
     ]

@@ -5,7 +5,8 @@ survivor's watch retired, a save in flight waited for, the uploads flushed), the
 is destroyed and formed again from the new membership's environment with the same backend, and
 the parts are built again exactly as at construction, so their collectives match those of the
 new ranks' constructors. The position stays; the sampler deals the rest of the epoch to the new
-ranks; rank 0 hands the state to the new ranks (``resume/from_peer.py``).
+ranks; rank 0 hands the state to the new ranks (``resume/from_peer.py``). A rank told to leave
+(``stop: leave``) ends at that boundary instead (``leave_in_place``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
 from .. import envvars, events
 from ..resume.from_peer import exchange
 from ..resume.position import roll_over_finished_epoch
+from ..shutdown import raise_emergency_exit
 from ..switch import MembershipSwitched, SwitchRequest
 from .announce import announce
 from .setup import release, set_up
@@ -67,6 +69,30 @@ def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
         seconds=switched.seconds,
     )
     return switched
+
+
+def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
+    """Leave the gang at the boundary every rank agreed on (``stop: leave``: this pod's node is
+    announced for termination, the others switch to a gang without it): the manager's parts are
+    let go as at ``close()`` without a save (the others hold the same state and go on), the old
+    group is destroyed, and the process ends with exit code 0."""
+    began = time.monotonic()
+    step = manager._ctx.position.timestamp.batch
+    rank, world = manager._ctx.rank, manager.world_size
+    manager.close(save=False)
+    dist.destroy_process_group()
+    announce(
+        log,
+        logging.WARNING,
+        "in-process switch at step %d: rank %d of %d leaves the gang (membership epoch %d)",
+        step,
+        rank,
+        world,
+        request.epoch,
+        speak=True,
+    )
+    events.left(rank=rank, epoch=request.epoch, step=step, seconds=time.monotonic() - began)
+    raise_emergency_exit(0)
 
 
 def _apply_environment(environment: Mapping[str, str]) -> None:
