@@ -185,6 +185,19 @@ class Restore(ApiModel):
     later, are given up, and the gang grows as its grow policy says."""
 
 
+class Leaving(ApiModel):
+    """Pods a notice took out of the gang while they still run: the attempt that began at the
+    notice switched in process without them, and they leave at the same step boundary
+    (``recovery.inProcessSwitch``, docs/survivors.md)."""
+
+    pods: list[str] = Field(max_length=1024)
+    """The pods on the nodes announced for termination, told ``stop: leave``."""
+    attempt: int
+    """The attempt that began without them: its kept pods are told ``stop: switch``."""
+    since: Time
+    """When they were told: pods still running 60 s later are deleted."""
+
+
 class ResumeFailures(ApiModel):
     """Consecutive failures right after resuming from one checkpoint (quarantine bookkeeping)."""
 
@@ -470,6 +483,9 @@ class JobStatus(ApiModel):
     """With ``recovery.survivors: Stay`` on an elastic gang: after a loss, the kept pods train
     on alone at once, and the gang grows back to ``restore.size`` as soon as the lost places'
     standby pods are warm, without waiting for ``grow.minIntervalSeconds``."""
+    leaving: Leaving | None = None
+    """With ``recovery.inProcessSwitch``: the pods on nodes announced for termination that the
+    current attempt left out at the notice, while they leave the gang."""
     grow_abandoned_at: Time | None = None
     """When the last grow was abandoned (its checkpoint did not commit within
     ``grow.checkpointTimeoutSeconds``, or the room went away): the next grow waits

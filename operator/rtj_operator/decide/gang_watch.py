@@ -17,7 +17,7 @@ from ..api.envvars import NOTICE_ANNOTATION
 from ..api.status_types import Phase
 from ..api.timeutil import parse_time
 from . import conditions as cond
-from . import elastic, spares, survivors
+from . import elastic, leave, spares, survivors
 from .classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
 from .gang_mechanisms import GangMechanism, of_status
 from .notice import notice_payload
@@ -58,8 +58,11 @@ def watch_gang(ctx: ReconcileContext) -> None:
                 expected_pod=expected,
             )
         )
-    _deliver_notices(ctx, outcomes, current)
     verdict = gang_verdict(outcomes, settle_seconds=signals.failure_settle_seconds, now=ctx.now)
+    active = verdict.outcome is Outcome.ACTIVE
+    if active and leave.at_notice(ctx, outcomes, current, verdict.all_running):
+        return
+    _deliver_notices(ctx, outcomes, current)
     if verdict.outcome is Outcome.PREEMPTED:
         keep = spares.fill_places(ctx, survivors.keepable(ctx, outcomes, current), ctx.size)
         interrupted(ctx, verdict, current, preemption=True, keep=keep)

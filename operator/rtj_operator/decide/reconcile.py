@@ -23,7 +23,7 @@ from typing import Any
 
 from ..api.api_types import Job
 from ..api.status_types import TERMINAL_PHASES, Phase
-from . import goodput, job_progress, spares, support
+from . import goodput, job_progress, leave, spares, support
 from .gang_create import create_gang, ensure_support
 from .gang_watch import watch_gang
 from .invalid_spec import parses_again
@@ -222,6 +222,8 @@ def _cleanup(ctx: ReconcileContext, keep_current: bool) -> None:
             continue
         if pod["metadata"].get("name") in st.kept_pods:
             continue  # kept by the current attempt, relabelled into it at its creation
+        if leave.waits(ctx, pod):
+            continue  # its workers leave the gang at the next step boundary
         if attempt == st.attempt:
             if not keep_current and not is_finished(pod):
                 ctx.plan.deletions.append(pod_deletion(pod, "job ended"))
@@ -229,3 +231,4 @@ def _cleanup(ctx: ReconcileContext, keep_current: bool) -> None:
         old_enough = attempt < st.attempt - KEEP_FINISHED_ATTEMPTS
         if not is_finished(pod) or old_enough:
             ctx.plan.deletions.append(pod_deletion(pod, f"attempt {attempt} is over"))
+    leave.forget_when_gone(ctx)

@@ -70,6 +70,24 @@ def survivors_first(
     return first
 
 
+def after_leave(ctx: ReconcileContext, decision: elastic.StartDecision) -> elastic.StartDecision:
+    """The start of an attempt a notice began (``leave.py``): as its kept pods, which switch in
+    process (a new pod started with them would join cold, and a switch hands the state only to
+    pods told the membership in standby); room for more is restored as after a loss."""
+    st = ctx.status
+    kept = len(st.kept_pods)
+    room = decision.size - kept if decision.size is not None else 0
+    if room > 0:
+        st.restore = Restore(size=kept + room, since=ctx.now)
+    then = f"; {room} pods for the lost places start in standby and join when warm" if room else ""
+    return elastic.StartDecision(
+        kept,
+        elastic.StartReason.SURVIVORS_FIRST,
+        f"the {kept} kept pods switch in process without the pods on nodes announced for "
+        f"termination{then}",
+    )
+
+
 def joining(ctx: ReconcileContext, all_running: bool) -> list[str]:
     """The warm standby pods the gang grows with on this pass ([]: not yet, or never: then
     ``status.restore`` is cleared and the grow policy decides again)."""

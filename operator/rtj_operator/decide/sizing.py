@@ -54,7 +54,10 @@ def choose_size(ctx: ReconcileContext) -> bool:
         now=ctx.now,
         grown_from=grown_from,
     )
-    if grown_from is None:
+    leaving = st.leaving is not None and st.leaving.attempt == st.attempt
+    if leaving:
+        decision = restore.after_leave(ctx, decision)
+    elif grown_from is None:
         decision = restore.survivors_first(ctx, decision)
     capacity = cond.condition(st, cond.CAPACITY)
     st.capacity_wait_since = decision.wait_since

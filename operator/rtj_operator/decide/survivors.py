@@ -63,7 +63,7 @@ STANDBY_WAIT_SECONDS = 120.0
 """How long a warm join waits for its new pods' agents to say they are warm before it gives
 every pod the new membership anyway (the kept ranks then wait for the late ones in
 ``init_process_group``, as without the wait)."""
-STOP_SAVE, STOP_KILL, STOP_SWITCH = "save", "kill", "switch"
+STOP_SAVE, STOP_KILL, STOP_SWITCH, STOP_LEAVE = "save", "kill", "switch", "leave"
 
 
 def _keeps(ctx: ReconcileContext) -> bool:
@@ -228,6 +228,9 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
         st.kept_pods = []
         return
     pending = st.membership_pending_since is not None
+    # An attempt a notice began (leave.py): every old member is alive, the kept ones switch.
+    noticed = st.leaving is not None and st.leaving.attempt == st.attempt
+    stop = STOP_SWITCH if noticed else STOP_KILL
     for rank, name in enumerate(st.kept_pods):
         if rank in existing:
             continue  # relabelled already (an operator restart mid-creation)
@@ -241,7 +244,7 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
         if _grow_notice(by_name.get(name)):
             annotations[NOTICE_ANNOTATION] = None  # answered: its checkpoint is committed
         if not pending:  # a warm join tells them once the new pods are warm (switch_when_warm)
-            annotations[MEMBERSHIP_ANNOTATION] = membership_payload(ctx, rank)
+            annotations[MEMBERSHIP_ANNOTATION] = membership_payload(ctx, rank, stop=stop)
         plan.memberships.append(MembershipWrite(pod=name, labels=labels, annotations=annotations))
 
 

@@ -54,12 +54,16 @@ def interrupted(
     ctx: ReconcileContext,
     verdict: GangVerdict,
     current: Mapping[int, dict[str, Any]],
+    *,
     preemption: bool,
     keep: Sequence[str] = (),
+    leaving: Sequence[str] = (),
 ) -> None:
     """An attempt ended early: record it, stop the rest of its gang, start the next one (a
     failure first goes through the job's exit code rules, exit_policy.py). ``keep``: pods of a
-    preempted gang that the next attempt keeps (survivors.py), unless the job ends here."""
+    preempted gang that the next attempt keeps (survivors.py), unless the job ends here;
+    ``leaving``: pods not deleted either, which leave the gang in process (leave.py: no step
+    is lost then)."""
     st, plan = ctx.status, ctx.plan
     trigger = verdict.trigger
     assert trigger is not None
@@ -67,6 +71,8 @@ def interrupted(
         None if preemption else decide(ctx.job.spec.resume_policy.exit_code_rules, trigger)
     )
     last, lost = committed_and_lost(st)
+    if leaving:
+        lost = 0  # every rank is alive: the kept ones train on from the step they reached
     record_interruption(
         ctx,
         Interruption(
@@ -86,7 +92,7 @@ def interrupted(
         ),
     )
     for pod in live_pods(current):
-        if pod["metadata"].get("name") not in keep:
+        if pod["metadata"].get("name") not in (*keep, *leaving):
             plan.deletions.append(pod_deletion(pod, f"attempt {st.attempt} was interrupted"))
     where = f"rank {trigger.rank} (pod {trigger.pod}" + (
         f" on node {trigger.node})" if trigger.node else ")"
