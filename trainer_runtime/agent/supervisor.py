@@ -273,36 +273,9 @@ class Supervisor:
         return code
 
     def _let_survivor_save(self) -> None:
-        """A rank was lost and this pod is one of the new gang's savers (node rank 0, or any kept
-        pod when the save is split): its local rank 0 worker, if it said it can, saves the last
-        finished step from memory (or its share of it) and ends by itself (``save/survivor.py``);
-        wait for that as long as the save moves bytes (it says how many through its marker), and
-        at most ``survivor_save_s`` without one. A worker that does not save removes its marker
-        (a small state is saved by node rank 0 alone)."""
+        """Wait for this pod's save of the last finished step, if it makes one (below)."""
         first = self.workers[0] if self.workers else None
-        marker = self._marker(0)
-        if first is None or first.poll() is not None or not marker.exists():
-            return
-        began = said = self.clock()
-        stall = io_progress.Stall(saver_bytes(marker), began)
-        while first.poll() is None and marker.exists():
-            time.sleep(self.settings.poll_s)
-            now = self.clock()
-            if stall.seconds(saver_bytes(marker), now) >= self.settings.survivor_save_s:
-                log.warning(
-                    "agent: the worker saving from memory moved no byte for %.0f s "
-                    "(RTJ_SURVIVOR_SAVE_SECONDS); it is stopped",
-                    self.settings.survivor_save_s,
-                )
-                return
-            if now - said >= PROGRESS_EVERY_S:
-                said = now
-                _say(
-                    f"agent: the survivor's save goes on: {stall.count / 2**20:.0f} MiB written or "
-                    f"uploaded in {now - began:.0f} s"
-                )
-        if first.poll() is not None:  # else it said it does not save: it is stopped with the rest
-            _say(f"agent: the survivor's save ended after {self.clock() - began:.2f} s")
+        let_survivor_save(first, self._marker(0), self.settings, self.clock)
 
     # ------------------------------------------------------------------ workers
     def _marker(self, local_rank: int) -> Path:
@@ -380,6 +353,42 @@ class Supervisor:
         self.terminating = True
         for w in self.workers:
             w.signal(signal.SIGTERM)
+
+
+def let_survivor_save(
+    first: worker.Worker | None,
+    marker: Path,
+    settings: AgentSettings,
+    clock: Callable[[], float],
+) -> None:
+    """A rank was lost and this pod is one of the new gang's savers (node rank 0, or any kept
+    pod when the save is split): its local rank 0 worker (``first``), if it said it can through
+    its ``marker``, saves the last finished step from memory (or its share of it) and ends by
+    itself (``save/survivor.py``); wait for that as long as the save moves bytes (it says how
+    many through its marker), and at most ``survivor_save_s`` without one. A worker that does
+    not save removes its marker (a small state is saved by node rank 0 alone)."""
+    if first is None or first.poll() is not None or not marker.exists():
+        return
+    began = said = clock()
+    stall = io_progress.Stall(saver_bytes(marker), began)
+    while first.poll() is None and marker.exists():
+        time.sleep(settings.poll_s)
+        now = clock()
+        if stall.seconds(saver_bytes(marker), now) >= settings.survivor_save_s:
+            log.warning(
+                "agent: the worker saving from memory moved no byte for %.0f s "
+                "(RTJ_SURVIVOR_SAVE_SECONDS); it is stopped",
+                settings.survivor_save_s,
+            )
+            return
+        if now - said >= PROGRESS_EVERY_S:
+            said = now
+            _say(
+                f"agent: the survivor's save goes on: {stall.count / 2**20:.0f} MiB written or "
+                f"uploaded in {now - began:.0f} s"
+            )
+    if first.poll() is not None:  # else it said it does not save: it is stopped with the rest
+        _say(f"agent: the survivor's save ended after {clock() - began:.2f} s")
 
 
 def saver_bytes(marker: Path) -> int:

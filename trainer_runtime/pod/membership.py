@@ -124,11 +124,8 @@ def parse(text: str, *, source: str = "membership") -> Membership | None:
         values[key] = value
     stop = data.get("stop", STOP_KILL)
     resume_from = data.get("resumeFrom", "")
-    rank_ok = (
-        values["nodeRank"] == LEAVING_RANK
-        if stop == STOP_LEAVE
-        else 0 <= values["nodeRank"] < values["nnodes"]
-    )
+    rank, leaves = values["nodeRank"], stop == STOP_LEAVE
+    rank_ok = rank == LEAVING_RANK if leaves else 0 <= rank < values["nnodes"]
     problems = [
         (values["epoch"] < 0, "epoch"),
         (values["nnodes"] < 1, "nnodes"),
