@@ -43,8 +43,16 @@ Policies (each a small state machine over the same ledger, the same events):
   join through the gang's save of the step it reached and the same restart. A restarted worker
   fetches the commit while it starts and the group forms (``--restart-fetch-after-group``:
   after, the product before). ``--switch-grows``: a grow switches the running workers in
-  process (``recovery.inProcessSwitch``); ``--switch-noticed`` (not the product): so does a loss
-  with notice; a loss without notice always saves and restarts them;
+  process (``recovery.inProcessSwitch``); ``--switch-noticed``: the same flag at a notice, the
+  noticed ranks leave at the notice (below); ``--in-process-switch``: both. A loss without
+  notice always saves and restarts the workers;
+- ``--switch-noticed`` (``recovery.inProcessSwitch`` at a notice, elastic ``*-stay`` only): the
+  operator ends the attempt at the notice (plus ``notice_detect_s``): the ranks on the noticed
+  nodes leave at the next step boundary and the kept ranks switch in process to the smaller
+  gang (a re-form, no save, no restart, no step lost), when they are at least ``minReplicas``
+  (else the loss is handled when it comes, as without the flag). The noticed nodes are not used
+  from the notice on (tainted), so the gang trains smaller through the notice window; room
+  elsewhere is taken as after a loss (survivors first); the loss itself interrupts nothing;
 - ``elastic-warm``: survivors stay in process, the design the product does not have yet
   (torchft's). A loss costs the survivors its detection and a re-formed process group
   (seconds) and at most the step in flight (none with a notice); new ranks start on their own
@@ -241,8 +249,12 @@ class Model:
     (``checkpoint_gb`` at ``peer_gbps``), no save, no restart. False: the kept workers save and
     restart (the product's default)."""
     switch_noticed: bool = False
-    """A ``*-stay`` gang's loss with notice re-forms the survivors in process before the node
-    goes (not the product): the detection and a re-form, no save or restart."""
+    """``recovery.inProcessSwitch`` at a notice (an elastic ``*-stay`` gang): the noticed ranks
+    leave at the notice (``notice_detect_s`` after it) and the kept ranks switch in process to
+    the smaller gang (``reform_s``; no save, restart or lost step), when they are at least
+    ``minReplicas``; the noticed nodes stay unused until they go, and their loss interrupts
+    nothing. False, or too few kept ranks: the gang saves on the node's shutdown and restarts
+    its workers at the loss."""
     savers_meet_s: float = 5.0
     """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
     group with the others over the new gang's store."""
@@ -514,7 +526,8 @@ class Gang:
     def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
         raise NotImplementedError
 
-    def on_notice(self, t: float, after: int) -> None:
+    def on_notice(self, t: float, before: int, after: int) -> None:
+        """A notice for the loss that will take the capacity from ``before`` to ``after``."""
         raise NotImplementedError
 
 
@@ -547,7 +560,7 @@ class ColdGang(Gang):
         elif self.state == "running":
             self.want_grow(t)
 
-    def on_notice(self, t: float, after: int) -> None:
+    def on_notice(self, t: float, before: int, after: int) -> None:
         # The runtime saves at once on a notice (RTJ_NOTICE_FILE); it counts if it commits
         # before the node goes.
         hit = after < self.size or (after < self.avail and not self.model.idle_lost_first)
@@ -652,7 +665,7 @@ class WarmGang(Gang):
             self.lose(t, hit, noticed)
             self.add_joiners(t)  # room the gang had not taken, now that it re-forms
 
-    def on_notice(self, t: float, after: int) -> None:
+    def on_notice(self, t: float, before: int, after: int) -> None:
         # Survivors holding a replica need no save; a gang about to lose every rank (or whose
         # state is not replicated) saves as the product does.
         lost = self.ranks_lost(self.avail - after, after)
@@ -781,6 +794,72 @@ class StayGang(WarmGang):
         self.restoring = False
         """A loss left room that joins warm (``after_loss``): the ``add_joiners`` right after the
         loss (``on_change``) takes it at once."""
+        self.tainted = 0
+        """Nodes still in the trace whose notice made their ranks leave (``switch_noticed``):
+        the gang sees the capacity without them until they go."""
+        self.noticed: list[int] = []
+        """Per notice whose loss is still to come, in order: the nodes it tainted (0: the loss
+        is handled when it comes)."""
+        self.leaving: list[tuple[float, int]] = []
+        """``(at, ranks)`` of each leave at a notice still to come (``on_leave``)."""
+
+    def on_change(self, t: float, before: int, after: int, noticed: bool) -> None:
+        """A change of the trace as the gang sees it, without the tainted nodes: the loss of
+        nodes whose ranks left at its notice changes nothing."""
+        gone = self.noticed.pop(0) if noticed and self.noticed else 0
+        seen_before = before - self.tainted
+        self.tainted -= gone
+        seen_after = after - self.tainted
+        if seen_after == seen_before:
+            self.capacity(seen_before, seen_after)
+            return
+        super().on_change(t, seen_before, seen_after, noticed)
+
+    def on_notice(self, t: float, before: int, after: int) -> None:
+        """With ``switch_noticed``, in an elastic gang with replicated state whose kept ranks
+        are ``minReplicas`` or more: the noticed nodes are tainted at once (new pods meant for
+        them go) and their ranks leave ``notice_detect_s`` later (``on_leave``). Otherwise as
+        without the flag: the loss is handled when it comes."""
+        m = self.model
+        gone = max(min(before - after, self.avail), 0)
+        hit = self.ranks_lost(gone, self.avail - gone)
+        kept = self.size - hit - sum(ranks for _, ranks in self.leaving)
+        elastic = self.min_replicas < self.replicas and m.state_replicated
+        if not (m.switch_noticed and elastic and self.size > 0 and kept >= self.min_replicas):
+            self.noticed.append(0)
+            super().on_notice(t, before, after)
+            return
+        self.noticed.append(gone)
+        self.tainted += gone
+        self.capacity(self.avail, self.avail - gone)
+        self.drop_joiners(max(self.size - hit + self.joining_ranks() - self.avail, 0))
+        if hit:
+            self.leaving.append((t + m.notice_detect_s, hit))
+            self.timers["leave"] = self.leaving[0][0]
+
+    def on_leave(self, t: float) -> None:
+        """The ranks on noticed nodes leave at a step boundary and the kept ranks switch in
+        process to the smaller gang: a re-form, no save, no restart, no step lost (a save in
+        flight commits: the switch waits for it, not modelled, as at a grow). Room the gang can
+        take is taken as after a loss (``room_joins_warm``)."""
+        m = self.model
+        ranks = min(sum(r for at, r in self.leaving if at <= t), self.size)
+        self.leaving = [(at, r) for at, r in self.leaving if at > t]
+        if self.leaving:
+            self.timers["leave"] = self.leaving[0][0]
+        if ranks == 0:
+            return
+        self.interruptions += self.training() and t >= self.resume_at
+        self.losses += 1
+        self.ledger.every.loss(False)
+        self.reforms += 1
+        self.size -= ranks
+        self.restarted(m.reform_s)
+        self.resume_at = max(self.resume_at, t + m.reform_s)
+        extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
+        if extra > 0:
+            self.restoring = self.room_joins_warm(extra)
+            self.add_joiners(t)
 
     def add_joiners(self, t: float, *, restore: bool = False) -> None:
         if self.restoring:
@@ -801,15 +880,12 @@ class StayGang(WarmGang):
         """The kept ranks' save and restart. Room the gang can take at once is left to
         ``add_joiners`` (standby pods, then a warm join) where ``room_joins_warm`` says so;
         otherwise the operator's next attempt is as large as what fits, its new pods start
-        cold with it, and the kept ranks wait for them. With ``switch_noticed`` a noticed loss
-        costs a re-form, no save or restart."""
+        cold with it, and the kept ranks wait for them. (A noticed loss whose ranks left at the
+        notice, ``switch_noticed``, never comes here.)"""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
-        if noticed and m.switch_noticed:
-            pause = wait + m.reform_s
-        else:
-            save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
-            pause = wait + self.restart_from_save(seen + wait, save)
+        save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
+        pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
         self.restoring = extra > 0 and self.room_joins_warm(extra)
         if extra > 0 and self.min_replicas < self.replicas and not self.restoring:
@@ -925,7 +1001,7 @@ def simulate(capacity: Trace, replicas: int, policy: str, model: Model) -> Resul
         _, _, kind, before, after, noticed = queue[i]
         i += 1
         if kind == "notice":
-            gang.on_notice(t, min(after, replicas))
+            gang.on_notice(t, min(before, replicas), min(after, replicas))
         else:
             gang.on_change(t, min(before, replicas), min(after, replicas), noticed)
     gang.advance(end)
@@ -1019,21 +1095,13 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["idle_lost_first"] = args.idle_lost_first
     overrides["survivor_save_split"] = not args.survivor_save_alone
     overrides["restart_prefetch"] = not args.restart_fetch_after_group
-    overrides["switch_grows"] = args.switch_grows
-    overrides["switch_noticed"] = args.switch_noticed
+    overrides["switch_grows"] = args.switch_grows or args.in_process_switch
+    overrides["switch_noticed"] = args.switch_noticed or args.in_process_switch
     return Model(phases=phases, **overrides), measured
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", nargs="+", required=True, help="spot_traces names, or 'all'")
-    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 16, 64, 256])
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
-    parser.add_argument("--costs", help="JSON of measured phase seconds (load_phases)")
-    parser.add_argument("--json", help="write every result and the model here")
-    parser.add_argument("--scaling", choices=("tile", "proportional"), default="tile")
-    parser.add_argument("--markdown", action="store_true", help="Markdown tables, not text")
-    parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    """The options that change the ``Model``: the switches, then every float field by name."""
     parser.add_argument(
         "--not-replicated", action="store_true", help="state sharded, not replicated"
     )
@@ -1071,7 +1139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--switch-noticed",
         action="store_true",
-        help="a Stay gang's losses with notice re-form the survivors in process (not the product)",
+        help="recovery.inProcessSwitch at a notice: the noticed ranks leave at the notice and "
+        "the kept ranks switch in process (elastic Stay gangs keeping minReplicas)",
+    )
+    parser.add_argument(
+        "--in-process-switch",
+        action="store_true",
+        help="recovery.inProcessSwitch whole: --switch-grows and --switch-noticed",
     )
     parser.add_argument(
         "--every-loss-interval",
@@ -1085,6 +1159,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.add_argument(
                 f"--{f.name.replace('_', '-')}", type=float, dest=f.name, help=f"default {default}"
             )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", nargs="+", required=True, help="spot_traces names, or 'all'")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 16, 64, 256])
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--costs", help="JSON of measured phase seconds (load_phases)")
+    parser.add_argument("--json", help="write every result and the model here")
+    parser.add_argument("--scaling", choices=("tile", "proportional"), default="tile")
+    parser.add_argument("--markdown", action="store_true", help="Markdown tables, not text")
+    parser.add_argument("--fetch-gbps", type=float, default=2.0, help="store read, GB/s a node")
+    _model_options(parser)
     args = parser.parse_args(argv)
     if args.checkpoint_gb is None:
         args.checkpoint_gb = Model.checkpoint_gb

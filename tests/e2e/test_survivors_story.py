@@ -518,3 +518,68 @@ def test_a_node_under_notice_keeps_the_other_ranks_pods(stack: LocalStack, tmp_p
     assert interruption["stepsLost"] <= 1, interruption
     back = first_step_after(stack, kept[0], lost_at)
     say(f"shutdown -> kept rank 0's first step: {back:.1f} s; interruption: {interruption}")
+
+
+def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_in_process(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """With ``recovery.inProcessSwitch``, a termination notice on the node of rank 1 of an
+    elastic job of 3 ends the attempt at the notice: the pod there leaves the gang at the next
+    step boundary and ends, while the two other pods' workers switch to the gang of 2 without
+    ending (no save, no restart, no load, no step lost); the node then shuts down without
+    touching the gang, and the job Succeeds."""
+    stack.ensure_nodes(REPLICAS)
+    for node_name in stack.live_nodes()[:REPLICAS]:
+        stack.untaint_node(node_name, HOLD)
+    for node_name in stack.live_nodes()[REPLICAS:]:
+        stack.taint_node(node_name, HOLD)
+    job = stack.apply(
+        survivors_manifest(
+            tmp_path,
+            name="leaves",
+            epochs=30,  # 4 steps of 24 samples an epoch
+            cpu="20",
+            interval="20ba",
+            args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+            elastic={"minReplicas": 2},
+            recovery={"survivors": "Stay", "inProcessSwitch": True},
+        )
+    )
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
+    leaving, kept = f"{job}-a0-r1", [f"{job}-a0-r0", f"{job}-a0-r2"]
+    node = first[leaving]["spec"]["nodeName"]
+    noticed_at = time.time()
+    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
+    say(f"termination notice on {node} ({leaving})")
+    wait_for(
+        "the noticed pod to leave",
+        lambda: bool(stack.runtime_events(leaving, "left")),
+        timeout=120,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    stack.shut_down_node(node)
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    assert status["attempt"] == 1 and status["gangSize"] == 2, (status, stack.diagnostics(job))
+    assert status["preemptions"] == 1 and status["failures"] == 0, status
+    assert status["keptPods"] == kept, status
+    (interruption,) = status["interruptions"]
+    assert interruption["cause"] == "TerminationNotice", interruption
+    assert interruption["stepsLost"] == 0, interruption
+    assert "Leaving" in [e.get("reason") for e in stack.events(job)]
+    (left,) = stack.runtime_events(leaving, "left")
+    assert left["epoch"] == 1, left
+    assert not stack.runtime_events(leaving, "notice")  # no save was asked for
+    for name in kept:  # the same workers: switched, not restarted or resumed
+        told = stack.runtime_events(name, "membership")
+        assert [(e["epoch"], e["stop"]) for e in told] == [(1, "switch")], told
+        (switched,) = stack.runtime_events(name, "switched")
+        assert (switched["world_size"], switched["old_world_size"]) == (2, 3), switched
+        assert switched["step"] == left["step"], (switched, left)  # the same boundary
+        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
+        assert not [e for e in after if e.type in ("started", "resumed")], after
+    switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
+    say(
+        f"notice -> the gang of 2 switched at step {left['step']}: "
+        f"{switched_at.timestamp() - noticed_at:.1f} s"
+    )

@@ -435,24 +435,85 @@ def test_room_at_a_loss_waits_cold_where_a_measured_join_costs_more():
     assert not fixed.room_joins_warm(1)
 
 
-def test_switched_grows_and_noticed_losses_skip_the_save_and_the_restart():
+def test_switched_grows_skip_the_save_and_the_restart():
     """``switch_grows`` (``recovery.inProcessSwitch``): the node back at 1200 s gets a new pod
     in standby (pod 50 s), then the gang pauses for a 5 s re-form and the state sent to the new
-    rank (40 GB at 12.5 GB/s), no save or restart. ``switch_noticed`` (not the product): a
-    noticed loss costs the survivors its detection (1 s) and a re-form. A loss without notice
-    still saves and restarts the workers (see above)."""
+    rank (40 GB at 12.5 GB/s), no save or restart. A loss without notice still saves and
+    restarts the workers (see above)."""
     grows = replace(STAY_ALONE, switch_grows=True)
     switched_at, pause = 1200 + 50, 5 + 40 / 12.5
     r = gs.simulate(LOSS, 4, "elastic-stay", grows)
     # The loss as the product handles it (3 ranks from 1058), then the switch at 1250.
     assert kept(r) == pytest.approx(3764 + (switched_at - 1058) * 3 + (2000 - 1250 - pause) * 4)
     assert kept(r) > kept(gs.simulate(LOSS, 4, "elastic-stay", STAY_ALONE))
-    both = replace(grows, switch_noticed=True, notice_share=1.0)
-    noticed = gs.simulate(LOSS, 4, "elastic-stay", both)
-    # No step in flight lost, no save: 3 ranks from 1000 + 1 + 5.
-    assert kept(noticed) == pytest.approx(943 * 4 + (1250 - 1006) * 3 + (2000 - 1250 - pause) * 4)
-    assert noticed.rolled_back_node_h == 0
-    # The policies without Stay are untouched by either.
-    without = replace(STAY_ALONE, notice_share=1.0)
-    for policy in ("fixed", "elastic", "elastic-warm"):
-        assert gs.simulate(LOSS, 4, policy, both) == gs.simulate(LOSS, 4, policy, without)
+
+
+SWITCH = replace(STAY_ALONE, switch_grows=True, switch_noticed=True, notice_share=1.0)
+"""The hand model of Stay with ``recovery.inProcessSwitch`` at grows and notices, every loss
+noticed 30 s ahead."""
+
+
+def test_the_noticed_ranks_leave_at_the_notice_and_the_loss_interrupts_nothing():
+    """``switch_noticed``: the notice comes at 970 s; 1 s later (``notice_detect_s``) the
+    noticed rank leaves and the 3 kept ranks switch in process (a 5 s re-form; no save, no
+    restart, no step lost). The noticed node is not used from the notice on, and its loss at
+    1000 s interrupts nothing; the node back at 1200 s joins through the grow's switch."""
+    pause = 5 + 40 / 12.5
+    r = gs.simulate(LOSS, 4, "elastic-stay", SWITCH)
+    assert kept(r) == pytest.approx(914 * 4 + (1250 - 976) * 3 + (2000 - 1250 - pause) * 4)
+    assert r.rolled_back_node_h == 0
+    assert (r.interruptions, r.cold_starts, r.reforms) == (1, 1, 2)
+    # Switching at the loss instead (the model before) kept the 4th rank training until 1000 s
+    # and paused at 1001..1006: the notice window costs 29 s of a rank, less the 3 x 1 s of the
+    # detection paid at the loss, here.
+    at_loss = 943 * 4 + (1250 - 1006) * 3 + (2000 - 1250 - pause) * 4
+    assert kept(r) == pytest.approx(at_loss - 29 + 3)
+    # Step by step: the leave is due 1 s after the notice; until then the gang trains whole.
+    gang = gs.StayGang(SWITCH, 4, 2, gs.Ledger(gs.Interval(SWITCH), 0.0))
+    gang.begin(0.0, 4)
+    gang.fire(57.0)  # the cold start's join
+    gang.on_notice(970.0, 4, 3)
+    assert (gang.size, gang.avail, gang.timers["leave"]) == (4, 3, 971.0)
+    gang.fire(971.0)
+    assert (gang.size, gang.resume_at, gang.reforms) == (3, 976.0, 1)
+    gang.on_change(1000.0, 4, 3, True)
+    assert (gang.size, gang.avail, gang.resume_at, gang.interruptions) == (3, 3, 976.0, 1)
+    # The policies without Stay, and a fixed Stay gang, are untouched by the flag.
+    without = replace(SWITCH, switch_noticed=False)
+    for policy in ("fixed", "elastic", "elastic-warm", "fixed-warm", "fixed-stay"):
+        assert gs.simulate(LOSS, 4, policy, SWITCH) == gs.simulate(LOSS, 4, policy, without)
+
+
+def test_a_notice_that_would_leave_fewer_than_min_replicas_saves_and_restarts_at_the_loss():
+    """Three of four nodes noticed: one kept rank is below ``minReplicas`` (2), so the gang
+    does as without the flag: it saves on the nodes' shutdown and goes on at the loss."""
+    deep = Trace("deep", "hand", ((0, 4), (1000, 1), (1200, 4), (2000, 4)))
+    without = replace(SWITCH, switch_noticed=False)
+    r = gs.simulate(deep, 4, "elastic-stay", SWITCH)
+    assert r == gs.simulate(deep, 4, "elastic-stay", without)
+    assert kept(r) < kept(gs.simulate(LOSS, 4, "elastic-stay", SWITCH))
+
+
+def test_room_at_a_notice_is_taken_as_after_a_loss():
+    """The node back at 1100 s sits idle through the grow interval (300 s from the resume at
+    976 s). The notice for the loss at 1150 s comes at 1120 s; its rank leaves at 1121 s and the
+    idle node takes its place at once as after a loss (survivors first): its pod in standby
+    (50 s), then the grow's switch. The 2 kept ranks train 1126..1171."""
+    room = Trace("room", "hand", ((0, 4), (1000, 3), (1100, 4), (1150, 3), (2000, 3)))
+    r = gs.simulate(room, 4, "elastic-stay", replace(SWITCH, grow_min_interval_s=300.0))
+    pause = 5 + 40 / 12.5
+    expected = 914 * 4 + (1121 - 976) * 3 + (1171 - 1126) * 2 + (2000 - 1171 - pause) * 3
+    assert kept(r) == pytest.approx(expected)
+    assert (r.interruptions, r.reforms) == (2, 3)
+
+
+def test_in_process_switch_sets_both_switches(tmp_path: Path):
+    """``--in-process-switch``: the product's flag whole, at grows and at notices; the two
+    separate options keep working."""
+    name = "bamboo/g4dn-us-east-1c-2020-11-20"
+    for flags, both in ((["--in-process-switch"], True), (["--switch-noticed"], False)):
+        out = tmp_path / "out.json"
+        argv = ["--trace", name, "--nodes", "4", "--policies", "elastic-stay", "--json", str(out)]
+        assert gs.main(argv + flags) == 0
+        model = json.loads(out.read_text())["model"]
+        assert (model["switch_grows"], model["switch_noticed"]) == (both, True)
