@@ -577,7 +577,9 @@ class RecoveryPolicy(ApiModel):
     in_process_switch: bool = False
     """With ``survivors: Stay`` and ``elastic``: a grow switches the running workers to the new
     membership in process instead of restarting them (they save nothing, load nothing; the new
-    ranks get the state from rank 0). The training script must be built for it
+    ranks get the state from rank 0), and a termination notice makes the pods on the noticed
+    node leave the gang at once while the others switch to the smaller gang (when at least
+    ``minReplicas`` are kept). The training script must be built for it
     (``CheckpointManager(..., in_process_switch=True)``, docs/survivors.md); a pod whose workers
     are not restarts them in place as without it. Default false."""
 
