@@ -105,7 +105,7 @@ def waits(ctx: ReconcileContext, pod: Mapping[str, Any]) -> bool:
     """Whether ``pod`` (of an older attempt) is one told to leave that may still run: its
     workers leave at a step boundary, and deleting it first would end them mid-agreement."""
     leaving = ctx.status.leaving
-    if leaving is None or leaving.attempt != ctx.status.attempt or is_finished(pod):
+    if leaving is None or not survivors.began_at_notice(ctx.status) or is_finished(pod):
         return False
     told = (ctx.now - leaving.since).total_seconds() < LEAVE_WAIT_SECONDS
     return told and pod["metadata"].get("name") in leaving.pods
@@ -117,5 +117,5 @@ def forget_when_gone(ctx: ReconcileContext) -> None:
     if leaving is None:
         return
     live = {p["metadata"].get("name") for p in ctx.owned if not is_finished(p)}
-    if leaving.attempt != ctx.status.attempt or not live.intersection(leaving.pods):
+    if not survivors.began_at_notice(ctx.status) or not live.intersection(leaving.pods):
         ctx.status.leaving = None

@@ -54,8 +54,7 @@ def choose_size(ctx: ReconcileContext) -> bool:
         now=ctx.now,
         grown_from=grown_from,
     )
-    leaving = st.leaving is not None and st.leaving.attempt == st.attempt
-    if leaving:
+    if survivors.began_at_notice(st):
         decision = restore.after_leave(ctx, decision)
     elif grown_from is None:
         decision = restore.survivors_first(ctx, decision)

@@ -49,7 +49,7 @@ from ..api.envvars import (
     STANDBY,
 )
 from ..api.spec_types import Survivors
-from ..api.status_types import Phase
+from ..api.status_types import JobStatus, Phase
 from . import elastic
 from .classify import Outcome, RankOutcome
 from .gang_mechanisms import GangMechanism, of_status
@@ -71,6 +71,12 @@ def _keeps(ctx: ReconcileContext) -> bool:
         ctx.job.spec.recovery.survivors is Survivors.STAY
         and of_status(ctx.status.gang_scheduling).keeps_pods
     )
+
+
+def began_at_notice(st: JobStatus) -> bool:
+    """Whether the current attempt began at a notice, with pods told to leave (leave.py): every
+    old member is alive, so its kept pods switch in process."""
+    return st.leaving is not None and st.leaving.attempt == st.attempt
 
 
 def _running(pod: dict[str, Any] | None) -> bool:
@@ -228,9 +234,7 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
         st.kept_pods = []
         return
     pending = st.membership_pending_since is not None
-    # An attempt a notice began (leave.py): every old member is alive, the kept ones switch.
-    noticed = st.leaving is not None and st.leaving.attempt == st.attempt
-    stop = STOP_SWITCH if noticed else STOP_KILL
+    stop = STOP_SWITCH if began_at_notice(st) else STOP_KILL
     for rank, name in enumerate(st.kept_pods):
         if rank in existing:
             continue  # relabelled already (an operator restart mid-creation)
