@@ -52,6 +52,8 @@ def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_at_once():
     assert NOTICE_ANNOTATION not in cluster.pods[leaving]["metadata"]["annotations"]
     said = told(cluster, leaving)
     assert (said["stop"], said["nodeRank"], said["epoch"], said["nnodes"]) == ("leave", -1, 1, 3)
+    kept_event = next(e.message for e in plan.events if e.reason == "SurvivorsStay")
+    assert "keeps 3 running pods" in kept_event and "noticed nodes leave" in kept_event
     assert "leave the gang at the next step boundary" in next(
         e.message for e in plan.events if e.reason == "Leaving"
     )

@@ -99,7 +99,8 @@ def interrupted(
     )
     if exit_decision is None:
         _preempted(ctx, trigger, where)
-        survivors.keep(ctx, keep, "replaces the lost ones")
+        why = "lets the pods on noticed nodes leave" if leaving else "replaces the lost ones"
+        survivors.keep(ctx, keep, why)
     elif exit_decision.action is ExitCodeAction.RETRY:
         _retry(ctx, trigger, where, exit_decision)
     elif exit_decision.action is ExitCodeAction.FAIL_JOB:
