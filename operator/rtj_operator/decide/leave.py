@@ -26,7 +26,6 @@ ends every worker.)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -82,11 +81,9 @@ def at_notice(
 def tell(ctx: ReconcileContext, pods: Sequence[str]) -> None:
     """Tell ``pods`` they leave the current attempt's gang (``stop: leave``), and record them."""
     st = ctx.status
-    told = json.loads(
-        survivors.membership_payload(ctx, -1, stop=survivors.STOP_LEAVE, resume_from="")
+    payload = survivors.membership_payload(
+        ctx, -1, stop=survivors.STOP_LEAVE, resume_from="", nnodes=len(st.kept_pods)
     )
-    told["nnodes"] = max(1, len(st.kept_pods))  # the gang it is not part of
-    payload = json.dumps(told, separators=(",", ":"))
     for pod in pods:
         ctx.plan.memberships.append(
             MembershipWrite(pod=pod, labels={}, annotations={MEMBERSHIP_ANNOTATION: payload})

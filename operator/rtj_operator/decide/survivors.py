@@ -155,16 +155,21 @@ def attempt_pod_names(job: Job) -> list[str]:
 
 
 def membership_payload(
-    ctx: ReconcileContext, rank: int, *, stop: str = STOP_KILL, resume_from: str | None = None
+    ctx: ReconcileContext,
+    rank: int,
+    *,
+    stop: str = STOP_KILL,
+    resume_from: str | None = None,
+    nnodes: int | None = None,
 ) -> str:
     """The membership annotation of the current attempt's rank ``rank`` (docs/survivors.md);
-    ``resume_from`` default: the attempt's resume point."""
+    ``resume_from`` default: the attempt's resume point; ``nnodes`` default: the gang's size."""
     st = ctx.status
     return json.dumps(
         {
             "epoch": st.attempt,
             "attempt": st.attempt,
-            "nnodes": ctx.size,
+            "nnodes": ctx.size if nnodes is None else nnodes,
             "nodeRank": rank,
             "masterAddr": master_addr(ctx),
             "masterPort": ctx.job.spec.master_port,
