@@ -30,8 +30,9 @@ switch instead, with the script's help (docs/survivors.md, "The in-process switc
 A pod on a node announced for termination is told ``stop: leave`` while the others are told
 ``stop: switch`` (the operator's notice, docs/survivors.md): its workers take part in the same
 agreement with a request that leaves (``SwitchRequest.leave``), and at the agreed boundary let the
-manager's parts go, destroy the old group and end with exit code 0 (``leave_in_place``), while the
-others form the smaller group. Every rank still holds the whole state, so nothing is handed over.
+manager's parts go and end with exit code 0 (``leave_in_place``; the old group is left to the
+script's own ending, or destroyed at exit), while the others form the smaller group. Every rank
+still holds the whole state, so nothing is handed over.
 
 Only replicated state (DDP, or one process) can switch: a sharded model (FSDP2) is refused at
 construction. (Rejected: the agent choosing the step: only the ranks know where they are.)

@@ -105,9 +105,16 @@ def train_steps(
 def switching(args: argparse.Namespace) -> None:
     """The worker built for the in-process switch: the manager gets the module; the module is
     wrapped after resume() and again after every switch."""
+    dist.init_process_group("gloo")
+    try:  # the common ending of public scripts: a leave must not make it fail
+        switching_steps(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def switching_steps(args: argparse.Namespace) -> None:
     out = Path(args.out)
     epoch = os.environ.get("RTJ_MEMBERSHIP_EPOCH", "0")
-    dist.init_process_group("gloo")
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Linear(args.width, 1))
     opt = torch.optim.SGD(inner.parameters(), lr=0.05, momentum=0.9)
@@ -134,7 +141,6 @@ def switching(args: argparse.Namespace) -> None:
         {"model": inner.state_dict(), "optim": opt.state_dict()},
         out / f"final-{dist.get_rank()}.pt",
     )
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ ranks; rank 0 hands the state to the new ranks (``resume/from_peer.py``). A rank
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -74,13 +75,18 @@ def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
 def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
     """Leave the gang at the boundary every rank agreed on (``stop: leave``: this pod's node is
     announced for termination, the others switch to a gang without it): the manager's parts are
-    let go as at ``close()`` without a save (the others hold the same state and go on), the old
-    group is destroyed, and the process ends with exit code 0."""
+    let go as at ``close()`` without a save (the others hold the same state and go on), and the
+    process ends with exit code 0.
+
+    The old group is left to the script: training scripts commonly end with
+    ``dist.destroy_process_group()`` in a ``finally`` block, which fails on a group already
+    destroyed and would end the leaving pod Failed. It is destroyed at exit when the script did
+    not (``_destroy_at_exit``)."""
     began = time.monotonic()
     step = manager._ctx.position.timestamp.batch
     rank, world = manager._ctx.rank, manager.world_size
     manager.close(save=False)
-    dist.destroy_process_group()
+    atexit.register(_destroy_at_exit)
     announce(
         log,
         logging.WARNING,
@@ -93,6 +99,11 @@ def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
     )
     events.left(rank=rank, epoch=request.epoch, step=step, seconds=time.monotonic() - began)
     raise_emergency_exit(0)
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _apply_environment(environment: Mapping[str, str]) -> None:
