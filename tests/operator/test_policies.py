@@ -12,6 +12,7 @@ from rtj_operator.api.status_types import (
     CheckpointRecord,
     Interruption,
     ResumeFailures,
+    SizeRecord,
 )
 from rtj_operator.decide.backoff import failure_delay
 from rtj_operator.decide.notice import notice_payload, taint_matches, termination_taint
@@ -211,6 +212,30 @@ def test_a_commit_of_the_interrupted_attempt_after_its_interruption_settles_its_
     assert (partial.last_committed_step, partial.steps_lost) == (44, 3)
     settle_losses([partial], [CheckpointRecord(name="ep0-ba30", step=30, attempt=1)])
     assert partial.steps_lost == 3, "an older commit changes nothing"
+
+
+def test_a_settled_loss_settles_the_size_history_entry_that_copied_it():
+    """The next attempt's size record copied ``stepsLost`` when it started (a kept survivor's
+    save of the last finished step is reported later): it is settled with the interruption."""
+    gone = Interruption(
+        time=T0, attempt=0, cause=Cause.NODE_DELETED, preemption=True,
+        last_committed_step=90, steps_lost=8,
+    )  # fmt: skip
+    history = [
+        SizeRecord(size=4, world_size=4, reason="FullSize", attempt=0, start_time=T0),
+        SizeRecord(size=2, world_size=2, reason="Shrunk", attempt=1, start_time=T0, steps_lost=8),
+        SizeRecord(size=3, world_size=3, reason="Grown", attempt=2, start_time=T0, steps_lost=0),
+    ]
+    settle_losses([gone], [CheckpointRecord(name="ep0-ba98", step=98, attempt=0)], history)
+    assert gone.steps_lost == 0
+    assert [h.steps_lost for h in history] == [None, 0, 0]
+    later = Interruption(
+        time=T0, attempt=1, cause=Cause.NODE_DELETED, preemption=True,
+        last_committed_step=98, steps_lost=5,
+    )  # fmt: skip
+    settle_losses([later], [CheckpointRecord(name="ep0-ba100", step=100, attempt=1)], history)
+    assert later.steps_lost == 3
+    assert history[2].steps_lost == 0, "a grow's entry says 0 whatever came before"
 
 
 def test_a_report_that_names_its_attempt_counts_for_it_on_a_relabelled_pod():

@@ -1,4 +1,4 @@
-"""The runtime's one way to write to the API server: a merge patch of its own pod's annotations.
+"""The runtime's one way to talk to the API server: its own pod's annotations, read or patched.
 
 Rank 0 keeps its progress there (``pod/progress.py``); a standby pod's agent says there that it is
 warm (``agent/standby.py``). It speaks plain HTTPS with the pod's service-account token (the
@@ -42,19 +42,25 @@ class OwnPod:
     def annotate(self, annotations: Mapping[str, str | None]) -> None:
         """Set (None: remove) annotations of this pod; raises one of ``PATCH_ERRORS``."""
         body = {"metadata": {"annotations": dict(annotations)}}
+        self._call("PATCH", json.dumps(body).encode())
+
+    def annotations(self) -> dict[str, str]:
+        """This pod's annotations now; raises one of ``PATCH_ERRORS``, or ``ValueError`` on an
+        answer that is not a pod."""
+        pod = json.loads(self._call("GET", None))
+        found = ((pod if isinstance(pod, dict) else {}).get("metadata") or {}).get("annotations")
+        return {k: v for k, v in (found or {}).items() if isinstance(v, str)}
+
+    def _call(self, method: str, body: bytes | None) -> bytes:
         token = self.token_file.read_text().strip()
         ctx = ssl.create_default_context(
             cafile=str(self.ca_file) if self.ca_file.exists() else None
         )
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
         req = urllib.request.Request(  # noqa: S310 - https URL built from the kubelet's env
-            self.url,
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/merge-patch+json",
-                "Accept": "application/json",
-            },
+            self.url, data=body, method=method, headers=headers
         )
         with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:  # noqa: S310
-            resp.read()
+            return resp.read()

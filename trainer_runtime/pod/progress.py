@@ -14,6 +14,12 @@ many steps it rolled back.)
 
 It patches its own pod (``pod/own_pod.py``) from a daemon thread: training never waits on the API
 server, and a failure is logged once, not raised.
+
+A commit that an earlier worker of the same pod reported is carried (``carried_commit``) until
+this worker commits itself: the save of a survivor's memory is reported just before its worker
+ends, and the agent's next worker would otherwise overwrite it before the operator has read it,
+leaving the loss counted from an older commit. A survivor that is not rank 0 reports its save as
+well (``report_commit_once``): rank 0's node may be the one lost.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._warned = False
         self._thread: threading.Thread | None = None
+        self._carried: str | None = None
+        self._looked = False
 
     def _ensure_thread(self) -> None:
         if self._thread is None and self.enabled:
@@ -125,8 +133,11 @@ class ProgressReporter:
         if state == self._sent:
             return
         state["reported_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        text = json.dumps(state)
+        if "checkpoint" not in state and (carried := self._earlier_commit()):
+            text = f"{carried}\n{text}"
         try:
-            self._send({envvars.PROGRESS_ANNOTATION: json.dumps(state)})
+            self._send({envvars.PROGRESS_ANNOTATION: text})
             self._sent = {k: v for k, v in state.items() if k != "reported_at"}
         except PATCH_ERRORS as exc:
             if not self._warned:
@@ -136,6 +147,17 @@ class ProgressReporter:
     def _send(self, annotations: dict[str, str]) -> None:
         self.own_pod.annotate(annotations)
 
+    def _earlier_commit(self) -> str | None:
+        """The commit an earlier worker of this pod reported, read once (``carried_commit``)."""
+        if not self._looked:
+            self._looked = True
+            try:
+                text = self.own_pod.annotations().get(envvars.PROGRESS_ANNOTATION)
+            except (*PATCH_ERRORS, ValueError):
+                text = None
+            self._carried = carried_commit(text, self._attempt)
+        return self._carried
+
     def close(self) -> None:
         if self._thread is not None:
             self._stop.set()
@@ -144,6 +166,39 @@ class ProgressReporter:
             self._thread = None
         if self.enabled:
             self.flush()
+
+
+COMMIT_KEYS = ("checkpoint", "uri", "step", "epoch", "sample", "time", "world_size", "attempt")
+"""What a commit's report says (``pod/reporting.commit_record``)."""
+
+
+def carried_commit(annotation: str | None, attempt: int | None) -> str | None:
+    """The newest commit report in a progress annotation that an earlier attempt's worker
+    wrote, as one JSON line of its commit fields; None when there is none, when it is this
+    ``attempt``'s own (nothing to carry) or when either attempt is unknown."""
+    if attempt is None:
+        return None
+    for line in reversed((annotation or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or not data.get("checkpoint") or "step" not in data:
+            continue
+        said = data.get("attempt")
+        if not isinstance(said, int) or isinstance(said, bool) or said == attempt:
+            return None
+        return json.dumps({k: data[k] for k in COMMIT_KEYS if k in data})
+    return None
+
+
+def report_commit_once(record: dict[str, Any]) -> None:
+    """Put one commit's report on this pod's progress annotation now, from a worker that keeps
+    no reporter (a survivor other than rank 0 that saved for the new gang); best effort."""
+    reporter = ProgressReporter()
+    if reporter.enabled:
+        reporter.committed(record)
+        reporter.close()
 
 
 @dataclass

@@ -72,6 +72,7 @@ from torch.utils._pytree import tree_map
 from .. import envvars, events, io_progress
 from ..errors import ConfigError
 from ..pod import membership
+from ..pod.progress import report_commit_once
 from ..pod.reporting import report_commit
 from ..run import arguments
 from ..run.announce import announce
@@ -466,6 +467,8 @@ def write_boundary(
         record = report_commit(manifest, uri, world_size=ctx.world_size)
         if ctx.progress is not None:
             ctx.progress.committed(record)
+        elif coord.rank == 0:  # this process was not rank 0: that rank's node may be the one lost
+            report_commit_once(record)
         events.committed(manifest, str(record["uri"]), rank=ctx.rank, held_s=0.0)
 
     with warnings.catch_warnings():  # DCP says it saves in a single process: it is meant

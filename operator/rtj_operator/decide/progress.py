@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..api.envvars import PROGRESS_ANNOTATION
-from ..api.status_types import MAX_KNOWN_CHECKPOINTS, CheckpointRecord, Interruption
+from ..api.status_types import (
+    MAX_KNOWN_CHECKPOINTS,
+    CheckpointRecord,
+    Interruption,
+    SizeRecord,
+)
 from .classify import training_container_name
 
 
@@ -250,15 +255,20 @@ def merge_checkpoints(
 
 
 def settle_losses(
-    interruptions: Iterable[Interruption], records: Iterable[CheckpointRecord]
+    interruptions: Iterable[Interruption],
+    records: Iterable[CheckpointRecord],
+    size_history: Iterable[SizeRecord] = (),
 ) -> None:
     """Take a commit an interrupted attempt made after its interruption was seen (the save on
-    SIGTERM, during the grace period) out of that interruption's ``stepsLost``.
+    SIGTERM, during the grace period, or a kept survivor's save of the last finished step) out
+    of that interruption's ``stepsLost``, and out of the size history's entry for the attempt
+    after it, which copied the count when it started.
 
     The loss is counted when the operator sees the interruption; the ended gang may still
     commit the steps it reached, and then nothing was lost. Only commits of the same attempt
     count (same step units); the steps reached stay what was reported at the time.
     """
+    after = {record.attempt: record for record in size_history}
     by_attempt: dict[int, int] = {}
     for record in records:
         if record.attempt is not None:
@@ -273,6 +283,9 @@ def settle_losses(
             reached = gone.last_committed_step + gone.steps_lost
             gone.last_committed_step = newest
             gone.steps_lost = max(0, reached - newest)
+            entry = after.get(gone.attempt + 1)
+            if entry is not None and entry.steps_lost is not None:
+                entry.steps_lost = min(entry.steps_lost, gone.steps_lost)
 
 
 def comparable_step(

@@ -187,7 +187,7 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)
-    settle_losses(st.interruptions, records)
+    settle_losses(st.interruptions, records, st.size_history)
     newest = max(records, key=progress_order)
     last = st.last_committed_checkpoint
     if last is None or progress_order(newest) > progress_order(last):
