@@ -356,11 +356,19 @@ def test_a_grow_switches_the_running_workers_in_process(stack: LocalStack, tmp_p
 
 
 def three_losing_rank_one(
-    stack: LocalStack, tmp: Path, name: str, *, epochs: int, free_node: bool, **elastic: object
+    stack: LocalStack,
+    tmp: Path,
+    name: str,
+    *,
+    epochs: int,
+    free_node: bool,
+    lost_rank: int = 1,
+    **elastic: object,
 ) -> tuple[str, dict[str, dict[str, Any]], float]:
     """An elastic job of 3 pods (one a node, ``minReplicas`` 2, a commit every 20 steps) whose
-    rank 1 loses its node without notice two steps after the first commit; ``free_node``: a
-    fourth node is free then. The job, its pods before the loss by name, when it happened."""
+    rank 1 (or ``lost_rank``) loses its node without notice two steps after the first commit;
+    ``free_node``: a fourth node is free then. The job, its pods before the loss by name, when
+    it happened."""
     usable = REPLICAS + 1 if free_node else REPLICAS
     stack.ensure_nodes(usable)
     for node_name in stack.live_nodes()[:usable]:
@@ -381,7 +389,7 @@ def three_losing_rank_one(
     wait_step(stack, job, 22, "two steps after the commit")
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     room = "a fourth node is free" if free_node else "no room for a third pod"
-    return job, first, reclaim_rank(stack, job, f"{job}-a0-r1", f"; {room}")
+    return job, first, reclaim_rank(stack, job, f"{job}-a0-r{lost_rank}", f"; {room}")
 
 
 def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:
@@ -409,6 +417,39 @@ def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Pat
     say(f"loss -> kept rank 0's first step at 2 pods: {back:.1f} s; interruption: {shrink}")
     for pod in kept:
         say(phases(stack, pod, lost_at))
+
+
+def test_a_lost_rank_0_is_saved_for_and_reported_by_the_new_rank_0(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """Rank 0's node is lost without notice: the kept pod that becomes node rank 0 saves the
+    last finished step from its memory, and the operator learns of that commit although the
+    rank that reports progress was the one lost: the interruption and the size history count at
+    most the step that was running, and the commit is among the job's known checkpoints as the
+    interrupted attempt's."""
+    job, first, lost_at = three_losing_rank_one(
+        stack, tmp_path, "rank0", epochs=8, free_node=False, lost_rank=0, shrinkAfterSeconds=0
+    )
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    kept = [f"{job}-a0-r1", f"{job}-a0-r2"]
+    assert status.get("keptPods") == kept and status["gangSize"] == 2, status
+    last = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    for name in kept:  # the same pods: the one lost was rank 0's, the gang stayed
+        assert last[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+    (saved,) = stack.runtime_events(kept[0], "survivor_saved")
+    assert saved.fields["checkpoint"] and saved.fields["step"] >= 22, saved
+    (shrink,) = status["interruptions"]
+    say(f"survivor's save: step {saved.fields['step']}; interruption: {shrink}")
+    assert shrink["stepsLost"] <= 1 and shrink["lastCommittedStep"] >= saved.fields["step"], (
+        shrink,
+        saved,
+    )
+    assert status["sizeHistory"][-1]["stepsLost"] <= 1, status["sizeHistory"]
+    known = {k["name"]: k for k in status.get("knownCheckpoints") or []}
+    if saved.fields["checkpoint"] in known:  # the newest few are kept: later commits may push it
+        assert known[saved.fields["checkpoint"]].get("attempt") == 0, known
+    back = first_step_after(stack, kept[0], lost_at)
+    say(f"loss of rank 0 -> kept rank 0's first step at 2 pods: {back:.1f} s")
 
 
 def test_a_loss_with_room_left_trains_on_at_two_and_grows_back_warm(
@@ -581,5 +622,71 @@ def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_in_process(
     switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
     say(
         f"notice -> the gang of 2 switched at step {left['step']}: "
+        f"{switched_at.timestamp() - noticed_at:.1f} s"
+    )
+
+
+def test_a_fixed_gangs_warm_spare_takes_a_noticed_place_in_process(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """A fixed 3-rank job with one warm spare and ``recovery.inProcessSwitch``: a termination
+    notice on rank 1's node ends the attempt at the notice; the pod there leaves at the next
+    step boundary while the two others and the spare switch to the gang of 3 in process (the
+    spare gets the state from rank 0): no save, no restart, no step lost."""
+    stack.ensure_nodes(REPLICAS + 1)
+    for node_name in stack.live_nodes():
+        stack.untaint_node(node_name, HOLD)
+    job = stack.apply(
+        survivors_manifest(
+            tmp_path,
+            name="spareswitch",
+            epochs=30,  # 4 steps of 24 samples an epoch
+            cpu="20",
+            interval="20ba",
+            args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+            recovery={"survivors": "Stay", "spares": 1, "inProcessSwitch": True},
+        )
+    )
+    spare = f"{job}-a0-s0"
+    wait_for(
+        "the spare to be warm",
+        lambda: (
+            AGENT_READY_ANNOTATION
+            in ((stack.pod(spare) or {}).get("metadata") or {}).get("annotations", {})
+        ),
+        timeout=240,
+        on_timeout=stack.diagnostics,
+    )
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    leaving, kept = f"{job}-a0-r1", [f"{job}-a0-r0", f"{job}-a0-r2"]
+    node = stack.pod(leaving)["spec"]["nodeName"]
+    noticed_at = time.time()
+    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
+    say(f"termination notice on {node} ({leaving}); {spare} is warm")
+    wait_for(
+        "the noticed pod to leave",
+        lambda: bool(stack.runtime_events(leaving, "left")),
+        timeout=120,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    stack.shut_down_node(node)
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    assert status["attempt"] == 1 and status["gangSize"] == 3, (status, stack.diagnostics(job))
+    assert status["keptPods"] == [*kept, spare], status
+    (interruption,) = status["interruptions"]
+    assert interruption["cause"] == "TerminationNotice" and interruption["stepsLost"] == 0
+    (left,) = stack.runtime_events(leaving, "left")
+    for name in kept:  # the same workers: switched at the leave's boundary, not restarted
+        (switched,) = stack.runtime_events(name, "switched")
+        assert (switched["world_size"], switched["old_world_size"]) == (3, 3), switched
+        assert switched["step"] == left["step"], (switched, left)
+        told = stack.runtime_events(name, "membership")
+        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
+        assert not [e for e in after if e.type in ("started", "resumed")], after
+    joined = stack.runtime_events(spare, "resumed")
+    assert [(e["source"], e["step"]) for e in joined] == [("peers", left["step"])], joined
+    switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
+    say(
+        f"notice -> the gang of 3 with the spare switched at step {left['step']}: "
         f"{switched_at.timestamp() - noticed_at:.1f} s"
     )

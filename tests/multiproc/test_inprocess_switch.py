@@ -151,3 +151,39 @@ def test_a_leave_where_workers_cannot_switch_saves_and_restarts_the_kept_ones(
     old, new = pods.steps(1, 0), pods.steps(2, 0)
     assert new[0] == old[-1] + 1, (old, new)  # the save on the way out committed the last step
     assert "save with the others and end" in (tmp_path / "pod1.log").read_text()
+
+
+def test_a_warm_spare_takes_a_leaving_pods_place_in_the_same_switch(tmp_path: Path) -> None:
+    """A fixed-size gang at a notice: ``pod1`` leaves and a warm spare (``pod3``, started in
+    standby) takes its place; the kept workers switch in process, the spare gets the state from
+    rank 0, and the gang trains on at 3 from the step it reached."""
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
+    port = free_port()
+    pods.start_gang(3, port=port)
+    pods.wait_steps(1, 8)
+    port2 = free_port()
+    pods.start("pod3", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
+    end = time.monotonic() + 120
+    while "standby for membership epoch 2" not in (tmp_path / "pod3.log").read_text():
+        assert time.monotonic() < end, pods.logs()
+        time.sleep(0.1)
+    pods.announce("pod1", epoch=2, nnodes=3, nodeRank=-1, masterPort=port2, stop="leave")
+    for pod, rank in (("pod0", 0), ("pod2", 1), ("pod3", 2)):
+        pods.announce(pod, epoch=2, nnodes=3, nodeRank=rank, masterPort=port2, stop="switch")
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old, new in ((0, 0), (2, 1)):  # the kept workers trained on in the same processes
+        assert (out / f"pid-2-{new}").read_text() == (out / f"pid-1-{old}").read_text()
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    assert pods.steps(2, 2)[0] == new[0]  # the spare starts where the gang is
+    left = events.read_events((tmp_path / "pod1.log").read_text(), events.LEFT)
+    assert [e.fields["step"] for e in left] == [new[0]], left
+    joined = events.read_events((tmp_path / "pod3.log").read_text(), events.RESUMED)
+    assert [(e.fields["source"], e.fields["step"]) for e in joined] == [("peers", new[0])]
+    finals = [torch.load(out / f"final-{r}.pt", weights_only=True) for r in range(3)]
+    for other in finals[1:]:
+        for key, tensor in finals[0]["model"].items():
+            assert torch.equal(tensor, other["model"][key]), key

@@ -64,7 +64,7 @@ def _switch_without_elastic(body: dict[str, Any]) -> None:
 VIOLATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "survivors stay without a command": _survivors_without_command,
     "spares without survivors staying": _spec(recovery={"spares": 1}),
-    "in-process switch without an elastic gang": _switch_without_elastic,
+    "in-process switch without an elastic gang or spares": _switch_without_elastic,
     "name too long": _name("a" * (names.MAX_JOB_NAME_LENGTH + 1)),
     "name not a DNS-1035 label": _name("1-train"),
     "unknown container": _spec(containerName="nope"),
@@ -133,6 +133,12 @@ def test_specs_that_keep_the_rules_parse():
             },
         ),
         job_body(resumePolicy={"backoffBaseSeconds": 600}),
+        job_body(  # a fixed-size gang switches to warm spares at a notice
+            recovery={"survivors": "Stay", "spares": 1, "inProcessSwitch": True},
+            template={
+                "spec": {"containers": [{"name": "t", "image": "i", "command": ["python", "t.py"]}]}
+            },
+        ),
         job_body(checkpoint={"dir": "/mnt/ck", "volumeSource": {"emptyDir": {}}}),
         job_body(name="a" * names.MAX_JOB_NAME_LENGTH),
         job_body(

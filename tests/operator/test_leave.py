@@ -8,8 +8,9 @@ from rtj_operator.api import names
 from rtj_operator.api.envvars import MEMBERSHIP_ANNOTATION, NOTICE_ANNOTATION
 from rtj_operator.decide.leave import LEAVE_WAIT_SECONDS
 
+from .fakes import FakeCluster
 from .test_elastic import SpotCluster, spot
-from .test_survivors import ONE_POD_PER_NODE
+from .test_survivors import ONE_POD_PER_NODE, ready, running
 
 SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
 
@@ -117,3 +118,49 @@ def test_a_gang_that_has_not_trained_yet_is_passed_the_notice():
     noticed = notice_on_rank(cluster, 2)
     plan = cluster.step(1)
     assert cluster.status["attempt"] == 0 and [n.pod for n in plan.notices] == [noticed]
+
+
+def fixed_gang_with_a_spare(*, warm: bool) -> FakeCluster:
+    """A fixed 3-pod Stay job with one spare (warm or not), trained past a commit."""
+    cluster = running()
+    cluster.body["spec"]["recovery"] = {"survivors": "Stay", "spares": 1, "inProcessSwitch": True}
+    cluster.step(1)
+    cluster.schedule_and_run()
+    if warm:
+        ready(cluster, "train-a0-s0", 1)
+    cluster.report(0, "ep0-ba100", 100, current=110)
+    cluster.step(1)
+    return cluster
+
+
+def test_a_fixed_gangs_warm_spare_takes_the_noticed_place_by_the_switch():
+    cluster = fixed_gang_with_a_spare(warm=True)
+    leaving = notice_on_rank(cluster, 1)
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["preemptions"] == 1 and st["gangSize"] == 3
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r2", "train-a0-s0"]
+    assert st["leaving"]["pods"] == [leaving]
+    last = st["interruptions"][-1]
+    assert last["cause"] == "TerminationNotice" and last["stepsLost"] == 0
+    assert not plan.creations and not plan.deletions
+    assert st["sizeHistory"][-1]["reason"] == "Fixed" and len(st["sizeHistory"]) == 1
+    said = told(cluster, leaving)
+    assert (said["stop"], said["nodeRank"], said["nnodes"]) == ("leave", -1, 3)
+    kept = [told(cluster, p) for p in st["keptPods"]]
+    assert [(k["stop"], k["nodeRank"], k["nnodes"]) for k in kept] == [
+        ("switch", 0, 3),
+        ("switch", 1, 3),
+        ("switch", 2, 3),
+    ]
+    spare = cluster.pods["train-a0-s0"]["metadata"]["labels"]
+    assert spare[names.LABEL_RANK] == "2" and names.LABEL_ROLE not in spare
+    assert [p["metadata"]["name"] for p in cluster.step(1).spares] == ["train-a1-s0"]
+
+
+def test_a_fixed_gang_without_a_warm_spare_is_passed_the_notice():
+    cluster = fixed_gang_with_a_spare(warm=False)
+    noticed = notice_on_rank(cluster, 1)
+    plan = cluster.step(1)
+    assert cluster.status["attempt"] == 0 and "leaving" not in cluster.status
+    assert [n.pod for n in plan.notices] == [noticed]

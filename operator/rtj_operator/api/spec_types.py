@@ -579,7 +579,9 @@ class RecoveryPolicy(ApiModel):
     membership in process instead of restarting them (they save nothing, load nothing; the new
     ranks get the state from rank 0), and a termination notice makes the pods on the noticed
     node leave the gang at once while the others switch to the smaller gang (when at least
-    ``minReplicas`` are kept). The training script must be built for it
+    ``minReplicas`` are kept). With ``survivors: Stay`` and ``spares`` (a fixed-size gang): at a
+    notice, warm spares take the noticed pods' places by the same switch (when one is warm for
+    each). The training script must be built for it
     (``CheckpointManager(..., in_process_switch=True)``, docs/survivors.md); a pod whose workers
     are not restarts them in place as without it. Default false."""
 
@@ -716,12 +718,17 @@ JOB_SPEC_RULES = (
     Rule(
         "!has(self.recovery) || !has(self.recovery.inProcessSwitch) || "
         "!self.recovery.inProcessSwitch || (has(self.recovery.survivors) && "
-        "self.recovery.survivors == 'Stay' && has(self.elastic))",
-        "recovery.inProcessSwitch needs recovery.survivors Stay and elastic: it switches a "
-        "grow's running workers in place, and only a gang that keeps its pods and grows has one",
+        "self.recovery.survivors == 'Stay' && (has(self.elastic) || "
+        "(has(self.recovery.spares) && self.recovery.spares > 0)))",
+        "recovery.inProcessSwitch needs recovery.survivors Stay and either elastic or "
+        "recovery.spares: it switches running workers to a new membership, which only a gang "
+        "that keeps its pods and grows, or takes warm spares, has",
         lambda spec: (
             not spec.recovery.in_process_switch
-            or (spec.recovery.survivors is Survivors.STAY and spec.elastic is not None)
+            or (
+                spec.recovery.survivors is Survivors.STAY
+                and (spec.elastic is not None or spec.recovery.spares > 0)
+            )
         ),
         ".recovery.inProcessSwitch",
     ),

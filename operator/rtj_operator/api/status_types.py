@@ -134,7 +134,9 @@ class Interruption(ApiModel):
     last_committed_step: int | None = None
     """Step of the last committed checkpoint at the time."""
     steps_lost: int | None = None
-    """Highest step the gang reported minus the last committed step."""
+    """Highest step the gang reported minus the last committed step, less what the interrupted
+    attempt committed after the interruption was seen (its save on SIGTERM, a kept pod's save of
+    the last finished step)."""
 
 
 class SizeRecord(ApiModel):
@@ -160,7 +162,8 @@ class SizeRecord(ApiModel):
     """Time spent at this size (set when it ends)."""
     steps_lost: int | None = None
     """Steps the transition into this size lost: the step the previous gang reached minus the
-    last committed step it resumed from (0 for a grow, which follows a fresh commit)."""
+    last committed step it resumed from (0 for a grow, which follows a fresh commit), settled as
+    the interruption's ``stepsLost`` is."""
 
 
 class GrowRequest(ApiModel):

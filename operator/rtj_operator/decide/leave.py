@@ -13,12 +13,17 @@ smaller group and train on, and the leaving ones end with exit code 0: no checkp
 restart, no step lost. Room elsewhere is taken as after any loss: the pods for the lost places
 start in standby and join warm (``restore.after_leave``).
 
-It is done only when the gang could switch: an elastic ``Stay`` gang under the operator's own or
-native gang scheduling, every rank running and trained in this attempt (its workers built their
+A fixed-size gang with ``recovery.spares`` does the same when a warm spare can take each noticed
+place: the spares are told the same membership in standby, and join the switch as a grow's new
+pods do, getting the state from rank 0. The gang keeps its size, and no worker restarts.
+
+It is done only when the gang could switch: a ``Stay`` gang under the operator's own or native
+gang scheduling, every rank running and trained in this attempt (its workers built their
 manager, so they can take part in the agreement), no warm join under way, and enough kept pods
-(and warm spares) for ``minReplicas``. Otherwise the notice is passed on as before (the ranks
-checkpoint) and the gang changes when the node goes. A leaving pod still running
-``LEAVE_WAIT_SECONDS`` after it was told is deleted (its workers could not reach a boundary).
+and warm spares: ``minReplicas`` for an elastic gang, every place for a fixed one. Otherwise the
+notice is passed on as before (the ranks checkpoint) and the gang changes when the node goes.
+A leaving pod still running ``LEAVE_WAIT_SECONDS`` after it was told is deleted (its workers
+could not reach a boundary).
 (Rejected: waiting for the node's shutdown to switch: the shutdown's SIGTERM reaches the
 leaving workers first, and their emergency save is a collective of the whole old gang, which
 ends every worker.)
@@ -52,12 +57,12 @@ def at_notice(
     without them (module docstring); whether it did."""
     st, spec = ctx.status, ctx.job.spec
     noticed = [o for o in outcomes if o.outcome is Outcome.ACTIVE and o.notice is not None]
-    if not noticed or spec.elastic is None or not spec.recovery.in_process_switch:
+    if not noticed or not spec.recovery.in_process_switch:
         return False
     if not all_running or st.training_since is None or st.membership_pending_since is not None:
         return False
     kept = spares.fill_places(ctx, survivors.keepable(ctx, outcomes, current), ctx.size)
-    if len(kept) < spec.elastic.min_replicas:
+    if len(kept) < (ctx.size if spec.elastic is None else spec.elastic.min_replicas):
         return False
     first = noticed[0]
     nodes = sorted({o.node or "" for o in noticed})

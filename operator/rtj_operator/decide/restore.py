@@ -76,6 +76,13 @@ def after_leave(ctx: ReconcileContext, decision: elastic.StartDecision) -> elast
     pods told the membership in standby); room for more is restored as after a loss."""
     st = ctx.status
     kept = len(st.kept_pods)
+    if ctx.job.spec.elastic is None:  # a fixed-size gang: a warm spare took each noticed place
+        return elastic.StartDecision(
+            kept,
+            elastic.StartReason.FIXED,
+            f"the {kept} pods switch in process, warm spares in the places on nodes announced "
+            "for termination",
+        )
     room = decision.size - kept if decision.size is not None else 0
     if room > 0:
         st.restore = Restore(size=kept + room, since=ctx.now)
