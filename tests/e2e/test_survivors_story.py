@@ -484,12 +484,27 @@ def test_a_loss_with_room_left_trains_on_at_two_and_grows_back_warm(
         say(phases(stack, pod, lost_at))
 
 
+def use_every_node(stack: LocalStack, count: int) -> None:
+    """At least ``count`` nodes, none held back."""
+    stack.ensure_nodes(count)
+    for name in stack.live_nodes():
+        stack.untaint_node(name, HOLD)
+
+
+def wait_warm(stack: LocalStack, spare: str) -> None:
+    """Until the spare's agent says it is warm."""
+
+    def warm() -> bool:
+        pod = stack.pod(spare) or {}
+        return AGENT_READY_ANNOTATION in (pod.get("metadata") or {}).get("annotations", {})
+
+    wait_for("the spare to be warm", warm, timeout=240, on_timeout=stack.diagnostics)
+
+
 def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Path) -> None:
     """A fixed 3-rank job keeps one spare pod warm on a fourth node; a reclaimed rank's place
     goes to the spare (no new rank pod), and a new spare starts on the fifth node."""
-    stack.ensure_nodes(REPLICAS + 2)
-    for name in stack.live_nodes():
-        stack.untaint_node(name, HOLD)
+    use_every_node(stack, REPLICAS + 2)
     job = stack.apply(
         survivors_manifest(
             tmp_path,
@@ -500,12 +515,7 @@ def test_a_warm_spare_takes_the_lost_ranks_place(stack: LocalStack, tmp_path: Pa
         )
     )
     spare = f"{job}-a0-s0"
-
-    def spare_warm() -> bool:
-        pod = stack.pod(spare) or {}
-        return AGENT_READY_ANNOTATION in (pod.get("metadata") or {}).get("annotations", {})
-
-    wait_for("the spare to be warm", spare_warm, timeout=240, on_timeout=stack.diagnostics)
+    wait_warm(stack, spare)
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
     lost_at = reclaim_rank(stack, job, f"{job}-a0-r1", f"; {spare} is warm")
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
@@ -561,6 +571,53 @@ def test_a_node_under_notice_keeps_the_other_ranks_pods(stack: LocalStack, tmp_p
     say(f"shutdown -> kept rank 0's first step: {back:.1f} s; interruption: {interruption}")
 
 
+def switching_manifest(tmp: Path, name: str, **spec: Any) -> Path:
+    """A job of 3 pods (one a node) of the example built for the in-process switch: 30 epochs
+    of 4 steps of 24 samples, a commit every 20 steps."""
+    return survivors_manifest(
+        tmp,
+        name=name,
+        epochs=30,
+        cpu="20",
+        interval="20ba",
+        args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+        **spec,
+    )
+
+
+def notice_until_left(stack: LocalStack, job: str, leaving: str, note: str = "") -> float:
+    """Taint the node of ``leaving`` as a termination handler does, wait until that pod's
+    workers left the gang in process, then shut the node down; when the notice came."""
+    node = stack.pod(leaving)["spec"]["nodeName"]
+    noticed_at = time.time()
+    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
+    say(f"termination notice on {node} ({leaving}){note}")
+    wait_for(
+        "the noticed pod to leave",
+        lambda: bool(stack.runtime_events(leaving, "left")),
+        timeout=120,
+        on_timeout=lambda: stack.diagnostics(job),
+    )
+    stack.shut_down_node(node)
+    return noticed_at
+
+
+def assert_switched_at_the_leave(
+    stack: LocalStack, kept: list[str], left: Any, *, sizes: tuple[int, int]
+) -> None:
+    """The kept pods' workers were told to switch once, switched from ``sizes[1]`` to
+    ``sizes[0]`` ranks at the step the leaving rank left, and were neither restarted nor
+    resumed."""
+    for name in kept:
+        told = stack.runtime_events(name, "membership")
+        assert [(e["epoch"], e["stop"]) for e in told] == [(1, "switch")], told
+        (switched,) = stack.runtime_events(name, "switched")
+        assert (switched["world_size"], switched["old_world_size"]) == sizes, switched
+        assert switched["step"] == left["step"], (switched, left)  # the same boundary
+        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
+        assert not [e for e in after if e.type in ("started", "resumed")], after
+
+
 def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_in_process(
     stack: LocalStack, tmp_path: Path
 ) -> None:
@@ -575,31 +632,16 @@ def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_in_process(
     for node_name in stack.live_nodes()[REPLICAS:]:
         stack.taint_node(node_name, HOLD)
     job = stack.apply(
-        survivors_manifest(
+        switching_manifest(
             tmp_path,
-            name="leaves",
-            epochs=30,  # 4 steps of 24 samples an epoch
-            cpu="20",
-            interval="20ba",
-            args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+            "leaves",
             elastic={"minReplicas": 2},
             recovery={"survivors": "Stay", "inProcessSwitch": True},
         )
     )
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
-    first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     leaving, kept = f"{job}-a0-r1", [f"{job}-a0-r0", f"{job}-a0-r2"]
-    node = first[leaving]["spec"]["nodeName"]
-    noticed_at = time.time()
-    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
-    say(f"termination notice on {node} ({leaving})")
-    wait_for(
-        "the noticed pod to leave",
-        lambda: bool(stack.runtime_events(leaving, "left")),
-        timeout=120,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    stack.shut_down_node(node)
+    noticed_at = notice_until_left(stack, job, leaving)
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["attempt"] == 1 and status["gangSize"] == 2, (status, stack.diagnostics(job))
     assert status["preemptions"] == 1 and status["failures"] == 0, status
@@ -611,14 +653,7 @@ def test_a_notice_lets_the_noticed_pod_leave_and_the_others_switch_in_process(
     (left,) = stack.runtime_events(leaving, "left")
     assert left["epoch"] == 1, left
     assert not stack.runtime_events(leaving, "notice")  # no save was asked for
-    for name in kept:  # the same workers: switched, not restarted or resumed
-        told = stack.runtime_events(name, "membership")
-        assert [(e["epoch"], e["stop"]) for e in told] == [(1, "switch")], told
-        (switched,) = stack.runtime_events(name, "switched")
-        assert (switched["world_size"], switched["old_world_size"]) == (2, 3), switched
-        assert switched["step"] == left["step"], (switched, left)  # the same boundary
-        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
-        assert not [e for e in after if e.type in ("started", "resumed")], after
+    assert_switched_at_the_leave(stack, kept, left, sizes=(2, 3))
     switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
     say(
         f"notice -> the gang of 2 switched at step {left['step']}: "
@@ -633,56 +668,26 @@ def test_a_fixed_gangs_warm_spare_takes_a_noticed_place_in_process(
     notice on rank 1's node ends the attempt at the notice; the pod there leaves at the next
     step boundary while the two others and the spare switch to the gang of 3 in process (the
     spare gets the state from rank 0): no save, no restart, no step lost."""
-    stack.ensure_nodes(REPLICAS + 1)
-    for node_name in stack.live_nodes():
-        stack.untaint_node(node_name, HOLD)
+    use_every_node(stack, REPLICAS + 1)
     job = stack.apply(
-        survivors_manifest(
+        switching_manifest(
             tmp_path,
-            name="spareswitch",
-            epochs=30,  # 4 steps of 24 samples an epoch
-            cpu="20",
-            interval="20ba",
-            args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+            "spareswitch",
             recovery={"survivors": "Stay", "spares": 1, "inProcessSwitch": True},
         )
     )
     spare = f"{job}-a0-s0"
-    wait_for(
-        "the spare to be warm",
-        lambda: (
-            AGENT_READY_ANNOTATION
-            in ((stack.pod(spare) or {}).get("metadata") or {}).get("annotations", {})
-        ),
-        timeout=240,
-        on_timeout=stack.diagnostics,
-    )
+    wait_warm(stack, spare)
     wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
     leaving, kept = f"{job}-a0-r1", [f"{job}-a0-r0", f"{job}-a0-r2"]
-    node = stack.pod(leaving)["spec"]["nodeName"]
-    noticed_at = time.time()
-    stack.taint_node(node, PodRunnerCluster.TAINT, "NoSchedule", "true")
-    say(f"termination notice on {node} ({leaving}); {spare} is warm")
-    wait_for(
-        "the noticed pod to leave",
-        lambda: bool(stack.runtime_events(leaving, "left")),
-        timeout=120,
-        on_timeout=lambda: stack.diagnostics(job),
-    )
-    stack.shut_down_node(node)
+    noticed_at = notice_until_left(stack, job, leaving, f"; {spare} is warm")
     status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
     assert status["attempt"] == 1 and status["gangSize"] == 3, (status, stack.diagnostics(job))
     assert status["keptPods"] == [*kept, spare], status
     (interruption,) = status["interruptions"]
     assert interruption["cause"] == "TerminationNotice" and interruption["stepsLost"] == 0
     (left,) = stack.runtime_events(leaving, "left")
-    for name in kept:  # the same workers: switched at the leave's boundary, not restarted
-        (switched,) = stack.runtime_events(name, "switched")
-        assert (switched["world_size"], switched["old_world_size"]) == (3, 3), switched
-        assert switched["step"] == left["step"], (switched, left)
-        told = stack.runtime_events(name, "membership")
-        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
-        assert not [e for e in after if e.type in ("started", "resumed")], after
+    assert_switched_at_the_leave(stack, kept, left, sizes=(3, 3))
     joined = stack.runtime_events(spare, "resumed")
     assert [(e["source"], e["step"]) for e in joined] == [("peers", left["step"])], joined
     switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)

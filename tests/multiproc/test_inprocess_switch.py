@@ -32,6 +32,15 @@ pytestmark = [
 STEPS = 150
 
 
+def start_standby(pods: Pods, tmp: Path, name: str, *, node_rank: int, port: int) -> None:
+    """Start ``name`` in standby for membership epoch 2 (3 pods), and wait until it says so."""
+    pods.start(name, node_rank=node_rank, nnodes=3, port=port, epoch=2, RTJ_STANDBY="1")
+    end = time.monotonic() + 120
+    while "standby for membership epoch 2" not in (tmp / f"{name}.log").read_text():
+        assert time.monotonic() < end, pods.logs()
+        time.sleep(0.1)
+
+
 def grow_two_to_three(pods: Pods, tmp: Path) -> int:
     """A gang of 2 trains; a third pod starts in standby and says so; then every pod gets the
     membership of 3 with ``stop: switch``. Returns the step the gang of 2 had reached when the
@@ -41,11 +50,7 @@ def grow_two_to_three(pods: Pods, tmp: Path) -> int:
         pods.start(f"pod{r}", node_rank=r, nnodes=2, port=port, epoch=1)
     pods.wait_steps(1, 8)
     port2 = free_port()
-    pods.start("pod2", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
-    end = time.monotonic() + 120
-    while "standby for membership epoch 2" not in (tmp / "pod2.log").read_text():
-        assert time.monotonic() < end, pods.logs()
-        time.sleep(0.1)
+    start_standby(pods, tmp, "pod2", node_rank=2, port=port2)
     warm_at = pods.steps_done(1)
     for r in range(2):
         pods.announce(f"pod{r}", epoch=2, nnodes=3, nodeRank=r, masterPort=port2, stop="switch")
@@ -162,11 +167,7 @@ def test_a_warm_spare_takes_a_leaving_pods_place_in_the_same_switch(tmp_path: Pa
     pods.start_gang(3, port=port)
     pods.wait_steps(1, 8)
     port2 = free_port()
-    pods.start("pod3", node_rank=2, nnodes=3, port=port2, epoch=2, RTJ_STANDBY="1")
-    end = time.monotonic() + 120
-    while "standby for membership epoch 2" not in (tmp_path / "pod3.log").read_text():
-        assert time.monotonic() < end, pods.logs()
-        time.sleep(0.1)
+    start_standby(pods, tmp_path, "pod3", node_rank=2, port=port2)
     pods.announce("pod1", epoch=2, nnodes=3, nodeRank=-1, masterPort=port2, stop="leave")
     for pod, rank in (("pod0", 0), ("pod2", 1), ("pod3", 2)):
         pods.announce(pod, epoch=2, nnodes=3, nodeRank=rank, masterPort=port2, stop="switch")

@@ -14,7 +14,9 @@ from typing import Any
 
 from rtj_operator.decide.progress import highest_current_step, parse_report, pod_reports
 from trainer_runtime import envvars
-from trainer_runtime.pod.progress import ProgressReporter, carried_commit
+from trainer_runtime.pod.progress import carried_commit
+
+from .test_progress_cadence import Recording
 
 SURVIVOR = {
     "checkpoint": "ep0-ba97",
@@ -30,22 +32,15 @@ SURVIVOR = {
 }
 
 
-class Reporter(ProgressReporter):
-    """A reporter of attempt 1 whose pod's annotation already holds ``earlier``."""
+class Reporter(Recording):
+    """A reporter of attempt 1 whose pod's annotation already holds ``earlier``; ``texts``:
+    the annotations it sent, as sent."""
 
     def __init__(self, tmp_path, earlier: str | None) -> None:
-        (tmp_path / "token").write_text("t")
-        environ = {
-            envvars.POD_NAME: "p",
-            envvars.KUBERNETES_SERVICE_HOST: "127.0.0.1",
-            envvars.SERVICEACCOUNT_DIR: str(tmp_path),
-            envvars.NAMESPACE: "ns",
-            envvars.ATTEMPT: "1",
-        }
-        super().__init__(interval_s=60, environ=environ)
+        super().__init__(tmp_path, interval_s=60, **{envvars.ATTEMPT: "1"})
         self.earlier = earlier
         self.reads = 0
-        self.sent: list[str] = []
+        self.texts: list[str] = []
         self.own_pod.annotations = self._annotations  # type: ignore[method-assign]
 
     def _annotations(self) -> dict[str, str]:
@@ -53,7 +48,7 @@ class Reporter(ProgressReporter):
         return {} if self.earlier is None else {envvars.PROGRESS_ANNOTATION: self.earlier}
 
     def _send(self, annotations: dict[str, str]) -> None:
-        self.sent.append(annotations[envvars.PROGRESS_ANNOTATION])
+        self.texts.append(annotations[envvars.PROGRESS_ANNOTATION])
 
 
 def as_pod(annotation: str) -> dict[str, Any]:
@@ -93,15 +88,15 @@ def test_the_next_worker_sends_its_steps_under_the_carried_commit_until_it_commi
     reporter.step(99)
     reporter.flush()
     assert reporter.reads == 1, "the pod is read once"
-    first = as_pod(reporter.sent[-1])
-    report = parse_report(reporter.sent[-1])
+    first = as_pod(reporter.texts[-1])
+    report = parse_report(reporter.texts[-1])
     assert report is not None and (report.checkpoint, report.attempt) == ("ep0-ba97", 0)
     assert [r.checkpoint for r in pod_reports(first, None)] == ["ep0-ba97"]
     assert highest_current_step([first]) == 99  # the new worker's step, not the carried one
-    assert json.loads(reporter.sent[-1].splitlines()[-1])["attempt"] == 1
+    assert json.loads(reporter.texts[-1].splitlines()[-1])["attempt"] == 1
     reporter.committed({"checkpoint": "ep0-ba100", "step": 100, "attempt": 1})
     reporter.flush()
-    own = reporter.sent[-1]
+    own = reporter.texts[-1]
     assert len(own.splitlines()) == 1, "its own commit replaces the carried one"
     assert parse_report(own) is not None and parse_report(own).checkpoint == "ep0-ba100"
 
@@ -110,9 +105,9 @@ def test_a_pod_without_an_earlier_commit_sends_its_state_alone(tmp_path):
     reporter = Reporter(tmp_path, json.dumps({"current_step": 40, "attempt": 0}))
     reporter.step(3)
     reporter.flush()
-    assert len(reporter.sent[-1].splitlines()) == 1
-    assert json.loads(reporter.sent[-1]) == {
+    assert len(reporter.texts[-1].splitlines()) == 1
+    assert json.loads(reporter.texts[-1]) == {
         "current_step": 3,
         "attempt": 1,
-        "reported_at": json.loads(reporter.sent[-1])["reported_at"],
+        "reported_at": json.loads(reporter.texts[-1])["reported_at"],
     }
