@@ -103,17 +103,18 @@ def test_workers_that_cannot_switch_restart_in_place_instead(tmp_path: Path) -> 
     assert [e.fields["source"] for e in joined] == ["local"], joined
 
 
-def leave_three_to_two(pods: Pods, tmp: Path) -> dict[str, int]:
-    """A gang of 3 trains; the node of ``pod1`` is announced for termination, so the operator
-    tells ``pod0`` and ``pod2`` a gang of 2 with ``stop: switch`` and ``pod1`` ``stop: leave``.
-    Returns the pods' exit codes."""
+def leave_three_to_two(pods: Pods, tmp: Path, leaving: int = 1) -> dict[str, int]:
+    """A gang of 3 trains; the node of ``pod<leaving>`` is announced for termination, so the
+    operator tells it ``stop: leave`` and the two others a gang of 2 with ``stop: switch``, in
+    their order. Returns the pods' exit codes."""
     port = free_port()
     pods.start_gang(3, port=port)
     pods.wait_steps(1, 8)
     port2 = free_port()
-    pods.announce("pod1", epoch=2, nnodes=2, nodeRank=-1, masterPort=port2, stop="leave")
-    pods.announce("pod0", epoch=2, nnodes=2, nodeRank=0, masterPort=port2, stop="switch")
-    pods.announce("pod2", epoch=2, nnodes=2, nodeRank=1, masterPort=port2, stop="switch")
+    told = {"epoch": 2, "nnodes": 2, "masterPort": port2}
+    pods.announce(f"pod{leaving}", nodeRank=-1, stop="leave", **told)
+    for rank, pod in enumerate(p for p in (0, 1, 2) if p != leaving):
+        pods.announce(f"pod{pod}", nodeRank=rank, stop="switch", **told)
     return pods.wait_all()
 
 
@@ -140,6 +141,22 @@ def test_a_noticed_pod_leaves_and_the_others_switch_in_process(tmp_path: Path) -
         text = (tmp_path / log).read_text()
         assert not events.read_events(text, events.RESUMED)[1:], text  # no restart
     assert "its workers leave in process" in (tmp_path / "pod1.log").read_text()
+
+
+def test_rank_0_leaves_and_the_next_pod_serves_the_gang_of_two(tmp_path: Path) -> None:
+    """The noticed pod is node rank 0's, whose agent serves the gang's rendezvous store: the
+    two others switch in process to a gang of 2 whose node rank 0 is ``pod1``."""
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
+    codes = leave_three_to_two(pods, tmp_path, leaving=0)
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old, new in ((1, 0), (2, 1)):  # the kept workers trained on in the same processes
+        assert (out / f"pid-2-{new}").read_text() == (out / f"pid-1-{old}").read_text()
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    left = events.read_events((tmp_path / "pod0.log").read_text(), events.LEFT)
+    assert [e.fields["step"] for e in left] == [new[0]], left
 
 
 def test_a_leave_where_workers_cannot_switch_saves_and_restarts_the_kept_ones(
