@@ -118,18 +118,28 @@ def leave_three_to_two(pods: Pods, tmp: Path, leaving: int = 1) -> dict[str, int
     return pods.wait_all()
 
 
+def assert_trained_on_in_place(pods: Pods, kept: tuple[tuple[int, int], ...]) -> list[int]:
+    """The kept workers (rank in membership 1, rank in 2) trained on in the same processes,
+    every sample was trained once, and the gang of membership 2 began at the step after the
+    last of membership 1 (nothing lost, nothing trained twice). The steps of membership 1."""
+    out = pods.out
+    for old, new in kept:
+        assert (out / f"pid-2-{new}").read_text() == (out / f"pid-1-{old}").read_text()
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old, new)
+    return old
+
+
 def test_a_noticed_pod_leaves_and_the_others_switch_in_process(tmp_path: Path) -> None:
     pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
     codes = leave_three_to_two(pods, tmp_path)
     assert set(codes.values()) == {0}, pods.logs()
     out = pods.out
-    for old, new in ((0, 0), (2, 1)):  # the kept workers trained on in the same processes
-        before = (out / f"pid-1-{old}").read_text()
+    old = assert_trained_on_in_place(pods, ((0, 0), (2, 1)))
+    for pid_at, new in ((0, 0), (2, 1)):  # the switch happened in those processes
+        before = (out / f"pid-1-{pid_at}").read_text()
         assert (out / f"switched-2-{new}").read_text().split()[0] == before
-        assert (out / f"pid-2-{new}").read_text() == before
-    assert_exactly_once(pods, STEPS)
-    old, new = pods.steps(1, 0), pods.steps(2, 0)
-    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
     assert pods.steps(1, 1)[-1] == old[-1]  # the leaving rank trained up to the boundary
     left = events.read_events((tmp_path / "pod1.log").read_text(), events.LEFT)
     assert [(e.fields["epoch"], e.fields["step"]) for e in left] == [(2, old[-1] + 1)], left
@@ -149,14 +159,9 @@ def test_rank_0_leaves_and_the_next_pod_serves_the_gang_of_two(tmp_path: Path) -
     pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))
     codes = leave_three_to_two(pods, tmp_path, leaving=0)
     assert set(codes.values()) == {0}, pods.logs()
-    out = pods.out
-    for old, new in ((1, 0), (2, 1)):  # the kept workers trained on in the same processes
-        assert (out / f"pid-2-{new}").read_text() == (out / f"pid-1-{old}").read_text()
-    assert_exactly_once(pods, STEPS)
-    old, new = pods.steps(1, 0), pods.steps(2, 0)
-    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    old = assert_trained_on_in_place(pods, ((1, 0), (2, 1)))
     left = events.read_events((tmp_path / "pod0.log").read_text(), events.LEFT)
-    assert [e.fields["step"] for e in left] == [new[0]], left
+    assert [e.fields["step"] for e in left] == [old[-1] + 1], left
 
 
 def test_a_leave_where_workers_cannot_switch_saves_and_restarts_the_kept_ones(
@@ -191,11 +196,8 @@ def test_a_warm_spare_takes_a_leaving_pods_place_in_the_same_switch(tmp_path: Pa
     codes = pods.wait_all()
     assert set(codes.values()) == {0}, pods.logs()
     out = pods.out
-    for old, new in ((0, 0), (2, 1)):  # the kept workers trained on in the same processes
-        assert (out / f"pid-2-{new}").read_text() == (out / f"pid-1-{old}").read_text()
-    assert_exactly_once(pods, STEPS)
-    old, new = pods.steps(1, 0), pods.steps(2, 0)
-    assert new[0] == old[-1] + 1, (old, new)  # nothing lost, nothing trained twice
+    assert_trained_on_in_place(pods, ((0, 0), (2, 1)))
+    new = pods.steps(2, 0)
     assert pods.steps(2, 2)[0] == new[0]  # the spare starts where the gang is
     left = events.read_events((tmp_path / "pod1.log").read_text(), events.LEFT)
     assert [e.fields["step"] for e in left] == [new[0]], left

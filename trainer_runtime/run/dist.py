@@ -107,7 +107,7 @@ class Coordinator:
         group, self._group = self._group, None
         if group is not None:
             self._open.clear()
-            _destroy(group)
+            destroy_if_open(group)
 
 
 def env_world_size() -> int:
@@ -124,7 +124,8 @@ def env_rank() -> int:
     )
 
 
-def _destroy(group: Any) -> None:
+def destroy_if_open(group: Any) -> None:
+    """Destroy ``group`` (None: the world group) unless it, or the world group, is gone."""
     if dist.is_initialized():
         with contextlib.suppress(ValueError):  # already destroyed by the caller
             dist.destroy_process_group(group)
@@ -133,7 +134,7 @@ def _destroy(group: Any) -> None:
 def _destroy_at_exit(still_open: list[Any]) -> None:
     """Destroy a group the program never closed (an exception ended it, or no close())."""
     while still_open:
-        _destroy(still_open.pop())
+        destroy_if_open(still_open.pop())
 
 
 def failure_cause(wrapped: Any) -> BaseException:

@@ -26,6 +26,7 @@ from ..resume.position import roll_over_finished_epoch
 from ..shutdown import raise_emergency_exit
 from ..switch import MembershipSwitched, SwitchRequest
 from .announce import announce
+from .dist import destroy_if_open
 from .setup import release, set_up
 
 log = logging.getLogger("trainer_runtime")
@@ -81,12 +82,12 @@ def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
     The old group is left to the script: training scripts commonly end with
     ``dist.destroy_process_group()`` in a ``finally`` block, which fails on a group already
     destroyed and would end the leaving pod Failed. It is destroyed at exit when the script did
-    not (``_destroy_at_exit``)."""
+    not."""
     began = time.monotonic()
     step = manager._ctx.position.timestamp.batch
     rank, world = manager._ctx.rank, manager.world_size
     manager.close(save=False)
-    atexit.register(_destroy_at_exit)
+    atexit.register(destroy_if_open, None)  # the world group, unless the script destroyed it
     announce(
         log,
         logging.WARNING,
@@ -99,11 +100,6 @@ def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
     )
     events.left(rank=rank, epoch=request.epoch, step=step, seconds=time.monotonic() - began)
     raise_emergency_exit(0)
-
-
-def _destroy_at_exit() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _apply_environment(environment: Mapping[str, str]) -> None:
