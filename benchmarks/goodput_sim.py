@@ -44,8 +44,9 @@ Policies (each a small state machine over the same ledger, the same events):
   fetches the commit while it starts and the group forms (``--restart-fetch-after-group``:
   after, the product before). ``--switch-grows``: a grow switches the running workers in
   process (``recovery.inProcessSwitch``); ``--switch-noticed``: the same flag at a notice, the
-  noticed ranks leave at the notice (below); ``--in-process-switch``: both. A loss without
-  notice always saves and restarts the workers;
+  noticed ranks leave at the notice (below); ``--switch-lost``: the same flag after a loss, the
+  kept ranks rejoin in process when the next attempt is only them (``ckpt.rejoin``);
+  ``--in-process-switch``: all three. Otherwise a loss saves and restarts the workers;
 - ``--switch-noticed`` (``recovery.inProcessSwitch`` at a notice, elastic ``*-stay`` only): the
   operator ends the attempt at the notice (plus ``notice_detect_s``): the ranks on the noticed
   nodes leave at the next step boundary and the kept ranks switch in process to the smaller
@@ -53,8 +54,9 @@ Policies (each a small state machine over the same ledger, the same events):
   (else the loss is handled when it comes, as without the flag). The noticed nodes are not used
   from the notice on (tainted), so the gang trains smaller through the notice window; room
   elsewhere is taken as after a loss (survivors first); the loss itself interrupts nothing;
-- ``elastic-warm``: survivors stay in process, the design the product does not have yet
-  (torchft's). A loss costs the survivors its detection and a re-formed process group
+- ``elastic-warm``: survivors stay in process (torchft's design; the product's
+  ``--in-process-switch`` comes close: it waits ``shrinkAfterSeconds`` and takes room after a
+  loss only when that pays). A loss costs the survivors its detection and a re-formed process group
   (seconds) and at most the step in flight (none with a notice); new ranks start on their own
   (pod, image, runtime, state from their peers) while the gang trains on, then join in a
   re-form. Only a gang that lost every rank starts cold;
@@ -255,6 +257,13 @@ class Model:
     ``minReplicas``; the noticed nodes stay unused until they go, and their loss interrupts
     nothing. False, or too few kept ranks: the gang saves on the node's shutdown and restarts
     its workers at the loss."""
+    switch_lost: bool = False
+    """``recovery.inProcessSwitch`` after a loss (an elastic ``*-stay`` gang with replicated
+    state; ``ckpt.rejoin``, trainer_runtime/run/rejoin.py): when the next attempt is only its
+    kept ranks (at least ``minReplicas``; room joins warm later, or there is none), they re-form
+    in process from the last finished step after the loss's detection and ``shrinkAfterSeconds``:
+    a ``reform_s`` pause, no save, no restart. False, or new pods that start with the attempt:
+    the kept ranks save and restart (``after_loss``)."""
     savers_meet_s: float = 5.0
     """The kept pods' savers meet: the membership reaches each kept pod, which forms a gloo
     group with the others over the new gang's store."""
@@ -881,9 +890,14 @@ class StayGang(WarmGang):
         ``add_joiners`` (standby pods, then a warm join) where ``room_joins_warm`` says so;
         otherwise the operator's next attempt is as large as what fits, its new pods start
         cold with it, and the kept ranks wait for them. (A noticed loss whose ranks left at the
-        notice, ``switch_noticed``, never comes here.)"""
+        notice, ``switch_noticed``, never comes here.) With ``switch_lost`` the kept ranks rejoin
+        in process instead, when no new pod starts with them (``rejoins``)."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
+        if self.rejoins():
+            extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
+            self.restoring = extra > 0
+            return wait + m.reform_s
         save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
         pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
@@ -897,6 +911,18 @@ class StayGang(WarmGang):
             self.size += extra
             self.timers.pop("grow", None)
         return pause
+
+    def rejoins(self) -> bool:
+        """Whether the kept ranks rejoin in process after a loss (``switch_lost``): an elastic
+        gang with replicated state whose kept ranks are ``minReplicas`` or more, and whose next
+        attempt is only them (the operator's ``stop: rejoin``), so room it can take at once
+        joins warm afterwards (``room_joins_warm``), or there is none."""
+        m = self.model
+        elastic = self.min_replicas < self.replicas and m.state_replicated
+        if not (m.switch_lost and elastic and self.size >= self.min_replicas):
+            return False
+        extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
+        return extra <= 0 or self.room_joins_warm(extra)
 
     def room_joins_warm(self, extra: int) -> bool:
         """Whether the ``extra`` pods the room at a loss holds join warm after the kept ranks
@@ -1097,6 +1123,7 @@ def _model_from_args(args: argparse.Namespace) -> tuple[Model, list[str]]:
     overrides["restart_prefetch"] = not args.restart_fetch_after_group
     overrides["switch_grows"] = args.switch_grows or args.in_process_switch
     overrides["switch_noticed"] = args.switch_noticed or args.in_process_switch
+    overrides["switch_lost"] = args.switch_lost or args.in_process_switch
     return Model(phases=phases, **overrides), measured
 
 
@@ -1143,9 +1170,15 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
         "the kept ranks switch in process (elastic Stay gangs keeping minReplicas)",
     )
     parser.add_argument(
+        "--switch-lost",
+        action="store_true",
+        help="recovery.inProcessSwitch after a loss: the kept ranks rejoin in process "
+        "(ckpt.rejoin; elastic Stay gangs keeping minReplicas, no new pod with them)",
+    )
+    parser.add_argument(
         "--in-process-switch",
         action="store_true",
-        help="recovery.inProcessSwitch whole: --switch-grows and --switch-noticed",
+        help="recovery.inProcessSwitch whole: --switch-grows, --switch-noticed, --switch-lost",
     )
     parser.add_argument(
         "--every-loss-interval",

@@ -14,7 +14,8 @@ each optimizer step then consumes N samples at every world size (gradient accumu
 micro-batches of ``--batch-size``), and ``--digests FILE`` records a digest of the model and
 optimizer state at every commit and right after every resume, to prove they are equal.
 ``--in-process-switch`` builds it for ``recovery.inProcessSwitch`` (docs/survivors.md): the
-model is wrapped, and the data iterated, anew after each ``MembershipSwitched``.
+model is wrapped, and the data iterated, anew after each ``MembershipSwitched``, and after a
+failed step that ``ckpt.rejoin`` took in process (a rank lost without notice).
 """
 
 from __future__ import annotations
@@ -154,6 +155,14 @@ def main() -> None:
             records.rank = rank
             records.attempt = attempt_record()  # the switch's environment names the new one
             records.resumed("switch", None, ckpt, world, state_digest(model, opt))
+        except Exception as exc:  # a rank lost without notice: rejoin in process, or raise
+            if not args.in_process_switch:
+                raise
+            ckpt.rejoin(exc)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            records.rank = rank
+            records.attempt = attempt_record()
+            records.resumed("rejoin", None, ckpt, world, state_digest(model, opt))
     records.saving(ckpt.close, ckpt, world, lambda: state_digest(model, opt))
     if rank == 0 and args.out:
         torch.save(model.state_dict(), Path(args.out))

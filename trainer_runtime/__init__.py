@@ -19,6 +19,7 @@ from .errors import (
     WorldSizeMismatchError,
 )
 from .resume.warm_start import start_from_environment as _start_prefetch
+from .run import gang_sockets as _gang_sockets  # noqa: F401 - the sockets before the script's group
 
 # In a pod of a new attempt, start fetching the checkpoint the operator named while the script
 # goes on to import torch and form its process group (resume/warm_start.py); elsewhere a no-op.

@@ -103,7 +103,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "clamped",
     ),
     SURVIVOR_SAVED: ("checkpoint", "step", "seconds", "epoch", "why_not"),
-    SWITCHED: ("epoch", "step", "world_size", "old_world_size", "seconds"),
+    SWITCHED: ("epoch", "step", "world_size", "old_world_size", "seconds", "after_loss"),
     LEFT: ("epoch", "step", "seconds"),
 }
 """Every event type and the fields it carries besides ``v``, ``type``, ``rank`` and ``time``."""
@@ -418,11 +418,19 @@ def membership(
 
 
 def switched(
-    *, rank: int, epoch: int, step: int, world_size: int, old_world_size: int, seconds: float
+    *,
+    rank: int,
+    epoch: int,
+    step: int,
+    world_size: int,
+    old_world_size: int,
+    seconds: float,
+    after_loss: bool = False,
 ) -> None:
     """This running process switched to membership ``epoch`` at ``step`` without ending (an
     in-process switch, ``switch.py``): from ``old_world_size`` ranks to ``world_size``;
-    ``seconds``: from the agreed step boundary to the new gang holding the state."""
+    ``seconds``: from the agreed step boundary (``after_loss``: from the failed collective,
+    ``run/rejoin.py``) to the new gang holding the state."""
     emit(
         SWITCHED,
         rank=rank,
@@ -431,6 +439,7 @@ def switched(
         world_size=world_size,
         old_world_size=old_world_size,
         seconds=round(seconds, 3),
+        after_loss=after_loss,
     )
 
 

@@ -38,6 +38,7 @@ from .resume.restore import Loader
 from .run import arguments
 from .run.config import AsyncPolicy, Settings
 from .run.context import RunContext, global_batch
+from .run.rejoin import rejoin
 from .run.setup import release, set_up
 from .run.switch_in_place import leave_in_place, switch_in_place
 from .sampler import ResumableSampler
@@ -222,6 +223,14 @@ class CheckpointManager:
             self._survivor.boundary()
         self._collect_background_failure()
         return self._loop_point(before, Event.EPOCH_END)
+
+    def rejoin(self, exc: BaseException) -> None:
+        """Hand a failed step's exception here (``except Exception as exc: ckpt.rejoin(exc)``,
+        beside ``except MembershipSwitched``): after a rank lost without notice the survivors
+        re-form the gang in process and return, to train on as after ``MembershipSwitched``;
+        anything else, or a loss that cannot be taken in process, raises ``exc`` again
+        (run/rejoin.py, docs/survivors.md)."""
+        rejoin(self, exc)
 
     def _collect_background_failure(self) -> None:
         """Raise a background save's failure; after SIGTERM, log it instead: the emergency

@@ -55,6 +55,7 @@ from .pod import membership
 log = logging.getLogger("trainer_runtime")
 
 READY_SUFFIX = ".ready"
+CLAIMED_SUFFIX = ".claimed"
 
 
 class MembershipSwitched(Exception):  # noqa: N818 - an event the loop handles, not an error
@@ -76,11 +77,14 @@ class MembershipSwitched(Exception):  # noqa: N818 - an event the loop handles, 
 @dataclass(frozen=True)
 class SwitchRequest:
     """A membership the agent asks this worker to switch to (``leave``: one it is not part of;
-    it leaves the gang at the agreed boundary and ends, ``environment`` is empty)."""
+    it leaves the gang at the agreed boundary and ends, ``environment`` is empty;
+    ``after_loss``: a member was lost, the workers rejoin from a failed collective,
+    ``run/rejoin.py``)."""
 
     epoch: int
     environment: dict[str, str]
     leave: bool = False
+    after_loss: bool = False
 
     @classmethod
     def parse(cls, text: str, source: str) -> SwitchRequest:
@@ -94,14 +98,20 @@ class SwitchRequest:
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise ConfigError(f"{source}: environment: expected an object of strings")
-        leave = doc.get("leave", False)
-        if not isinstance(leave, bool):
-            raise ConfigError(f"{source}: leave={leave!r}: expected true or false")
-        return cls(epoch, dict(env), leave)
+        flags = {key: doc.get(key, False) for key in ("leave", "after_loss")}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {key}={value!r}: expected true or false")
+        return cls(epoch, dict(env), **flags)
 
     def to_json(self) -> str:
         return json.dumps(
-            {"epoch": self.epoch, "environment": self.environment, "leave": self.leave}
+            {
+                "epoch": self.epoch,
+                "environment": self.environment,
+                "leave": self.leave,
+                "after_loss": self.after_loss,
+            }
         )
 
 
@@ -112,10 +122,25 @@ def write_request(path: Path, request: SwitchRequest) -> None:
     part.replace(path)
 
 
-def agent_files(path: Path) -> tuple[Path, Path]:
-    """The request and the worker's "can switch" marker: the agent removes both before it
-    starts a worker."""
-    return path, Path(f"{path}{READY_SUFFIX}")
+def agent_files(path: Path) -> tuple[Path, Path, Path]:
+    """The request, the worker's "can switch" marker and its claim of a loss: the agent removes
+    them before it starts a worker."""
+    return path, Path(f"{path}{READY_SUFFIX}"), Path(f"{path}{CLAIMED_SUFFIX}")
+
+
+def claim(path: Path, epoch: int) -> None:
+    """The worker's side: it took a loss in process (``run/rejoin.py``) in the gang of
+    ``epoch`` and waits for the new membership."""
+    Path(f"{path}{CLAIMED_SUFFIX}").write_text(f"{epoch}\n")
+
+
+def claimed(path: Path) -> int | None:
+    """The epoch of the gang whose loss the worker given ``path`` last claimed (None: none)."""
+    try:
+        text = Path(f"{path}{CLAIMED_SUFFIX}").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def can_switch(path: Path) -> bool:

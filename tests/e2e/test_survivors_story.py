@@ -363,12 +363,14 @@ def three_losing_rank_one(
     epochs: int,
     free_node: bool,
     lost_rank: int = 1,
+    switching: bool = False,
     **elastic: object,
 ) -> tuple[str, dict[str, dict[str, Any]], float]:
     """An elastic job of 3 pods (one a node, ``minReplicas`` 2, a commit every 20 steps) whose
     rank 1 (or ``lost_rank``) loses its node without notice two steps after the first commit;
-    ``free_node``: a fourth node is free then. The job, its pods before the loss by name, when
-    it happened."""
+    ``free_node``: a fourth node is free then; ``switching``: the example built for the
+    in-process switch, with ``recovery.inProcessSwitch``. The job, its pods before the loss by
+    name, when it happened."""
     usable = REPLICAS + 1 if free_node else REPLICAS
     stack.ensure_nodes(usable)
     for node_name in stack.live_nodes()[:usable]:
@@ -382,6 +384,7 @@ def three_losing_rank_one(
         cpu="20",  # one pod per node
         interval="20ba",
         elastic={"minReplicas": 2, **elastic},
+        **(SWITCHING | {"recovery": IN_PROCESS} if switching else {}),
     )
     job = stack.apply(path)
     at_three = wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
@@ -417,6 +420,43 @@ def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Pat
     say(f"loss -> kept rank 0's first step at 2 pods: {back:.1f} s; interruption: {shrink}")
     for pod in kept:
         say(phases(stack, pod, lost_at))
+
+
+def test_a_loss_without_notice_is_taken_in_process_by_the_kept_workers(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """With ``recovery.inProcessSwitch``, an elastic job at 3 pods loses rank 1's node without
+    notice, with no room left: the two kept pods are told ``stop: rejoin``, and their workers,
+    whose step failed on the lost peer, re-form the gang at 2 in the same processes from the last
+    step they finished: no save from memory, no restart, no load, at most the running step
+    lost (and the operator's status says so)."""
+    job, first, lost_at = three_losing_rank_one(
+        stack, tmp_path, "rejoins", epochs=30, free_node=False, switching=True, shrinkAfterSeconds=0
+    )
+    status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+    kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
+    assert status["gangSize"] == 2 and status["keptPods"] == kept, (status, stack.diagnostics(job))
+    assert status["failures"] == 0, status
+    last = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=status["attempt"])}
+    for name in kept:
+        assert last[name]["metadata"]["uid"] == first[name]["metadata"]["uid"]
+        told = stack.runtime_events(name, "membership")
+        assert [(e["epoch"], e["stop"]) for e in told] == [(1, "rejoin")], told
+        (switched,) = stack.runtime_events(name, "switched")
+        assert (switched["world_size"], switched["old_world_size"]) == (2, 3), switched
+        assert switched["after_loss"] is True, switched
+        after = [e for e in stack.runtime_events(name) if e.time > told[0].time]
+        assert not [e for e in after if e.type in ("started", "resumed")], after
+        assert not stack.runtime_events(name, "survivor_saved")
+    (loss,) = status["interruptions"]
+    assert loss["stepsLost"] <= 1, loss
+    assert status["sizeHistory"][-1]["stepsLost"] <= 1, status["sizeHistory"]
+    switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
+    back = first_step_after(stack, kept[0], lost_at)
+    say(
+        f"loss -> the gang of 2 rejoined in process: {switched_at.timestamp() - lost_at:.1f} s, "
+        f"first step {back:.1f} s; interruption: {loss}"
+    )
 
 
 def test_a_lost_rank_0_is_saved_for_and_reported_by_the_new_rank_0(
@@ -571,6 +611,13 @@ def test_a_node_under_notice_keeps_the_other_ranks_pods(stack: LocalStack, tmp_p
     say(f"shutdown -> kept rank 0's first step: {back:.1f} s; interruption: {interruption}")
 
 
+SWITCHING: dict[str, Any] = {
+    "args": ("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+}
+"""The example built for the in-process switch (``switching_manifest``)."""
+IN_PROCESS = {"survivors": "Stay", "inProcessSwitch": True}
+
+
 def switching_manifest(tmp: Path, name: str, **spec: Any) -> Path:
     """A job of 3 pods (one a node) of the example built for the in-process switch: 30 epochs
     of 4 steps of 24 samples, a commit every 20 steps."""
@@ -580,7 +627,7 @@ def switching_manifest(tmp: Path, name: str, **spec: Any) -> Path:
         epochs=30,
         cpu="20",
         interval="20ba",
-        args=("--in-process-switch", "--global-batch-size=24", "--workers=0"),
+        **SWITCHING,
         **spec,
     )
 

@@ -12,7 +12,9 @@ With ``--switch`` it is built for the in-process switch (``in_process_switch=Tru
 wrapped after ``resume()`` and again after each ``MembershipSwitched``, as docs/survivors.md
 shows) and writes ``<out>/switched-<epoch>-<rank>`` (its pid and the switch's seconds) when it
 switched, and ``<out>/pid-<epoch>-<rank>`` at its first step of each membership; every rank
-writes ``<out>/final-<rank>.pt``.
+writes ``<out>/final-<rank>.pt``. With ``--rejoin`` too, a failed step's exception goes to
+``ckpt.rejoin`` (a peer lost without notice, re-formed in process), which writes
+``<out>/rejoined-<epoch>-<rank>`` (its pid).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def main() -> None:
     ap.add_argument("--interval", default="5ba")
     ap.add_argument("--width", type=int, default=16, help="the hidden layer (the state's size)")
     ap.add_argument("--switch", action="store_true", help="in_process_switch=True")
+    ap.add_argument(
+        "--rejoin", action="store_true", help="with --switch: a failed step goes to ckpt.rejoin"
+    )
     args = ap.parse_args()
     if args.switch:
         switching(args)
@@ -136,6 +141,12 @@ def switching_steps(args: argparse.Namespace) -> None:
             epoch = str(switched.epoch)
             own = f"{switched.epoch}-{switched.rank}"
             (out / f"switched-{own}").write_text(f"{os.getpid()} {switched.seconds}")
+        except Exception as exc:
+            if not args.rejoin:
+                raise
+            ckpt.rejoin(exc)  # a peer lost without notice: the gang re-forms in process
+            epoch = os.environ["RTJ_MEMBERSHIP_EPOCH"]
+            (out / f"rejoined-{epoch}-{dist.get_rank()}").write_text(str(os.getpid()))
     ckpt.close()
     torch.save(
         {"model": inner.state_dict(), "optim": opt.state_dict()},

@@ -164,3 +164,34 @@ def test_a_fixed_gang_without_a_warm_spare_is_passed_the_notice():
     plan = cluster.step(1)
     assert cluster.status["attempt"] == 0 and "leaving" not in cluster.status
     assert [n.pod for n in plan.notices] == [noticed]
+
+
+def test_a_loss_without_notice_lets_the_kept_pods_and_a_warm_spare_rejoin_in_process():
+    """A fixed gang with a warm spare loses a node without notice: the spare takes the place,
+    every place of the next attempt is a pod already running, and all are told ``stop: rejoin``
+    (the kept workers re-form from their failed collective, the spare gets rank 0's state)."""
+    cluster = fixed_gang_with_a_spare(warm=True)
+    del cluster.nodes[cluster.pods["train-a0-r1"]["spec"]["nodeName"]]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["gangSize"] == 3 and not plan.creations
+    assert st["keptPods"] == ["train-a0-r0", "train-a0-r2", "train-a0-s0"]
+    assert st["interruptions"][-1]["cause"] != "TerminationNotice"
+    assert [(told(cluster, p)["stop"], told(cluster, p)["nodeRank"]) for p in st["keptPods"]] == [
+        ("rejoin", 0),
+        ("rejoin", 1),
+        ("rejoin", 2),
+    ]
+    assert "leaving" not in st
+
+
+def test_a_loss_with_a_cold_new_pod_restarts_the_kept_workers_though_they_could_switch():
+    """The spare is not warm: the lost place gets a new pod, which resumes from the commit, so
+    the kept workers cannot go on in process with it (``stop: kill``)."""
+    cluster = fixed_gang_with_a_spare(warm=False)
+    del cluster.nodes[cluster.pods["train-a0-r1"]["spec"]["nodeName"]]
+    plan = cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["keptPods"] == ["train-a0-r0", "train-a0-r2"]
+    assert [p["metadata"]["name"] for p in plan.creations] == ["train-a1-r2"]
+    assert {told(cluster, p)["stop"] for p in st["keptPods"]} == {"kill"}

@@ -237,6 +237,10 @@ def test_a_loss_with_room_left_trains_on_as_the_kept_pods_and_grows_back_when_wa
         shrunk.message
     )
     assert st["sizeHistory"][-1]["reason"] == "SurvivorsFirst"
+    # Every place of the shrunk gang is a kept pod: with the in-process switch they rejoin in
+    # process (their workers re-form from the failed collective), else their workers restart.
+    stops = {json.loads(m.annotations[MEMBERSHIP_ANNOTATION])["stop"] for m in plan.memberships}
+    assert stops == {"rejoin" if in_process else "kill"}
     plan = cluster.step(1)
     assert [p["metadata"]["name"] for p in plan.spares] == ["train-a1-s0"]
     env = cluster.pods["train-a1-s0"]["spec"]["containers"][0]["env"]
@@ -354,6 +358,30 @@ def test_a_grow_keeps_the_gang_training_until_its_new_pods_are_warm():
     assert "MembershipSwitched" in [e.reason for e in plan.events]
     assert "membershipPendingSince" not in cluster.status
     assert not cluster.step(1).memberships  # said once
+
+
+def test_a_gang_that_rejoined_in_process_counts_only_the_step_it_had_not_finished():
+    """The kept workers rejoined in process from the last step they finished (109), which
+    nobody committed: rank 0 reports ``continued_from`` and the loss counts only the step after
+    it that the gang had reached (110), not every step since the commit (100)."""
+    cluster = losing_one_of_four_nodes_with_one_to_spare(inProcessSwitch=True)
+    cluster.step(1)
+    st = cluster.status
+    assert st["attempt"] == 1 and st["interruptions"][-1]["stepsLost"] == 10
+    assert st["sizeHistory"][-1]["stepsLost"] == 10
+    cluster.report_step(0, 111, attempt=0)  # the old workers' word is not the new gang's
+    cluster.pod(0)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
+        {"current_step": 111, "continued_from": 109, "attempt": 0}
+    )
+    cluster.step(1)
+    assert cluster.status["interruptions"][-1]["stepsLost"] == 10
+    cluster.pod(0)["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(
+        {"current_step": 111, "continued_from": 109, "attempt": 1}
+    )
+    cluster.step(1)
+    st = cluster.status
+    assert st["interruptions"][-1]["stepsLost"] == 1
+    assert st["sizeHistory"][-1]["attempt"] == 1 and st["sizeHistory"][-1]["stepsLost"] == 1
 
 
 def test_an_in_process_switch_tells_every_pod_to_switch():

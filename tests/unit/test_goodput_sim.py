@@ -507,13 +507,43 @@ def test_room_at_a_notice_is_taken_as_after_a_loss():
     assert (r.interruptions, r.reforms) == (2, 3)
 
 
-def test_in_process_switch_sets_both_switches(tmp_path: Path):
-    """``--in-process-switch``: the product's flag whole, at grows and at notices; the two
-    separate options keep working."""
+def test_in_process_switch_sets_every_switch(tmp_path: Path):
+    """``--in-process-switch``: the product's flag whole, at grows, at notices and after losses;
+    the separate options keep working."""
     name = "bamboo/g4dn-us-east-1c-2020-11-20"
-    for flags, both in ((["--in-process-switch"], True), (["--switch-noticed"], False)):
+    for flags, every in ((["--in-process-switch"], True), (["--switch-noticed"], False)):
         out = tmp_path / "out.json"
         argv = ["--trace", name, "--nodes", "4", "--policies", "elastic-stay", "--json", str(out)]
         assert gs.main(argv + flags) == 0
         model = json.loads(out.read_text())["model"]
-        assert (model["switch_grows"], model["switch_noticed"]) == (both, True)
+        switches = (model["switch_grows"], model["switch_noticed"], model["switch_lost"])
+        assert switches == (every, True, every)
+
+
+def test_a_loss_without_notice_rejoins_in_process_without_a_save_or_a_restart():
+    """``switch_lost`` (``ckpt.rejoin``): the loss at 1000 s leaves 3 kept ranks and no room; after
+    its detection they re-form in process (a ``reform_s`` pause), with no survivor's save and no
+    restart, where the product before saved and restarted them until 1058 s."""
+    lost = replace(STAY_ALONE, switch_lost=True)
+    gang = gs.StayGang(lost, 4, 2, gs.Ledger(gs.Interval(lost), 0.0))
+    gang.begin(0.0, 4)
+    gang.fire(57.0)  # the cold start's join
+    gang.on_change(1000.0, 4, 3, False)
+    back = 1000.0 + lost.detect(False) + lost.shrink_after(stay=True) + lost.reform_s
+    assert (gang.size, gang.resume_at, gang.reforms) == (3, back, 1)
+    r = gs.simulate(LOSS, 4, "elastic-stay", lost)
+    before = gs.simulate(LOSS, 4, "elastic-stay", STAY_ALONE)
+    assert kept(r) == pytest.approx(kept(before) + (1058 - back) * 3)
+    assert r.rolled_back_node_h == before.rolled_back_node_h  # the running step either way
+    for policy in ("fixed", "elastic", "elastic-warm", "fixed-warm", "fixed-stay"):
+        assert gs.simulate(LOSS, 4, policy, lost) == gs.simulate(LOSS, 4, policy, STAY_ALONE)
+
+
+def test_a_loss_below_min_replicas_still_restarts_from_the_commit():
+    """Three of four nodes lost: one kept rank is below ``minReplicas`` (2), so there is no gang
+    to rejoin; the flag changes nothing."""
+    deep = Trace("deep", "hand", ((0, 4), (1000, 1), (1200, 4), (2000, 4)))
+    lost = replace(STAY_ALONE, switch_lost=True)
+    assert gs.simulate(deep, 4, "elastic-stay", lost) == gs.simulate(
+        deep, 4, "elastic-stay", STAY_ALONE
+    )

@@ -73,9 +73,9 @@ def test_a_request_that_does_not_parse_is_ignored_and_said_once(tmp_path: Path, 
     assert len([r for r in caplog.records if "is not a request" in r.getMessage()]) == 4
 
 
-def test_the_agent_clears_both_files_and_marks_new_ranks(tmp_path: Path):
+def test_the_agent_clears_the_files_and_marks_new_ranks(tmp_path: Path):
     path = tmp_path / "switch-1"
-    assert agent_files(path) == (path, tmp_path / "switch-1.ready")
+    assert agent_files(path) == (path, tmp_path / "switch-1.ready", tmp_path / "switch-1.claimed")
     assert expects_peer_state({envvars.PEER_STATE: "1"})
     assert not expects_peer_state({}) and not expects_peer_state({envvars.PEER_STATE: "0"})
 

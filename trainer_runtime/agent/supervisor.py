@@ -36,9 +36,12 @@ from ..pod.membership import Membership
 from ..run.announce import announce
 from . import preload, rendezvous_store, standby, worker
 from .command import WorkerCommand
+from .rejoin_watch import PendingRejoin, next_step
 
 log = logging.getLogger("trainer_runtime.agent")
 
+IN_PROCESS = (membership.STOP_SWITCH, membership.STOP_REJOIN)
+"""The stops the workers may take in process (``switch.py``, ``run/rejoin.py``)."""
 PROGRESS_EVERY_S = 10.0
 """How often the agent says how far a long survivor's save has come."""
 
@@ -76,6 +79,8 @@ class Supervisor:
     """Where each worker says it can save from memory (``RTJ_SURVIVOR_SAVE_FILE``)."""
     store: rendezvous_store.StoreKeeper | None = None
     """The rendezvous store this pod serves while it is node rank 0 (``rendezvous_store.py``)."""
+    rejoining: PendingRejoin | None = None
+    """A loss handed to the workers in process (``stop: rejoin``) and when, until they claim it."""
 
     def run(self) -> int:
         """Supervise the workers until they end; the exit code of the pod's command."""
@@ -120,11 +125,13 @@ class Supervisor:
                 if newer is not None:
                     if newer.leaves:
                         return self._leave(newer)
-                    if newer.stop == membership.STOP_SWITCH and self._can_switch():
+                    if newer.stop in IN_PROCESS and self._can_switch():
                         self._switch(newer)
                     else:
                         self._restart(newer)
                     continue
+            if self._restarted_after_rejoin(codes):
+                continue
             failed = [code for code in codes if code not in (None, 0)]
             if failed and not self.terminating:
                 code = self._after_failure(failed[0])
@@ -167,10 +174,12 @@ class Supervisor:
         self._serve_store(new)
         return old_store
 
-    def _restart(self, new: Membership) -> None:
+    def _restart(self, new: Membership, *, why: str = "") -> None:
+        """Stop the workers and start ``new``'s; ``why``: ``new`` was handed over in process
+        already (its store is served) and the workers did not take it."""
         began = self.clock()
-        old_store = self._replace_store(new)
-        if new.stop == membership.STOP_KILL and new.node_rank < new.savers:
+        old_store = None if why else self._replace_store(new)
+        if new.stop in membership.LOSS_STOPS and new.node_rank < new.savers:
             self._let_survivor_save()
         # stop: switch where a worker cannot switch: every old member is alive, so it saves
         self._stop(save=new.stop in (membership.STOP_SAVE, membership.STOP_SWITCH))
@@ -181,7 +190,7 @@ class Supervisor:
             new,
             stop=new.stop,
             stopped_s=stopped_s,
-            how=f"workers restarted in place ({stopped_s:.2f} s to stop the old ones)",
+            how=f"{why}workers restarted in place ({stopped_s:.2f} s to stop the old ones)",
         )
         self._start(new, changed=True)
 
@@ -198,16 +207,29 @@ class Supervisor:
         old_store = self._replace_store(new)
         if self.store is not None:
             self.store.settle()  # no worker saves on the way: nothing to wait for
+        after_loss = new.stop == membership.STOP_REJOIN
         for local_rank in range(len(self.workers)):
             env = self._worker_environment(new, local_rank, changed=True)
             env.pop(envvars.PEER_STATE, None)  # these hold the state
-            switch.write_request(
-                self._switch_file(local_rank), switch.SwitchRequest(new.epoch, env)
-            )
+            request = switch.SwitchRequest(new.epoch, env, after_loss=after_loss)
+            switch.write_request(self._switch_file(local_rank), request)
         if old_store is not None:
             old_store.stop()
+        if after_loss:
+            lost = (self.current or self.initial).epoch
+            self.rejoining = PendingRejoin(new, self.clock(), lost)
         self.current = new
-        self._announce(new, stop=new.stop, stopped_s=0.0, how="workers asked to switch in process")
+        how = "rejoin" if after_loss else "switch"
+        self._announce(new, stop=new.stop, stopped_s=0.0, how=f"workers asked to {how} in process")
+
+    def _restarted_after_rejoin(self, codes: list[int | None]) -> bool:
+        """Whether a loss handed over in process failed and the workers were restarted
+        (``rejoin_watch.py``)."""
+        files = [self._switch_file(lr) for lr in range(len(self.workers))]
+        self.rejoining, restart = next_step(self.rejoining, codes, files, self.clock())
+        if restart is not None:
+            self._restart(restart, why="workers did not rejoin in process; ")
+        return restart is not None
 
     def _leave(self, new: Membership) -> int:
         """This pod is not in ``new`` (``stop: leave``): its workers leave in process at the step
@@ -242,18 +264,7 @@ class Supervisor:
         return own_error[0] if own_error and in_process else 0
 
     def _announce(self, new: Membership, *, stop: str, stopped_s: float, how: str) -> None:
-        _say(
-            f"agent: membership epoch {new.epoch}: {new.nnodes} pods, this one node rank "
-            f"{new.node_rank}; {how}"
-        )
-        events.membership(
-            rank=new.node_rank * self.settings.nproc_per_node,
-            epoch=new.epoch,
-            nnodes=new.nnodes,
-            node_rank=new.node_rank,
-            stop=stop,
-            stop_s=stopped_s,
-        )
+        announce_membership(new, self.settings.nproc_per_node, stop, stopped_s, how)
 
     def _after_failure(self, code: int) -> int | None:
         """A worker failed: stop the rest, wait for a new membership; the exit code when none
@@ -333,7 +344,7 @@ class Supervisor:
                 envvars.MEMBERSHIP_CHANGED: "1" if changed else "0",
             }
             | ({envvars.USE_AGENT_STORE: str(True)} if self.store is not None else {})
-            | ({envvars.PEER_STATE: "1"} if chosen.stop == membership.STOP_SWITCH else {})
+            | ({envvars.PEER_STATE: "1"} if chosen.stop in IN_PROCESS else {})
         )
 
     def _stop(self, *, save: bool) -> None:
@@ -399,6 +410,24 @@ def saver_bytes(marker: Path) -> int:
     except OSError:
         return 0
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def announce_membership(
+    new: Membership, nproc_per_node: int, stop: str, stopped_s: float, how: str
+) -> None:
+    """Say a new membership and how this pod's workers took it (log line and event)."""
+    _say(
+        f"agent: membership epoch {new.epoch}: {new.nnodes} pods, this one node rank "
+        f"{new.node_rank}; {how}"
+    )
+    events.membership(
+        rank=new.node_rank * nproc_per_node,
+        epoch=new.epoch,
+        nnodes=new.nnodes,
+        node_rank=new.node_rank,
+        stop=stop,
+        stop_s=stopped_s,
+    )
 
 
 def _say(text: str) -> None:

@@ -43,7 +43,13 @@ STOP_LEAVE = "leave"
 """This pod is not in the new gang (its node is announced for termination) and the others switch
 in process: its workers leave at the step boundary every rank agrees on (``switch.py``), or,
 when they cannot switch, save with the others and end (``nodeRank`` is -1)."""
-STOP_MODES = (STOP_SAVE, STOP_KILL, STOP_SWITCH, STOP_LEAVE)
+STOP_REJOIN = "rejoin"
+"""A member was lost without notice and the job asked for the in-process switch: workers that
+can switch (``switch.py``) and whose script hands the failure to ``CheckpointManager.rejoin``
+re-form the gang in process (``run/rejoin.py``); otherwise as ``kill``."""
+STOP_MODES = (STOP_SAVE, STOP_KILL, STOP_SWITCH, STOP_LEAVE, STOP_REJOIN)
+LOSS_STOPS = (STOP_KILL, STOP_REJOIN)
+"""The stops of a membership after a loss: a survivor may save the last finished step."""
 LEAVING_RANK = -1
 
 

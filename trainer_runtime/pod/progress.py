@@ -104,6 +104,14 @@ class ProgressReporter:
             self._ensure_thread()
             self._wake.set()
 
+    def continued(self, step: int) -> None:
+        """The gang went on in process from ``step`` after a loss (``run/rejoin.py``): said
+        with every report of this attempt, so the operator counts no step before it as lost."""
+        if self.enabled:
+            self._state["continued_from"] = int(step)
+            self._ensure_thread()
+            self._wake.set()
+
     def committed(self, record: dict[str, Any]) -> None:
         """A checkpoint committed: send now."""
         if self.enabled:

@@ -35,6 +35,7 @@ from ..sharded.engine import ShardedEngine
 from ..timestamp import Timestamp
 from .config import Settings, locate_run
 from .dist import Coordinator
+from .gang_sockets import GangSockets
 
 if TYPE_CHECKING:
     from ..remote import CoreBackend, RemoteBackend
@@ -213,14 +214,17 @@ def open_run(
     keep_local: int | None,
     keep_remote: int,
     coordination_timeout: timedelta,
+    sockets: GangSockets | None = None,
 ) -> RunContext:
     """Join the ranks, agree on the run's name, locate its folder (and object store) and
-    build the engine: everything the manager's parts share, in that order."""
+    build the engine: everything the manager's parts share, in that order. The coordination
+    groups' connections are added to ``sockets`` (``gang_sockets``)."""
     # Two channels: the training thread's (resume, per-step preemption agreement) and the
     # commit channel, used by whichever thread persists a save. Sharing one gloo group
     # between threads would interleave collectives differently on different ranks.
-    coord = Coordinator(coordination_timeout)
-    commit_coord = Coordinator(coordination_timeout)
+    with (sockets or GangSockets()).forming():
+        coord = Coordinator(coordination_timeout)
+        commit_coord = Coordinator(coordination_timeout)
     run_name = settings.run_name
     if run_name is None:  # a throwaway run (autoresume=False): one name for every rank
         run_name = coord.broadcast(f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}")

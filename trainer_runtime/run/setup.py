@@ -29,16 +29,31 @@ from ..save.survivor import SurvivorSave
 from ..switch import SwitchWatch, check_switchable
 from .config import Settings, check_location_arguments, check_run_folder, run_folder_source
 from .context import open_run
+from .gang_sockets import GangSockets
+
+
+def cut_old_gang(manager: Any) -> int:
+    """Shut down the manager's gang's connections (``gang_sockets``), the rendezvous store's
+    kept: a rank blocked on this one then fails at once (``run/rejoin.py``)."""
+    port = os.environ.get(envvars.MASTER_PORT, "").strip()
+    return manager._gang_sockets.cut(int(port) if port.isdigit() else None)
+
 
 # The constructor's arguments that are not settings: the state to save and where it goes.
 _COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler")
 _LOCATION = ("remote", "local_folder")
 
 
-def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -> None:
-    """Resolve ``CheckpointManager(**arguments)``'s settings and build its parts on ``manager``
-    (the manager under construction; typed ``Any`` because this module sits below manager.py).
-    ``switched``: built again by an in-process switch, which reports itself (no ``started``)."""
+def set_up(
+    manager: Any,
+    arguments: dict[str, Any],
+    *,
+    switched: bool = False,
+    sockets: GangSockets | None = None,
+) -> None:
+    """Build ``CheckpointManager(**arguments)``'s parts on ``manager`` (``Any``: this module is
+    below manager.py). ``switched``: by an in-process switch, which reports itself; ``sockets``:
+    its group's connections (default: those since the import, ``gang_sockets``)."""
     sampler = arguments["sampler"]
     manager._arguments = arguments  # an in-process switch builds the parts again (switch.py)
     manager.components = state_mod.checked_components(**{k: arguments[k] for k in _COMPONENTS})
@@ -55,6 +70,7 @@ def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -
     manager.interval = cfg.interval
     manager.sampler = sampler
     wait_for_prefetch()  # the run folder is the prefetch's until it is done (warm_start)
+    manager._gang_sockets = sockets or GangSockets.since_import()
     ctx = manager._ctx = open_run(
         cfg,
         manager.components,
@@ -64,6 +80,7 @@ def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -
         keep_local=cfg.num_local_checkpoints_to_keep,
         keep_remote=cfg.num_remote_checkpoints_to_keep,
         coordination_timeout=cfg.coordination_timeout,
+        sockets=manager._gang_sockets,
     )
     manager.coord, manager.commit_coord = ctx.coord, ctx.commit_coord
     manager.rank, manager.world_size = ctx.rank, ctx.world_size
@@ -81,6 +98,14 @@ def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -
     )
     if ctx.fence is not None and ctx.rank == 0:
         ctx.fence.claim()  # from now on an older gang can no longer commit (save/fence.py)
+    _schedule(manager, cfg, ctx)
+    if not switched:
+        attempt = os.environ.get(envvars.ATTEMPT, "").strip() or None
+        events.started(rank=ctx.rank, world_size=ctx.world_size, attempt=attempt)
+
+
+def _schedule(manager: Any, cfg: Settings, ctx: Any) -> None:
+    """The job's total work (reported) and the automatic save interval, if asked for."""
     manager.total_work = TotalWork(cfg.total_steps, cfg.epochs, cfg.steps_per_epoch)
     manager._report_total()
     manager.auto_interval = (
@@ -89,9 +114,6 @@ def set_up(manager: Any, arguments: dict[str, Any], *, switched: bool = False) -
         else AutoSchedule(cfg.auto_interval, rank=ctx.rank, coord=ctx.coord)
     )
     manager._resumed_at = None
-    if not switched:
-        attempt = os.environ.get(envvars.ATTEMPT, "").strip() or None
-        events.started(rank=ctx.rank, world_size=ctx.world_size, attempt=attempt)
 
 
 def _arm(manager: Any) -> None:
@@ -112,7 +134,9 @@ def _arm(manager: Any) -> None:
     )
     manager.preemption.on_sigterm = manager._response.watchdog.start_clock
     manager._closed = False
-    manager._survivor = SurvivorSave.arm(ctx, lambda: manager.preemption.terminating)
+    manager._survivor = SurvivorSave.arm(
+        ctx, lambda: manager.preemption.terminating, cut=lambda: cut_old_gang(manager)
+    )
     manager.switch_watch = SwitchWatch.from_environment(os.environ, cfg.in_process_switch)
 
 

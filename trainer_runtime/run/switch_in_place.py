@@ -21,36 +21,46 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from .. import envvars, events
-from ..resume.from_peer import exchange
+from ..errors import CheckpointError
+from ..resume.from_peer import exchange, load_from_peer
 from ..resume.position import roll_over_finished_epoch
 from ..shutdown import raise_emergency_exit
 from ..switch import MembershipSwitched, SwitchRequest
 from .announce import announce
 from .dist import destroy_if_open
+from .gang_sockets import GangSockets
 from .setup import release, set_up
 
 log = logging.getLogger("trainer_runtime")
 
 
-def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
+def switch_in_place(
+    manager: Any, request: SwitchRequest, *, rejoin_step: int | None = None, began: float = 0.0
+) -> MembershipSwitched:
     """Switch this process to ``request``'s membership (every rank of the old gang at the
-    same step boundary); the exception ``batch_end()`` raises then."""
-    began = time.monotonic()
+    same step boundary); the exception ``batch_end()`` raises then. ``rejoin_step``: after a
+    loss (``run/rejoin.py``), the step this rank holds (-1: none); ``began``: when the loss was
+    taken."""
+    began = began or time.monotonic()
     old_world, position = manager.world_size, manager._ctx.position
     backend = dist.get_backend()
     if manager._survivor is not None:  # armed for the old gang; set_up arms a new one
         manager._survivor.close()
-    release(manager, None)
+    _let_go(manager, after_loss=rejoin_step is not None)
     dist.destroy_process_group()
     _apply_environment(request.environment)
-    dist.init_process_group(backend)
-    set_up(manager, manager._arguments, switched=True)
+    sockets = GangSockets()
+    with sockets.forming():
+        dist.init_process_group(backend)
+    set_up(manager, manager._arguments, switched=True, sockets=sockets)
     ctx = manager._ctx
     ctx.position = position
-    if manager.sampler is not None:  # the same global position, dealt to the new ranks
-        manager.sampler.rank, manager.sampler.num_replicas = ctx.rank, ctx.world_size
-        roll_over_finished_epoch(ctx)  # as a new rank's load does
-    exchange(ctx, holder=True, old_world_size=old_world)
+    _deal(manager, ctx)
+    holder = True if rejoin_step is None else holds_the_step(ctx, rejoin_step)
+    contents = exchange(ctx, holder=holder, old_world_size=old_world)
+    if contents is not None:  # a rank at another step than rank 0 after a loss
+        load_from_peer(ctx, contents)
+        _deal(manager, ctx)
     switched = MembershipSwitched(
         epoch=request.epoch,
         rank=ctx.rank,
@@ -59,9 +69,12 @@ def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
         seconds=time.monotonic() - began,
     )
     manager._resumed_at = time.monotonic()
-    step = position.timestamp.batch
+    step = ctx.position.timestamp.batch
+    if rejoin_step is not None and ctx.progress is not None:
+        ctx.progress.continued(step)
     speak = ctx.coord.local_rank == 0
-    announce(log, logging.WARNING, "in-process switch at step %d: %s", step, switched, speak=speak)
+    how = "rejoined in process after a lost rank" if rejoin_step is not None else "switch"
+    announce(log, logging.WARNING, "in-process %s at step %d: %s", how, step, switched, speak=speak)
     events.switched(
         rank=ctx.rank,
         epoch=request.epoch,
@@ -69,8 +82,39 @@ def switch_in_place(manager: Any, request: SwitchRequest) -> MembershipSwitched:
         world_size=ctx.world_size,
         old_world_size=old_world,
         seconds=switched.seconds,
+        after_loss=rejoin_step is not None,
     )
     return switched
+
+
+def _deal(manager: Any, ctx: Any) -> None:
+    """The same global position, dealt to the new ranks."""
+    if manager.sampler is not None:
+        manager.sampler.rank, manager.sampler.num_replicas = ctx.rank, ctx.world_size
+        roll_over_finished_epoch(ctx)  # as a new rank's load does
+
+
+def _let_go(manager: Any, *, after_loss: bool) -> None:
+    """The old gang's parts, let go as at ``close()``. After a loss a save in flight fails on
+    the broken group: said, not raised (the boundary is what the new gang goes on from)."""
+    try:
+        release(manager, None)
+    except Exception as exc:
+        if not after_loss:
+            raise
+        log.warning("a save of the old gang failed at the loss: %s", exc)
+
+
+def holds_the_step(ctx: Any, step: int) -> bool:
+    """After a loss: whether this rank holds rank 0's step (a collective over the new gang).
+    The others get rank 0's state; rank 0 without a step fails every rank alike."""
+    steps = ctx.coord.all_gather(step)
+    if steps[0] < 0:
+        raise CheckpointError(
+            "rejoin after a loss: the new gang's rank 0 holds no finished step (its update "
+            "had begun); the workers are restarted from the newest commit"
+        )
+    return step == steps[0]
 
 
 def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:

@@ -44,8 +44,9 @@ is not under the agent, or ``RTJ_SURVIVOR_SAVE=0``. Per-rank state other than th
 RNG streams of the other ranks, batches they hold in ``Prefetched``) is restored as at a change
 of world size (``rng.derived``). (Rejected: every survivor writing its copy to its own disk and
 the new gang choosing one: the ranks without it would need it sent, and two writers of one name
-need a lock that stores do not offer alike. Re-forming the process group inside the surviving
-process: the exception has already unwound the user's loop.)
+need a lock that stores do not offer alike.) A script that hands the failure to
+``CheckpointManager.rejoin`` goes on in process instead (``run/rejoin.py``; the membership's
+``stop: rejoin``): the training thread claims the loss, and this watch saves only when it does not.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map
@@ -85,6 +86,7 @@ from . import survivor_group
 from .commit import write_and_commit
 from .manifest import Manifest
 from .policy import position_record
+from .rejoin_claim import RejoinClaim
 
 if TYPE_CHECKING:
     from ..remote import RemoteBackend
@@ -129,6 +131,15 @@ def collective_failure(exc: BaseException | None) -> bool:
     return False
 
 
+class Boundary(NamedTuple):
+    """A step boundary as captured: the small state pickled, the tensors (live references, the
+    buffers copied), and the position."""
+
+    small: bytes
+    tensors: dict[str, Any]
+    at: Timestamp
+
+
 def why_not_replicated(ctx: RunContext) -> str | None:
     """Why this run's state cannot be saved by one rank (None: every rank holds all of it)."""
     comps = ctx.components
@@ -170,6 +181,7 @@ class SurvivorSave:
         hold_s: float,
         split_from: int = survivor_group.DEFAULT_SPLIT_MIB << 20,
         terminating: Callable[[], bool] = lambda: False,
+        cut: Callable[[], object] = lambda: None,
     ) -> None:
         self.ctx = ctx
         self.marker = marker
@@ -181,7 +193,7 @@ class SurvivorSave:
         """From this many bytes of state the save is made in shares (``survivor_group``)."""
         self.terminating = terminating
         self._cond = threading.Condition()
-        self._boundary: tuple[bytes, dict[str, Any], Timestamp] | None = None
+        self._boundary: Boundary | None = None
         self._boundary_ready: Any = None
         """A CUDA event recorded at the boundary, when the model is on a CUDA device."""
         model = ctx.components.model
@@ -197,10 +209,17 @@ class SurvivorSave:
         self._hooks: list[Any] = []
         self._previous_hook: Any = None
         self._thread: threading.Thread | None = None
+        self.rejoin = RejoinClaim(cut)
+        """A loss taken in process by the training thread, or saved from here (``stop: rejoin``)."""
 
     # ------------------------------------------------------------------ arming
     @classmethod
-    def arm(cls, ctx: RunContext, terminating: Callable[[], bool]) -> SurvivorSave | None:
+    def arm(
+        cls,
+        ctx: RunContext,
+        terminating: Callable[[], bool],
+        cut: Callable[[], object] = lambda: None,
+    ) -> SurvivorSave | None:
         """A started ``SurvivorSave`` for a worker under the agent whose state every rank holds;
         None otherwise (said once, by rank 0, when only the state stands in the way)."""
         environ = os.environ
@@ -225,6 +244,7 @@ class SurvivorSave:
             hold_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_HOLD_S),
             split_from=survivor_group.split_from_bytes(environ),
             terminating=terminating,
+            cut=cut,
         )
         guard._start()
         return guard
@@ -267,7 +287,7 @@ class SurvivorSave:
             ready = torch.cuda.Event()
             ready.record()
         with self._cond:
-            self._boundary, self._stepped = (small, tensors, at), False
+            self._boundary, self._stepped = Boundary(small, tensors, at), False
             self._boundary_ready = ready
             self._cond.notify_all()
             self._park_if_frozen()
@@ -282,10 +302,19 @@ class SurvivorSave:
         while self._frozen:
             self._cond.wait()
 
+    def claim_rejoin(self) -> tuple[bool, Boundary | None]:
+        """The training thread takes a loss in process (``run/rejoin.py``): whether it may (no
+        save from memory began), and the boundary when no update began since."""
+        if not self.rejoin.take():
+            return False, None
+        with self._cond:
+            return True, (None if self._stepped else self._boundary)
+
     def hold(self, exc: BaseException | None) -> None:
         """After ``exc`` ended the training loop: when it is a failed collective, wait (up to
         ``hold_s``) for the membership, so that this worker, if it is the one named, can save
         before the process ends."""
+        self.rejoin.refuse()  # the loop ended: no rejoin in process any more
         if self._done.is_set() or not collective_failure(exc):
             return
         announce(
@@ -295,7 +324,7 @@ class SurvivorSave:
             "this rank holds the state of step %s",
             " ".join(str(exc).split())[:200],
             self.hold_s,
-            "?" if self._boundary is None else self._boundary[2].batch,
+            "?" if self._boundary is None else self._boundary.at.batch,
             speak=self.ctx.coord.local_rank == 0,
         )
         deadline = time.monotonic() + self.hold_s
@@ -333,7 +362,9 @@ class SurvivorSave:
     def _named(self, new: membership.Membership) -> bool:
         """Whether this worker saves for ``new``: node rank 0's local rank 0, and with a split
         save every saver's (``survivor_group``)."""
-        if new.stop != membership.STOP_KILL or self.ctx.coord.local_rank != 0:
+        if new.stop == membership.STOP_REJOIN and self.rejoin.awaited():
+            return False  # the training thread rejoins in process (run/rejoin.py)
+        if new.stop not in membership.LOSS_STOPS or self.ctx.coord.local_rank != 0:
             return False
         return new.node_rank == 0 or (
             new.node_rank < new.savers and survivor_group.splits(self.ctx, new, self.split_from)
@@ -354,7 +385,7 @@ class SurvivorSave:
             boundary, ready = self._boundary, self._boundary_ready
         if not reached or boundary is None:
             return boundary, ready, "the running step had begun updating the weights"
-        if self.ctx.position.key_of(boundary[2]) == self.ctx.position.last_saved_key:
+        if self.ctx.position.key_of(boundary.at) == self.ctx.position.last_saved_key:
             return boundary, ready, "the last finished step is the newest commit already"
         return boundary, ready, None
 
@@ -396,8 +427,8 @@ class SurvivorSave:
         try:
             boundary, ready, why_not = self._reached()
             if boundary is not None:
-                step = boundary[2].batch
-            key = None if why_not else self.ctx.position.key_of(boundary[2])
+                step = boundary.at.batch
+            key = None if why_not else self.ctx.position.key_of(boundary.at)
             coord = self._savers_group(new, key)
             if coord is None and new.node_rank != 0:
                 why_not = why_not or "the savers did not save together: node rank 0 saves alone"

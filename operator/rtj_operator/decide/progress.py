@@ -288,6 +288,36 @@ def settle_losses(
                 entry.steps_lost = min(entry.steps_lost, gone.steps_lost)
 
 
+def settle_continued(
+    interruptions: Iterable[Interruption],
+    size_history: Iterable[SizeRecord],
+    pods: Iterable[dict[str, Any]],
+    attempt: int,
+) -> None:
+    """Take the steps a gang kept in process out of the interruption before its attempt: after
+    a loss the kept workers rejoin in process (``stop: rejoin``) and go on from the last step
+    they finished, which nobody committed; rank 0 reports it once as ``continued_from``."""
+    said = [
+        step
+        for pod in pods
+        if (data := _progress_json(pod)) is not None
+        and data.get("attempt") == attempt
+        and (step := _int(data.get("continued_from"))) is not None
+    ]
+    if not said:
+        return
+    for gone in interruptions:
+        if gone.attempt != attempt - 1 or gone.steps_lost is None:
+            continue
+        if gone.last_committed_step is None:
+            continue
+        reached = gone.last_committed_step + gone.steps_lost
+        gone.steps_lost = min(gone.steps_lost, max(0, reached - max(said)))
+        for entry in size_history:
+            if entry.attempt == attempt and entry.steps_lost is not None:
+                entry.steps_lost = min(entry.steps_lost, gone.steps_lost)
+
+
 def comparable_step(
     step: int | None,
     last: CheckpointRecord | None,

@@ -37,6 +37,7 @@ from .progress import (
     merge_checkpoints,
     pod_reports,
     progress_order,
+    settle_continued,
     settle_losses,
     trained_since_resume,
 )
@@ -184,6 +185,8 @@ def _absorb_progress(ctx: ReconcileContext) -> None:
         )
         if step is not None and (st.current_step is None or step > st.current_step):
             st.current_step = step
+        current = (p for p in ctx.owned if pod_attempt(p) == st.attempt)
+        settle_continued(st.interruptions, st.size_history, current, st.attempt)
     if not records:
         return
     st.known_checkpoints = merge_checkpoints(st.known_checkpoints, records)

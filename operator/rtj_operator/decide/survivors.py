@@ -64,6 +64,7 @@ STANDBY_WAIT_SECONDS = 120.0
 every pod the new membership anyway (the kept ranks then wait for the late ones in
 ``init_process_group``, as without the wait)."""
 STOP_SAVE, STOP_KILL, STOP_SWITCH, STOP_LEAVE = "save", "kill", "switch", "leave"
+STOP_REJOIN = "rejoin"
 
 
 def _keeps(ctx: ReconcileContext) -> bool:
@@ -239,7 +240,7 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
         st.kept_pods = []
         return
     pending = st.membership_pending_since is not None
-    stop = STOP_SWITCH if began_at_notice(st) else STOP_KILL
+    stop = kept_stop(ctx)
     for rank, name in enumerate(st.kept_pods):
         if rank in existing:
             continue  # relabelled already (an operator restart mid-creation)
@@ -255,6 +256,19 @@ def adopt(ctx: ReconcileContext, mechanism: GangMechanism, existing: Mapping[int
         if not pending:  # a warm join tells them once the new pods are warm (switch_when_warm)
             annotations[MEMBERSHIP_ANNOTATION] = membership_payload(ctx, rank, stop=stop)
         plan.memberships.append(MembershipWrite(pod=name, labels=labels, annotations=annotations))
+
+
+def kept_stop(ctx: ReconcileContext) -> str:
+    """How the kept pods take the attempt: in process at a notice (every old member alive:
+    ``switch``); after a loss, in process too when the job switches in process and every place
+    of the attempt is a kept pod or a spare (``rejoin``: a cold new pod would resume from the
+    commit, not from its peers); else their workers restart (``kill``)."""
+    st = ctx.status
+    if began_at_notice(st):
+        return STOP_SWITCH
+    if ctx.job.spec.recovery.in_process_switch and len(st.kept_pods) == ctx.size:
+        return STOP_REJOIN
+    return STOP_KILL
 
 
 def _grow_notice(pod: Mapping[str, Any] | None) -> bool:

@@ -1,0 +1,106 @@
+"""A loss without notice taken in the running processes (trainer_runtime/run/rejoin.py,
+docs/survivors.md), with real processes and real signals.
+
+Each "pod" is ``python -m trainer_runtime.agent -- python survivor_worker.py --switch --rejoin``
+in its own session; the test plays the operator: a gang of 3 trains, one pod is lost (SIGKILL to
+its session) or cut off (SIGSTOP: its connections stay open, so its peers' collectives hang), and
+the two others are told a gang of 2 with ``stop: rejoin``. Shown: the kept workers go on in the
+same processes, every sample is trained once, at most the running step is trained again, and the
+two ranks end bitwise equal; a script that does not hand the failure to ``rejoin`` is restarted
+in place from the last finished step that a survivor saved, as before.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.multiproc.test_survivors import assert_exactly_once
+from tools.agentpods import Pods
+from tools.ports import free_port
+from trainer_runtime import events
+
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-process on Linux"),
+]
+
+STEPS = 120
+
+
+def lose_one_of_three(pods: Pods, how: str) -> tuple[float, list[int]]:
+    """A gang of 3 trains; ``pod1`` is lost (``how``: "lose" or "cut_off"); the two others get
+    a gang of 2 with ``stop: rejoin``. Returns when it was lost and the steps of membership 1."""
+    port = free_port()
+    pods.start_gang(3, port=port)
+    pods.wait_steps(1, 10)
+    lost_at = getattr(pods, how)("pod1")
+    port2 = free_port()
+    for rank, pod in enumerate(("pod0", "pod2")):
+        pods.announce(pod, epoch=2, nnodes=2, nodeRank=rank, masterPort=port2, stop="rejoin")
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    return lost_at, pods.steps(1, 0)
+
+
+def assert_rejoined_in_place(pods: Pods, lost_at: float, old: list[int]) -> None:
+    out = pods.out
+    for old_rank, new_rank in ((0, 0), (2, 1)):  # the same processes trained before and after
+        pid = (out / f"pid-1-{old_rank}").read_text()
+        assert (out / f"pid-2-{new_rank}").read_text() == pid
+        assert (out / f"rejoined-2-{new_rank}").read_text() == pid
+    assert_exactly_once(pods, STEPS)
+    new = pods.steps(2, 0)
+    assert old[-1] <= new[0] <= old[-1] + 1, (old[-5:], new[:5])  # at most the running step
+    finals = [torch.load(out / f"final-{r}.pt", weights_only=True) for r in range(2)]
+    for key, tensor in finals[0]["model"].items():
+        assert torch.equal(tensor, finals[1]["model"][key]), key
+    for index, state in finals[0]["optim"]["state"].items():
+        buf = finals[1]["optim"]["state"][index]["momentum_buffer"]
+        assert torch.equal(state["momentum_buffer"], buf), index
+    text = (pods.tmp / "pod0.log").read_text()
+    switched = events.read_events(text, events.SWITCHED)
+    assert [(e.fields["world_size"], e.fields["after_loss"]) for e in switched] == [(2, True)]
+    assert not events.read_events(text, events.RESUMED)[1:], text  # no restart
+    assert not events.read_events(text, events.SURVIVOR_SAVED), text  # nothing saved for it
+    assert "workers asked to rejoin in process" in text
+    recovery = max(pods.first_step(2, r) for r in range(2)) - lost_at
+    print(f"\nloss -> both survivors trained a step again, in process: {recovery:.2f} s")
+
+
+def test_a_lost_pods_peers_rejoin_in_process(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch", "--rejoin"))
+    lost_at, old = lose_one_of_three(pods, "lose")
+    assert_rejoined_in_place(pods, lost_at, old)
+
+
+def test_a_cut_off_pods_peers_rejoin_in_process(tmp_path: Path) -> None:
+    """The lost pod's processes are stopped, not dead: nobody's collective fails by itself.
+    The rejoin membership makes the survivors shut down their old gang's connections, which
+    fails the hung collectives, and they rejoin as above."""
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch", "--rejoin"))
+    try:
+        began = time.monotonic()
+        lost_at, old = lose_one_of_three(pods, "cut_off")
+        assert time.monotonic() - began < 240
+        assert_rejoined_in_place(pods, lost_at, old)
+    finally:
+        Pods.kill_leftovers()
+
+
+def test_a_script_that_does_not_rejoin_restarts_from_the_survivors_save(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))  # MembershipSwitched only
+    _, old = lose_one_of_three(pods, "lose")
+    out = pods.out
+    for old_rank, new_rank in ((0, 0), (2, 1)):
+        assert (out / f"pid-2-{new_rank}").read_text() != (out / f"pid-1-{old_rank}").read_text()
+    assert not list(out.glob("rejoined-*"))
+    assert_exactly_once(pods, STEPS)
+    new = pods.steps(2, 0)
+    assert new[0] == old[-1] + 1, (old[-5:], new[:5])  # the survivor saved the last step
+    saved = events.read_events((pods.tmp / "pod0.log").read_text(), events.SURVIVOR_SAVED)
+    assert [e.fields["step"] for e in saved] == [old[-1] + 1], saved

@@ -1,0 +1,106 @@
+"""A loss taken in process: who takes it, the old gang's connections, the agent's watch
+(trainer_runtime/run/rejoin.py, save/rejoin_claim.py, run/gang_sockets.py, agent/rejoin_watch.py).
+The rejoin itself, with real processes: tests/multiproc/test_rejoin.py."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer_runtime.agent.rejoin_watch import SLACK_S, PendingRejoin, next_step
+from trainer_runtime.errors import ConfigError
+from trainer_runtime.pod.membership import Membership
+from trainer_runtime.run.gang_sockets import GangSockets
+from trainer_runtime.save.rejoin_claim import CLAIM_S, RejoinClaim
+from trainer_runtime.switch import SwitchRequest, claim, claimed
+
+
+def test_a_claim_before_the_watch_waits_keeps_the_loss_in_process():
+    cuts: list[int] = []
+    rejoin = RejoinClaim(lambda: cuts.append(1))
+    assert rejoin.take()
+    assert rejoin.awaited(timeout_s=5.0)  # at once: claimed already
+    assert cuts == [1]  # the watch cut the old gang's connections all the same
+
+
+def test_a_late_claim_is_refused_once_the_watch_chose_the_save():
+    rejoin = RejoinClaim()
+    began = time.monotonic()
+    assert not rejoin.awaited(timeout_s=0.2)
+    assert time.monotonic() - began >= 0.2
+    assert not rejoin.take()
+
+
+def test_the_watch_wakes_at_a_claim_made_while_it_waits():
+    rejoin = RejoinClaim()
+    threading.Timer(0.1, rejoin.take).start()
+    began = time.monotonic()
+    assert rejoin.awaited(timeout_s=CLAIM_S)
+    assert time.monotonic() - began < CLAIM_S
+
+
+def test_a_loop_that_ended_refuses_at_once():
+    rejoin = RejoinClaim()
+    assert not rejoin.refuse()  # the script let the failure end its loop (hold)
+    began = time.monotonic()
+    assert not rejoin.awaited(timeout_s=5.0)
+    assert time.monotonic() - began < 1.0
+    assert not rejoin.take()
+
+
+def _connected_pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    return listener, client, accepted
+
+
+def test_the_gang_sockets_are_shut_down_and_the_peer_sees_it_at_once():
+    kept_listener, kept_client, kept_accepted = _connected_pair()  # not the gang's
+    sockets = GangSockets()
+    with sockets.forming():
+        listener, client, accepted = _connected_pair()
+        store_listener, store_client, store_accepted = _connected_pair()  # its port is kept
+    store_port = store_listener.getsockname()[1]
+    try:
+        cut = sockets.cut(store_port)
+        assert cut == 2  # the gang's two ends; not its listener, not the store's connection
+        accepted.settimeout(5.0)
+        assert accepted.recv(1) == b""  # shut down: end of stream, no wait
+        kept_client.sendall(b"x")
+        assert kept_accepted.recv(1) == b"x"  # a socket opened before the group: untouched
+        store_client.sendall(b"y")
+        assert store_accepted.recv(1) == b"y"  # the rendezvous store's: kept
+    finally:
+        for s in (kept_listener, kept_client, kept_accepted, listener, client, accepted):
+            s.close()
+        for s in (store_listener, store_client, store_accepted):
+            s.close()
+
+
+def test_the_agent_restarts_the_workers_unless_every_one_claims_in_time(tmp_path: Path):
+    new = Membership(epoch=3, nnodes=2, node_rank=0, master_addr="a", master_port=1, stop="rejoin")
+    files = [tmp_path / "switch-0", tmp_path / "switch-1"]
+    pending = PendingRejoin(new, since=100.0, lost_epoch=2)
+    claim(files[1], 1)  # a claim of an earlier loss, from the same worker
+    assert next_step(pending, [None, None], files, 100.5) == (pending, None)  # waiting
+    claim(files[0], 2)
+    assert claimed(files[0]) == 2 and claimed(files[1]) == 1
+    late = 100.0 + CLAIM_S + SLACK_S
+    assert next_step(pending, [None, None], files, late) == (None, new)  # one never claimed
+    assert next_step(pending, [None, 1], files, 100.5) == (None, new)  # one ended first
+    claim(files[1], 2)
+    assert next_step(pending, [None, None], files, late) == (None, None)  # theirs
+    assert next_step(None, [None, None], files, late) == (None, None)
+
+
+def test_a_request_after_a_loss_says_so_and_a_bad_flag_is_named():
+    request = SwitchRequest(4, {"RANK": "0"}, after_loss=True)
+    assert SwitchRequest.parse(request.to_json(), "f") == request
+    assert not SwitchRequest.parse('{"epoch": 4, "environment": {}}', "f").after_loss
+    with pytest.raises(ConfigError, match="after_loss='yes': expected true or false"):
+        SwitchRequest.parse('{"epoch": 4, "environment": {}, "after_loss": "yes"}', "f")
