@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.multiproc.test_inprocess_switch import start_standby
 from tests.multiproc.test_survivors import assert_exactly_once
 from tools.agentpods import Pods
 from tools.ports import free_port
@@ -90,6 +91,39 @@ def test_a_cut_off_pods_peers_rejoin_in_process(tmp_path: Path) -> None:
         assert_rejoined_in_place(pods, lost_at, old)
     finally:
         Pods.kill_leftovers()
+
+
+def test_a_warm_spare_takes_the_lost_place_with_the_state_of_the_rejoined_gang(
+    tmp_path: Path,
+) -> None:
+    """A fixed-size gang of 3 with a warm spare (``pod3``, in standby) loses ``pod1`` without
+    notice: the two kept workers rejoin in process and the spare, started by the same
+    membership, gets rank 0's state; the gang trains on at 3 from the last finished step."""
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch", "--rejoin"))
+    pods.start_gang(3, port=free_port())
+    pods.wait_steps(1, 10)
+    port2 = free_port()
+    start_standby(pods, tmp_path, "pod3", node_rank=2, port=port2)
+    pods.lose("pod1")
+    for pod, rank in (("pod0", 0), ("pod2", 1), ("pod3", 2)):
+        pods.announce(pod, epoch=2, nnodes=3, nodeRank=rank, masterPort=port2, stop="rejoin")
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old_rank, new_rank in ((0, 0), (2, 1)):
+        assert (out / f"rejoined-2-{new_rank}").read_text() == (
+            out / f"pid-1-{old_rank}"
+        ).read_text()
+    assert_exactly_once(pods, STEPS)
+    old, new = pods.steps(1, 0), pods.steps(2, 0)
+    assert old[-1] <= new[0] <= old[-1] + 1, (old[-5:], new[:5])
+    assert pods.steps(2, 2)[0] == new[0]  # the spare starts where the gang goes on
+    joined = events.read_events((tmp_path / "pod3.log").read_text(), events.RESUMED)
+    assert [(e["source"], e["step"]) for e in joined] == [("peers", new[0])], joined
+    finals = [torch.load(out / f"final-{r}.pt", weights_only=True) for r in range(3)]
+    for other in finals[1:]:
+        for key, tensor in finals[0]["model"].items():
+            assert torch.equal(tensor, other["model"][key]), key
 
 
 def test_a_script_that_does_not_rejoin_restarts_from_the_survivors_save(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ at once when one is gone, ``stop: kill``: a save would wait on the lost rank) an
 ones with the new ranks, world size, rendezvous address, checkpoint and epoch. The pod, its
 node, its image, its interpreter and ``import torch`` all stay; that is the restart this
 avoids. A pod the new membership leaves out (``stop: leave``, its node announced for
-termination) ends once its workers left the gang.
+termination) ends once its workers left the gang. Workers that can switch in process take
+``stop: switch`` and ``stop: rejoin`` (after a loss, ``rejoin_watch.py``) without ending.
 
 When a worker ends with an error before any new membership came (its collective failed because
 a peer was lost), the others are stopped and the loop waits ``rejoin_s`` for one. None coming

@@ -41,24 +41,35 @@ class _TensorSlot:
     offset: int
 
 
-def exchange(ctx: RunContext, *, holder: bool, old_world_size: int = 0) -> dict[str, Any] | None:
+def exchange(
+    ctx: RunContext, *, holder: bool, old_world_size: int = 0, step: int | None = None
+) -> dict[str, Any] | None:
     """Collective over the new gang, right after its manager is built: returns, on the ranks
     that do not hold the state (not ``holder``), the contents rank 0 sent, or None when rank 0
     holds none (it was restarted: they resume from storage); None on the holders. A rank that
-    switched while rank 0 did not cannot go on: its old gang saved nothing for the new one."""
-    holders = ctx.coord.all_gather(holder)
+    switched while rank 0 did not cannot go on: its old gang saved nothing for the new one.
+
+    ``step``: after a loss (``run/rejoin.py``), the step a holder went on from. Rank 0's is the
+    gang's: a holder at another step (its step's all-reduce finished where rank 0's did not)
+    takes rank 0's state as a new rank does. One gather for every rank, whatever it is: a new
+    rank's ``resume()`` and a rejoining rank make the same collectives."""
+    said = ctx.coord.all_gather((holder, step))
+    first = said[0][1]
+    holders = [held and (at is None or first is None or at == first) for held, at in said]
+    mine = holders[ctx.rank]
     if not holders[0]:
-        if holder:
+        if mine:
             raise CheckpointError(
-                "in-process switch: this rank switched, but the new gang's rank 0 was restarted "
-                "instead (a pod whose worker could not switch); the state cannot be handed over"
+                "in-process switch: this rank switched, but the new gang's rank 0 holds no state "
+                "(restarted instead, or after a loss without a finished step); the state cannot "
+                "be handed over"
             )
         return None
     receivers = [r for r, held in enumerate(holders) if not held]
     if not receivers:
         return None
     group = dist.new_group([0, *receivers], backend="gloo")  # every rank creates it
-    if holder and ctx.rank != 0:
+    if mine and ctx.rank != 0:
         return None
     try:
         if ctx.rank == 0:

@@ -56,11 +56,16 @@ def switch_in_place(
     ctx = manager._ctx
     ctx.position = position
     _deal(manager, ctx)
-    holder = True if rejoin_step is None else holds_the_step(ctx, rejoin_step)
-    contents = exchange(ctx, holder=holder, old_world_size=old_world)
-    if contents is not None:  # a rank at another step than rank 0 after a loss
+    holds = rejoin_step is None or rejoin_step >= 0
+    contents = exchange(ctx, holder=holds, old_world_size=old_world, step=rejoin_step)
+    if contents is not None:  # after a loss: a rank at another step than rank 0, or at none
         load_from_peer(ctx, contents)
         _deal(manager, ctx)
+    elif not holds:
+        raise CheckpointError(
+            "rejoin after a loss: this rank holds no finished step and the new gang's rank 0 "
+            "none either; the workers are restarted from the newest commit"
+        )
     switched = MembershipSwitched(
         epoch=request.epoch,
         rank=ctx.rank,
@@ -103,18 +108,6 @@ def _let_go(manager: Any, *, after_loss: bool) -> None:
         if not after_loss:
             raise
         log.warning("a save of the old gang failed at the loss: %s", exc)
-
-
-def holds_the_step(ctx: Any, step: int) -> bool:
-    """After a loss: whether this rank holds rank 0's step (a collective over the new gang).
-    The others get rank 0's state; rank 0 without a step fails every rank alike."""
-    steps = ctx.coord.all_gather(step)
-    if steps[0] < 0:
-        raise CheckpointError(
-            "rejoin after a loss: the new gang's rank 0 holds no finished step (its update "
-            "had begun); the workers are restarted from the newest commit"
-        )
-    return step == steps[0]
 
 
 def leave_in_place(manager: Any, request: SwitchRequest) -> NoReturn:
