@@ -226,6 +226,8 @@ class Supervisor:
     def _restarted_after_rejoin(self, codes: list[int | None]) -> bool:
         """Whether a loss handed over in process failed and the workers were restarted
         (``rejoin_watch.py``)."""
+        if self.rejoining is None:
+            return False  # the loop's usual case: nothing handed over
         files = [self._switch_file(lr) for lr in range(len(self.workers))]
         self.rejoining, restart = next_step(self.rejoining, codes, files, self.clock())
         if restart is not None:

@@ -17,7 +17,8 @@ of two readings of ``/proc/self/fd``. Left alone: the rendezvous store's connect
 gang meets there), listening sockets, and anything that is not TCP. A script's own TCP
 connections opened between the import and the manager (a metrics client, say) are shut down
 too: open them after building the manager (docs/survivors.md). (Rejected: ``abort()`` on the
-group: gloo's does not close its connections, measured; NCCL's does, and is called as well.)
+group: gloo's does not close its connections, measured. NCCL's transport is not reached by this;
+its abort is not wired in, docs/survivors.md.)
 """
 
 from __future__ import annotations

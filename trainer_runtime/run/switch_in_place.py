@@ -78,7 +78,7 @@ def switch_in_place(
     if rejoin_step is not None and ctx.progress is not None:
         ctx.progress.continued(step)
     speak = ctx.coord.local_rank == 0
-    how = "rejoined in process after a lost rank" if rejoin_step is not None else "switch"
+    how = "rejoin after a lost rank" if rejoin_step is not None else "switch"
     announce(log, logging.WARNING, "in-process %s at step %d: %s", how, step, switched, speak=speak)
     events.switched(
         rank=ctx.rank,
