@@ -156,6 +156,13 @@ def stack(
         yield running
 
 
+@pytest.fixture(autouse=True)
+def each_test_ends_its_jobs(stack: LocalStack) -> Iterator[None]:
+    """The tests share the stack's nodes: a job a failed test left running would hold them."""
+    yield
+    stack.end_jobs()
+
+
 def test_a_lost_node_keeps_the_other_ranks_pods(stack: LocalStack, tmp_path: Path) -> None:
     # A commit every 20 steps, and the loss two or more steps after the first one: the steps
     # since it are what a survivor's memory saves.

@@ -5,13 +5,19 @@ The rejoin itself, with real processes: tests/multiproc/test_rejoin.py."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tools.ports import free_port
+from trainer_runtime.agent import command, rendezvous_store
 from trainer_runtime.agent.rejoin_watch import SLACK_S, PendingRejoin, next_step
+from trainer_runtime.agent.supervisor import AgentSettings, Supervisor
+from trainer_runtime.agent.worker import Worker
 from trainer_runtime.errors import ConfigError
 from trainer_runtime.pod.membership import Membership
 from trainer_runtime.run.gang_sockets import GangSockets
@@ -104,3 +110,72 @@ def test_a_request_after_a_loss_says_so_and_a_bad_flag_is_named():
     assert not SwitchRequest.parse('{"epoch": 4, "environment": {}}', "f").after_loss
     with pytest.raises(ConfigError, match="after_loss='yes': expected true or false"):
         SwitchRequest.parse('{"epoch": 4, "environment": {}, "after_loss": "yes"}', "f")
+
+
+def test_a_rejoin_is_handed_over_only_once_the_new_gangs_store_answers(tmp_path: Path):
+    """A rejoin forms its group at once (no step agreed first). When this pod's agent reads
+    the new membership before node rank 0's agent does, the old gang's store still answers at
+    the rendezvous: the request must wait for the new store, or this pod's workers would form
+    at the old one while rank 0 waits at the new one (a 30-minute hang, seen in CI)."""
+    port = free_port()
+    old = rendezvous_store.start(port, 1)
+    assert old is not None
+    settings = AgentSettings(
+        command=command.parse(["python", "train.py"]),
+        nproc_per_node=1,
+        base_env={},
+        membership_file=None,
+        rejoin_s=30.0,
+    )
+    agent = Supervisor(settings, Membership(1, 3, 1, "127.0.0.1", port), markers=tmp_path)
+    agent.workers = [Worker(0, 0, None)]  # _switch only counts them
+    new = Membership(2, 2, 1, "127.0.0.1", port, stop="rejoin")
+    handing = threading.Thread(target=agent._switch, args=(new,), daemon=True)
+    handing.start()
+    request = agent._switch_file(0)
+    keeper = None
+    try:
+        time.sleep(1.0)
+        assert not request.exists(), "asked to rejoin while the old gang's store answered"
+        old.stop()
+        keeper = rendezvous_store.start(port, 2)
+        handing.join(timeout=15)
+        assert not handing.is_alive()
+        asked = SwitchRequest.parse(request.read_text(), str(request))
+        assert (asked.epoch, asked.after_loss) == (2, True)
+        assert agent.rejoining is not None and agent.rejoining.lost_epoch == 1
+    finally:
+        old.stop()
+        if keeper is not None:
+            keeper.stop()
+
+
+REJOIN_THAT_HANGS = """
+import time
+from trainer_runtime.run.rejoin import bounded
+with bounded(0.3):
+    time.sleep(0.05)
+print("in time", flush=True)
+with bounded(0.5):
+    time.sleep(30)
+print("never", flush=True)
+"""
+
+
+def test_a_rejoin_that_does_not_form_in_time_ends_the_process_and_says_where_it_waited():
+    """The bound on re-forming: a body within it goes on (the watchdog is cancelled), one past
+    it ends the process with 1 and every thread's stack, so the agent falls back to the
+    restart instead of the process group's 30-minute timeout."""
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", REJOIN_THAT_HANGS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc
+    assert "in time" in proc.stdout and "never" not in proc.stdout
+    assert "Timeout" in proc.stderr, proc.stderr
+    assert '<string>", line 8' in proc.stderr, proc.stderr
+    assert time.monotonic() - began < 30

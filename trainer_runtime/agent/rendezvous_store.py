@@ -27,8 +27,11 @@ as without the agent.
 The pods do not read a new membership at the same moment (each one's downward-API file is
 refreshed on its own), so a member can learn of the new gang before node rank 0 does, while the
 old store still answers at the address. Each keeper therefore writes its membership epoch into
-its store (``EPOCH_KEY``), and the agent of every other pod, before it starts workers, waits
-until the store at the rendezvous address is not an older gang's (:func:`wait_until_current`).
+its store (``EPOCH_KEY``), and the agent of every other pod, before it starts workers or hands
+the running ones a new membership (a switch or a rejoin in process), waits until the store at
+the rendezvous address is not an older gang's (:func:`wait_until_current`). A rejoin after a
+loss forms its group at once, with no step agreed first, so without that wait a member could
+form at the old store and the new rank 0 at the new one, each waiting for the other.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
+
+    from ..pod.membership import Membership
 
 log = logging.getLogger("trainer_runtime.agent")
 
@@ -213,6 +218,16 @@ def _fork_child(child: Callable[[int], None], wait_s: float) -> tuple[int, bytes
         return pid, os.read(read_fd, 32) if readable else b""
     finally:
         os.close(read_fd)
+
+
+def meet_gang_store(chosen: Membership, limit_s: float, keep_waiting: Callable[[], bool]) -> None:
+    """Before a pod's workers form ``chosen``'s group (started, or asked to switch or rejoin in
+    process): node rank 0's agent may not have read it yet, so wait until the store at the
+    rendezvous is no longer the old gang's, whose keys would send them to dead ranks."""
+    if chosen.node_rank != 0:
+        wait_until_current(
+            chosen.epoch, chosen.master_addr, chosen.master_port, limit_s, keep_waiting
+        )
 
 
 def wait_until_current(

@@ -208,6 +208,8 @@ class Supervisor:
         old_store = self._replace_store(new)
         if self.store is not None:
             self.store.settle()  # no worker saves on the way: nothing to wait for
+        # A rejoin forms at once, with no step agreed first: never at the old gang's store.
+        rendezvous_store.meet_gang_store(new, self.settings.rejoin_s, lambda: not self.terminating)
         after_loss = new.stop == membership.STOP_REJOIN
         for local_rank in range(len(self.workers)):
             env = self._worker_environment(new, local_rank, changed=True)
@@ -313,15 +315,9 @@ class Supervisor:
         self.current = chosen
         if self.store is not None:
             self.store.settle()  # this pod's old workers are gone: their saves are over
-        if chosen.node_rank != 0:
-            # Node rank 0 may not have read this membership yet: never meet the old gang's store.
-            rendezvous_store.wait_until_current(
-                chosen.epoch,
-                chosen.master_addr,
-                chosen.master_port,
-                self.settings.rejoin_s,
-                lambda: not self.terminating,
-            )
+        rendezvous_store.meet_gang_store(
+            chosen, self.settings.rejoin_s, lambda: not self.terminating
+        )
         changed = changed or self.settings.base_env.get(envvars.MEMBERSHIP_CHANGED) == "1"
         self.workers = []
         for local_rank in range(self.settings.nproc_per_node):
