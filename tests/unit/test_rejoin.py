@@ -152,7 +152,7 @@ def test_a_rejoin_is_handed_over_only_once_the_new_gangs_store_answers(tmp_path:
 
 REJOIN_THAT_HANGS = """
 import time
-from trainer_runtime.run.rejoin import bounded
+from trainer_runtime.run.switch_in_place import bounded
 with bounded(0.3):
     time.sleep(0.05)
 print("in time", flush=True)

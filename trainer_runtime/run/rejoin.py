@@ -24,8 +24,8 @@ the in-process switch that also hands its failed step to ``CheckpointManager.rej
    is the gang's; a rank at another step (its step's all-reduce finished where rank 0's did not)
    or without one gets rank 0's state as a new rank does (``resume/from_peer.py``). Rank 0 without
    a boundary fails every rank alike, and the agents restart them from the newest commit.
-   Re-forming longer than ``FORM_S`` ends the process (``bounded``): the gang's restart is then
-   the fallback, never a wait of 30 minutes.
+   Re-forming longer than ``switch_in_place.FORM_S`` ends the process: the gang's restart is
+   then the fallback, never a wait of 30 minutes.
 
 ``rejoin`` raises ``exc`` again (so the loop ends as it would have) when it cannot go on in process:
 the failure is no failed collective, the manager was not built with ``in_process_switch=True``
@@ -36,12 +36,9 @@ are trained again by the new gang, from the boundary's position.
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import logging
 import pickle
 import time
-from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import torch
@@ -56,10 +53,6 @@ from .switch_in_place import switch_in_place
 log = logging.getLogger("trainer_runtime")
 
 POLL_S = 0.02
-FORM_S = 120.0
-"""How long re-forming the gang after a loss may take. Every member is alive and asked already,
-so it takes seconds; a rejoin still forming after this ends the process (exit code 1, every
-thread's stack on stderr), and the gang falls back to its restart from the newest commit."""
 
 
 def rejoin(manager: Any, exc: BaseException) -> None:
@@ -93,22 +86,7 @@ def rejoin(manager: Any, exc: BaseException) -> None:
     if boundary is not None and boundary.at.batch == manager._ctx.position.timestamp.batch:
         roll_back(manager, boundary)
         step = boundary.at.batch
-    with bounded(FORM_S):
-        switch_in_place(manager, request, rejoin_step=step, began=began)
-
-
-@contextlib.contextmanager
-def bounded(seconds: float) -> Iterator[None]:
-    """End the process if the body runs longer than ``seconds``: a group that never forms
-    (a member gone again, a rendezvous that does not answer) must not hold the gang for the
-    process group's 30-minute timeout. ``faulthandler``'s watchdog is a C thread, so it fires
-    while the body waits inside torch without the GIL; it replaces the script's own
-    ``dump_traceback_later``, if any, for that time."""
-    faulthandler.dump_traceback_later(seconds, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    switch_in_place(manager, request, rejoin_step=step, began=began)
 
 
 def _again(exc: BaseException) -> NoReturn:

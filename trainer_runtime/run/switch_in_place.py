@@ -12,10 +12,12 @@ ranks; rank 0 hands the state to the new ranks (``resume/from_peer.py``). A rank
 from __future__ import annotations
 
 import atexit
+import contextlib
+import faulthandler
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -33,6 +35,12 @@ from .setup import release, set_up
 
 log = logging.getLogger("trainer_runtime")
 
+FORM_S = 120.0
+"""How long re-forming the gang after a loss may take (the old gang's parts let go first, its
+uploads flushed: not counted). Every member is alive and asked already, so it takes seconds; a
+rejoin still forming after this ends the process (exit code 1, every thread's stack on stderr),
+and the gang falls back to its restart from the newest commit."""
+
 
 def switch_in_place(
     manager: Any, request: SwitchRequest, *, rejoin_step: int | None = None, began: float = 0.0
@@ -47,25 +55,18 @@ def switch_in_place(
     if manager._survivor is not None:  # armed for the old gang; set_up arms a new one
         manager._survivor.close()
     _let_go(manager, after_loss=rejoin_step is not None)
-    dist.destroy_process_group()
-    _apply_environment(request.environment)
-    sockets = GangSockets()
-    with sockets.forming():
-        dist.init_process_group(backend)
-    set_up(manager, manager._arguments, switched=True, sockets=sockets)
-    ctx = manager._ctx
-    ctx.position = position
-    _deal(manager, ctx)
-    holds = rejoin_step is None or rejoin_step >= 0
-    contents = exchange(ctx, holder=holds, old_world_size=old_world, step=rejoin_step)
-    if contents is not None:  # after a loss: a rank at another step than rank 0, or at none
-        load_from_peer(ctx, contents)
+    # After a loss the new gang forms at once, every member alive and asked: bounded.
+    with contextlib.nullcontext() if rejoin_step is None else bounded(FORM_S):
+        dist.destroy_process_group()
+        _apply_environment(request.environment)
+        sockets = GangSockets()
+        with sockets.forming():
+            dist.init_process_group(backend)
+        set_up(manager, manager._arguments, switched=True, sockets=sockets)
+        ctx = manager._ctx
+        ctx.position = position
         _deal(manager, ctx)
-    elif not holds:
-        raise CheckpointError(
-            "rejoin after a loss: this rank holds no finished step and the new gang's rank 0 "
-            "none either; the workers are restarted from the newest commit"
-        )
+        _exchange(manager, ctx, old_world, rejoin_step)
     switched = MembershipSwitched(
         epoch=request.epoch,
         rank=ctx.rank,
@@ -90,6 +91,35 @@ def switch_in_place(
         after_loss=rejoin_step is not None,
     )
     return switched
+
+
+def _exchange(manager: Any, ctx: Any, old_world: int, rejoin_step: int | None) -> None:
+    """Rank 0's state to the ranks that do not hold it: new ones, and after a loss a rank at
+    another step than rank 0's, or at none."""
+    holds = rejoin_step is None or rejoin_step >= 0
+    contents = exchange(ctx, holder=holds, old_world_size=old_world, step=rejoin_step)
+    if contents is not None:
+        load_from_peer(ctx, contents)
+        _deal(manager, ctx)
+    elif not holds:
+        raise CheckpointError(
+            "rejoin after a loss: this rank holds no finished step and the new gang's rank 0 "
+            "none either; the workers are restarted from the newest commit"
+        )
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """End the process if the body runs longer than ``seconds``: a group that never forms (a
+    member gone again, a rendezvous that does not answer) must not hold the gang for the
+    process group's 30-minute timeout. ``faulthandler``'s watchdog is a C thread, so it fires
+    while the body waits inside torch without the GIL; it replaces the script's own
+    ``dump_traceback_later``, if any, for that time."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _deal(manager: Any, ctx: Any) -> None:
