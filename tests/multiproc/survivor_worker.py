@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -107,10 +108,20 @@ def train_steps(
         ckpt.batch_end(num_samples=GLOBAL_BATCH)
 
 
+SCRIPT_TIMEOUT = timedelta(seconds=4321)
+
+
+def group_timeout_s() -> float:
+    """The default process group's timeout as its gloo backend holds it."""
+    group = dist.distributed_c10d._get_default_group()
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+
 def switching(args: argparse.Namespace) -> None:
     """The worker built for the in-process switch: the manager gets the module; the module is
-    wrapped after resume() and again after every switch."""
-    dist.init_process_group("gloo")
+    wrapped after resume() and again after every switch. Its process group has a timeout of
+    its own (``SCRIPT_TIMEOUT``), which a switched or rejoined group keeps."""
+    dist.init_process_group("gloo", timeout=SCRIPT_TIMEOUT)
     try:  # the common ending of public scripts: a leave must not make it fail
         switching_steps(args)
     finally:
@@ -140,13 +151,17 @@ def switching_steps(args: argparse.Namespace) -> None:
         except MembershipSwitched as switched:
             epoch = str(switched.epoch)
             own = f"{switched.epoch}-{switched.rank}"
-            (out / f"switched-{own}").write_text(f"{os.getpid()} {switched.seconds}")
+            (out / f"switched-{own}").write_text(
+                f"{os.getpid()} {switched.seconds} {group_timeout_s()}"
+            )
         except Exception as exc:
             if not args.rejoin:
                 raise
             ckpt.rejoin(exc)  # a peer lost without notice: the gang re-forms in process
             epoch = os.environ["RTJ_MEMBERSHIP_EPOCH"]
-            (out / f"rejoined-{epoch}-{dist.get_rank()}").write_text(str(os.getpid()))
+            (out / f"rejoined-{epoch}-{dist.get_rank()}").write_text(
+                f"{os.getpid()} {group_timeout_s()}"
+            )
     ckpt.close()
     torch.save(
         {"model": inner.state_dict(), "optim": opt.state_dict()},

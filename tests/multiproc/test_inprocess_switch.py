@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.multiproc.survivor_worker import SCRIPT_TIMEOUT
 from tests.multiproc.test_survivors import assert_exactly_once
 from tools.agentpods import Pods
 from tools.ports import free_port
@@ -67,7 +68,9 @@ def test_a_grow_switches_the_running_workers_in_process(tmp_path: Path) -> None:
     for rank in range(2):  # the same worker process trained in both memberships
         before = (out / f"pid-1-{rank}").read_text()
         assert (out / f"pid-2-{rank}").read_text() == before
-        assert (out / f"switched-2-{rank}").read_text().split()[0] == before
+        pid, _, timeout_s = (out / f"switched-2-{rank}").read_text().split()
+        assert pid == before
+        assert float(timeout_s) == SCRIPT_TIMEOUT.total_seconds()  # the script's, kept
     assert not (out / "switched-2-2").exists()  # the new rank started in the new membership
     assert_exactly_once(pods, STEPS)
     old, new = pods.steps(1, 0), pods.steps(2, 0)

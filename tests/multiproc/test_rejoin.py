@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.multiproc.survivor_worker import SCRIPT_TIMEOUT
 from tests.multiproc.test_inprocess_switch import start_standby
 from tests.multiproc.test_survivors import assert_exactly_once
 from tools.agentpods import Pods
@@ -53,7 +54,9 @@ def assert_rejoined_in_place(pods: Pods, lost_at: float, old: list[int]) -> None
     for old_rank, new_rank in ((0, 0), (2, 1)):  # the same processes trained before and after
         pid = (out / f"pid-1-{old_rank}").read_text()
         assert (out / f"pid-2-{new_rank}").read_text() == pid
-        assert (out / f"rejoined-2-{new_rank}").read_text() == pid
+        rejoined_pid, timeout_s = (out / f"rejoined-2-{new_rank}").read_text().split()
+        assert rejoined_pid == pid
+        assert float(timeout_s) == SCRIPT_TIMEOUT.total_seconds()  # the script's, kept
     assert_exactly_once(pods, STEPS)
     new = pods.steps(2, 0)
     assert old[-1] <= new[0] <= old[-1] + 1, (old[-5:], new[:5])  # at most the running step
@@ -111,9 +114,8 @@ def test_a_warm_spare_takes_the_lost_place_with_the_state_of_the_rejoined_gang(
     assert set(codes.values()) == {0}, pods.logs()
     out = pods.out
     for old_rank, new_rank in ((0, 0), (2, 1)):
-        assert (out / f"rejoined-2-{new_rank}").read_text() == (
-            out / f"pid-1-{old_rank}"
-        ).read_text()
+        rejoined_pid = (out / f"rejoined-2-{new_rank}").read_text().split()[0]
+        assert rejoined_pid == (out / f"pid-1-{old_rank}").read_text()
     assert_exactly_once(pods, STEPS)
     old, new = pods.steps(1, 0), pods.steps(2, 0)
     assert old[-1] <= new[0] <= old[-1] + 1, (old[-5:], new[:5])

@@ -150,3 +150,27 @@ def describe_failures(exc: CheckpointException) -> str:
         e = failure_cause(wrapped)
         parts.append(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}")
     return "; ".join(parts)[:2000]
+
+
+def world_group_timeout() -> timedelta | None:
+    """The timeout the script gave the default process group (``init_process_group(timeout=)``),
+    read from its backend; None when torch does not say (then torch's default applies)."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        for device_type in group._device_types:
+            timeout = group._get_backend(device_type).options._timeout
+            if isinstance(timeout, timedelta):
+                return timeout
+    except (AttributeError, RuntimeError, ValueError):
+        pass
+    return None
+
+
+def init_world_group(backend: str, timeout: timedelta | None) -> None:
+    """Form the default process group from the environment with ``backend`` and, where the
+    script gave one (``world_group_timeout``), its timeout: a long collective the script
+    allowed for must not time out after an in-process switch."""
+    if timeout is None:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, timeout=timeout)

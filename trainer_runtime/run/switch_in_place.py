@@ -29,7 +29,7 @@ from ..resume.position import roll_over_finished_epoch
 from ..shutdown import raise_emergency_exit
 from ..switch import MembershipSwitched, SwitchRequest
 from .announce import announce
-from .dist import destroy_if_open
+from .dist import destroy_if_open, init_world_group, world_group_timeout
 from .gang_sockets import GangSockets
 from .setup import release, set_up
 
@@ -51,7 +51,7 @@ def switch_in_place(
     taken."""
     began = began or time.monotonic()
     old_world, position = manager.world_size, manager._ctx.position
-    backend = dist.get_backend()
+    backend, timeout = dist.get_backend(), world_group_timeout()
     if manager._survivor is not None:  # armed for the old gang; set_up arms a new one
         manager._survivor.close()
     _let_go(manager, after_loss=rejoin_step is not None)
@@ -61,7 +61,7 @@ def switch_in_place(
         _apply_environment(request.environment)
         sockets = GangSockets()
         with sockets.forming():
-            dist.init_process_group(backend)
+            init_world_group(backend, timeout)
         set_up(manager, manager._arguments, switched=True, sockets=sockets)
         ctx = manager._ctx
         ctx.position = position
