@@ -218,7 +218,9 @@ class Model:
     """``minReplicas`` of the elastic policies, as a share of ``replicas`` (rounded up)."""
     shrink_after_s: float | None = None
     """``elastic.shrinkAfterSeconds``; None: the product's default, 60 s, and 0 with ``Stay``."""
-    grow_min_interval_s: float = 300.0
+    grow_min_interval_s: float | None = None
+    """``grow.minIntervalSeconds``; None: the product's default, 300 s, and 0 when grows
+    switch in process (``switch_grows``, ``recovery.inProcessSwitch``)."""
     idle_lost_first: bool = False
     """A lost node is an idle one (room the gang did not take) before a training rank: the
     optimistic bound. False: a training rank goes first (pessimistic; the default)."""
@@ -274,6 +276,12 @@ class Model:
     """Every node holds a whole replica: a survivor can hand the state to a new rank, and a
     loss rolls back only the step in flight. False: a loss makes elastic-warm reload the newest
     checkpoint (its survivors still skip the cold start)."""
+
+    def grow_interval_s(self) -> float:
+        """``grow.minIntervalSeconds`` in force (``grow_min_interval_s``)."""
+        if self.grow_min_interval_s is not None:
+            return self.grow_min_interval_s
+        return 0.0 if self.switch_grows else 300.0
 
     def commit_s(self, nodes: int) -> float:
         """From a save's start to its commit: the stage, then each node's 1/N of a replica."""
@@ -625,7 +633,7 @@ class ColdGang(Gang):
     def want_grow(self, t: float) -> None:
         growing = "grow" in self.timers or "grow_commit" in self.timers
         if self.size < self.replicas and self.avail > self.size and not growing:
-            self.timers["grow"] = max(t, self.last_change + self.model.grow_min_interval_s)
+            self.timers["grow"] = max(t, self.last_change + self.model.grow_interval_s())
 
     def on_grow(self, t: float) -> None:
         # The operator asks for a checkpoint and resubmits only once it committed.
@@ -876,7 +884,7 @@ class StayGang(WarmGang):
             super().add_joiners(t, restore=True)
             return
         elastic = self.min_replicas < self.replicas
-        grow_at = self.resume_at + self.model.grow_min_interval_s
+        grow_at = self.resume_at + self.model.grow_interval_s()
         if elastic and self.size > 0 and self.resume_at <= t < grow_at:
             self.timers["grow"] = grow_at
             return
@@ -1187,7 +1195,11 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     )
     for f in fields(Model):
         if f.type in ("float", "float | None"):
-            unset = {"interval_s": "automatic", "shrink_after_s": "60, 0 with Stay"}
+            unset = {
+                "interval_s": "automatic",
+                "shrink_after_s": "60, 0 with Stay",
+                "grow_min_interval_s": "300, 0 with the in-process switch",
+            }
             default = unset.get(f.name, f.default) if f.default is None else f.default
             parser.add_argument(
                 f"--{f.name.replace('_', '-')}", type=float, dest=f.name, help=f"default {default}"

@@ -9,7 +9,7 @@ import pytest
 
 from rtj_operator.api import names
 from rtj_operator.api.envvars import NOTICE_ANNOTATION, PROGRESS_ANNOTATION
-from rtj_operator.api.spec_types import JobSpec, shrink_after_seconds
+from rtj_operator.api.spec_types import JobSpec, grow_min_interval_seconds, shrink_after_seconds
 from rtj_operator.api.status_types import CheckpointRecord, GrowRequest, JobStatus
 from rtj_operator.api.timeutil import iso
 from rtj_operator.decide.capacity import fitting_pods, node_accepts, parse_quantity, pods_per_node
@@ -192,6 +192,49 @@ def test_the_wait_for_the_full_gang_defaults_to_60s_and_to_none_when_survivors_s
     assert shrink_after_seconds(patient) == 30
     assert start_size(patient, 3, waiting_since=None, now=T0).size is None
     assert shrink_after_seconds(spec()) == 0  # not elastic: nothing to wait for
+
+
+def stay_spec(**recovery: Any) -> JobSpec:
+    """An elastic 4-pod job (``minReplicas`` 2) with ``survivors: Stay`` and ``recovery``."""
+    trainer = {**TEMPLATE["spec"]["containers"][0], "command": ["python", "train.py"]}
+    return JobSpec.model_validate(
+        {
+            "replicas": 4,
+            "checkpoint": {"dir": "s3://bucket/c"},
+            "template": {"spec": {**TEMPLATE["spec"], "containers": [trainer]}},
+            "elastic": {"minReplicas": 2},
+            "recovery": {"survivors": "Stay", **recovery},
+        }
+    )
+
+
+def test_the_wait_before_a_grow_defaults_to_300s_and_to_none_with_the_in_process_switch():
+    """A grow that switches in process restarts nothing: the gang grows as soon as it trained
+    (``onlyWhenItPays`` still weighs the pause); a grow that restarts the workers waits 300 s."""
+
+    def asks(s: JobSpec, trained_s: float) -> bool:
+        decision = grow_step(
+            s,
+            size=2,
+            fit=4,
+            all_running=True,
+            trained_since=T0,
+            abandoned_at=None,
+            room_since=None,
+            request=None,
+            committed_step=10,
+            now=T0 + timedelta(seconds=trained_s),
+        )
+        return decision.action is GrowAction.REQUEST
+
+    restarting, switching = stay_spec(), stay_spec(inProcessSwitch=True)
+    assert grow_min_interval_seconds(restarting) == 300
+    assert not asks(restarting, 299) and asks(restarting, 300)
+    assert grow_min_interval_seconds(switching) == 0
+    assert asks(switching, 0)
+    patient = stay_spec(inProcessSwitch=True)
+    patient.elastic.grow.min_interval_seconds = 120  # the spec's own value wins
+    assert not asks(patient, 119) and asks(patient, 120)
 
 
 def test_elastic_never_starts_below_min_replicas():

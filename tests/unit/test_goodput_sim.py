@@ -547,3 +547,15 @@ def test_a_loss_below_min_replicas_still_restarts_from_the_commit():
     assert gs.simulate(deep, 4, "elastic-stay", lost) == gs.simulate(
         deep, 4, "elastic-stay", STAY_ALONE
     )
+
+
+def test_the_grow_interval_defaults_to_300s_and_to_none_when_grows_switch_in_process():
+    """``grow.minIntervalSeconds`` unset, as the operator reads it
+    (``rtj_operator.api.spec_types.grow_min_interval_seconds``): the gang back at 4 nodes at
+    1200 s grows at once when the grow switches in process, 300 s after it resumed otherwise."""
+    restarting = replace(STAY_ALONE, grow_min_interval_s=None)
+    switching = replace(SWITCH, grow_min_interval_s=None, notice_share=0.0)
+    assert restarting.grow_interval_s() == 300.0 and switching.grow_interval_s() == 0.0
+    at_once = gs.simulate(LOSS, 4, "elastic-stay", switching)
+    held = gs.simulate(LOSS, 4, "elastic-stay", replace(switching, grow_min_interval_s=300.0))
+    assert kept(at_once) > kept(held)

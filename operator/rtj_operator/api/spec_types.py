@@ -601,12 +601,14 @@ class GrowPolicy(ApiModel):
 
     enabled: bool = True
     """Grow back when capacity returns. Default true."""
-    min_interval_seconds: int = Field(default=300, ge=0, le=604800)
+    min_interval_seconds: int | None = Field(default=None, ge=0, le=604800)
     """At least this long between the running gang's first progress after its resume (its first
     step or commit, ``status.trainingSince``), or its last abandoned grow, and a grow, so a
     flapping node pool does not restart the gang over and over (nor ask it for a checkpoint on
     every pass). A gang that has not trained since its resume is never asked to grow; a shrink
-    never waits for it. Default 300."""
+    never waits for it. Default 300; 0 with ``recovery.inProcessSwitch``, whose grow restarts
+    nothing (a pause of seconds while the new pods join), and whose grows that do not pay
+    ``onlyWhenItPays`` holds back (measured on nine spot traces: docs/goodput.md)."""
     settle_seconds: int = Field(default=60, ge=0, le=86400)
     """When more pods fit than the gang runs, but not all ``replicas``, how long that room must
     have been there before the gang grows to it: a grow restarts the whole gang, and spot nodes
@@ -649,6 +651,18 @@ class ElasticPolicy(ApiModel):
 
 SHRINK_AFTER_SECONDS = 60
 """``elastic.shrinkAfterSeconds`` when unset, without ``recovery.survivors: Stay``."""
+
+
+GROW_MIN_INTERVAL_SECONDS = 300
+"""``grow.minIntervalSeconds`` when unset, without ``recovery.inProcessSwitch``."""
+
+
+def grow_min_interval_seconds(spec: JobSpec) -> int:
+    """The wait before a grow in force (``grow.minIntervalSeconds``): the spec's, else 0 with
+    ``recovery.inProcessSwitch`` (a grow is a pause of seconds, not a restart), else 300."""
+    if spec.elastic is not None and spec.elastic.grow.min_interval_seconds is not None:
+        return spec.elastic.grow.min_interval_seconds
+    return 0 if spec.recovery.in_process_switch else GROW_MIN_INTERVAL_SECONDS
 
 
 def shrink_after_seconds(spec: JobSpec) -> int:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ..api.spec_types import GrowPolicy, JobSpec, shrink_after_seconds
+from ..api.spec_types import GrowPolicy, JobSpec, grow_min_interval_seconds, shrink_after_seconds
 from ..api.status_types import MAX_SIZE_HISTORY, GrowRequest, JobStatus, SizeRecord
 from .grow_payoff import GrowCost
 
@@ -229,7 +229,7 @@ def grow_step(
         )
     if target <= size or not all_running or trained_since is None:
         return GrowDecision(GrowAction.NONE, size, "", POLL_SECONDS, room_since)
-    wait = _wait_before_asking(policy, trained_since, abandoned_at, room_since, now)
+    wait = _wait_before_asking(spec, trained_since, abandoned_at, room_since, now)
     if wait > 0:
         return GrowDecision(GrowAction.NONE, size, "", min(POLL_SECONDS, wait), room_since)
     if policy.only_when_it_pays and cost is not None and not cost.pays(size, target):
@@ -246,7 +246,7 @@ def grow_step(
 
 
 def _wait_before_asking(
-    policy: GrowPolicy,
+    spec: JobSpec,
     trained_since: datetime,
     abandoned_at: datetime | None,
     room_since: datetime | None,
@@ -255,10 +255,11 @@ def _wait_before_asking(
     """Seconds until ``grow.minIntervalSeconds`` (from the gang's first progress or the last
     abandoned grow) and, for a partial grow, ``grow.settleSeconds`` have passed."""
     start = max(trained_since, abandoned_at) if abandoned_at is not None else trained_since
-    wait = policy.min_interval_seconds - (now - start).total_seconds()
-    if room_since is not None:
+    wait = grow_min_interval_seconds(spec) - (now - start).total_seconds()
+    if room_since is not None and spec.elastic is not None:
         # Room for a partial grow only: give the rest of the gang time to come back first.
-        wait = max(wait, policy.settle_seconds - (now - room_since).total_seconds())
+        settle = spec.elastic.grow.settle_seconds
+        wait = max(wait, settle - (now - room_since).total_seconds())
     return wait
 
 
