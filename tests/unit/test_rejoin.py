@@ -91,7 +91,7 @@ def test_the_gang_sockets_are_shut_down_and_the_peer_sees_it_at_once():
 def test_the_agent_restarts_the_workers_unless_every_one_claims_in_time(tmp_path: Path):
     new = Membership(epoch=3, nnodes=2, node_rank=0, master_addr="a", master_port=1, stop="rejoin")
     files = [tmp_path / "switch-0", tmp_path / "switch-1"]
-    pending = PendingRejoin(new, since=100.0, lost_epoch=2)
+    pending = PendingRejoin(new, since=100.0, lost_epochs=(2, 2))
     claim(files[1], 1)  # a claim of an earlier loss, from the same worker
     assert next_step(pending, [None, None], files, 100.5) == (pending, None)  # waiting
     claim(files[0], 2)
@@ -143,7 +143,7 @@ def test_a_rejoin_is_handed_over_only_once_the_new_gangs_store_answers(tmp_path:
         assert not handing.is_alive()
         asked = SwitchRequest.parse(request.read_text(), str(request))
         assert (asked.epoch, asked.after_loss) == (2, True)
-        assert agent.rejoining is not None and agent.rejoining.lost_epoch == 1
+        assert agent.rejoining is not None and agent.rejoining.lost_epochs[1] == 1
     finally:
         old.stop()
         if keeper is not None:
@@ -179,3 +179,35 @@ def test_a_rejoin_that_does_not_form_in_time_ends_the_process_and_says_where_it_
     assert "Timeout" in proc.stderr, proc.stderr
     assert '<string>", line 8' in proc.stderr, proc.stderr
     assert time.monotonic() - began < 30
+
+
+def test_a_loss_before_the_workers_took_a_switch_is_theirs_to_rejoin(tmp_path: Path):
+    """Replayed spot trace: a grow's switch (epoch 3) was handed to the workers, a peer was lost
+    before they took it, and the rejoin (epoch 4) came. The workers rejoined from the gang they
+    were in (epoch 2) and claimed that loss, but the agent waited for a claim of epoch 3, took
+    the rejoin for failed after 59 s and restarted them, which broke the gang it had formed."""
+    settings = AgentSettings(
+        command=command.parse(["python", "train.py"]),
+        nproc_per_node=1,
+        base_env={},
+        membership_file=None,
+        rejoin_s=30.0,
+    )
+    port = free_port()
+    formed = Membership(2, 2, 0, "127.0.0.1", port)
+    agent = Supervisor(settings, formed, markers=tmp_path, current=formed, formed_epoch=2)
+    agent.workers = [Worker(0, 0, None)]
+    try:
+        agent._switch(Membership(3, 3, 0, "127.0.0.1", port, stop="switch"))
+        agent._switch(Membership(4, 2, 0, "127.0.0.1", port, stop="rejoin"))
+        pending = agent.rejoining
+        assert pending is not None and pending.lost_epochs == (2, 3)
+        files = [agent._switch_file(0)]
+        claim(files[0], 1)  # an earlier loss's claim
+        assert next_step(pending, [None], files, pending.since + 1) == (pending, None)
+        claim(files[0], 2)  # the gang the workers were in when the peer went
+        assert next_step(pending, [None], files, pending.since + 1) == (None, None)
+        assert agent.formed_epoch == 4
+    finally:
+        if agent.store is not None:
+            agent.store.stop()

@@ -25,8 +25,11 @@ SLACK_S = 1.0
 class PendingRejoin:
     membership: Membership
     since: float
-    lost_epoch: int
-    """The epoch of the gang the loss broke: a claim is of this loss when it names it."""
+    lost_epochs: tuple[int, int]
+    """The epochs the gang the loss broke may have had, oldest first: from the one the workers
+    last formed to the newest handed to them (a switch they may not have taken before the loss
+    came). A claim is of this loss when it names one of them; an earlier loss's claim names an
+    older epoch."""
 
 
 def next_step(
@@ -38,7 +41,8 @@ def next_step(
     if pending is None:
         return None, None
     running = all(code is None for code in codes)
-    if running and all(switch.claimed(f) == pending.lost_epoch for f in files):
+    oldest, newest = pending.lost_epochs
+    if running and all(oldest <= (switch.claimed(f) or -1) <= newest for f in files):
         return None, None
     if running and now - pending.since < CLAIM_S + SLACK_S:
         return pending, None

@@ -82,6 +82,9 @@ class Supervisor:
     """The rendezvous store this pod serves while it is node rank 0 (``rendezvous_store.py``)."""
     rejoining: PendingRejoin | None = None
     """A loss handed to the workers in process (``stop: rejoin``) and when, until they claim it."""
+    formed_epoch: int = -1
+    """The epoch of the gang the workers formed last: started in, or asked to rejoin (a switch
+    asked for is not counted: a loss may come before they take it)."""
 
     def run(self) -> int:
         """Supervise the workers until they end; the exit code of the pod's command."""
@@ -219,8 +222,9 @@ class Supervisor:
         if old_store is not None:
             old_store.stop()
         if after_loss:
-            lost = (self.current or self.initial).epoch
+            lost = (self.formed_epoch, (self.current or self.initial).epoch)
             self.rejoining = PendingRejoin(new, self.clock(), lost)
+            self.formed_epoch = new.epoch  # a failed rejoin restarts them (_start sets it)
         self.current = new
         how = "rejoin" if after_loss else "switch"
         self._announce(new, stop=new.stop, stopped_s=0.0, how=f"workers asked to {how} in process")
@@ -313,6 +317,7 @@ class Supervisor:
         workers' download at import waits for that: ``MEMBERSHIP_CHANGED``). The operator says
         the same in the pod's environment of a new pod that joins kept ones."""
         self.current = chosen
+        self.formed_epoch = chosen.epoch
         if self.store is not None:
             self.store.settle()  # this pod's old workers are gone: their saves are over
         rendezvous_store.meet_gang_store(
@@ -347,22 +352,32 @@ class Supervisor:
         )
 
     def _stop(self, *, save: bool) -> None:
-        """End every worker: SIGTERM and up to ``stop_grace_s`` to save, or SIGKILL at once."""
-        if save:
-            for w in self.workers:
-                w.signal(signal.SIGTERM)
-            deadline = self.clock() + self.settings.stop_grace_s
-            while self.clock() < deadline and any(w.poll() is None for w in self.workers):
-                time.sleep(self.settings.poll_s)
-        for w in self.workers:
-            w.signal(signal.SIGKILL)
-        while any(w.poll() is None for w in self.workers):
-            time.sleep(0.01)
+        stop_workers(self.workers, self.settings, self.clock, save=save)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.terminating = True
         for w in self.workers:
             w.signal(signal.SIGTERM)
+
+
+def stop_workers(
+    workers: list[worker.Worker],
+    settings: AgentSettings,
+    clock: Callable[[], float],
+    *,
+    save: bool,
+) -> None:
+    """End every worker: SIGTERM and up to ``stop_grace_s`` to save, or SIGKILL at once."""
+    if save:
+        for w in workers:
+            w.signal(signal.SIGTERM)
+        deadline = clock() + settings.stop_grace_s
+        while clock() < deadline and any(w.poll() is None for w in workers):
+            time.sleep(settings.poll_s)
+    for w in workers:
+        w.signal(signal.SIGKILL)
+    while any(w.poll() is None for w in workers):
+        time.sleep(0.01)
 
 
 def let_survivor_save(
