@@ -168,16 +168,7 @@ def test_elastic_waits_for_the_full_gang_then_shrinks_to_what_fits():
 
 def test_the_wait_for_the_full_gang_defaults_to_60s_and_to_none_when_survivors_stay():
     replace_spec = spec(minReplicas=2)
-    trainer = {**TEMPLATE["spec"]["containers"][0], "command": ["python", "train.py"]}
-    stay = JobSpec.model_validate(
-        {
-            "replicas": 4,
-            "checkpoint": {"dir": "s3://bucket/c"},
-            "template": {"spec": {**TEMPLATE["spec"], "containers": [trainer]}},
-            "elastic": {"minReplicas": 2},
-            "recovery": {"survivors": "Stay"},
-        }
-    )
+    stay = stay_spec()
     assert shrink_after_seconds(replace_spec) == 60
     waiting = start_size(replace_spec, 3, waiting_since=T0, now=T0 + timedelta(seconds=59))
     assert waiting.size is None and waiting.reason is StartReason.WAITING_FOR_FULL_GANG

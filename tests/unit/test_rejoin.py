@@ -112,6 +112,17 @@ def test_a_request_after_a_loss_says_so_and_a_bad_flag_is_named():
         SwitchRequest.parse('{"epoch": 4, "environment": {}, "after_loss": "yes"}', "f")
 
 
+def one_worker_settings() -> AgentSettings:
+    """An agent of one worker, no membership file (the test hands memberships over)."""
+    return AgentSettings(
+        command=command.parse(["python", "train.py"]),
+        nproc_per_node=1,
+        base_env={},
+        membership_file=None,
+        rejoin_s=30.0,
+    )
+
+
 def test_a_rejoin_is_handed_over_only_once_the_new_gangs_store_answers(tmp_path: Path):
     """A rejoin forms its group at once (no step agreed first). When this pod's agent reads
     the new membership before node rank 0's agent does, the old gang's store still answers at
@@ -120,13 +131,7 @@ def test_a_rejoin_is_handed_over_only_once_the_new_gangs_store_answers(tmp_path:
     port = free_port()
     old = rendezvous_store.start(port, 1)
     assert old is not None
-    settings = AgentSettings(
-        command=command.parse(["python", "train.py"]),
-        nproc_per_node=1,
-        base_env={},
-        membership_file=None,
-        rejoin_s=30.0,
-    )
+    settings = one_worker_settings()
     agent = Supervisor(settings, Membership(1, 3, 1, "127.0.0.1", port), markers=tmp_path)
     agent.workers = [Worker(0, 0, None)]  # _switch only counts them
     new = Membership(2, 2, 1, "127.0.0.1", port, stop="rejoin")
@@ -186,13 +191,7 @@ def test_a_loss_before_the_workers_took_a_switch_is_theirs_to_rejoin(tmp_path: P
     before they took it, and the rejoin (epoch 4) came. The workers rejoined from the gang they
     were in (epoch 2) and claimed that loss, but the agent waited for a claim of epoch 3, took
     the rejoin for failed after 59 s and restarted them, which broke the gang it had formed."""
-    settings = AgentSettings(
-        command=command.parse(["python", "train.py"]),
-        nproc_per_node=1,
-        base_env={},
-        membership_file=None,
-        rejoin_s=30.0,
-    )
+    settings = one_worker_settings()
     port = free_port()
     formed = Membership(2, 2, 0, "127.0.0.1", port)
     agent = Supervisor(settings, formed, markers=tmp_path, current=formed, formed_epoch=2)
