@@ -96,6 +96,38 @@ def test_a_cut_off_pods_peers_rejoin_in_process(tmp_path: Path) -> None:
         Pods.kill_leftovers()
 
 
+def test_a_switch_handed_over_after_the_loss_does_not_make_the_agent_break_the_rejoin(
+    tmp_path: Path,
+) -> None:
+    """Replayed spot trace: a grow's switch (epoch 2) reached the agents around the loss of a
+    peer; the workers, whose gang of epoch 1 broke, claimed that loss and rejoined the gang of
+    epoch 3. The agent waited for a claim naming epoch 2, took the rejoin for failed, and
+    restarted the rejoined workers a minute later, which broke the new gang."""
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch", "--rejoin"))
+    pods.start_gang(3, port=free_port())
+    pods.wait_steps(1, 10)
+    pods.lose("pod1")
+    grow_port = free_port()
+    for rank, pod in enumerate(("pod0", "pod2")):  # the grow written before the loss was seen
+        pods.announce(pod, epoch=2, nnodes=3, nodeRank=rank, masterPort=grow_port, stop="switch")
+    time.sleep(2.0)  # both agents hand it over to workers that wait to rejoin
+    port3 = free_port()
+    for rank, pod in enumerate(("pod0", "pod2")):
+        pods.announce(pod, epoch=3, nnodes=2, nodeRank=rank, masterPort=port3, stop="rejoin")
+    codes = pods.wait_all()
+    assert set(codes.values()) == {0}, pods.logs()
+    out = pods.out
+    for old_rank, new_rank in ((0, 0), (2, 1)):  # the same processes, never restarted
+        pid = (out / f"pid-1-{old_rank}").read_text()
+        assert (out / f"rejoined-3-{new_rank}").read_text().split()[0] == pid
+        assert (out / f"pid-3-{new_rank}").read_text() == pid
+    assert_exactly_once(pods, STEPS)
+    for pod in ("pod0", "pod2"):
+        text = (pods.tmp / f"{pod}.log").read_text()
+        assert "did not rejoin in process" not in text, text
+        assert not events.read_events(text, events.RESUMED)[1:], text  # no restart
+
+
 def test_a_warm_spare_takes_the_lost_place_with_the_state_of_the_rejoined_gang(
     tmp_path: Path,
 ) -> None:
