@@ -101,6 +101,10 @@ def test_the_agent_restarts_the_workers_unless_every_one_claims_in_time(tmp_path
     assert next_step(pending, [None, 1], files, 100.5) == (None, new)  # one ended first
     claim(files[1], 2)
     assert next_step(pending, [None, None], files, late) == (None, None)  # theirs
+    first_gang = PendingRejoin(new, since=100.0, lost_epochs=(0, 0))  # the pods' first gang
+    claim(files[0], 0)
+    claim(files[1], 0)
+    assert next_step(first_gang, [None, None], files, 100.5) == (None, None)
     assert next_step(None, [None, None], files, late) == (None, None)
 
 

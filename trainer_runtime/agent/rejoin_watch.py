@@ -41,9 +41,13 @@ def next_step(
     if pending is None:
         return None, None
     running = all(code is None for code in codes)
-    oldest, newest = pending.lost_epochs
-    if running and all(oldest <= (switch.claimed(f) or -1) <= newest for f in files):
+    if running and all(_names_this_loss(switch.claimed(f), pending) for f in files):
         return None, None
     if running and now - pending.since < CLAIM_S + SLACK_S:
         return pending, None
     return None, pending.membership
+
+
+def _names_this_loss(claimed: int | None, pending: PendingRejoin) -> bool:
+    oldest, newest = pending.lost_epochs
+    return claimed is not None and oldest <= claimed <= newest
