@@ -84,6 +84,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rtj_operator.api.spec_types import GROW_MIN_INTERVAL_SECONDS, SHRINK_AFTER_SECONDS
 from rtj_operator.decide.grow_payoff import GrowCost, survivors_first_pays
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 from trainer_runtime.save.survivor_group import DEFAULT_SPLIT_MIB
@@ -281,7 +282,7 @@ class Model:
         """``grow.minIntervalSeconds`` in force (``grow_min_interval_s``)."""
         if self.grow_min_interval_s is not None:
             return self.grow_min_interval_s
-        return 0.0 if self.switch_grows else 300.0
+        return 0.0 if self.switch_grows else float(GROW_MIN_INTERVAL_SECONDS)
 
     def commit_s(self, nodes: int) -> float:
         """From a save's start to its commit: the stage, then each node's 1/N of a replica."""
@@ -348,7 +349,7 @@ class Model:
         """The wait for the full gang in force (spec_types.shrink_after_seconds)."""
         if self.shrink_after_s is not None:
             return self.shrink_after_s
-        return 0.0 if stay else 60.0
+        return 0.0 if stay else float(SHRINK_AFTER_SECONDS)
 
     def detect(self, noticed: bool) -> float:
         return self.notice_detect_s if noticed else self.phases.detected
