@@ -55,11 +55,14 @@ GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 
 # Membership without a restart (trainer_runtime/pod/membership.py, docs/survivors.md): the epoch of
 # the gang this process belongs to (it only grows; every commit is fenced by it), the downward
-# API file the in-pod agent watches for a new membership, and how long a survivor whose worker
-# stopped waits for one before it gives up and exits (the operator then replaces the gang).
+# API file the in-pod agent watches for a new membership, how long a survivor whose worker
+# stopped waits for one before it gives up and exits (the operator then replaces the gang), and
+# how long a worker whose collective failed (a peer lost without notice) waits for it: as long
+# as the operator may take to see a node that died silently (default: REJOIN_SECONDS).
 MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
 MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
 REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+LOSS_HOLD_SECONDS = "RTJ_LOSS_HOLD_SECONDS"
 # Set to "1" on a pod the operator adds to a gang that trains on meanwhile (a warm grow): its
 # agent imports torch and the runtime, says so in AGENT_READY_ANNOTATION on its own pod, and
 # starts no worker until a membership names it. Not in ALL_RTJ: only such pods get it.
@@ -161,6 +164,7 @@ ALL_RTJ = (
     MEMBERSHIP_EPOCH,
     MEMBERSHIP_FILE,
     REJOIN_SECONDS,
+    LOSS_HOLD_SECONDS,
     MTBI_SECONDS,
     INTERRUPTIONS,
 )

@@ -34,13 +34,17 @@ pytestmark = [
 STEPS = 120
 
 
-def lose_one_of_three(pods: Pods, how: str) -> tuple[float, list[int]]:
-    """A gang of 3 trains; ``pod1`` is lost (``how``: "lose" or "cut_off"); the two others get
-    a gang of 2 with ``stop: rejoin``. Returns when it was lost and the steps of membership 1."""
+def lose_one_of_three(
+    pods: Pods, how: str, *, seen_after: float = 0.0, **env: str
+) -> tuple[float, list[int]]:
+    """A gang of 3 trains; ``pod1`` is lost (``how``: "lose" or "cut_off"); ``seen_after``
+    seconds later the two others get a gang of 2 with ``stop: rejoin``. Returns when it was
+    lost and the steps of membership 1."""
     port = free_port()
-    pods.start_gang(3, port=port)
+    pods.start_gang(3, port=port, **env)
     pods.wait_steps(1, 10)
     lost_at = getattr(pods, how)("pod1")
+    time.sleep(seen_after)
     port2 = free_port()
     for rank, pod in enumerate(("pod0", "pod2")):
         pods.announce(pod, epoch=2, nnodes=2, nodeRank=rank, masterPort=port2, stop="rejoin")
@@ -94,6 +98,18 @@ def test_a_cut_off_pods_peers_rejoin_in_process(tmp_path: Path) -> None:
         assert_rejoined_in_place(pods, lost_at, old)
     finally:
         Pods.kill_leftovers()
+
+
+SLOW_DETECTION = {"RTJ_REJOIN_SECONDS": "2", "RTJ_LOSS_HOLD_SECONDS": "40"}
+"""The operator sees the loss 8 s after it (a node that died silently: NotReady first), long
+after the agents' own wait of 2 s but within the workers' hold after their failed collective."""
+
+
+def test_survivors_wait_out_a_slow_detection_and_rejoin_in_process(tmp_path: Path) -> None:
+    pods = Pods(tmp_path, steps=STEPS, extra=("--switch", "--rejoin"))
+    lost_at, old = lose_one_of_three(pods, "lose", seen_after=8.0, **SLOW_DETECTION)
+    assert_rejoined_in_place(pods, lost_at, old)
+    assert "waits up to 40 s for the new membership" in (pods.tmp / "pod0.log").read_text()
 
 
 def test_a_switch_handed_over_after_the_loss_does_not_make_the_agent_break_the_rejoin(
@@ -160,9 +176,15 @@ def test_a_warm_spare_takes_the_lost_place_with_the_state_of_the_rejoined_gang(
             assert torch.equal(tensor, other["model"][key]), key
 
 
-def test_a_script_that_does_not_rejoin_restarts_from_the_survivors_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seen_after", [0.0, 8.0], ids=["seen-at-once", "seen-late"])
+def test_a_script_that_does_not_rejoin_restarts_from_the_survivors_save(
+    tmp_path: Path, seen_after: float
+) -> None:
+    """Seen late: the workers' failed collectives wait out the operator's detection, so the
+    survivor still holds the last finished step when the membership names it."""
     pods = Pods(tmp_path, steps=STEPS, extra=("--switch",))  # MembershipSwitched only
-    _, old = lose_one_of_three(pods, "lose")
+    env = SLOW_DETECTION if seen_after else {}
+    _, old = lose_one_of_three(pods, "lose", seen_after=seen_after, **env)
     out = pods.out
     for old_rank, new_rank in ((0, 0), (2, 1)):
         assert (out / f"pid-2-{new_rank}").read_text() != (out / f"pid-1-{old_rank}").read_text()

@@ -75,6 +75,17 @@ def test_pod_environment_is_the_contract():
     assert set(envvars.ALL_RTJ) <= env.keys() and set(envvars.TORCH) <= env.keys()
 
 
+def test_a_kept_worker_waits_out_the_detection_of_a_node_that_died_silently():
+    """A worker whose collective failed waits for its membership until the operator can have
+    seen the loss: the node controller's grace, then ``nodeNotReadySeconds``; its agent's own
+    wait after a worker's failure stays ``RTJ_REJOIN_SECONDS``."""
+    env = env_of(pod())
+    assert env["RTJ_REJOIN_SECONDS"] == "30"
+    assert env["RTJ_LOSS_HOLD_SECONDS"] == str(30 + names.NODE_MONITOR_GRACE_SECONDS + 60)
+    env = env_of(pod(preemptionSignals={"nodeNotReadySeconds": 5}))
+    assert env["RTJ_LOSS_HOLD_SECONDS"] == str(30 + names.NODE_MONITOR_GRACE_SECONDS + 5)
+
+
 def test_one_process_per_pod_makes_the_pod_one_torchrun_node():
     env = env_of(pod())
     assert env["PET_NNODES"] == "4" and env["PET_NPROC_PER_NODE"] == "1"

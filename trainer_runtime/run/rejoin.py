@@ -15,7 +15,8 @@ the in-process switch that also hands its failed step to ``CheckpointManager.rej
    The watch does the same when the operator's ``stop: rejoin`` membership comes first (a peer
    cut off rather than dead fails nobody).
 3. **asked**: the agent hands the new membership over as for a switch (``stop: rejoin``); the
-   worker waits for it up to ``RTJ_REJOIN_SECONDS``.
+   worker waits for it up to ``RTJ_LOSS_HOLD_SECONDS`` (the operator sets it to cover its
+   detection of a node that died silently: NotReady, then ``nodeNotReadySeconds``).
 4. **rolled back**: what the failed step changed since the boundary is put back (the buffers
    from their copies, the RNG and the stateful objects from the boundary's small state, the
    gradients dropped); the weights and optimizer state are the boundary's, since no update began.

@@ -31,10 +31,11 @@ How, in each worker that ``CheckpointManager`` arms under the in-pod agent:
   default) for that before it starts the new workers, which resume from it as from any commit.
 - **the failed collective**: the training thread usually learns of the loss first, from a
   collective that fails (a peer's connection closed). Such an exception then waits, up to
-  ``RTJ_REJOIN_SECONDS``, for the membership instead of ending the process at once, so the
-  watching thread can act: in ``CheckpointManager.__exit__`` or, for a script without ``with``,
-  at exit (the exception seen through ``sys.excepthook``). Any other exception ends the process
-  at once, as before: a script's own error may be in the state itself.
+  ``RTJ_LOSS_HOLD_SECONDS`` (default ``RTJ_REJOIN_SECONDS``), for the membership instead of
+  ending the process at once, so the watching thread can act: in ``CheckpointManager.__exit__``
+  or, for a script without ``with``, at exit (the exception seen through ``sys.excepthook``).
+  Any other exception ends the process at once, as before: a script's own error may be in the
+  state itself.
 
 Nothing is saved, and the gang resumes from the newest commit as before, when: the state is
 sharded (DTensor parameters, FSDP: no rank holds it whole); an optimizer is not a
@@ -100,8 +101,11 @@ uploaded) before the agent kills the worker; a save that keeps moving bytes is w
 HEARTBEAT_S = 0.5
 """How often the saver tells the agent how many bytes it has moved (through the marker)."""
 DEFAULT_HOLD_S = 30.0
-"""``RTJ_REJOIN_SECONDS``' default (the agent's): how long a failed collective waits for the
-membership."""
+"""``RTJ_REJOIN_SECONDS``' default (the agent's): how long the savers' group may take to form
+(``form_s``: every saver is alive and asked by then). A failed collective waits
+``RTJ_LOSS_HOLD_SECONDS`` (``hold_s``; default: the same) for the membership: as long as the
+operator may take to see the loss (a node that died silently: NotReady, then
+``nodeNotReadySeconds``)."""
 BOUNDARY_WAIT_S = 5.0
 """How long the save waits for a step whose update had begun to reach its ``batch_end``."""
 POLL_S = 0.05
@@ -179,6 +183,7 @@ class SurvivorSave:
         epoch: int,
         wait_s: float,
         hold_s: float,
+        form_s: float = DEFAULT_HOLD_S,
         split_from: int = survivor_group.DEFAULT_SPLIT_MIB << 20,
         terminating: Callable[[], bool] = lambda: False,
         cut: Callable[[], object] = lambda: None,
@@ -188,7 +193,7 @@ class SurvivorSave:
         self.membership_file = membership_file
         self.epoch = epoch
         self.wait_s = wait_s
-        self.hold_s = hold_s
+        self.hold_s, self.form_s = hold_s, form_s
         self.split_from = split_from
         """From this many bytes of state the save is made in shares (``survivor_group``)."""
         self.terminating = terminating
@@ -240,8 +245,7 @@ class SurvivorSave:
             marker=Path(marker),
             membership_file=Path(watched),
             epoch=epoch,
-            wait_s=_seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_WAIT_S),
-            hold_s=_seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_HOLD_S),
+            **_waits(environ),
             split_from=survivor_group.split_from_bytes(environ),
             terminating=terminating,
             cut=cut,
@@ -394,7 +398,7 @@ class SurvivorSave:
         the step ``key`` names; None: node rank 0 saves alone (``survivor_group``)."""
         if not survivor_group.splits(self.ctx, new, self.split_from):
             return None
-        coord = survivor_group.form(new, self.hold_s)
+        coord = survivor_group.form(new, self.form_s)
         if coord is None or not survivor_group.agree(coord, key):
             return None
         return coord
@@ -588,6 +592,16 @@ def host_copy(tree: Any, ready: torch.cuda.Event) -> Any:
         )
     stream.synchronize()
     return out
+
+
+def _waits(environ: Any) -> dict[str, float]:
+    """``SurvivorSave``'s waits from the agent's environment: ``wait_s``, ``hold_s``, ``form_s``."""
+    rejoin_s = _seconds(environ, envvars.REJOIN_SECONDS, DEFAULT_HOLD_S)
+    return {
+        "wait_s": _seconds(environ, envvars.SURVIVOR_SAVE_SECONDS, DEFAULT_WAIT_S),
+        "hold_s": _seconds(environ, envvars.LOSS_HOLD_SECONDS, rejoin_s),
+        "form_s": rejoin_s,
+    }
 
 
 def _seconds(environ: Any, name: str, default: float) -> float:

@@ -40,11 +40,13 @@ NOTICE_FILE = "RTJ_NOTICE_FILE"
 GRACE_PERIOD_SECONDS = "RTJ_GRACE_PERIOD_SECONDS"
 
 # Membership without a restart (docs/survivors.md): the gang's epoch (only grows; the runtime
-# fences every commit with it), the downward-API file of the membership annotation, and how
-# long a survivor waits for a new membership after its worker stopped.
+# fences every commit with it), the downward-API file of the membership annotation, how long a
+# survivor waits for a new membership after its worker stopped, and how long a worker whose
+# collective failed waits for it (as long as this operator may take to see a silent loss).
 MEMBERSHIP_EPOCH = "RTJ_MEMBERSHIP_EPOCH"
 MEMBERSHIP_FILE = "RTJ_MEMBERSHIP_FILE"
 REJOIN_SECONDS = "RTJ_REJOIN_SECONDS"
+LOSS_HOLD_SECONDS = "RTJ_LOSS_HOLD_SECONDS"
 # "1" on the pods a warm grow adds (survivors.py): their agent warms up, says so in
 # AGENT_READY_ANNOTATION and starts no worker before a membership names the pod. Not in
 # ALL_RTJ: only those pods get it.
@@ -94,6 +96,7 @@ ALL_RTJ = (
     MEMBERSHIP_EPOCH,
     MEMBERSHIP_FILE,
     REJOIN_SECONDS,
+    LOSS_HOLD_SECONDS,
     MTBI_SECONDS,
     INTERRUPTIONS,
 )

@@ -39,6 +39,10 @@ MEMBERSHIP_FILE = f"{NOTICE_MOUNT_DIR}/{MEMBERSHIP_FILE_NAME}"
 """The membership annotation as a file (the agent reads it; docs/survivors.md)."""
 REJOIN_SECONDS = 30
 """How long a pod's agent waits for a new membership after its worker stopped."""
+NODE_MONITOR_GRACE_SECONDS = 50
+"""How long the node controller waits for a silent kubelet before it marks the node NotReady
+(kube-controller-manager's ``--node-monitor-grace-period``, 50 s by default since v1.32): a node
+that dies without notice and is not deleted is first seen then."""
 CHECKPOINT_VOLUME = "rtj-checkpoints"
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_GRACE_PERIOD_SECONDS = 30

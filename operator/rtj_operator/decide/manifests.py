@@ -81,6 +81,16 @@ def rejoin_seconds(job: Job) -> int:
     return names.REJOIN_SECONDS + shrink_after_seconds(job.spec)
 
 
+def loss_hold_seconds(job: Job) -> int:
+    """How long a worker whose collective failed (a peer lost without notice) waits for its new
+    membership (``RTJ_LOSS_HOLD_SECONDS``): the rank's failure comes at once, but a node that
+    dies silently and is not deleted is seen only once it turned NotReady and stayed so for
+    ``nodeNotReadySeconds``. A worker that gave up earlier would lose its step: the gang then
+    restarts from the newest commit instead of rejoining or saving from memory."""
+    not_ready_s = job.spec.preemption_signals.node_not_ready_seconds
+    return rejoin_seconds(job) + names.NODE_MONITOR_GRACE_SECONDS + not_ready_s
+
+
 def uses_trainer_identity(job: Job) -> bool:
     """Whether the pods run as the operator-made ServiceAccount (the template names none)."""
     spec = job.raw_template.get("spec") or {}
@@ -140,6 +150,7 @@ def rank_environment(
         envvars.MEMBERSHIP_EPOCH: str(attempt),
         envvars.MEMBERSHIP_FILE: names.MEMBERSHIP_FILE,
         envvars.REJOIN_SECONDS: str(rejoin_seconds(job)),
+        envvars.LOSS_HOLD_SECONDS: str(loss_hold_seconds(job)),
         envvars.MTBI_SECONDS: str(round(mtbi_seconds(status))),
         envvars.INTERRUPTIONS: str(interruptions(status)),
     }

@@ -18,8 +18,9 @@ notice. Under native gang scheduling the new attempt's PodGroup holds only its n
 placed all or none. A gang Kueue admits is replaced whole: Kueue admits a pod group by its
 labels and count as one workload, which kept pods of an earlier group would break. A failure
 (a rank's own non-zero exit) always replaces the whole gang: the failure may
-be in the state the survivors hold. A kept pod that cannot rejoin (its agent waited
-``RTJ_REJOIN_SECONDS`` for the membership and gave up) ends with its worker's exit code, and the
+be in the state the survivors hold. A kept pod that cannot rejoin (its worker waited
+``RTJ_LOSS_HOLD_SECONDS`` after a failed collective, its agent ``RTJ_REJOIN_SECONDS`` after
+that, for the membership, and gave up) ends with its worker's exit code, and the
 attempt is handled as any ended attempt: the next one replaces every pod. (Rejected: restarting
 the kept pods' containers in place with a container restart rule: the interpreter and ``import
 torch`` would be paid again, which is most of a restart.)
