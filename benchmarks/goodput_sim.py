@@ -84,7 +84,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rtj_operator.api.spec_types import GROW_MIN_INTERVAL_SECONDS, SHRINK_AFTER_SECONDS
+from rtj_operator.api.names import NODE_MONITOR_GRACE_SECONDS, REJOIN_SECONDS
+from rtj_operator.api.spec_types import (
+    GROW_MIN_INTERVAL_SECONDS,
+    SHRINK_AFTER_SECONDS,
+    PreemptionSignals,
+)
 from rtj_operator.decide.grow_payoff import GrowCost, survivors_first_pays
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 from trainer_runtime.save.survivor_group import DEFAULT_SPLIT_MIB
@@ -222,6 +227,12 @@ class Model:
     grow_min_interval_s: float | None = None
     """``grow.minIntervalSeconds``; None: the product's default, 300 s, and 0 when grows
     switch in process (``switch_grows``, ``recovery.inProcessSwitch``)."""
+    loss_hold_s: float | None = None
+    """How long a kept worker whose collective failed waits for its membership
+    (``RTJ_LOSS_HOLD_SECONDS``); None: the operator's, ``REJOIN_SECONDS`` and the wait for the
+    full gang, plus the node controller's grace and ``nodeNotReadySeconds``. A loss without
+    notice seen later (``detected`` and that wait) finds the kept workers ended, unsaved: they
+    restart from the newest commit."""
     idle_lost_first: bool = False
     """A lost node is an idle one (room the gang did not take) before a training rank: the
     optimistic bound. False: a training rank goes first (pessimistic; the default)."""
@@ -353,6 +364,14 @@ class Model:
 
     def detect(self, noticed: bool) -> float:
         return self.notice_detect_s if noticed else self.phases.detected
+
+    def hold_s(self, *, stay: bool) -> float:
+        """The kept workers' wait for the membership after a failed collective in force
+        (``decide/manifests.loss_hold_seconds``)."""
+        if self.loss_hold_s is not None:
+            return self.loss_hold_s
+        silent_loss = NODE_MONITOR_GRACE_SECONDS + PreemptionSignals().node_not_ready_seconds
+        return REJOIN_SECONDS + self.shrink_after(stay=stay) + silent_loss
 
 
 class Interval:
@@ -903,12 +922,18 @@ class StayGang(WarmGang):
         in process instead, when no new pod starts with them (``rejoins``)."""
         m = self.model
         wait = m.shrink_after(stay=True) if self.avail < self.replicas else 0.0
-        if self.rejoins():
+        gave_up = not noticed and m.phases.detected + wait > m.hold_s(stay=True)
+        if self.rejoins() and not gave_up:
             extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
             self.restoring = extra > 0
             return wait + m.reform_s
-        save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
-        pause = wait + self.restart_from_save(seen + wait, save)
+        if gave_up:  # the kept workers ended unsaved: their agents restart them from the commit
+            self.ledger.rollback()
+            pause = wait + m.restart()
+            self.ledger.clock = seen + pause
+        else:
+            save = m.commit_s(self.size) if noticed else m.survivor_save(self.size)
+            pause = wait + self.restart_from_save(seen + wait, save)
         extra = min(self.avail, self.replicas) - self.size - self.joining_ranks()
         self.restoring = extra > 0 and self.room_joins_warm(extra)
         if extra > 0 and self.min_replicas < self.replicas and not self.restoring:
@@ -1200,6 +1225,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                 "interval_s": "automatic",
                 "shrink_after_s": "60, 0 with Stay",
                 "grow_min_interval_s": "300, 0 with the in-process switch",
+                "loss_hold_s": "the operator's, 140 with Stay",
             }
             default = unset.get(f.name, f.default) if f.default is None else f.default
             parser.add_argument(

@@ -539,6 +539,28 @@ def test_a_loss_without_notice_rejoins_in_process_without_a_save_or_a_restart():
         assert gs.simulate(LOSS, 4, policy, lost) == gs.simulate(LOSS, 4, policy, STAY_ALONE)
 
 
+def test_a_loss_seen_after_the_kept_workers_gave_up_restarts_them_from_the_commit():
+    """``RTJ_LOSS_HOLD_SECONDS``: after a failed collective the kept workers wait that long for
+    the membership. Seen later (detected at 10 s, a hold of 5 s), the loss finds them ended
+    unsaved: no rejoin, no survivor's save; their agents restart them from the newest commit.
+    The operator's hold covers a silent node's NotReady and ``nodeNotReadySeconds``."""
+    lost = replace(STAY_ALONE, switch_lost=True)
+    assert lost.hold_s(stay=True) == 30 + 0 + 50 + 60
+    assert replace(lost, shrink_after_s=20.0).hold_s(stay=True) == 30 + 20 + 50 + 60
+    for model in (lost, STAY_ALONE):
+        ended = replace(model, loss_hold_s=5.0)
+        gang = gs.StayGang(ended, 4, 2, gs.Ledger(gs.Interval(ended), 0.0))
+        gang.begin(0.0, 4)
+        gang.fire(57.0)  # the cold start's join
+        gang.on_change(1000.0, 4, 3, False)
+        assert gang.resume_at == 1000.0 + ended.detect(False) + ended.restart()
+        assert gang.ledger.progress == gang.ledger.committed  # back to the newest commit
+        r, held = (gs.simulate(LOSS, 4, "elastic-stay", m) for m in (ended, model))
+        assert r.rolled_back_node_h > held.rolled_back_node_h and kept(r) < kept(held)
+        # a hold as long as the detection is enough
+        assert gs.simulate(LOSS, 4, "elastic-stay", replace(model, loss_hold_s=10.0)) == held
+
+
 def test_a_loss_below_min_replicas_still_restarts_from_the_commit():
     """Three of four nodes lost: one kept rank is below ``minReplicas`` (2), so there is no gang
     to rejoin; the flag changes nothing."""
