@@ -189,7 +189,10 @@ class PreemptionSignals(ApiModel):
     cloud shutdown and ``node.kubernetes.io/out-of-service``)."""
     node_not_ready_seconds: int = Field(default=60, ge=0, le=86400)
     """How long a rank's node may stay NotReady (or Unknown) before the rank counts as lost to a
-    preemption and the gang is resubmitted. Default 60."""
+    preemption and the gang is resubmitted. Default 60. A kept worker whose collective failed
+    when such a peer went waits for its new membership this long plus 80 s (the node
+    controller's 50 s grace and 30 s) and ``elastic.shrinkAfterSeconds``
+    (``RTJ_LOSS_HOLD_SECONDS``)."""
     failure_settle_seconds: int = Field(default=0, ge=0, le=3600)
     """When a rank fails while other ranks' pods still run, how long after its exit the
     operator waits before counting a failure. A node that dies without its Node being deleted
