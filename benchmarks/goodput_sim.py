@@ -84,13 +84,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rtj_operator.api.names import NODE_MONITOR_GRACE_SECONDS, REJOIN_SECONDS
 from rtj_operator.api.spec_types import (
     GROW_MIN_INTERVAL_SECONDS,
     SHRINK_AFTER_SECONDS,
     PreemptionSignals,
 )
 from rtj_operator.decide.grow_payoff import GrowCost, survivors_first_pays
+from rtj_operator.decide.manifests import hold_after_failed_collective
 from trainer_runtime.save.auto_interval import DEFAULT_MAX_S, DEFAULT_MIN_S, clamp, young_daly
 from trainer_runtime.save.survivor_group import DEFAULT_SPLIT_MIB
 
@@ -103,6 +103,8 @@ except ImportError:  # run as a script: benchmarks/ is the script's folder
 
 Trace = spot_traces.Trace
 INF = math.inf
+NODE_NOT_READY_SECONDS = PreemptionSignals().node_not_ready_seconds
+"""``preemptionSignals.nodeNotReadySeconds``' default."""
 POLICIES = ("fixed", "elastic", "elastic-stay", "fixed-stay", "elastic-warm", "fixed-warm")
 GROW_RECHECK_S = 60.0
 """How soon a grow held back by ``grow.onlyWhenItPays`` is looked at again (the operator looks
@@ -370,8 +372,7 @@ class Model:
         (``decide/manifests.loss_hold_seconds``)."""
         if self.loss_hold_s is not None:
             return self.loss_hold_s
-        silent_loss = NODE_MONITOR_GRACE_SECONDS + PreemptionSignals().node_not_ready_seconds
-        return REJOIN_SECONDS + self.shrink_after(stay=stay) + silent_loss
+        return hold_after_failed_collective(self.shrink_after(stay=stay), NODE_NOT_READY_SECONDS)
 
 
 class Interval:

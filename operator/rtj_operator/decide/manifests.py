@@ -82,13 +82,22 @@ def rejoin_seconds(job: Job) -> int:
 
 
 def loss_hold_seconds(job: Job) -> int:
+    """``RTJ_LOSS_HOLD_SECONDS`` of ``job``'s pods (``hold_after_failed_collective``)."""
+    signals = job.spec.preemption_signals
+    return round(
+        hold_after_failed_collective(shrink_after_seconds(job.spec), signals.node_not_ready_seconds)
+    )
+
+
+def hold_after_failed_collective(shrink_after_s: float, node_not_ready_s: float) -> float:
     """How long a worker whose collective failed (a peer lost without notice) waits for its new
-    membership (``RTJ_LOSS_HOLD_SECONDS``): the rank's failure comes at once, but a node that
-    dies silently and is not deleted is seen only once it turned NotReady and stayed so for
-    ``nodeNotReadySeconds``. A worker that gave up earlier would lose its step: the gang then
-    restarts from the newest commit instead of rejoining or saving from memory."""
-    not_ready_s = job.spec.preemption_signals.node_not_ready_seconds
-    return rejoin_seconds(job) + names.NODE_MONITOR_GRACE_SECONDS + not_ready_s
+    membership: the rank's failure comes at once, but a node that dies silently and is not
+    deleted is seen only once it turned NotReady and stayed so for ``nodeNotReadySeconds``, and
+    an elastic job's next attempt may first wait ``shrinkAfterSeconds``. A worker that gave up
+    earlier would lose its step: the gang then restarts from the newest commit instead of
+    rejoining or saving from memory."""
+    silent_loss = names.NODE_MONITOR_GRACE_SECONDS + node_not_ready_s
+    return names.REJOIN_SECONDS + shrink_after_s + silent_loss
 
 
 def uses_trainer_identity(job: Job) -> bool:
