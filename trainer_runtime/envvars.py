@@ -181,3 +181,7 @@ MEMBERSHIP_ANNOTATION = "resumable.dev/membership"
 # Written by a standby pod's agent onto its own pod once it is warm (JSON: the epoch it waits to
 # join, the seconds its start took); the operator then switches the gang to the new membership.
 AGENT_READY_ANNOTATION = "resumable.dev/agent-ready"
+# Written by a kept worker onto its own pod when its collective fails (a peer is gone; JSON: the
+# membership epoch of the gang that broke, when). The operator then checks the gang's nodes'
+# Leases, and takes a node whose kubelet went silent as lost without waiting for NotReady.
+PEER_LOST_ANNOTATION = "resumable.dev/peer-lost"

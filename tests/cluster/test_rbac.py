@@ -71,6 +71,9 @@ NOT_REQUESTED = {
     # A node is read by GET only when the node watch has not seen it (right after a start, or
     # after a peering pause); in this run the watch knows every node, the deleted one too.
     ("", "nodes", "get"): "node watch",
+    # A node's Lease is read only while a kept rank reports a lost peer (docs/survivors.md);
+    # tests/e2e/test_survivors_story.py exercises it.
+    ("coordination.k8s.io", "leases", "get"): "no peer lost in this run",
     # The all-namespaces peering; this run serves one namespace (kopfpeerings are used).
     **{
         ("kopf.dev", "clusterkopfpeerings", verb): "all-namespaces mode"

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_operator.api.envvars import AGENT_READY_ANNOTATION
+from rtj_operator.api.envvars import AGENT_READY_ANNOTATION, PEER_LOST_ANNOTATION
 from tools.controlplane import ControlPlane
 from tools.localstack import LocalStack
 from tools.spotcluster import PodRunnerCluster
@@ -103,13 +103,17 @@ def wait_step(stack: LocalStack, job: str, step: int, what: str) -> None:
     )
 
 
-def reclaim_rank(stack: LocalStack, job: str, pod: str, note: str = "") -> float:
-    """Reclaim the node of ``pod`` without notice; when it happened."""
+def reclaim_rank(
+    stack: LocalStack, job: str, pod: str, note: str = "", *, silent: bool = False
+) -> float:
+    """Reclaim the node of ``pod`` without notice (``silent``: its machine dies, the Node
+    stays); when it happened."""
     lost = stack.pod(pod)
     assert lost is not None, pod
-    stack.reclaim_node(lost["spec"]["nodeName"])
+    node_name = lost["spec"]["nodeName"]
+    (stack.silence_node if silent else stack.reclaim_node)(node_name)
     at = time.time()
-    say(f"reclaimed {lost['spec']['nodeName']} ({pod}){note}")
+    say(f"{'silenced' if silent else 'reclaimed'} {node_name} ({pod}){note}")
     return at
 
 
@@ -371,13 +375,14 @@ def three_losing_rank_one(
     free_node: bool,
     lost_rank: int = 1,
     switching: bool = False,
+    silent: bool = False,
     **elastic: object,
 ) -> tuple[str, dict[str, dict[str, Any]], float]:
     """An elastic job of 3 pods (one a node, ``minReplicas`` 2, a commit every 20 steps) whose
     rank 1 (or ``lost_rank``) loses its node without notice two steps after the first commit;
     ``free_node``: a fourth node is free then; ``switching``: the example built for the
-    in-process switch, with ``recovery.inProcessSwitch``. The job, its pods before the loss by
-    name, when it happened."""
+    in-process switch, with ``recovery.inProcessSwitch``; ``silent``: the node's machine dies
+    and its Node stays. The job, its pods before the loss by name, when it happened."""
     usable = REPLICAS + 1 if free_node else REPLICAS
     stack.ensure_nodes(usable)
     for node_name in stack.live_nodes()[:usable]:
@@ -399,7 +404,8 @@ def three_losing_rank_one(
     wait_step(stack, job, 22, "two steps after the commit")
     first = {p["metadata"]["name"]: p for p in stack.pods(job, attempt=0)}
     room = "a fourth node is free" if free_node else "no room for a third pod"
-    return job, first, reclaim_rank(stack, job, f"{job}-a0-r{lost_rank}", f"; {room}")
+    lost = reclaim_rank(stack, job, f"{job}-a0-r{lost_rank}", f"; {room}", silent=silent)
+    return job, first, lost
 
 
 def test_a_shrink_keeps_the_ranks_that_are_left(stack: LocalStack, tmp_path: Path) -> None:
@@ -464,6 +470,58 @@ def test_a_loss_without_notice_is_taken_in_process_by_the_kept_workers(
         f"loss -> the gang of 2 rejoined in process: {switched_at.timestamp() - lost_at:.1f} s, "
         f"first step {back:.1f} s; interruption: {loss}"
     )
+
+
+def test_a_node_that_dies_silently_is_taken_as_lost_once_its_kubelet_stops_renewing(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """As above, but rank 1's machine dies and its Node stays: it reads Ready for the node
+    controller's grace (40 s here), then ``nodeNotReadySeconds`` (60 s) would pass before the
+    operator took it for lost. The kept workers' failed collective is reported on their pods
+    (``resumable.dev/peer-lost``); the operator reads the gang's nodes' Leases, takes the node
+    whose kubelet stopped renewing as lost while it still reads Ready (cause ``NodeSilent``),
+    and the kept workers rejoin in process."""
+    job, first, lost_at = three_losing_rank_one(
+        stack,
+        tmp_path,
+        "silent",
+        epochs=30,
+        free_node=False,
+        switching=True,
+        silent=True,
+        shrinkAfterSeconds=0,
+    )
+    silent_node = first[f"{job}-a0-r1"]["spec"]["nodeName"]
+    try:
+        status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+        (loss,) = status["interruptions"]
+        assert (loss["cause"], loss["node"]) == ("NodeSilent", silent_node), (
+            loss,
+            stack.diagnostics(job),
+        )
+        assert loss["stepsLost"] <= 1 and status["failures"] == 0, status
+        kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
+        assert status["gangSize"] == 2 and status["keptPods"] == kept, status
+        for name in kept:
+            pod = stack.pod(name)
+            assert pod is not None and pod["metadata"]["uid"] == first[name]["metadata"]["uid"]
+            reported = json.loads(pod["metadata"]["annotations"][PEER_LOST_ANNOTATION])
+            assert reported["epoch"] == 0, reported
+            (switched,) = stack.runtime_events(name, "switched")
+            assert switched["after_loss"] is True and switched["world_size"] == 2, switched
+        switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
+        node = stack.kube.get(f"/api/v1/nodes/{silent_node}")
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        if ready["status"] != "True":  # the node controller marked it since: after the rejoin
+            unready_at = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
+            assert switched_at < unready_at, (switched_at, ready)
+        say(
+            f"silent node -> the gang of 2 rejoined in process: "
+            f"{switched_at.timestamp() - lost_at:.1f} s (node Ready then: the operator's "
+            f"NotReady path would have waited 40 s + nodeNotReadySeconds 60 s)"
+        )
+    finally:
+        stack.delete_node(silent_node)
 
 
 def test_a_lost_rank_0_is_saved_for_and_reported_by_the_new_rank_0(

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
 
 from rtj_operator.api.spec_types import DEFAULT_TERMINATION_TAINTS
 from rtj_operator.api.status_types import Cause
+from rtj_operator.api.timeutil import iso
 from rtj_operator.decide.classify import Outcome, RankOutcome, Signals, classify_rank, gang_verdict
-from rtj_operator.decide.nodes import node_view
+from rtj_operator.decide.nodes import node_view, with_lease
 
 from .fakes import T0, make_node, make_pod
 
@@ -75,6 +77,65 @@ def test_not_ready_node_waits_for_the_grace_period_then_preempts():
     assert edge.outcome is Outcome.ACTIVE, "never before the grace period has surely passed"
     late = classify(make_pod(), node=node, now=T0 + timedelta(seconds=61))
     assert late.outcome is Outcome.PREEMPTED and late.cause is Cause.NODE_NOT_READY
+
+
+REPORTED = dataclasses.replace(SIGNALS, peer_lost=True)
+
+
+def lease(renewed_ago: float, *, seen_ago: float, duration: int = 40):
+    """A Lease (``kube-node-lease``) renewed ``renewed_ago`` s before T0, first read by the
+    operator ``seen_ago`` s before T0."""
+    body = {
+        "spec": {
+            "renewTime": iso(T0 - timedelta(seconds=renewed_ago)),
+            "leaseDurationSeconds": duration,
+        }
+    }
+    return body, T0 - timedelta(seconds=seen_ago)
+
+
+def test_a_silent_node_is_lost_at_once_when_a_peer_reported_the_failed_collective():
+    body, seen = lease(21, seen_ago=12)
+    node = with_lease(node_view("node-0", make_node()), body, seen)
+    out = classify_rank(0, make_pod(), node, signals=REPORTED, now=T0)
+    assert out.outcome is Outcome.PREEMPTED and out.cause is Cause.NODE_SILENT, out
+    assert "silent for 21s" in out.message
+    # Without the peers' report the node stays Ready and its rank active: a Lease alone is no loss.
+    alone = classify_rank(0, make_pod(), node, signals=SIGNALS, now=T0)
+    assert alone.outcome is Outcome.ACTIVE and alone.recheck_after is None
+
+
+@pytest.mark.parametrize(
+    ("renewed_ago", "seen_ago", "left"),
+    [
+        (5, 5, 15),  # renewed 5 s ago: half the duration (20 s) not reached
+        (30, 2, 8),  # looks old by the kubelet's clock, but the operator read it 2 s ago
+    ],
+)
+def test_a_node_whose_lease_may_still_be_renewed_is_waited_for(renewed_ago, seen_ago, left):
+    body, seen = lease(renewed_ago, seen_ago=seen_ago)
+    node = with_lease(node_view("node-0", make_node()), body, seen)
+    out = classify_rank(0, make_pod(), node, signals=REPORTED, now=T0)
+    assert out.outcome is Outcome.ACTIVE and out.recheck_after == pytest.approx(left)
+
+
+def test_a_silent_node_already_not_ready_is_lost_before_its_grace_period():
+    body, seen = lease(25, seen_ago=25)
+    not_ready = node_view("node-0", make_node(ready="Unknown", since=T0 - timedelta(seconds=5)))
+    out = classify_rank(0, make_pod(), with_lease(not_ready, body, seen), signals=REPORTED, now=T0)
+    assert out.cause is Cause.NODE_SILENT
+    fresh_body, fresh_seen = lease(1, seen_ago=1)
+    waiting = classify_rank(
+        0, make_pod(), with_lease(not_ready, fresh_body, fresh_seen), signals=REPORTED, now=T0
+    )
+    assert waiting.outcome is Outcome.ACTIVE
+    assert waiting.recheck_after == pytest.approx(19), "the Lease's check comes before the grace's"
+
+
+def test_a_node_without_a_lease_keeps_the_not_ready_rules():
+    node = with_lease(node_view("node-0", make_node()), None, T0)
+    out = classify_rank(0, make_pod(), node, signals=REPORTED, now=T0 + timedelta(minutes=5))
+    assert out.outcome is Outcome.ACTIVE and out.recheck_after is None
 
 
 def test_unknown_readiness_counts_as_not_ready():

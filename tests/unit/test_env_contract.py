@@ -38,6 +38,7 @@ def test_every_injected_variable_is_read_by_the_runtime_under_the_same_name():
         "PROGRESS_ANNOTATION",
         "MEMBERSHIP_ANNOTATION",
         "AGENT_READY_ANNOTATION",
+        "PEER_LOST_ANNOTATION",
         "STANDBY",
         "MEMBERSHIP_CHANGED",
         "MEMBERSHIP_EPOCH",

@@ -107,6 +107,20 @@ class NodesPart(StackBase):
         agent.signal(signal.SIGKILL)
         agent.popen.wait(10)
 
+    def silence_node(self, name: str) -> None:
+        """A machine that dies while its Node stays (a kernel panic, a cut network, a spot
+        reclaim whose Node the cloud deletes only later): the agent is SIGKILLed and its
+        processes die with it; the Node stays Ready until the node controller's grace
+        (``--node-monitor-grace-period``) passes without a Lease renewal. ``delete_node`` later
+        does what the cloud's controller does."""
+        agent = self.agents[name]
+        agent.signal(signal.SIGKILL)
+        agent.popen.wait(10)
+
+    def delete_node(self, name: str) -> None:
+        """Delete the Node object (a silenced node's, as a cloud's controller does)."""
+        self._delete(f"/api/v1/nodes/{name}")
+
     def taint_node(self, name: str, key: str, effect: str = "NoSchedule", value: str = "") -> None:
         """Add a taint, e.g. a spot termination notice (``PodRunnerCluster.TAINT``)."""
         node = self.kube.request("GET", f"/api/v1/nodes/{name}")

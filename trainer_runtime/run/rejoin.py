@@ -9,7 +9,8 @@ the in-process switch that also hands its failed step to ``CheckpointManager.rej
 1. **claimed**: the training thread caught a failed collective and calls ``rejoin(exc)``. The
    survivor's watch gives it the last step boundary (``SurvivorSave.claim_rejoin``), still whole
    when no update began since, and saves nothing from memory for this loss; the worker says so
-   to its agent (``switch.claim``).
+   to its agent (``switch.claim``) and to the operator (``pod/peer_loss.py``), which may not
+   know of the loss yet.
 2. **cut**: the rank shuts down its old gang's connections (``gang_sockets``), so that a peer
    blocked on it (not on the lost rank) fails now instead of at gloo's timeout, and claims too.
    The watch does the same when the operator's ``stop: rejoin`` membership comes first (a peer
@@ -38,12 +39,14 @@ are trained again by the new gang, from the boundary's position.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import time
 from typing import Any, NoReturn
 
 import torch
 
+from ..pod import peer_loss
 from ..save.survivor import Boundary, collective_failure
 from ..sharded.keys import MODEL_KEY
 from ..switch import SwitchRequest, claim
@@ -70,6 +73,7 @@ def rejoin(manager: Any, exc: BaseException) -> None:
     began = time.monotonic()
     cut = cut_old_gang(manager)
     claim(watch.path, watch.epoch)
+    peer_loss.report(os.environ, watch.epoch)  # the operator may not know of the loss yet
     log.warning(
         "a collective failed (%s): rank %d holds step %s, shut down %d connections of the old "
         "gang, and waits up to %.0f s for the new membership",

@@ -73,7 +73,7 @@ from torch.utils._pytree import tree_map
 
 from .. import envvars, events, io_progress
 from ..errors import ConfigError
-from ..pod import membership
+from ..pod import membership, peer_loss
 from ..pod.progress import report_commit_once
 from ..pod.reporting import report_commit
 from ..run import arguments
@@ -321,6 +321,7 @@ class SurvivorSave:
         self.rejoin.refuse()  # the loop ended: no rejoin in process any more
         if self._done.is_set() or not collective_failure(exc):
             return
+        peer_loss.report(os.environ, self.epoch)  # the operator may not know of the loss yet
         announce(
             log,
             logging.WARNING,

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..api.api_types import Job
 from ..api.status_types import TERMINAL_PHASES
 from ..decide import gang, kueue_quota, kueue_workload, spares, support, survivors
 from ..decide.gang_mechanisms import of_status
-from ..decide.nodes import NodeView, node_view
+from ..decide.nodes import NodeView, node_view, with_lease
 from ..decide.podstate import pod_attempt
 from . import kueue_reads
 from .discovery import ApiDiscovery
@@ -37,6 +38,10 @@ from .workqueue import Key
 SUPPORT_RECHECK_S = 30.0
 """How long a clean read of a job's support objects (every one there and the job's own) stands
 in for reading them again: how soon one deleted by hand while its gang runs is made again."""
+
+
+FORGET_RENEWALS_SECONDS = 600.0
+"""A Lease renewal read longer ago than this is forgotten (its node's report is long settled)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class JobReader:
         self.discovery = discovery
         self.watched = watched
         self.support_reads: dict[Key, _SupportRead] = {}
+        self.renewals_seen: dict[str, tuple[str, datetime]] = {}
+        """Per node: the Lease renewal last read, and when it was first read."""
 
     async def read(self, job: Job, labelled: list[dict[str, Any]]) -> JobInputs:
         """The job's pods (``labelled``: listed by the job's label, read beside the job; with any
@@ -94,7 +101,27 @@ class JobReader:
         fetched = await asyncio.gather(*(self.api.get_node(n) for n in missing))
         for name, body in zip(missing, fetched, strict=True):
             views[name] = node_view(name, body)
+        current = [p for p in pods if pod_attempt(p) == job.status.attempt]
+        if survivors.reports_lost_peer(current, job.status.attempt):
+            await self.read_leases(views)
         return views
+
+    async def read_leases(self, views: dict[str, NodeView]) -> None:
+        """Add their Leases to the views of the nodes that exist: a rank reported a lost peer,
+        and a node whose kubelet stopped renewing is the one that went (``decide/classify``).
+        Read only then, never watched: every kubelet renews its Lease every 10 s."""
+        named = [name for name, view in views.items() if not view.gone]
+        leases = await asyncio.gather(*(self.api.get_node_lease(n) for n in named))
+        now = datetime.now(UTC)
+        for name, lease in zip(named, leases, strict=True):
+            renewal = str(((lease or {}).get("spec") or {}).get("renewTime") or "")
+            last = self.renewals_seen.get(name)
+            if last is None or last[0] != renewal:
+                last = self.renewals_seen[name] = (renewal, now)
+            views[name] = with_lease(views[name], lease, last[1])
+        for name, (_, seen) in list(self.renewals_seen.items()):
+            if (now - seen).total_seconds() > FORGET_RENEWALS_SECONDS:
+                del self.renewals_seen[name]
 
     async def unlabelled_holders(
         self, job: Job, listed: list[dict[str, Any]]

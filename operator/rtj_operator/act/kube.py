@@ -235,6 +235,17 @@ class KubeApi:
                 return None
             raise
 
+    async def get_node_lease(self, name: str) -> dict[str, Any] | None:
+        """The node's Lease in ``kube-node-lease`` (its kubelet's heartbeat), or None."""
+        namespace = names.NODE_LEASE_NAMESPACE
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{quote(name)}"
+        try:
+            return await self.request("GET", path)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
     # -- trainer identity and service -------------------------------------------------------
 
     _SUPPORT_PATHS: ClassVar[dict[str, tuple[str, str]]] = {

@@ -113,6 +113,10 @@ in-pod agent as the file RTJ_MEMBERSHIP_FILE."""
 AGENT_READY_ANNOTATION = "resumable.dev/agent-ready"
 """Written by a standby pod's agent once it is warm (the epoch it waits for); read by the
 operator, which then gives every pod of the gang its new membership."""
+PEER_LOST_ANNOTATION = "resumable.dev/peer-lost"
+"""Written by a kept worker on its own pod when a collective of its gang failed (JSON: the epoch
+of that gang); read by the operator, which then looks at the Leases of the gang's nodes
+(``decide/nodes.py``) to find a node whose kubelet stopped renewing."""
 
 # Read by the operator itself, from its own pod.
 OPERATOR_POD_ID = "POD_ID"

@@ -43,6 +43,8 @@ NODE_MONITOR_GRACE_SECONDS = 50
 """How long the node controller waits for a silent kubelet before it marks the node NotReady
 (kube-controller-manager's ``--node-monitor-grace-period``, 50 s by default since v1.32): a node
 that dies without notice and is not deleted is first seen then."""
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+"""Where each kubelet renews its node's Lease (the heartbeat the node controller watches)."""
 CHECKPOINT_VOLUME = "rtj-checkpoints"
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_GRACE_PERIOD_SECONDS = 30

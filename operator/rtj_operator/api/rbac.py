@@ -25,6 +25,13 @@ CLUSTER_RULES: tuple[tuple[list[str], list[str], list[str], str], ...] = (
         "termination taints, deletion and readiness of the nodes that run ranks",
     ),
     (
+        ["coordination.k8s.io"],
+        ["leases"],
+        ["get"],
+        "the Leases in kube-node-lease of a gang's nodes, read when a rank reports a lost peer:"
+        " a node whose kubelet went silent is taken as lost before it turns NotReady",
+    ),
+    (
         [""],
         ["namespaces"],
         ["list", "watch"],

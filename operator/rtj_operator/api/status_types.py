@@ -50,6 +50,9 @@ class Cause(StrEnum):
 
     NODE_DELETED = "NodeDeleted"
     NODE_NOT_READY = "NodeNotReady"
+    NODE_SILENT = "NodeSilent"
+    """A rank of the gang reported a failed collective (a peer gone) and the node's kubelet
+    stopped renewing its Lease: taken as lost before the node controller marks it NotReady."""
     EVICTED = "Evicted"
     TAINT_EVICTION = "TaintEviction"
     SCHEDULER_PREEMPTION = "SchedulerPreemption"

@@ -19,7 +19,10 @@ of the checks below is the policy:
 5. a pod being deleted that the operator did not delete -> preemption (it is going away);
 6. a non-zero exit -> failure, *unless* the pod's node was announced for termination or is not
    ready: a rank killed by a dying node is not the code's fault;
-7. a NotReady node -> preemption once ``nodeNotReadySeconds`` have passed, otherwise wait.
+7. a node whose kubelet went silent (its Lease unrenewed for half its duration) while a rank of
+   the gang reported a failed collective (``resumable.dev/peer-lost``) -> preemption at once:
+   the machine died without its Node being deleted, and the peers' report confirms it;
+8. a NotReady node -> preemption once ``nodeNotReadySeconds`` have passed, otherwise wait.
 
 At the gang level a preemption of any rank wins over failures of the others, because the
 surviving ranks of a broken gang typically crash (NCCL timeouts) right after one goes. A failed
@@ -138,6 +141,9 @@ class Signals:
     node_not_ready_seconds: float
     container_name: str | None = None
     failure_settle_seconds: float = 0.0
+    peer_lost: bool = False
+    """A rank of the current gang reported a failed collective (a peer is gone): the gang's
+    nodes' Leases were read, and a silent one is taken as lost (rule 7)."""
 
 
 def training_container_name(pod: dict[str, Any], configured: str | None) -> str | None:
@@ -287,15 +293,28 @@ def classify_rank(
             own_exit=exit_code is not None and not reason,
             **base,
         )
-    # 7. NotReady nodes get a grace period.
+    # 7. A silent node, confirmed by the peers' report.
     recheck = None
+    if signals.peer_lost and node is not None and node_name and node.exists:
+        left = node.silent_in(now)
+        if left is not None and left <= 0:
+            quiet = (now - node.lease_renewed).total_seconds() if node.lease_renewed else 0.0
+            return preempted(
+                Cause.NODE_SILENT,
+                f"node {node_name}'s kubelet silent for {quiet:.0f}s (its Lease not renewed) "
+                "after a rank of the gang reported a failed collective",
+            )
+        if left is not None:
+            recheck = max(left, 0.1)
+    # 8. NotReady nodes get a grace period.
     if node is not None and node_name and node.exists and node.ready is not True:
         since = node.not_ready_since or now
         waited = (now - since).total_seconds()
         if waited >= signals.node_not_ready_seconds:
             state = "Unknown" if node.ready is None else "NotReady"
             return preempted(Cause.NODE_NOT_READY, f"node {node_name} {state} for {waited:.0f}s")
-        recheck = max(signals.node_not_ready_seconds - waited, 0.1)
+        left = max(signals.node_not_ready_seconds - waited, 0.1)
+        recheck = left if recheck is None else min(recheck, left)
     return RankOutcome(
         rank,
         Outcome.ACTIVE,

@@ -28,13 +28,14 @@ from .sizing import reshrink, watch_for_grow
 from .transitions import interrupted
 
 
-def _signals(job: Job) -> Signals:
+def _signals(job: Job, current: Mapping[int, dict[str, Any]]) -> Signals:
     ps = job.spec.preemption_signals
     return Signals(
         termination_taints=ps.termination_taints,
         node_not_ready_seconds=ps.node_not_ready_seconds,
         container_name=job.spec.container_name,
         failure_settle_seconds=ps.failure_settle_seconds,
+        peer_lost=survivors.reports_lost_peer(current.values(), job.status.attempt),
     )
 
 
@@ -42,7 +43,7 @@ def watch_gang(ctx: ReconcileContext) -> None:
     """Classify the current attempt's ranks and act on the gang's verdict."""
     st, plan, job = ctx.status, ctx.plan, ctx.job
     current = ctx.current_pods()
-    signals = _signals(job)
+    signals = _signals(job, current)
     outcomes: list[RankOutcome] = []
     for rank in range(ctx.size):
         expected = survivors.pod_for_rank(ctx, rank)

@@ -7,11 +7,16 @@ Node dictionaries and a missing node (deleted: a spot reclaim) is an explicit st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..api.timeutil import parse_time
+
+SILENT_SHARE_OF_LEASE = 0.5
+"""The share of its Lease's duration after which an unrenewed Lease marks the node silent."""
+RENEWAL_SHARE_OF_LEASE = 0.25
+"""How often a kubelet renews its Lease, as a share of the Lease's duration."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,27 @@ class NodeView:
     """The node's labels (for nodeSelector), sorted."""
     allocatable: tuple[tuple[str, str], ...] = ()
     """status.allocatable quantities (cpu, memory, pods, ...), sorted."""
+    lease_renewed: datetime | None = None
+    """When the node's kubelet last renewed its Lease in ``kube-node-lease`` (by the kubelet's
+    clock); read only while a rank reports a lost peer (``with_lease``), else None."""
+    lease_seconds: float = 0.0
+    """The Lease's ``leaseDurationSeconds`` (0: not read)."""
+    lease_seen: datetime | None = None
+    """When the operator first read that same renewal (by its own clock)."""
+
+    def silent_in(self, now: datetime) -> float | None:
+        """Seconds until the node counts as silent (0 or less: it is); None when its Lease was
+        not read. Silent once the Lease went unrenewed for half its duration (the kubelet renews
+        every quarter of it: two renewals missed) and the operator itself has seen no renewal for
+        a quarter of it, so that a kubelet whose clock runs behind is not taken for silent."""
+        if self.lease_renewed is None or self.lease_seen is None or self.lease_seconds <= 0:
+            return None
+        quiet = (now - self.lease_renewed).total_seconds()
+        watched = (now - self.lease_seen).total_seconds()
+        return max(
+            self.lease_seconds * SILENT_SHARE_OF_LEASE - quiet,
+            self.lease_seconds * RENEWAL_SHARE_OF_LEASE - watched,
+        )
 
     @property
     def gone(self) -> bool:
@@ -73,3 +99,14 @@ def node_view(name: str, body: dict[str, Any] | None) -> NodeView:
             )
         ),
     )
+
+
+def with_lease(view: NodeView, lease: dict[str, Any] | None, seen: datetime) -> NodeView:
+    """``view`` with its node's Lease (``kube-node-lease``), when there is a renewed one;
+    ``seen``: when the operator first read this renewal."""
+    spec = (lease or {}).get("spec") or {}
+    renewed = parse_time(spec.get("renewTime"))
+    seconds = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(seconds, int) or seconds <= 0:
+        return view
+    return replace(view, lease_renewed=renewed, lease_seconds=float(seconds), lease_seen=seen)

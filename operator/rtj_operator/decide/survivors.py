@@ -37,7 +37,7 @@ costs the running ranks an emergency save and an in-place restart, not the new p
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..api import names
@@ -46,6 +46,7 @@ from ..api.envvars import (
     AGENT_READY_ANNOTATION,
     MEMBERSHIP_ANNOTATION,
     NOTICE_ANNOTATION,
+    PEER_LOST_ANNOTATION,
     PROGRESS_ANNOTATION,
     STANDBY,
 )
@@ -282,6 +283,14 @@ def ready_epoch(pod: Mapping[str, Any] | None) -> int | None:
     """The epoch a standby pod's agent said it is warm for (``resumable.dev/agent-ready``)."""
     value = (annotation_json(pod, AGENT_READY_ANNOTATION) or {}).get("epoch")
     return value if isinstance(value, int) else None
+
+
+def reports_lost_peer(pods: Iterable[Mapping[str, Any]], epoch: int) -> bool:
+    """Whether a pod of the gang of ``epoch`` reported a failed collective there
+    (``resumable.dev/peer-lost``, written by a kept worker; an older gang's report is stale)."""
+    return any(
+        (annotation_json(pod, PEER_LOST_ANNOTATION) or {}).get("epoch") == epoch for pod in pods
+    )
 
 
 def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> None:
