@@ -1,0 +1,59 @@
+"""A kept worker's report of a lost peer (pod/peer_loss.py), as the operator reads it.
+
+The report's way to the API server is the pod's own service account (``pod/own_pod.py``); the
+local-cluster test ``tests/e2e/test_survivors_story.py`` (a node that dies silently) sends it
+for real. Here: what is written is what the operator reads, only for the gang it names, and a
+refused patch is tried again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rtj_operator.api.envvars import PEER_LOST_ANNOTATION as OPERATOR_KEY
+from rtj_operator.decide.survivors import reports_lost_peer
+from trainer_runtime import envvars
+from trainer_runtime.pod import peer_loss
+from trainer_runtime.pod.own_pod import OwnPod
+
+
+def pod_with(text: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {envvars.PEER_LOST_ANNOTATION: text}}}
+
+
+def test_the_operator_reads_the_report_of_the_gang_it_names_only():
+    assert envvars.PEER_LOST_ANNOTATION == OPERATOR_KEY
+    reported = pod_with(peer_loss.payload(3))
+    assert reports_lost_peer([{}, reported], 3)
+    assert not reports_lost_peer([reported], 4), "an older gang's report is stale"
+    assert not reports_lost_peer([pod_with("not json")], 3)
+
+
+def test_outside_a_pod_nothing_is_sent(tmp_path):
+    assert peer_loss.report({envvars.SERVICEACCOUNT_DIR: str(tmp_path)}, 1) is None
+
+
+def test_a_refused_patch_is_tried_again(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "token").write_text("t")
+    environ = {
+        envvars.POD_NAME: "job-a1-r0",
+        envvars.NAMESPACE: "ns",
+        envvars.KUBERNETES_SERVICE_HOST: "127.0.0.1",
+        envvars.SERVICEACCOUNT_DIR: str(tmp_path),
+    }
+    sent: list[dict[str, str | None]] = []
+
+    def annotate(self: OwnPod, annotations: dict[str, str | None]) -> None:
+        sent.append(dict(annotations))
+        if len(sent) < 3:
+            raise OSError("connection refused")
+
+    monkeypatch.setattr(OwnPod, "annotate", annotate)
+    monkeypatch.setattr(peer_loss.time, "sleep", lambda s: None)
+    thread = peer_loss.report(environ, 2)
+    assert thread is not None
+    thread.join(5)
+    assert len(sent) == 3
+    assert reports_lost_peer([pod_with(sent[-1][envvars.PEER_LOST_ANNOTATION] or "")], 2)
