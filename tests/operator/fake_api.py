@@ -45,6 +45,8 @@ class FakeApi:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.leases: dict[str, dict[str, Any]] = {}
+        """Node name -> its Lease in kube-node-lease."""
         self.events: list[tuple[str, str, str]] = []
         self.calls: list[str] = []
         self.versions = itertools.count(100)
@@ -144,6 +146,10 @@ class FakeApi:
     async def get_node(self, name: str) -> dict[str, Any] | None:
         self.calls.append("get_node")
         return copy.deepcopy(self.nodes.get(name))
+
+    async def get_node_lease(self, name: str) -> dict[str, Any] | None:
+        self.calls.append("get_node_lease")
+        return copy.deepcopy(self.leases.get(name))
 
     pod_group_path = staticmethod(KubeApi.pod_group_path)
     serves_pod_group_api = False

@@ -228,23 +228,14 @@ class KubeApi:
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         """The node, or None when it was deleted."""
-        try:
-            return await self.request("GET", f"/api/v1/nodes/{quote(name)}")
-        except ApiError as err:
-            if err.not_found:
-                return None
-            raise
+        return await self.get_object(f"/api/v1/nodes/{quote(name)}")
 
     async def get_node_lease(self, name: str) -> dict[str, Any] | None:
         """The node's Lease in ``kube-node-lease`` (its kubelet's heartbeat), or None."""
         namespace = names.NODE_LEASE_NAMESPACE
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{quote(name)}"
-        try:
-            return await self.request("GET", path)
-        except ApiError as err:
-            if err.not_found:
-                return None
-            raise
+        return await self.get_object(
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{quote(name)}"
+        )
 
     # -- trainer identity and service -------------------------------------------------------
 
