@@ -15,7 +15,7 @@ import pytest
 from rtj_operator.api.envvars import PEER_LOST_ANNOTATION as OPERATOR_KEY
 from rtj_operator.decide.survivors import reports_lost_peer
 from trainer_runtime import envvars
-from trainer_runtime.pod import peer_loss
+from trainer_runtime.pod import own_pod, peer_loss
 from trainer_runtime.pod.own_pod import OwnPod
 
 
@@ -51,7 +51,7 @@ def test_a_refused_patch_is_tried_again(tmp_path, monkeypatch: pytest.MonkeyPatc
             raise OSError("connection refused")
 
     monkeypatch.setattr(OwnPod, "annotate", annotate)
-    monkeypatch.setattr(peer_loss.time, "sleep", lambda s: None)
+    monkeypatch.setattr(own_pod.time, "sleep", lambda s: None)
     thread = peer_loss.report(environ, 2)
     assert thread is not None
     thread.join(5)

@@ -102,10 +102,8 @@ class NodesPart(StackBase):
         stops), but this way the operator sees the deletion before the surviving rank crashes on
         its broken connection, instead of racing it.
         """
-        self._delete(f"/api/v1/nodes/{name}")
-        agent = self.agents[name]
-        agent.signal(signal.SIGKILL)
-        agent.popen.wait(10)
+        self.delete_node(name)
+        self.silence_node(name)
 
     def silence_node(self, name: str) -> None:
         """A machine that dies while its Node stays (a kernel panic, a cut network, a spot

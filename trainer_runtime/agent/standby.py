@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 from .. import envvars, events
 from ..pod.membership import Membership
-from ..pod.own_pod import PATCH_ERRORS, OwnPod
+from ..pod.own_pod import OwnPod
 from ..run.announce import announce
 
 log = logging.getLogger("trainer_runtime.agent")
@@ -52,14 +52,10 @@ def announce_ready(environ: Mapping[str, str], epoch: int) -> bool:
     if not pod.enabled:
         log.warning("agent: standby outside a pod the API server knows; not announced")
         return False
-    for attempt in range(5):
-        try:
-            pod.annotate({envvars.AGENT_READY_ANNOTATION: ready_payload(epoch)})
-            return True
-        except PATCH_ERRORS as exc:
-            if attempt == 4:
-                log.warning("agent: cannot announce this standby pod as ready (%s)", exc)
-            time.sleep(0.5 * (attempt + 1))
+    error = pod.annotate_retrying({envvars.AGENT_READY_ANNOTATION: ready_payload(epoch)}, 5)
+    if error is None:
+        return True
+    log.warning("agent: cannot announce this standby pod as ready (%s)", error)
     return False
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,22 @@ class OwnPod:
         """Set (None: remove) annotations of this pod; raises one of ``PATCH_ERRORS``."""
         body = {"metadata": {"annotations": dict(annotations)}}
         self._call("PATCH", json.dumps(body).encode())
+
+    def annotate_retrying(
+        self, annotations: Mapping[str, str | None], tries: int
+    ) -> BaseException | None:
+        """``annotate``, tried up to ``tries`` times (at least once) with a growing pause between
+        (0.5 s, 1 s, ...); None once written, else the last of ``PATCH_ERRORS`` raised."""
+        attempt = 1
+        while True:
+            try:
+                self.annotate(annotations)
+                return None
+            except PATCH_ERRORS as exc:
+                if attempt >= tries:
+                    return exc
+            time.sleep(0.5 * attempt)
+            attempt += 1
 
     def annotations(self) -> dict[str, str]:
         """This pod's annotations now; raises one of ``PATCH_ERRORS``, or ``ValueError`` on an

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from .. import envvars
-from .own_pod import PATCH_ERRORS, OwnPod
+from .own_pod import OwnPod
 
 log = logging.getLogger("trainer_runtime.peer_loss")
 
@@ -47,12 +46,6 @@ def report(environ: Mapping[str, str], epoch: int) -> threading.Thread | None:
 
 
 def _send(pod: OwnPod, value: str) -> None:
-    for attempt in range(TRIES):
-        try:
-            pod.annotate({envvars.PEER_LOST_ANNOTATION: value})
-            return
-        except PATCH_ERRORS as exc:
-            if attempt == TRIES - 1:
-                log.warning("cannot report the lost peer on pod %s (%s)", pod.pod, exc)
-                return
-            time.sleep(0.5 * (attempt + 1))
+    error = pod.annotate_retrying({envvars.PEER_LOST_ANNOTATION: value}, TRIES)
+    if error is not None:
+        log.warning("cannot report the lost peer on pod %s (%s)", pod.pod, error)
