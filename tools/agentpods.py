@@ -167,18 +167,23 @@ class Pods:
         return float((self.out / f"first-{epoch}-{rank}").read_text())
 
     def kept_lines(self) -> dict[int, list[tuple[int, int, list[int]]]]:
-        """step -> [(epoch, rank, ids)] of the newest epoch that trained it."""
-        by_step: dict[int, list[tuple[int, int, list[int]]]] = {}
+        """step -> [(epoch, rank, ids)]: the samples each rank fed into the step in the newest
+        epoch that finished it (a ``steps-`` line). The ``fed-`` lines are written before the
+        backward pass, so a rank killed right after a step's all-reduce, whose samples are in
+        the update the survivors keep, still has its share here."""
+        finished: dict[int, int] = {}
         for path in self.out.glob("steps-*.txt"):
             for line in path.read_text().splitlines():
+                epoch, step = (int(field) for field in line.split()[:2])
+                finished[step] = max(epoch, finished.get(step, epoch))
+        kept: dict[int, list[tuple[int, int, list[int]]]] = {step: [] for step in finished}
+        for path in self.out.glob("fed-*.txt"):
+            for line in path.read_text().splitlines():
                 epoch, step, rank, ids = line.split()
-                by_step.setdefault(int(step), []).append(
-                    (int(epoch), int(rank), [int(i) for i in ids.split(",")])
-                )
-        return {
-            step: [e for e in entries if e[0] == max(x[0] for x in entries)]
-            for step, entries in by_step.items()
-        }
+                if finished.get(int(step)) == int(epoch):
+                    batch = [int(i) for i in ids.split(",")]
+                    kept[int(step)].append((int(epoch), int(rank), batch))
+        return kept
 
     def logs(self) -> str:
         return "\n".join(

@@ -1,9 +1,10 @@
 """A DDP training process for membership changes in place (run under trainer_runtime.agent).
 
 Each step takes the global batch ``step`` (the same samples whatever the world size; this rank's
-share by rank), appends ``epoch step rank ids`` to ``<out>/steps-<epoch>-<rank>.txt`` once the
-gradients' all-reduce is done (from then on the step's update holds every rank's samples, and a
-survivor may save it: trainer_runtime/save/survivor.py), and sleeps ``--step-s`` (the emulated
+share by rank), appends ``epoch step rank ids`` to ``<out>/fed-<epoch>-<rank>.txt`` before its
+backward pass and to ``<out>/steps-<epoch>-<rank>.txt`` once the gradients' all-reduce is done
+(from then on the step's update holds every rank's samples, and a survivor may save it:
+trainer_runtime/save/survivor.py), and sleeps ``--step-s`` (the emulated
 step time). Rank 0 writes ``<out>/final.pt`` (the model and
 optimizer state) at the end, and every rank writes ``<out>/first-<epoch>-<rank>`` with the wall
 time of its first step, so a test can time how long a membership change took, and
@@ -88,8 +89,8 @@ def train_steps(
     args: argparse.Namespace,
     epoch: str,
 ) -> None:
-    """The loop both kinds of worker run: one global batch a step, logged once its gradients
-    are all-reduced."""
+    """The loop both kinds of worker run: one global batch a step, logged as fed before the
+    backward pass and as trained once its gradients are all-reduced."""
     out, rank, world = Path(args.out), dist.get_rank(), dist.get_world_size()
     first = True
     for step in ckpt.steps(args.steps):
@@ -97,6 +98,10 @@ def train_steps(
         gen = torch.Generator().manual_seed(step)
         x = torch.randn(GLOBAL_BATCH, 8, generator=gen)[rank::world]
         loss = model(x).square().mean()
+        # the samples this rank feeds into the step, logged before its gradients leave it: a
+        # rank killed right after the all-reduce has its share in the update and in this log
+        with open(out / f"fed-{epoch}-{rank}.txt", "a") as log:
+            log.write(f"{epoch} {step} {rank} {','.join(map(str, ids))}\n")
         loss.backward()
         # the gradients' all-reduce is done: every rank's samples are in this step's update
         with open(out / f"steps-{epoch}-{rank}.txt", "a") as log:

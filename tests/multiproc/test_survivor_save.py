@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.multiproc.test_survivors import assert_exactly_once
 from tools.agentpods import Pods
 from tools.ports import free_port
 from trainer_runtime import Manifest
@@ -66,22 +67,6 @@ def wait_for_line(log: Path, text: str, timeout: float = 120) -> None:
     while text not in log.read_text(errors="replace"):
         assert time.monotonic() < end, log.read_text(errors="replace")[-2500:]
         time.sleep(0.1)
-
-
-def assert_trained_once(pods: Pods, lost_rank: int) -> None:
-    """Every step's 12 samples, once, in the line of training that was kept. The lost rank may
-    lack its line for the old gang's last kept step only: it was killed after that step's
-    all-reduce (which holds its samples) and before writing the line."""
-    kept = pods.kept_lines()
-    assert sorted(kept) == list(range(STEPS))
-    old_last = max(s for s, entries in kept.items() if entries[0][0] == 1)
-    for step, entries in kept.items():
-        ranks = {rank for _, rank, _ in entries}
-        ids = sorted(i for _, _, batch in entries for i in batch)
-        if step == old_last and ranks == {0, 1, 2} - {lost_rank}:
-            assert set(ids) < set(range(step * 12, (step + 1) * 12)), (step, entries)
-            continue
-        assert ids == list(range(step * 12, (step + 1) * 12)), (step, entries)
 
 
 def reference_weights(tmp: Path) -> dict:
@@ -135,7 +120,7 @@ def test_a_loss_without_notice_loses_at_most_the_running_step(tmp_path: Path, sa
     (manifest,) = survivor_checkpoints(pods)
     assert manifest.timestamp.batch == resumed_at
     assert manifest.extra["membershipEpoch"] == 2  # written for the new gang
-    assert_trained_once(pods, lost_rank=2)
+    assert_exactly_once(pods, STEPS)
     assert_same_weights(pods, tmp_path)
 
 
@@ -151,7 +136,7 @@ def test_a_survivor_saves_while_its_collective_hangs_on_a_pod_cut_off(tmp_path: 
     assert "a collective failed" not in log  # nothing failed: the training thread was stuck
     assert f"saved step {resumed_at} from this survivor's memory" in log, log
     assert resumed_at >= before - 1, (before, resumed_at)
-    assert_trained_once(pods, lost_rank=2)
+    assert_exactly_once(pods, STEPS)
     assert_same_weights(pods, tmp_path)
 
 
@@ -179,7 +164,7 @@ def test_a_large_state_is_saved_in_shares_by_every_kept_pod(tmp_path: Path, how:
         log = (pods.tmp / f"pod{r}.log").read_text()
         assert f"saved step {resumed_at} from this survivor's memory as {manifest.name}" in log
     assert not survivor_checkpoints(pods, world_size=1)
-    assert_trained_once(pods, lost_rank=2)
+    assert_exactly_once(pods, STEPS)
     assert_same_weights(pods, tmp_path)
 
 
@@ -205,5 +190,5 @@ def test_savers_that_do_not_meet_leave_the_save_to_node_rank_0(tmp_path: Path) -
     assert "the 2 savers do not save together" in (pods.tmp / "pod0.log").read_text()
     pod1 = (pods.tmp / "pod1.log").read_text()
     assert "node rank 0 saves alone" in pod1 and "saved step" not in pod1
-    assert_trained_once(pods, lost_rank=2)
+    assert_exactly_once(pods, STEPS)
     assert_same_weights(pods, tmp_path)
