@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 
 from rtj_operator.api.envvars import PEER_LOST_ANNOTATION as OPERATOR_KEY
+from rtj_operator.api.names import LABEL_ATTEMPT, LABEL_RANK
 from rtj_operator.decide.survivors import reports_lost_peer
 from trainer_runtime import envvars
 from trainer_runtime.pod import own_pod, peer_loss
 from trainer_runtime.pod.own_pod import OwnPod
 
 
-def pod_with(text: str) -> dict[str, Any]:
-    return {"metadata": {"annotations": {envvars.PEER_LOST_ANNOTATION: text}}}
+def pod_with(text: str, attempt: int = 3, rank: str | None = "1") -> dict[str, Any]:
+    labels = {LABEL_ATTEMPT: str(attempt)} | ({LABEL_RANK: rank} if rank is not None else {})
+    return {"metadata": {"labels": labels, "annotations": {envvars.PEER_LOST_ANNOTATION: text}}}
 
 
 def test_the_operator_reads_the_report_of_the_gang_it_names_only():
@@ -29,6 +31,9 @@ def test_the_operator_reads_the_report_of_the_gang_it_names_only():
     assert reports_lost_peer([{}, reported], 3)
     assert not reports_lost_peer([reported], 4), "an older gang's report is stale"
     assert not reports_lost_peer([pod_with("not json")], 3)
+    moved = pod_with(peer_loss.payload(3), attempt=4)
+    assert not reports_lost_peer([moved], 3), "a pod of another attempt is not of this gang"
+    assert not reports_lost_peer([pod_with(peer_loss.payload(3), rank=None)], 3), "no rank"
 
 
 def test_outside_a_pod_nothing_is_sent(tmp_path):
@@ -56,4 +61,5 @@ def test_a_refused_patch_is_tried_again(tmp_path, monkeypatch: pytest.MonkeyPatc
     assert thread is not None
     thread.join(5)
     assert len(sent) == 3
-    assert reports_lost_peer([pod_with(sent[-1][envvars.PEER_LOST_ANNOTATION] or "")], 2)
+    value = sent[-1][envvars.PEER_LOST_ANNOTATION] or ""
+    assert reports_lost_peer([pod_with(value, attempt=2)], 2)

@@ -101,8 +101,7 @@ class JobReader:
         fetched = await asyncio.gather(*(self.api.get_node(n) for n in missing))
         for name, body in zip(missing, fetched, strict=True):
             views[name] = node_view(name, body)
-        current = [p for p in pods if pod_attempt(p) == job.status.attempt]
-        if survivors.reports_lost_peer(current, job.status.attempt):
+        if survivors.reports_lost_peer(pods, job.status.attempt):
             await self.read_leases(views)
         return views
 

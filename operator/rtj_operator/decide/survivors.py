@@ -57,7 +57,7 @@ from .classify import Outcome, RankOutcome
 from .gang_mechanisms import GangMechanism, of_status
 from .mtbi import interruptions, mtbi_seconds
 from .plan_types import MembershipWrite
-from .podstate import is_deleting, pod_deletion
+from .podstate import is_deleting, pod_attempt, pod_deletion, pod_rank
 from .progress import annotation_json
 from .reconcile_context import ReconcileContext
 
@@ -285,11 +285,16 @@ def ready_epoch(pod: Mapping[str, Any] | None) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def reports_lost_peer(pods: Iterable[Mapping[str, Any]], epoch: int) -> bool:
-    """Whether a pod of the gang of ``epoch`` reported a failed collective there
-    (``resumable.dev/peer-lost``, written by a kept worker; an older gang's report is stale)."""
+def reports_lost_peer(pods: Iterable[Mapping[str, Any]], attempt: int) -> bool:
+    """Whether a rank's pod of ``attempt`` reported a failed collective of that gang
+    (``resumable.dev/peer-lost``, written by a kept worker; an older gang's report is stale).
+    The one filter for the question: the reads (act/job_reads.py) and the gang watch pass
+    whatever pods they hold."""
     return any(
-        (annotation_json(pod, PEER_LOST_ANNOTATION) or {}).get("epoch") == epoch for pod in pods
+        pod_attempt(pod) == attempt
+        and pod_rank(pod) is not None
+        and (annotation_json(pod, PEER_LOST_ANNOTATION) or {}).get("epoch") == attempt
+        for pod in pods
     )
 
 
