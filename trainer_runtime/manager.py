@@ -30,6 +30,7 @@ from torch import nn
 
 from . import events
 from .errors import ConfigError
+from .pod import peer_loss
 from .pod.preemption import DEFAULT_EXIT_CODE, PreemptionWatcher
 from .pod.progress import TotalWork
 from .remote import RemoteBackend
@@ -357,5 +358,7 @@ class CheckpointManager:
     ) -> None:
         if exc is not None and self._survivor is not None:
             self._survivor.hold(exc)  # a lost rank: this one may be named to save (survivor_save)
+        elif exc is not None:
+            peer_loss.failed(exc)  # a failed collective is reported before the worker ends
         # After an exception the state may be mid-step: no final save then.
         self.close(save=None if exc_type is None else False)

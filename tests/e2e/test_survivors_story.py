@@ -524,6 +524,56 @@ def test_a_node_that_dies_silently_is_taken_as_lost_once_its_kubelet_stops_renew
         stack.delete_node(silent_node)
 
 
+def test_a_silent_node_under_a_gang_that_replaces_its_pods_is_a_preemption_not_a_failure(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """``recovery.survivors: Replace`` (the default) and no ``failureSettleSeconds``: rank 1's
+    machine dies and its Node stays, reading Ready. The other ranks' workers end on the failed
+    collective and say so on their pods first (``resumable.dev/peer-lost``); the operator holds
+    their failure while it checks the Leases of the gang's nodes, takes the silent node as lost
+    (``NodeSilent``) and resubmits the gang as for any preemption. Before, the crashed ranks
+    counted as a failure at once, charged to ``backoffLimit``."""
+    stack.ensure_nodes(REPLICAS + 1)
+    for node_name in stack.live_nodes()[: REPLICAS + 1]:
+        stack.untaint_node(node_name, HOLD)
+    for node_name in stack.live_nodes()[REPLICAS + 1 :]:
+        stack.taint_node(node_name, HOLD)
+    path = survivors_manifest(
+        tmp_path,
+        name="silent-replace",
+        epochs=8,
+        cpu="20",  # one pod per node
+        interval="20ba",
+        recovery={"survivors": "Replace"},
+    )
+    job = stack.apply(path)
+    wait_status(stack, job, "a first commit", "lastCommittedCheckpoint")
+    wait_step(stack, job, 22, "two steps after the commit")
+    lost_pod = f"{job}-a0-r1"
+    silent_node = stack.pod(lost_pod)["spec"]["nodeName"]
+    lost_at = reclaim_rank(stack, job, lost_pod, "; a fourth node is free", silent=True)
+    try:
+        status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
+        (loss,) = status["interruptions"]
+        assert (loss["cause"], loss["node"]) == ("NodeSilent", silent_node), (
+            loss,
+            stack.diagnostics(job),
+        )
+        assert loss["preemption"] is True and status["failures"] == 0, status
+        seen_at = datetime.fromisoformat(loss["time"].replace("Z", "+00:00"))
+        node = stack.kube.get(f"/api/v1/nodes/{silent_node}")
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        if ready["status"] != "True":  # the node controller marked it since: after the loss
+            unready_at = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
+            assert seen_at < unready_at, (loss, ready)
+        say(
+            f"silent node under a Replace gang -> preemption seen after "
+            f"{seen_at.timestamp() - lost_at:.1f} s (before: a failure, counted at once)"
+        )
+    finally:
+        stack.delete_node(silent_node)
+
+
 def test_a_lost_rank_0_is_saved_for_and_reported_by_the_new_rank_0(
     stack: LocalStack, tmp_path: Path
 ) -> None:

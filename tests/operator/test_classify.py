@@ -79,7 +79,7 @@ def test_not_ready_node_waits_for_the_grace_period_then_preempts():
     assert late.outcome is Outcome.PREEMPTED and late.cause is Cause.NODE_NOT_READY
 
 
-REPORTED = dataclasses.replace(SIGNALS, peer_lost=True)
+REPORTED = dataclasses.replace(SIGNALS, peer_lost_ranks=frozenset({0}))
 
 
 def lease(renewed_ago: float, *, seen_ago: float, duration: int = 40):
@@ -349,6 +349,34 @@ def test_a_failure_while_others_run_settles_before_it_counts():
     assert gang_verdict([crashed, running], now=at).outcome is Outcome.FAILED
     no_time = _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1)
     assert gang_verdict([no_time, running], settle_seconds=90, now=at).outcome is Outcome.FAILED
+
+
+def test_a_failure_of_ranks_that_reported_a_lost_peer_waits_for_the_lease_check():
+    """Without failureSettleSeconds: ranks that ended on a failed collective said so on their
+    pods; while the Lease of a running rank's node is being checked (rule 7) the failure waits,
+    and the silent node makes it a preemption. A rank that ended on its own error reported
+    nothing: its failure counts at once."""
+    crashed = _o(0, Outcome.FAILED, cause=Cause.FAILURE, exit_code=1, finished_at=T0)
+    body, seen = lease(5, seen_ago=5)
+    node = with_lease(node_view("node-1", make_node(name="node-1")), body, seen)
+    checked = classify_rank(1, make_pod(), node, signals=REPORTED, now=T0)
+    assert checked.outcome is Outcome.ACTIVE and checked.lease_check_s == pytest.approx(30)
+    at = T0 + timedelta(seconds=5)
+    waiting = gang_verdict([crashed, checked], now=at, reporters=frozenset({0}))
+    assert waiting.outcome is Outcome.ACTIVE, waiting
+    assert waiting.recheck_after == pytest.approx(15), "the Lease's own recheck comes first"
+    # The Lease was renewed all along: the failure counts once the check's longest wait passed.
+    after = T0 + timedelta(seconds=31)
+    late = gang_verdict([crashed, checked], now=after, reporters=frozenset({0}))
+    assert late.outcome is Outcome.FAILED and late.trigger.rank == 0
+    # The failed rank reported nothing (its own error): no wait, whatever the others do.
+    assert gang_verdict([crashed, checked], now=at).outcome is Outcome.FAILED
+    # The running rank's node fell silent: a preemption, not a failure.
+    silent_body, silent_seen = lease(21, seen_ago=12)
+    silent = with_lease(node_view("node-1", make_node(name="node-1")), silent_body, silent_seen)
+    lost = classify_rank(1, make_pod(), silent, signals=REPORTED, now=T0 + timedelta(seconds=1))
+    verdict = gang_verdict([crashed, lost], now=at, reporters=frozenset({0}))
+    assert verdict.outcome is Outcome.PREEMPTED and verdict.trigger.cause is Cause.NODE_SILENT
 
 
 def test_classify_records_when_the_training_container_ended():

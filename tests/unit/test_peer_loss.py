@@ -8,6 +8,7 @@ refused patch is tried again.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -63,3 +64,52 @@ def test_a_refused_patch_is_tried_again(tmp_path, monkeypatch: pytest.MonkeyPatc
     assert len(sent) == 3
     value = sent[-1][envvars.PEER_LOST_ANNOTATION] or ""
     assert reports_lost_peer([pod_with(value, attempt=2)], 2)
+
+
+def pod_environ(tmp_path, monkeypatch: pytest.MonkeyPatch, epoch: str) -> None:
+    (tmp_path / "token").write_text("t")
+    for key, value in {
+        envvars.POD_NAME: "job-a4-r1",
+        envvars.NAMESPACE: "ns",
+        envvars.KUBERNETES_SERVICE_HOST: "127.0.0.1",
+        envvars.SERVICEACCOUNT_DIR: str(tmp_path),
+        envvars.MEMBERSHIP_EPOCH: epoch,
+    }.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_a_worker_that_ends_on_a_failed_collective_reports_it_first(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """A worker of a job without ``Stay`` ends at once on a failed collective: its report is
+    written before the interpreter's hook prints the traceback, once, with the gang's epoch;
+    a script's own error is not reported."""
+    pod_environ(tmp_path, monkeypatch, "4")
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, exc, tb: printed.append(exc))
+    monkeypatch.setattr(peer_loss.ExitReport, "_installed", None)
+    sent: list[dict[str, str | None]] = []
+    monkeypatch.setattr(OwnPod, "annotate", lambda self, a: sent.append(dict(a)))
+    assert peer_loss.ExitReport.install(world_size=1) is None, "alone: no peer to lose"
+    installed = peer_loss.ExitReport.install(world_size=2)
+    assert installed is not None and peer_loss.ExitReport.install(world_size=2) is installed
+    own_error = ValueError("a bug in the script")
+    sys.excepthook(ValueError, own_error, None)
+    assert sent == [] and printed == [own_error]
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer")
+    sys.excepthook(RuntimeError, lost, None)
+    assert printed == [own_error, lost]
+    (written,) = sent
+    value = written[envvars.PEER_LOST_ANNOTATION] or ""
+    assert reports_lost_peer([pod_with(value, attempt=4)], 4)
+    peer_loss.failed(lost)  # the same failure seen again in CheckpointManager.__exit__
+    assert len(sent) == 1
+
+
+def test_outside_a_pod_no_hook_is_installed(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(envvars.MEMBERSHIP_EPOCH, "0")
+    monkeypatch.setenv(envvars.SERVICEACCOUNT_DIR, str(tmp_path))
+    monkeypatch.setattr(peer_loss.ExitReport, "_installed", None)
+    hook = sys.excepthook
+    assert peer_loss.ExitReport.install(world_size=4) is None
+    assert sys.excepthook is hook

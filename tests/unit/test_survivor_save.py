@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from trainer_runtime.errors import ConfigError
 from trainer_runtime.pod import membership
-from trainer_runtime.save.survivor import SurvivorSave, collective_failure, why_not_replicated
+from trainer_runtime.pod.peer_loss import collective_failure
+from trainer_runtime.save.survivor import SurvivorSave, why_not_replicated
 from trainer_runtime.save.survivor_group import split_from_bytes
 
 GLOO_RESET = (

@@ -47,7 +47,8 @@ from typing import Any, NoReturn
 import torch
 
 from ..pod import peer_loss
-from ..save.survivor import Boundary, collective_failure
+from ..pod.peer_loss import collective_failure
+from ..save.survivor import Boundary
 from ..sharded.keys import MODEL_KEY
 from ..switch import SwitchRequest, claim
 from . import rng

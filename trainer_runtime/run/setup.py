@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from .. import envvars, events
+from ..pod import peer_loss
 from ..pod.preemption import PreemptionWatcher
 from ..pod.progress import TotalWork
 from ..remote import close_remote
@@ -137,6 +138,8 @@ def _arm(manager: Any) -> None:
     manager._survivor = SurvivorSave.arm(
         ctx, lambda: manager.preemption.terminating, cut=lambda: cut_old_gang(manager)
     )
+    if manager._survivor is None:  # a worker that ends on a failed collective reports it first
+        peer_loss.ExitReport.install(ctx.world_size)
     manager.switch_watch = SwitchWatch.from_environment(os.environ, cfg.in_process_switch)
 
 

@@ -74,6 +74,7 @@ from torch.utils._pytree import tree_map
 from .. import envvars, events, io_progress
 from ..errors import ConfigError
 from ..pod import membership, peer_loss
+from ..pod.peer_loss import collective_failure
 from ..pod.progress import report_commit_once
 from ..pod.reporting import report_commit
 from ..run import arguments
@@ -109,30 +110,6 @@ operator may take to see the loss (a node that died silently: NotReady, then
 BOUNDARY_WAIT_S = 5.0
 """How long the save waits for a step whose update had begun to reach its ``batch_end``."""
 POLL_S = 0.05
-_MARKERS = (
-    "gloo",
-    "nccl",
-    "connection reset",
-    "connection closed",
-    "connection refused",
-    "broken pipe",
-    "socket",
-)
-
-
-def collective_failure(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is a failed collective: a
-    ``torch.distributed`` error, or a ``RuntimeError`` of a backend's transport (gloo raises
-    plain ``RuntimeError``s such as "Connection reset by peer")."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, torch.distributed.DistError):
-            return True
-        if isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _MARKERS):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 class Boundary(NamedTuple):

@@ -202,7 +202,10 @@ class PreemptionSignals(ApiModel):
     turns NotReady, is deleted or announced meanwhile makes it a preemption instead of a
     failure. The wait ends at once when no other rank runs any more (they crashed too, as
     after a bug); the price is that a real failure whose other ranks hang is counted that much
-    later. Default 0: a failure counts at once."""
+    later. Default 0: a failure counts at once, unless every failed rank's worker reported a
+    failed collective on its pod (``resumable.dev/peer-lost``): that failure waits without this
+    setting while the operator checks the gang's nodes' Leases, at most three quarters of a
+    Lease's duration (docs/operator.md, "Classification")."""
 
 
 class ExitCodeAction(StrEnum):

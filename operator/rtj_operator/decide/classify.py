@@ -126,6 +126,8 @@ class RankOutcome:
     exit_reason: str | None = None
     """The training container's termination reason (``OOMKilled``, ``Error``, ...), if it
     terminated."""
+    lease_check_s: float | None = None
+    """The longest the check of this rank's node's Lease takes (rule 7), while it runs."""
     own_exit: bool = False
     """A failure that is the training container's own exit: it terminated with a non-zero code
     and the kubelet did not fail the pod itself (a pod reason such as ``DeadlineExceeded``, or
@@ -141,9 +143,14 @@ class Signals:
     node_not_ready_seconds: float
     container_name: str | None = None
     failure_settle_seconds: float = 0.0
-    peer_lost: bool = False
-    """A rank of the current gang reported a failed collective (a peer is gone): the gang's
-    nodes' Leases were read, and a silent one is taken as lost (rule 7)."""
+    peer_lost_ranks: frozenset[int] = frozenset()
+    """The ranks of the current gang whose pods reported a failed collective (a peer is gone):
+    the gang's nodes' Leases were read, a silent one is taken as lost (rule 7), and a failure
+    of those ranks alone waits for that check (``gang_verdict``)."""
+
+    @property
+    def peer_lost(self) -> bool:
+        return bool(self.peer_lost_ranks)
 
 
 def training_container_name(pod: dict[str, Any], configured: str | None) -> str | None:
@@ -294,7 +301,7 @@ def classify_rank(
             **base,
         )
     # 7. A silent node, confirmed by the peers' report.
-    recheck = None
+    recheck = lease_check = None
     if signals.peer_lost and node is not None and node_name and node.exists:
         left = node.silent_in(now)
         if left is not None and left <= 0:
@@ -305,7 +312,7 @@ def classify_rank(
                 "after a rank of the gang reported a failed collective",
             )
         if left is not None:
-            recheck = max(left, 0.1)
+            recheck, lease_check = max(left, 0.1), node.silent_check_seconds
     # 8. NotReady nodes get a grace period.
     if node is not None and node_name and node.exists and node.ready is not True:
         since = node.not_ready_since or now
@@ -322,6 +329,7 @@ def classify_rank(
         notice=taint,
         node_trouble=trouble,
         recheck_after=recheck,
+        lease_check_s=lease_check,
         **base,
     )
 
@@ -375,12 +383,15 @@ def gang_verdict(
     *,
     settle_seconds: float = 0.0,
     now: datetime | None = None,
+    reporters: frozenset[int] = frozenset(),
 ) -> GangVerdict:
     """Combine the ranks: any preemption > any failure (or node trouble) > all succeeded.
 
     A failure while other ranks' pods still run waits up to ``settle_seconds`` after the failed
     rank's exit (``Signals.failure_settle_seconds``): their node may be dying without a word
-    yet, and turns NotReady only after the node controller's grace period."""
+    yet, and turns NotReady only after the node controller's grace period. A failure of ranks
+    that all reported a failed collective (``reporters``: a peer went, not their own error)
+    also waits while the Leases of the running ranks' nodes are checked (rule 7)."""
     ranks = sorted(outcomes, key=lambda o: o.rank)
     preempted = [o for o in ranks if o.outcome is Outcome.PREEMPTED]
     failed = [o for o in ranks if o.outcome is Outcome.FAILED]
@@ -407,7 +418,7 @@ def gang_verdict(
                     f"{culprit.node} was {state}",
                 ),
             )
-        left = _settle_left(ranks, failed, settle_seconds, now)
+        left = _failure_wait(ranks, failed, settle_seconds, reporters, now)
         if left is not None:
             return GangVerdict(
                 Outcome.ACTIVE, recheck_after=left if recheck is None else min(left, recheck)
@@ -438,6 +449,25 @@ def first_to_end(failed: Sequence[RankOutcome]) -> RankOutcome:
     )
 
 
+def _failure_wait(
+    ranks: list[RankOutcome],
+    failed: list[RankOutcome],
+    settle_seconds: float,
+    reporters: frozenset[int],
+    now: datetime | None,
+) -> float | None:
+    """Seconds the failure still waits (the longer of the two waits), or None: count it."""
+    waits = [
+        left
+        for left in (
+            _settle_left(ranks, failed, settle_seconds, now),
+            _lease_check_left(ranks, failed, reporters, now),
+        )
+        if left is not None
+    ]
+    return max(waits) if waits else None
+
+
 def _settle_left(
     ranks: list[RankOutcome],
     failed: list[RankOutcome],
@@ -453,4 +483,27 @@ def _settle_left(
     if not exits:
         return None
     left = settle_seconds - (now - min(exits)).total_seconds()
+    return left if left > 0 else None
+
+
+def _lease_check_left(
+    ranks: list[RankOutcome],
+    failed: list[RankOutcome],
+    reporters: frozenset[int],
+    now: datetime | None,
+) -> float | None:
+    """Seconds the failure of ``failed`` still waits for the Lease check of the nodes of the
+    ranks that run on, when every failed rank reported a failed collective; None otherwise. A
+    rank that ended on an error of its own reports nothing: its failure counts at once."""
+    if now is None or any(o.rank not in reporters for o in failed):
+        return None
+    bounds = [
+        o.lease_check_s
+        for o in ranks
+        if o.outcome is Outcome.ACTIVE and o.running and o.lease_check_s is not None
+    ]
+    exits = [o.finished_at for o in failed if o.finished_at is not None]
+    if not bounds or not exits:
+        return None
+    left = max(bounds) - (now - min(exits)).total_seconds()
     return left if left > 0 else None

@@ -35,7 +35,7 @@ def _signals(job: Job, current: Mapping[int, dict[str, Any]]) -> Signals:
         node_not_ready_seconds=ps.node_not_ready_seconds,
         container_name=job.spec.container_name,
         failure_settle_seconds=ps.failure_settle_seconds,
-        peer_lost=survivors.reports_lost_peer(current.values(), job.status.attempt),
+        peer_lost_ranks=survivors.lost_peer_reporters(current.values(), job.status.attempt),
     )
 
 
@@ -59,7 +59,12 @@ def watch_gang(ctx: ReconcileContext) -> None:
                 expected_pod=expected,
             )
         )
-    verdict = gang_verdict(outcomes, settle_seconds=signals.failure_settle_seconds, now=ctx.now)
+    verdict = gang_verdict(
+        outcomes,
+        settle_seconds=signals.failure_settle_seconds,
+        now=ctx.now,
+        reporters=signals.peer_lost_ranks,
+    )
     active = verdict.outcome is Outcome.ACTIVE
     if active and leave.at_notice(ctx, outcomes, current, verdict.all_running):
         return

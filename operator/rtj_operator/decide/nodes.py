@@ -60,6 +60,13 @@ class NodeView:
         )
 
     @property
+    def silent_check_seconds(self) -> float:
+        """The longest ``silent_in`` takes to say silent after the kubelet's last renewal
+        that the operator saw early: half the Lease's duration unrenewed, and a quarter more
+        for the operator's own reads."""
+        return self.lease_seconds * (SILENT_SHARE_OF_LEASE + RENEWAL_SHARE_OF_LEASE)
+
+    @property
     def gone(self) -> bool:
         """The node is deleted or being deleted: its pods will never report again."""
         return not self.exists or self.deleting

@@ -285,17 +285,23 @@ def ready_epoch(pod: Mapping[str, Any] | None) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def reports_lost_peer(pods: Iterable[Mapping[str, Any]], attempt: int) -> bool:
-    """Whether a rank's pod of ``attempt`` reported a failed collective of that gang
-    (``resumable.dev/peer-lost``, written by a kept worker; an older gang's report is stale).
-    The one filter for the question: the reads (act/job_reads.py) and the gang watch pass
-    whatever pods they hold."""
-    return any(
-        pod_attempt(pod) == attempt
-        and pod_rank(pod) is not None
-        and (annotation_json(pod, PEER_LOST_ANNOTATION) or {}).get("epoch") == attempt
+def lost_peer_reporters(pods: Iterable[Mapping[str, Any]], attempt: int) -> frozenset[int]:
+    """The ranks whose pods of ``attempt`` reported a failed collective of that gang
+    (``resumable.dev/peer-lost``: a kept worker waiting for its new membership, or any managed
+    worker before it ends; an older gang's report is stale). The one filter for the question:
+    the reads (act/job_reads.py) and the gang watch pass whatever pods they hold."""
+    return frozenset(
+        rank
         for pod in pods
+        if pod_attempt(pod) == attempt
+        and (rank := pod_rank(pod)) is not None
+        and (annotation_json(pod, PEER_LOST_ANNOTATION) or {}).get("epoch") == attempt
     )
+
+
+def reports_lost_peer(pods: Iterable[Mapping[str, Any]], attempt: int) -> bool:
+    """Whether a rank's pod of ``attempt`` reported a failed collective of that gang."""
+    return bool(lost_peer_reporters(pods, attempt))
 
 
 def switch_when_warm(ctx: ReconcileContext, current: Mapping[int, dict[str, Any]]) -> None:
