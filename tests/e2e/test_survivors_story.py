@@ -472,6 +472,27 @@ def test_a_loss_without_notice_is_taken_in_process_by_the_kept_workers(
     )
 
 
+def silent_loss(
+    stack: LocalStack, job: str, status: dict[str, Any], silent_node: str
+) -> dict[str, Any]:
+    """The job's one interruption, asserted to be ``silent_node`` taken as silent."""
+    (loss,) = status["interruptions"]
+    assert (loss["cause"], loss["node"]) == ("NodeSilent", silent_node), (
+        loss,
+        stack.diagnostics(job),
+    )
+    return loss
+
+
+def assert_before_not_ready(stack: LocalStack, node_name: str, at: datetime) -> None:
+    """``at`` came before the node controller marked the node NotReady, if it did since."""
+    node = stack.kube.get(f"/api/v1/nodes/{node_name}")
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    if ready["status"] != "True":
+        unready_at = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
+        assert at < unready_at, (at, ready)
+
+
 def test_a_node_that_dies_silently_is_taken_as_lost_once_its_kubelet_stops_renewing(
     stack: LocalStack, tmp_path: Path
 ) -> None:
@@ -494,11 +515,7 @@ def test_a_node_that_dies_silently_is_taken_as_lost_once_its_kubelet_stops_renew
     silent_node = first[f"{job}-a0-r1"]["spec"]["nodeName"]
     try:
         status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
-        (loss,) = status["interruptions"]
-        assert (loss["cause"], loss["node"]) == ("NodeSilent", silent_node), (
-            loss,
-            stack.diagnostics(job),
-        )
+        loss = silent_loss(stack, job, status, silent_node)
         assert loss["stepsLost"] <= 1 and status["failures"] == 0, status
         kept = [f"{job}-a0-r0", f"{job}-a0-r2"]
         assert status["gangSize"] == 2 and status["keptPods"] == kept, status
@@ -510,11 +527,7 @@ def test_a_node_that_dies_silently_is_taken_as_lost_once_its_kubelet_stops_renew
             (switched,) = stack.runtime_events(name, "switched")
             assert switched["after_loss"] is True and switched["world_size"] == 2, switched
         switched_at = datetime.fromisoformat(stack.runtime_events(kept[0], "switched")[0].time)
-        node = stack.kube.get(f"/api/v1/nodes/{silent_node}")
-        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
-        if ready["status"] != "True":  # the node controller marked it since: after the rejoin
-            unready_at = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
-            assert switched_at < unready_at, (switched_at, ready)
+        assert_before_not_ready(stack, silent_node, switched_at)
         say(
             f"silent node -> the gang of 2 rejoined in process: "
             f"{switched_at.timestamp() - lost_at:.1f} s (node Ready then: the operator's "
@@ -554,18 +567,10 @@ def test_a_silent_node_under_a_gang_that_replaces_its_pods_is_a_preemption_not_a
     lost_at = reclaim_rank(stack, job, lost_pod, "; a fourth node is free", silent=True)
     try:
         status = wait_status(stack, job, "the job to succeed", "phase", "Succeeded")
-        (loss,) = status["interruptions"]
-        assert (loss["cause"], loss["node"]) == ("NodeSilent", silent_node), (
-            loss,
-            stack.diagnostics(job),
-        )
+        loss = silent_loss(stack, job, status, silent_node)
         assert loss["preemption"] is True and status["failures"] == 0, status
         seen_at = datetime.fromisoformat(loss["time"].replace("Z", "+00:00"))
-        node = stack.kube.get(f"/api/v1/nodes/{silent_node}")
-        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
-        if ready["status"] != "True":  # the node controller marked it since: after the loss
-            unready_at = datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00"))
-            assert seen_at < unready_at, (loss, ready)
+        assert_before_not_ready(stack, silent_node, seen_at)
         say(
             f"silent node under a Replace gang -> preemption seen after "
             f"{seen_at.timestamp() - lost_at:.1f} s (before: a failure, counted at once)"
