@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 from .. import envvars
+from ..errors import ConfigError
+from . import membership
 from .own_pod import OwnPod
 
 log = logging.getLogger("trainer_runtime.peer_loss")
@@ -110,8 +112,8 @@ class ExitReport:
     def install(cls, world_size: int) -> ExitReport | None:
         """The process's report, installed once; None outside a managed pod's gang."""
         environ = os.environ
-        if world_size < 2 or not environ.get(envvars.MEMBERSHIP_EPOCH, "").strip():
-            return None
+        if world_size < 2 or membership.epoch_from(environ) is None:
+            return None  # alone, or unmanaged (the run's context validated the epoch)
         if not OwnPod(environ).enabled:
             return None
         if cls._installed is None:
@@ -124,11 +126,14 @@ class ExitReport:
         for the write: the process ends after this."""
         if self.sent or not collective_failure(exc):
             return
-        epoch = os.environ.get(envvars.MEMBERSHIP_EPOCH, "").strip()
-        if not epoch.isdigit():
+        try:  # the epoch of the gang that broke: an in-process switch updates the environment
+            epoch = membership.epoch_from(os.environ)
+        except ConfigError:
+            return  # never an error of its own in the exit hook
+        if epoch is None:
             return
-        self.sent = True  # the epoch of the gang that broke: an in-process switch updates it
-        thread = report(os.environ, int(epoch))
+        self.sent = True
+        thread = report(os.environ, epoch)
         if thread is not None:
             thread.join(EXIT_WAIT_S)
 

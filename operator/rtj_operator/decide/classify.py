@@ -475,15 +475,11 @@ def _settle_left(
     now: datetime | None,
 ) -> float | None:
     """Seconds the failure of ``failed`` still waits for the ranks that run on, or None."""
-    if settle_seconds <= 0 or now is None:
+    if settle_seconds <= 0:
         return None
     if not any(o.outcome is Outcome.ACTIVE and o.running for o in ranks):
         return None  # nobody left to wait for: the others ended too
-    exits = [o.finished_at for o in failed if o.finished_at is not None]
-    if not exits:
-        return None
-    left = settle_seconds - (now - min(exits)).total_seconds()
-    return left if left > 0 else None
+    return _left_after_first_exit(failed, settle_seconds, now)
 
 
 def _lease_check_left(
@@ -495,15 +491,23 @@ def _lease_check_left(
     """Seconds the failure of ``failed`` still waits for the Lease check of the nodes of the
     ranks that run on, when every failed rank reported a failed collective; None otherwise. A
     rank that ended on an error of its own reports nothing: its failure counts at once."""
-    if now is None or any(o.rank not in reporters for o in failed):
+    if any(o.rank not in reporters for o in failed):
         return None
     bounds = [
         o.lease_check_s
         for o in ranks
         if o.outcome is Outcome.ACTIVE and o.running and o.lease_check_s is not None
     ]
+    return _left_after_first_exit(failed, max(bounds), now) if bounds else None
+
+
+def _left_after_first_exit(
+    failed: list[RankOutcome], seconds: float, now: datetime | None
+) -> float | None:
+    """What is left of ``seconds`` counted from the first failed rank's exit; None when nothing
+    is, or no exit time is known."""
     exits = [o.finished_at for o in failed if o.finished_at is not None]
-    if not bounds or not exits:
+    if now is None or not exits:
         return None
-    left = max(bounds) - (now - min(exits)).total_seconds()
+    left = seconds - (now - min(exits)).total_seconds()
     return left if left > 0 else None
